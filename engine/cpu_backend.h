@@ -1,0 +1,29 @@
+// The CPU implementation of Backend: f32 weights, OpenBLAS sgemm for every
+// projection and for the grouped expert matmuls (tokens gathered per expert,
+// one GEMM per active expert), attention over the paged cache vectorised and
+// spread across the machine's cores with OpenMP.
+#ifndef SWITCHSERVE_ENGINE_CPU_BACKEND_H_
+#define SWITCHSERVE_ENGINE_CPU_BACKEND_H_
+
+#include <memory>
+
+#include "engine/backend.h"
+#include "engine/model_config.h"
+#include "engine/model_weights.h"
+
+namespace switchserve {
+
+struct CpuBackendOptions {
+  int num_threads = 0;  // 0: all cores
+};
+
+// `weights` must outlive the backend and match `config` (ValidateWeights).
+// `dispatch` is the capacity policy in force (the model's, or the server's
+// override).
+std::unique_ptr<Backend> CreateCpuBackend(const ModelConfig& config, const ModelWeights& weights,
+                                          const DispatchConfig& dispatch,
+                                          const CpuBackendOptions& options = {});
+
+}  // namespace switchserve
+
+#endif  // SWITCHSERVE_ENGINE_CPU_BACKEND_H_
