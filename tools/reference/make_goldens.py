@@ -137,7 +137,12 @@ def build(v, seed, tmp):
         valid[b, :len(s)] = True
     out = ref(tokens, valid)
     logits = out["logits"][valid]  # [N, V], sequence order then position
-    return ref, torch.cat(seqs), logits, out["routes"]
+    # What an f32 engine would see: same routing decisions, close logits.
+    out32 = load_model(tmp, torch.float32)(tokens, valid)
+    same = all(torch.equal(a.expert, b.expert) and torch.equal(a.fate, b.fate)
+               for (_, a), (_, b) in zip(out["routes"], out32["routes"]))
+    diff32 = float((out32["logits"][valid].double() - logits).abs().max())
+    return ref, torch.cat(seqs), logits, out["routes"], same, diff32
 
 
 def golden_tensors(flat_tokens, logits, routes):
@@ -172,10 +177,12 @@ def main():
         for seed in range(100):
             tmp = tempfile.mkdtemp()
             try:
-                ref, flat, logits, routes = build(v, seed, tmp)
+                ref, flat, logits, routes, same32, diff32 = build(v, seed, tmp)
                 gap = check_fragile(routes)
                 tot = totals(routes)
                 ok = gap > MIN_LOGIT_GAP and all(tot.get(m, 0) > 0 for m in v["must"])
+                if ok and not same32:
+                    raise SystemExit(f"{v['name']}: f32 routing differs from f64 despite gap {gap}")
                 if ok:
                     dst = os.path.join(args.out, v["name"])
                     shutil.rmtree(dst, ignore_errors=True)
@@ -195,7 +202,7 @@ def main():
         print(f"{v['name']}: seed {seed}, dtype {v['dtype']}, {len(routes)} routers, "
               f"min logit gap {gap:.4f}, drops attn/ffn {tot.get('attn_dropped', 0)}/"
               f"{tot.get('ffn_dropped', 0)}, reroutes attn/ffn {tot.get('attn_rerouted', 0)}/"
-              f"{tot.get('ffn_rerouted', 0)} {' '.join(caps)}")
+              f"{tot.get('ffn_rerouted', 0)} {' '.join(caps)}, |f32-f64| logits {diff32:.1e}")
         if aux:
             print(f"  aux: {aux}")
 
