@@ -8,8 +8,8 @@
 namespace switchserve::bench {
 
 struct MachineLimits {
-  double sgemm_gflops = 0;      // best of a few 2048^3 sgemm calls
-  double read_gb_per_s = 0;     // best of a few passes over 1 GiB
+  double sgemm_gflops = 0;   // best of a few 2048^3 sgemm calls
+  double read_gb_per_s = 0;  // best of a few passes over 1 GiB
 };
 
 // Measures once per process and caches the result.
