@@ -25,8 +25,7 @@ class FailedStream : public grpc::ServerWriteReactor<v1::GenerateStreamResponse>
 
 }  // namespace
 
-GenerationService::GenerationService(const GenerationServiceOptions& options)
-    : options_(options) {
+GenerationService::GenerationService(const GenerationServiceOptions& options) : options_(options) {
   describer_.tokenizer = options.tokenizer;
   describer_.routers = EnumerateRouters(*options.config);
 }
@@ -115,8 +114,8 @@ grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerCo
                                                           const v1::GetModelInfoRequest*,
                                                           v1::ModelInfo* response) {
   if (grpc::Status status = Admit(context); !status.ok()) return FinishNow(context, status);
-  FillModelInfo(*options_.config, options_.dispatch, options_.device,
-                options_.engine->Snapshot(), response);
+  FillModelInfo(*options_.config, options_.dispatch, options_.device, options_.engine->Snapshot(),
+                response);
   return FinishNow(context, grpc::Status::OK);
 }
 

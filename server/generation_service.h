@@ -25,7 +25,7 @@
 namespace switchserve {
 
 struct GenerationServiceOptions {
-  GenerationEngine* engine = nullptr;   // must outlive the service
+  GenerationEngine* engine = nullptr;  // must outlive the service
   const Tokenizer* tokenizer = nullptr;
   const ModelConfig* config = nullptr;
   DispatchConfig dispatch;  // the dispatch policy in force

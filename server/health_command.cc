@@ -77,14 +77,13 @@ int RunHealthCommand(int argc, char** argv) {
       channel_args.SetSslTargetNameOverride(name);
     }
   }
-  auto channel =
-      grpc::CreateCustomChannel(absl::GetFlag(FLAGS_address), credentials, channel_args);
+  auto channel = grpc::CreateCustomChannel(absl::GetFlag(FLAGS_address), credentials, channel_args);
   auto stub = grpc::health::v1::Health::NewStub(channel);
 
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::milliseconds(
-                           static_cast<int64_t>(absl::GetFlag(FLAGS_timeout_s) * 1000)));
+  context.set_deadline(
+      std::chrono::system_clock::now() +
+      std::chrono::milliseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_timeout_s) * 1000)));
   grpc::health::v1::HealthCheckRequest request;
   request.set_service(absl::GetFlag(FLAGS_service));
   grpc::health::v1::HealthCheckResponse response;
@@ -92,8 +91,8 @@ int RunHealthCommand(int argc, char** argv) {
   if (!status.ok()) {
     return HealthError(absl::GetFlag(FLAGS_address) + ": " + status.error_message());
   }
-  const std::string name = grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
-      response.status());
+  const std::string name =
+      grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status());
   std::printf("%s\n", name.c_str());
   return response.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
 }

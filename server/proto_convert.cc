@@ -63,8 +63,7 @@ v1::FinishReason ToProto(FinishReason reason) {
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   // absl and gRPC share the canonical code numbering.
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
 void AppendTokens(const GenerationUpdate& update, const SamplingParams& params,
@@ -86,7 +85,8 @@ void AppendTokens(const GenerationUpdate& update, const SamplingParams& params,
         alt->set_text(TokenText(describer.tokenizer, id));
       }
     }
-    if (params.return_routing) FillRouting(info.routing, describer.routers, token->mutable_routing());
+    if (params.return_routing)
+      FillRouting(info.routing, describer.routers, token->mutable_routing());
   }
 }
 
@@ -109,8 +109,7 @@ std::string ArchitectureName(const ModelConfig& config) {
 }
 
 void FillModelInfo(const ModelConfig& config, const DispatchConfig& dispatch,
-                   const std::string& device, const EngineSnapshot& snapshot,
-                   v1::ModelInfo* info) {
+                   const std::string& device, const EngineSnapshot& snapshot, v1::ModelInfo* info) {
   info->set_name(config.name);
   info->set_architecture(ArchitectureName(config));
   info->set_vocab_size(config.vocab_size);

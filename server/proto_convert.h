@@ -30,14 +30,12 @@ void AppendTokens(const GenerationUpdate& update, const SamplingParams& params,
                   const TokenDescriber& describer,
                   google::protobuf::RepeatedField<int32_t>* token_ids,
                   google::protobuf::RepeatedPtrField<v1::GeneratedToken>* tokens);
-void FillUsageAndTiming(const GenerationUpdate& final_update, v1::Usage* usage,
-                        v1::Timing* timing);
+void FillUsageAndTiming(const GenerationUpdate& final_update, v1::Usage* usage, v1::Timing* timing);
 
 // "switchall", "switchhead", "switch" or "dense".
 std::string ArchitectureName(const ModelConfig& config);
 void FillModelInfo(const ModelConfig& config, const DispatchConfig& dispatch,
-                   const std::string& device, const EngineSnapshot& snapshot,
-                   v1::ModelInfo* info);
+                   const std::string& device, const EngineSnapshot& snapshot, v1::ModelInfo* info);
 
 }  // namespace switchserve
 

@@ -40,9 +40,9 @@ absl::StatusOr<GenerationRequest> ValidateGenerateRequest(const v1::GenerateRequ
       if (ids.empty()) return Invalid("token_ids", "the prompt is empty");
       for (int i = 0; i < ids.size(); ++i) {
         if (ids[i] < 0 || ids[i] >= limits.vocab_size) {
-          return Invalid("token_ids", absl::StrCat("ids[", i, "] = ", ids[i],
-                                                   " is outside the vocabulary [0, ",
-                                                   limits.vocab_size, ")"));
+          return Invalid("token_ids",
+                         absl::StrCat("ids[", i, "] = ", ids[i], " is outside the vocabulary [0, ",
+                                      limits.vocab_size, ")"));
         }
       }
       out.prompt.assign(ids.begin(), ids.end());
@@ -53,10 +53,10 @@ absl::StatusOr<GenerationRequest> ValidateGenerateRequest(const v1::GenerateRequ
   }
   const int prompt_len = static_cast<int>(out.prompt.size());
   if (prompt_len >= limits.context_length) {
-    return Invalid(request.has_text() ? "text" : "token_ids",
-                   absl::StrCat("the prompt has ", prompt_len,
-                                " tokens; the model's context length is ", limits.context_length,
-                                " (prompt + max_new_tokens must fit)"));
+    return Invalid(
+        request.has_text() ? "text" : "token_ids",
+        absl::StrCat("the prompt has ", prompt_len, " tokens; the model's context length is ",
+                     limits.context_length, " (prompt + max_new_tokens must fit)"));
   }
 
   const v1::SamplingParams& s = request.sampling();
@@ -122,8 +122,9 @@ absl::StatusOr<GenerationRequest> ValidateGenerateRequest(const v1::GenerateRequ
     p.stop.push_back(stop);
   }
   if (s.stop_token_ids_size() > limits.max_stop_token_ids) {
-    return Invalid("sampling.stop_token_ids", absl::StrCat("at most ", limits.max_stop_token_ids,
-                                                           " ids, found ", s.stop_token_ids_size()));
+    return Invalid("sampling.stop_token_ids",
+                   absl::StrCat("at most ", limits.max_stop_token_ids, " ids, found ",
+                                s.stop_token_ids_size()));
   }
   for (int i = 0; i < s.stop_token_ids_size(); ++i) {
     const int32_t id = s.stop_token_ids(i);

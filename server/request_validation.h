@@ -14,7 +14,7 @@ namespace switchserve {
 
 struct RequestLimits {
   int vocab_size = 0;
-  int context_length = 0;  // prompt + max_new_tokens must fit
+  int context_length = 0;            // prompt + max_new_tokens must fit
   int default_max_new_tokens = 256;  // when unset (capped by the context)
   int max_stop_strings = 16;
   int max_stop_string_bytes = 256;

@@ -35,7 +35,8 @@ namespace switchserve {
 namespace {
 
 void Log(const std::string& message) {
-  const std::string now = absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone());
+  const std::string now =
+      absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone());
   std::fprintf(stderr, "%s switchserve: %s\n", now.c_str(), message.c_str());
   std::fflush(stderr);
 }
@@ -91,8 +92,8 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   }
   if (options.device == DeviceKind::kAuto) Log("--device auto: no CUDA backend built, using cpu");
 
-  const std::string model_dir = options.model_dir.empty() ? DefaultModelDirectory()
-                                                          : options.model_dir;
+  const std::string model_dir =
+      options.model_dir.empty() ? DefaultModelDirectory() : options.model_dir;
   Log(absl::StrCat("loading model from ", model_dir));
   auto model = LoadModel(model_dir);
   if (!model.ok()) return Fail(model.status());
@@ -175,17 +176,17 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   Log(absl::StrFormat("dispatch: capacity_factor %g%s, min_capacity %d, overflow %s",
                       dispatch.capacity_factor, dispatch.Dropless() ? " (dropless)" : "",
                       dispatch.min_capacity, std::string(ToString(dispatch.overflow))));
-  Log(absl::StrFormat(
-      "backend %s, threads %s; KV cache %d blocks x %d tokens = %d tokens (%d MiB)",
-      std::string(backend->name()), options.threads == 0 ? "all" : std::to_string(options.threads),
-      num_blocks, block_size, num_blocks * block_size, num_blocks * bytes_per_block >> 20));
-  Log(absl::StrFormat(
-      "scheduler: max_batch_tokens %d, max_running_requests %d, max_queue %d, "
-      "max_request_bytes %d, drain_timeout_s %g",
-      options.max_batch_tokens, options.max_running_requests, options.max_queue,
-      options.max_request_bytes, options.drain_timeout_s));
-  Log(absl::StrFormat("security: %s, %s", 
-                      !options.tls.enabled()           ? "plaintext"
+  Log(absl::StrFormat("backend %s, threads %s; KV cache %d blocks x %d tokens = %d tokens (%d MiB)",
+                      std::string(backend->name()),
+                      options.threads == 0 ? "all" : std::to_string(options.threads), num_blocks,
+                      block_size, num_blocks * block_size, num_blocks * bytes_per_block >> 20));
+  Log(
+      absl::StrFormat("scheduler: max_batch_tokens %d, max_running_requests %d, max_queue %d, "
+                      "max_request_bytes %d, drain_timeout_s %g",
+                      options.max_batch_tokens, options.max_running_requests, options.max_queue,
+                      options.max_request_bytes, options.drain_timeout_s));
+  Log(absl::StrFormat("security: %s, %s",
+                      !options.tls.enabled()               ? "plaintext"
                       : options.tls.client_ca_file.empty() ? "TLS"
                                                            : "mTLS (client certificates required)",
                       auth ? "bearer token required" : "no authentication"));
@@ -202,8 +203,8 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
                    " calls running, up to ", options.drain_timeout_s, " s)"));
   health->SetServingStatus(false);
   service.StartDraining();
-  const auto drain_timeout = std::chrono::milliseconds(
-      static_cast<int64_t>(options.drain_timeout_s * 1000.0));
+  const auto drain_timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(options.drain_timeout_s * 1000.0));
   if (!service.WaitUntilIdle(drain_timeout)) {
     Log(absl::StrCat("drain timeout: cancelling ", service.calls_in_flight(), " calls"));
   }
@@ -231,7 +232,8 @@ int RunServeCommand(int argc, char** argv) {
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   auto options = ServerOptionsFromFlags();
   if (!options.ok()) {
-    std::fprintf(stderr, "switchserve serve: %s\n", std::string(options.status().message()).c_str());
+    std::fprintf(stderr, "switchserve serve: %s\n",
+                 std::string(options.status().message()).c_str());
     return 2;
   }
   return Serve(*options, stop_signals);

@@ -7,20 +7,17 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "server/common_flags.h"
 
 namespace {
 const switchserve::ServerOptions kDefaults;
 }  // namespace
 
-ABSL_FLAG(std::string, model, "",
-          "Model directory (config.json + model.safetensors [+ tokenizer.model]); "
-          "default: the built-in model");
 ABSL_FLAG(std::string, host, kDefaults.host, "Address to listen on");
 ABSL_FLAG(int, port, kDefaults.port, "gRPC port; 0 picks a free port (logged)");
 ABSL_FLAG(int, metrics_port, kDefaults.metrics_port,
           "Prometheus metrics port; 0 disables (exporter not built yet: accepted and ignored)");
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda | auto");
-ABSL_FLAG(int, threads, kDefaults.threads, "CPU backend threads; 0: all cores");
 ABSL_FLAG(int64_t, kv_cache_bytes, kDefaults.kv_cache_bytes,
           "KV cache budget in bytes (capped at max_running_requests full contexts)");
 ABSL_FLAG(int, kv_block_size, kDefaults.kv_block_size, "Tokens per KV cache block");
@@ -39,6 +36,8 @@ ABSL_FLAG(std::optional<int>, min_capacity, std::nullopt,
           "Minimum slots per expert per step; unset: the model's");
 ABSL_FLAG(double, drain_timeout_s, kDefaults.drain_timeout_s,
           "On SIGTERM/SIGINT, how long running calls may take to finish");
+// --model and --threads are shared with the offline subcommands
+// (server/common_flags.h).
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate chain: the server's, enables TLS (serve); the client's, for mTLS "
           "(health)");
