@@ -46,6 +46,8 @@ ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA bundle; clients must present a certificate it signed (mTLS)");
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding the bearer token every Generation call must carry");
+ABSL_FLAG(int, debug_step_delay_ms, kDefaults.debug_step_delay_ms,
+          "Testing aid: sleep this long in every engine step (0: off)");
 
 namespace switchserve {
 namespace {
@@ -76,6 +78,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.tls.key_file = absl::GetFlag(FLAGS_tls_key);
   o.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
   o.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  o.debug_step_delay_ms = absl::GetFlag(FLAGS_debug_step_delay_ms);
 
   const std::string device = absl::GetFlag(FLAGS_device);
   if (device == "cpu") {
@@ -110,6 +113,9 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
     return FlagError("max-request-bytes", "must be in [1024, 2^31)");
   }
   if (o.min_capacity && *o.min_capacity < 0) return FlagError("min-capacity", "must be >= 0");
+  if (o.debug_step_delay_ms < 0 || o.debug_step_delay_ms > 10000) {
+    return FlagError("debug-step-delay-ms", "must be in [0, 10000]");
+  }
   if (o.drain_timeout_s < 0) return FlagError("drain-timeout-s", "must be >= 0");
   if (o.tls.cert_file.empty() != o.tls.key_file.empty()) {
     return FlagError(o.tls.cert_file.empty() ? "tls-cert" : "tls-key",

@@ -46,6 +46,9 @@ struct ServerOptions {
   double drain_timeout_s = 30;
   TlsOptions tls;
   std::string auth_token_file;  // empty: no authentication
+  // Testing aid: every engine step takes at least this long, so tests can
+  // observe requests in flight (drain, cancellation) with tiny models.
+  int debug_step_delay_ms = 0;
 };
 
 // Reads and validates the `serve` flags (after absl::ParseCommandLine).
