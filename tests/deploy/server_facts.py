@@ -41,8 +41,8 @@ def parse_absl_flags(source: str) -> dict:
     for match in _ABSL_FLAG.finditer(source):
         _type, name, default = match.groups()
         default = default.strip()
-        # int32_t{50051}, uint16_t{9090}, 50051, "0.0.0.0", std::string("x")
-        inner = re.fullmatch(r"[\w:]+\s*[{(]\s*(.*?)\s*[})]", default)
+        # 50051, int32_t{50051}, "0.0.0.0", std::string{"x"}; other calls stay text
+        inner = re.fullmatch(r"[\w:]+\s*\{\s*(.*?)\s*\}", default)
         if inner:
             default = inner.group(1)
         if re.fullmatch(r"-?\d+", default):
