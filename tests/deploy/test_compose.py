@@ -5,7 +5,6 @@ the server's flags. The alert rules (deploy/prometheus/alerts.yml) and the
 dashboard (deploy/grafana/switchserve.json) come from the metrics work: their
 contents are checked only when they exist."""
 import json
-import pathlib
 import shutil
 import subprocess
 
@@ -13,7 +12,7 @@ import pytest
 import yaml
 
 import server_facts
-from conftest import REPO_ROOT, require_tool
+from deploy_helpers import REPO_ROOT, require_tool
 
 COMPOSE = REPO_ROOT / "docker-compose.yml"
 SERVER_SERVICES = {"switchserve": ("deploy/docker/Dockerfile", "cpu", None),

@@ -10,7 +10,7 @@ import shlex
 import pytest
 
 import server_facts
-from conftest import REPO_ROOT
+from deploy_helpers import REPO_ROOT
 
 DOCKER_DIR = REPO_ROOT / "deploy" / "docker"
 DOCKERFILES = ["Dockerfile", "Dockerfile.cuda"]

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 import server_facts
-from conftest import (K8S_DIR, OVERLAYS, REPO_ROOT, container_flags, expand_env, labels_match,
+from deploy_helpers import (K8S_DIR, OVERLAYS, REPO_ROOT, container_flags, expand_env, labels_match,
                       mount_for, objects_of_kind, one, render_overlay, server_container)
 
 KUBERNETES_VERSION = "1.30"
