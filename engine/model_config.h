@@ -94,6 +94,12 @@ struct ModelConfig {
 absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text,
                                              std::string_view file_name);
 
+// The inverse of ParseModelConfig: config.json text with every key spelled
+// out. Keys that do not apply to the module type (n_experts and top_k of a
+// dense attention or FFN, router_bias of a dense FFN) are left out, so such
+// fields come back as their defaults. Used by WriteModelDirectory.
+std::string ModelConfigToJson(const ModelConfig& config);
+
 // Names used in logs, flags and metrics.
 std::string_view ToString(OverflowPolicy policy);
 absl::StatusOr<OverflowPolicy> ParseOverflowPolicy(std::string_view text);
