@@ -57,11 +57,13 @@ absl::StatusOr<nlohmann::json> ParseJsonText(std::string_view text, std::string_
 }
 
 std::string DescribeJson(const nlohmann::json& value) {
-  switch (value.type()) {
-    case nlohmann::json::value_t::object:
-      return "an object";
-    default:
-      break;
+  if (value.is_object()) return "an object";
+  if (value.is_array()) {
+    // Dumping is recursive: only show flat arrays, so a hostile document
+    // nested a million levels deep cannot exhaust the stack here.
+    for (const nlohmann::json& element : value) {
+      if (element.is_structured()) return absl::StrCat("an array of ", value.size(), " elements");
+    }
   }
   std::string text = value.dump(-1, ' ', /*ensure_ascii=*/true);
   constexpr size_t kMaxChars = 60;

@@ -41,6 +41,13 @@ absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
 // Fills model->weights from `file`, checking it holds exactly the tensors the
 // config calls for.
 absl::Status LoadWeights(const SafetensorsFile& file, Model* model) {
+  // Every layer has several tensors; refuse before allocating per-layer
+  // tables for an absurd n_layers.
+  if (static_cast<size_t>(model->config.n_layers) > file.tensors().size()) {
+    return absl::InvalidArgumentError(absl::StrCat(file.path(), ": holds ", file.tensors().size(),
+                                                   " tensors, too few for config.json n_layers ",
+                                                   model->config.n_layers));
+  }
   const std::vector<ExpectedTensor> expected = ExpectedTensors(model->config);
   std::set<std::string> expected_names;
   for (const ExpectedTensor& e : expected) expected_names.insert(e.name);

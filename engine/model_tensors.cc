@@ -1,5 +1,6 @@
 // ExpectedTensors and ValidateWeights: the tensor table of
 // docs/model-format.md, for one config.
+#include <limits>
 #include <set>
 #include <utility>
 
@@ -53,7 +54,10 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
 
 int64_t ExpectedTensor::numel() const {
   int64_t n = 1;
-  for (int64_t dim : shape) n *= dim;
+  for (int64_t dim : shape) {
+    // Saturate rather than overflow (only absurd configs get near this).
+    if (__builtin_mul_overflow(n, dim, &n)) return std::numeric_limits<int64_t>::max();
+  }
   return n;
 }
 

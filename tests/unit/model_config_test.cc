@@ -291,6 +291,18 @@ TEST(ModelConfigTest, RejectsBadJson) {
               HasSubstr("invalid JSON"));
 }
 
+TEST(ModelConfigTest, DeeplyNestedValueDoesNotCrash) {
+  Json json = Json::parse(kMinimalConfig);
+  std::string text = json.dump();
+  const std::string nested = std::string(200000, '[') + std::string(200000, ']');
+  text.replace(text.find("300"), 3, nested);  // "vocab_size": [[[[...]]]]
+  auto config = Parse(text);
+  ASSERT_FALSE(config.ok());
+  EXPECT_THAT(config.status().message(),
+              HasSubstr("vocab_size: expected an integer >= 256 (tokenizer \"byte\" needs the 256 "
+                        "byte ids), found an array of 1 elements"));
+}
+
 TEST(ModelConfigTest, OverflowPolicyNames) {
   EXPECT_EQ(*ParseOverflowPolicy("reroute"), OverflowPolicy::kReroute);
   EXPECT_EQ(ToString(OverflowPolicy::kDrop), "drop");

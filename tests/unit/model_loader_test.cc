@@ -303,6 +303,13 @@ TEST_F(BrokenModelTest, ConfigThatDisagreesWithTheWeights) {
                                      "found [260, 32]"));
 }
 
+TEST_F(BrokenModelTest, AbsurdLayerCountIsRefusedEarly) {
+  Json json = BaseConfig();
+  json["n_layers"] = 2000000000;
+  std::ofstream(dir_ + "/config.json", std::ios::trunc) << json.dump();
+  EXPECT_THAT(LoadError(), HasSubstr("too few for config.json n_layers 2000000000"));
+}
+
 TEST(SentencePieceModelTest, MissingOrOversizedTokenizer) {
   Json json = BaseConfig();
   json["tokenizer"] = "sentencepiece";
