@@ -395,7 +395,8 @@ std::string ModelConfigToJson(const ModelConfig& config) {
         {"min_capacity", config.dispatch.min_capacity},
         {"overflow", NameOf(kOverflowNames, config.dispatch.overflow)}}},
   };
-  return document.dump(2) + "\n";
+  // A name built in code may hold invalid UTF-8: replace it rather than throw.
+  return document.dump(2, ' ', /*ensure_ascii=*/false, Json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace switchserve

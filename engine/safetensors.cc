@@ -200,10 +200,14 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   for (int i = 7; i >= 0; --i) {
     header_size = (header_size << 8) | std::to_integer<uint64_t>(bytes[i]);
   }
-  if (header_size > file_size - kHeaderLengthBytes || header_size > kMaxHeaderBytes) {
+  if (header_size > file_size - kHeaderLengthBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": header length ", header_size, " is larger than the ",
                      file_size - kHeaderLengthBytes, " bytes after the length field"));
+  }
+  if (header_size > kMaxHeaderBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": header length ", header_size,
+                                                   " exceeds the limit of ", kMaxHeaderBytes));
   }
   const std::string_view header_text(reinterpret_cast<const char*>(bytes + kHeaderLengthBytes),
                                      static_cast<size_t>(header_size));
@@ -328,7 +332,12 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorT
                       {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
-  std::string header_text = header.dump();
+  std::string header_text;
+  try {
+    header_text = header.dump();
+  } catch (const nlohmann::json::exception& e) {  // e.g. a name that is not UTF-8
+    return absl::InvalidArgumentError(absl::StrCat(path, ": cannot write header: ", e.what()));
+  }
   // Pad with spaces so the data section starts 8-byte aligned.
   header_text.append((8 - header_text.size() % 8) % 8, ' ');
 

@@ -291,6 +291,15 @@ TEST(ModelConfigTest, RejectsBadJson) {
               HasSubstr("invalid JSON"));
 }
 
+TEST(ModelConfigTest, ToJsonSurvivesInvalidUtf8Names) {
+  auto config = Parse(kMinimalConfig);
+  ASSERT_TRUE(config.ok());
+  config->name = "bad \xff name";
+  auto again = Parse(ModelConfigToJson(*config));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_THAT(again->name, HasSubstr("name"));
+}
+
 TEST(ModelConfigTest, DeeplyNestedValueDoesNotCrash) {
   Json json = Json::parse(kMinimalConfig);
   std::string text = json.dump();
