@@ -9,32 +9,30 @@
 #include "absl/strings/str_cat.h"
 #include "server/common_flags.h"
 
-namespace {
-const switchserve::ServerOptions kDefaults;
-}  // namespace
-
-ABSL_FLAG(std::string, host, kDefaults.host, "Address to listen on");
-ABSL_FLAG(int, port, kDefaults.port, "gRPC port; 0 picks a free port (logged)");
-ABSL_FLAG(int, metrics_port, kDefaults.metrics_port,
+// The defaults of every `serve` flag live here, as literals (deployment
+// tooling reads them from this file: tests/deploy/server_facts.py).
+ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on");
+ABSL_FLAG(int, port, 50051, "gRPC port; 0 picks a free port (logged)");
+ABSL_FLAG(int, metrics_port, 9090,
           "Prometheus metrics port; 0 disables (exporter not built yet: accepted and ignored)");
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda | auto");
-ABSL_FLAG(int64_t, kv_cache_bytes, kDefaults.kv_cache_bytes,
+ABSL_FLAG(int64_t, kv_cache_bytes, 1073741824,
           "KV cache budget in bytes (capped at max_running_requests full contexts)");
-ABSL_FLAG(int, kv_block_size, kDefaults.kv_block_size, "Tokens per KV cache block");
-ABSL_FLAG(int64_t, max_batch_tokens, kDefaults.max_batch_tokens,
+ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV cache block");
+ABSL_FLAG(int64_t, max_batch_tokens, 2048,
           "Tokens computed per engine step (decode tokens + prefill chunks)");
-ABSL_FLAG(int, max_running_requests, kDefaults.max_running_requests,
+ABSL_FLAG(int, max_running_requests, 64,
           "Requests in the running batch at once");
-ABSL_FLAG(int, max_queue, kDefaults.max_queue,
+ABSL_FLAG(int, max_queue, 1024,
           "Requests waiting for admission; beyond it calls get RESOURCE_EXHAUSTED");
-ABSL_FLAG(int64_t, max_request_bytes, kDefaults.max_request_bytes,
+ABSL_FLAG(int64_t, max_request_bytes, 4194304,
           "Largest request message gRPC accepts (RESOURCE_EXHAUSTED beyond)");
 ABSL_FLAG(std::optional<double>, capacity_factor, std::nullopt,
           "Expert capacity factor; <= 0 dropless; unset: the model's");
 ABSL_FLAG(std::string, overflow, "", "drop | reroute; unset: the model's");
 ABSL_FLAG(std::optional<int>, min_capacity, std::nullopt,
           "Minimum slots per expert per step; unset: the model's");
-ABSL_FLAG(double, drain_timeout_s, kDefaults.drain_timeout_s,
+ABSL_FLAG(double, drain_timeout_s, 30,
           "On SIGTERM/SIGINT, how long running calls may take to finish");
 // --model and --threads are shared with the offline subcommands
 // (server/common_flags.h).
@@ -46,7 +44,7 @@ ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA bundle; clients must present a certificate it signed (mTLS)");
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding the bearer token every Generation call must carry");
-ABSL_FLAG(int, debug_step_delay_ms, kDefaults.debug_step_delay_ms,
+ABSL_FLAG(int, debug_step_delay_ms, 0,
           "Testing aid: sleep this long in every engine step (0: off)");
 
 namespace switchserve {

@@ -84,13 +84,13 @@ TEST(LoadTest, SixtyFourStreamsFinishThenHalfCancelledFreeTheirBlocks) {
 TEST(LimitsTest, FullQueueAndOversizedMessage) {
   auto server =
       ServerProcess::Start({"--max-running-requests", "1", "--max-queue", "1",
-                            "--debug-step-delay-ms", "20", "--max-request-bytes", "2048"});
+                            "--debug-step-delay-ms", "50", "--max-request-bytes", "2048"});
   ASSERT_TRUE(server.ok()) << server.status();
   auto stub = v1::Generation::NewStub((*server)->Channel());
 
   // A runs (the only batch slot), B waits (the only queue slot), C is refused.
   auto context_a = ContextWithDeadline(60);
-  v1::GenerateRequest long_request = TextRequest("long", 50);
+  v1::GenerateRequest long_request = TextRequest("long", 58);  // about 3 s
   long_request.mutable_sampling()->set_ignore_eos(true);
   auto reader_a = stub->GenerateStream(context_a.get(), long_request);
   v1::GenerateStreamResponse message;
