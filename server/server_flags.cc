@@ -21,8 +21,7 @@ ABSL_FLAG(int64_t, kv_cache_bytes, 1073741824,
 ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV cache block");
 ABSL_FLAG(int64_t, max_batch_tokens, 2048,
           "Tokens computed per engine step (decode tokens + prefill chunks)");
-ABSL_FLAG(int, max_running_requests, 64,
-          "Requests in the running batch at once");
+ABSL_FLAG(int, max_running_requests, 64, "Requests in the running batch at once");
 ABSL_FLAG(int, max_queue, 1024,
           "Requests waiting for admission; beyond it calls get RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_request_bytes, 4194304,
@@ -123,27 +122,6 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
     return FlagError("tls-client-ca", "needs --tls-cert and --tls-key");
   }
   return o;
-}
-
-std::vector<char*> NormalizeFlagSpelling(int argc, char** argv, std::vector<std::string>* storage) {
-  storage->assign(argv, argv + argc);
-  bool flags_done = false;
-  for (size_t i = 1; i < storage->size(); ++i) {
-    std::string& arg = (*storage)[i];
-    if (flags_done || arg.size() < 3 || arg[0] != '-') continue;
-    if (arg == "--") {
-      flags_done = true;
-      continue;
-    }
-    const size_t name_begin = arg[1] == '-' ? 2 : 1;
-    const size_t name_end = std::min(arg.find('='), arg.size());
-    for (size_t j = name_begin; j < name_end; ++j) {
-      if (arg[j] == '-') arg[j] = '_';
-    }
-  }
-  std::vector<char*> out;
-  for (std::string& arg : *storage) out.push_back(arg.data());
-  return out;
 }
 
 std::string ListenAddress(const ServerOptions& options) {

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/model_config.h"
+#include "server/flag_spelling.h"
 
 namespace switchserve {
 
@@ -54,12 +55,6 @@ struct ServerOptions {
 // Reads and validates the `serve` flags (after absl::ParseCommandLine).
 // INVALID_ARGUMENT names the flag.
 absl::StatusOr<ServerOptions> ServerOptionsFromFlags();
-
-// The flags are documented with hyphens (--kv-cache-bytes); absl spells them
-// with underscores. Returns argv with every flag name's hyphens turned into
-// underscores (values untouched, nothing after a bare "--"), for
-// absl::ParseCommandLine. The strings live in `*storage`.
-std::vector<char*> NormalizeFlagSpelling(int argc, char** argv, std::vector<std::string>* storage);
 
 // "host:port" as gRPC wants it (IPv6 hosts bracketed).
 std::string ListenAddress(const ServerOptions& options);
