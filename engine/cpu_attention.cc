@@ -9,6 +9,9 @@
 namespace switchserve::cpu {
 namespace {
 
+// Attention work (multiply-adds) below which a step attends on one thread.
+constexpr int64_t kParallelAttentionMacs = int64_t{1} << 22;
+
 template <typename T>
 void Grow(std::vector<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
@@ -137,8 +140,13 @@ void CpuAttention::Attend(const StepLayout& step, const float* k_cache, const fl
   const int64_t krow = static_cast<int64_t>(G) * dh;
   const int64_t vrow = static_cast<int64_t>(G) * ev * dh;
   const int64_t work = static_cast<int64_t>(T) * H;
+  // Small steps (decode) run on one thread: waking the OpenMP team costs more
+  // than it saves and its spinning threads steal cores from OpenBLAS.
+  int64_t macs = 0;
+  for (int t = 0; t < T; ++t) macs += static_cast<int64_t>(step.position[t] + 1) * H * dh * ev;
+  const bool parallel = num_threads_ > 1 && macs >= kParallelAttentionMacs;
 
-#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads_)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads_) if (parallel)
   for (int64_t item = 0; item < work; ++item) {
     const int t = static_cast<int>(item / H);
     const int h = static_cast<int>(item % H);

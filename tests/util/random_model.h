@@ -4,6 +4,7 @@
 #define SWITCHSERVE_TESTS_UTIL_RANDOM_MODEL_H_
 
 #include <cstdint>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,7 @@ struct NamedConfig {
   std::string name;
   ModelConfig config;
 };
+inline void PrintTo(const NamedConfig& named, std::ostream* os) { *os << named.name; }
 // All of the above, named.
 std::vector<NamedConfig> AllVariantConfigs();
 
