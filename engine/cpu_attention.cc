@@ -9,9 +9,6 @@
 namespace switchserve::cpu {
 namespace {
 
-// Attention work (multiply-adds) below which a step attends on one thread.
-constexpr int64_t kParallelAttentionMacs = int64_t{1} << 22;
-
 template <typename T>
 void Grow(std::vector<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
@@ -20,11 +17,12 @@ void Grow(std::vector<T>& v, size_t n) {
 }  // namespace
 
 CpuAttention::CpuAttention(const ModelConfig& config, const DispatchConfig& dispatch,
-                           int num_threads)
+                           int num_threads, int64_t parallel_min_macs)
     : attn_(config.attention),
       dispatch_(dispatch),
       d_(config.d_model),
       num_threads_(std::max(1, num_threads)),
+      parallel_min_macs_(parallel_min_macs),
       max_seq_len_(config.max_seq_len),
       rope_(config.max_seq_len, config.attention.RotaryDims(), config.attention.rope_base) {
   scores_.resize(static_cast<size_t>(num_threads_) * max_seq_len_);
@@ -142,9 +140,10 @@ void CpuAttention::Attend(const StepLayout& step, const float* k_cache, const fl
   const int64_t work = static_cast<int64_t>(T) * H;
   // Small steps (decode) run on one thread: waking the OpenMP team costs more
   // than it saves and its spinning threads steal cores from OpenBLAS.
+  // CpuBackendOptions::parallel_attention_min_macs sets the bar.
   int64_t macs = 0;
   for (int t = 0; t < T; ++t) macs += static_cast<int64_t>(step.position[t] + 1) * H * dh * ev;
-  const bool parallel = num_threads_ > 1 && macs >= kParallelAttentionMacs;
+  const bool parallel = num_threads_ > 1 && macs >= parallel_min_macs_;
 
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads_) if (parallel)
   for (int64_t item = 0; item < work; ++item) {

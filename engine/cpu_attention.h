@@ -22,7 +22,8 @@ namespace switchserve::cpu {
 
 class CpuAttention {
  public:
-  CpuAttention(const ModelConfig& config, const DispatchConfig& dispatch, int num_threads);
+  CpuAttention(const ModelConfig& config, const DispatchConfig& dispatch, int num_threads,
+               int64_t parallel_min_macs);
 
   // x[T, d] += Attn(xn[T, d]) for the step. Writes the step's keys and values
   // to `k_cache` / `v_cache` (this layer's) before attending. Value routers are
@@ -43,6 +44,7 @@ class CpuAttention {
   DispatchConfig dispatch_;
   int d_ = 0;
   int num_threads_ = 1;
+  int64_t parallel_min_macs_ = 0;
   int max_seq_len_ = 0;
   RopeTable rope_;
 

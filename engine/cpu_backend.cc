@@ -30,7 +30,7 @@ class CpuBackend final : public Backend {
       : config_(config),
         weights_(weights),
         num_threads_(options.num_threads > 0 ? options.num_threads : omp_get_max_threads()),
-        attention_(config, dispatch, num_threads_),
+        attention_(config, dispatch, num_threads_, options.parallel_attention_min_macs),
         ffn_(config, dispatch),
         routers_(EnumerateRouters(config)) {
     if (options.num_threads > 0) openblas_set_num_threads(options.num_threads);
@@ -105,34 +105,35 @@ absl::Status CpuBackend::Validate(const StepInput& input) const {
   if (block_size_ == 0) return absl::FailedPreconditionError("Forward before InitKvCache");
   for (size_t c = 0; c < input.chunks.size(); ++c) {
     const SequenceChunk& chunk = input.chunks[c];
-    const std::string where = absl::StrCat("chunks[", c, "]");
-    if (chunk.tokens.empty()) return absl::InvalidArgumentError(where + ".tokens: empty");
+    // Built only on the error path: validation allocates nothing on success.
+    auto where = [c] { return absl::StrCat("chunks[", c, "]"); };
+    if (chunk.tokens.empty()) return absl::InvalidArgumentError(where() + ".tokens: empty");
     for (size_t i = 0; i < chunk.tokens.size(); ++i) {
       if (chunk.tokens[i] < 0 || chunk.tokens[i] >= config_.vocab_size) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ".tokens[", i, "]: ", chunk.tokens[i],
-                                                       " outside vocabulary [0, ",
-                                                       config_.vocab_size, ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where(), ".tokens[", i, "]: ", chunk.tokens[i], " outside vocabulary [0, ",
+                         config_.vocab_size, ")"));
       }
     }
     const int64_t end = static_cast<int64_t>(chunk.start_pos) + chunk.tokens.size();
     if (chunk.start_pos < 0 || end > config_.max_seq_len) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": positions [", chunk.start_pos, ", ",
-                                                     end, ") outside [0, max_seq_len ",
+      return absl::InvalidArgumentError(absl::StrCat(where(), ": positions [", chunk.start_pos,
+                                                     ", ", end, ") outside [0, max_seq_len ",
                                                      config_.max_seq_len, ")"));
     }
     if (chunk.block_table == nullptr) {
-      return absl::InvalidArgumentError(where + ".block_table: missing");
+      return absl::InvalidArgumentError(where() + ".block_table: missing");
     }
     const int64_t needed = (end + block_size_ - 1) / block_size_;
     if (static_cast<int64_t>(chunk.block_table->size()) < needed) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where, ".block_table: ", chunk.block_table->size(),
+          absl::StrCat(where(), ".block_table: ", chunk.block_table->size(),
                        " blocks, positions up to ", end, " need ", needed));
     }
     for (int64_t b = 0; b < needed; ++b) {
       const int32_t id = (*chunk.block_table)[b];
       if (id < 0 || id >= num_blocks_) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ".block_table[", b, "]: block ", id,
+        return absl::InvalidArgumentError(absl::StrCat(where(), ".block_table[", b, "]: block ", id,
                                                        " outside [0, ", num_blocks_, ")"));
       }
     }

@@ -20,6 +20,8 @@ using testing::RandomWeights;
 
 constexpr int kBlockSize = 4;
 constexpr int kNumBlocks = 64;
+// Two threads attending in parallel however small the step.
+const CpuBackendOptions kParallel = {.num_threads = 2, .parallel_attention_min_macs = 0};
 
 std::vector<int32_t> RandomTokens(int n, int vocab, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -46,9 +48,10 @@ std::vector<float> Slice(const std::vector<float>& v, size_t row, size_t width) 
 // A backend plus the block accounting a scheduler would do.
 class Harness {
  public:
-  Harness(const ModelConfig& config, const ModelWeights& weights, const DispatchConfig& dispatch)
+  Harness(const ModelConfig& config, const ModelWeights& weights, const DispatchConfig& dispatch,
+          const CpuBackendOptions& options = {})
       : config_(config),
-        backend_(CreateCpuBackend(config, weights, dispatch, {})),
+        backend_(CreateCpuBackend(config, weights, dispatch, options)),
         alloc_(kNumBlocks, kBlockSize) {
     EXPECT_TRUE(backend_->InitKvCache(kNumBlocks, kBlockSize).ok());
     // Occupy a few blocks so sequences get non-contiguous, non-zero block ids.
@@ -106,7 +109,7 @@ TEST_P(CpuBackendVariantTest, DecodeAndChunkedPrefillMatchPrefill) {
   const int n = 11, V = config.vocab_size;
   const std::vector<int32_t> tokens = RandomTokens(n, V, 3);
 
-  Harness full(config, weights, config.dispatch);
+  Harness full(config, weights, config.dispatch, kParallel);
   const std::vector<float> reference = full.Run(1, tokens, 0);
   ASSERT_EQ(reference.size(), static_cast<size_t>(n) * V);
 
@@ -134,7 +137,7 @@ TEST_P(CpuBackendVariantTest, MixedBatchMatchesSequencesAlone) {
   const int V = config.vocab_size;
   const auto a = RandomTokens(5, V, 21), b = RandomTokens(4, V, 22), c = RandomTokens(6, V, 23);
 
-  Harness batched(config, weights, config.dispatch);
+  Harness batched(config, weights, config.dispatch, kParallel);
   StepOutput out;
   // Step 1: b's first 3 tokens and c's first 2, together.
   ASSERT_TRUE(batched
