@@ -9,6 +9,11 @@
 namespace switchserve::cpu {
 namespace {
 
+// Chunks of at least this many tokens attend tile by tile with GEMMs.
+constexpr int kTiledMinTokens = 8;
+// Query rows per tile of the GEMM attention.
+constexpr int kQueryTile = 64;
+
 template <typename T>
 void Grow(std::vector<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
@@ -137,17 +142,30 @@ void CpuAttention::Attend(const StepLayout& step, const float* k_cache, const fl
   const bool destination = ev > 1;
   const int64_t krow = static_cast<int64_t>(G) * dh;
   const int64_t vrow = static_cast<int64_t>(G) * ev * dh;
-  const int64_t work = static_cast<int64_t>(T) * H;
+  // Long chunks (prefill) attend tile by tile with GEMMs; the rest (decode
+  // tokens, short chunks) token by token.
+  loop_tokens_.clear();
+  for (int t = 0, c = 0; t < T; ++c) {
+    int n = 0;
+    while (t + n < T && step.chunk[t + n] == c) ++n;
+    if (n >= kTiledMinTokens) {
+      AttendChunkTiled(step, c, t, n, k_cache, v_cache);
+    } else {
+      for (int i = 0; i < n; ++i) loop_tokens_.push_back(t + i);
+    }
+    t += n;
+  }
+  const int64_t work = static_cast<int64_t>(loop_tokens_.size()) * H;
   // Small steps (decode) run on one thread: waking the OpenMP team costs more
   // than it saves and its spinning threads steal cores from OpenBLAS.
   // CpuBackendOptions::parallel_attention_min_macs sets the bar.
   int64_t macs = 0;
-  for (int t = 0; t < T; ++t) macs += static_cast<int64_t>(step.position[t] + 1) * H * dh * ev;
+  for (int t : loop_tokens_) macs += static_cast<int64_t>(step.position[t] + 1) * H * dh * ev;
   const bool parallel = num_threads_ > 1 && macs >= parallel_min_macs_;
 
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads_) if (parallel)
   for (int64_t item = 0; item < work; ++item) {
-    const int t = static_cast<int>(item / H);
+    const int t = loop_tokens_[item / H];
     const int h = static_cast<int>(item % H);
     const int g = h / group;
     const int c = step.chunk[t];
@@ -191,6 +209,77 @@ void CpuAttention::Attend(const StepLayout& step, const float* k_cache, const fl
         const float p = score[j] * pw;
 #pragma omp simd
         for (int i = 0; i < dh; ++i) out[i] += p * vj[i];
+      }
+    }
+  }
+}
+
+void CpuAttention::AttendChunkTiled(const StepLayout& step, int c, int t0, int n,
+                                    const float* k_cache, const float* v_cache) {
+  const int H = attn_.n_heads, G = attn_.n_kv_heads, dh = attn_.head_dim;
+  const int ev = attn_.CachedValuesPerKvHead();
+  const int group = H / G;
+  const int start = step.position[t0];
+  const int keys = start + n;
+  const int64_t krow = static_cast<int64_t>(G) * dh;
+  const int64_t vrow = static_cast<int64_t>(G) * ev * dh;
+  const int64_t vdim = static_cast<int64_t>(ev) * dh;
+  Grow(keys_, static_cast<size_t>(keys) * dh);
+  Grow(values_, static_cast<size_t>(keys) * vdim);
+  Grow(tile_scores_, static_cast<size_t>(kQueryTile) * keys);
+  Grow(tile_out_, static_cast<size_t>(kQueryTile) * dh);
+
+  for (int g = 0; g < G; ++g) {
+    // This KV head's keys and values of the sequence, made contiguous.
+    for (int j = 0; j < keys; ++j) {
+      const int64_t row = step.CacheRow(c, j);
+      std::memcpy(keys_.data() + static_cast<int64_t>(j) * dh,
+                  k_cache + row * krow + static_cast<int64_t>(g) * dh, dh * sizeof(float));
+      std::memcpy(values_.data() + j * vdim, v_cache + row * vrow + g * vdim, vdim * sizeof(float));
+    }
+    for (int h = g * group; h < (g + 1) * group; ++h) {
+      for (int i0 = 0; i0 < n; i0 += kQueryTile) {
+        const int rows = std::min(kQueryTile, n - i0);
+        const int span = start + i0 + rows;  // keys the tile's last query sees
+        float* score = tile_scores_.data();
+        float* out = a_.data() + (static_cast<int64_t>(t0 + i0) * H + h) * dh;
+        GemmNT(rows, span, dh, 1.0f, q_.data() + (static_cast<int64_t>(t0 + i0) * H + h) * dh,
+               H * dh, keys_.data(), dh, 0.0f, score, span);
+        for (int r = 0; r < rows; ++r) {
+          float* sr = score + static_cast<int64_t>(r) * span;
+          const int visible = start + i0 + r + 1;  // causal
+          float smax = -INFINITY;
+          for (int j = 0; j < visible; ++j) smax = std::max(smax, sr[j]);
+          float sum = 0;
+          for (int j = 0; j < visible; ++j) {
+            sr[j] = std::exp(sr[j] - smax);
+            sum += sr[j];
+          }
+          const float inv = 1.0f / sum;
+          for (int j = 0; j < visible; ++j) sr[j] *= inv;
+          std::fill(sr + visible, sr + span, 0.0f);
+        }
+        if (ev == 1) {
+          GemmNN(rows, dh, span, 1.0f, score, span, values_.data(), dh, 0.0f, out, H * dh);
+          continue;
+        }
+        // Destination routing: the query's gate weights each expert's values.
+        for (int r = 0; r < rows; ++r) {
+          std::fill(out + static_cast<int64_t>(r) * H * dh,
+                    out + static_cast<int64_t>(r) * H * dh + dh, 0.0f);
+        }
+        for (int e = 0; e < ev; ++e) {
+          GemmNN(rows, dh, span, 1.0f, score, span, values_.data() + static_cast<int64_t>(e) * dh,
+                 static_cast<int>(vdim), 0.0f, tile_out_.data(), dh);
+          for (int r = 0; r < rows; ++r) {
+            const float wt = vweight_[(static_cast<int64_t>(t0 + i0 + r) * G + g) * ev + e];
+            if (wt == 0.0f) continue;
+            float* dst = out + static_cast<int64_t>(r) * H * dh;
+            const float* src = tile_out_.data() + static_cast<int64_t>(r) * dh;
+#pragma omp simd
+            for (int i = 0; i < dh; ++i) dst[i] += wt * src[i];
+          }
+        }
       }
     }
   }

@@ -36,6 +36,10 @@ class CpuAttention {
   void ComputeValues(const AttentionWeights& w, const StepLayout& step, const float* xn,
                      int router_base, const RoutingRecorder& recorder);
   void Attend(const StepLayout& step, const float* k_cache, const float* v_cache);
+  // Attention of the `n` tokens of chunk `c` (step tokens [t0, t0 + n)) as
+  // GEMMs over query tiles against the sequence's keys gathered contiguously.
+  void AttendChunkTiled(const StepLayout& step, int c, int t0, int n, const float* k_cache,
+                        const float* v_cache);
   void ProjectOutput(const AttentionWeights& w, const StepLayout& step, const float* xn, float* x,
                      int router_base, const RoutingRecorder& recorder);
   GateFunction gate() const;
@@ -58,6 +62,11 @@ class CpuAttention {
   std::vector<float> gather_;                   // [T, max(d, dh)]
   std::vector<float> product_;                  // [T, max(d, dh)]
   std::vector<float> scores_;                   // [threads, max_seq_len]
+  std::vector<int> loop_tokens_;                // tokens attended one by one
+  std::vector<float> keys_;                     // [keys, dh] one KV head's keys, contiguous
+  std::vector<float> values_;                   // [keys, Ev*dh]
+  std::vector<float> tile_scores_;              // [tile, keys]
+  std::vector<float> tile_out_;                 // [tile, dh]
   std::vector<ExpertAssignments> assignments_;  // per router head
   RouterDecision decision_;
 };

@@ -106,7 +106,9 @@ class CpuBackendVariantTest : public ::testing::TestWithParam<NamedConfig> {};
 TEST_P(CpuBackendVariantTest, DecodeAndChunkedPrefillMatchPrefill) {
   const ModelConfig config = GetParam().config;
   const ModelWeights weights = RandomWeights(config, 7);
-  const int n = 11, V = config.vocab_size;
+  // 19 tokens: the full prefill and both chunks (8 + 11) attend tile by tile,
+  // the decode steps token by token.
+  const int n = 19, V = config.vocab_size;
   const std::vector<int32_t> tokens = RandomTokens(n, V, 3);
 
   Harness full(config, weights, config.dispatch, kParallel);
@@ -120,7 +122,7 @@ TEST_P(CpuBackendVariantTest, DecodeAndChunkedPrefillMatchPrefill) {
   }
 
   Harness chunked(config, weights, config.dispatch);
-  const int split = 6;
+  const int split = 8;
   std::vector<float> got =
       chunked.Run(1, std::vector<int32_t>(tokens.begin(), tokens.begin() + split), 0);
   const std::vector<float> rest =
@@ -530,10 +532,20 @@ std::vector<float> NaiveLogits(const ModelConfig& c, const ModelWeights& w,
 TEST_P(CpuBackendVariantTest, MatchesNaiveReference) {
   const ModelConfig config = GetParam().config;
   const ModelWeights weights = RandomWeights(config, 13);
-  const std::vector<int32_t> tokens = RandomTokens(9, config.vocab_size, 51);
+  // 70 tokens: more than one query tile of the GEMM attention.
+  const std::vector<int32_t> tokens = RandomTokens(70, config.vocab_size, 51);
   Harness h(config, weights, config.dispatch);
   const std::vector<float> got = h.Run(1, tokens, 0);
   EXPECT_LE(RelError(got, NaiveLogits(config, weights, tokens)), 1e-4);
+  // And decoding a few more tokens one by one after it.
+  const std::vector<int32_t> more = RandomTokens(3, config.vocab_size, 52);
+  std::vector<int32_t> all = tokens;
+  all.insert(all.end(), more.begin(), more.end());
+  const std::vector<float> want = NaiveLogits(config, weights, all);
+  for (int i = 0; i < 3; ++i) {
+    const std::vector<float> row = h.Run(1, {more[i]}, 70 + i);
+    EXPECT_LE(RelError(row, Slice(want, 70 + i, config.vocab_size)), 1e-4) << "decode " << i;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, CpuBackendVariantTest, ::testing::ValuesIn(AllVariantConfigs()),

@@ -38,7 +38,7 @@ ModelConfig Base() {
   c.vocab_size = 64;
   c.d_model = 32;
   c.n_layers = 2;
-  c.max_seq_len = 64;
+  c.max_seq_len = 128;
   c.norm = NormKind::kLayerNorm;
   c.tie_embeddings = true;
   AttentionConfig& a = c.attention;
