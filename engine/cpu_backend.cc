@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 
 #include "absl/strings/str_cat.h"
 #include "engine/cpu_attention.h"
@@ -60,9 +61,19 @@ class CpuBackend final : public Backend {
     const int64_t vrow = krow * attn.CachedValuesPerKvHead();
     k_cache_.assign(config_.n_layers, std::vector<float>());
     v_cache_.assign(config_.n_layers, std::vector<float>());
-    for (int l = 0; l < config_.n_layers; ++l) {
-      k_cache_[l].assign(rows * krow, 0.0f);
-      v_cache_[l].assign(rows * vrow, 0.0f);
+    try {
+      for (int l = 0; l < config_.n_layers; ++l) {
+        k_cache_[l].assign(rows * krow, 0.0f);
+        v_cache_[l].assign(rows * vrow, 0.0f);
+      }
+    } catch (const std::bad_alloc&) {
+      k_cache_.clear();
+      v_cache_.clear();
+      num_blocks_ = 0;
+      block_size_ = 0;
+      return absl::ResourceExhaustedError(absl::StrCat("KV cache: cannot allocate ", num_blocks,
+                                                       " blocks of ", block_size, " tokens (",
+                                                       KvBytesPerToken() * rows, " bytes)"));
     }
     num_blocks_ = num_blocks;
     block_size_ = block_size;
