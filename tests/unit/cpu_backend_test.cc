@@ -106,10 +106,12 @@ TEST_P(CpuBackendVariantTest, MixedBatchMatchesSequencesAlone) {
 }
 
 // (c) Under capacity pressure the statistics and traces are consistent.
-TEST_P(CpuBackendVariantTest, CapacityStatsAreConsistent) {
+using CpuBackendVariantRoutedTest = CpuBackendVariantTest;
+
+TEST_P(CpuBackendVariantRoutedTest, CapacityStatsAreConsistent) {
   const ModelConfig config = GetParam().config;
   const std::vector<RouterId> routers = EnumerateRouters(config);
-  if (routers.empty()) GTEST_SKIP() << "no routers";
+  ASSERT_FALSE(routers.empty());
   const ModelWeights weights = RandomWeights(config, 5);
   for (OverflowPolicy policy : {OverflowPolicy::kDrop, OverflowPolicy::kReroute}) {
     DispatchConfig dispatch;
@@ -250,10 +252,13 @@ TEST(CpuBackendTest, CacheSetupAndRoutingRows) {
   EXPECT_EQ(out.row_position, (std::vector<int32_t>{2, 0, 1}));
 }
 
+const auto kVariantName = [](const ::testing::TestParamInfo<NamedConfig>& param_info) {
+  return param_info.param.name;
+};
 INSTANTIATE_TEST_SUITE_P(Variants, CpuBackendVariantTest, ::testing::ValuesIn(AllVariantConfigs()),
-                         [](const ::testing::TestParamInfo<NamedConfig>& param_info) {
-                           return param_info.param.name;
-                         });
+                         kVariantName);
+INSTANTIATE_TEST_SUITE_P(Variants, CpuBackendVariantRoutedTest,
+                         ::testing::ValuesIn(testing::RoutedVariantConfigs()), kVariantName);
 
 }  // namespace
 }  // namespace switchserve
