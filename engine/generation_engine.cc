@@ -165,6 +165,10 @@ void GenerationEngine::RunStep() {
     wake_.wait_for(lock, std::chrono::milliseconds(1));
     return;
   }
+  // Admissions moved requests from waiting to running: publish before the
+  // step emits their first tokens, so the queue limit (and clients watching
+  // GetModelInfo) never see a running request as waiting.
+  PublishSnapshot();
 
   StepInput input;
   input.chunks.reserve(schedule.chunks.size());

@@ -84,13 +84,13 @@ TEST(LoadTest, SixtyFourStreamsFinishThenHalfCancelledFreeTheirBlocks) {
 TEST(LimitsTest, FullQueueAndOversizedMessage) {
   auto server =
       ServerProcess::Start({"--max-running-requests", "1", "--max-queue", "1",
-                            "--debug-step-delay-ms", "50", "--max-request-bytes", "2048"});
+                            "--debug-step-delay-ms", "100", "--max-request-bytes", "2048"});
   ASSERT_TRUE(server.ok()) << server.status();
   auto stub = v1::Generation::NewStub((*server)->Channel());
 
   // A runs (the only batch slot), B waits (the only queue slot), C is refused.
   auto context_a = ContextWithDeadline(60);
-  v1::GenerateRequest long_request = TextRequest("long", 58);  // about 3 s
+  v1::GenerateRequest long_request = TextRequest("long", 58);  // about 6 s
   long_request.mutable_sampling()->set_ignore_eos(true);
   auto reader_a = stub->GenerateStream(context_a.get(), long_request);
   v1::GenerateStreamResponse message;
@@ -124,7 +124,7 @@ TEST(LimitsTest, FullQueueAndOversizedMessage) {
   // A request whose deadline passes leaves the batch; its blocks are freed.
   {
     v1::GenerateResponse response;
-    auto context = ContextWithDeadline(0.3);  // the request needs about 3 s
+    auto context = ContextWithDeadline(0.5);  // the request needs about 6 s
     grpc::Status status = stub->Generate(context.get(), long_request, &response);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << status.error_message();
     EXPECT_TRUE(WaitForIdleCache(*stub, &info)) << info.DebugString();
