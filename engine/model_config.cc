@@ -30,8 +30,8 @@ std::string_view ToString(OverflowPolicy policy) {
 absl::StatusOr<OverflowPolicy> ParseOverflowPolicy(std::string_view text) {
   if (text == "drop") return OverflowPolicy::kDrop;
   if (text == "reroute") return OverflowPolicy::kReroute;
-  return absl::InvalidArgumentError(
-      absl::StrCat("overflow policy: expected \"drop\" or \"reroute\", found \"", text, "\""));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "overflow policy: expected \"drop\" or \"reroute\", found \"", std::string(text), "\""));
 }
 
 }  // namespace switchserve

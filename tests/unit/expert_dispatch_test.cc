@@ -1,0 +1,213 @@
+#include "engine/expert_dispatch.h"
+
+#include <cmath>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace switchserve {
+namespace {
+
+DispatchConfig Capacity(double factor, int min_capacity, OverflowPolicy overflow) {
+  DispatchConfig d;
+  d.capacity_factor = factor;
+  d.min_capacity = min_capacity;
+  d.overflow = overflow;
+  return d;
+}
+
+// Logits whose sigmoid ranks experts in the listed order for each token.
+std::vector<float> RankedLogits(const std::vector<std::vector<int>>& order, int n_experts) {
+  std::vector<float> z(order.size() * n_experts, -5.0f);
+  for (size_t t = 0; t < order.size(); ++t) {
+    for (size_t r = 0; r < order[t].size(); ++r) {
+      z[t * n_experts + order[t][r]] = 3.0f - static_cast<float>(r);
+    }
+  }
+  return z;
+}
+
+TEST(ExpertDispatchTest, CapacityFormula) {
+  EXPECT_EQ(Capacity(1.0, 0, OverflowPolicy::kDrop).CapacityPerExpert(10, 1, 4), 3);
+  EXPECT_EQ(Capacity(1.25, 0, OverflowPolicy::kDrop).CapacityPerExpert(16, 2, 8), 5);
+  EXPECT_EQ(Capacity(1.0, 4, OverflowPolicy::kDrop).CapacityPerExpert(10, 1, 4), 4);
+}
+
+TEST(ExpertDispatchTest, TopKSigmoidWeightsAndTiesToLowerIndex) {
+  const std::vector<float> z = {0.5f, 0.5f, 0.5f, -1.0f, 2.0f, 0.0f, 2.0f, 1.0f};
+  RouterDecision d;
+  RouteTokens(z.data(), 4, 2, 4, 2, GateFunction::kSigmoid, false, &d);
+  EXPECT_EQ(d.expert[0], 0);
+  EXPECT_EQ(d.expert[1], 1);
+  EXPECT_EQ(d.expert[2], 0);  // tie between experts 0 and 2 of token 1
+  EXPECT_EQ(d.expert[3], 2);
+  EXPECT_FLOAT_EQ(d.weight[2], 1.0f / (1.0f + std::exp(-2.0f)));
+  // Statistics probabilities: sigmoids divided by their sum.
+  double sum = 0;
+  for (int e = 0; e < 4; ++e) sum += 1.0 / (1.0 + std::exp(-z[4 + e]));
+  EXPECT_NEAR(d.prob[4], 1.0 / (1.0 + std::exp(-2.0)) / sum, 1e-6);
+}
+
+TEST(ExpertDispatchTest, SoftmaxTopKAndRenormalize) {
+  const std::vector<float> z = {1.0f, 3.0f, 2.0f};
+  RouterDecision d;
+  RouteTokens(z.data(), 3, 1, 3, 2, GateFunction::kSoftmaxTopK, false, &d);
+  EXPECT_EQ(d.expert[0], 1);
+  EXPECT_EQ(d.expert[1], 2);
+  const double e1 = std::exp(1.0);
+  EXPECT_NEAR(d.weight[0], e1 / (e1 + 1.0), 1e-6);
+  EXPECT_NEAR(d.weight[1], 1.0 / (e1 + 1.0), 1e-6);
+  // Statistics use the softmax over all E logits.
+  const double all = std::exp(1.0) + std::exp(3.0) + std::exp(2.0);
+  EXPECT_NEAR(d.prob[1], std::exp(3.0) / all, 1e-6);
+
+  RouteTokens(z.data(), 3, 1, 3, 2, GateFunction::kSoftmax, false, &d);
+  EXPECT_NEAR(d.weight[0], std::exp(3.0) / all, 1e-6);
+  RouteTokens(z.data(), 3, 1, 3, 2, GateFunction::kSoftmax, true, &d);
+  EXPECT_NEAR(d.weight[0], e1 / (e1 + 1.0), 1e-6);
+  EXPECT_NEAR(d.weight[0] + d.weight[1], 1.0, 1e-6);
+}
+
+// Three tokens, three experts, two choices each, one slot per expert.
+TEST(ExpertDispatchTest, RankMajorSecondChoiceCannotStealFirstChoice) {
+  const auto z = RankedLogits({{0, 1, 2}, {1, 2, 0}, {2, 0, 1}}, 3);
+  RouterDecision d;
+  RouteTokens(z.data(), 3, 3, 3, 2, GateFunction::kSigmoid, false, &d);
+  ExpertAssignments a;
+  RouterStepStats stats;
+  stats.Reset(3);
+  DispatchTokens(d, Capacity(0.5, 0, OverflowPolicy::kDrop), &a, &stats);
+  EXPECT_EQ(a.capacity, 1);
+  for (int e = 0; e < 3; ++e) {
+    ASSERT_EQ(a.count(e), 1);
+    EXPECT_EQ(a.token[a.begin(e)], e);  // token e's first choice is expert e
+  }
+  for (int t = 0; t < 3; ++t) {
+    EXPECT_EQ(a.trace[t * 2].fate, RouteFate::kKept);
+    EXPECT_EQ(a.trace[t * 2 + 1].fate, RouteFate::kDropped);
+    EXPECT_EQ(a.trace[t * 2 + 1].gate, 0.0f);
+  }
+  EXPECT_EQ(stats.tokens, 3);
+  EXPECT_EQ(stats.routed, (std::vector<int64_t>{2, 2, 2}));
+  EXPECT_EQ(stats.kept, (std::vector<int64_t>{1, 1, 1}));
+  EXPECT_EQ(stats.dropped, (std::vector<int64_t>{1, 1, 1}));
+  EXPECT_EQ(stats.rerouted, (std::vector<int64_t>{0, 0, 0}));
+}
+
+TEST(ExpertDispatchTest, DropKeepsFirstComersInStepOrder) {
+  // Four tokens all prefer expert 1; C = max(2, ceil(0.5*4/2)) = 2.
+  const auto z = RankedLogits({{1, 0}, {1, 0}, {1, 0}, {1, 0}}, 2);
+  RouterDecision d;
+  RouteTokens(z.data(), 2, 4, 2, 1, GateFunction::kSigmoid, false, &d);
+  ExpertAssignments a;
+  DispatchTokens(d, Capacity(0.5, 2, OverflowPolicy::kDrop), &a, nullptr);
+  EXPECT_EQ(a.capacity, 2);
+  ASSERT_EQ(a.count(1), 2);
+  EXPECT_EQ(a.token[a.begin(1)], 0);
+  EXPECT_EQ(a.token[a.begin(1) + 1], 1);
+  EXPECT_EQ(a.count(0), 0);
+  EXPECT_EQ(a.trace[2].fate, RouteFate::kDropped);
+  EXPECT_EQ(a.trace[3].fate, RouteFate::kDropped);
+}
+
+TEST(ExpertDispatchTest, RerouteToNextBestFreeExpertKeepsWeight) {
+  // Four experts, one slot each. Second choices: token 0 wants 1 (full) ->
+  // next best unchosen by gate score is 3 (score order 0,1,3,2 but 2 is full
+  // anyway); token 1 wants 2 (full) -> 0 and 3 are left, both full -> dropped.
+  const auto z = RankedLogits({{0, 1, 3, 2}, {1, 2, 0, 3}, {2, 0, 3, 1}}, 4);
+  RouterDecision d;
+  RouteTokens(z.data(), 4, 3, 4, 2, GateFunction::kSigmoid, false, &d);
+  ExpertAssignments a;
+  RouterStepStats stats;
+  stats.Reset(4);
+  DispatchTokens(d, Capacity(0.5, 1, OverflowPolicy::kReroute), &a, &stats);
+  ASSERT_EQ(a.capacity, 1);
+  EXPECT_EQ(a.trace[1].fate, RouteFate::kRerouted);
+  EXPECT_EQ(a.trace[1].expert, 3);
+  EXPECT_FLOAT_EQ(a.trace[1].gate, d.weight[1]);  // the weight of the replaced choice
+  ASSERT_EQ(a.count(3), 1);
+  EXPECT_EQ(a.token[a.begin(3)], 0);
+  EXPECT_FLOAT_EQ(a.weight[a.begin(3)], d.weight[1]);
+  EXPECT_EQ(a.trace[3].fate, RouteFate::kDropped);  // no free expert
+  EXPECT_EQ(a.trace[5].fate, RouteFate::kDropped);
+  EXPECT_EQ(stats.rerouted, (std::vector<int64_t>{0, 1, 0, 0}));
+  EXPECT_EQ(stats.kept, (std::vector<int64_t>{1, 1, 1, 1}));
+  EXPECT_EQ(stats.dropped, (std::vector<int64_t>{1, 0, 1, 0}));
+  for (int e = 0; e < 4; ++e) {
+    const int64_t rerouted_in = e == 3 ? 1 : 0;
+    EXPECT_EQ(stats.routed[e], stats.kept[e] - rerouted_in + stats.rerouted[e] + stats.dropped[e]);
+  }
+}
+
+TEST(ExpertDispatchTest, RerouteSkipsExpertsTheTokenAlreadyChose) {
+  // Three experts, one slot each (C = max(1, ceil(0.5*2*2/3)) = 1).
+  // Rank 0: token 0 takes expert 0; token 1's first choice (0) is full and
+  // must not move to expert 2, its own second choice: it goes to 1.
+  // Rank 1: token 0's choice 1 is now full -> 2, the only expert it has not
+  // chosen, is free. Token 1's choice 2 is then full and token 1 has chosen
+  // every expert -> dropped.
+  const auto z = RankedLogits({{0, 1, 2}, {0, 2, 1}}, 3);
+  RouterDecision d;
+  RouteTokens(z.data(), 3, 2, 3, 2, GateFunction::kSigmoid, false, &d);
+  ExpertAssignments a;
+  DispatchTokens(d, Capacity(0.5, 1, OverflowPolicy::kReroute), &a, nullptr);
+  ASSERT_EQ(a.capacity, 1);
+  EXPECT_EQ(a.trace[0].fate, RouteFate::kKept);
+  EXPECT_EQ(a.trace[2].fate, RouteFate::kRerouted);
+  EXPECT_EQ(a.trace[2].expert, 1);
+  EXPECT_EQ(a.trace[1].fate, RouteFate::kRerouted);
+  EXPECT_EQ(a.trace[1].expert, 2);
+  EXPECT_EQ(a.trace[3].fate, RouteFate::kDropped);
+}
+
+TEST(ExpertDispatchTest, DroplessKeepsEverything) {
+  const auto z = RankedLogits({{1, 0}, {1, 0}, {1, 0}, {1, 0}, {1, 0}}, 2);
+  RouterDecision d;
+  RouteTokens(z.data(), 2, 5, 2, 2, GateFunction::kSigmoid, false, &d);
+  ExpertAssignments a;
+  RouterStepStats stats;
+  stats.Reset(2);
+  DispatchTokens(d, Capacity(0.0, 1, OverflowPolicy::kDrop), &a, &stats);
+  EXPECT_EQ(a.count(0), 5);
+  EXPECT_EQ(a.count(1), 5);
+  EXPECT_EQ(stats.kept, (std::vector<int64_t>{5, 5}));
+  EXPECT_EQ(stats.dropped, (std::vector<int64_t>{0, 0}));
+}
+
+TEST(ExpertDispatchTest, AuxLossBalancedIsOneCollapsedIsE) {
+  RouterStepStats balanced;
+  balanced.Reset(4);
+  balanced.tokens = 8;
+  balanced.routed = {2, 2, 2, 2};
+  balanced.prob_sum = {2, 2, 2, 2};
+  const BalanceFigures b = ComputeBalance(balanced, 1);
+  EXPECT_NEAR(b.aux_loss, 1.0, 1e-12);
+  EXPECT_NEAR(b.load_cv, 0.0, 1e-12);
+  EXPECT_NEAR(b.entropy, std::log(4.0), 1e-12);
+  EXPECT_NEAR(b.max_utilization, 1.0, 1e-12);
+  EXPECT_EQ(b.dead_fraction, 0.0);
+
+  RouterStepStats collapsed;
+  collapsed.Reset(4);
+  collapsed.tokens = 8;
+  collapsed.routed = {8, 0, 0, 0};
+  collapsed.prob_sum = {8, 0, 0, 0};
+  const BalanceFigures c = ComputeBalance(collapsed, 1);
+  EXPECT_NEAR(c.aux_loss, 4.0, 1e-12);
+  EXPECT_NEAR(c.dead_fraction, 0.75, 1e-12);
+  EXPECT_NEAR(c.max_utilization, 4.0, 1e-12);
+
+  // Through the router: every token strongly prefers expert 2.
+  std::vector<float> z(8 * 4, -20.0f);
+  for (int t = 0; t < 8; ++t) z[t * 4 + 2] = 20.0f;
+  RouterDecision d;
+  RouteTokens(z.data(), 4, 8, 4, 1, GateFunction::kSoftmax, false, &d);
+  ExpertAssignments a;
+  RouterStepStats stats;
+  stats.Reset(4);
+  DispatchTokens(d, Capacity(0.0, 0, OverflowPolicy::kDrop), &a, &stats);
+  EXPECT_NEAR(ComputeBalance(stats, 1).aux_loss, 4.0, 1e-6);
+}
+
+}  // namespace
+}  // namespace switchserve
