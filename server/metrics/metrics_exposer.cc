@@ -4,15 +4,17 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/metrics/process_metrics.h"
 
 namespace switchserve {
 
 absl::StatusOr<std::unique_ptr<MetricsExposer>> MetricsExposer::Start(
-    const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry) {
+    const std::string& host, int port,
+    std::vector<std::shared_ptr<prometheus::Collectable>> collectables) {
   const std::string address = absl::StrCat(host, ":", port);
   std::unique_ptr<MetricsExposer> out(new MetricsExposer());
-  out->registry_ = std::move(registry);
-  out->process_ = std::make_shared<ProcessMetrics>();
+  out->collectables_ = std::move(collectables);
+  out->collectables_.push_back(std::make_shared<ProcessMetrics>());
   try {
     // civetweb throws when it cannot bind; keep exceptions inside this call.
     out->exposer_ = std::make_unique<prometheus::Exposer>(address, /*num_threads=*/2);
@@ -20,8 +22,9 @@ absl::StatusOr<std::unique_ptr<MetricsExposer>> MetricsExposer::Start(
     return absl::UnavailableError(
         absl::StrCat("metrics: cannot listen on ", address, ": ", e.what()));
   }
-  out->exposer_->RegisterCollectable(out->registry_);
-  out->exposer_->RegisterCollectable(out->process_);
+  for (const auto& collectable : out->collectables_) {
+    out->exposer_->RegisterCollectable(collectable);
+  }
   const std::vector<int> ports = out->exposer_->GetListeningPorts();
   out->port_ = ports.empty() ? port : ports.front();
   return out;

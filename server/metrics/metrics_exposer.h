@@ -1,5 +1,5 @@
 // The HTTP endpoint Prometheus scrapes: prometheus-cpp's pull exposer serving
-// a registry and the process_* metrics at http://<host>:<port>/metrics.
+// the metric collectables and the process_* metrics at http://<host>:<port>/metrics.
 //
 // The exposer runs its own threads (civetweb); a scrape serialises the
 // registry there, never on the engine or gRPC threads.
@@ -8,20 +8,23 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "prometheus/collectable.h"
 #include "prometheus/exposer.h"
-#include "prometheus/registry.h"
-#include "server/metrics/process_metrics.h"
 
 namespace switchserve {
 
 class MetricsExposer {
  public:
-  // Binds `host`:`port` (port 0: any free port) and serves `registry`.
-  // UNAVAILABLE naming the address when it cannot bind.
+  // Binds `host`:`port` (port 0: any free port) and serves every one of
+  // `collectables` (a prometheus::Registry, MoeMetrics, ...) and the process
+  // metrics, which it keeps alive. UNAVAILABLE naming the address when it
+  // cannot bind.
   static absl::StatusOr<std::unique_ptr<MetricsExposer>> Start(
-      const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry);
+      const std::string& host, int port,
+      std::vector<std::shared_ptr<prometheus::Collectable>> collectables);
 
   // The port actually bound.
   int port() const { return port_; }
@@ -29,8 +32,7 @@ class MetricsExposer {
  private:
   MetricsExposer() = default;
 
-  std::shared_ptr<prometheus::Registry> registry_;
-  std::shared_ptr<ProcessMetrics> process_;
+  std::vector<std::shared_ptr<prometheus::Collectable>> collectables_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   int port_ = 0;
 };

@@ -31,10 +31,26 @@ Labels RouterLabels(const RouterId& id) {
 
 }  // namespace
 
-MoeMetrics::MoeMetrics(prometheus::Registry& registry, std::vector<RouterId> routers,
-                       MoeMetricsOptions options)
+void MoeMetrics::FlatTotals::Resize(size_t routers, size_t experts) {
+  tokens.assign(routers, 0);
+  routed.assign(experts, 0);
+  dropped.assign(experts, 0);
+  rerouted.assign(experts, 0);
+  prob_sum.assign(experts, 0.0);
+}
+
+void MoeMetrics::FlatTotals::Zero() {
+  std::fill(tokens.begin(), tokens.end(), 0);
+  std::fill(routed.begin(), routed.end(), 0);
+  std::fill(dropped.begin(), dropped.end(), 0);
+  std::fill(rerouted.begin(), rerouted.end(), 0);
+  std::fill(prob_sum.begin(), prob_sum.end(), 0.0);
+}
+
+MoeMetrics::MoeMetrics(std::vector<RouterId> routers, MoeMetricsOptions options)
     : routers_(std::move(routers)), options_(options) {
   options_.window_steps = std::max(1, options_.window_steps);
+  prometheus::Registry& registry = registry_;
   auto& assignments = CounterFamily(
       registry, "switchserve_moe_assignments_total",
       "Token-to-expert assignments chosen by the router's top-k, before capacity is applied.");
@@ -66,7 +82,6 @@ MoeMetrics::MoeMetrics(prometheus::Registry& registry, std::vector<RouterId> rou
                                "recent window (1 = balanced).");
 
   series_.resize(routers_.size());
-  window_.resize(routers_.size());
   for (size_t r = 0; r < routers_.size(); ++r) {
     const RouterId& id = routers_[r];
     RouterSeries& s = series_[r];
@@ -87,11 +102,12 @@ MoeMetrics::MoeMetrics(prometheus::Registry& registry, std::vector<RouterId> rou
       s.rerouted.push_back(&rerouted.Add(expert_labels));
       s.prob_sum.push_back(&prob_sum.Add(expert_labels));
     }
-    window_[r].Reset(id.n_experts);
   }
-  ring_tokens_.assign(options_.window_steps, std::vector<int64_t>(routers_.size(), 0));
-  ring_routed_.assign(options_.window_steps, std::vector<int64_t>(total_experts_, 0));
-  ring_prob_.assign(options_.window_steps, std::vector<double>(total_experts_, 0.0));
+  for (FlatTotals* totals : {&pending_, &window_, &publish_delta_, &publish_window_}) {
+    totals->Resize(routers_.size(), total_experts_);
+  }
+  ring_.resize(options_.window_steps);
+  for (FlatTotals& slot : ring_) slot.Resize(routers_.size(), total_experts_);
 }
 
 absl::Status MoeMetrics::Validate(const StepRoutingStats& step) const {
@@ -121,73 +137,117 @@ absl::Status MoeMetrics::RecordStep(const StepRoutingStats& step) {
   bool any_tokens = false;
   for (const RouterStepStats& s : step.routers) any_tokens = any_tokens || s.tokens > 0;
   if (!any_tokens) return absl::OkStatus();
-  UpdateCounters(step);
+  std::lock_guard<std::mutex> lock(mutex_);
+  AddToPending(step);
   AdvanceWindow(step);
-  UpdateGauges();
   return absl::OkStatus();
 }
 
-void MoeMetrics::UpdateCounters(const StepRoutingStats& step) {
-  // Zero increments are skipped: most dropped/rerouted counts are zero, and
-  // each increment is an atomic read-modify-write.
+void MoeMetrics::AddToPending(const StepRoutingStats& step) {
   for (size_t r = 0; r < routers_.size(); ++r) {
     const RouterStepStats& s = step.routers[r];
-    RouterSeries& series = series_[r];
-    if (s.tokens == 0) continue;
-    series.tokens->Increment(static_cast<double>(s.tokens));
+    pending_.tokens[r] += s.tokens;
+    const int base = series_[r].expert_offset;
     for (int e = 0; e < routers_[r].n_experts; ++e) {
-      if (s.routed[e] != 0) series.assignments[e]->Increment(static_cast<double>(s.routed[e]));
-      if (s.dropped[e] != 0) series.dropped[e]->Increment(static_cast<double>(s.dropped[e]));
-      if (s.rerouted[e] != 0) series.rerouted[e]->Increment(static_cast<double>(s.rerouted[e]));
-      if (s.prob_sum[e] != 0) series.prob_sum[e]->Increment(s.prob_sum[e]);
+      pending_.routed[base + e] += s.routed[e];
+      pending_.dropped[base + e] += s.dropped[e];
+      pending_.rerouted[base + e] += s.rerouted[e];
+      pending_.prob_sum[base + e] += s.prob_sum[e];
     }
   }
 }
 
 void MoeMetrics::AdvanceWindow(const StepRoutingStats& step) {
-  const int slot = ring_next_;
-  std::vector<int64_t>& slot_tokens = ring_tokens_[slot];
-  std::vector<int64_t>& slot_routed = ring_routed_[slot];
-  std::vector<double>& slot_prob = ring_prob_[slot];
+  FlatTotals& slot = ring_[ring_next_];
   for (size_t r = 0; r < routers_.size(); ++r) {
     const RouterStepStats& s = step.routers[r];
-    RouterStepStats& w = window_[r];
-    w.tokens += s.tokens - slot_tokens[r];
-    slot_tokens[r] = s.tokens;
+    window_.tokens[r] += s.tokens - slot.tokens[r];
+    slot.tokens[r] = s.tokens;
     const int base = series_[r].expert_offset;
     for (int e = 0; e < routers_[r].n_experts; ++e) {
-      w.routed[e] += s.routed[e] - slot_routed[base + e];
-      slot_routed[base + e] = s.routed[e];
-      w.prob_sum[e] += s.prob_sum[e] - slot_prob[base + e];
-      slot_prob[base + e] = s.prob_sum[e];
+      const int i = base + e;
+      window_.routed[i] += s.routed[e] - slot.routed[i];
+      slot.routed[i] = s.routed[e];
+      window_.prob_sum[i] += s.prob_sum[e] - slot.prob_sum[i];
+      slot.prob_sum[i] = s.prob_sum[e];
     }
   }
   ring_next_ = (ring_next_ + 1) % options_.window_steps;
   ring_filled_ = std::min(ring_filled_ + 1, options_.window_steps);
+  window_changed_ = true;
   if (ring_next_ == 0) {
     // Once per window, re-add the probability sums from the ring so rounding
     // of the running add/subtract cannot accumulate.
-    for (size_t r = 0; r < routers_.size(); ++r) {
-      const int base = series_[r].expert_offset;
-      for (int e = 0; e < routers_[r].n_experts; ++e) {
-        double sum = 0;
-        for (int k = 0; k < ring_filled_; ++k) sum += ring_prob_[k][base + e];
-        window_[r].prob_sum[e] = sum;
-      }
+    for (int i = 0; i < total_experts_; ++i) {
+      double sum = 0;
+      for (int k = 0; k < ring_filled_; ++k) sum += ring_[k].prob_sum[i];
+      window_.prob_sum[i] = sum;
     }
   }
 }
 
-void MoeMetrics::UpdateGauges() {
+void MoeMetrics::Publish() const {
+  std::lock_guard<std::mutex> publish_lock(publish_mutex_);
+  bool gauges_stale = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::swap(pending_, publish_delta_);  // publish_delta_ was zero
+    if (window_changed_) {
+      publish_window_.tokens = window_.tokens;
+      publish_window_.routed = window_.routed;
+      publish_window_.prob_sum = window_.prob_sum;
+      window_changed_ = false;
+      gauges_stale = true;
+    }
+  }
+  ApplyCounters(publish_delta_);
+  publish_delta_.Zero();
+  if (gauges_stale) ApplyGauges(publish_window_);
+}
+
+std::vector<prometheus::MetricFamily> MoeMetrics::Collect() const {
+  Publish();
+  return registry_.Collect();
+}
+
+void MoeMetrics::ApplyCounters(const FlatTotals& delta) const {
+  // Zero increments are skipped: most dropped/rerouted counts are zero, and
+  // each increment is an atomic read-modify-write.
   for (size_t r = 0; r < routers_.size(); ++r) {
-    if (window_[r].tokens <= 0) continue;
-    const BalanceFigures figures = ComputeBalance(window_[r], routers_[r].top_k);
-    RouterSeries& s = series_[r];
-    s.aux_loss->Set(figures.aux_loss);
-    s.load_cv->Set(figures.load_cv);
-    s.dead_ratio->Set(figures.dead_fraction);
-    s.entropy->Set(figures.entropy);
-    s.max_utilization->Set(figures.max_utilization);
+    if (delta.tokens[r] == 0) continue;
+    const RouterSeries& series = series_[r];
+    series.tokens->Increment(static_cast<double>(delta.tokens[r]));
+    for (int e = 0; e < routers_[r].n_experts; ++e) {
+      const int i = series.expert_offset + e;
+      if (delta.routed[i] != 0)
+        series.assignments[e]->Increment(static_cast<double>(delta.routed[i]));
+      if (delta.dropped[i] != 0)
+        series.dropped[e]->Increment(static_cast<double>(delta.dropped[i]));
+      if (delta.rerouted[i] != 0) {
+        series.rerouted[e]->Increment(static_cast<double>(delta.rerouted[i]));
+      }
+      if (delta.prob_sum[i] != 0) series.prob_sum[e]->Increment(delta.prob_sum[i]);
+    }
+  }
+}
+
+void MoeMetrics::ApplyGauges(const FlatTotals& window) const {
+  RouterStepStats& stats = publish_router_;
+  for (size_t r = 0; r < routers_.size(); ++r) {
+    if (window.tokens[r] <= 0) continue;
+    const RouterSeries& series = series_[r];
+    const int n = routers_[r].n_experts;
+    stats.tokens = window.tokens[r];
+    stats.routed.assign(window.routed.begin() + series.expert_offset,
+                        window.routed.begin() + series.expert_offset + n);
+    stats.prob_sum.assign(window.prob_sum.begin() + series.expert_offset,
+                          window.prob_sum.begin() + series.expert_offset + n);
+    const BalanceFigures figures = ComputeBalance(stats, routers_[r].top_k);
+    series.aux_loss->Set(figures.aux_loss);
+    series.load_cv->Set(figures.load_cv);
+    series.dead_ratio->Set(figures.dead_fraction);
+    series.entropy->Set(figures.entropy);
+    series.max_utilization->Set(figures.max_utilization);
   }
 }
 

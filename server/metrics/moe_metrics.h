@@ -4,21 +4,27 @@
 // (DESIGN.md, "Load-balance statistics"; docs/metrics.md lists every series).
 //
 // The engine accumulates a StepRoutingStats per step; the thread that runs the
-// steps hands it to RecordStep once per step. RecordStep touches only
-// pre-registered metric objects (atomic counters and gauges, no registry
-// lookups, no allocation after the first window), so a scrape running on the
-// exposer's threads never waits on it and it never waits on a scrape.
+// steps hands it to RecordStep once per step, which adds it to plain pending
+// totals and the window under one short mutex hold (a few microseconds for a
+// model of the paper's shape; no atomics, no allocation, no registry calls).
+// The pending totals reach the Prometheus counters and gauges when the
+// metrics are collected (a scrape) or Publish is called, on the caller's
+// thread, so a step never pays for the thousands of atomic counter updates
+// and balance figures, and a scrape always sees every step recorded before it.
 //
-// Thread-compatible: one thread calls RecordStep at a time (the engine step
-// thread). The registry may be collected concurrently from any thread.
+// Register the object with the exposer as a Collectable (it owns its
+// registry). Thread-safe: RecordStep from one thread at a time (the engine
+// step thread); Collect and Publish from any thread.
 #ifndef SWITCHSERVE_SERVER_METRICS_MOE_METRICS_H_
 #define SWITCHSERVE_SERVER_METRICS_MOE_METRICS_H_
 
 #include <cstdint>
+#include <mutex>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "engine/routing_stats.h"
+#include "prometheus/collectable.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/registry.h"
@@ -30,12 +36,10 @@ struct MoeMetricsOptions {
   int window_steps = 64;
 };
 
-class MoeMetrics {
+class MoeMetrics : public prometheus::Collectable {
  public:
-  // Registers every series of `routers` (EnumerateRouters order) in
-  // `registry`, all at zero. `registry` must outlive this object.
-  MoeMetrics(prometheus::Registry& registry, std::vector<RouterId> routers,
-             MoeMetricsOptions options = {});
+  // Registers every series of `routers` (EnumerateRouters order), all at zero.
+  explicit MoeMetrics(std::vector<RouterId> routers, MoeMetricsOptions options = {});
 
   MoeMetrics(const MoeMetrics&) = delete;
   MoeMetrics& operator=(const MoeMetrics&) = delete;
@@ -45,10 +49,14 @@ class MoeMetrics {
   // INVALID_ARGUMENT and nothing is recorded.
   absl::Status RecordStep(const StepRoutingStats& step);
 
+  // Moves the steps recorded so far into the counters and recomputes the
+  // gauges from the current window.
+  void Publish() const;
+
+  // Publish, then every MoE series.
+  std::vector<prometheus::MetricFamily> Collect() const override;
+
   const std::vector<RouterId>& routers() const { return routers_; }
-  // Sum of the steps in the current window for router `index` (tokens,
-  // routed, prob_sum; the other fields are not kept). For tests.
-  const RouterStepStats& WindowTotals(int index) const { return window_[index]; }
 
  private:
   struct RouterSeries {
@@ -62,27 +70,49 @@ class MoeMetrics {
     prometheus::Gauge* dead_ratio = nullptr;
     prometheus::Gauge* entropy = nullptr;
     prometheus::Gauge* max_utilization = nullptr;
-    int expert_offset = 0;  // first column of this router in the flat ring rows
+    int expert_offset = 0;  // first column of this router in the flat arrays
+  };
+  // Per-router tokens and per-expert figures of every router, flattened.
+  struct FlatTotals {
+    std::vector<int64_t> tokens;    // [router]
+    std::vector<int64_t> routed;    // [flat expert]
+    std::vector<int64_t> dropped;   // [flat expert]
+    std::vector<int64_t> rerouted;  // [flat expert]
+    std::vector<double> prob_sum;   // [flat expert]
+
+    void Resize(size_t routers, size_t experts);
+    void Zero();
   };
 
   absl::Status Validate(const StepRoutingStats& step) const;
-  void UpdateCounters(const StepRoutingStats& step);
-  void AdvanceWindow(const StepRoutingStats& step);
-  void UpdateGauges();
+  void AddToPending(const StepRoutingStats& step);   // mutex_ held
+  void AdvanceWindow(const StepRoutingStats& step);  // mutex_ held
+  void ApplyCounters(const FlatTotals& delta) const;
+  void ApplyGauges(const FlatTotals& window) const;
 
   std::vector<RouterId> routers_;
   MoeMetricsOptions options_;
+  prometheus::Registry registry_;
   std::vector<RouterSeries> series_;
   int total_experts_ = 0;
 
-  // Sliding window: a ring of the last window_steps steps (tokens per router,
-  // routed and prob_sum per expert of every router, flattened) and its sum.
-  std::vector<std::vector<int64_t>> ring_tokens_;  // [slot][router]
-  std::vector<std::vector<int64_t>> ring_routed_;  // [slot][flat expert]
-  std::vector<std::vector<double>> ring_prob_;     // [slot][flat expert]
+  // Guards pending_, the window and window_changed_. Held by RecordStep for
+  // one step's additions and by Publish for two copies.
+  mutable std::mutex mutex_;
+  mutable FlatTotals pending_;  // steps not yet in the counters
+  // Sliding window: a ring of the last window_steps steps (tokens, routed and
+  // prob_sum only) and its sum.
+  std::vector<FlatTotals> ring_;
   int ring_next_ = 0;
   int ring_filled_ = 0;
-  std::vector<RouterStepStats> window_;  // [router]
+  FlatTotals window_;
+  mutable bool window_changed_ = false;
+
+  // Publish's working copies; publish_mutex_ serialises concurrent scrapes.
+  mutable std::mutex publish_mutex_;
+  mutable FlatTotals publish_delta_;
+  mutable FlatTotals publish_window_;
+  mutable RouterStepStats publish_router_;
 };
 
 }  // namespace switchserve

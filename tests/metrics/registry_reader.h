@@ -1,5 +1,6 @@
-// Reads metric values back from a prometheus-cpp registry for the metrics
-// tests, through Registry::Collect() (what the exposer serialises).
+// Reads metric values back from a prometheus-cpp registry (or any
+// Collectable) for the metrics tests, through Collect(): what the exposer
+// serialises on a scrape.
 #ifndef SWITCHSERVE_TESTS_METRICS_REGISTRY_READER_H_
 #define SWITCHSERVE_TESTS_METRICS_REGISTRY_READER_H_
 
@@ -8,8 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
-#include "prometheus/registry.h"
 
 namespace switchserve::testing {
 
@@ -17,7 +18,8 @@ using LabelMap = std::map<std::string, std::string>;
 
 class RegistryReader {
  public:
-  explicit RegistryReader(const prometheus::Registry& registry) : families_(registry.Collect()) {}
+  explicit RegistryReader(const prometheus::Collectable& collectable)
+      : families_(collectable.Collect()) {}
 
   // The family named `name`, or null.
   const prometheus::MetricFamily* Family(const std::string& name) const {

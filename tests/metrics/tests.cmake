@@ -15,3 +15,10 @@ foreach(test_name moe_metrics_test serving_metrics_test)
                                              GTest::gtest_main switchserve_warnings)
   gtest_discover_tests(${test_name} PROPERTIES LABELS metrics DISCOVERY_TIMEOUT 60)
 endforeach()
+
+# The exporter the Prometheus test scrapes: real metric components on
+# synthetic engine steps (metrics_exporter.cc).
+add_executable(switchserve_metrics_exporter ${METRICS_TEST_DIR}/metrics_exporter.cc)
+target_link_libraries(switchserve_metrics_exporter
+                      PRIVATE switchserve_metrics switchserve_metrics_test_support absl::flags
+                              absl::flags_parse absl::str_format switchserve_warnings)
