@@ -22,3 +22,23 @@ add_executable(switchserve_metrics_exporter ${METRICS_TEST_DIR}/metrics_exporter
 target_link_libraries(switchserve_metrics_exporter
                       PRIVATE switchserve_metrics switchserve_metrics_test_support absl::flags
                               absl::flags_parse absl::str_format switchserve_warnings)
+
+# promtool comes with Debian's prometheus package (scripts/install-deps.sh).
+# When it is missing the tests below fail, naming it, rather than being skipped.
+find_program(PROMTOOL_PROGRAM promtool)
+if(NOT PROMTOOL_PROGRAM)
+  set(PROMTOOL_PROGRAM promtool)
+endif()
+add_test(NAME metrics_promtool_check_rules
+         COMMAND ${PROMTOOL_PROGRAM} check rules ${CMAKE_SOURCE_DIR}/deploy/prometheus/alerts.yml)
+add_test(NAME metrics_promtool_test_rules COMMAND ${PROMTOOL_PROGRAM} test rules alerts_test.yml
+         WORKING_DIRECTORY ${METRICS_TEST_DIR})
+add_test(NAME metrics_prometheus
+         COMMAND /usr/bin/python3 -m pytest -q -p no:cacheprovider
+                 ${METRICS_TEST_DIR}/test_prometheus.py)
+set_tests_properties(
+  metrics_promtool_check_rules metrics_promtool_test_rules metrics_prometheus
+  PROPERTIES LABELS metrics TIMEOUT 300)
+set_tests_properties(
+  metrics_prometheus PROPERTIES ENVIRONMENT
+  "SWITCHSERVE_METRICS_EXPORTER=$<TARGET_FILE:switchserve_metrics_exporter>")
