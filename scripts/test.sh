@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
+scripts/install-test-tools.sh
 for preset in release asan; do
   echo "=== build ($preset)"
   scripts/build.sh "$preset"

@@ -1,8 +1,8 @@
 #include "tests/util/test_util.h"
 
-#include <cstdlib>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 
 namespace switchserve::testing {

@@ -1,0 +1,206 @@
+// One decode step and one prefill chunk of the paper's 262M SwitchAll shape
+// (d=1024, 18 layers, SwitchHead H=4 E=4 k=2 dh=112, MoE FFN of 32 experts of
+// size 128 with sigmoid gates and k=4; random weights) on the CPU backend,
+// reported next to this machine's sgemm rate and memory read bandwidth,
+// measured in the same process (bench/roofline.h).
+//
+// Counters: tokens_per_s; gflops and gb_per_s achieved (FLOPs of the matmuls
+// and attention actually run; bytes of the weights the step touched - the
+// experts that received tokens - plus the KV cache read); *_of_peak: those
+// as fractions of the measured limits.
+//
+//   build/release/bench/engine_bench --benchmark_counters_tabular=true
+#include <benchmark/benchmark.h>
+
+#include <memory>
+
+#include "bench/roofline.h"
+#include "engine/cpu_backend.h"
+#include "engine/kv_cache.h"
+#include "tests/util/random_model.h"
+
+namespace switchserve {
+namespace {
+
+ModelConfig PaperSwitchAllConfig() {
+  ModelConfig config;
+  config.name = "paper-262m-switchall";
+  config.vocab_size = 8000;
+  config.d_model = 1024;
+  config.n_layers = 18;
+  config.max_seq_len = 2048;
+  config.norm = NormKind::kLayerNorm;
+  config.attention.kind = AttentionKind::kSwitchHead;
+  config.attention.n_heads = 4;
+  config.attention.n_kv_heads = 4;
+  config.attention.head_dim = 112;
+  config.attention.n_experts = 4;
+  config.attention.top_k = 2;
+  config.attention.gate = AttentionGate::kSigmoid;
+  config.ffn.kind = FfnKind::kMoe;
+  config.ffn.d_ff = 128;
+  config.ffn.n_experts = 32;
+  config.ffn.top_k = 4;
+  config.ffn.gate = FfnGate::kSigmoid;
+  config.ffn.activation = Activation::kRelu;
+  config.ffn.bias = false;
+  return config;  // dispatch: dropless
+}
+
+struct PaperModel {
+  ModelConfig config = PaperSwitchAllConfig();
+  ModelWeights weights = testing::RandomWeights(config, /*seed=*/262);
+};
+
+const PaperModel& Paper() {
+  static const PaperModel* model = new PaperModel();
+  return *model;
+}
+
+// Work one step did, from the routing statistics of that step.
+struct StepWork {
+  double flops = 0;
+  double bytes = 0;
+};
+
+StepWork MeasureWork(const ModelConfig& config, const StepOutput& out, int64_t new_tokens,
+                     int64_t attended_pairs, int64_t cached_tokens_read) {
+  const double d = config.d_model, dh = config.attention.head_dim;
+  const double H = config.attention.n_heads, G = config.attention.n_kv_heads;
+  const double E = config.attention.n_experts, F = config.ffn.d_ff, X = config.ffn.n_experts;
+  StepWork work;
+  // Per layer, always: q, k projections and the routers.
+  const double dense_params = (H + G) * dh * d + (G * E + H * E) * d + X * d;
+  work.flops += 2 * dense_params * new_tokens * config.n_layers;
+  work.bytes += 4 * dense_params * config.n_layers;
+  const std::vector<RouterId> ids = EnumerateRouters(config);
+  for (size_t r = 0; r < ids.size(); ++r) {
+    const RouterStepStats& stats = out.stats.routers[r];
+    const double expert_params = ids[r].module == MoeModule::kFfn ? 2 * F * d : d * dh;
+    for (size_t e = 0; e < stats.kept.size(); ++e) {
+      work.flops += 2 * expert_params * stats.kept[e];
+      if (stats.kept[e] > 0) work.bytes += 4 * expert_params;
+    }
+  }
+  // Attention: q.k and p.v for every (query, key) pair and head.
+  work.flops += 4.0 * H * dh * attended_pairs * config.n_layers;
+  work.bytes += 4.0 * 2 * G * dh * cached_tokens_read * config.n_layers;
+  // Output head for the rows returned.
+  const double rows = static_cast<double>(out.logits.size()) / config.vocab_size;
+  work.flops += 2.0 * config.vocab_size * d * rows;
+  work.bytes += 4.0 * config.vocab_size * d;
+  return work;
+}
+
+void Report(benchmark::State& state, const StepWork& work, int64_t tokens_per_step) {
+  const bench::MachineLimits& limits = bench::MeasureMachineLimits();
+  const double steps = static_cast<double>(state.iterations());
+  state.counters["tokens_per_s"] =
+      benchmark::Counter(tokens_per_step * steps, benchmark::Counter::kIsRate);
+  state.counters["gflops"] =
+      benchmark::Counter(work.flops * steps / 1e9, benchmark::Counter::kIsRate);
+  state.counters["gb_per_s"] =
+      benchmark::Counter(work.bytes * steps / 1e9, benchmark::Counter::kIsRate);
+  state.counters["gflops_of_peak"] = benchmark::Counter(
+      work.flops * steps / 1e9 / limits.sgemm_gflops, benchmark::Counter::kIsRate);
+  state.counters["gb_per_s_of_peak"] = benchmark::Counter(
+      work.bytes * steps / 1e9 / limits.read_gb_per_s, benchmark::Counter::kIsRate);
+}
+
+// A decode step for `batch` sequences that each hold `context` tokens.
+void BM_DecodeStep(benchmark::State& state) {
+  const int batch = static_cast<int>(state.range(0));
+  const int context = static_cast<int>(state.range(1));
+  const PaperModel& model = Paper();
+  bench::MeasureMachineLimits();
+  std::unique_ptr<Backend> backend =
+      CreateCpuBackend(model.config, model.weights, model.config.dispatch);
+  const int block_size = 16;
+  KvBlockAllocator allocator(batch * ((context + 1 + block_size - 1) / block_size), block_size);
+  if (!backend->InitKvCache(allocator.num_blocks(), block_size).ok()) {
+    state.SkipWithError("InitKvCache failed");
+    return;
+  }
+  StepInput prefill;
+  for (int s = 0; s < batch; ++s) {
+    if (!allocator.Reserve(s, context + 1).ok()) {
+      state.SkipWithError("KV reserve failed");
+      return;
+    }
+    SequenceChunk chunk;
+    for (int i = 0; i < context; ++i) chunk.tokens.push_back((s * 131 + i * 7) % 8000);
+    chunk.block_table = &allocator.BlockTable(s);
+    chunk.logits = LogitsMode::kNone;
+    prefill.chunks.push_back(std::move(chunk));
+  }
+  StepOutput out;
+  if (!backend->Forward(prefill, &out).ok()) {
+    state.SkipWithError("prefill failed");
+    return;
+  }
+  StepInput decode;
+  for (int s = 0; s < batch; ++s) {
+    SequenceChunk chunk;
+    chunk.tokens = {(s * 17 + 3) % 8000};
+    chunk.start_pos = context;  // rewritten in place every iteration
+    chunk.block_table = &allocator.BlockTable(s);
+    decode.chunks.push_back(std::move(chunk));
+  }
+  for (auto _ : state) {
+    if (!backend->Forward(decode, &out).ok()) {
+      state.SkipWithError("decode failed");
+      return;
+    }
+  }
+  Report(state,
+         MeasureWork(model.config, out, batch, static_cast<int64_t>(batch) * (context + 1),
+                     static_cast<int64_t>(batch) * (context + 1)),
+         batch);
+}
+BENCHMARK(BM_DecodeStep)
+    ->ArgNames({"batch", "context"})
+    ->Args({1, 128})
+    ->Args({8, 128})
+    ->Args({32, 128})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// A prefill chunk of `chunk` tokens of one new sequence.
+void BM_PrefillChunk(benchmark::State& state) {
+  const int length = static_cast<int>(state.range(0));
+  const PaperModel& model = Paper();
+  bench::MeasureMachineLimits();
+  std::unique_ptr<Backend> backend =
+      CreateCpuBackend(model.config, model.weights, model.config.dispatch);
+  KvBlockAllocator allocator((length + 15) / 16, 16);
+  if (!backend->InitKvCache(allocator.num_blocks(), 16).ok() ||
+      !allocator.Reserve(0, length).ok()) {
+    state.SkipWithError("cache setup failed");
+    return;
+  }
+  StepInput input;
+  SequenceChunk chunk;
+  for (int i = 0; i < length; ++i) chunk.tokens.push_back((i * 37 + 11) % 8000);
+  chunk.block_table = &allocator.BlockTable(0);
+  chunk.logits = LogitsMode::kLast;
+  input.chunks.push_back(std::move(chunk));
+  StepOutput out;
+  for (auto _ : state) {
+    if (!backend->Forward(input, &out).ok()) {
+      state.SkipWithError("prefill failed");
+      return;
+    }
+  }
+  const int64_t pairs = static_cast<int64_t>(length) * (length + 1) / 2;
+  Report(state, MeasureWork(model.config, out, length, pairs, length), length);
+}
+BENCHMARK(BM_PrefillChunk)
+    ->ArgName("tokens")
+    ->Arg(512)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+}  // namespace
+}  // namespace switchserve
+
+BENCHMARK_MAIN();

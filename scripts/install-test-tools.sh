@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Installs the tools the deployment tests (tests/deploy, ctest label `deploy`)
+# need, on Debian 12. Idempotent; prints what it installs.
+#   - kubectl (for `kubectl kustomize`), from Debian's kubernetes-client unless
+#     a kubectl with kustomize is already on PATH;
+#   - promtool, from Debian's prometheus package;
+#   - python3 with pytest and PyYAML (Debian), and a venv at build/venv
+#     (--system-site-packages, from /usr/bin/python3) holding the PyPI package
+#     kubernetes-validate, whose wheel carries the Kubernetes JSON schemas
+#     (1.25 ... 1.37) so validation works offline.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+KUBERNETES_VALIDATE_VERSION=1.37.0
+venv=build/venv
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+
+packages=(python3 python3-venv python3-pip python3-pytest python3-yaml prometheus)
+if ! { command -v kubectl >/dev/null && kubectl kustomize --help >/dev/null 2>&1; }; then
+  packages+=(kubernetes-client)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "install-test-tools: apt-get installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  # Only promtool is used from the prometheus package; its daemon is not needed.
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "install-test-tools: all ${#packages[@]} Debian packages present"
+fi
+
+if [[ ! -x $venv/bin/python3 ]]; then
+  echo "install-test-tools: creating $venv (python venv, --system-site-packages)"
+  /usr/bin/python3 -m venv --system-site-packages "$venv"
+fi
+installed=$("$venv/bin/python3" -c \
+  'import importlib.metadata as m; print(m.version("kubernetes-validate"))' 2>/dev/null || true)
+if [[ $installed != "$KUBERNETES_VALIDATE_VERSION" ]]; then
+  echo "install-test-tools: pip installing kubernetes-validate==$KUBERNETES_VALIDATE_VERSION into $venv"
+  "$venv/bin/python3" -m pip install -q --disable-pip-version-check \
+    "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
+else
+  echo "install-test-tools: kubernetes-validate $installed present in $venv"
+fi

@@ -1,0 +1,42 @@
+// The Python reference's golden vectors (tests/golden/<variant>/): a model
+// directory plus golden.safetensors with the inputs, logits, routing
+// statistics and routing trace of one engine step over a small batch.
+// Written by tools/reference/make_goldens.py.
+#ifndef SWITCHSERVE_TESTS_UTIL_GOLDEN_H_
+#define SWITCHSERVE_TESTS_UTIL_GOLDEN_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/routing_stats.h"
+
+namespace switchserve::testing {
+
+struct GoldenRouter {
+  RouterId id;
+  RouterStepStats stats;
+  double aux_loss = 0;
+  // [tokens, top_k] in step order.
+  std::vector<int32_t> expert;
+  std::vector<int32_t> fate;  // 0 kept, 1 rerouted, 2 dropped
+  std::vector<float> gate;
+};
+
+struct GoldenCase {
+  std::string name;
+  std::string model_dir;
+  std::vector<std::vector<int32_t>> sequences;
+  std::vector<float> logits;          // [total tokens, vocab], step order
+  std::vector<GoldenRouter> routers;  // EnumerateRouters order
+};
+
+// Variant names (directory names under tests/golden), sorted; with
+// `dropless_only`, those whose config has no capacity limit.
+std::vector<std::string> ListGoldenVariants(bool dropless_only = false);
+absl::StatusOr<GoldenCase> LoadGolden(const std::string& variant);
+
+}  // namespace switchserve::testing
+
+#endif  // SWITCHSERVE_TESTS_UTIL_GOLDEN_H_
