@@ -1,0 +1,84 @@
+// The switchserve.v1.Generation service (gRPC callback API). Handlers check
+// the bearer token and the draining state, validate the request, hand it to
+// the GenerationEngine and return; the engine's updates complete the call from
+// the engine thread. No engine work runs on gRPC threads (tokenizing a prompt
+// is the only model-related work done there).
+//
+// Thread-safe.
+#ifndef SWITCHSERVE_SERVER_GENERATION_SERVICE_H_
+#define SWITCHSERVE_SERVER_GENERATION_SERVICE_H_
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "engine/generation_engine.h"
+#include "engine/model_config.h"
+#include "engine/tokenizer.h"
+#include "server/auth.h"
+#include "server/proto_convert.h"
+#include "server/request_validation.h"
+#include "switchserve/v1/generation.grpc.pb.h"
+
+namespace switchserve {
+
+struct GenerationServiceOptions {
+  GenerationEngine* engine = nullptr;  // must outlive the service
+  const Tokenizer* tokenizer = nullptr;
+  const ModelConfig* config = nullptr;
+  DispatchConfig dispatch;  // the dispatch policy in force
+  std::string device;       // "cpu" / "cuda"
+  RequestLimits limits;
+  const BearerTokenAuth* auth = nullptr;  // null: no token needed
+};
+
+class GenerationService final : public v1::Generation::CallbackService {
+ public:
+  explicit GenerationService(const GenerationServiceOptions& options);
+
+  // From now on every new call gets UNAVAILABLE; calls already running go on.
+  void StartDraining();
+  // Blocks until no Generate / GenerateStream call is running, or `timeout`
+  // passed. Returns true when idle.
+  bool WaitUntilIdle(std::chrono::milliseconds timeout);
+  int calls_in_flight() const;
+
+  grpc::ServerUnaryReactor* Generate(grpc::CallbackServerContext* context,
+                                     const v1::GenerateRequest* request,
+                                     v1::GenerateResponse* response) override;
+  grpc::ServerWriteReactor<v1::GenerateStreamResponse>* GenerateStream(
+      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
+                                     const v1::TokenizeRequest* request,
+                                     v1::TokenizeResponse* response) override;
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
+                                         const v1::GetModelInfoRequest* request,
+                                         v1::ModelInfo* response) override;
+
+  // Used by the call objects (server/generate_calls.h).
+  GenerationEngine* engine() const { return options_.engine; }
+  const TokenDescriber& describer() const { return describer_; }
+  void CallStarted();
+  void CallDone();
+
+ private:
+  // Auth and draining checks shared by every method; then validation for
+  // Generate*. On error the status to finish the call with.
+  grpc::Status Admit(grpc::CallbackServerContext* context) const;
+  absl::StatusOr<GenerationRequest> Prepare(grpc::CallbackServerContext* context,
+                                            const v1::GenerateRequest& request) const;
+
+  GenerationServiceOptions options_;
+  TokenDescriber describer_;
+
+  mutable std::mutex mu_;
+  std::condition_variable idle_;
+  bool draining_ = false;
+  int in_flight_ = 0;
+};
+
+}  // namespace switchserve
+
+#endif  // SWITCHSERVE_SERVER_GENERATION_SERVICE_H_
