@@ -5,6 +5,7 @@
 #ifndef SWITCHSERVE_ENGINE_CPU_BACKEND_H_
 #define SWITCHSERVE_ENGINE_CPU_BACKEND_H_
 
+#include <cstdint>
 #include <memory>
 
 #include "engine/backend.h"
@@ -15,6 +16,10 @@ namespace switchserve {
 
 struct CpuBackendOptions {
   int num_threads = 0;  // 0: all cores
+  // Steps whose attention needs fewer multiply-adds than this attend on one
+  // thread (waking the OpenMP team costs more than it saves on decode steps).
+  // Tests set 0 to exercise the parallel path on tiny models.
+  int64_t parallel_attention_min_macs = int64_t{1} << 22;
 };
 
 // `weights` must outlive the backend and match `config` (ValidateWeights).

@@ -101,8 +101,9 @@ void DispatchTokens(const RouterDecision& decision, const DispatchConfig& dispat
   out->offsets.assign(E + 1, 0);
 
   // Pass 1: decide every assignment's fate in rank-major, step order.
-  std::vector<int64_t> load(E, 0);
-  std::vector<uint8_t> taken;  // [T, E]: experts a token has chosen or moved to
+  std::vector<int64_t>& load = out->load_scratch;
+  load.assign(E, 0);
+  std::vector<uint8_t>& taken = out->taken_scratch;  // [T, E]: experts chosen or moved to
   if (reroute && !dropless) {
     taken.assign(static_cast<size_t>(T) * E, 0);
     for (size_t i = 0; i < decision.expert.size(); ++i) {
@@ -143,7 +144,8 @@ void DispatchTokens(const RouterDecision& decision, const DispatchConfig& dispat
   for (int e = 0; e < E; ++e) out->offsets[e + 1] = out->offsets[e] + static_cast<int32_t>(load[e]);
   out->token.resize(out->offsets[E]);
   out->weight.resize(out->offsets[E]);
-  std::vector<int32_t> cursor(out->offsets.begin(), out->offsets.end() - 1);
+  std::vector<int32_t>& cursor = out->cursor_scratch;
+  cursor.assign(out->offsets.begin(), out->offsets.end() - 1);
   for (int r = 0; r < K; ++r) {
     for (int t = 0; t < T; ++t) {
       const RouteChoice& choice = out->trace[static_cast<size_t>(t) * K + r];

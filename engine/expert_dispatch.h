@@ -61,6 +61,11 @@ struct ExpertAssignments {
   std::vector<RouteChoice> trace;  // [T, k] fate of each assignment, rank order per token.
                                    // Dropped: expert = the one routed to, gate = 0.
 
+  // Scratch reused across DispatchTokens calls (no per-step allocation).
+  std::vector<int64_t> load_scratch;
+  std::vector<uint8_t> taken_scratch;
+  std::vector<int32_t> cursor_scratch;
+
   int32_t begin(int e) const { return offsets[e]; }
   int32_t end(int e) const { return offsets[e + 1]; }
   int32_t count(int e) const { return offsets[e + 1] - offsets[e]; }

@@ -1,0 +1,105 @@
+#include "engine/cpu_ops.h"
+
+#include <cblas.h>
+
+#include <cmath>
+
+namespace switchserve::cpu {
+
+void GemmNT(int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
+            float beta, float* c, int ldc) {
+  if (m <= 0 || n <= 0) return;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, alpha, a, lda, b, ldb, beta, c,
+              ldc);
+}
+
+void GemmNN(int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
+            float beta, float* c, int ldc) {
+  if (m <= 0 || n <= 0) return;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c,
+              ldc);
+}
+
+void NormRows(NormKind kind, float eps, const float* x, int rows, int d, const float* weight,
+              const float* bias, float* out) {
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = x + static_cast<int64_t>(r) * d;
+    float* o = out + static_cast<int64_t>(r) * d;
+    double mean = 0;
+    if (kind == NormKind::kLayerNorm) {
+      for (int i = 0; i < d; ++i) mean += xr[i];
+      mean /= d;
+    }
+    double var = 0;
+    for (int i = 0; i < d; ++i) {
+      const double c = xr[i] - mean;
+      var += c * c;
+    }
+    var /= d;
+    const float inv = static_cast<float>(1.0 / std::sqrt(var + eps));
+    const float m = static_cast<float>(mean);
+    for (int i = 0; i < d; ++i) o[i] = (xr[i] - m) * inv * weight[i];
+    if (bias != nullptr) {
+      for (int i = 0; i < d; ++i) o[i] += bias[i];
+    }
+  }
+}
+
+void AddBiasRows(float* x, int rows, int n, int ld, const float* bias) {
+  if (bias == nullptr) return;
+  for (int r = 0; r < rows; ++r) {
+    float* xr = x + static_cast<int64_t>(r) * ld;
+#pragma omp simd
+    for (int i = 0; i < n; ++i) xr[i] += bias[i];
+  }
+}
+
+float Sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
+
+void ApplyActivation(Activation act, float* x, int64_t n) {
+  switch (act) {
+    case Activation::kRelu:
+      for (int64_t i = 0; i < n; ++i) x[i] = x[i] > 0 ? x[i] : 0.0f;
+      return;
+    case Activation::kGelu:
+      for (int64_t i = 0; i < n; ++i) {
+        x[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * 0.70710678118654752f));
+      }
+      return;
+    case Activation::kSilu:
+      for (int64_t i = 0; i < n; ++i) x[i] = x[i] / (1.0f + std::exp(-x[i]));
+      return;
+  }
+}
+
+RopeTable::RopeTable(int max_positions, int n_rot, double base) : n_rot_(n_rot) {
+  const int half = n_rot / 2;
+  cos_.resize(static_cast<size_t>(max_positions) * half);
+  sin_.resize(static_cast<size_t>(max_positions) * half);
+  for (int p = 0; p < max_positions; ++p) {
+    for (int i = 0; i < half; ++i) {
+      const double inv_freq = std::pow(base, -2.0 * i / n_rot);
+      const double angle = p * inv_freq;
+      cos_[static_cast<size_t>(p) * half + i] = static_cast<float>(std::cos(angle));
+      sin_[static_cast<size_t>(p) * half + i] = static_cast<float>(std::sin(angle));
+    }
+  }
+}
+
+void RopeTable::Apply(float* x, int heads, int head_dim, int position) const {
+  const int half = n_rot_ / 2;
+  if (half == 0) return;
+  const float* c = cos_.data() + static_cast<size_t>(position) * half;
+  const float* s = sin_.data() + static_cast<size_t>(position) * half;
+  for (int h = 0; h < heads; ++h) {
+    float* v = x + static_cast<int64_t>(h) * head_dim;
+    for (int i = 0; i < half; ++i) {
+      const float a = v[i];
+      const float b = v[i + half];
+      v[i] = a * c[i] - b * s[i];
+      v[i + half] = b * c[i] + a * s[i];
+    }
+  }
+}
+
+}  // namespace switchserve::cpu

@@ -1,0 +1,49 @@
+// Elementwise and row-wise building blocks of the CPU backend: OpenBLAS GEMM
+// wrappers (row-major f32), norms, activations, RoPE. Internal to the CPU
+// backend; no state beyond the RoPE table, no allocation per call.
+#ifndef SWITCHSERVE_ENGINE_CPU_OPS_H_
+#define SWITCHSERVE_ENGINE_CPU_OPS_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/model_config.h"
+
+namespace switchserve::cpu {
+
+// C[m, n] = alpha * A[m, k] * B[n, k]^T + beta * C (B in nn.Linear layout).
+void GemmNT(int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
+            float beta, float* c, int ldc);
+// C[m, n] = alpha * A[m, k] * B[k, n] + beta * C.
+void GemmNN(int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
+            float beta, float* c, int ldc);
+
+// out[r] = Norm(x[r]) for `rows` rows of width d (stride d). `bias` may be
+// null (RMSNorm has none).
+void NormRows(NormKind kind, float eps, const float* x, int rows, int d, const float* weight,
+              const float* bias, float* out);
+
+// x[r, :] += bias for `rows` rows of width n with stride ld.
+void AddBiasRows(float* x, int rows, int n, int ld, const float* bias);
+void ApplyActivation(Activation act, float* x, int64_t n);
+float Sigmoid(float z);
+
+// Rotate-half RoPE on the first n_rot channels of a head vector, cos/sin
+// tabulated for positions [0, max_positions).
+class RopeTable {
+ public:
+  RopeTable() = default;
+  RopeTable(int max_positions, int n_rot, double base);
+  int n_rot() const { return n_rot_; }
+  // Rotates `heads` consecutive head vectors of size head_dim at `position`.
+  void Apply(float* x, int heads, int head_dim, int position) const;
+
+ private:
+  int n_rot_ = 0;
+  std::vector<float> cos_;  // [max_positions, n_rot / 2]
+  std::vector<float> sin_;
+};
+
+}  // namespace switchserve::cpu
+
+#endif  // SWITCHSERVE_ENGINE_CPU_OPS_H_

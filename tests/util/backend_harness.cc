@@ -1,0 +1,64 @@
+#include "tests/util/backend_harness.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "gtest/gtest.h"
+
+namespace switchserve::testing {
+
+std::vector<int32_t> RandomTokens(int n, int vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> t(n);
+  for (int32_t& v : t) v = static_cast<int32_t>(rng() % vocab);
+  return t;
+}
+
+double RelError(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+  }
+  return diff / std::max(scale, 1e-30);
+}
+
+std::vector<float> Slice(const std::vector<float>& v, size_t row, size_t width) {
+  return std::vector<float>(v.begin() + row * width, v.begin() + (row + 1) * width);
+}
+
+BackendHarness::BackendHarness(const ModelConfig& config, const ModelWeights& weights,
+                               const DispatchConfig& dispatch, const CpuBackendOptions& options)
+    : backend_(CreateCpuBackend(config, weights, dispatch, options)),
+      alloc_(kHarnessNumBlocks, kHarnessBlockSize) {
+  EXPECT_TRUE(backend_->InitKvCache(kHarnessNumBlocks, kHarnessBlockSize).ok());
+  EXPECT_TRUE(alloc_.Reserve(-1, 3 * kHarnessBlockSize).ok());
+}
+
+absl::Status BackendHarness::Step(const std::vector<Chunk>& chunks, StepOutput* out) {
+  StepInput input;
+  for (const Chunk& c : chunks) {
+    EXPECT_TRUE(alloc_.Reserve(c.seq, c.start + static_cast<int64_t>(c.tokens.size())).ok());
+  }
+  for (const Chunk& c : chunks) {
+    SequenceChunk sc;
+    sc.tokens = c.tokens;
+    sc.start_pos = c.start;
+    sc.block_table = &alloc_.BlockTable(c.seq);
+    sc.logits = c.logits;
+    sc.collect_routing = c.collect;
+    input.chunks.push_back(sc);
+  }
+  return backend_->Forward(input, out);
+}
+
+std::vector<float> BackendHarness::Run(SequenceId seq, const std::vector<int32_t>& tokens,
+                                       int start) {
+  StepOutput out;
+  EXPECT_TRUE(Step({{seq, tokens, start}}, &out).ok());
+  return out.logits;
+}
+
+}  // namespace switchserve::testing

@@ -1,0 +1,56 @@
+// A Backend under test plus the block accounting a scheduler would do, and
+// small helpers for comparing logits.
+#ifndef SWITCHSERVE_TESTS_UTIL_BACKEND_HARNESS_H_
+#define SWITCHSERVE_TESTS_UTIL_BACKEND_HARNESS_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/cpu_backend.h"
+#include "engine/kv_cache.h"
+#include "engine/model_config.h"
+#include "engine/model_weights.h"
+
+namespace switchserve::testing {
+
+inline constexpr int kHarnessBlockSize = 4;
+inline constexpr int kHarnessNumBlocks = 64;
+
+std::vector<int32_t> RandomTokens(int n, int vocab, uint64_t seed);
+// max |a - b| / max |b|
+double RelError(const std::vector<float>& a, const std::vector<float>& b);
+// Row `row` of a [rows, width] matrix.
+std::vector<float> Slice(const std::vector<float>& v, size_t row, size_t width);
+
+// A CPU backend with kHarnessNumBlocks blocks of kHarnessBlockSize tokens; a
+// few blocks are held by a dummy sequence so real ones get scattered ids.
+class BackendHarness {
+ public:
+  BackendHarness(const ModelConfig& config, const ModelWeights& weights,
+                 const DispatchConfig& dispatch, const CpuBackendOptions& options = {});
+
+  struct Chunk {
+    SequenceId seq;
+    std::vector<int32_t> tokens;
+    int start;
+    LogitsMode logits = LogitsMode::kAll;
+    bool collect = false;
+  };
+  // Reserves blocks for every chunk and runs them as one step.
+  absl::Status Step(const std::vector<Chunk>& chunks, StepOutput* out);
+  // Logits of all rows of one chunk run alone.
+  std::vector<float> Run(SequenceId seq, const std::vector<int32_t>& tokens, int start);
+
+  Backend& backend() { return *backend_; }
+  KvBlockAllocator& alloc() { return alloc_; }
+
+ private:
+  std::unique_ptr<Backend> backend_;
+  KvBlockAllocator alloc_;
+};
+
+}  // namespace switchserve::testing
+
+#endif  // SWITCHSERVE_TESTS_UTIL_BACKEND_HARNESS_H_
