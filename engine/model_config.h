@@ -90,9 +90,17 @@ struct ModelConfig {
 
 // Parses and validates config.json text. `file_name` is used in error
 // messages, which name the offending key and expected vs found value.
-// Unknown keys are errors.
+// Unknown keys are errors. For a dense attention or FFN, n_experts and top_k
+// may only be given as 1 and router_bias only as false; the switchhead/moe-only
+// enums and flags (gate, shared_router, ...) are accepted and have no effect.
 absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text,
                                              std::string_view file_name);
+
+// The inverse of ParseModelConfig: config.json text with every key spelled
+// out. Keys that do not apply to the module type (n_experts and top_k of a
+// dense attention or FFN, router_bias of a dense FFN) are left out, so such
+// fields come back as their defaults. Used by WriteModelDirectory.
+std::string ModelConfigToJson(const ModelConfig& config);
 
 // Names used in logs, flags and metrics.
 std::string_view ToString(OverflowPolicy policy);

@@ -23,7 +23,7 @@ int DTypeSize(DType dtype);
 struct TensorInfo {
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
-  const std::byte* data = nullptr;  // inside the mapping
+  const std::byte* data = nullptr;  // inside the mapping; may be unaligned
   size_t size_bytes = 0;
   int64_t numel() const;
 };

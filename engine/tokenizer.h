@@ -25,12 +25,16 @@ class Tokenizer {
   // ids do). Special ids decode to nothing.
   virtual std::string Decode(absl::Span<const int32_t> ids) const = 0;
   virtual std::string_view kind() const = 0;  // "byte" or "sentencepiece"
+  // Number of ids the tokenizer itself can produce (256 for bytes; the
+  // SentencePiece piece count). The model's vocab_size may be larger.
+  virtual int vocab_size() const = 0;
 };
 
 std::unique_ptr<Tokenizer> CreateByteTokenizer();
 // Loads `model_path` (a SentencePiece model). NOT_FOUND / INVALID_ARGUMENT name
 // the file.
-absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePieceTokenizer(const std::string& model_path);
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePieceTokenizer(
+    const std::string& model_path);
 
 }  // namespace switchserve
 

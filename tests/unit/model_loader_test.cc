@@ -1,0 +1,378 @@
+#include "engine/model_loader.h"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/util/random_weights.h"
+#include "tests/util/test_util.h"
+
+namespace switchserve {
+namespace {
+
+using ::testing::HasSubstr;
+using Json = nlohmann::json;
+
+// SwitchAll, layernorm, tied, byte tokenizer. attn.v is [G*E, d, dh] = [16, 32, 8].
+Json BaseConfig() {
+  return Json::parse(R"({
+    "format_version": 1, "name": "tiny", "vocab_size": 260, "d_model": 32, "n_layers": 2,
+    "max_seq_len": 64, "norm": "layernorm", "tokenizer": "byte", "eos_token_id": 256,
+    "attention": {"type": "switchhead", "n_heads": 4, "head_dim": 8, "n_experts": 4, "top_k": 2},
+    "ffn": {"type": "moe", "d_ff": 16, "n_experts": 3, "top_k": 2, "activation": "gelu"}
+  })");
+}
+
+ModelConfig ParseOrDie(const Json& json) {
+  auto config = ParseModelConfig(json.dump(), "config.json");
+  EXPECT_TRUE(config.ok()) << config.status();
+  return config.ok() ? *config : ModelConfig();
+}
+
+// The config variants exercised by the round trip.
+std::vector<std::pair<std::string, Json>> Variants() {
+  std::vector<std::pair<std::string, Json>> variants;
+  variants.emplace_back("switchall", BaseConfig());
+  Json gqa = BaseConfig();
+  gqa["norm"] = "rmsnorm";
+  gqa["tie_embeddings"] = false;
+  gqa["attention"]["n_kv_heads"] = 2;
+  gqa["attention"]["shared_router"] = true;
+  gqa["attention"]["value_routing"] = "destination";
+  gqa["ffn"] = {{"type", "dense"}, {"d_ff", 24}, {"bias", false}};
+  variants.emplace_back("gqa_shared_router_dense_ffn", gqa);
+  Json dense = BaseConfig();
+  dense["attention"] = {{"type", "dense"}, {"n_heads", 2}, {"n_kv_heads", 1}, {"head_dim", 16}};
+  dense["ffn"]["router_bias"] = true;
+  dense["ffn"]["bias"] = false;
+  variants.emplace_back("dense_attention_moe_router_bias", dense);
+  Json one_expert = BaseConfig();
+  one_expert["attention"]["n_experts"] = 1;
+  one_expert["attention"]["top_k"] = 1;
+  one_expert["n_layers"] = 1;
+  variants.emplace_back("switchhead_one_expert", one_expert);
+  Json spm = BaseConfig();
+  spm["tokenizer"] = "sentencepiece";
+  spm["vocab_size"] = 320;
+  spm["bos_token_id"] = 1;
+  spm["eos_token_id"] = 2;
+  variants.emplace_back("sentencepiece", spm);
+  return variants;
+}
+
+void CopySentencePieceModel(const std::string& dir) {
+  std::filesystem::copy_file(testing::SourcePath("tests/data/spm/tokenizer.model"),
+                             dir + "/tokenizer.model",
+                             std::filesystem::copy_options::overwrite_existing);
+}
+
+float Narrowed(float x, DType dtype) {
+  if (dtype == DType::kF16) return HalfToFloat(FloatToHalf(x));
+  if (dtype == DType::kBF16) return BFloat16ToFloat(FloatToBFloat16(x));
+  return x;
+}
+
+TEST(ModelLoaderTest, WrittenModelsLoadBackIdentical) {
+  for (const auto& [variant, json] : Variants()) {
+    SCOPED_TRACE(variant);
+    const ModelConfig config = ParseOrDie(json);
+    const ModelWeights weights = testing::RandomWeights(config, 7);
+    ASSERT_TRUE(ValidateWeights(config, weights).ok()) << ValidateWeights(config, weights);
+    for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+      SCOPED_TRACE(std::string(ToString(dtype)));
+      const std::string dir = testing::MakeTempDir("loader_" + variant);
+      ASSERT_TRUE(WriteModelDirectory(dir, config, weights, dtype).ok());
+      if (config.tokenizer == TokenizerKind::kSentencePiece) CopySentencePieceModel(dir);
+      auto model = LoadModel(dir);
+      ASSERT_TRUE(model.ok()) << model.status();
+      EXPECT_EQ((*model)->directory, dir);
+      EXPECT_EQ(ModelConfigToJson((*model)->config), ModelConfigToJson(config));
+      EXPECT_EQ((*model)->config.eos_token_id, config.eos_token_id);
+      EXPECT_TRUE(ValidateWeights(config, (*model)->weights).ok());
+      EXPECT_EQ((*model)->weights.ParameterCount(), weights.ParameterCount());
+      for (const ExpectedTensor& e : ExpectedTensors(config)) {
+        const Tensor& original = e.In(weights);
+        const Tensor& loaded = e.In((*model)->weights);
+        ASSERT_EQ(loaded.shape, original.shape) << e.name;
+        ASSERT_EQ(loaded.data.size(), original.data.size()) << e.name;
+        for (size_t i = 0; i < original.data.size(); ++i) {
+          ASSERT_EQ(loaded.data[i], Narrowed(original.data[i], dtype)) << e.name << "[" << i << "]";
+        }
+      }
+      ASSERT_NE((*model)->tokenizer, nullptr);
+      EXPECT_EQ((*model)->tokenizer->kind(),
+                config.tokenizer == TokenizerKind::kByte ? "byte" : "sentencepiece");
+    }
+  }
+}
+
+TEST(ModelLoaderTest, ExpectedTensorsFollowTheFormatTable) {
+  const ModelConfig config = ParseOrDie(BaseConfig());
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const ExpectedTensor& e : ExpectedTensors(config)) shapes[e.name] = e.shape;
+  using Shape = std::vector<int64_t>;
+  EXPECT_EQ(shapes["embedding.weight"], (Shape{260, 32}));
+  EXPECT_EQ(shapes.count("lm_head.weight"), 0u);
+  EXPECT_EQ(shapes["final_norm.bias"], (Shape{32}));
+  EXPECT_EQ(shapes["layers.1.attn.q.weight"], (Shape{32, 32}));
+  EXPECT_EQ(shapes["layers.1.attn.v"], (Shape{16, 32, 8}));
+  EXPECT_EQ(shapes["layers.1.attn.o"], (Shape{16, 8, 32}));
+  EXPECT_EQ(shapes["layers.1.attn.sel_v"], (Shape{16, 32}));
+  EXPECT_EQ(shapes["layers.0.ffn.router.weight"], (Shape{3, 32}));
+  EXPECT_EQ(shapes["layers.0.ffn.w1"], (Shape{3, 16, 32}));
+  EXPECT_EQ(shapes["layers.0.ffn.b2"], (Shape{3, 32}));
+  EXPECT_EQ(shapes.count("layers.0.ffn.router.bias"), 0u);
+  EXPECT_EQ(shapes.size(), 3u + 2 * 15u);  // no lm_head; 15 per layer
+
+  Json gqa = BaseConfig();
+  gqa["attention"]["n_kv_heads"] = 2;
+  gqa["attention"]["shared_router"] = true;
+  shapes.clear();
+  for (const ExpectedTensor& e : ExpectedTensors(ParseOrDie(gqa))) shapes[e.name] = e.shape;
+  EXPECT_EQ(shapes["layers.0.attn.k.weight"], (Shape{16, 32}));
+  EXPECT_EQ(shapes["layers.0.attn.v"], (Shape{8, 32, 8}));
+  EXPECT_EQ(shapes["layers.0.attn.sel_v"], (Shape{4, 32}));
+  EXPECT_EQ(shapes["layers.0.attn.sel_o"], (Shape{4, 32}));
+
+  Json one = BaseConfig();
+  one["attention"]["n_experts"] = 1;
+  one["attention"]["top_k"] = 1;
+  shapes.clear();
+  for (const ExpectedTensor& e : ExpectedTensors(ParseOrDie(one))) shapes[e.name] = e.shape;
+  EXPECT_EQ(shapes["layers.0.attn.v"], (Shape{32, 32}));
+  EXPECT_EQ(shapes["layers.0.attn.o"], (Shape{32, 32}));
+  EXPECT_EQ(shapes["layers.0.attn.sel_o"], (Shape{4, 32}));
+  EXPECT_EQ(shapes.count("layers.0.attn.sel_v"), 0u);
+}
+
+// A valid model directory, plus helpers to rewrite its safetensors file.
+class BrokenModelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_ = ParseOrDie(BaseConfig());
+    weights_ = testing::RandomWeights(config_, 3);
+    dir_ = testing::MakeTempDir("loader_broken");
+    ASSERT_TRUE(WriteModelDirectory(dir_, config_, weights_, DType::kF32).ok());
+    ASSERT_TRUE(LoadModel(dir_).ok());
+  }
+
+  std::vector<TensorToWrite> Tensors() const {
+    std::vector<TensorToWrite> tensors;
+    for (const ExpectedTensor& e : ExpectedTensors(config_)) {
+      tensors.push_back({e.name, e.shape, e.In(weights_).ptr(), DType::kF32});
+    }
+    return tensors;
+  }
+
+  std::string Safetensors() const { return dir_ + "/model.safetensors"; }
+
+  void Rewrite(const std::vector<TensorToWrite>& tensors) {
+    ASSERT_TRUE(WriteSafetensors(Safetensors(), tensors).ok());
+  }
+
+  std::string LoadError() {
+    auto model = LoadModel(dir_);
+    EXPECT_FALSE(model.ok());
+    return model.ok() ? "" : std::string(model.status().message());
+  }
+
+  ModelConfig config_;
+  ModelWeights weights_;
+  std::string dir_;
+};
+
+TEST_F(BrokenModelTest, MissingTensor) {
+  std::vector<TensorToWrite> tensors = Tensors();
+  std::erase_if(tensors, [](const TensorToWrite& t) { return t.name == "layers.1.ffn.b1"; });
+  Rewrite(tensors);
+  EXPECT_THAT(LoadError(), HasSubstr("model.safetensors: missing tensor layers.1.ffn.b1 "
+                                     "(expected shape [3, 16])"));
+}
+
+TEST_F(BrokenModelTest, MisspeltTensorIsNamedTwice) {
+  std::vector<TensorToWrite> tensors = Tensors();
+  for (TensorToWrite& t : tensors) {
+    if (t.name == "layers.0.attn.sel_o") t.name = "layers.0.attn.sel_out";
+  }
+  Rewrite(tensors);
+  const std::string message = LoadError();
+  EXPECT_THAT(message, HasSubstr("missing tensor layers.0.attn.sel_o (expected shape [16, 32])"));
+  EXPECT_THAT(message, HasSubstr("unexpected tensor layers.0.attn.sel_out [16, 32]"));
+}
+
+TEST_F(BrokenModelTest, ExtraTensor) {
+  std::vector<TensorToWrite> tensors = Tensors();
+  const float bias[260] = {};
+  tensors.push_back({"lm_head.bias", {260}, bias, DType::kF32});
+  Rewrite(tensors);
+  EXPECT_THAT(LoadError(), HasSubstr("model.safetensors: unexpected tensor lm_head.bias [260]"));
+  // A tensor that only another config calls for is just as unexpected.
+  tensors.pop_back();
+  tensors.push_back({"lm_head.weight", {260, 32}, weights_.embedding.ptr(), DType::kF32});
+  Rewrite(tensors);
+  EXPECT_THAT(LoadError(), HasSubstr("unexpected tensor lm_head.weight [260, 32]"));
+}
+
+TEST_F(BrokenModelTest, WrongShape) {
+  std::vector<TensorToWrite> tensors = Tensors();
+  for (TensorToWrite& t : tensors) {
+    if (t.name == "layers.0.attn.v") t.shape = {16, 8, 32};  // same size, dims swapped
+  }
+  Rewrite(tensors);
+  EXPECT_THAT(LoadError(), HasSubstr("model.safetensors: tensor layers.0.attn.v: expected shape "
+                                     "[16, 32, 8], found [16, 8, 32]"));
+}
+
+TEST_F(BrokenModelTest, WrongDtype) {
+  // WriteSafetensors only writes floats, so build the file by hand, with
+  // layers.0.ffn.router.weight stored as I32 (same byte size as F32).
+  Json header = Json::object();
+  std::vector<char> data;
+  for (const TensorToWrite& t : Tensors()) {
+    const bool make_int = t.name == "layers.0.ffn.router.weight";
+    int64_t numel = 1;
+    for (int64_t dim : t.shape) numel *= dim;
+    header[t.name] = {{"dtype", make_int ? "I32" : "F32"},
+                      {"shape", t.shape},
+                      {"data_offsets", {data.size(), data.size() + 4 * numel}}};
+    const char* bytes = reinterpret_cast<const char*>(t.data);
+    data.insert(data.end(), bytes, bytes + 4 * numel);
+  }
+  const std::string text = header.dump();
+  std::ofstream out(Safetensors(), std::ios::binary | std::ios::trunc);
+  for (int i = 0; i < 8; ++i) out.put(static_cast<char>(uint64_t{text.size()} >> (8 * i)));
+  out << text;
+  out.write(data.data(), static_cast<std::streamsize>(data.size()));
+  out.close();
+  EXPECT_THAT(LoadError(), HasSubstr("model.safetensors: tensor layers.0.ffn.router.weight: "
+                                     "expected dtype F32, F16 or BF16, found I32"));
+}
+
+TEST_F(BrokenModelTest, MixedDtypesAreFine) {
+  std::vector<TensorToWrite> tensors = Tensors();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    tensors[i].dtype = i % 3 == 0 ? DType::kF32 : (i % 3 == 1 ? DType::kF16 : DType::kBF16);
+  }
+  Rewrite(tensors);
+  auto model = LoadModel(dir_);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ((*model)->weights.embedding.data, weights_.embedding.data);  // index 0: F32
+}
+
+TEST_F(BrokenModelTest, TruncatedSafetensors) {
+  std::filesystem::resize_file(Safetensors(), std::filesystem::file_size(Safetensors()) - 5);
+  const std::string message = LoadError();
+  EXPECT_THAT(message, HasSubstr("model.safetensors: tensor "));
+  EXPECT_THAT(message, HasSubstr("run past the end of the data section"));
+}
+
+TEST_F(BrokenModelTest, MissingFiles) {
+  std::filesystem::remove(Safetensors());
+  auto model = LoadModel(dir_);
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(model.status().message(), HasSubstr("model.safetensors: not found"));
+
+  std::filesystem::remove(dir_ + "/config.json");
+  model = LoadModel(dir_);
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(model.status().message(), HasSubstr(dir_ + "/config.json: not found"));
+
+  model = LoadModel(dir_ + "/nonexistent");
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(BrokenModelTest, BadConfigNamesTheFile) {
+  std::ofstream(dir_ + "/config.json", std::ios::trunc) << "{\"format_version\": 1,";
+  EXPECT_THAT(LoadError(), HasSubstr("config.json: invalid JSON at byte"));
+  Json json = BaseConfig();
+  json["attention"]["top_k"] = 7;
+  std::ofstream(dir_ + "/config.json", std::ios::trunc) << json.dump();
+  EXPECT_THAT(LoadError(), HasSubstr("config.json: attention.top_k: expected an integer in [1, 4] "
+                                     "(attention.n_experts), found 7"));
+}
+
+TEST_F(BrokenModelTest, ConfigThatDisagreesWithTheWeights) {
+  Json json = BaseConfig();
+  json["d_model"] = 40;
+  std::ofstream(dir_ + "/config.json", std::ios::trunc) << json.dump();
+  EXPECT_THAT(LoadError(), HasSubstr("tensor embedding.weight: expected shape [260, 40], "
+                                     "found [260, 32]"));
+}
+
+TEST_F(BrokenModelTest, AbsurdLayerCountIsRefusedEarly) {
+  Json json = BaseConfig();
+  json["n_layers"] = 2000000000;
+  std::ofstream(dir_ + "/config.json", std::ios::trunc) << json.dump();
+  EXPECT_THAT(LoadError(), HasSubstr("too few for config.json n_layers 2000000000"));
+}
+
+TEST(SentencePieceModelTest, MissingOrOversizedTokenizer) {
+  Json json = BaseConfig();
+  json["tokenizer"] = "sentencepiece";
+  const ModelConfig config = ParseOrDie(json);
+  const std::string dir = testing::MakeTempDir("loader_spm");
+  ASSERT_TRUE(
+      WriteModelDirectory(dir, config, testing::RandomWeights(config, 1), DType::kBF16).ok());
+  auto model = LoadModel(dir);
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(model.status().message(), HasSubstr(dir + "/tokenizer.model: not found"));
+
+  // The committed tokenizer has 300 pieces: more than this vocab_size of 260.
+  CopySentencePieceModel(dir);
+  model = LoadModel(dir);
+  EXPECT_THAT(model.status().message(),
+              HasSubstr("tokenizer.model: SentencePiece vocabulary has 300 pieces, more than "
+                        "config.json vocab_size 260"));
+
+  std::ofstream(dir + "/tokenizer.model", std::ios::trunc) << "garbage";
+  EXPECT_THAT(LoadModel(dir).status().message(),
+              HasSubstr("tokenizer.model: not a valid SentencePiece model"));
+}
+
+TEST(ValidateWeightsTest, ReportsEveryKindOfMismatch) {
+  const ModelConfig config = ParseOrDie(BaseConfig());
+  const ModelWeights good = testing::RandomWeights(config, 5);
+  ASSERT_TRUE(ValidateWeights(config, good).ok());
+
+  ModelWeights w = good;
+  w.layers.pop_back();
+  EXPECT_THAT(ValidateWeights(config, w).message(),
+              HasSubstr("expected 2 layers (n_layers), found 1"));
+
+  w = good;
+  w.layers[1].attn.q.data.clear();
+  EXPECT_THAT(ValidateWeights(config, w).message(),
+              HasSubstr("missing tensor layers.1.attn.q.weight (expected shape [32, 32])"));
+
+  w = good;
+  w.layers[0].attn.v.shape = {16, 8, 32};
+  EXPECT_THAT(ValidateWeights(config, w).message(),
+              HasSubstr("tensor layers.0.attn.v: expected shape [16, 32, 8], found [16, 8, 32]"));
+
+  w = good;
+  w.final_norm_b.data.pop_back();
+  EXPECT_THAT(ValidateWeights(config, w).message(),
+              HasSubstr("tensor final_norm.bias: shape [32] needs 32 values, found 31"));
+
+  w = good;
+  w.layers[1].ffn.router_b = {{3}, {0.0f, 0.0f, 0.0f}};
+  EXPECT_THAT(ValidateWeights(config, w).message(),
+              HasSubstr("unexpected tensor layers.1.ffn.router_b (shape [3])"));
+
+  w = good;
+  w.lm_head = w.embedding;
+  EXPECT_THAT(ValidateWeights(config, w).message(), HasSubstr("unexpected tensor lm_head"));
+
+  // WriteModelDirectory refuses invalid weights and non-float dtypes.
+  const std::string dir = testing::MakeTempDir("validate_write");
+  EXPECT_FALSE(WriteModelDirectory(dir, config, w, DType::kF32).ok());
+  EXPECT_FALSE(WriteModelDirectory(dir, config, good, DType::kI32).ok());
+  EXPECT_FALSE(std::filesystem::exists(dir + "/model.safetensors"));
+}
+
+}  // namespace
+}  // namespace switchserve
