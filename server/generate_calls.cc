@@ -60,7 +60,10 @@ class UnaryGenerateCall : public grpc::ServerUnaryReactor {
   void Start(GenerationRequest request) {
     request.sink = std::make_shared<CallSink<UnaryGenerateCall>>(this);
     absl::Status status = handle_.Submit(service_->engine(), std::move(request));
-    if (!status.ok()) Finish(ToGrpcStatus(status));
+    if (!status.ok()) {
+      service_->RecordRejected(status.code());
+      Finish(ToGrpcStatus(status));
+    }
   }
 
   // Engine thread.
@@ -108,6 +111,7 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<v1::GenerateStream
     request.sink = std::make_shared<CallSink<StreamingGenerateCall>>(this);
     absl::Status status = handle_.Submit(service_->engine(), std::move(request));
     if (!status.ok()) {
+      service_->RecordRejected(status.code());
       {
         std::lock_guard<std::mutex> lock(mu_);
         finished_ = true;

@@ -29,6 +29,7 @@ struct ServerOptions {
   std::string host = "0.0.0.0";
   int port = 50051;
   int metrics_port = 9090;  // 0 disables
+  bool moe_metrics = true;  // --no-moe-metrics: serving and process metrics only
   DeviceKind device = DeviceKind::kCpu;
   int threads = 0;  // backend threads; 0: all cores
   // KV cache budget. The cache never gets larger than max_running_requests

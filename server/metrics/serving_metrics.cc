@@ -38,7 +38,7 @@ ServingMetrics::ServingMetrics(prometheus::Registry& registry) {
                                "Prompt tokens prefilled (recomputed ones after a preemption "
                                "count again).");
   generation_tokens_ = &NewCounter(registry, "switchserve_generation_tokens_total",
-                                   "Tokens generated and sent to clients.");
+                                   "Tokens generated, counted when their request finishes.");
   preemptions_ = &NewCounter(registry, "switchserve_preemptions_total",
                              "Sequences preempted (recompute) because KV blocks ran out.");
   running_ = &NewGauge(registry, "switchserve_requests_running",
@@ -71,9 +71,6 @@ void ServingMetrics::RecordStep(const ServingStepSample& step) {
   step_duration_->Observe(step.duration_seconds);
   step_tokens_->Observe(static_cast<double>(step.prefill_tokens + step.decode_tokens));
   if (step.prefill_tokens > 0) prompt_tokens_->Increment(static_cast<double>(step.prefill_tokens));
-  if (step.generated_tokens > 0) {
-    generation_tokens_->Increment(static_cast<double>(step.generated_tokens));
-  }
   if (step.preemptions > 0) preemptions_->Increment(static_cast<double>(step.preemptions));
   running_->Set(static_cast<double>(step.running_requests));
   waiting_->Set(static_cast<double>(step.waiting_requests));
@@ -90,6 +87,9 @@ void ServingMetrics::RecordFinished(const FinishedRequestSample& request) {
     if (kStatusCodes[i] == request.status) index = i;
   }
   requests_[index]->Increment();
+  if (request.generated_tokens > 0) {
+    generation_tokens_->Increment(static_cast<double>(request.generated_tokens));
+  }
   // Latency histograms describe served requests; rejections and failures
   // would pull the percentiles down.
   if (request.status != absl::StatusCode::kOk) return;

@@ -43,6 +43,8 @@ struct FinishedRequestSample {
   // From the first to the last generated token (for time per output token);
   // ignored unless generated_tokens >= 2.
   double decode_seconds = 0;
+  // Tokens generated for the request (counted in
+  // switchserve_generation_tokens_total whatever the status).
   int64_t generated_tokens = 0;
 };
 

@@ -107,12 +107,10 @@ class SimulatedScheduler {
         still_running.push_back(request);
       }
     }
-    const int64_t generated = static_cast<int64_t>(running_.size());
     running_ = std::move(still_running);
     serving_->RecordStep({.duration_seconds = Seconds(now - start),
                           .prefill_tokens = prefill_,
                           .decode_tokens = decode_,
-                          .generated_tokens = generated,
                           .running_requests = static_cast<int64_t>(running_.size()),
                           .waiting_requests = static_cast<int64_t>(waiting_.size()),
                           .kv_cache_usage_ratio =
@@ -240,7 +238,6 @@ int RunBench(testing::SyntheticRouting& routing, prometheus::Registry& registry,
     if (moe != nullptr) (void)moe->RecordStep(inputs[i % inputs.size()]);
     serving.RecordStep({.duration_seconds = 0.02,
                         .decode_tokens = tokens,
-                        .generated_tokens = tokens,
                         .running_requests = tokens,
                         .kv_cache_usage_ratio = 0.5});
   }

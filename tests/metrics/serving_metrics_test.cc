@@ -40,7 +40,6 @@ TEST(ServingMetricsTest, StepsUpdateTokensQueueAndKvUsage) {
   metrics.RecordStep({.duration_seconds = 0.02,
                       .prefill_tokens = 100,
                       .decode_tokens = 3,
-                      .generated_tokens = 5,
                       .running_requests = 5,
                       .waiting_requests = 7,
                       .kv_cache_usage_ratio = 0.25,
@@ -48,13 +47,11 @@ TEST(ServingMetricsTest, StepsUpdateTokensQueueAndKvUsage) {
   metrics.RecordStep({.duration_seconds = 0.004,
                       .prefill_tokens = 0,
                       .decode_tokens = 5,
-                      .generated_tokens = 5,
                       .running_requests = 4,
                       .waiting_requests = 2,
                       .kv_cache_usage_ratio = 0.5});
   RegistryReader reader(registry);
   EXPECT_EQ(reader.Counter("switchserve_prompt_tokens_total", {}), 100.0);
-  EXPECT_EQ(reader.Counter("switchserve_generation_tokens_total", {}), 10.0);
   EXPECT_EQ(reader.Counter("switchserve_preemptions_total", {}), 1.0);
   EXPECT_EQ(reader.Gauge("switchserve_requests_running", {}), 4.0);
   EXPECT_EQ(reader.Gauge("switchserve_requests_waiting", {}), 2.0);
@@ -82,6 +79,7 @@ TEST(ServingMetricsTest, RequestsCountByStatusAndOnlyOkOnesAreTimed) {
   EXPECT_EQ(reader.Counter("switchserve_requests_total", {{"status", "OK"}}), 1.0);
   EXPECT_EQ(reader.Counter("switchserve_requests_total", {{"status", "RESOURCE_EXHAUSTED"}}), 1.0);
   EXPECT_EQ(reader.Counter("switchserve_requests_total", {{"status", "UNKNOWN"}}), 1.0);
+  EXPECT_EQ(reader.Counter("switchserve_generation_tokens_total", {}), 11.0);
   const auto& e2e = HistogramOf(reader, "switchserve_e2e_request_latency_seconds");
   EXPECT_EQ(e2e.sample_count, 1u);
   EXPECT_EQ(e2e.sample_sum, 1.2);
