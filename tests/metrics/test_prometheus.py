@@ -22,85 +22,29 @@ Run: SWITCHSERVE_METRICS_EXPORTER=build/.../switchserve_metrics_exporter \
 """
 
 import json
-import math
 import os
 import re
-import shutil
-import socket
 import subprocess
 import time
-import urllib.parse
 import urllib.request
 
 import pytest
-import yaml
 
-SOURCE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DASHBOARD = os.path.join(SOURCE_DIR, "deploy/grafana/switchserve.json")
-ALERTS = os.path.join(SOURCE_DIR, "deploy/prometheus/alerts.yml")
-METRICS_DOC = os.path.join(SOURCE_DIR, "docs/metrics.md")
-PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
-PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
+from prom_harness import (
+    ALERTS,
+    PROMTOOL,
+    alert_rules,
+    aux_loss_query,
+    check_every_dashboard_query,
+    dashboard_expressions,
+    free_port,
+    running_prometheus,
+    substitute,
+    wait_for,
+)
 
 BATCH_STEPS = 20
 BATCH_TOKENS = 48
-# Grafana variables as the dashboard's queries would see them with every
-# value selected; $layer is one repeated row's value.
-DASHBOARD_VARIABLES = {
-    "$__rate_interval": "20s",
-    "$__interval": "2s",
-    "$__range": "1m",
-    "$job": ".*",
-    "$instance": ".*",
-    "$layer": "0",
-}
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(what, predicate, timeout_s=30.0, interval_s=0.25):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last: {last!r})")
-
-
-class Prometheus:
-    def __init__(self, port):
-        self.base = f"http://127.0.0.1:{port}"
-
-    def get(self, path, **params):
-        url = f"{self.base}{path}"
-        if params:
-            url += "?" + urllib.parse.urlencode(params)
-        try:
-            with urllib.request.urlopen(url, timeout=10) as response:
-                return json.load(response)
-        except urllib.error.HTTPError as error:  # 400 for a bad query: keep the message
-            return json.load(error)
-
-    def query(self, expr, at=None):
-        params = {"query": expr}
-        if at is not None:
-            params["time"] = f"{at:.3f}"
-        return self.get("/api/v1/query", **params)
-
-    def vector(self, expr, at=None):
-        """{frozenset(labels): value} of an instant query that must succeed."""
-        reply = self.query(expr, at)
-        assert reply["status"] == "success", (expr, reply)
-        return {
-            frozenset(item["metric"].items()): float(item["value"][1])
-            for item in reply["data"]["result"]
-        }
 
 
 class Exporter:
@@ -131,11 +75,8 @@ class Exporter:
 def stack(tmp_path_factory):
     binary = os.environ.get("SWITCHSERVE_METRICS_EXPORTER")
     assert binary and os.access(binary, os.X_OK), "set SWITCHSERVE_METRICS_EXPORTER"
-    assert os.access(PROMETHEUS, os.X_OK), "Debian's prometheus is needed (scripts/install-deps.sh)"
-    tmp = tmp_path_factory.mktemp("prometheus")
     common = ["--model=small", "--skew=1.5", "--mode=commanded"]
     exporters = {}
-    processes = []
     try:
         exporters["load"] = Exporter(
             binary, "load", ["--mode=load", "--model=paper", "--capacity_factor=1", "--skew=3"]
@@ -145,57 +86,10 @@ def stack(tmp_path_factory):
             binary, "reroute", [*common, "--capacity_factor=1", "--overflow=reroute"]
         )
         exporters["dropless"] = Exporter(binary, "dropless", [*common, "--capacity_factor=0"])
-        config = {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [ALERTS],
-            "scrape_configs": [
-                {
-                    "job_name": f"switchserve-{name}",
-                    "static_configs": [{"targets": [f"127.0.0.1:{e.port}"]}],
-                }
-                for name, e in exporters.items()
-            ],
-        }
-        config_path = tmp / "prometheus.yml"
-        config_path.write_text(yaml.safe_dump(config))
-        port = free_port()
-        log = open(tmp / "prometheus.log", "w")
-        prometheus = subprocess.Popen(
-            [
-                PROMETHEUS,
-                f"--config.file={config_path}",
-                f"--storage.tsdb.path={tmp / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--log.level=warn",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        processes.append(prometheus)
-        prom = Prometheus(port)
-
-        def ready():
-            try:
-                with urllib.request.urlopen(f"{prom.base}/-/ready", timeout=2) as r:
-                    return r.status == 200
-            except OSError:
-                return False
-
-        wait_for("prometheus ready", ready)
-
-        def all_up():
-            up = prom.vector("up")
-            return len(up) == len(exporters) and all(v == 1.0 for v in up.values())
-
-        wait_for("every target up", all_up)
-        yield prom, exporters
+        targets = {f"switchserve-{name}": e.port for name, e in exporters.items()}
+        with running_prometheus(tmp_path_factory.mktemp("prometheus"), targets) as prom:
+            yield prom, exporters
     finally:
-        for process in processes:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
         for exporter in exporters.values():
             exporter.stop()
 
@@ -215,14 +109,6 @@ def engine_by_expert(totals, field):
         for r in totals["routers"]
         for e, v in enumerate(r[field])
     }
-
-
-def aux_loss_query():
-    """The aux-loss PromQL of docs/metrics.md (the block after the marker)."""
-    text = open(METRICS_DOC).read()
-    match = re.search(r"<!-- aux-loss-query -->\s*```promql\n(.*?)```", text, re.S)
-    assert match, "docs/metrics.md lost its aux-loss query block"
-    return match.group(1)
 
 
 @pytest.fixture(scope="module")
@@ -310,27 +196,6 @@ def test_exposition_passes_promtool_lint(stack):
         assert family in text
 
 
-def dashboard_expressions():
-    dashboard = json.load(open(DASHBOARD))
-    found = []
-
-    def walk(panels):
-        for panel in panels:
-            for target in panel.get("targets", []):
-                found.append((panel["title"], target["expr"]))
-            walk(panel.get("panels", []))
-
-    walk(dashboard["panels"])
-    return dashboard, found
-
-
-def substitute(expr):
-    for name in sorted(DASHBOARD_VARIABLES, key=len, reverse=True):
-        expr = expr.replace(name, DASHBOARD_VARIABLES[name])
-    assert "$" not in expr, f"unknown dashboard variable in {expr}"
-    return expr
-
-
 def test_dashboard_is_provisionable(stack):
     dashboard, expressions = dashboard_expressions()
     assert dashboard["uid"] == "switchserve"
@@ -368,26 +233,9 @@ def test_dashboard_variables_return_values(stack):
 
 def test_every_dashboard_query_returns_data(stack):
     prom, _ = stack
-    _, expressions = dashboard_expressions()
-
-    def has_data(expr):
-        reply = prom.query(expr)
-        assert reply["status"] == "success", (expr, reply.get("error"))
-        values = [float(item["value"][1]) for item in reply["data"]["result"]]
-        return any(not math.isnan(v) for v in values)
-
-    for title, expr in expressions:
-        query = substitute(expr)
-        # The load exporter needs a few seconds of scrapes for every rate
-        # window and histogram to fill.
-        wait_for(f"data for panel {title!r}: {query}", lambda: has_data(query), timeout_s=45)
-
-
-def alert_rules():
-    rules = []
-    for group in yaml.safe_load(open(ALERTS))["groups"]:
-        rules.extend(group["rules"])
-    return rules
+    # The load exporter needs a few seconds of scrapes for every rate window
+    # and histogram to fill.
+    check_every_dashboard_query(prom)
 
 
 def test_every_alert_expression_parses(stack):
