@@ -10,6 +10,16 @@ EngineMetricsObserver::EngineMetricsObserver(ServingMetrics* serving, MoeMetrics
     : serving_(serving), moe_(moe), total_kv_blocks_(total_kv_blocks) {}
 
 void EngineMetricsObserver::OnStep(const StepReport& report) {
+  // MoE first: a scrape that sees this step's serving figures then also sees
+  // its routing (the exposer collects the serving registry before MoE).
+  if (moe_ != nullptr && report.routing != nullptr) {
+    if (absl::Status status = moe_->RecordStep(*report.routing);
+        !status.ok() && !moe_error_logged_) {
+      // A backend/model mismatch; say so once rather than on every step.
+      std::fprintf(stderr, "switchserve: MoE metrics skip a step: %s\n", status.ToString().c_str());
+      moe_error_logged_ = true;
+    }
+  }
   serving_->RecordStep(
       {.duration_seconds = (report.schedule_ms + report.forward_ms + report.sample_ms) / 1e3,
        .prefill_tokens = report.prefill_tokens,
@@ -20,15 +30,6 @@ void EngineMetricsObserver::OnStep(const StepReport& report) {
                                                           static_cast<double>(total_kv_blocks_)
                                                     : 0.0,
        .preemptions = report.preempted});
-  if (moe_ != nullptr && report.routing != nullptr) {
-    if (absl::Status status = moe_->RecordStep(*report.routing);
-        !status.ok() && !moe_error_logged_) {
-      // A backend/model mismatch; say so once rather than on every step.
-      std::fprintf(stderr, "switchserve: MoE metrics disabled for this step shape: %s\n",
-                   status.ToString().c_str());
-      moe_error_logged_ = true;
-    }
-  }
 }
 
 void EngineMetricsObserver::OnRequestFinished(const GenerationUpdate& final_update) {

@@ -42,3 +42,10 @@ set_tests_properties(
 set_tests_properties(
   metrics_prometheus PROPERTIES ENVIRONMENT
   "SWITCHSERVE_METRICS_EXPORTER=$<TARGET_FILE:switchserve_metrics_exporter>")
+# The same checks against `switchserve serve` under gRPC load.
+add_test(NAME metrics_serve
+         COMMAND /usr/bin/python3 -m pytest -q -p no:cacheprovider
+                 ${METRICS_TEST_DIR}/test_serve_metrics.py)
+set_tests_properties(
+  metrics_serve PROPERTIES LABELS metrics TIMEOUT 300 ENVIRONMENT
+  "SWITCHSERVE_BINARY=$<TARGET_FILE:switchserve>")
