@@ -49,3 +49,9 @@ add_test(NAME metrics_serve
 set_tests_properties(
   metrics_serve PROPERTIES LABELS metrics TIMEOUT 300 ENVIRONMENT
   "SWITCHSERVE_BINARY=$<TARGET_FILE:switchserve>")
+
+# Not a test: writes the paper-shaped model measure_overhead.py serves.
+add_executable(switchserve_metrics_paper_model ${METRICS_TEST_DIR}/write_paper_model.cc
+                                               ${CMAKE_CURRENT_LIST_DIR}/../util/random_weights.cc)
+target_link_libraries(switchserve_metrics_paper_model PRIVATE switchserve_engine
+                                                              switchserve_warnings)
