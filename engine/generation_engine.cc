@@ -138,6 +138,9 @@ bool GenerationEngine::TakeInbox() {
       if (state->id == id) state->cancelled = true;
     }
   }
+  // Submit counts waiting requests from the snapshot: publish before the
+  // (long) step so the queue limit holds while it runs.
+  if (!inbox.empty()) PublishSnapshot();
   return keep_running;
 }
 

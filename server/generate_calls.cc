@@ -7,6 +7,7 @@
 
 #include "server/generation_service.h"
 #include "server/proto_convert.h"
+#include "server/wire_format.h"
 
 namespace switchserve {
 namespace {
@@ -52,7 +53,7 @@ class EngineRequestHandle {
 class UnaryGenerateCall : public grpc::ServerUnaryReactor {
  public:
   UnaryGenerateCall(GenerationService* service, grpc::CallbackServerContext* context,
-                    v1::GenerateResponse* response, SamplingParams params)
+                    grpc::ByteBuffer* response, SamplingParams params)
       : service_(service), context_(context), response_(response), params_(std::move(params)) {
     service_->CallStarted();
   }
@@ -68,16 +69,17 @@ class UnaryGenerateCall : public grpc::ServerUnaryReactor {
 
   // Engine thread.
   void OnEngineUpdate(GenerationUpdate update) {
-    response_->mutable_text()->append(update.text);
-    AppendTokens(update, params_, service_->describer(), response_->mutable_token_ids(),
-                 response_->mutable_tokens());
+    message_.mutable_text()->append(update.text);
+    AppendTokens(update, params_, service_->describer(), message_.mutable_token_ids(),
+                 message_.mutable_tokens());
     if (!update.finished) return;
     if (!update.status.ok()) {
       Finish(ToGrpcStatus(update.status));
       return;
     }
-    response_->set_finish_reason(ToProto(update.finish_reason));
-    FillUsageAndTiming(update, response_->mutable_usage(), response_->mutable_timing());
+    message_.set_finish_reason(ToProto(update.finish_reason));
+    FillUsageAndTiming(update, message_.mutable_usage(), message_.mutable_timing());
+    *response_ = SerializeMessage(message_);
     Finish(update.finish_reason == FinishReason::kCancelled ? CancelledCallStatus(context_)
                                                             : grpc::Status::OK);
   }
@@ -91,7 +93,8 @@ class UnaryGenerateCall : public grpc::ServerUnaryReactor {
  private:
   GenerationService* service_;
   grpc::CallbackServerContext* context_;
-  v1::GenerateResponse* response_;
+  grpc::ByteBuffer* response_;
+  v1::GenerateResponse message_;  // built up by the updates
   SamplingParams params_;
   EngineRequestHandle handle_;
 };
@@ -99,7 +102,7 @@ class UnaryGenerateCall : public grpc::ServerUnaryReactor {
 // Streams updates as they come. While a write is in flight, further updates
 // are merged into the next message, so a slow reader gets fewer, larger
 // messages instead of an unbounded queue.
-class StreamingGenerateCall : public grpc::ServerWriteReactor<v1::GenerateStreamResponse> {
+class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   StreamingGenerateCall(GenerationService* service, grpc::CallbackServerContext* context,
                         SamplingParams params)
@@ -174,8 +177,8 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<v1::GenerateStream
       std::lock_guard<std::mutex> lock(mu_);
       if (writing_ || finish_called_) return;
       if (has_pending_ && !broken_) {
-        in_flight_.Clear();
-        in_flight_.Swap(&pending_);
+        in_flight_ = SerializeMessage(pending_);
+        pending_.Clear();
         has_pending_ = false;
         writing_ = true;
         action = kWrite;
@@ -210,8 +213,8 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<v1::GenerateStream
   std::mutex mu_;
   bool engine_done_ = false;
   bool grpc_done_ = false;
-  v1::GenerateStreamResponse pending_;    // merged updates not yet written
-  v1::GenerateStreamResponse in_flight_;  // the message being written
+  v1::GenerateStreamResponse pending_;  // merged updates not yet written
+  grpc::ByteBuffer in_flight_;          // the message being written
   bool has_pending_ = false;
   bool writing_ = false;
   bool broken_ = false;  // a write failed: the client is gone
@@ -234,13 +237,13 @@ grpc::Status CancelledCallStatus(grpc::CallbackServerContext* context) {
 grpc::ServerUnaryReactor* StartUnaryGenerate(GenerationService* service,
                                              grpc::CallbackServerContext* context,
                                              GenerationRequest request,
-                                             v1::GenerateResponse* response) {
+                                             grpc::ByteBuffer* response) {
   auto* call = new UnaryGenerateCall(service, context, response, request.sampling);
   call->Start(std::move(request));
   return call;
 }
 
-grpc::ServerWriteReactor<v1::GenerateStreamResponse>* StartStreamingGenerate(
+grpc::ServerWriteReactor<grpc::ByteBuffer>* StartStreamingGenerate(
     GenerationService* service, grpc::CallbackServerContext* context, GenerationRequest request) {
   auto* call = new StreamingGenerateCall(service, context, request.sampling);
   call->Start(std::move(request));

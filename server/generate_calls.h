@@ -9,6 +9,7 @@
 
 #include "engine/request.h"
 #include "grpcpp/server_context.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "switchserve/v1/generation.pb.h"
 
 namespace switchserve {
@@ -16,12 +17,13 @@ namespace switchserve {
 class GenerationService;
 
 // Starts a unary Generate call for an already validated request.
+// `response` receives the serialized v1::GenerateResponse.
 grpc::ServerUnaryReactor* StartUnaryGenerate(GenerationService* service,
                                              grpc::CallbackServerContext* context,
-                                             GenerationRequest request,
-                                             v1::GenerateResponse* response);
-// Starts a GenerateStream call for an already validated request.
-grpc::ServerWriteReactor<v1::GenerateStreamResponse>* StartStreamingGenerate(
+                                             GenerationRequest request, grpc::ByteBuffer* response);
+// Starts a GenerateStream call for an already validated request; it writes
+// serialized v1::GenerateStreamResponse messages.
+grpc::ServerWriteReactor<grpc::ByteBuffer>* StartStreamingGenerate(
     GenerationService* service, grpc::CallbackServerContext* context, GenerationRequest request);
 
 // The status a call ends with when its request finished with kCancelled: the

@@ -2,8 +2,8 @@
 
 #include <utility>
 
-#include "engine/detokenizer.h"
 #include "server/generate_calls.h"
+#include "server/wire_format.h"
 
 namespace switchserve {
 namespace {
@@ -17,7 +17,7 @@ grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context,
 }
 
 // A streaming reactor that finishes at once with `status`.
-class FailedStream : public grpc::ServerWriteReactor<v1::GenerateStreamResponse> {
+class FailedStream : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   explicit FailedStream(const grpc::Status& status) { Finish(status); }
   void OnDone() override { delete this; }
@@ -71,8 +71,10 @@ grpc::Status GenerationService::Admit(grpc::CallbackServerContext* context) cons
   return grpc::Status::OK;
 }
 
-absl::StatusOr<GenerationRequest> GenerationService::Prepare(
-    grpc::CallbackServerContext* context, const v1::GenerateRequest& request) const {
+absl::StatusOr<GenerationRequest> GenerationService::Prepare(grpc::CallbackServerContext* context,
+                                                             const grpc::ByteBuffer& buffer) const {
+  v1::GenerateRequest request;
+  if (absl::Status status = ParseMessage(buffer, &request); !status.ok()) return status;
   auto prepared = ValidateGenerateRequest(request, *options_.tokenizer, options_.limits);
   if (!prepared.ok()) return prepared.status();
   prepared->arrival = Clock::now();
@@ -84,8 +86,8 @@ absl::StatusOr<GenerationRequest> GenerationService::Prepare(
 }
 
 grpc::ServerUnaryReactor* GenerationService::Generate(grpc::CallbackServerContext* context,
-                                                      const v1::GenerateRequest* request,
-                                                      v1::GenerateResponse* response) {
+                                                      const grpc::ByteBuffer* request,
+                                                      grpc::ByteBuffer* response) {
   if (grpc::Status status = Admit(context); !status.ok()) {
     RecordRejected(static_cast<absl::StatusCode>(status.error_code()));
     return FinishNow(context, status);
@@ -98,8 +100,8 @@ grpc::ServerUnaryReactor* GenerationService::Generate(grpc::CallbackServerContex
   return StartUnaryGenerate(this, context, std::move(*prepared), response);
 }
 
-grpc::ServerWriteReactor<v1::GenerateStreamResponse>* GenerationService::GenerateStream(
-    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationService::GenerateStream(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
   if (grpc::Status status = Admit(context); !status.ok()) {
     RecordRejected(static_cast<absl::StatusCode>(status.error_code()));
     return new FailedStream(status);
@@ -113,16 +115,18 @@ grpc::ServerWriteReactor<v1::GenerateStreamResponse>* GenerationService::Generat
 }
 
 grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContext* context,
-                                                      const v1::TokenizeRequest* request,
-                                                      v1::TokenizeResponse* response) {
+                                                      const grpc::ByteBuffer* request_buffer,
+                                                      grpc::ByteBuffer* response_buffer) {
   if (grpc::Status status = Admit(context); !status.ok()) return FinishNow(context, status);
-  if (!IsValidUtf8(request->text())) {
-    return FinishNow(context,
-                     grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "text: is not valid UTF-8"));
+  v1::TokenizeRequest request;
+  if (absl::Status status = ParseMessage(*request_buffer, &request); !status.ok()) {
+    return FinishNow(context, ToGrpcStatus(status));
   }
-  auto ids = options_.tokenizer->Encode(request->text());
+  auto ids = options_.tokenizer->Encode(request.text());
   if (!ids.ok()) return FinishNow(context, ToGrpcStatus(ids.status()));
-  response->mutable_token_ids()->Add(ids->begin(), ids->end());
+  v1::TokenizeResponse response;
+  response.mutable_token_ids()->Add(ids->begin(), ids->end());
+  *response_buffer = SerializeMessage(response);
   return FinishNow(context, grpc::Status::OK);
 }
 

@@ -36,7 +36,15 @@ struct GenerationServiceOptions {
   ServingMetrics* metrics = nullptr;      // null: no metrics; must outlive the service
 };
 
-class GenerationService final : public v1::Generation::CallbackService {
+// Generate, GenerateStream and Tokenize take raw byte buffers so that request
+// parsing errors (invalid UTF-8) get a precise INVALID_ARGUMENT
+// (server/wire_format.h); GetModelInfo is an ordinary typed method.
+using GenerationServiceBase = v1::Generation::WithRawCallbackMethod_Generate<
+    v1::Generation::WithRawCallbackMethod_GenerateStream<
+        v1::Generation::WithRawCallbackMethod_Tokenize<
+            v1::Generation::WithCallbackMethod_GetModelInfo<v1::Generation::Service>>>>;
+
+class GenerationService final : public GenerationServiceBase {
  public:
   explicit GenerationService(const GenerationServiceOptions& options);
 
@@ -48,13 +56,13 @@ class GenerationService final : public v1::Generation::CallbackService {
   int calls_in_flight() const;
 
   grpc::ServerUnaryReactor* Generate(grpc::CallbackServerContext* context,
-                                     const v1::GenerateRequest* request,
-                                     v1::GenerateResponse* response) override;
-  grpc::ServerWriteReactor<v1::GenerateStreamResponse>* GenerateStream(
-      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerateStream(
+      grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
-                                     const v1::TokenizeRequest* request,
-                                     v1::TokenizeResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
                                          const v1::GetModelInfoRequest* request,
                                          v1::ModelInfo* response) override;
@@ -73,7 +81,7 @@ class GenerationService final : public v1::Generation::CallbackService {
   // Generate*. On error the status to finish the call with.
   grpc::Status Admit(grpc::CallbackServerContext* context) const;
   absl::StatusOr<GenerationRequest> Prepare(grpc::CallbackServerContext* context,
-                                            const v1::GenerateRequest& request) const;
+                                            const grpc::ByteBuffer& request) const;
 
   GenerationServiceOptions options_;
   TokenDescriber describer_;

@@ -9,6 +9,7 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/parse.h"
@@ -44,6 +45,26 @@ void Log(const std::string& message) {
   std::fprintf(stderr, "%s switchserve: %s\n", now.c_str(), message.c_str());
   std::fflush(stderr);
 }
+
+// --debug-step-delay-ms: a backend that takes at least `delay` per step.
+class SlowedBackend : public Backend {
+ public:
+  SlowedBackend(std::unique_ptr<Backend> inner, std::chrono::milliseconds delay)
+      : inner_(std::move(inner)), delay_(delay) {}
+  std::string_view name() const override { return inner_->name(); }
+  absl::Status InitKvCache(int64_t num_blocks, int block_size) override {
+    return inner_->InitKvCache(num_blocks, block_size);
+  }
+  int64_t KvBytesPerToken() const override { return inner_->KvBytesPerToken(); }
+  absl::Status Forward(const StepInput& input, StepOutput* out) override {
+    std::this_thread::sleep_for(delay_);
+    return inner_->Forward(input, out);
+  }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+  std::chrono::milliseconds delay_;
+};
 
 // Waits for a request's final update.
 class WaitingSink : public GenerationSink {
@@ -106,6 +127,12 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
 
   std::unique_ptr<Backend> backend =
       CreateCpuBackend(config, (*model)->weights, dispatch, CpuBackendOptions{options.threads});
+  if (options.debug_step_delay_ms > 0) {
+    Log(absl::StrCat("--debug-step-delay-ms ", options.debug_step_delay_ms,
+                     ": every engine step is slowed down (testing aid)"));
+    backend = std::make_unique<SlowedBackend>(
+        std::move(backend), std::chrono::milliseconds(options.debug_step_delay_ms));
+  }
 
   // KV cache: the byte budget, but never more than max_running_requests full
   // contexts, and at least one full context.

@@ -9,34 +9,30 @@
 #include "absl/strings/str_cat.h"
 #include "server/common_flags.h"
 
-namespace {
-const switchserve::ServerOptions kDefaults;
-}  // namespace
-
-ABSL_FLAG(std::string, host, kDefaults.host, "Address to listen on");
-ABSL_FLAG(int, port, kDefaults.port, "gRPC port; 0 picks a free port (logged)");
-ABSL_FLAG(int, metrics_port, kDefaults.metrics_port,
-          "Prometheus metrics port (/metrics); 0 disables");
-ABSL_FLAG(bool, no_moe_metrics, !kDefaults.moe_metrics,
+// The defaults of every `serve` flag live here, as literals (deployment
+// tooling reads them from this file: tests/deploy/server_facts.py).
+ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on");
+ABSL_FLAG(int, port, 50051, "gRPC port; 0 picks a free port (logged)");
+ABSL_FLAG(int, metrics_port, 9090, "Prometheus metrics port (/metrics); 0 disables");
+ABSL_FLAG(bool, no_moe_metrics, false,
           "Export no MoE routing metrics (serving and process metrics only)");
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda | auto");
-ABSL_FLAG(int64_t, kv_cache_bytes, kDefaults.kv_cache_bytes,
+ABSL_FLAG(int64_t, kv_cache_bytes, 1073741824,
           "KV cache budget in bytes (capped at max_running_requests full contexts)");
-ABSL_FLAG(int, kv_block_size, kDefaults.kv_block_size, "Tokens per KV cache block");
-ABSL_FLAG(int64_t, max_batch_tokens, kDefaults.max_batch_tokens,
+ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV cache block");
+ABSL_FLAG(int64_t, max_batch_tokens, 2048,
           "Tokens computed per engine step (decode tokens + prefill chunks)");
-ABSL_FLAG(int, max_running_requests, kDefaults.max_running_requests,
-          "Requests in the running batch at once");
-ABSL_FLAG(int, max_queue, kDefaults.max_queue,
+ABSL_FLAG(int, max_running_requests, 64, "Requests in the running batch at once");
+ABSL_FLAG(int, max_queue, 1024,
           "Requests waiting for admission; beyond it calls get RESOURCE_EXHAUSTED");
-ABSL_FLAG(int64_t, max_request_bytes, kDefaults.max_request_bytes,
+ABSL_FLAG(int64_t, max_request_bytes, 4194304,
           "Largest request message gRPC accepts (RESOURCE_EXHAUSTED beyond)");
 ABSL_FLAG(std::optional<double>, capacity_factor, std::nullopt,
           "Expert capacity factor; <= 0 dropless; unset: the model's");
 ABSL_FLAG(std::string, overflow, "", "drop | reroute; unset: the model's");
 ABSL_FLAG(std::optional<int>, min_capacity, std::nullopt,
           "Minimum slots per expert per step; unset: the model's");
-ABSL_FLAG(double, drain_timeout_s, kDefaults.drain_timeout_s,
+ABSL_FLAG(double, drain_timeout_s, 30,
           "On SIGTERM/SIGINT, how long running calls may take to finish");
 // --model and --threads are shared with the offline subcommands
 // (server/common_flags.h).
@@ -48,6 +44,8 @@ ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA bundle; clients must present a certificate it signed (mTLS)");
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding the bearer token every Generation call must carry");
+ABSL_FLAG(int, debug_step_delay_ms, 0,
+          "Testing aid: sleep this long in every engine step (0: off)");
 
 namespace switchserve {
 namespace {
@@ -79,6 +77,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.tls.key_file = absl::GetFlag(FLAGS_tls_key);
   o.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
   o.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  o.debug_step_delay_ms = absl::GetFlag(FLAGS_debug_step_delay_ms);
 
   const std::string device = absl::GetFlag(FLAGS_device);
   if (device == "cpu") {
@@ -113,6 +112,9 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
     return FlagError("max-request-bytes", "must be in [1024, 2^31)");
   }
   if (o.min_capacity && *o.min_capacity < 0) return FlagError("min-capacity", "must be >= 0");
+  if (o.debug_step_delay_ms < 0 || o.debug_step_delay_ms > 10000) {
+    return FlagError("debug-step-delay-ms", "must be in [0, 10000]");
+  }
   if (o.drain_timeout_s < 0) return FlagError("drain-timeout-s", "must be >= 0");
   if (o.tls.cert_file.empty() != o.tls.key_file.empty()) {
     return FlagError(o.tls.cert_file.empty() ? "tls-cert" : "tls-key",
@@ -122,27 +124,6 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
     return FlagError("tls-client-ca", "needs --tls-cert and --tls-key");
   }
   return o;
-}
-
-std::vector<char*> NormalizeFlagSpelling(int argc, char** argv, std::vector<std::string>* storage) {
-  storage->assign(argv, argv + argc);
-  bool flags_done = false;
-  for (size_t i = 1; i < storage->size(); ++i) {
-    std::string& arg = (*storage)[i];
-    if (flags_done || arg.size() < 3 || arg[0] != '-') continue;
-    if (arg == "--") {
-      flags_done = true;
-      continue;
-    }
-    const size_t name_begin = arg[1] == '-' ? 2 : 1;
-    const size_t name_end = std::min(arg.find('='), arg.size());
-    for (size_t j = name_begin; j < name_end; ++j) {
-      if (arg[j] == '-') arg[j] = '_';
-    }
-  }
-  std::vector<char*> out;
-  for (std::string& arg : *storage) out.push_back(arg.data());
-  return out;
 }
 
 std::string ListenAddress(const ServerOptions& options) {

@@ -91,10 +91,18 @@ def run_once(args, moe_metrics, pb2, pb2_grpc):
                         - scrape_value(start_text, "switchserve_step_duration_seconds_sum"))
         step_tokens = (scrape_value(end_text, "switchserve_step_tokens_sum")
                        - scrape_value(start_text, "switchserve_step_tokens_sum"))
+        cpu_seconds = (scrape_value(end_text, "process_cpu_seconds_total")
+                       - scrape_value(start_text, "process_cpu_seconds_total"))
         channel.close()
         return {
             "moe_metrics": moe_metrics,
-            "tokens_per_s": sum(counts) / elapsed,
+            # Tokens computed (prefill + decode) per second, from the server's
+            # own step histogram: finer-grained than completed requests.
+            "step_tokens_per_s": step_tokens / elapsed,
+            "completed_tokens_per_s": sum(counts) / elapsed,
+            # Server CPU time per 1000 computed tokens: less sensitive than
+            # wall time to other load on the machine.
+            "cpu_ms_per_1k_tokens": 1e6 * cpu_seconds / step_tokens if step_tokens else float("nan"),
             "mean_step_ms": 1e3 * step_seconds / steps if steps else float("nan"),
             "tokens_per_step": step_tokens / steps if steps else float("nan"),
             "scrape_bytes": len(end_text),
@@ -123,15 +131,17 @@ def main():
         for moe in ([True, False] if r % 2 == 0 else [False, True]):
             runs.append(run_once(args, moe, pb2, pb2_grpc))
             print(json.dumps(runs[-1]), flush=True)
-    on = [x["tokens_per_s"] for x in runs if x["moe_metrics"]]
-    off = [x["tokens_per_s"] for x in runs if not x["moe_metrics"]]
-    print(json.dumps({
-        "clients": args.clients,
-        "on_tokens_per_s": on,
-        "off_tokens_per_s": off,
-        "ratio_on_over_off_of_means": statistics.mean(on) / statistics.mean(off),
-        "ratio_on_over_off_of_medians": statistics.median(on) / statistics.median(off),
-    }))
+    summary = {"clients": args.clients}
+    for key in ["step_tokens_per_s", "cpu_ms_per_1k_tokens"]:
+        on = [x[key] for x in runs if x["moe_metrics"]]
+        off = [x[key] for x in runs if not x["moe_metrics"]]
+        summary[key] = {
+            "on": on,
+            "off": off,
+            "on_over_off_of_medians": statistics.median(on) / statistics.median(off),
+            "on_over_off_of_means": statistics.mean(on) / statistics.mean(off),
+        }
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/tokenizer.h"
 #include "gtest/gtest.h"
 #include "tests/util/fake_backend.h"
 
@@ -12,7 +13,7 @@ namespace {
 // Feeds `bytes` one id per byte; returns the released chunks.
 std::vector<std::string> Feed(const std::string& bytes, std::vector<std::string> stops,
                               bool* stopped_out = nullptr) {
-  auto tokenizer = testing::CreateTestByteTokenizer();
+  auto tokenizer = CreateByteTokenizer();
   IncrementalDetokenizer detok(tokenizer.get(), std::move(stops));
   std::vector<std::string> chunks;
   bool stopped = false;

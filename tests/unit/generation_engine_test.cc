@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/tokenizer.h"
 #include "gtest/gtest.h"
 #include "tests/util/fake_backend.h"
 
@@ -81,7 +82,7 @@ class GenerationEngineTest : public ::testing::Test {
     return p;
   }
 
-  std::unique_ptr<Tokenizer> tokenizer_ = testing::CreateTestByteTokenizer();
+  std::unique_ptr<Tokenizer> tokenizer_ = CreateByteTokenizer();
   std::unique_ptr<testing::FakeBackend> backend_;
   std::unique_ptr<GenerationEngine> engine_;
   RequestId last_id_ = 0;

@@ -82,29 +82,4 @@ absl::Status FakeBackend::Forward(const StepInput& input, StepOutput* out) {
   return absl::OkStatus();
 }
 
-namespace {
-
-class TestByteTokenizer : public Tokenizer {
- public:
-  absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text) const override {
-    std::vector<int32_t> ids;
-    for (char c : text) ids.push_back(static_cast<unsigned char>(c));
-    return ids;
-  }
-  std::string Decode(absl::Span<const int32_t> ids) const override {
-    std::string out;
-    for (int32_t id : ids) {
-      if (id >= 0 && id < 256) out.push_back(static_cast<char>(id));
-    }
-    return out;
-  }
-  std::string_view kind() const override { return "byte"; }
-};
-
-}  // namespace
-
-std::unique_ptr<Tokenizer> CreateTestByteTokenizer() {
-  return std::make_unique<TestByteTokenizer>();
-}
-
 }  // namespace switchserve::testing

@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "engine/backend.h"
-#include "engine/tokenizer.h"
 
 namespace switchserve::testing {
 
@@ -45,9 +44,6 @@ class FakeBackend : public Backend {
   std::atomic<int64_t> steps_{0};
   std::atomic<int> step_delay_ms_{0};
 };
-
-// Byte-level tokenizer for tests: id = byte; ids >= 256 decode to nothing.
-std::unique_ptr<Tokenizer> CreateTestByteTokenizer();
 
 }  // namespace switchserve::testing
 
