@@ -40,7 +40,7 @@ struct StepInput {
 enum class RouteFate : uint8_t { kKept, kRerouted, kDropped };
 struct RouteChoice {
   int32_t expert = 0;  // the expert that processed it (the new one if rerouted)
-  float gate = 0;      // weight applied
+  float gate = 0;      // weight applied (dropped: the weight it would have had)
   RouteFate fate = RouteFate::kKept;
 };
 // Routing of one token: for every router of EnumerateRouters(), its top_k

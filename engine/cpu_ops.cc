@@ -2,13 +2,28 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace switchserve::cpu {
 
+// With this few rows of A a GEMM spends most of its time packing B (the
+// weights); matrix-vector products read B once per row without packing.
+constexpr int kGemvMaxRows = 4;
+
 void GemmNT(int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
             float beta, float* c, int ldc) {
   if (m <= 0 || n <= 0) return;
+  if (m <= kGemvMaxRows) {
+    for (int r = 0; r < m; ++r) {
+      // beta = 0 must ignore whatever C held (even NaN), as GEMM does.
+      if (beta == 0.0f)
+        std::fill(c + static_cast<int64_t>(r) * ldc, c + static_cast<int64_t>(r) * ldc + n, 0.0f);
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, alpha, b, ldb,
+                  a + static_cast<int64_t>(r) * lda, 1, beta, c + static_cast<int64_t>(r) * ldc, 1);
+    }
+    return;
+  }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, alpha, a, lda, b, ldb, beta, c,
               ldc);
 }
@@ -16,6 +31,16 @@ void GemmNT(int m, int n, int k, float alpha, const float* a, int lda, const flo
 void GemmNN(int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
             float beta, float* c, int ldc) {
   if (m <= 0 || n <= 0) return;
+  if (m <= kGemvMaxRows) {
+    for (int r = 0; r < m; ++r) {
+      // beta = 0 must ignore whatever C held (even NaN), as GEMM does.
+      if (beta == 0.0f)
+        std::fill(c + static_cast<int64_t>(r) * ldc, c + static_cast<int64_t>(r) * ldc + n, 0.0f);
+      cblas_sgemv(CblasRowMajor, CblasTrans, k, n, alpha, b, ldb, a + static_cast<int64_t>(r) * lda,
+                  1, beta, c + static_cast<int64_t>(r) * ldc, 1);
+    }
+    return;
+  }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c,
               ldc);
 }

@@ -27,12 +27,14 @@ void RouteTokens(const float* logits, int64_t ld, int tokens, int n_experts, int
   out->top_k = top_k;
   out->score.resize(static_cast<size_t>(tokens) * n_experts);
   out->prob.resize(static_cast<size_t>(tokens) * n_experts);
+  out->gate_value.resize(static_cast<size_t>(tokens) * n_experts);
   out->expert.resize(static_cast<size_t>(tokens) * top_k);
   out->weight.resize(static_cast<size_t>(tokens) * top_k);
   for (int t = 0; t < tokens; ++t) {
     const float* z = logits + t * ld;
     float* score = out->score.data() + static_cast<size_t>(t) * n_experts;
     float* prob = out->prob.data() + static_cast<size_t>(t) * n_experts;
+    float* gate_value = out->gate_value.data() + static_cast<size_t>(t) * n_experts;
     int32_t* chosen = out->expert.data() + static_cast<size_t>(t) * top_k;
     float* weight = out->weight.data() + static_cast<size_t>(t) * top_k;
 
@@ -45,17 +47,19 @@ void RouteTokens(const float* logits, int64_t ld, int tokens, int n_experts, int
     if (gate == GateFunction::kSigmoid) {
       double sum = 0;
       for (int e = 0; e < n_experts; ++e) {
-        score[e] = 1.0f / (1.0f + std::exp(-z[e]));
-        sum += score[e];
+        gate_value[e] = 1.0f / (1.0f + std::exp(-z[e]));
+        sum += gate_value[e];
       }
-      for (int e = 0; e < n_experts; ++e) prob[e] = static_cast<float>(score[e] / sum);
+      for (int e = 0; e < n_experts; ++e) prob[e] = static_cast<float>(gate_value[e] / sum);
     } else {
       for (int e = 0; e < n_experts; ++e) {
         prob[e] = static_cast<float>(std::exp(static_cast<double>(z[e] - zmax)) / denom);
-        // kSoftmaxTopK ranks by logit; kSoftmax by probability (same order).
-        score[e] = gate == GateFunction::kSoftmax ? prob[e] : z[e];
+        gate_value[e] = prob[e];
       }
     }
+    // Experts are ranked by logit whatever the gate (the gate functions are
+    // monotonic; logits do not saturate into false ties).
+    for (int e = 0; e < n_experts; ++e) score[e] = z[e];
 
     for (int r = 0; r < top_k; ++r) {
       chosen[r] = BestExpert(score, n_experts, [&](int e) {
@@ -76,7 +80,7 @@ void RouteTokens(const float* logits, int64_t ld, int tokens, int n_experts, int
     } else {
       double sum = 0;
       for (int r = 0; r < top_k; ++r) {
-        weight[r] = score[chosen[r]];
+        weight[r] = gate_value[chosen[r]];
         sum += weight[r];
       }
       if (renormalize && sum > 0) {
@@ -134,8 +138,7 @@ void DispatchTokens(const RouterDecision& decision, const DispatchConfig& dispat
         choice.fate = RouteFate::kRerouted;
         ++load[target];
       } else {
-        choice.gate = 0;
-        choice.fate = RouteFate::kDropped;
+        choice.fate = RouteFate::kDropped;  // keeps the weight it would have had
       }
     }
   }

@@ -4,14 +4,14 @@
 // be checked against it.
 //
 // Two stages:
-//   1. RouteTokens: router logits -> gate values, top-k (ties to the lower
-//      expert index), the gate weight of each choice, the probabilities the
-//      load-balance statistics use.
+//   1. RouteTokens: router logits -> gate values, top-k by logit (ties to
+//      the lower expert index), the gate weight of each choice, the
+//      probabilities the load-balance statistics use.
 //   2. DispatchTokens: capacity C = DispatchConfig::CapacityPerExpert(T, k, E),
 //      slots filled rank-major (every token's first choice in step order, then
 //      every second choice, ...); an assignment that finds its expert full is
 //      dropped, or with OverflowPolicy::kReroute moved to the token's next-best
-//      expert (by gate score) it has not chosen yet that still has a free slot,
+//      expert (by logit) it has not chosen yet that still has a free slot,
 //      keeping the weight of the assignment it replaces. Dropless when
 //      capacity_factor <= 0.
 //
@@ -39,10 +39,11 @@ struct RouterDecision {
   int tokens = 0;
   int n_experts = 0;
   int top_k = 0;
-  std::vector<float> score;     // [T, E] gate score ranking the experts (higher first)
-  std::vector<int32_t> expert;  // [T, k] chosen experts in rank order
-  std::vector<float> weight;    // [T, k] gate weight of each choice
-  std::vector<float> prob;      // [T, E] P(e | token) for the statistics (rows sum to 1)
+  std::vector<float> score;       // [T, E] ranking score: the logit (higher first)
+  std::vector<float> gate_value;  // [T, E] sigmoid(z) or softmax(z); unused for kSoftmaxTopK
+  std::vector<int32_t> expert;    // [T, k] chosen experts in rank order
+  std::vector<float> weight;      // [T, k] gate weight of each choice
+  std::vector<float> prob;        // [T, E] P(e | token) for the statistics (rows sum to 1)
 };
 
 // `logits` is [tokens, n_experts] row-major with row stride `ld` (>= n_experts).
@@ -59,7 +60,8 @@ struct ExpertAssignments {
   std::vector<int32_t> token;      // token index of each slot
   std::vector<float> weight;       // gate weight of each slot
   std::vector<RouteChoice> trace;  // [T, k] fate of each assignment, rank order per token.
-                                   // Dropped: expert = the one routed to, gate = 0.
+                                   // Dropped: expert = the one routed to, gate = the
+                                   // weight it would have had (not applied).
 
   // Scratch reused across DispatchTokens calls (no per-step allocation).
   std::vector<int64_t> load_scratch;

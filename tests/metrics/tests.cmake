@@ -52,6 +52,6 @@ set_tests_properties(
 
 # Not a test: writes the paper-shaped model measure_overhead.py serves.
 add_executable(switchserve_metrics_paper_model ${METRICS_TEST_DIR}/write_paper_model.cc
-                                               ${CMAKE_CURRENT_LIST_DIR}/../util/random_weights.cc)
+                                               ${CMAKE_CURRENT_LIST_DIR}/../util/random_model.cc)
 target_link_libraries(switchserve_metrics_paper_model PRIVATE switchserve_engine
                                                               switchserve_warnings)

@@ -10,7 +10,7 @@
 #include <cstdlib>
 
 #include "engine/model_loader.h"
-#include "tests/util/random_weights.h"
+#include "tests/util/random_model.h"
 
 int main(int argc, char** argv) {
   if (argc != 2 && argc != 5) {
@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
   config.ffn.gate = FfnGate::kSigmoid;
   config.ffn.activation = Activation::kRelu;
   config.ffn.bias = false;
-  const ModelWeights weights = testing::RandomWeights(config, /*seed=*/262, /*scale=*/0.05f);
+  const ModelWeights weights = testing::RandomWeights(config, /*seed=*/262);
   if (absl::Status status = WriteModelDirectory(argv[1], config, weights, DType::kF32);
       !status.ok()) {
     std::fprintf(stderr, "%s\n", status.ToString().c_str());

@@ -333,9 +333,11 @@ TEST_P(CpuBackendReferenceTest, MatchesNaiveReference) {
 
 // Under capacity pressure (drop, reroute) the backend applies exactly the
 // routing its trace reports: the reference replays the trace.
-TEST_P(CpuBackendReferenceTest, AppliesDispatchAsTraced) {
+using CpuBackendReferenceRoutedTest = CpuBackendReferenceTest;
+
+TEST_P(CpuBackendReferenceRoutedTest, AppliesDispatchAsTraced) {
   const ModelConfig config = GetParam().config;
-  if (EnumerateRouters(config).empty()) GTEST_SKIP() << "no routers";
+  ASSERT_FALSE(EnumerateRouters(GetParam().config).empty());
   const ModelWeights weights = RandomWeights(config, 17);
   const std::vector<int32_t> tokens = RandomTokens(24, config.vocab_size, 61);
   for (OverflowPolicy policy : {OverflowPolicy::kDrop, OverflowPolicy::kReroute}) {
@@ -356,11 +358,13 @@ TEST_P(CpuBackendReferenceTest, AppliesDispatchAsTraced) {
   }
 }
 
+const auto kVariantName = [](const ::testing::TestParamInfo<NamedConfig>& param_info) {
+  return param_info.param.name;
+};
 INSTANTIATE_TEST_SUITE_P(Variants, CpuBackendReferenceTest,
-                         ::testing::ValuesIn(AllVariantConfigs()),
-                         [](const ::testing::TestParamInfo<NamedConfig>& param_info) {
-                           return param_info.param.name;
-                         });
+                         ::testing::ValuesIn(AllVariantConfigs()), kVariantName);
+INSTANTIATE_TEST_SUITE_P(Variants, CpuBackendReferenceRoutedTest,
+                         ::testing::ValuesIn(testing::RoutedVariantConfigs()), kVariantName);
 
 }  // namespace
 }  // namespace switchserve

@@ -106,10 +106,12 @@ TEST_P(CpuBackendVariantTest, MixedBatchMatchesSequencesAlone) {
 }
 
 // (c) Under capacity pressure the statistics and traces are consistent.
-TEST_P(CpuBackendVariantTest, CapacityStatsAreConsistent) {
+using CpuBackendVariantRoutedTest = CpuBackendVariantTest;
+
+TEST_P(CpuBackendVariantRoutedTest, CapacityStatsAreConsistent) {
   const ModelConfig config = GetParam().config;
   const std::vector<RouterId> routers = EnumerateRouters(config);
-  if (routers.empty()) GTEST_SKIP() << "no routers";
+  ASSERT_FALSE(routers.empty());
   const ModelWeights weights = RandomWeights(config, 5);
   for (OverflowPolicy policy : {OverflowPolicy::kDrop, OverflowPolicy::kReroute}) {
     DispatchConfig dispatch;
@@ -217,10 +219,46 @@ TEST_P(CpuBackendVariantTest, BadInputIsRejectedAndCacheUntouched) {
   EXPECT_EQ(got, want);
 }
 
+TEST(CpuBackendTest, CacheSetupAndRoutingRows) {
+  const ModelConfig config = testing::SwitchHeadDestinationConfig();
+  const ModelWeights weights = RandomWeights(config, 3);
+  std::unique_ptr<Backend> backend = CreateCpuBackend(config, weights, config.dispatch);
+  EXPECT_EQ(backend->name(), "cpu");
+  EXPECT_EQ(backend->KvBytesPerToken(), KvBytesPerToken(config, 4));
+  StepInput input;
+  input.chunks.resize(1);
+  input.chunks[0].tokens = {1};
+  const std::vector<int32_t> table = {0};
+  input.chunks[0].block_table = &table;
+  StepOutput out;
+  EXPECT_EQ(backend->Forward(input, &out).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(backend->InitKvCache(0, 4).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(backend->InitKvCache(4, 4).ok());
+  ASSERT_TRUE(backend->Forward(StepInput{}, &out).ok());
+  EXPECT_TRUE(out.logits.empty());
+
+  // Only chunks that collect routing get a trace; one choice per router rank.
+  Harness h(config, weights, config.dispatch);
+  ASSERT_TRUE(
+      h.Step({{1, {1, 2, 3}, 0, LogitsMode::kLast, false}, {2, {4, 5}, 0, LogitsMode::kAll, true}},
+             &out)
+          .ok());
+  ASSERT_EQ(out.routing.size(), 3u);
+  EXPECT_TRUE(out.routing[0].choices.empty());
+  size_t per_token = 0;
+  for (const RouterId& id : EnumerateRouters(config)) per_token += id.top_k;
+  EXPECT_EQ(out.routing[1].choices.size(), per_token);
+  EXPECT_EQ(out.routing[2].choices.size(), per_token);
+  EXPECT_EQ(out.row_position, (std::vector<int32_t>{2, 0, 1}));
+}
+
+const auto kVariantName = [](const ::testing::TestParamInfo<NamedConfig>& param_info) {
+  return param_info.param.name;
+};
 INSTANTIATE_TEST_SUITE_P(Variants, CpuBackendVariantTest, ::testing::ValuesIn(AllVariantConfigs()),
-                         [](const ::testing::TestParamInfo<NamedConfig>& param_info) {
-                           return param_info.param.name;
-                         });
+                         kVariantName);
+INSTANTIATE_TEST_SUITE_P(Variants, CpuBackendVariantRoutedTest,
+                         ::testing::ValuesIn(testing::RoutedVariantConfigs()), kVariantName);
 
 }  // namespace
 }  // namespace switchserve

@@ -48,6 +48,15 @@ TEST(ExpertDispatchTest, TopKSigmoidWeightsAndTiesToLowerIndex) {
   EXPECT_NEAR(d.prob[4], 1.0 / (1.0 + std::exp(-2.0)) / sum, 1e-6);
 }
 
+TEST(ExpertDispatchTest, RanksByLogitNotBySaturatedGate) {
+  // sigmoid(20) and sigmoid(30) are both 1.0f: the logit still decides.
+  const std::vector<float> z = {20.0f, 30.0f, -1.0f};
+  RouterDecision d;
+  RouteTokens(z.data(), 3, 1, 3, 1, GateFunction::kSigmoid, false, &d);
+  EXPECT_EQ(d.expert[0], 1);
+  EXPECT_EQ(d.weight[0], 1.0f);
+}
+
 TEST(ExpertDispatchTest, SoftmaxTopKAndRenormalize) {
   const std::vector<float> z = {1.0f, 3.0f, 2.0f};
   RouterDecision d;
@@ -85,7 +94,7 @@ TEST(ExpertDispatchTest, RankMajorSecondChoiceCannotStealFirstChoice) {
   for (int t = 0; t < 3; ++t) {
     EXPECT_EQ(a.trace[t * 2].fate, RouteFate::kKept);
     EXPECT_EQ(a.trace[t * 2 + 1].fate, RouteFate::kDropped);
-    EXPECT_EQ(a.trace[t * 2 + 1].gate, 0.0f);
+    EXPECT_EQ(a.trace[t * 2 + 1].gate, d.weight[t * 2 + 1]);  // would-be weight
   }
   EXPECT_EQ(stats.tokens, 3);
   EXPECT_EQ(stats.routed, (std::vector<int64_t>{2, 2, 2}));

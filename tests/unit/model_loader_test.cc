@@ -8,7 +8,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/util/random_weights.h"
+#include "tests/util/random_model.h"
 #include "tests/util/test_util.h"
 
 namespace switchserve {

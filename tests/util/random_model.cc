@@ -2,35 +2,13 @@
 
 #include <cmath>
 #include <random>
+#include <string>
+
+#include "engine/model_loader.h"
+#include "engine/routing_stats.h"
 
 namespace switchserve::testing {
 namespace {
-
-class Filler {
- public:
-  explicit Filler(uint64_t seed) : rng_(seed) {}
-
-  Tensor Uniform(std::vector<int64_t> shape, double bound) {
-    Tensor t;
-    t.shape = std::move(shape);
-    t.data.resize(t.numel());
-    std::uniform_real_distribution<float> dist(static_cast<float>(-bound),
-                                               static_cast<float>(bound));
-    for (float& v : t.data) v = dist(rng_);
-    return t;
-  }
-  Tensor Linear(std::vector<int64_t> shape, int64_t fan_in) {
-    return Uniform(std::move(shape), 1.0 / std::sqrt(static_cast<double>(fan_in)));
-  }
-  Tensor NormWeight(int64_t d) {
-    Tensor t = Uniform({d}, 0.1);
-    for (float& v : t.data) v += 1.0f;
-    return t;
-  }
-
- private:
-  std::mt19937_64 rng_;
-};
 
 ModelConfig Base() {
   ModelConfig c;
@@ -63,63 +41,43 @@ ModelConfig Base() {
 }  // namespace
 
 ModelWeights RandomWeights(const ModelConfig& config, uint64_t seed) {
-  Filler fill(seed);
-  const int64_t d = config.d_model, V = config.vocab_size;
-  const AttentionConfig& a = config.attention;
-  const int64_t H = a.n_heads, G = a.n_kv_heads, dh = a.head_dim, E = a.n_experts;
-  const FfnConfig& f = config.ffn;
-  const int64_t F = f.d_ff, X = f.n_experts;
-  const bool layernorm = config.norm == NormKind::kLayerNorm;
-
-  ModelWeights w;
-  w.embedding = fill.Uniform({V, d}, 1.0);
-  if (!config.tie_embeddings) w.lm_head = fill.Linear({V, d}, d);
-  w.final_norm_w = fill.NormWeight(d);
-  if (layernorm) w.final_norm_b = fill.Uniform({d}, 0.1);
-  for (int l = 0; l < config.n_layers; ++l) {
-    LayerWeights layer;
-    layer.attn_norm_w = fill.NormWeight(d);
-    if (layernorm) layer.attn_norm_b = fill.Uniform({d}, 0.1);
-    layer.ffn_norm_w = fill.NormWeight(d);
-    if (layernorm) layer.ffn_norm_b = fill.Uniform({d}, 0.1);
-
-    AttentionWeights& at = layer.attn;
-    at.q = fill.Linear({H * dh, d}, d);
-    at.k = fill.Linear({G * dh, d}, d);
-    if (a.IsRouted()) {
-      const int64_t rv = a.shared_router ? E : G * E;
-      const int64_t ro = a.shared_router ? E : H * E;
-      at.v = fill.Linear({G * E, d, dh}, d);
-      at.o = fill.Linear({H * E, dh, d}, dh);
-      at.sel_v = fill.Linear({rv, d}, d);
-      at.sel_o = fill.Linear({ro, d}, d);
+  std::mt19937_64 rng(seed);
+  ModelWeights weights;
+  weights.layers.resize(config.n_layers);
+  for (const ExpectedTensor& expected : ExpectedTensors(config)) {
+    Tensor& tensor = expected.In(weights);
+    tensor.shape = expected.shape;
+    tensor.data.resize(expected.numel());
+    const std::string& name = expected.name;
+    const auto ends_with = [&name](const std::string& suffix) {
+      return name.size() >= suffix.size() &&
+             name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    // Linear maps: uniform in +-1/sqrt(fan_in). SwitchHead's expert tensors
+    // v [G*E, d, dh] and o [H*E, dh, d] map their middle dimension; every
+    // other matrix maps its last.
+    double bound = 1.0;
+    float offset = 0.0f;
+    if (name == "embedding.weight") {
+      bound = 1.0;
+    } else if (name.find("norm.") != std::string::npos) {
+      bound = 0.1;
+      if (ends_with(".weight")) offset = 1.0f;
+    } else if (ends_with("router.bias")) {
+      bound = 0.5;
+    } else if (tensor.shape.size() == 1 || ends_with(".bias") || ends_with(".b1") ||
+               ends_with(".b2")) {
+      bound = 0.1;
     } else {
-      at.v = fill.Linear({G * dh, d}, d);
-      at.o = fill.Linear({d, H * dh}, H * dh);
-      if (a.kind == AttentionKind::kSwitchHead) at.sel_o = fill.Linear({H, d}, d);
+      const bool middle = tensor.shape.size() == 3 && (ends_with("attn.v") || ends_with("attn.o"));
+      const int64_t fan_in = middle ? tensor.shape[1] : tensor.shape.back();
+      bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
     }
-
-    FfnWeights& fw = layer.ffn;
-    if (f.kind == FfnKind::kDense) {
-      fw.w1 = fill.Linear({F, d}, d);
-      fw.w2 = fill.Linear({d, F}, F);
-      if (f.bias) {
-        fw.b1 = fill.Uniform({F}, 0.1);
-        fw.b2 = fill.Uniform({d}, 0.1);
-      }
-    } else {
-      fw.router_w = fill.Linear({X, d}, d);
-      if (f.router_bias) fw.router_b = fill.Uniform({X}, 0.5);
-      fw.w1 = fill.Linear({X, F, d}, d);
-      fw.w2 = fill.Linear({X, d, F}, F);
-      if (f.bias) {
-        fw.b1 = fill.Uniform({X, F}, 0.1);
-        fw.b2 = fill.Uniform({X, d}, 0.1);
-      }
-    }
-    w.layers.push_back(std::move(layer));
+    std::uniform_real_distribution<float> dist(static_cast<float>(-bound),
+                                               static_cast<float>(bound));
+    for (float& v : tensor.data) v = offset + dist(rng);
   }
-  return w;
+  return weights;
 }
 
 ModelConfig TinySwitchAllConfig() { return Base(); }
@@ -200,6 +158,14 @@ std::vector<NamedConfig> AllVariantConfigs() {
           {"SingleExpert", SwitchHeadSingleExpertConfig()},
           {"DenseMha", DenseMhaConfig()},
           {"DenseGqa", DenseGqaConfig()}};
+}
+
+std::vector<NamedConfig> RoutedVariantConfigs() {
+  std::vector<NamedConfig> routed;
+  for (NamedConfig& named : AllVariantConfigs()) {
+    if (!EnumerateRouters(named.config).empty()) routed.push_back(std::move(named));
+  }
+  return routed;
 }
 
 }  // namespace switchserve::testing

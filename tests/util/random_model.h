@@ -36,6 +36,8 @@ struct NamedConfig {
 inline void PrintTo(const NamedConfig& named, std::ostream* os) { *os << named.name; }
 // All of the above, named.
 std::vector<NamedConfig> AllVariantConfigs();
+// Those of them with at least one router (MoE attention or FFN).
+std::vector<NamedConfig> RoutedVariantConfigs();
 
 }  // namespace switchserve::testing
 
