@@ -44,9 +44,7 @@ int RunHealthCommand(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "switchserve health --address HOST:PORT [--tls --tls-ca FILE [--tls-cert FILE --tls-key "
       "FILE]]: exit 0 iff the server reports SERVING");
-  std::vector<std::string> storage;
-  std::vector<char*> args = NormalizeFlagSpelling(argc, argv, &storage);
-  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  absl::ParseCommandLine(argc, argv);  // main() already turned --a-b into --a_b
 
   const std::string cert_file = absl::GetFlag(FLAGS_tls_cert);
   const std::string key_file = absl::GetFlag(FLAGS_tls_key);

@@ -282,9 +282,7 @@ int RunServeCommand(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   absl::SetProgramUsageMessage("switchserve serve [--flags]: serve a model over gRPC");
-  std::vector<std::string> storage;
-  std::vector<char*> args = NormalizeFlagSpelling(argc, argv, &storage);
-  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  absl::ParseCommandLine(argc, argv);  // main() already turned --a-b into --a_b
   auto options = ServerOptionsFromFlags();
   if (!options.ok()) {
     std::fprintf(stderr, "switchserve serve: %s\n",

@@ -11,7 +11,6 @@
 
 #include "absl/status/statusor.h"
 #include "engine/model_config.h"
-#include "server/flag_spelling.h"
 
 namespace switchserve {
 

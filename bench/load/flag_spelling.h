@@ -1,8 +1,7 @@
-// The command-line flags are documented with hyphens (--kv-cache-bytes); absl
-// spells them with underscores. Shared by the `switchserve` subcommands and
-// the load generator.
-#ifndef SWITCHSERVE_SERVER_FLAG_SPELLING_H_
-#define SWITCHSERVE_SERVER_FLAG_SPELLING_H_
+// The load generator's flags are documented with hyphens (--max-new-tokens);
+// absl spells them with underscores.
+#ifndef SWITCHSERVE_BENCH_LOAD_FLAG_SPELLING_H_
+#define SWITCHSERVE_BENCH_LOAD_FLAG_SPELLING_H_
 
 #include <string>
 #include <vector>
@@ -16,4 +15,4 @@ std::vector<char*> NormalizeFlagSpelling(int argc, char** argv, std::vector<std:
 
 }  // namespace switchserve
 
-#endif  // SWITCHSERVE_SERVER_FLAG_SPELLING_H_
+#endif  // SWITCHSERVE_BENCH_LOAD_FLAG_SPELLING_H_

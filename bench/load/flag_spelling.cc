@@ -1,4 +1,4 @@
-#include "server/flag_spelling.h"
+#include "bench/load/flag_spelling.h"
 
 #include <algorithm>
 
