@@ -11,7 +11,10 @@ namespace switchserve {
 absl::StatusOr<std::unique_ptr<MetricsExposer>> MetricsExposer::Start(
     const std::string& host, int port,
     std::vector<std::shared_ptr<prometheus::Collectable>> collectables) {
-  const std::string address = absl::StrCat(host, ":", port);
+  // civetweb wants IPv6 addresses bracketed: "[::]:9090".
+  const bool ipv6 = host.find(':') != std::string::npos && host.front() != '[';
+  const std::string address =
+      ipv6 ? absl::StrCat("[", host, "]:", port) : absl::StrCat(host, ":", port);
   std::unique_ptr<MetricsExposer> out(new MetricsExposer());
   out->collectables_ = std::move(collectables);
   out->collectables_.push_back(std::make_shared<ProcessMetrics>());
