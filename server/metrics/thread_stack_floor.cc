@@ -2,12 +2,13 @@
 //
 // Debian's libcivetweb is built with USE_STACK_SIZE=102400: it creates every
 // worker thread with pthread_attr_setstacksize(100 KiB). glibc carves each
-// thread's static TLS out of that stack, and this binary's static TLS is
+// thread's static TLS out of that stack, and switchserve's static TLS is
 // large (OpenBLAS alone has 60 KiB), which leaves a scrape too little stack:
-// it overflows inside mg_printf and the process dies with SIGSEGV.
+// it overflows inside mg_printf and the process dies with SIGSEGV. Under
+// AddressSanitizer 100 KiB is too little even without OpenBLAS.
 //
 // This definition interposes on glibc's for the whole process (the
-// executable exports it, see server/CMakeLists.txt) and raises requests below
+// executable exports it, see server/metrics/CMakeLists.txt) and raises requests below
 // kMinStackBytes to that floor; larger requests pass through unchanged.
 #include <dlfcn.h>
 #include <pthread.h>

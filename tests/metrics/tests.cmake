@@ -21,7 +21,8 @@ endforeach()
 add_executable(switchserve_metrics_exporter ${METRICS_TEST_DIR}/metrics_exporter.cc)
 target_link_libraries(switchserve_metrics_exporter
                       PRIVATE switchserve_metrics switchserve_metrics_test_support absl::flags
-                              absl::flags_parse absl::str_format switchserve_warnings)
+                              absl::flags_parse absl::str_format switchserve_warnings
+                              switchserve_metrics_thread_stack_floor)
 
 # promtool comes with Debian's prometheus package (scripts/install-deps.sh).
 # When it is missing the tests below fail, naming it, rather than being skipped.
