@@ -158,7 +158,13 @@ void GenerationEngine::DropCancelledAndExpired() {
 void GenerationEngine::RunStep() {
   const Clock::time_point t0 = Clock::now();
   ScheduleResult schedule = scheduler_.Schedule();
-  if (schedule.chunks.empty()) return;
+  if (schedule.chunks.empty()) {
+    // Nothing can run (not expected: a lone request always fits). Do not spin;
+    // new requests or cancellations wake the loop.
+    std::unique_lock<std::mutex> lock(mu_);
+    wake_.wait_for(lock, std::chrono::milliseconds(1));
+    return;
+  }
 
   StepInput input;
   input.chunks.reserve(schedule.chunks.size());

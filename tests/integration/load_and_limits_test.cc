@@ -121,6 +121,15 @@ TEST(LimitsTest, FullQueueAndOversizedMessage) {
   // The cancelled requests leave the engine at its next step.
   EXPECT_TRUE(WaitForIdleCache(*stub, &info)) << info.DebugString();
 
+  // A request whose deadline passes leaves the batch; its blocks are freed.
+  {
+    v1::GenerateResponse response;
+    auto context = ContextWithDeadline(0.3);  // the request needs about 3 s
+    grpc::Status status = stub->Generate(context.get(), long_request, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << status.error_message();
+    EXPECT_TRUE(WaitForIdleCache(*stub, &info)) << info.DebugString();
+  }
+
   // A message over --max-request-bytes is refused by gRPC itself.
   {
     v1::GenerateResponse response;
