@@ -1,0 +1,253 @@
+#include "server/generate_calls.h"
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <utility>
+
+#include "server/generation_service.h"
+#include "server/proto_convert.h"
+#include "server/wire_format.h"
+
+namespace switchserve {
+namespace {
+
+// Forwards the engine's updates to a call object that outlives the request.
+template <typename Call>
+class CallSink : public GenerationSink {
+ public:
+  explicit CallSink(Call* call) : call_(call) {}
+  void OnUpdate(GenerationUpdate update) override { call_->OnEngineUpdate(std::move(update)); }
+
+ private:
+  Call* call_;
+};
+
+// Submission and cancellation shared by both calls. Cancel may arrive (from
+// a gRPC thread) before the engine accepted the request; it is then
+// forwarded right after submission.
+class EngineRequestHandle {
+ public:
+  absl::Status Submit(GenerationEngine* engine, GenerationRequest request) {
+    engine_ = engine;
+    auto id = engine->Submit(std::move(request));
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!id.ok()) return id.status();
+    id_ = *id;
+    if (cancel_requested_) engine_->Cancel(*id_);
+    return absl::OkStatus();
+  }
+  void Cancel() {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancel_requested_ = true;
+    if (id_) engine_->Cancel(*id_);
+  }
+
+ private:
+  std::mutex mu_;
+  GenerationEngine* engine_ = nullptr;
+  std::optional<RequestId> id_;
+  bool cancel_requested_ = false;
+};
+
+class UnaryGenerateCall : public grpc::ServerUnaryReactor {
+ public:
+  UnaryGenerateCall(GenerationService* service, grpc::CallbackServerContext* context,
+                    grpc::ByteBuffer* response, SamplingParams params)
+      : service_(service), context_(context), response_(response), params_(std::move(params)) {
+    service_->CallStarted();
+  }
+
+  void Start(GenerationRequest request) {
+    request.sink = std::make_shared<CallSink<UnaryGenerateCall>>(this);
+    absl::Status status = handle_.Submit(service_->engine(), std::move(request));
+    if (!status.ok()) {
+      service_->RecordRejected(status.code());
+      Finish(ToGrpcStatus(status));
+    }
+  }
+
+  // Engine thread.
+  void OnEngineUpdate(GenerationUpdate update) {
+    message_.mutable_text()->append(update.text);
+    AppendTokens(update, params_, service_->describer(), message_.mutable_token_ids(),
+                 message_.mutable_tokens());
+    if (!update.finished) return;
+    if (!update.status.ok()) {
+      Finish(ToGrpcStatus(update.status));
+      return;
+    }
+    message_.set_finish_reason(ToProto(update.finish_reason));
+    FillUsageAndTiming(update, message_.mutable_usage(), message_.mutable_timing());
+    *response_ = SerializeMessage(message_);
+    Finish(update.finish_reason == FinishReason::kCancelled ? CancelledCallStatus(context_)
+                                                            : grpc::Status::OK);
+  }
+
+  void OnCancel() override { handle_.Cancel(); }
+  void OnDone() override {
+    service_->CallDone();
+    delete this;
+  }
+
+ private:
+  GenerationService* service_;
+  grpc::CallbackServerContext* context_;
+  grpc::ByteBuffer* response_;
+  v1::GenerateResponse message_;  // built up by the updates
+  SamplingParams params_;
+  EngineRequestHandle handle_;
+};
+
+// Streams updates as they come. While a write is in flight, further updates
+// are merged into the next message, so a slow reader gets fewer, larger
+// messages instead of an unbounded queue.
+class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  StreamingGenerateCall(GenerationService* service, grpc::CallbackServerContext* context,
+                        SamplingParams params)
+      : service_(service), context_(context), params_(std::move(params)) {
+    service_->CallStarted();
+  }
+
+  void Start(GenerationRequest request) {
+    request.sink = std::make_shared<CallSink<StreamingGenerateCall>>(this);
+    absl::Status status = handle_.Submit(service_->engine(), std::move(request));
+    if (!status.ok()) {
+      service_->RecordRejected(status.code());
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        finished_ = true;
+        engine_done_ = true;  // the engine never saw it
+        final_status_ = ToGrpcStatus(status);
+      }
+      Pump();
+    }
+  }
+
+  // Engine thread.
+  void OnEngineUpdate(GenerationUpdate update) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!update.status.ok()) {
+        final_status_ = ToGrpcStatus(update.status);
+      } else {
+        pending_.mutable_text()->append(update.text);
+        AppendTokens(update, params_, service_->describer(), pending_.mutable_token_ids(),
+                     pending_.mutable_tokens());
+        has_pending_ = true;
+        if (update.finished) {
+          pending_.set_finished(true);
+          pending_.set_finish_reason(ToProto(update.finish_reason));
+          FillUsageAndTiming(update, pending_.mutable_usage(), pending_.mutable_timing());
+          final_status_ = update.finish_reason == FinishReason::kCancelled
+                              ? CancelledCallStatus(context_)
+                              : grpc::Status::OK;
+        }
+      }
+      finished_ = update.finished;
+    }
+    Pump();
+    if (update.finished) ReleaseSide(&engine_done_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    // While writing_ is set the call cannot finish, so `this` stays valid.
+    if (!ok) handle_.Cancel();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      writing_ = false;
+      if (!ok) broken_ = true;
+    }
+    Pump();
+  }
+  void OnCancel() override { handle_.Cancel(); }
+  void OnDone() override {
+    service_->CallDone();
+    ReleaseSide(&grpc_done_);
+  }
+
+ private:
+  // Starts the next write, or finishes once everything is written. gRPC
+  // methods are called outside the lock.
+  void Pump() {
+    enum { kNothing, kWrite, kFinish } action = kNothing;
+    grpc::Status status;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (writing_ || finish_called_) return;
+      if (has_pending_ && !broken_) {
+        in_flight_ = SerializeMessage(pending_);
+        pending_.Clear();
+        has_pending_ = false;
+        writing_ = true;
+        action = kWrite;
+      } else if (finished_) {
+        finish_called_ = true;
+        status = final_status_;
+        action = kFinish;
+      }
+    }
+    if (action == kWrite) StartWrite(&in_flight_);
+    if (action == kFinish) Finish(status);
+  }
+
+  // The call is deleted once both gRPC (OnDone) and the engine (its final
+  // update has returned) are done with it: the engine thread may still be in
+  // OnEngineUpdate when a gRPC thread finishes the call.
+  void ReleaseSide(bool* side) {
+    bool delete_now;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      *side = true;
+      delete_now = engine_done_ && grpc_done_;
+    }
+    if (delete_now) delete this;
+  }
+
+  GenerationService* service_;
+  grpc::CallbackServerContext* context_;
+  SamplingParams params_;
+  EngineRequestHandle handle_;
+
+  std::mutex mu_;
+  bool engine_done_ = false;
+  bool grpc_done_ = false;
+  v1::GenerateStreamResponse pending_;  // merged updates not yet written
+  grpc::ByteBuffer in_flight_;          // the message being written
+  bool has_pending_ = false;
+  bool writing_ = false;
+  bool broken_ = false;  // a write failed: the client is gone
+  bool finished_ = false;
+  bool finish_called_ = false;
+  grpc::Status final_status_;
+};
+
+}  // namespace
+
+grpc::Status CancelledCallStatus(grpc::CallbackServerContext* context) {
+  if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+  if (context->deadline() <= std::chrono::system_clock::now()) {
+    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded");
+  }
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      "the server stopped before the request finished");
+}
+
+grpc::ServerUnaryReactor* StartUnaryGenerate(GenerationService* service,
+                                             grpc::CallbackServerContext* context,
+                                             GenerationRequest request,
+                                             grpc::ByteBuffer* response) {
+  auto* call = new UnaryGenerateCall(service, context, response, request.sampling);
+  call->Start(std::move(request));
+  return call;
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* StartStreamingGenerate(
+    GenerationService* service, grpc::CallbackServerContext* context, GenerationRequest request) {
+  auto* call = new StreamingGenerateCall(service, context, request.sampling);
+  call->Start(std::move(request));
+  return call;
+}
+
+}  // namespace switchserve

@@ -1,0 +1,35 @@
+// The reactors of the two generation calls. Each one submits its request to
+// the engine and is completed by the engine's updates (through a
+// GenerationSink); a client cancellation is forwarded to the engine, which
+// then ends the request at its next step. A reactor deletes itself in OnDone,
+// which gRPC calls only after Finish, which only the final update triggers, so
+// the sink never outlives what it points to.
+#ifndef SWITCHSERVE_SERVER_GENERATE_CALLS_H_
+#define SWITCHSERVE_SERVER_GENERATE_CALLS_H_
+
+#include "engine/request.h"
+#include "grpcpp/server_context.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "switchserve/v1/generation.pb.h"
+
+namespace switchserve {
+
+class GenerationService;
+
+// Starts a unary Generate call for an already validated request.
+// `response` receives the serialized v1::GenerateResponse.
+grpc::ServerUnaryReactor* StartUnaryGenerate(GenerationService* service,
+                                             grpc::CallbackServerContext* context,
+                                             GenerationRequest request, grpc::ByteBuffer* response);
+// Starts a GenerateStream call for an already validated request; it writes
+// serialized v1::GenerateStreamResponse messages.
+grpc::ServerWriteReactor<grpc::ByteBuffer>* StartStreamingGenerate(
+    GenerationService* service, grpc::CallbackServerContext* context, GenerationRequest request);
+
+// The status a call ends with when its request finished with kCancelled: the
+// client's cancellation, its deadline, or the server shutting down.
+grpc::Status CancelledCallStatus(grpc::CallbackServerContext* context);
+
+}  // namespace switchserve
+
+#endif  // SWITCHSERVE_SERVER_GENERATE_CALLS_H_

@@ -1,0 +1,142 @@
+#include "server/generation_service.h"
+
+#include <utility>
+
+#include "server/generate_calls.h"
+#include "server/wire_format.h"
+
+namespace switchserve {
+namespace {
+
+// A unary reactor that finishes at once with `status`.
+grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context,
+                                    const grpc::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(status);
+  return reactor;
+}
+
+// A streaming reactor that finishes at once with `status`.
+class FailedStream : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  explicit FailedStream(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
+GenerationService::GenerationService(const GenerationServiceOptions& options) : options_(options) {
+  describer_.tokenizer = options.tokenizer;
+  describer_.routers = EnumerateRouters(*options.config);
+}
+
+void GenerationService::StartDraining() {
+  std::lock_guard<std::mutex> lock(mu_);
+  draining_ = true;
+}
+
+bool GenerationService::WaitUntilIdle(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return idle_.wait_for(lock, timeout, [&] { return in_flight_ == 0; });
+}
+
+int GenerationService::calls_in_flight() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return in_flight_;
+}
+
+void GenerationService::CallStarted() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++in_flight_;
+}
+
+void GenerationService::CallDone() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (--in_flight_ == 0) idle_.notify_all();
+}
+
+void GenerationService::RecordRejected(absl::StatusCode code) const {
+  if (options_.metrics != nullptr) options_.metrics->RecordFinished({.status = code});
+}
+
+grpc::Status GenerationService::Admit(grpc::CallbackServerContext* context) const {
+  if (options_.auth != nullptr) {
+    if (grpc::Status status = options_.auth->Check(*context); !status.ok()) return status;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (draining_) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "the server is shutting down; retry on another replica");
+  }
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<GenerationRequest> GenerationService::Prepare(grpc::CallbackServerContext* context,
+                                                             const grpc::ByteBuffer& buffer) const {
+  v1::GenerateRequest request;
+  if (absl::Status status = ParseMessage(buffer, &request); !status.ok()) return status;
+  auto prepared = ValidateGenerateRequest(request, *options_.tokenizer, options_.limits);
+  if (!prepared.ok()) return prepared.status();
+  prepared->arrival = Clock::now();
+  const auto deadline = context->deadline();
+  if (deadline != std::chrono::system_clock::time_point::max()) {
+    prepared->deadline = prepared->arrival + (deadline - std::chrono::system_clock::now());
+  }
+  return prepared;
+}
+
+grpc::ServerUnaryReactor* GenerationService::Generate(grpc::CallbackServerContext* context,
+                                                      const grpc::ByteBuffer* request,
+                                                      grpc::ByteBuffer* response) {
+  if (grpc::Status status = Admit(context); !status.ok()) {
+    RecordRejected(static_cast<absl::StatusCode>(status.error_code()));
+    return FinishNow(context, status);
+  }
+  auto prepared = Prepare(context, *request);
+  if (!prepared.ok()) {
+    RecordRejected(prepared.status().code());
+    return FinishNow(context, ToGrpcStatus(prepared.status()));
+  }
+  return StartUnaryGenerate(this, context, std::move(*prepared), response);
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationService::GenerateStream(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  if (grpc::Status status = Admit(context); !status.ok()) {
+    RecordRejected(static_cast<absl::StatusCode>(status.error_code()));
+    return new FailedStream(status);
+  }
+  auto prepared = Prepare(context, *request);
+  if (!prepared.ok()) {
+    RecordRejected(prepared.status().code());
+    return new FailedStream(ToGrpcStatus(prepared.status()));
+  }
+  return StartStreamingGenerate(this, context, std::move(*prepared));
+}
+
+grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContext* context,
+                                                      const grpc::ByteBuffer* request_buffer,
+                                                      grpc::ByteBuffer* response_buffer) {
+  if (grpc::Status status = Admit(context); !status.ok()) return FinishNow(context, status);
+  v1::TokenizeRequest request;
+  if (absl::Status status = ParseMessage(*request_buffer, &request); !status.ok()) {
+    return FinishNow(context, ToGrpcStatus(status));
+  }
+  auto ids = options_.tokenizer->Encode(request.text());
+  if (!ids.ok()) return FinishNow(context, ToGrpcStatus(ids.status()));
+  v1::TokenizeResponse response;
+  response.mutable_token_ids()->Add(ids->begin(), ids->end());
+  *response_buffer = SerializeMessage(response);
+  return FinishNow(context, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerContext* context,
+                                                          const v1::GetModelInfoRequest*,
+                                                          v1::ModelInfo* response) {
+  if (grpc::Status status = Admit(context); !status.ok()) return FinishNow(context, status);
+  FillModelInfo(*options_.config, options_.dispatch, options_.device, options_.engine->Snapshot(),
+                response);
+  return FinishNow(context, grpc::Status::OK);
+}
+
+}  // namespace switchserve

@@ -1,0 +1,97 @@
+// The switchserve.v1.Generation service (gRPC callback API). Handlers check
+// the bearer token and the draining state, validate the request, hand it to
+// the GenerationEngine and return; the engine's updates complete the call from
+// the engine thread. No engine work runs on gRPC threads (tokenizing a prompt
+// is the only model-related work done there).
+//
+// Thread-safe.
+#ifndef SWITCHSERVE_SERVER_GENERATION_SERVICE_H_
+#define SWITCHSERVE_SERVER_GENERATION_SERVICE_H_
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "engine/generation_engine.h"
+#include "engine/model_config.h"
+#include "engine/tokenizer.h"
+#include "server/auth.h"
+#include "server/metrics/serving_metrics.h"
+#include "server/proto_convert.h"
+#include "server/request_validation.h"
+#include "switchserve/v1/generation.grpc.pb.h"
+
+namespace switchserve {
+
+struct GenerationServiceOptions {
+  GenerationEngine* engine = nullptr;  // must outlive the service
+  const Tokenizer* tokenizer = nullptr;
+  const ModelConfig* config = nullptr;
+  DispatchConfig dispatch;  // the dispatch policy in force
+  std::string device;       // "cpu" / "cuda"
+  RequestLimits limits;
+  const BearerTokenAuth* auth = nullptr;  // null: no token needed
+  ServingMetrics* metrics = nullptr;      // null: no metrics; must outlive the service
+};
+
+// Generate, GenerateStream and Tokenize take raw byte buffers so that request
+// parsing errors (invalid UTF-8) get a precise INVALID_ARGUMENT
+// (server/wire_format.h); GetModelInfo is an ordinary typed method.
+using GenerationServiceBase = v1::Generation::WithRawCallbackMethod_Generate<
+    v1::Generation::WithRawCallbackMethod_GenerateStream<
+        v1::Generation::WithRawCallbackMethod_Tokenize<
+            v1::Generation::WithCallbackMethod_GetModelInfo<v1::Generation::Service>>>>;
+
+class GenerationService final : public GenerationServiceBase {
+ public:
+  explicit GenerationService(const GenerationServiceOptions& options);
+
+  // From now on every new call gets UNAVAILABLE; calls already running go on.
+  void StartDraining();
+  // Blocks until no Generate / GenerateStream call is running, or `timeout`
+  // passed. Returns true when idle.
+  bool WaitUntilIdle(std::chrono::milliseconds timeout);
+  int calls_in_flight() const;
+
+  grpc::ServerUnaryReactor* Generate(grpc::CallbackServerContext* context,
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerateStream(
+      grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
+                                         const v1::GetModelInfoRequest* request,
+                                         v1::ModelInfo* response) override;
+
+  // Used by the call objects (server/generate_calls.h).
+  GenerationEngine* engine() const { return options_.engine; }
+  const TokenDescriber& describer() const { return describer_; }
+  void CallStarted();
+  void CallDone();
+  // Counts a Generate* call that ended before the engine accepted it
+  // (the engine's observer counts the others).
+  void RecordRejected(absl::StatusCode code) const;
+
+ private:
+  // Auth and draining checks shared by every method; then validation for
+  // Generate*. On error the status to finish the call with.
+  grpc::Status Admit(grpc::CallbackServerContext* context) const;
+  absl::StatusOr<GenerationRequest> Prepare(grpc::CallbackServerContext* context,
+                                            const grpc::ByteBuffer& request) const;
+
+  GenerationServiceOptions options_;
+  TokenDescriber describer_;
+
+  mutable std::mutex mu_;
+  std::condition_variable idle_;
+  bool draining_ = false;
+  int in_flight_ = 0;
+};
+
+}  // namespace switchserve
+
+#endif  // SWITCHSERVE_SERVER_GENERATION_SERVICE_H_

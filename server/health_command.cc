@@ -1,0 +1,98 @@
+// `switchserve health`: a grpc.health.v1 client for probes and scripts.
+// Exits 0 when the server answers SERVING, 1 when it answers anything else
+// (NOT_SERVING while loading or draining), 2 when it cannot be asked.
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "server/auth.h"
+#include "server/server_flags.h"
+
+ABSL_DECLARE_FLAG(std::string, tls_cert);
+ABSL_DECLARE_FLAG(std::string, tls_key);
+
+ABSL_FLAG(std::string, address, "localhost:50051", "health: the server to ask, HOST:PORT");
+ABSL_FLAG(bool, tls, false, "health: connect with TLS");
+ABSL_FLAG(std::string, tls_ca, "",
+          "health: PEM CA bundle that signed the server's certificate (default: system roots)");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "health: name to verify in the server's certificate (default: the address host)");
+ABSL_FLAG(std::string, service, "", "health: service to ask about; empty: the whole server");
+ABSL_FLAG(double, timeout_s, 5, "health: deadline of the check");
+
+namespace switchserve {
+namespace {
+
+int HealthError(const std::string& message) {
+  std::fprintf(stderr, "switchserve health: %s\n", message.c_str());
+  return 2;
+}
+
+}  // namespace
+
+int RunHealthCommand(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "switchserve health --address HOST:PORT [--tls --tls-ca FILE [--tls-cert FILE --tls-key "
+      "FILE]]: exit 0 iff the server reports SERVING");
+  absl::ParseCommandLine(argc, argv);  // main() already turned --a-b into --a_b
+
+  const std::string cert_file = absl::GetFlag(FLAGS_tls_cert);
+  const std::string key_file = absl::GetFlag(FLAGS_tls_key);
+  const std::string ca_file = absl::GetFlag(FLAGS_tls_ca);
+  const bool tls = absl::GetFlag(FLAGS_tls) || !ca_file.empty() || !cert_file.empty();
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  grpc::ChannelArguments channel_args;
+  if (tls) {
+    grpc::SslCredentialsOptions ssl;
+    if (!ca_file.empty()) {
+      auto ca = ReadFileToString(ca_file);
+      if (!ca.ok()) return HealthError(std::string(ca.status().message()));
+      ssl.pem_root_certs = *ca;
+    }
+    if (cert_file.empty() != key_file.empty()) {
+      return HealthError("--tls-cert and --tls-key go together");
+    }
+    if (!cert_file.empty()) {
+      auto cert = ReadFileToString(cert_file);
+      if (!cert.ok()) return HealthError(std::string(cert.status().message()));
+      auto key = ReadFileToString(key_file);
+      if (!key.ok()) return HealthError(std::string(key.status().message()));
+      ssl.pem_cert_chain = *cert;
+      ssl.pem_private_key = *key;
+    }
+    credentials = grpc::SslCredentials(ssl);
+    if (const std::string name = absl::GetFlag(FLAGS_tls_server_name); !name.empty()) {
+      channel_args.SetSslTargetNameOverride(name);
+    }
+  }
+  auto channel = grpc::CreateCustomChannel(absl::GetFlag(FLAGS_address), credentials, channel_args);
+  auto stub = grpc::health::v1::Health::NewStub(channel);
+
+  grpc::ClientContext context;
+  context.set_deadline(
+      std::chrono::system_clock::now() +
+      std::chrono::milliseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_timeout_s) * 1000)));
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(absl::GetFlag(FLAGS_service));
+  grpc::health::v1::HealthCheckResponse response;
+  const grpc::Status status = stub->Check(&context, request, &response);
+  if (!status.ok()) {
+    return HealthError(absl::GetFlag(FLAGS_address) + ": " + status.error_message());
+  }
+  const std::string name =
+      grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status());
+  std::printf("%s\n", name.c_str());
+  return response.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
+}
+
+}  // namespace switchserve

@@ -1,0 +1,42 @@
+// Conversions between the engine's plain structs and the switchserve.v1
+// messages. Pure functions; safe from any thread.
+#ifndef SWITCHSERVE_SERVER_PROTO_CONVERT_H_
+#define SWITCHSERVE_SERVER_PROTO_CONVERT_H_
+
+#include <string>
+#include <vector>
+
+#include "engine/generation_engine.h"
+#include "engine/model_config.h"
+#include "engine/request.h"
+#include "engine/routing_stats.h"
+#include "engine/tokenizer.h"
+#include "grpcpp/support/status.h"
+#include "switchserve/v1/generation.pb.h"
+
+namespace switchserve {
+
+// What a response needs to describe tokens: names of routers, token texts.
+struct TokenDescriber {
+  const Tokenizer* tokenizer = nullptr;
+  std::vector<RouterId> routers;  // EnumerateRouters(config)
+};
+
+v1::FinishReason ToProto(FinishReason reason);
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// Appends the update's ids (and, when asked for, their detail) to a response.
+void AppendTokens(const GenerationUpdate& update, const SamplingParams& params,
+                  const TokenDescriber& describer,
+                  google::protobuf::RepeatedField<int32_t>* token_ids,
+                  google::protobuf::RepeatedPtrField<v1::GeneratedToken>* tokens);
+void FillUsageAndTiming(const GenerationUpdate& final_update, v1::Usage* usage, v1::Timing* timing);
+
+// "switchall", "switchhead", "switch" or "dense".
+std::string ArchitectureName(const ModelConfig& config);
+void FillModelInfo(const ModelConfig& config, const DispatchConfig& dispatch,
+                   const std::string& device, const EngineSnapshot& snapshot, v1::ModelInfo* info);
+
+}  // namespace switchserve
+
+#endif  // SWITCHSERVE_SERVER_PROTO_CONVERT_H_

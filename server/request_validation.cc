@@ -1,0 +1,148 @@
+#include "server/request_validation.h"
+
+#include <cmath>
+#include <random>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "engine/detokenizer.h"
+
+namespace switchserve {
+namespace {
+
+absl::Status Invalid(const char* field, const std::string& problem) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", problem));
+}
+
+uint64_t RandomSeed() {
+  static thread_local std::mt19937_64 generator{std::random_device{}()};
+  return generator();
+}
+
+}  // namespace
+
+absl::StatusOr<GenerationRequest> ValidateGenerateRequest(const v1::GenerateRequest& request,
+                                                          const Tokenizer& tokenizer,
+                                                          const RequestLimits& limits) {
+  GenerationRequest out;
+  switch (request.prompt_case()) {
+    case v1::GenerateRequest::kText: {
+      if (request.text().empty()) return Invalid("text", "the prompt is empty");
+      if (!IsValidUtf8(request.text())) return Invalid("text", "is not valid UTF-8");
+      auto ids = tokenizer.Encode(request.text());
+      if (!ids.ok()) return Invalid("text", std::string(ids.status().message()));
+      out.prompt = std::move(*ids);
+      if (out.prompt.empty()) return Invalid("text", "the prompt has no tokens");
+      break;
+    }
+    case v1::GenerateRequest::kTokenIds: {
+      const auto& ids = request.token_ids().ids();
+      if (ids.empty()) return Invalid("token_ids", "the prompt is empty");
+      for (int i = 0; i < ids.size(); ++i) {
+        if (ids[i] < 0 || ids[i] >= limits.vocab_size) {
+          return Invalid("token_ids",
+                         absl::StrCat("ids[", i, "] = ", ids[i], " is outside the vocabulary [0, ",
+                                      limits.vocab_size, ")"));
+        }
+      }
+      out.prompt.assign(ids.begin(), ids.end());
+      break;
+    }
+    case v1::GenerateRequest::PROMPT_NOT_SET:
+      return Invalid("prompt", "set either text or token_ids");
+  }
+  const int prompt_len = static_cast<int>(out.prompt.size());
+  if (prompt_len >= limits.context_length) {
+    return Invalid(
+        request.has_text() ? "text" : "token_ids",
+        absl::StrCat("the prompt has ", prompt_len, " tokens; the model's context length is ",
+                     limits.context_length, " (prompt + max_new_tokens must fit)"));
+  }
+
+  const v1::SamplingParams& s = request.sampling();
+  SamplingParams& p = out.sampling;
+  const int room = limits.context_length - prompt_len;
+  if (s.has_max_new_tokens()) {
+    if (s.max_new_tokens() < 1) {
+      return Invalid("sampling.max_new_tokens",
+                     absl::StrCat("must be >= 1, found ", s.max_new_tokens()));
+    }
+    if (s.max_new_tokens() > room) {
+      return Invalid("sampling.max_new_tokens",
+                     absl::StrCat(s.max_new_tokens(), " with a prompt of ", prompt_len,
+                                  " tokens exceeds the context length ", limits.context_length,
+                                  " (at most ", room, ")"));
+    }
+    p.max_new_tokens = s.max_new_tokens();
+  } else {
+    p.max_new_tokens = std::min(limits.default_max_new_tokens, room);
+  }
+  if (s.has_temperature()) {
+    if (!(s.temperature() >= 0) || !std::isfinite(s.temperature())) {
+      return Invalid("sampling.temperature",
+                     absl::StrCat("must be a finite value >= 0, found ", s.temperature()));
+    }
+    p.temperature = s.temperature();
+  }
+  if (s.top_k() < 0) {
+    return Invalid("sampling.top_k", absl::StrCat("must be >= 0 (0: off), found ", s.top_k()));
+  }
+  p.top_k = s.top_k();
+  if (s.has_top_p()) {
+    if (!(s.top_p() > 0 && s.top_p() <= 1)) {
+      return Invalid("sampling.top_p", absl::StrCat("must be in (0, 1], found ", s.top_p()));
+    }
+    p.top_p = s.top_p();
+  }
+  if (!(s.min_p() >= 0 && s.min_p() <= 1)) {
+    return Invalid("sampling.min_p", absl::StrCat("must be in [0, 1], found ", s.min_p()));
+  }
+  p.min_p = s.min_p();
+  if (s.has_repetition_penalty()) {
+    if (!(s.repetition_penalty() > 0) || !std::isfinite(s.repetition_penalty())) {
+      return Invalid("sampling.repetition_penalty",
+                     absl::StrCat("must be a finite value > 0, found ", s.repetition_penalty()));
+    }
+    p.repetition_penalty = s.repetition_penalty();
+  }
+  p.seed = s.has_seed() ? s.seed() : RandomSeed();
+  if (s.stop_size() > limits.max_stop_strings) {
+    return Invalid("sampling.stop", absl::StrCat("at most ", limits.max_stop_strings,
+                                                 " stop strings, found ", s.stop_size()));
+  }
+  for (int i = 0; i < s.stop_size(); ++i) {
+    const std::string& stop = s.stop(i);
+    if (stop.empty() || static_cast<int>(stop.size()) > limits.max_stop_string_bytes) {
+      return Invalid("sampling.stop", absl::StrCat("stop[", i, "] must be 1 to ",
+                                                   limits.max_stop_string_bytes, " bytes"));
+    }
+    if (!IsValidUtf8(stop)) {
+      return Invalid("sampling.stop", absl::StrCat("stop[", i, "] is not valid UTF-8"));
+    }
+    p.stop.push_back(stop);
+  }
+  if (s.stop_token_ids_size() > limits.max_stop_token_ids) {
+    return Invalid("sampling.stop_token_ids",
+                   absl::StrCat("at most ", limits.max_stop_token_ids, " ids, found ",
+                                s.stop_token_ids_size()));
+  }
+  for (int i = 0; i < s.stop_token_ids_size(); ++i) {
+    const int32_t id = s.stop_token_ids(i);
+    if (id < 0 || id >= limits.vocab_size) {
+      return Invalid("sampling.stop_token_ids",
+                     absl::StrCat("stop_token_ids[", i, "] = ", id,
+                                  " is outside the vocabulary [0, ", limits.vocab_size, ")"));
+    }
+    p.stop_token_ids.push_back(id);
+  }
+  p.ignore_eos = s.ignore_eos();
+  if (request.logprobs() < 0 || request.logprobs() > limits.max_logprobs) {
+    return Invalid("logprobs", absl::StrCat("must be in [0, ", limits.max_logprobs, "], found ",
+                                            request.logprobs()));
+  }
+  p.logprobs = request.logprobs();
+  p.return_routing = request.return_routing();
+  return out;
+}
+
+}  // namespace switchserve

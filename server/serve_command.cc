@@ -1,0 +1,295 @@
+// `switchserve serve`: loads the model, starts the engine thread and the gRPC
+// server, and drains gracefully on SIGTERM / SIGINT.
+#include <pthread.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "engine/cpu_backend.h"
+#include "engine/generation_engine.h"
+#include "engine/model_loader.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "server/auth.h"
+#include "server/commands.h"
+#include "server/generation_service.h"
+#include "server/metrics/engine_metrics_observer.h"
+#include "server/metrics/metrics_exposer.h"
+#include "server/metrics/moe_metrics.h"
+#include "server/metrics/serving_metrics.h"
+#include "server/proto_convert.h"
+#include "server/server_flags.h"
+
+namespace switchserve {
+namespace {
+
+void Log(const std::string& message) {
+  const std::string now =
+      absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone());
+  std::fprintf(stderr, "%s switchserve: %s\n", now.c_str(), message.c_str());
+  std::fflush(stderr);
+}
+
+// --debug-step-delay-ms: a backend that takes at least `delay` per step.
+class SlowedBackend : public Backend {
+ public:
+  SlowedBackend(std::unique_ptr<Backend> inner, std::chrono::milliseconds delay)
+      : inner_(std::move(inner)), delay_(delay) {}
+  std::string_view name() const override { return inner_->name(); }
+  absl::Status InitKvCache(int64_t num_blocks, int block_size) override {
+    return inner_->InitKvCache(num_blocks, block_size);
+  }
+  int64_t KvBytesPerToken() const override { return inner_->KvBytesPerToken(); }
+  absl::Status Forward(const StepInput& input, StepOutput* out) override {
+    std::this_thread::sleep_for(delay_);
+    return inner_->Forward(input, out);
+  }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+  std::chrono::milliseconds delay_;
+};
+
+// Waits for a request's final update.
+class WaitingSink : public GenerationSink {
+ public:
+  void OnUpdate(GenerationUpdate update) override {
+    if (update.finished) done_.set_value(std::move(update));
+  }
+  std::future<GenerationUpdate> Future() { return done_.get_future(); }
+
+ private:
+  std::promise<GenerationUpdate> done_;
+};
+
+// One short greedy request through the whole engine: the backend runs, the
+// cache works, the sampler samples. The server reports SERVING only after it.
+absl::Status WarmUp(GenerationEngine& engine, const ModelConfig& config) {
+  auto sink = std::make_shared<WaitingSink>();
+  auto future = sink->Future();
+  GenerationRequest request;
+  request.prompt = {std::min(config.vocab_size - 1, 65)};
+  request.sampling.temperature = 0;
+  request.sampling.max_new_tokens = std::min(2, config.max_seq_len - 1);
+  request.sampling.ignore_eos = true;
+  request.sink = sink;
+  if (auto id = engine.Submit(std::move(request)); !id.ok()) return id.status();
+  GenerationUpdate final = future.get();
+  if (!final.status.ok()) {
+    return absl::Status(final.status.code(), absl::StrCat("warm-up: ", final.status.message()));
+  }
+  return absl::OkStatus();
+}
+
+DispatchConfig DispatchInForce(const ModelConfig& config, const ServerOptions& options) {
+  DispatchConfig dispatch = config.dispatch;
+  if (options.capacity_factor) dispatch.capacity_factor = *options.capacity_factor;
+  if (options.min_capacity) dispatch.min_capacity = *options.min_capacity;
+  if (options.overflow) dispatch.overflow = *options.overflow;
+  return dispatch;
+}
+
+int Fail(const absl::Status& status) {
+  Log(absl::StrCat("error: ", status.ToString()));
+  return 1;
+}
+
+int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
+  if (options.device == DeviceKind::kCuda) {
+    return Fail(absl::FailedPreconditionError(
+        "--device cuda: this build has no CUDA backend; use --device cpu"));
+  }
+  if (options.device == DeviceKind::kAuto) Log("--device auto: no CUDA backend built, using cpu");
+
+  const std::string model_dir =
+      options.model_dir.empty() ? DefaultModelDirectory() : options.model_dir;
+  Log(absl::StrCat("loading model from ", model_dir));
+  auto model = LoadModel(model_dir);
+  if (!model.ok()) return Fail(model.status());
+  const ModelConfig& config = (*model)->config;
+  const DispatchConfig dispatch = DispatchInForce(config, options);
+
+  std::unique_ptr<Backend> backend =
+      CreateCpuBackend(config, (*model)->weights, dispatch, CpuBackendOptions{options.threads});
+  if (options.debug_step_delay_ms > 0) {
+    Log(absl::StrCat("--debug-step-delay-ms ", options.debug_step_delay_ms,
+                     ": every engine step is slowed down (testing aid)"));
+    backend = std::make_unique<SlowedBackend>(
+        std::move(backend), std::chrono::milliseconds(options.debug_step_delay_ms));
+  }
+
+  // KV cache: the byte budget, but never more than max_running_requests full
+  // contexts, and at least one full context.
+  const int block_size = options.kv_block_size;
+  const int64_t bytes_per_block = backend->KvBytesPerToken() * block_size;
+  const int64_t useful_blocks =
+      (int64_t{options.max_running_requests} * config.max_seq_len + block_size - 1) / block_size;
+  const int64_t num_blocks = std::min(options.kv_cache_bytes / bytes_per_block, useful_blocks);
+  if (num_blocks * block_size < config.max_seq_len) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--kv-cache-bytes: ", options.kv_cache_bytes, " bytes hold ", num_blocks * block_size,
+        " tokens, less than one full context of ", config.max_seq_len, " tokens (",
+        backend->KvBytesPerToken(), " bytes per token)")));
+  }
+  if (absl::Status status = backend->InitKvCache(num_blocks, block_size); !status.ok()) {
+    return Fail(status);
+  }
+
+  EngineOptions engine_options;
+  engine_options.scheduler.max_batch_tokens = options.max_batch_tokens;
+  engine_options.scheduler.max_running_requests = options.max_running_requests;
+  engine_options.num_kv_blocks = num_blocks;
+  engine_options.kv_block_size = block_size;
+  engine_options.max_queue = options.max_queue;
+  engine_options.context_length = config.max_seq_len;
+  engine_options.eos_token_id = config.eos_token_id;
+  // Metrics: the engine observer feeds them once per step and per finished
+  // request; the exposer serves them from its own threads.
+  std::shared_ptr<prometheus::Registry> registry;
+  std::unique_ptr<ServingMetrics> serving_metrics;
+  std::shared_ptr<MoeMetrics> moe_metrics;
+  std::unique_ptr<EngineMetricsObserver> observer;
+  std::unique_ptr<MetricsExposer> exposer;
+  if (options.metrics_port != 0) {
+    registry = std::make_shared<prometheus::Registry>();
+    serving_metrics = std::make_unique<ServingMetrics>(*registry);
+    std::vector<std::shared_ptr<prometheus::Collectable>> collectables = {registry};
+    if (options.moe_metrics) {
+      moe_metrics = std::make_shared<MoeMetrics>(EnumerateRouters(config));
+      collectables.push_back(moe_metrics);
+    }
+    observer = std::make_unique<EngineMetricsObserver>(serving_metrics.get(), moe_metrics.get(),
+                                                       num_blocks);
+    auto started = MetricsExposer::Start(options.host, options.metrics_port, collectables);
+    if (!started.ok()) return Fail(started.status());
+    exposer = std::move(*started);
+  }
+  GenerationEngine engine(engine_options, backend.get(), (*model)->tokenizer.get(), observer.get());
+  engine.Start();
+  if (absl::Status status = WarmUp(engine, config); !status.ok()) return Fail(status);
+
+  std::unique_ptr<BearerTokenAuth> auth;
+  if (!options.auth_token_file.empty()) {
+    auto loaded = BearerTokenAuth::FromFile(options.auth_token_file);
+    if (!loaded.ok()) return Fail(loaded.status());
+    auth = std::move(*loaded);
+  }
+  auto credentials = MakeServerCredentials(options.tls);
+  if (!credentials.ok()) return Fail(credentials.status());
+
+  GenerationServiceOptions service_options;
+  service_options.engine = &engine;
+  service_options.tokenizer = (*model)->tokenizer.get();
+  service_options.config = &config;
+  service_options.dispatch = dispatch;
+  service_options.device = "cpu";
+  service_options.limits.vocab_size = config.vocab_size;
+  service_options.limits.context_length = config.max_seq_len;
+  service_options.auth = auth.get();
+  service_options.metrics = serving_metrics.get();
+  GenerationService service(service_options);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int bound_port = 0;
+  const std::string address = ListenAddress(options);
+  builder.AddListeningPort(address, *credentials, &bound_port);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_request_bytes));
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || bound_port == 0) {
+    return Fail(absl::UnavailableError(absl::StrCat("cannot listen on ", address)));
+  }
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  health->SetServingStatus(v1::Generation::service_full_name(), true);
+  health->SetServingStatus(true);
+
+  Log(absl::StrFormat(
+      "model %s (%s): %s, %d layers, d_model %d, vocab %d, context %d, tokenizer %s",
+      config.name.empty() ? "(unnamed)" : config.name, model_dir, ArchitectureName(config),
+      config.n_layers, config.d_model, config.vocab_size, config.max_seq_len,
+      config.tokenizer == TokenizerKind::kByte ? "byte" : "sentencepiece"));
+  Log(absl::StrFormat("dispatch: capacity_factor %g%s, min_capacity %d, overflow %s",
+                      dispatch.capacity_factor, dispatch.Dropless() ? " (dropless)" : "",
+                      dispatch.min_capacity, std::string(ToString(dispatch.overflow))));
+  Log(absl::StrFormat("backend %s, threads %s; KV cache %d blocks x %d tokens = %d tokens (%d MiB)",
+                      std::string(backend->name()),
+                      options.threads == 0 ? "all" : std::to_string(options.threads), num_blocks,
+                      block_size, num_blocks * block_size, num_blocks * bytes_per_block >> 20));
+  Log(
+      absl::StrFormat("scheduler: max_batch_tokens %d, max_running_requests %d, max_queue %d, "
+                      "max_request_bytes %d, drain_timeout_s %g",
+                      options.max_batch_tokens, options.max_running_requests, options.max_queue,
+                      options.max_request_bytes, options.drain_timeout_s));
+  Log(absl::StrFormat("security: %s, %s",
+                      !options.tls.enabled()               ? "plaintext"
+                      : options.tls.client_ca_file.empty() ? "TLS"
+                                                           : "mTLS (client certificates required)",
+                      auth ? "bearer token required" : "no authentication"));
+  if (exposer != nullptr) {
+    Log(absl::StrCat("metrics on http://", options.host, ":", exposer->port(), "/metrics",
+                     moe_metrics ? "" : " (--no-moe-metrics: serving and process only)"));
+  } else {
+    Log("metrics disabled (--metrics-port 0)");
+  }
+  Log(absl::StrCat("listening on ", options.host, ":", bound_port,
+                   " (grpc: switchserve.v1.Generation, grpc.health.v1.Health, reflection)"));
+
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  Log(absl::StrCat("received ", strsignal(signal_number), ": draining (", service.calls_in_flight(),
+                   " calls running, up to ", options.drain_timeout_s, " s)"));
+  health->SetServingStatus(false);
+  service.StartDraining();
+  const auto drain_timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(options.drain_timeout_s * 1000.0));
+  if (!service.WaitUntilIdle(drain_timeout)) {
+    Log(absl::StrCat("drain timeout: cancelling ", service.calls_in_flight(), " calls"));
+  }
+  engine.Stop();  // ends whatever is left; those calls get UNAVAILABLE
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  server->Wait();
+  Log("stopped");
+  return 0;
+}
+
+}  // namespace
+
+int RunServeCommand(int argc, char** argv) {
+  // Every thread created from here on (gRPC, engine, OpenMP) inherits the
+  // mask; only this thread receives the stop signals, in sigwait.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  absl::SetProgramUsageMessage("switchserve serve [--flags]: serve a model over gRPC");
+  absl::ParseCommandLine(argc, argv);  // main() already turned --a-b into --a_b
+  auto options = ServerOptionsFromFlags();
+  if (!options.ok()) {
+    std::fprintf(stderr, "switchserve serve: %s\n",
+                 std::string(options.status().message()).c_str());
+    return 2;
+  }
+  return Serve(*options, stop_signals);
+}
+
+}  // namespace switchserve

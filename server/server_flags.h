@@ -1,0 +1,64 @@
+// The `switchserve serve` configuration: every flag, parsed and validated once
+// into ServerOptions. The defaults live in the flag definitions
+// (server_flags.cc) and nowhere else; docs/serving.md lists them.
+#ifndef SWITCHSERVE_SERVER_SERVER_FLAGS_H_
+#define SWITCHSERVE_SERVER_SERVER_FLAGS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/model_config.h"
+
+namespace switchserve {
+
+enum class DeviceKind { kCpu, kCuda, kAuto };
+
+struct TlsOptions {
+  std::string cert_file;       // PEM server certificate chain
+  std::string key_file;        // PEM private key
+  std::string client_ca_file;  // PEM CA bundle; set: clients must present a cert (mTLS)
+
+  bool enabled() const { return !cert_file.empty(); }
+};
+
+struct ServerOptions {
+  std::string model_dir;  // empty: DefaultModelDirectory()
+  std::string host;
+  int port = 0;
+  int metrics_port = 0;  // 0 disables
+  bool moe_metrics = true;  // false: --no-moe-metrics (serving and process metrics only)
+  DeviceKind device = DeviceKind::kCpu;
+  int threads = 0;  // backend threads; 0: all cores
+  // KV cache budget. The cache never gets larger than max_running_requests
+  // full contexts, so small models do not reserve memory they cannot use.
+  int64_t kv_cache_bytes = 0;
+  int kv_block_size = 0;
+  int64_t max_batch_tokens = 0;
+  int max_running_requests = 0;
+  int max_queue = 0;
+  int64_t max_request_bytes = 0;
+  // Overrides of the model's dispatch config; unset: the model's value.
+  std::optional<double> capacity_factor;
+  std::optional<OverflowPolicy> overflow;
+  std::optional<int> min_capacity;
+  double drain_timeout_s = 0;
+  TlsOptions tls;
+  std::string auth_token_file;  // empty: no authentication
+  // Testing aid: every engine step takes at least this long, so tests can
+  // observe requests in flight (drain, cancellation) with tiny models.
+  int debug_step_delay_ms = 0;
+};
+
+// Reads and validates the `serve` flags (after absl::ParseCommandLine).
+// INVALID_ARGUMENT names the flag.
+absl::StatusOr<ServerOptions> ServerOptionsFromFlags();
+
+// "host:port" as gRPC wants it (IPv6 hosts bracketed).
+std::string ListenAddress(const ServerOptions& options);
+
+}  // namespace switchserve
+
+#endif  // SWITCHSERVE_SERVER_SERVER_FLAGS_H_

@@ -1,0 +1,30 @@
+// Request parsing and response serialization for the methods the Generation
+// service handles as raw gRPC byte buffers (Generate, GenerateStream,
+// Tokenize). Parsing them ourselves lets a string field with invalid UTF-8 be
+// reported as INVALID_ARGUMENT naming the field, instead of a generic
+// deserialization failure from inside gRPC.
+#ifndef SWITCHSERVE_SERVER_WIRE_FORMAT_H_
+#define SWITCHSERVE_SERVER_WIRE_FORMAT_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "google/protobuf/message.h"
+#include "grpcpp/support/byte_buffer.h"
+
+namespace switchserve {
+
+// Parses `buffer` into `message`. INVALID_ARGUMENT "text: is not valid UTF-8"
+// (the field's path, e.g. "sampling.stop") or "malformed <type> message".
+absl::Status ParseMessage(const grpc::ByteBuffer& buffer, google::protobuf::Message* message);
+
+// The path of the first string field of `bytes` (a serialized message of
+// `type`) whose value is not valid UTF-8, or "" when there is none.
+std::string FindInvalidUtf8Field(const std::string& bytes,
+                                 const google::protobuf::Descriptor& type);
+
+grpc::ByteBuffer SerializeMessage(const google::protobuf::Message& message);
+
+}  // namespace switchserve
+
+#endif  // SWITCHSERVE_SERVER_WIRE_FORMAT_H_

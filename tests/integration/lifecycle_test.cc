@@ -1,0 +1,81 @@
+// SIGTERM drain of the real server: readiness goes false, running streams
+// complete, new calls get UNAVAILABLE, the process exits 0.
+#include <signal.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "gtest/gtest.h"
+#include "tests/integration/server_process.h"
+#include "tests/integration/test_clients.h"
+
+namespace switchserve::testing {
+namespace {
+
+TEST(LifecycleTest, SigtermDrainsRunningStreamsAndExitsZero) {
+  auto server = ServerProcess::Start({"--debug-step-delay-ms", "25", "--drain-timeout-s", "30"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto channel = (*server)->Channel();
+  auto stub = v1::Generation::NewStub(channel);
+  constexpr int kStreams = 8;
+  constexpr int kTokens = 40;  // about a second at 25 ms per step
+
+  std::atomic<int> started{0};
+  std::vector<StreamResult> results(kStreams);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kStreams; ++i) {
+    threads.emplace_back([&, i] {
+      v1::GenerateRequest request = TextRequest("drain " + std::to_string(i), kTokens);
+      request.mutable_sampling()->set_ignore_eos(true);
+      auto context = ContextWithDeadline(60);
+      auto reader = stub->GenerateStream(context.get(), request);
+      v1::GenerateStreamResponse message;
+      StreamResult& result = results[i];
+      while (reader->Read(&message)) {
+        if (result.messages++ == 0) ++started;
+        result.token_ids.insert(result.token_ids.end(), message.token_ids().begin(),
+                                message.token_ids().end());
+        result.last = message;
+      }
+      result.status = reader->Finish();
+    });
+  }
+  while (started.load() < kStreams) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  (*server)->Signal(SIGTERM);
+
+  // While the streams drain: not ready, and new calls are refused.
+  bool saw_not_serving = false, saw_unavailable = false;
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  for (int i = 0; i < 100 && !(saw_not_serving && saw_unavailable); ++i) {
+    grpc::health::v1::HealthCheckResponse response;
+    auto health_context = ContextWithDeadline(5);
+    if (health->Check(health_context.get(), {}, &response).ok() &&
+        response.status() == grpc::health::v1::HealthCheckResponse::NOT_SERVING) {
+      saw_not_serving = true;
+    }
+    v1::GenerateResponse generated;
+    auto context = ContextWithDeadline(5);
+    if (stub->Generate(context.get(), TextRequest("late", 2), &generated).error_code() ==
+        grpc::StatusCode::UNAVAILABLE) {
+      saw_unavailable = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(saw_not_serving);
+  EXPECT_TRUE(saw_unavailable);
+
+  for (auto& thread : threads) thread.join();
+  for (int i = 0; i < kStreams; ++i) {
+    EXPECT_TRUE(results[i].status.ok()) << i << ": " << results[i].status.error_message();
+    EXPECT_EQ(results[i].token_ids.size(), static_cast<size_t>(kTokens)) << i;
+    EXPECT_TRUE(results[i].last.finished()) << i;
+  }
+  EXPECT_EQ((*server)->WaitForExit(30), 0) << (*server)->Log();
+}
+
+}  // namespace
+}  // namespace switchserve::testing

@@ -1,0 +1,67 @@
+// Small synchronous client helpers shared by the C++ integration tests.
+#ifndef SWITCHSERVE_TESTS_INTEGRATION_TEST_CLIENTS_H_
+#define SWITCHSERVE_TESTS_INTEGRATION_TEST_CLIENTS_H_
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "grpcpp/channel.h"
+#include "grpcpp/client_context.h"
+#include "switchserve/v1/generation.grpc.pb.h"
+
+namespace switchserve::testing {
+
+// A ClientContext with a deadline `seconds` from now (bounded waits).
+inline std::unique_ptr<grpc::ClientContext> ContextWithDeadline(double seconds = 60) {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
+  return context;
+}
+
+inline v1::GenerateRequest TextRequest(const std::string& text, int max_new_tokens,
+                                       float temperature = 0.0f) {
+  v1::GenerateRequest request;
+  request.set_text(text);
+  request.mutable_sampling()->set_max_new_tokens(max_new_tokens);
+  request.mutable_sampling()->set_temperature(temperature);
+  return request;
+}
+
+struct StreamResult {
+  grpc::Status status;
+  std::string text;
+  std::vector<int32_t> token_ids;
+  int messages = 0;
+  v1::GenerateStreamResponse last;
+};
+
+// Reads a whole stream.
+inline StreamResult ReadStream(v1::Generation::Stub& stub, const v1::GenerateRequest& request,
+                               grpc::ClientContext* context) {
+  StreamResult result;
+  auto reader = stub.GenerateStream(context, request);
+  v1::GenerateStreamResponse message;
+  while (reader->Read(&message)) {
+    result.text += message.text();
+    result.token_ids.insert(result.token_ids.end(), message.token_ids().begin(),
+                            message.token_ids().end());
+    ++result.messages;
+    result.last = message;
+  }
+  result.status = reader->Finish();
+  return result;
+}
+
+inline v1::ModelInfo GetInfo(v1::Generation::Stub& stub) {
+  v1::ModelInfo info;
+  auto context = ContextWithDeadline(10);
+  grpc::Status status = stub.GetModelInfo(context.get(), v1::GetModelInfoRequest(), &info);
+  return status.ok() ? info : v1::ModelInfo();
+}
+
+}  // namespace switchserve::testing
+
+#endif  // SWITCHSERVE_TESTS_INTEGRATION_TEST_CLIENTS_H_

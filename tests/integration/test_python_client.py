@@ -1,0 +1,347 @@
+"""The switchserve gRPC API from a Python grpcio client, against the real
+server process on a free loopback port (the port is read from its log)."""
+
+import concurrent.futures
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+
+import grpc
+import pytest
+
+import generation_pb2 as pb
+import generation_pb2_grpc as pb_grpc
+import health_pb2
+import health_pb2_grpc
+import reflection_pb2
+import reflection_pb2_grpc
+
+BINARY = os.environ["SWITCHSERVE_BINARY"]
+SOURCE_DIR = os.environ["SWITCHSERVE_SOURCE_DIR"]
+MODEL = os.path.join(SOURCE_DIR, "tests/golden/switchall_f16")
+CONTEXT = 64
+
+
+class Server:
+    """A `switchserve serve` process; stopped (SIGKILL) by close()."""
+
+    def __init__(self, *extra_args):
+        self.dir = tempfile.mkdtemp(prefix="switchserve_py_")
+        self.log_path = os.path.join(self.dir, "server.log")
+        with open(self.log_path, "w") as log:
+            self.process = subprocess.Popen(
+                [BINARY, "serve", "--model", MODEL, "--host", "127.0.0.1", "--port", "0",
+                 "--metrics-port", "0", "--threads", "1", *extra_args],
+                stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            match = re.search(r"listening on 127\.0\.0\.1:(\d+)", self.log())
+            if match:
+                self.port = int(match.group(1))
+                self.address = f"127.0.0.1:{self.port}"
+                return
+            if self.process.poll() is not None:
+                raise RuntimeError("server exited during startup:\n" + self.log())
+            time.sleep(0.02)
+        self.close()
+        raise RuntimeError("server did not start:\n" + self.log())
+
+    def log(self):
+        with open(self.log_path) as f:
+            return f.read()
+
+    def channel(self):
+        return grpc.insecure_channel(self.address)
+
+    def close(self):
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server()
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def stub(server):
+    with server.channel() as channel:
+        yield pb_grpc.GenerationStub(channel)
+
+
+def text_request(text, max_new_tokens, temperature=0.0, **kwargs):
+    return pb.GenerateRequest(
+        text=text,
+        sampling=pb.SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature,
+                                   **kwargs))
+
+
+def expect_good_request_works(stub):
+    response = stub.Generate(text_request("still alive?", 5), timeout=60)
+    assert len(response.token_ids) == 5
+
+
+def test_unary_and_streaming_agree(stub):
+    request = text_request("The experts say", 30, temperature=0.9, seed=99, top_k=40, min_p=0.01)
+    request.logprobs = 2
+    unary = stub.Generate(request, timeout=60)
+    assert unary.usage.prompt_tokens == 15
+    assert unary.usage.completion_tokens == len(unary.token_ids) > 0
+    assert unary.finish_reason != pb.FINISH_REASON_UNSPECIFIED
+    assert len(unary.tokens) == len(unary.token_ids)
+    assert len(unary.tokens[0].top_logprobs) == 2
+    messages = list(stub.GenerateStream(request, timeout=60))
+    assert "".join(m.text for m in messages) == unary.text
+    assert [t for m in messages for t in m.token_ids] == list(unary.token_ids)
+    assert messages[-1].finished and messages[-1].finish_reason == unary.finish_reason
+    assert not any(m.finished for m in messages[:-1])
+    # Same seed, same tokens.
+    assert stub.Generate(request, timeout=60).token_ids == unary.token_ids
+
+
+def test_stop_string_and_stop_token(stub):
+    reference = stub.Generate(text_request("stop test", 20, ignore_eos=True), timeout=60)
+    stop = reference.text[6:8]
+    stopped = stub.Generate(text_request("stop test", 20, stop=[stop]), timeout=60)
+    assert stopped.finish_reason == pb.FINISH_REASON_STOP
+    assert stopped.text == reference.text[:reference.text.find(stop)]
+    streamed = "".join(m.text for m in
+                       stub.GenerateStream(text_request("stop test", 20, stop=[stop]), timeout=60))
+    assert streamed == stopped.text
+    by_id = stub.Generate(text_request("stop test", 20, stop_token_ids=[reference.token_ids[3]]),
+                          timeout=60)
+    assert by_id.finish_reason == pb.FINISH_REASON_STOP
+    assert list(by_id.token_ids) == list(reference.token_ids[:list(reference.token_ids).index(
+        reference.token_ids[3]) + 1])
+
+
+def test_tokenize_and_model_info(stub):
+    assert list(stub.Tokenize(pb.TokenizeRequest(text="hé!"), timeout=10).token_ids) == [
+        104, 0xC3, 0xA9, 33]
+    info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+    assert info.context_length == CONTEXT and info.vocab_size == 256
+    assert info.tokenizer == "byte" and info.device == "cpu"
+    assert info.cache.total_blocks > 0 and info.cache.block_size == 16
+
+
+def test_health_and_reflection(server):
+    with server.channel() as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "switchserve.v1.Generation"):
+            response = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+            assert response.status == health_pb2.HealthCheckResponse.SERVING
+        reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+        responses = reflection.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10)
+        names = [s.name for r in responses for s in r.list_services_response.service]
+        assert "switchserve.v1.Generation" in names
+        assert "grpc.health.v1.Health" in names
+
+
+def test_greedy_same_alone_and_among_32_concurrent(stub):
+    requests = [text_request(f"python {i * 13}:", 24, ignore_eos=True) for i in range(32)]
+    alone = [stub.Generate(r, timeout=60).text for r in requests]
+    futures = [stub.Generate.future(r, timeout=120) for r in requests]
+    together = [f.result().text for f in futures]
+    assert together == alone
+
+
+def wait_for_idle_cache(stub):
+    for _ in range(1000):
+        cache = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).cache
+        if cache.used_blocks == 0 and cache.running_requests == 0 and cache.waiting_requests == 0:
+            return cache
+        time.sleep(0.01)
+    raise AssertionError(f"KV blocks still in use: {cache}")
+
+
+def test_64_streams_then_32_cancelled_free_their_blocks():
+    server = Server("--debug-step-delay-ms", "2")
+    try:
+        with server.channel() as channel:
+            stub = pb_grpc.GenerationStub(channel)
+
+            def consume(i):
+                messages = list(stub.GenerateStream(
+                    text_request(f"py stream {i}", 40, 0.8, seed=i, ignore_eos=True),
+                    timeout=120))
+                return sum(len(m.token_ids) for m in messages), messages[-1]
+
+            with concurrent.futures.ThreadPoolExecutor(64) as pool:
+                results = list(pool.map(consume, range(64)))
+            assert all(n == 40 and last.finished for n, last in results)
+
+            def maybe_cancel(i):
+                call = stub.GenerateStream(text_request(f"py again {i}", 50, 0.8, ignore_eos=True),
+                                           timeout=120)
+                seen = 0
+                try:
+                    for _ in call:
+                        seen += 1
+                        if i % 2 == 0 and seen == 3:
+                            call.cancel()
+                except grpc.RpcError as error:
+                    return error.code()
+                return grpc.StatusCode.OK
+
+            with concurrent.futures.ThreadPoolExecutor(64) as pool:
+                codes = list(pool.map(maybe_cancel, range(64)))
+            assert codes[0::2] == [grpc.StatusCode.CANCELLED] * 32
+            assert codes[1::2] == [grpc.StatusCode.OK] * 32
+            wait_for_idle_cache(stub)
+    finally:
+        server.close()
+
+
+def raw_generate(channel, payload):
+    """Sends hand-encoded GenerateRequest bytes (Python strings cannot hold
+    invalid UTF-8)."""
+    method = channel.unary_unary("/switchserve.v1.Generation/Generate",
+                                 request_serializer=lambda b: b,
+                                 response_deserializer=pb.GenerateResponse.FromString)
+    return method(payload, timeout=30)
+
+
+BAD_INPUTS = [
+    ("empty text", pb.GenerateRequest(text=""), "text"),
+    ("no prompt", pb.GenerateRequest(), "prompt"),
+    ("empty token ids", pb.GenerateRequest(token_ids=pb.TokenIds()), "token_ids"),
+    ("id outside vocabulary", pb.GenerateRequest(token_ids=pb.TokenIds(ids=[1, 256])), "token_ids"),
+    ("prompt longer than context", pb.GenerateRequest(text="a" * 80), "context length is 64"),
+    ("negative temperature", text_request("x", 4, temperature=-1.0), "sampling.temperature"),
+    ("top_p zero", text_request("x", 4, top_p=0.0), "sampling.top_p"),
+    ("top_p above one", text_request("x", 4, top_p=1.01), "sampling.top_p"),
+    ("negative top_k", text_request("x", 4, top_k=-3), "sampling.top_k"),
+    ("min_p above one", text_request("x", 4, min_p=1.5), "sampling.min_p"),
+    ("repetition penalty zero", text_request("x", 4, repetition_penalty=0.0),
+     "sampling.repetition_penalty"),
+    ("max_new_tokens zero", text_request("x", 0), "sampling.max_new_tokens"),
+    ("max_new_tokens over context", text_request("x", 64), "sampling.max_new_tokens"),
+    ("too many stop strings", text_request("x", 4, stop=[str(i) for i in range(17)]),
+     "sampling.stop"),
+    ("stop id outside vocabulary", text_request("x", 4, stop_token_ids=[1000]),
+     "sampling.stop_token_ids"),
+    ("too many logprobs", pb.GenerateRequest(text="x", logprobs=50), "logprobs"),
+]
+
+
+@pytest.mark.parametrize("name,request_message,field", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_bad_input_is_invalid_argument(stub, name, request_message, field):
+    for call in (stub.Generate, lambda r, timeout: list(stub.GenerateStream(r, timeout=timeout))):
+        with pytest.raises(grpc.RpcError) as error:
+            call(request_message, timeout=30)
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT, name
+        assert field in error.value.details()
+        expect_good_request_works(stub)
+
+
+def test_invalid_utf8_prompt(server, stub):
+    with server.channel() as channel:
+        with pytest.raises(grpc.RpcError) as error:
+            raw_generate(channel, b"\x0a\x03a\xff\xfe")  # field 1 (text), 3 bytes
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "text" in error.value.details()
+    expect_good_request_works(stub)
+
+
+def make_certs():
+    directory = tempfile.mkdtemp(prefix="switchserve_certs_")
+    subprocess.run([os.path.join(SOURCE_DIR, "tests/integration/make_test_certs.sh"), directory],
+                   check=True)
+    read = lambda name: open(os.path.join(directory, name), "rb").read()
+    return directory, read
+
+
+def tokenize(channel, metadata=None):
+    return pb_grpc.GenerationStub(channel).Tokenize(pb.TokenizeRequest(text="hi"), timeout=10,
+                                                    metadata=metadata)
+
+
+def test_tls_and_mtls():
+    directory, read = make_certs()
+    path = lambda name: os.path.join(directory, name)
+    server = Server("--tls-cert", path("server.pem"), "--tls-key", path("server.key"))
+    try:
+        credentials = grpc.ssl_channel_credentials(root_certificates=read("ca.pem"))
+        with grpc.secure_channel(server.address, credentials) as channel:
+            assert list(tokenize(channel).token_ids) == [104, 105]
+        with server.channel() as channel, pytest.raises(grpc.RpcError) as error:
+            tokenize(channel)
+        assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        server.close()
+
+    server = Server("--tls-cert", path("server.pem"), "--tls-key", path("server.key"),
+                    "--tls-client-ca", path("ca.pem"))
+    try:
+        with_cert = grpc.ssl_channel_credentials(read("ca.pem"), read("client.key"),
+                                                 read("client.pem"))
+        with grpc.secure_channel(server.address, with_cert) as channel:
+            assert list(tokenize(channel).token_ids) == [104, 105]
+        without_cert = grpc.ssl_channel_credentials(root_certificates=read("ca.pem"))
+        with grpc.secure_channel(server.address, without_cert) as channel:
+            with pytest.raises(grpc.RpcError) as error:
+                tokenize(channel)
+            assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        server.close()
+
+
+def test_bearer_token():
+    directory = tempfile.mkdtemp(prefix="switchserve_token_")
+    token_file = os.path.join(directory, "token")
+    with open(token_file, "w") as f:
+        f.write("py-token\n")
+    server = Server("--auth-token-file", token_file)
+    try:
+        with server.channel() as channel:
+            for metadata in (None, [("authorization", "Bearer nope")]):
+                with pytest.raises(grpc.RpcError) as error:
+                    tokenize(channel, metadata)
+                assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert tokenize(channel, [("authorization", "Bearer py-token")]).token_ids
+            health = health_pb2_grpc.HealthStub(channel)
+            assert health.Check(health_pb2.HealthCheckRequest(), timeout=10).status == \
+                health_pb2.HealthCheckResponse.SERVING
+    finally:
+        server.close()
+
+
+def test_sigterm_drains_running_streams():
+    server = Server("--debug-step-delay-ms", "25")
+    try:
+        with server.channel() as channel:
+            stub = pb_grpc.GenerationStub(channel)
+            started = threading.Barrier(9)
+
+            def stream(i):
+                tokens, first, last = 0, True, None
+                for message in stub.GenerateStream(
+                        text_request(f"drain {i}", 40, ignore_eos=True), timeout=60):
+                    tokens += len(message.token_ids)
+                    last = message
+                    if first:
+                        first = False
+                        started.wait(timeout=30)
+                return tokens, last.finished
+
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                futures = [pool.submit(stream, i) for i in range(8)]
+                started.wait(timeout=30)
+                server.process.send_signal(signal.SIGTERM)
+                with pytest.raises(grpc.RpcError) as error:
+                    for _ in range(100):
+                        stub.Generate(text_request("late", 2), timeout=5)
+                        time.sleep(0.005)
+                assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+                assert [f.result() for f in futures] == [(40, True)] * 8
+        assert server.process.wait(timeout=30) == 0
+    finally:
+        server.close()

@@ -1,0 +1,79 @@
+#include "engine/detokenizer.h"
+
+#include <string>
+#include <vector>
+
+#include "engine/tokenizer.h"
+#include "gtest/gtest.h"
+#include "tests/util/fake_backend.h"
+
+namespace switchserve {
+namespace {
+
+// Feeds `bytes` one id per byte; returns the released chunks.
+std::vector<std::string> Feed(const std::string& bytes, std::vector<std::string> stops,
+                              bool* stopped_out = nullptr) {
+  auto tokenizer = CreateByteTokenizer();
+  IncrementalDetokenizer detok(tokenizer.get(), std::move(stops));
+  std::vector<std::string> chunks;
+  bool stopped = false;
+  for (unsigned char c : bytes) {
+    chunks.push_back(detok.Add(c, &stopped));
+    if (stopped) break;
+  }
+  if (!stopped) chunks.push_back(detok.Finish());
+  if (stopped_out) *stopped_out = stopped;
+  return chunks;
+}
+
+std::string Join(const std::vector<std::string>& chunks) {
+  std::string out;
+  for (const auto& c : chunks) out += c;
+  return out;
+}
+
+TEST(DetokenizerTest, NeverSplitsMultiByteCharacters) {
+  const std::string text = "a\xC3\xA9z\xE2\x82\xAC\xF0\x9F\x98\x80";  // aéz€😀
+  const auto chunks = Feed(text, {});
+  for (const auto& chunk : chunks) EXPECT_TRUE(IsValidUtf8(chunk)) << chunk;
+  EXPECT_EQ(Join(chunks), text);
+  EXPECT_EQ(chunks[1], "");  // first byte of é held back
+  EXPECT_EQ(chunks[2], "\xC3\xA9");
+}
+
+TEST(DetokenizerTest, InvalidBytesBecomeReplacementCharacter) {
+  EXPECT_EQ(Join(Feed("a\xFF"
+                      "b",
+                      {})),
+            "a\xEF\xBF\xBD"
+            "b");
+  EXPECT_EQ(Join(Feed("a\xE2\x82", {})), "a\xEF\xBF\xBD");  // truncated at the end
+  EXPECT_EQ(Join(Feed("\xED\xA0\x80", {})), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // surrogate
+}
+
+TEST(DetokenizerTest, StopStringEndsTextBeforeIt) {
+  bool stopped = false;
+  const auto chunks = Feed("hello world, bye", {"wor", "xyz"}, &stopped);
+  EXPECT_TRUE(stopped);
+  EXPECT_EQ(Join(chunks), "hello ");
+}
+
+TEST(DetokenizerTest, HoldsBackPossibleStopPrefixThenReleasesIt) {
+  const auto chunks = Feed("abcab", {"abd"});
+  EXPECT_EQ(chunks[0], "");  // "a" may start "abd"
+  EXPECT_EQ(chunks[1], "");  // "ab" too
+  EXPECT_EQ(chunks[2], "abc");
+  EXPECT_EQ(Join(chunks), "abcab");
+}
+
+TEST(DetokenizerTest, UtilityFunctions) {
+  EXPECT_TRUE(IsValidUtf8("plain \xE2\x82\xAC"));
+  EXPECT_FALSE(IsValidUtf8("\xC0\xAF"));          // overlong
+  EXPECT_FALSE(IsValidUtf8("\xF4\x90\x80\x80"));  // > U+10FFFF
+  std::string out;
+  EXPECT_EQ(AppendSanitizedUtf8("ab\xE2\x82", false, &out), 2u);
+  EXPECT_EQ(out, "ab");
+}
+
+}  // namespace
+}  // namespace switchserve

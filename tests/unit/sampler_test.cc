@@ -1,0 +1,105 @@
+#include "engine/sampler.h"
+
+#include <map>
+#include <set>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace switchserve {
+namespace {
+
+SamplingParams Greedy() {
+  SamplingParams p;
+  p.temperature = 0;
+  return p;
+}
+
+TEST(SamplerTest, GreedyPicksArgmaxLowestIdOnTies) {
+  SamplerRng rng(1);
+  const std::vector<float> logits = {0.1f, 3.0f, 3.0f, -1.0f};
+  EXPECT_EQ(SampleToken(logits, Greedy(), {}, 0, rng).token_id, 1);
+}
+
+TEST(SamplerTest, RepetitionPenaltyDemotesSeenTokens) {
+  SamplerRng rng(1);
+  SamplingParams p = Greedy();
+  p.repetition_penalty = 2.0f;
+  const std::vector<float> logits = {3.0f, 2.0f, -1.0f};
+  EXPECT_EQ(SampleToken(logits, p, {0}, 0, rng).token_id, 1);  // 3/2 < 2
+  const std::vector<float> negative = {-1.0f, -1.5f};
+  EXPECT_EQ(SampleToken(negative, p, {0}, 0, rng).token_id, 1);  // -2 < -1.5
+}
+
+TEST(SamplerTest, SameSeedSameTokens) {
+  std::vector<float> logits(50);
+  for (int i = 0; i < 50; ++i) logits[i] = static_cast<float>(i % 7) * 0.3f;
+  SamplingParams p;
+  p.temperature = 1.0f;
+  auto draw = [&](uint64_t seed) {
+    SamplerRng rng(seed);
+    std::vector<int32_t> out;
+    for (int i = 0; i < 32; ++i) out.push_back(SampleToken(logits, p, {}, 0, rng).token_id);
+    return out;
+  };
+  EXPECT_EQ(draw(42), draw(42));
+  EXPECT_NE(draw(42), draw(43));
+}
+
+TEST(SamplerTest, TopKKeepsOnlyKBest) {
+  const std::vector<float> logits = {1.0f, 5.0f, 4.0f, 0.0f, 4.5f};
+  SamplingParams p;
+  p.temperature = 5.0f;  // flat: without top-k every token shows up
+  p.top_k = 2;
+  SamplerRng rng(7);
+  std::set<int32_t> seen;
+  for (int i = 0; i < 500; ++i) seen.insert(SampleToken(logits, p, {}, 0, rng).token_id);
+  EXPECT_EQ(seen, (std::set<int32_t>{1, 4}));
+}
+
+TEST(SamplerTest, TopPKeepsSmallestNucleus) {
+  // Probabilities 0.5, 0.3, 0.2 at temperature 1.
+  const std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.2f)};
+  SamplingParams p;
+  p.top_p = 0.75f;
+  SamplerRng rng(3);
+  std::map<int32_t, int> counts;
+  for (int i = 0; i < 2000; ++i) ++counts[SampleToken(logits, p, {}, 0, rng).token_id];
+  EXPECT_EQ(counts.count(2), 0u);
+  EXPECT_NEAR(counts[0] / 2000.0, 0.5 / 0.8, 0.05);
+}
+
+TEST(SamplerTest, MinPDropsUnlikelyTokens) {
+  const std::vector<float> logits = {std::log(0.6f), std::log(0.3f), std::log(0.1f)};
+  SamplingParams p;
+  p.min_p = 0.4f;  // threshold 0.24: keeps 0 and 1
+  SamplerRng rng(5);
+  std::set<int32_t> seen;
+  for (int i = 0; i < 1000; ++i) seen.insert(SampleToken(logits, p, {}, 0, rng).token_id);
+  EXPECT_EQ(seen, (std::set<int32_t>{0, 1}));
+}
+
+TEST(SamplerTest, TemperatureMatchesSoftmax) {
+  const std::vector<float> logits = {0.0f, std::log(3.0f)};  // 1:3 at T=1
+  SamplingParams p;
+  p.temperature = 1.0f;
+  SamplerRng rng(11);
+  int ones = 0;
+  for (int i = 0; i < 4000; ++i) ones += SampleToken(logits, p, {}, 0, rng).token_id;
+  EXPECT_NEAR(ones / 4000.0, 0.75, 0.03);
+}
+
+TEST(SamplerTest, LogprobsAreRawLogSoftmaxMostLikelyFirst) {
+  const std::vector<float> logits = {std::log(0.2f), std::log(0.5f), std::log(0.3f)};
+  SamplerRng rng(1);
+  SampleResult r = SampleToken(logits, Greedy(), {}, 2, rng);
+  EXPECT_EQ(r.token_id, 1);
+  EXPECT_NEAR(r.logprob, std::log(0.5f), 1e-5);
+  ASSERT_EQ(r.top_logprobs.size(), 2u);
+  EXPECT_EQ(r.top_logprobs[0].first, 1);
+  EXPECT_EQ(r.top_logprobs[1].first, 2);
+  EXPECT_NEAR(r.top_logprobs[1].second, std::log(0.3f), 1e-5);
+}
+
+}  // namespace
+}  // namespace switchserve

@@ -1,0 +1,146 @@
+#include "engine/scheduler.h"
+
+#include <memory>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace switchserve {
+namespace {
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  void Init(int64_t blocks, int block_size, int64_t max_tokens, int max_running) {
+    allocator_ = std::make_unique<KvBlockAllocator>(blocks, block_size);
+    scheduler_ =
+        std::make_unique<Scheduler>(SchedulerConfig{max_tokens, max_running}, allocator_.get());
+  }
+  Sequence* Add(int prompt_len) {
+    auto seq = std::make_unique<Sequence>();
+    seq->id = static_cast<SequenceId>(seqs_.size() + 1);
+    seq->arrival_order = seq->id;
+    seq->tokens.assign(prompt_len, 7);
+    scheduler_->Add(seq.get());
+    seqs_.push_back(std::move(seq));
+    return seqs_.back().get();
+  }
+  // Commits the step and "samples" a token for every chunk that reached its end.
+  void Complete(const ScheduleResult& r) {
+    scheduler_->CommitStep(r);
+    for (const auto& c : r.chunks) {
+      if (c.samples) c.sequence->tokens.push_back(1);
+    }
+  }
+
+  std::unique_ptr<KvBlockAllocator> allocator_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::vector<std::unique_ptr<Sequence>> seqs_;
+};
+
+TEST_F(SchedulerTest, ChunksLongPromptUnderTokenBudget) {
+  Init(100, 4, 8, 4);
+  Sequence* a = Add(20);
+  ScheduleResult r = scheduler_->Schedule();
+  ASSERT_EQ(r.chunks.size(), 1u);
+  EXPECT_EQ(r.chunks[0].length, 8);
+  EXPECT_FALSE(r.chunks[0].samples);
+  Complete(r);
+  r = scheduler_->Schedule();
+  EXPECT_EQ(r.chunks[0].start, 8);
+  Complete(r);
+  r = scheduler_->Schedule();
+  EXPECT_EQ(r.chunks[0].length, 4);
+  EXPECT_TRUE(r.chunks[0].samples);
+  Complete(r);
+  EXPECT_EQ(a->tokens.size(), 21u);
+  r = scheduler_->Schedule();  // decode
+  EXPECT_EQ(r.decode_tokens, 1);
+  EXPECT_EQ(r.chunks[0].start, 20);
+}
+
+TEST_F(SchedulerTest, DecodesFirstThenAdmitsInArrivalOrder) {
+  Init(100, 4, 10, 8);
+  Sequence* a = Add(3);
+  Complete(scheduler_->Schedule());  // a prefilled, has its first token
+  Sequence* b = Add(6);
+  Sequence* c = Add(6);
+  ScheduleResult r = scheduler_->Schedule();
+  ASSERT_EQ(r.chunks.size(), 3u);
+  EXPECT_EQ(r.chunks[0].sequence, a);  // decode
+  EXPECT_EQ(r.chunks[0].length, 1);
+  EXPECT_EQ(r.chunks[1].sequence, b);
+  EXPECT_EQ(r.chunks[1].length, 6);
+  EXPECT_EQ(r.chunks[2].sequence, c);
+  EXPECT_EQ(r.chunks[2].length, 3);  // what is left of the budget of 10
+  EXPECT_EQ(r.num_tokens, 10);
+}
+
+TEST_F(SchedulerTest, RespectsMaxRunningRequests) {
+  Init(100, 4, 100, 2);
+  Add(2);
+  Add(2);
+  Sequence* c = Add(2);
+  ScheduleResult r = scheduler_->Schedule();
+  EXPECT_EQ(r.chunks.size(), 2u);
+  EXPECT_EQ(scheduler_->waiting().front(), c);
+}
+
+TEST_F(SchedulerTest, AdmissionWaitsForFreeBlocksFcfs) {
+  Init(4, 4, 100, 8);      // 16 tokens of cache
+  Add(12);                 // 3 blocks
+  Sequence* big = Add(8);  // 2 blocks: does not fit
+  Add(2);                  // would fit, but FCFS keeps it behind `big`
+  ScheduleResult r = scheduler_->Schedule();
+  ASSERT_EQ(r.chunks.size(), 1u);
+  EXPECT_EQ(scheduler_->waiting().front(), big);
+  EXPECT_EQ(scheduler_->waiting().size(), 2u);
+  scheduler_->Remove(seqs_[0].get());
+  EXPECT_EQ(allocator_->used_blocks(), 0);
+  r = scheduler_->Schedule();
+  EXPECT_EQ(r.chunks.size(), 2u);
+}
+
+TEST_F(SchedulerTest, PreemptsNewestByRecomputeWhenBlocksRunOut) {
+  Init(3, 4, 100, 8);
+  Sequence* a = Add(4);  // 1 block each: the cache is full
+  Sequence* b = Add(4);
+  Sequence* c = Add(4);
+  Complete(scheduler_->Schedule());
+  EXPECT_EQ(allocator_->free_blocks(), 0);
+  // Every sequence now needs one more block for its decode token.
+  ScheduleResult r = scheduler_->Schedule();
+  ASSERT_EQ(r.preempted.size(), 2u);
+  EXPECT_EQ(r.preempted[0], c);  // newest first
+  EXPECT_EQ(r.preempted[1], b);  // then b gives way to a, the oldest
+  ASSERT_EQ(r.chunks.size(), 1u);
+  EXPECT_EQ(r.chunks[0].sequence, a);
+  EXPECT_EQ(c->num_computed, 0);
+  EXPECT_EQ(c->num_preemptions, 1);
+  // Waiting queue stays in arrival order: b before c.
+  ASSERT_EQ(scheduler_->waiting().size(), 2u);
+  EXPECT_EQ(scheduler_->waiting()[0], b);
+  Complete(r);
+  scheduler_->Remove(a);
+  r = scheduler_->Schedule();  // b recomputes prompt + its generated token
+  ASSERT_GE(r.chunks.size(), 1u);
+  EXPECT_EQ(r.chunks[0].sequence, b);
+  EXPECT_EQ(r.chunks[0].start, 0);
+  EXPECT_EQ(r.chunks[0].length, 5);
+  EXPECT_TRUE(r.chunks[0].samples);
+}
+
+TEST_F(SchedulerTest, RemoveFreesBlocksOfRunningAndWaiting) {
+  Init(10, 4, 100, 8);
+  Sequence* a = Add(9);
+  Sequence* b = Add(40);  // cannot fit while a runs
+  scheduler_->Schedule();
+  EXPECT_EQ(allocator_->used_blocks(), 3);
+  scheduler_->Remove(a);
+  scheduler_->Remove(b);
+  EXPECT_EQ(allocator_->used_blocks(), 0);
+  EXPECT_TRUE(scheduler_->running().empty());
+  EXPECT_TRUE(scheduler_->waiting().empty());
+}
+
+}  // namespace
+}  // namespace switchserve
