@@ -21,7 +21,7 @@ build_packages=(
   libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   libabsl-dev prometheus-cpp-dev libopenblas-dev nlohmann-json3-dev
   libsentencepiece-dev sentencepiece libgtest-dev libgmock-dev libbenchmark-dev
-  python3 python3-numpy python3-grpcio python3-protobuf python3-pytest openssl
+  python3 python3-numpy python3-grpcio python3-protobuf python3-pytest python3-yaml openssl prometheus
 )
 
 if $runtime_only; then

@@ -61,7 +61,10 @@ class UnaryGenerateCall : public grpc::ServerUnaryReactor {
   void Start(GenerationRequest request) {
     request.sink = std::make_shared<CallSink<UnaryGenerateCall>>(this);
     absl::Status status = handle_.Submit(service_->engine(), std::move(request));
-    if (!status.ok()) Finish(ToGrpcStatus(status));
+    if (!status.ok()) {
+      service_->RecordRejected(status.code());
+      Finish(ToGrpcStatus(status));
+    }
   }
 
   // Engine thread.
@@ -111,6 +114,7 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     request.sink = std::make_shared<CallSink<StreamingGenerateCall>>(this);
     absl::Status status = handle_.Submit(service_->engine(), std::move(request));
     if (!status.ok()) {
+      service_->RecordRejected(status.code());
       {
         std::lock_guard<std::mutex> lock(mu_);
         finished_ = true;

@@ -55,6 +55,10 @@ void GenerationService::CallDone() {
   if (--in_flight_ == 0) idle_.notify_all();
 }
 
+void GenerationService::RecordRejected(absl::StatusCode code) const {
+  if (options_.metrics != nullptr) options_.metrics->RecordFinished({.status = code});
+}
+
 grpc::Status GenerationService::Admit(grpc::CallbackServerContext* context) const {
   if (options_.auth != nullptr) {
     if (grpc::Status status = options_.auth->Check(*context); !status.ok()) return status;
@@ -84,17 +88,29 @@ absl::StatusOr<GenerationRequest> GenerationService::Prepare(grpc::CallbackServe
 grpc::ServerUnaryReactor* GenerationService::Generate(grpc::CallbackServerContext* context,
                                                       const grpc::ByteBuffer* request,
                                                       grpc::ByteBuffer* response) {
-  if (grpc::Status status = Admit(context); !status.ok()) return FinishNow(context, status);
+  if (grpc::Status status = Admit(context); !status.ok()) {
+    RecordRejected(static_cast<absl::StatusCode>(status.error_code()));
+    return FinishNow(context, status);
+  }
   auto prepared = Prepare(context, *request);
-  if (!prepared.ok()) return FinishNow(context, ToGrpcStatus(prepared.status()));
+  if (!prepared.ok()) {
+    RecordRejected(prepared.status().code());
+    return FinishNow(context, ToGrpcStatus(prepared.status()));
+  }
   return StartUnaryGenerate(this, context, std::move(*prepared), response);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationService::GenerateStream(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
-  if (grpc::Status status = Admit(context); !status.ok()) return new FailedStream(status);
+  if (grpc::Status status = Admit(context); !status.ok()) {
+    RecordRejected(static_cast<absl::StatusCode>(status.error_code()));
+    return new FailedStream(status);
+  }
   auto prepared = Prepare(context, *request);
-  if (!prepared.ok()) return new FailedStream(ToGrpcStatus(prepared.status()));
+  if (!prepared.ok()) {
+    RecordRejected(prepared.status().code());
+    return new FailedStream(ToGrpcStatus(prepared.status()));
+  }
   return StartStreamingGenerate(this, context, std::move(*prepared));
 }
 

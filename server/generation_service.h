@@ -18,6 +18,7 @@
 #include "engine/model_config.h"
 #include "engine/tokenizer.h"
 #include "server/auth.h"
+#include "server/metrics/serving_metrics.h"
 #include "server/proto_convert.h"
 #include "server/request_validation.h"
 #include "switchserve/v1/generation.grpc.pb.h"
@@ -32,6 +33,7 @@ struct GenerationServiceOptions {
   std::string device;       // "cpu" / "cuda"
   RequestLimits limits;
   const BearerTokenAuth* auth = nullptr;  // null: no token needed
+  ServingMetrics* metrics = nullptr;      // null: no metrics; must outlive the service
 };
 
 // Generate, GenerateStream and Tokenize take raw byte buffers so that request
@@ -70,6 +72,9 @@ class GenerationService final : public GenerationServiceBase {
   const TokenDescriber& describer() const { return describer_; }
   void CallStarted();
   void CallDone();
+  // Counts a Generate* call that ended before the engine accepted it
+  // (the engine's observer counts the others).
+  void RecordRejected(absl::StatusCode code) const;
 
  private:
   // Auth and draining checks shared by every method; then validation for

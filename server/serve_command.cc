@@ -29,6 +29,10 @@
 #include "server/auth.h"
 #include "server/commands.h"
 #include "server/generation_service.h"
+#include "server/metrics/engine_metrics_observer.h"
+#include "server/metrics/metrics_exposer.h"
+#include "server/metrics/moe_metrics.h"
+#include "server/metrics/serving_metrics.h"
 #include "server/proto_convert.h"
 #include "server/server_flags.h"
 
@@ -155,7 +159,28 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   engine_options.max_queue = options.max_queue;
   engine_options.context_length = config.max_seq_len;
   engine_options.eos_token_id = config.eos_token_id;
-  GenerationEngine engine(engine_options, backend.get(), (*model)->tokenizer.get(), nullptr);
+  // Metrics: the engine observer feeds them once per step and per finished
+  // request; the exposer serves them from its own threads.
+  std::shared_ptr<prometheus::Registry> registry;
+  std::unique_ptr<ServingMetrics> serving_metrics;
+  std::shared_ptr<MoeMetrics> moe_metrics;
+  std::unique_ptr<EngineMetricsObserver> observer;
+  std::unique_ptr<MetricsExposer> exposer;
+  if (options.metrics_port != 0) {
+    registry = std::make_shared<prometheus::Registry>();
+    serving_metrics = std::make_unique<ServingMetrics>(*registry);
+    std::vector<std::shared_ptr<prometheus::Collectable>> collectables = {registry};
+    if (options.moe_metrics) {
+      moe_metrics = std::make_shared<MoeMetrics>(EnumerateRouters(config));
+      collectables.push_back(moe_metrics);
+    }
+    observer = std::make_unique<EngineMetricsObserver>(serving_metrics.get(), moe_metrics.get(),
+                                                       num_blocks);
+    auto started = MetricsExposer::Start(options.host, options.metrics_port, collectables);
+    if (!started.ok()) return Fail(started.status());
+    exposer = std::move(*started);
+  }
+  GenerationEngine engine(engine_options, backend.get(), (*model)->tokenizer.get(), observer.get());
   engine.Start();
   if (absl::Status status = WarmUp(engine, config); !status.ok()) return Fail(status);
 
@@ -177,6 +202,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   service_options.limits.vocab_size = config.vocab_size;
   service_options.limits.context_length = config.max_seq_len;
   service_options.auth = auth.get();
+  service_options.metrics = serving_metrics.get();
   GenerationService service(service_options);
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -217,9 +243,11 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
                       : options.tls.client_ca_file.empty() ? "TLS"
                                                            : "mTLS (client certificates required)",
                       auth ? "bearer token required" : "no authentication"));
-  if (options.metrics_port != 0) {
-    Log(absl::StrCat("--metrics-port ", options.metrics_port,
-                     ": the metrics exporter is not part of this build yet; not listening"));
+  if (exposer != nullptr) {
+    Log(absl::StrCat("metrics on http://", options.host, ":", exposer->port(), "/metrics",
+                     moe_metrics ? "" : " (--no-moe-metrics: serving and process only)"));
+  } else {
+    Log("metrics disabled (--metrics-port 0)");
   }
   Log(absl::StrCat("listening on ", options.host, ":", bound_port,
                    " (grpc: switchserve.v1.Generation, grpc.health.v1.Health, reflection)"));

@@ -13,8 +13,9 @@
 // tooling reads them from this file: tests/deploy/server_facts.py).
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on");
 ABSL_FLAG(int, port, 50051, "gRPC port; 0 picks a free port (logged)");
-ABSL_FLAG(int, metrics_port, 9090,
-          "Prometheus metrics port; 0 disables (exporter not built yet: accepted and ignored)");
+ABSL_FLAG(int, metrics_port, 9090, "Prometheus metrics port (/metrics); 0 disables");
+ABSL_FLAG(bool, no_moe_metrics, false,
+          "Export no MoE routing metrics (serving and process metrics only)");
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda | auto");
 ABSL_FLAG(int64_t, kv_cache_bytes, 1073741824,
           "KV cache budget in bytes (capped at max_running_requests full contexts)");
@@ -61,6 +62,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.host = absl::GetFlag(FLAGS_host);
   o.port = absl::GetFlag(FLAGS_port);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  o.moe_metrics = !absl::GetFlag(FLAGS_no_moe_metrics);
   o.threads = absl::GetFlag(FLAGS_threads);
   o.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
   o.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);

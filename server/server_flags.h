@@ -29,6 +29,7 @@ struct ServerOptions {
   std::string host;
   int port = 0;
   int metrics_port = 0;  // 0 disables
+  bool moe_metrics = true;  // false: --no-moe-metrics (serving and process metrics only)
   DeviceKind device = DeviceKind::kCpu;
   int threads = 0;  // backend threads; 0: all cores
   // KV cache budget. The cache never gets larger than max_running_requests

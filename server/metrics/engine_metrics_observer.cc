@@ -1,0 +1,54 @@
+#include "server/metrics/engine_metrics_observer.h"
+
+#include <cstdio>
+#include <string>
+
+namespace switchserve {
+
+EngineMetricsObserver::EngineMetricsObserver(ServingMetrics* serving, MoeMetrics* moe,
+                                             int64_t total_kv_blocks)
+    : serving_(serving), moe_(moe), total_kv_blocks_(total_kv_blocks) {}
+
+void EngineMetricsObserver::OnStep(const StepReport& report) {
+  // MoE first: a scrape that sees this step's serving figures then also sees
+  // its routing (the exposer collects the serving registry before MoE).
+  if (moe_ != nullptr && report.routing != nullptr) {
+    if (absl::Status status = moe_->RecordStep(*report.routing);
+        !status.ok() && !moe_error_logged_) {
+      // A backend/model mismatch; say so once rather than on every step.
+      std::fprintf(stderr, "switchserve: MoE metrics skip a step: %s\n", status.ToString().c_str());
+      moe_error_logged_ = true;
+    }
+  }
+  serving_->RecordStep(
+      {.duration_seconds = (report.schedule_ms + report.forward_ms + report.sample_ms) / 1e3,
+       .prefill_tokens = report.prefill_tokens,
+       .decode_tokens = report.decode_tokens,
+       .running_requests = report.running,
+       .waiting_requests = report.waiting,
+       .kv_cache_usage_ratio = total_kv_blocks_ > 0 ? static_cast<double>(report.used_blocks) /
+                                                          static_cast<double>(total_kv_blocks_)
+                                                    : 0.0,
+       .preemptions = report.preempted});
+}
+
+void EngineMetricsObserver::OnRequestFinished(const GenerationUpdate& final_update) {
+  FinishedRequestSample sample;
+  if (!final_update.status.ok()) {
+    sample.status = final_update.status.code();
+  } else if (final_update.finish_reason == FinishReason::kCancelled) {
+    sample.status = absl::StatusCode::kCancelled;
+  } else {
+    sample.status = absl::StatusCode::kOk;
+  }
+  sample.e2e_seconds = final_update.total_ms / 1e3;
+  sample.generated_tokens = final_update.completion_tokens;
+  sample.decode_seconds = (final_update.total_ms - final_update.time_to_first_token_ms) / 1e3;
+  serving_->RecordQueueTime(final_update.queue_ms / 1e3);
+  if (final_update.completion_tokens > 0) {
+    serving_->RecordFirstToken(final_update.time_to_first_token_ms / 1e3);
+  }
+  serving_->RecordFinished(sample);
+}
+
+}  // namespace switchserve

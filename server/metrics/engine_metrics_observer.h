@@ -1,0 +1,42 @@
+// Connects the engine to the metrics: an EngineObserver that turns each
+// engine step's report (batch shape, timings, queue depths, KV blocks, the
+// step's routing statistics) and each finished request into ServingMetrics
+// and MoeMetrics updates.
+//
+// Runs on the engine thread, once per step and once per finished request; it
+// never takes a lock per token (MoeMetrics takes one short lock per step).
+#ifndef SWITCHSERVE_SERVER_METRICS_ENGINE_METRICS_OBSERVER_H_
+#define SWITCHSERVE_SERVER_METRICS_ENGINE_METRICS_OBSERVER_H_
+
+#include <cstdint>
+
+#include "engine/generation_engine.h"
+#include "server/metrics/moe_metrics.h"
+#include "server/metrics/serving_metrics.h"
+
+namespace switchserve {
+
+class EngineMetricsObserver : public EngineObserver {
+ public:
+  // `serving` must outlive the observer; `moe` too, or be null (MoE metrics
+  // off). `total_kv_blocks` is the engine's KV cache size, for the usage
+  // ratio.
+  EngineMetricsObserver(ServingMetrics* serving, MoeMetrics* moe, int64_t total_kv_blocks);
+
+  void OnStep(const StepReport& report) override;
+  // Counts the request by status: OK (finished by length, stop or EOS),
+  // CANCELLED (cancelled by the client or past its deadline) or the engine
+  // error's code. Requests rejected before reaching the engine are counted
+  // by the gRPC service (ServingMetrics::RecordFinished).
+  void OnRequestFinished(const GenerationUpdate& final_update) override;
+
+ private:
+  ServingMetrics* const serving_;
+  MoeMetrics* const moe_;
+  const int64_t total_kv_blocks_;
+  bool moe_error_logged_ = false;
+};
+
+}  // namespace switchserve
+
+#endif  // SWITCHSERVE_SERVER_METRICS_ENGINE_METRICS_OBSERVER_H_

@@ -1,0 +1,42 @@
+// The HTTP endpoint Prometheus scrapes: prometheus-cpp's pull exposer serving
+// the metric collectables and the process_* metrics at http://<host>:<port>/metrics.
+//
+// The exposer runs its own threads (civetweb); a scrape serialises the
+// registry there, never on the engine or gRPC threads.
+#ifndef SWITCHSERVE_SERVER_METRICS_METRICS_EXPOSER_H_
+#define SWITCHSERVE_SERVER_METRICS_METRICS_EXPOSER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "prometheus/collectable.h"
+#include "prometheus/exposer.h"
+
+namespace switchserve {
+
+class MetricsExposer {
+ public:
+  // Binds `host`:`port` (port 0: any free port) and serves every one of
+  // `collectables` (a prometheus::Registry, MoeMetrics, ...) and the process
+  // metrics, which it keeps alive. UNAVAILABLE naming the address when it
+  // cannot bind.
+  static absl::StatusOr<std::unique_ptr<MetricsExposer>> Start(
+      const std::string& host, int port,
+      std::vector<std::shared_ptr<prometheus::Collectable>> collectables);
+
+  // The port actually bound.
+  int port() const { return port_; }
+
+ private:
+  MetricsExposer() = default;
+
+  std::vector<std::shared_ptr<prometheus::Collectable>> collectables_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  int port_ = 0;
+};
+
+}  // namespace switchserve
+
+#endif  // SWITCHSERVE_SERVER_METRICS_METRICS_EXPOSER_H_

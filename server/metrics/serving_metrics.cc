@@ -1,0 +1,107 @@
+#include "server/metrics/serving_metrics.h"
+
+#include <string>
+
+#include "prometheus/family.h"
+
+namespace switchserve {
+namespace {
+
+using prometheus::Histogram;
+
+Histogram& NewHistogram(prometheus::Registry& registry, const char* name, const char* help,
+                        Histogram::BucketBoundaries buckets) {
+  return prometheus::BuildHistogram().Name(name).Help(help).Register(registry).Add(
+      {}, std::move(buckets));
+}
+
+prometheus::Counter& NewCounter(prometheus::Registry& registry, const char* name,
+                                const char* help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(registry).Add({});
+}
+
+prometheus::Gauge& NewGauge(prometheus::Registry& registry, const char* name, const char* help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(registry).Add({});
+}
+
+}  // namespace
+
+ServingMetrics::ServingMetrics(prometheus::Registry& registry) {
+  auto& requests = prometheus::BuildCounter()
+                       .Name("switchserve_requests_total")
+                       .Help("Finished requests by final gRPC status code.")
+                       .Register(registry);
+  for (size_t i = 0; i < kStatusCodes.size(); ++i) {
+    requests_[i] = &requests.Add({{"status", absl::StatusCodeToString(kStatusCodes[i])}});
+  }
+  prompt_tokens_ = &NewCounter(registry, "switchserve_prompt_tokens_total",
+                               "Prompt tokens prefilled (recomputed ones after a preemption "
+                               "count again).");
+  generation_tokens_ = &NewCounter(registry, "switchserve_generation_tokens_total",
+                                   "Tokens generated, counted when their request finishes.");
+  preemptions_ = &NewCounter(registry, "switchserve_preemptions_total",
+                             "Sequences preempted (recompute) because KV blocks ran out.");
+  running_ = &NewGauge(registry, "switchserve_requests_running",
+                       "Requests with a sequence in the running batch.");
+  waiting_ = &NewGauge(registry, "switchserve_requests_waiting",
+                       "Requests queued, waiting to be scheduled (preempted ones included).");
+  kv_usage_ = &NewGauge(registry, "switchserve_kv_cache_usage_ratio",
+                        "Share of KV cache blocks in use (0..1).");
+  ttft_ = &NewHistogram(registry, "switchserve_time_to_first_token_seconds",
+                        "Time from request arrival to its first generated token.",
+                        {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60});
+  tpot_ = &NewHistogram(registry, "switchserve_time_per_output_token_seconds",
+                        "Mean time between generated tokens of a request, after the first.",
+                        {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5});
+  e2e_ = &NewHistogram(registry, "switchserve_e2e_request_latency_seconds",
+                       "Time from request arrival to its last response.",
+                       {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300});
+  queue_ = &NewHistogram(registry, "switchserve_request_queue_time_seconds",
+                         "Time from request arrival to its first scheduled step.",
+                         {0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60});
+  step_duration_ =
+      &NewHistogram(registry, "switchserve_step_duration_seconds", "Wall time of one engine step.",
+                    {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5});
+  step_tokens_ = &NewHistogram(registry, "switchserve_step_tokens",
+                               "Tokens (prefill + decode) computed in one engine step.",
+                               {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192});
+}
+
+void ServingMetrics::RecordStep(const ServingStepSample& step) {
+  step_duration_->Observe(step.duration_seconds);
+  step_tokens_->Observe(static_cast<double>(step.prefill_tokens + step.decode_tokens));
+  if (step.prefill_tokens > 0) prompt_tokens_->Increment(static_cast<double>(step.prefill_tokens));
+  if (step.preemptions > 0) preemptions_->Increment(static_cast<double>(step.preemptions));
+  running_->Set(static_cast<double>(step.running_requests));
+  waiting_->Set(static_cast<double>(step.waiting_requests));
+  kv_usage_->Set(step.kv_cache_usage_ratio);
+}
+
+void ServingMetrics::RecordQueueTime(double seconds) { queue_->Observe(seconds); }
+
+void ServingMetrics::RecordFirstToken(double seconds) { ttft_->Observe(seconds); }
+
+void ServingMetrics::RecordFinished(const FinishedRequestSample& request) {
+  size_t index = kStatusCodes.size() - 1;  // UNKNOWN
+  for (size_t i = 0; i < kStatusCodes.size(); ++i) {
+    if (kStatusCodes[i] == request.status) index = i;
+  }
+  requests_[index]->Increment();
+  if (request.generated_tokens > 0) {
+    generation_tokens_->Increment(static_cast<double>(request.generated_tokens));
+  }
+  // Latency histograms describe served requests; rejections and failures
+  // would pull the percentiles down.
+  if (request.status != absl::StatusCode::kOk) return;
+  e2e_->Observe(request.e2e_seconds);
+  if (request.generated_tokens >= 2) {
+    tpot_->Observe(request.decode_seconds / static_cast<double>(request.generated_tokens - 1));
+  }
+}
+
+void ServingMetrics::SetQueueDepth(int64_t running, int64_t waiting) {
+  running_->Set(static_cast<double>(running));
+  waiting_->Set(static_cast<double>(waiting));
+}
+
+}  // namespace switchserve

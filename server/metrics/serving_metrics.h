@@ -1,0 +1,102 @@
+// Prometheus metrics of request serving, named like vLLM's and TGI's so their
+// users find them: requests by final status, running / waiting requests, KV
+// cache usage, prompt and generated tokens, and histograms of time to first
+// token, time per output token, end-to-end latency, queue time, step duration
+// and tokens per step (docs/metrics.md lists every series).
+//
+// The scheduler calls RecordStep once per engine step and the Record*
+// request methods once per request event (never per token), so the histogram
+// locks prometheus-cpp takes are held once per step or request.
+//
+// Thread-safe: every method may be called from any thread.
+#ifndef SWITCHSERVE_SERVER_METRICS_SERVING_METRICS_H_
+#define SWITCHSERVE_SERVER_METRICS_SERVING_METRICS_H_
+
+#include <array>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace switchserve {
+
+// One engine step, as the scheduler saw it.
+struct ServingStepSample {
+  double duration_seconds = 0;      // wall time of the step (schedule + forward + sample)
+  int64_t prefill_tokens = 0;       // prompt tokens computed (recomputed ones included)
+  int64_t decode_tokens = 0;        // tokens of running sequences decoded
+  int64_t generated_tokens = 0;     // tokens sampled and sent to clients
+  int64_t running_requests = 0;     // after the step
+  int64_t waiting_requests = 0;     // after the step
+  double kv_cache_usage_ratio = 0;  // used KV blocks / all KV blocks, after the step
+  int64_t preemptions = 0;          // sequences preempted (recompute) in this step
+};
+
+// A request that finished, successfully or not. Every one is counted by
+// status; only OK ones are observed in the latency histograms.
+struct FinishedRequestSample {
+  absl::StatusCode status = absl::StatusCode::kOk;
+  double e2e_seconds = 0;  // arrival to the last response
+  // From the first to the last generated token (for time per output token);
+  // ignored unless generated_tokens >= 2.
+  double decode_seconds = 0;
+  // Tokens generated for the request (counted in
+  // switchserve_generation_tokens_total whatever the status).
+  int64_t generated_tokens = 0;
+};
+
+class ServingMetrics {
+ public:
+  // Registers every series in `registry`, counters at zero. `registry` must
+  // outlive this object.
+  explicit ServingMetrics(prometheus::Registry& registry);
+
+  ServingMetrics(const ServingMetrics&) = delete;
+  ServingMetrics& operator=(const ServingMetrics&) = delete;
+
+  void RecordStep(const ServingStepSample& step);
+  // A request left the queue for its first step, `seconds` after arrival.
+  void RecordQueueTime(double seconds);
+  // A request's first token was produced, `seconds` after arrival.
+  void RecordFirstToken(double seconds);
+  void RecordFinished(const FinishedRequestSample& request);
+  // Queue depths outside a step (a request rejected or cancelled while idle).
+  void SetQueueDepth(int64_t running, int64_t waiting);
+
+  // The status codes that have their own series; any other code counts as
+  // UNKNOWN.
+  static constexpr std::array<absl::StatusCode, 10> kStatusCodes = {
+      absl::StatusCode::kOk,
+      absl::StatusCode::kCancelled,
+      absl::StatusCode::kDeadlineExceeded,
+      absl::StatusCode::kInvalidArgument,
+      absl::StatusCode::kResourceExhausted,
+      absl::StatusCode::kUnavailable,
+      absl::StatusCode::kUnauthenticated,
+      absl::StatusCode::kFailedPrecondition,
+      absl::StatusCode::kInternal,
+      absl::StatusCode::kUnknown,
+  };
+
+ private:
+  std::array<prometheus::Counter*, kStatusCodes.size()> requests_{};
+  prometheus::Counter* prompt_tokens_ = nullptr;
+  prometheus::Counter* generation_tokens_ = nullptr;
+  prometheus::Counter* preemptions_ = nullptr;
+  prometheus::Gauge* running_ = nullptr;
+  prometheus::Gauge* waiting_ = nullptr;
+  prometheus::Gauge* kv_usage_ = nullptr;
+  prometheus::Histogram* ttft_ = nullptr;
+  prometheus::Histogram* tpot_ = nullptr;
+  prometheus::Histogram* e2e_ = nullptr;
+  prometheus::Histogram* queue_ = nullptr;
+  prometheus::Histogram* step_duration_ = nullptr;
+  prometheus::Histogram* step_tokens_ = nullptr;
+};
+
+}  // namespace switchserve
+
+#endif  // SWITCHSERVE_SERVER_METRICS_SERVING_METRICS_H_

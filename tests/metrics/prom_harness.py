@@ -1,0 +1,189 @@
+"""Shared by the metrics tests: a real Prometheus server on a temporary scrape
+config, its HTTP API, and the dashboard / alert-rule expressions."""
+
+import contextlib
+import json
+import math
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import yaml
+
+SOURCE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DASHBOARD = os.path.join(SOURCE_DIR, "deploy/grafana/switchserve.json")
+ALERTS = os.path.join(SOURCE_DIR, "deploy/prometheus/alerts.yml")
+METRICS_DOC = os.path.join(SOURCE_DIR, "docs/metrics.md")
+PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
+
+# Grafana variables as the dashboard's queries see them with every value
+# selected; $layer is one repeated row's value.
+DASHBOARD_VARIABLES = {
+    "$__rate_interval": "20s",
+    "$__interval": "2s",
+    "$__range": "1m",
+    "$job": ".*",
+    "$instance": ".*",
+    "$layer": "0",
+}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(what, predicate, timeout_s=30.0, interval_s=0.25):
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last: {last!r})")
+
+
+class Prometheus:
+    def __init__(self, port):
+        self.base = f"http://127.0.0.1:{port}"
+
+    def get(self, path, **params):
+        url = f"{self.base}{path}"
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        try:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                return json.load(response)
+        except urllib.error.HTTPError as error:  # 400 for a bad query: keep the message
+            return json.load(error)
+
+    def query(self, expr, at=None):
+        params = {"query": expr}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        return self.get("/api/v1/query", **params)
+
+    def vector(self, expr, at=None):
+        """{frozenset(labels): value} of an instant query that must succeed."""
+        reply = self.query(expr, at)
+        assert reply["status"] == "success", (expr, reply)
+        return {
+            frozenset(item["metric"].items()): float(item["value"][1])
+            for item in reply["data"]["result"]
+        }
+
+    def has_data(self, expr):
+        """True when `expr` parses and returns at least one non-NaN sample."""
+        reply = self.query(expr)
+        assert reply["status"] == "success", (expr, reply.get("error"))
+        return any(not math.isnan(float(r["value"][1])) for r in reply["data"]["result"])
+
+
+@contextlib.contextmanager
+def running_prometheus(tmp, targets):
+    """Debian's prometheus scraping `targets` ({job: port}) every second with
+    the alert rules loaded; yields a Prometheus once every target is up."""
+    assert os.access(PROMETHEUS, os.X_OK), "Debian's prometheus is needed (scripts/install-deps.sh)"
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [ALERTS],
+        "scrape_configs": [
+            {"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
+            for job, port in targets.items()
+        ],
+    }
+    config_path = tmp / "prometheus.yml"
+    config_path.write_text(yaml.safe_dump(config))
+    port = free_port()
+    with open(tmp / "prometheus.log", "w") as log:
+        process = subprocess.Popen(
+            [
+                PROMETHEUS,
+                f"--config.file={config_path}",
+                f"--storage.tsdb.path={tmp / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        prom = Prometheus(port)
+
+        def ready():
+            try:
+                with urllib.request.urlopen(f"{prom.base}/-/ready", timeout=2) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+
+        wait_for("prometheus ready", ready)
+
+        def all_up():
+            up = prom.vector("up")
+            return len(up) == len(targets) and all(v == 1.0 for v in up.values())
+
+        wait_for("every target up", all_up)
+        yield prom
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def dashboard_expressions():
+    """(dashboard, [(panel title, expr)]) for every target of every panel."""
+    dashboard = json.load(open(DASHBOARD))
+    found = []
+
+    def walk(panels):
+        for panel in panels:
+            for target in panel.get("targets", []):
+                found.append((panel["title"], target["expr"]))
+            walk(panel.get("panels", []))
+
+    walk(dashboard["panels"])
+    return dashboard, found
+
+
+def substitute(expr, overrides=None):
+    variables = dict(DASHBOARD_VARIABLES, **(overrides or {}))
+    for name in sorted(variables, key=len, reverse=True):
+        expr = expr.replace(name, variables[name])
+    assert "$" not in expr, f"unknown dashboard variable in {expr}"
+    return expr
+
+
+def check_every_dashboard_query(prom, overrides=None, timeout_s=45):
+    for title, expr in dashboard_expressions()[1]:
+        query = substitute(expr, overrides)
+        wait_for(
+            f"data for panel {title!r}: {query}", lambda: prom.has_data(query), timeout_s=timeout_s
+        )
+
+
+def alert_rules():
+    rules = []
+    for group in yaml.safe_load(open(ALERTS))["groups"]:
+        rules.extend(group["rules"])
+    return rules
+
+
+def aux_loss_query():
+    """The aux-loss PromQL of docs/metrics.md (the block after the marker)."""
+    text = open(METRICS_DOC).read()
+    match = re.search(r"<!-- aux-loss-query -->\s*```promql\n(.*?)```", text, re.S)
+    assert match, "docs/metrics.md lost its aux-loss query block"
+    return match.group(1)

@@ -1,0 +1,132 @@
+#include "server/metrics/serving_metrics.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "prometheus/text_serializer.h"
+#include "server/metrics/process_metrics.h"
+#include "tests/metrics/registry_reader.h"
+
+namespace switchserve {
+namespace {
+
+using testing::RegistryReader;
+
+const prometheus::ClientMetric::Histogram& HistogramOf(const RegistryReader& reader,
+                                                       const std::string& name) {
+  const auto* metric = reader.Series(name, {});
+  EXPECT_NE(metric, nullptr) << name;
+  static const prometheus::ClientMetric::Histogram empty;
+  return metric == nullptr ? empty : metric->histogram;
+}
+
+TEST(ServingMetricsTest, EveryStatusHasASeriesAtZero) {
+  prometheus::Registry registry;
+  ServingMetrics metrics(registry);
+  RegistryReader reader(registry);
+  for (const char* status :
+       {"OK", "CANCELLED", "DEADLINE_EXCEEDED", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED",
+        "UNAVAILABLE", "UNAUTHENTICATED", "FAILED_PRECONDITION", "INTERNAL", "UNKNOWN"}) {
+    EXPECT_EQ(reader.Counter("switchserve_requests_total", {{"status", status}}), 0.0) << status;
+  }
+  EXPECT_EQ(reader.Gauge("switchserve_requests_waiting", {}), 0.0);
+  EXPECT_EQ(reader.AllExposedSeries(), 111u);  // docs/metrics.md
+}
+
+TEST(ServingMetricsTest, StepsUpdateTokensQueueAndKvUsage) {
+  prometheus::Registry registry;
+  ServingMetrics metrics(registry);
+  metrics.RecordStep({.duration_seconds = 0.02,
+                      .prefill_tokens = 100,
+                      .decode_tokens = 3,
+                      .running_requests = 5,
+                      .waiting_requests = 7,
+                      .kv_cache_usage_ratio = 0.25,
+                      .preemptions = 1});
+  metrics.RecordStep({.duration_seconds = 0.004,
+                      .prefill_tokens = 0,
+                      .decode_tokens = 5,
+                      .running_requests = 4,
+                      .waiting_requests = 2,
+                      .kv_cache_usage_ratio = 0.5});
+  RegistryReader reader(registry);
+  EXPECT_EQ(reader.Counter("switchserve_prompt_tokens_total", {}), 100.0);
+  EXPECT_EQ(reader.Counter("switchserve_preemptions_total", {}), 1.0);
+  EXPECT_EQ(reader.Gauge("switchserve_requests_running", {}), 4.0);
+  EXPECT_EQ(reader.Gauge("switchserve_requests_waiting", {}), 2.0);
+  EXPECT_EQ(reader.Gauge("switchserve_kv_cache_usage_ratio", {}), 0.5);
+  const auto& duration = HistogramOf(reader, "switchserve_step_duration_seconds");
+  EXPECT_EQ(duration.sample_count, 2u);
+  EXPECT_NEAR(duration.sample_sum, 0.024, 1e-12);
+  const auto& tokens = HistogramOf(reader, "switchserve_step_tokens");
+  EXPECT_EQ(tokens.sample_count, 2u);
+  EXPECT_EQ(tokens.sample_sum, 108.0);
+}
+
+TEST(ServingMetricsTest, RequestsCountByStatusAndOnlyOkOnesAreTimed) {
+  prometheus::Registry registry;
+  ServingMetrics metrics(registry);
+  metrics.RecordQueueTime(0.003);
+  metrics.RecordFirstToken(0.2);
+  metrics.RecordFinished({.status = absl::StatusCode::kOk,
+                          .e2e_seconds = 1.2,
+                          .decode_seconds = 1.0,
+                          .generated_tokens = 11});
+  metrics.RecordFinished({.status = absl::StatusCode::kResourceExhausted, .e2e_seconds = 0.001});
+  metrics.RecordFinished({.status = absl::StatusCode::kDataLoss});  // counted as UNKNOWN
+  RegistryReader reader(registry);
+  EXPECT_EQ(reader.Counter("switchserve_requests_total", {{"status", "OK"}}), 1.0);
+  EXPECT_EQ(reader.Counter("switchserve_requests_total", {{"status", "RESOURCE_EXHAUSTED"}}), 1.0);
+  EXPECT_EQ(reader.Counter("switchserve_requests_total", {{"status", "UNKNOWN"}}), 1.0);
+  EXPECT_EQ(reader.Counter("switchserve_generation_tokens_total", {}), 11.0);
+  const auto& e2e = HistogramOf(reader, "switchserve_e2e_request_latency_seconds");
+  EXPECT_EQ(e2e.sample_count, 1u);
+  EXPECT_EQ(e2e.sample_sum, 1.2);
+  const auto& tpot = HistogramOf(reader, "switchserve_time_per_output_token_seconds");
+  EXPECT_EQ(tpot.sample_count, 1u);
+  EXPECT_NEAR(tpot.sample_sum, 0.1, 1e-12);
+  // 0.1 lies in the le=0.1 bucket (upper bounds are inclusive).
+  for (const auto& bucket : tpot.bucket) {
+    EXPECT_EQ(bucket.cumulative_count, bucket.upper_bound >= 0.1 ? 1u : 0u) << bucket.upper_bound;
+  }
+  EXPECT_EQ(HistogramOf(reader, "switchserve_time_to_first_token_seconds").sample_count, 1u);
+  EXPECT_EQ(HistogramOf(reader, "switchserve_request_queue_time_seconds").sample_count, 1u);
+}
+
+// The alert rules and dashboard select buckets by their `le` text, e.g.
+// le="1" for the one-second TTFT objective: pin what the serializer writes.
+TEST(ServingMetricsTest, BucketBoundsSerializeAsAlertRulesExpect) {
+  prometheus::Registry registry;
+  ServingMetrics metrics(registry);
+  const std::string text = prometheus::TextSerializer().Serialize(registry.Collect());
+  EXPECT_NE(text.find("switchserve_time_to_first_token_seconds_bucket{le=\"1\"}"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("switchserve_e2e_request_latency_seconds_bucket{le=\"10\"}"),
+            std::string::npos);
+  EXPECT_NE(text.find("switchserve_time_per_output_token_seconds_bucket{le=\"0.1\"}"),
+            std::string::npos);
+}
+
+TEST(ProcessMetricsTest, ReadsThisProcess) {
+  ProcessMetrics process;
+  std::map<std::string, double> values;
+  for (const auto& family : process.Collect()) {
+    ASSERT_EQ(family.metric.size(), 1u);
+    values[family.name] = family.type == prometheus::MetricType::Counter
+                              ? family.metric[0].counter.value
+                              : family.metric[0].gauge.value;
+  }
+  EXPECT_EQ(values.size(), 7u);
+  EXPECT_GT(values["process_resident_memory_bytes"], 1e5);
+  EXPECT_GE(values["process_virtual_memory_bytes"], values["process_resident_memory_bytes"]);
+  EXPECT_GE(values["process_threads"], 1.0);
+  EXPECT_GE(values["process_open_fds"], 3.0);
+  EXPECT_GT(values["process_max_fds"], 0.0);
+  EXPECT_GE(values["process_cpu_seconds_total"], 0.0);
+  EXPECT_GT(values["process_start_time_seconds"], 1.5e9);  // after 2017
+}
+
+}  // namespace
+}  // namespace switchserve
