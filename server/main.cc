@@ -4,27 +4,10 @@
 #include <cstring>
 
 #include "server/commands.h"
-
-namespace {
-
-// Flags are spelled with dashes on the command line (--max-new-tokens) and
-// defined with underscores (max_new_tokens): rewrite each flag name in place,
-// up to its '=' (values are left alone). A lone "--" ends the flags.
-void NormalizeFlagNames(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    char* arg = argv[i];
-    if (std::strcmp(arg, "--") == 0) return;
-    if (arg[0] != '-') continue;
-    for (char* c = arg + (arg[1] == '-' ? 2 : 1); *c != '\0' && *c != '='; ++c) {
-      if (*c == '-') *c = '_';
-    }
-  }
-}
-
-}  // namespace
+#include "server/flag_spelling.h"
 
 int main(int argc, char** argv) {
-  NormalizeFlagNames(argc, argv);
+  switchserve::NormalizeFlagNames(argc, argv);
   const auto& commands = switchserve::AllCommands();
   if (argc >= 2 && (std::strcmp(argv[1], "help") == 0 || std::strcmp(argv[1], "--help") == 0)) {
     std::printf("usage: switchserve [SUBCOMMAND] [--flags]\n\nsubcommands:\n");

@@ -24,11 +24,11 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/ascii.h"
-#include "bench/load/flag_spelling.h"
 #include "bench/load/latency_stats.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "server/flag_spelling.h"
 #include "switchserve/v1/generation.grpc.pb.h"
 
 ABSL_FLAG(std::string, address, "127.0.0.1:50051", "server HOST:PORT");
@@ -227,8 +227,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "switchserve-bench --address HOST:PORT [--mode closed --concurrency N | --mode open "
       "--rate R] --requests N");
-  std::vector<std::string> storage;
-  std::vector<char*> args = switchserve::NormalizeFlagSpelling(argc, argv, &storage);
-  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  switchserve::NormalizeFlagNames(argc, argv);
+  absl::ParseCommandLine(argc, argv);
   return switchserve::bench::Run();
 }
