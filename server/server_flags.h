@@ -1,6 +1,6 @@
 // The `switchserve serve` configuration: every flag, parsed and validated once
 // into ServerOptions. The defaults live in the flag definitions
-// (server_flags.cc) and nowhere else; docs/serving.md lists them.
+// (server_flags.cc) and nowhere else; README.md lists them.
 #ifndef SWITCHSERVE_SERVER_SERVER_FLAGS_H_
 #define SWITCHSERVE_SERVER_SERVER_FLAGS_H_
 
