@@ -15,7 +15,7 @@ runtime_packages=(
   libsentencepiece0 libgomp1 libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 ca-certificates
 )
 build_packages=(
-  build-essential cmake ninja-build ccache pkg-config git
+  build-essential cmake ninja-build ccache pkg-config git clang-format
   libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   libabsl-dev prometheus-cpp-dev libopenblas-dev nlohmann-json3-dev
   libsentencepiece-dev sentencepiece libgtest-dev libgmock-dev libbenchmark-dev
