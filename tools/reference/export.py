@@ -66,9 +66,9 @@ def init_random(model, seed, router_std=1.0):
             elif "norm.bias" in name or name.endswith(("b1", "b2", ".bias")):
                 v = 0.1 * torch.randn(p.shape, generator=g, dtype=torch.float64)
             else:
-                fan_in = p.shape[-1] if not name.endswith((".v", ".w1", ".w2")) else p.shape[-1]
-                if name.endswith("attn.v"):
-                    fan_in = p.shape[-2] if p.dim() == 3 else p.shape[-1]
+                # attn.v [G*E, d, dh] maps d -> dh; everything else is [out, in]
+                # (attn.o [H*E, dh, d] gets d^-1/2 too: only the scale differs)
+                fan_in = p.shape[-2] if name.endswith("attn.v") and p.dim() == 3 else p.shape[-1]
                 std = fan_in ** -0.5
                 if name.endswith(("sel_v", "sel_o", "router.weight")):
                     std *= router_std

@@ -38,7 +38,9 @@ MOE = {"type": "moe", "d_ff": 32, "n_experts": 8, "top_k": 1, "gate": "softmax",
 
 def variant(name, attn=None, ffn=None, dispatch=None, dtype="f32", must=(), **top):
     cfg = dict(copy.deepcopy(BASE), name=name, **top)
-    cfg["attention"] = dict(copy.deepcopy(SH), **(attn or {}))
+    attn = attn or {}
+    base = {} if attn.get("type") == "dense" else copy.deepcopy(SH)  # no switchhead-only keys
+    cfg["attention"] = dict(base, **attn)
     cfg["ffn"] = dict(copy.deepcopy(DENSE_FFN), **(ffn or {}))
     if dispatch is not None:
         cfg["dispatch"] = dispatch

@@ -113,7 +113,7 @@ def apply_rope(x, pos, n_rot, base):
     if n_rot == 0:
         return x
     half = n_rot // 2
-    i = torch.arange(half, dtype=torch.float64)
+    i = torch.arange(half, dtype=torch.float64, device=x.device)
     inv_freq = base ** (-2.0 * i / n_rot)
     ang = (pos.to(torch.float64)[:, None] * inv_freq[None, :]).to(x.dtype)  # [N, half]
     cos, sin = torch.cos(ang)[:, None, :], torch.sin(ang)[:, None, :]
@@ -188,9 +188,9 @@ class Attention(nn.Module):
         kp[idx] = k
         vp = X.new_zeros((B * L,) + tuple(val.shape[1:]))
         vp[idx] = val
-        valid = torch.zeros(B * L, dtype=torch.bool)
+        valid = torch.zeros(B * L, dtype=torch.bool, device=X.device)
         valid[idx] = True
-        pp = torch.zeros(B * L, dtype=torch.int64)
+        pp = torch.zeros(B * L, dtype=torch.int64, device=X.device)
         pp[idx] = pos
         new = dict(K=kp.view(B, L, G, dh), V=vp.view((B, L) + tuple(val.shape[1:])),
                    valid=valid.view(B, L), pos=pp.view(B, L))
@@ -312,20 +312,22 @@ class Model(nn.Module):
         are garbage), routes: list of (router_id, RouteResult) over the valid
         tokens in step order, ordered as router_ids(cfg).
         """
-        tokens = torch.as_tensor(tokens, dtype=torch.int64)
+        dev = self.embedding.weight.device
+        tokens = torch.as_tensor(tokens, dtype=torch.int64).to(dev)
         B, L = tokens.shape
-        if valid is None:
-            valid = torch.ones(B, L, dtype=torch.bool)
+        valid = torch.ones(B, L, dtype=torch.bool) if valid is None else torch.as_tensor(valid)
+        valid = valid.to(dev)
         if positions is None:
             past = 0 if not cache or "pos" not in cache[0] else cache[0]["pos"].shape[1]
             positions = past + torch.arange(L).expand(B, L)
+        positions = torch.as_tensor(positions).to(dev)
         if cache is None:
             cache = self.new_cache()
         if dispatch is None:
             dispatch = DispatchConfig(**self.cfg["dispatch"])
         rdtype = torch.float64 if self.dtype == torch.float64 else torch.float32
         idx = valid.reshape(-1).nonzero().flatten()
-        pos = torch.as_tensor(positions).reshape(-1)[idx]
+        pos = positions.reshape(-1)[idx]
         x = self.embedding(tokens.reshape(-1)[idx])
         routes = []
         for i, blk in enumerate(self.layers):
@@ -356,24 +358,27 @@ class Model(nn.Module):
             sl = slice(Lp - len(p), Lp) if padding == "left" else slice(0, len(p))
             tokens[b, sl] = torch.tensor(p)
             valid[b, sl] = True
+        dev = self.embedding.weight.device
+        tokens, valid = tokens.to(dev), valid.to(dev)
         positions = (valid.cumsum(1) - 1).clamp(min=0)
-        lens = torch.tensor([len(p) for p in prompts])
+        lens = torch.tensor([len(p) for p in prompts], device=dev)
         cache = self.new_cache()
         out = self.forward(tokens, valid, positions, cache, dispatch)
-        last = torch.full((B,), Lp - 1) if padding == "left" else lens - 1
-        logits = out["logits"][torch.arange(B), last]
+        last = torch.full((B,), Lp - 1, device=dev) if padding == "left" else lens - 1
+        logits = out["logits"][torch.arange(B, device=dev), last]
         generated = [[] for _ in range(B)]
-        alive = torch.ones(B, dtype=torch.bool)
+        alive = [True] * B
         for step in range(max_new_tokens):
             nxt = logits.argmax(-1)
-            for b in range(B):
+            for b, tok in enumerate(nxt.tolist()):
                 if alive[b]:
-                    generated[b].append(int(nxt[b]))
-                    if eos_token_id is not None and int(nxt[b]) == eos_token_id:
+                    generated[b].append(tok)
+                    if eos_token_id is not None and tok == eos_token_id:
                         alive[b] = False
-            if not alive.any() or step == max_new_tokens - 1:
+            if not any(alive) or step == max_new_tokens - 1:
                 break
             pos = (lens + step)[:, None]
-            out = self.forward(nxt[:, None], alive[:, None], pos, cache, dispatch)
+            live = torch.tensor(alive, device=dev)[:, None]
+            out = self.forward(nxt[:, None], live, pos, cache, dispatch)
             logits = out["logits"][:, 0]
         return generated

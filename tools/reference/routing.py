@@ -69,6 +69,14 @@ def gate_values(logits, order, k, gate, renormalize=False):
     return g, prob
 
 
+def _dropless(order, k, n_experts):
+    top = order[:, :k]
+    routed = torch.bincount(top.flatten().cpu(), minlength=n_experts).tolist()
+    zeros = [0] * n_experts
+    counts = dict(routed=routed, kept=list(routed), rerouted=list(zeros), dropped=list(zeros))
+    return top.clone(), torch.zeros_like(top), counts
+
+
 def dispatch(order, k, n_experts, capacity, overflow):
     """Capacity-aware slot filling, rank-major, in step order.
 
@@ -78,6 +86,9 @@ def dispatch(order, k, n_experts, capacity, overflow):
     ranking) that is neither among its top-k choices nor already a reroute
     target of this token, and that has a free slot at that moment.
     """
+    if capacity is None:
+        return _dropless(order, k, n_experts)
+    device = order.device
     order = order.tolist()
     n = len(order)
     E = n_experts
@@ -94,7 +105,7 @@ def dispatch(order, k, n_experts, capacity, overflow):
             e = order[t][r]
             routed[e] += 1
             expert[t][r] = e
-            if capacity is None or load[e] < capacity:
+            if load[e] < capacity:
                 load[e] += 1
                 kept[e] += 1
                 continue
@@ -115,8 +126,8 @@ def dispatch(order, k, n_experts, capacity, overflow):
                 expert[t][r] = target
                 fate[t][r] = REROUTED
     counts = dict(routed=routed, kept=kept, rerouted=rerouted, dropped=dropped)
-    return (torch.tensor(expert, dtype=torch.int64).reshape(n, k),
-            torch.tensor(fate, dtype=torch.int64).reshape(n, k), counts)
+    return (torch.tensor(expert, dtype=torch.int64, device=device).reshape(n, k),
+            torch.tensor(fate, dtype=torch.int64, device=device).reshape(n, k), counts)
 
 
 def route(logits, k, gate, dispatch_cfg, renormalize=False):
@@ -127,13 +138,13 @@ def route(logits, k, gate, dispatch_cfg, renormalize=False):
     cap = dispatch_cfg.capacity(n, k, E)
     expert, fate, counts = dispatch(order, k, E, cap, dispatch_cfg.overflow)
     keep = fate != DROPPED
-    weights = torch.zeros(n, E, dtype=logits.dtype)
-    kept_mask = torch.zeros(n, E, dtype=torch.bool)
+    weights = torch.zeros(n, E, dtype=logits.dtype, device=logits.device)
+    kept_mask = torch.zeros(n, E, dtype=torch.bool, device=logits.device)
     if n:
         weights.scatter_add_(1, expert, torch.where(keep, g, torch.zeros_like(g)))
         kept_mask.scatter_(1, expert, keep)
     prob_sum = prob.to(torch.float64).sum(0)
-    routed = torch.tensor(counts["routed"], dtype=torch.float64)
+    routed = torch.tensor(counts["routed"], dtype=torch.float64, device=logits.device)
     aux = 0.0
     if n:
         aux = float(E * ((routed / (n * k)) * (prob_sum / n)).sum())

@@ -88,6 +88,11 @@ def check_dispatch():
     o = orders([[1, 0], [0, 1], [0, 1]])
     e, f, c = dispatch(o, 2, 2, 2, "drop")
     check(f.tolist() == [[0, 2], [0, 0], [0, 2]], "rank-major: t0's 2nd choice after t2's 1st")
+    # dropless fast path == the slot-filling loop with unlimited slots
+    o = torch.sort(torch.randn(50, 6, generator=torch.Generator().manual_seed(3)), -1, descending=True).indices
+    e1, f1, c1 = dispatch(o, 3, 6, None, "drop")
+    e2, f2, c2 = dispatch(o, 3, 6, 10**9, "reroute")
+    check(torch.equal(e1, e2) and torch.equal(f1, f2) and c1 == c2, "dropless == unlimited capacity")
     # min_capacity, dropless
     check(DispatchConfig(0.1, 3, "drop").capacity(10, 1, 4) == 3, "min_capacity floor")
     check(DispatchConfig(0.0, 3, "drop").capacity(10, 1, 4) is None, "cf <= 0 is dropless")
