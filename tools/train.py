@@ -60,7 +60,7 @@ CONFIGS = {
     }, ffn={
         "type": "moe", "d_ff": 28, "n_experts": 16, "top_k": 4, "gate": "sigmoid",
         "renormalize": False, "activation": "gelu", "bias": True, "router_bias": False,
-    }, dispatch={"capacity_factor": 1.0, "min_capacity": 4, "overflow": "drop"}),
+    }, dispatch={"capacity_factor": 1.25, "min_capacity": 4, "overflow": "drop"}),
     "dense": dict(_COMMON, name="kjv-dense-baseline", attention={
         "type": "dense", "n_heads": 4, "n_kv_heads": 4, "head_dim": 32,
         "rotate_fraction": 0.5, "rope_base": 10000.0,
@@ -323,7 +323,7 @@ def main():
     ap.add_argument("--override", default="{}", help="JSON merged into the config (pilots)")
     ap.add_argument("--out", help="model directory to export to")
     ap.add_argument("--dtype", default="f16", choices=["f32", "f16", "bf16"], help="export dtype")
-    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--steps", type=int, default=4000)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq-len", type=int, help="training sequence length (default max_seq_len)")
     ap.add_argument("--lr", type=float, default=3e-3)
