@@ -129,27 +129,29 @@ def compare(args, model_dir, prompt_len, new_tokens, label):
         cfg = json.load(f)
     prompt = prompt_ids(cfg, prompt_len)
     assert prompt_len + new_tokens <= cfg["max_seq_len"], "prompt + new tokens exceed the context"
-    log(f"[{label}] loading the reference (float32)")
+    log(f"[{label}] loading the reference (float32); starting switchserve serve")
     model = load_model(model_dir, torch.float32)
-    rows = {}
-    for b in args.ref_batches:
-        log(f"[{label}] reference, static batch {b}")
-        rows[("ref", b)], ref_tokens = reference_tokens_per_s(model, prompt, new_tokens, b,
-                                                             args.min_seconds)
-    del model
-    for c in args.concurrency:
-        log(f"[{label}] engine in-process, concurrency {c}")
-        rows[("engine", c)], _ = run_bench(
-            args, ["--engine-model", model_dir, "--threads", str(args.threads)], prompt,
-            new_tokens, c)
     server = Server(args.switchserve, model_dir, args.threads)
+    rows = {}
+    # Level by level, reference then engine then gRPC, so that drifts in a
+    # shared machine's load hit the three about alike.
     try:
-        for c in args.concurrency:
-            log(f"[{label}] gRPC, concurrency {c}")
-            rows[("grpc", c)], _ = run_bench(args, ["--address", server.address], prompt,
-                                             new_tokens, c)
+        for level in sorted(set(args.concurrency) | set(args.ref_batches)):
+            if level in args.ref_batches:
+                log(f"[{label}] reference, static batch {level}")
+                rows[("ref", level)], _ = reference_tokens_per_s(model, prompt, new_tokens, level,
+                                                                 args.min_seconds)
+            if level in args.concurrency:
+                log(f"[{label}] engine in-process, concurrency {level}")
+                rows[("engine", level)], _ = run_bench(
+                    args, ["--engine-model", model_dir, "--threads", str(args.threads)], prompt,
+                    new_tokens, level)
+                log(f"[{label}] gRPC, concurrency {level}")
+                rows[("grpc", level)], _ = run_bench(args, ["--address", server.address], prompt,
+                                                     new_tokens, level)
     finally:
         server.close()
+    del model
 
     print(f"\n## {label}: {model_dir}")
     print(f"prompt {prompt_len} tokens, {new_tokens} new tokens, greedy, ignore_eos, "
