@@ -116,20 +116,11 @@ void CpuAttention::ComputeValues(const AttentionWeights& w, const StepLayout& st
     for (int e = 0; e < E; ++e) {
       const int n = as.count(e);
       if (n == 0) continue;
-      for (int i = 0; i < n; ++i) {
-        std::memcpy(gather_.data() + static_cast<int64_t>(i) * d_,
-                    xn + static_cast<int64_t>(as.token[as.begin(e) + i]) * d_, d_ * sizeof(float));
-      }
+      GatherExpertRows(as, e, xn, d_, d_, gather_.data());
       GemmNN(n, dh, d_, 1.0f, gather_.data(), d_,
              w.v.ptr() + static_cast<int64_t>(g * E + e) * d_ * dh, dh, 0.0f, product_.data(), dh);
-      for (int i = 0; i < n; ++i) {
-        const int s = as.begin(e) + i;
-        const float wt = as.weight[s];
-        float* dst = v_.data() + (static_cast<int64_t>(as.token[s]) * G + g) * dh;
-        const float* src = product_.data() + static_cast<int64_t>(i) * dh;
-#pragma omp simd
-        for (int c = 0; c < dh; ++c) dst[c] += wt * src[c];
-      }
+      ScatterAddExpertRows(as, e, product_.data(), dh, v_.data() + static_cast<int64_t>(g) * dh,
+                           static_cast<int64_t>(G) * dh);
     }
   }
 }
@@ -320,21 +311,11 @@ void CpuAttention::ProjectOutput(const AttentionWeights& w, const StepLayout& st
     for (int e = 0; e < E; ++e) {
       const int n = as.count(e);
       if (n == 0) continue;
-      for (int i = 0; i < n; ++i) {
-        std::memcpy(gather_.data() + static_cast<int64_t>(i) * dh,
-                    a_.data() + (static_cast<int64_t>(as.token[as.begin(e) + i]) * H + h) * dh,
-                    dh * sizeof(float));
-      }
+      GatherExpertRows(as, e, a_.data() + static_cast<int64_t>(h) * dh,
+                       static_cast<int64_t>(H) * dh, dh, gather_.data());
       GemmNN(n, d_, dh, 1.0f, gather_.data(), dh,
              w.o.ptr() + static_cast<int64_t>(h * E + e) * dh * d_, d_, 0.0f, product_.data(), d_);
-      for (int i = 0; i < n; ++i) {
-        const int s = as.begin(e) + i;
-        const float wt = as.weight[s];
-        float* dst = x + static_cast<int64_t>(as.token[s]) * d_;
-        const float* src = product_.data() + static_cast<int64_t>(i) * d_;
-#pragma omp simd
-        for (int c = 0; c < d_; ++c) dst[c] += wt * src[c];
-      }
+      ScatterAddExpertRows(as, e, product_.data(), d_, x, d_);
     }
   }
 }

@@ -49,10 +49,7 @@ void CpuFfn::Run(const FfnWeights& w, int tokens, const float* xn, float* x, int
   for (int e = 0; e < X; ++e) {
     const int n = as.count(e);
     if (n == 0) continue;
-    for (int i = 0; i < n; ++i) {
-      std::memcpy(gather_.data() + static_cast<int64_t>(i) * d_,
-                  xn + static_cast<int64_t>(as.token[as.begin(e) + i]) * d_, d_ * sizeof(float));
-    }
+    GatherExpertRows(as, e, xn, d_, d_, gather_.data());
     GemmNT(n, F, d_, 1.0f, gather_.data(), d_, w.w1.ptr() + static_cast<int64_t>(e) * F * d_, d_,
            0.0f, hidden_.data(), F);
     AddBiasRows(hidden_.data(), n, F, F, OrNull(w.b1, static_cast<int64_t>(e) * F));
@@ -60,14 +57,7 @@ void CpuFfn::Run(const FfnWeights& w, int tokens, const float* xn, float* x, int
     GemmNT(n, d_, F, 1.0f, hidden_.data(), F, w.w2.ptr() + static_cast<int64_t>(e) * d_ * F, F,
            0.0f, product_.data(), d_);
     AddBiasRows(product_.data(), n, d_, d_, OrNull(w.b2, static_cast<int64_t>(e) * d_));
-    for (int i = 0; i < n; ++i) {
-      const int s = as.begin(e) + i;
-      const float wt = as.weight[s];
-      float* dst = x + static_cast<int64_t>(as.token[s]) * d_;
-      const float* src = product_.data() + static_cast<int64_t>(i) * d_;
-#pragma omp simd
-      for (int c = 0; c < d_; ++c) dst[c] += wt * src[c];
-    }
+    ScatterAddExpertRows(as, e, product_.data(), d_, x, d_);
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace switchserve::cpu {
 
@@ -124,6 +125,26 @@ void RopeTable::Apply(float* x, int heads, int head_dim, int position) const {
       v[i] = a * c[i] - b * s[i];
       v[i + half] = b * c[i] + a * s[i];
     }
+  }
+}
+
+void GatherExpertRows(const ExpertAssignments& assignments, int e, const float* src,
+                      int64_t src_stride, int width, float* dst) {
+  for (int s = assignments.begin(e); s < assignments.end(e); ++s) {
+    std::memcpy(dst, src + static_cast<int64_t>(assignments.token[s]) * src_stride,
+                width * sizeof(float));
+    dst += width;
+  }
+}
+
+void ScatterAddExpertRows(const ExpertAssignments& assignments, int e, const float* product,
+                          int width, float* dst, int64_t dst_stride) {
+  for (int s = assignments.begin(e); s < assignments.end(e); ++s) {
+    const float wt = assignments.weight[s];
+    float* row = dst + static_cast<int64_t>(assignments.token[s]) * dst_stride;
+#pragma omp simd
+    for (int c = 0; c < width; ++c) row[c] += wt * product[c];
+    product += width;
   }
 }
 

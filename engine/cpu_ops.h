@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/expert_dispatch.h"
 #include "engine/model_config.h"
 
 namespace switchserve::cpu {
@@ -27,6 +28,15 @@ void NormRows(NormKind kind, float eps, const float* x, int rows, int d, const f
 void AddBiasRows(float* x, int rows, int n, int ld, const float* bias);
 void ApplyActivation(Activation act, float* x, int64_t n);
 float Sigmoid(float z);
+
+// Grouped expert matmuls: copies the `width`-float rows of expert e's tokens
+// (row of token t at src + t * src_stride) into dst, contiguously, in slot order.
+void GatherExpertRows(const ExpertAssignments& assignments, int e, const float* src,
+                      int64_t src_stride, int width, float* dst);
+// The other way: the row of token t at dst + t * dst_stride += the slot's gate
+// weight * the slot's row of `product` (contiguous, `width` floats each).
+void ScatterAddExpertRows(const ExpertAssignments& assignments, int e, const float* product,
+                          int width, float* dst, int64_t dst_stride);
 
 // Rotate-half RoPE on the first n_rot channels of a head vector, cos/sin
 // tabulated for positions [0, max_positions).

@@ -34,12 +34,12 @@ struct RouterId {
 std::vector<RouterId> EnumerateRouters(const ModelConfig& config);
 
 struct RouterStepStats {
-  int64_t tokens = 0;               // T: tokens this router saw in the step
-  std::vector<int64_t> routed;      // [E] assignments chosen by top-k (before capacity)
-  std::vector<int64_t> kept;        // [E] assignments processed by e (rerouted ones included)
-  std::vector<int64_t> rerouted;    // [E] assignments routed to e, moved to another expert
-  std::vector<int64_t> dropped;     // [E] assignments routed to e and dropped
-  std::vector<double> prob_sum;     // [E] sum over tokens of P(e | token)
+  int64_t tokens = 0;             // T: tokens this router saw in the step
+  std::vector<int64_t> routed;    // [E] assignments chosen by top-k (before capacity)
+  std::vector<int64_t> kept;      // [E] assignments processed by e (rerouted ones included)
+  std::vector<int64_t> rerouted;  // [E] assignments routed to e, moved to another expert
+  std::vector<int64_t> dropped;   // [E] assignments routed to e and dropped
+  std::vector<double> prob_sum;   // [E] sum over tokens of P(e | token)
 
   void Reset(int n_experts);
   void Add(const RouterStepStats& other);  // same E
@@ -55,11 +55,11 @@ struct StepRoutingStats {
 
 // Load-balance figures of one router over some window of tokens.
 struct BalanceFigures {
-  double aux_loss = 0;        // E * sum_e f_e * P_e; 1 when balanced, up to E
-  double load_cv = 0;         // std/mean of routed counts
-  double dead_fraction = 0;   // share of experts with no routed assignment
-  double entropy = 0;         // entropy (nats) of the routed-assignment shares
-  double max_utilization = 0; // max_e routed_e / (T*k/E)
+  double aux_loss = 0;         // E * sum_e f_e * P_e; 1 when balanced, up to E
+  double load_cv = 0;          // std/mean of routed counts
+  double dead_fraction = 0;    // share of experts with no routed assignment
+  double entropy = 0;          // entropy (nats) of the routed-assignment shares
+  double max_utilization = 0;  // max_e routed_e / (T*k/E)
 };
 BalanceFigures ComputeBalance(const RouterStepStats& stats, int top_k);
 

@@ -8,16 +8,14 @@ set -euo pipefail
 runtime_only=false
 [[ "${1:-}" == "--runtime" ]] && runtime_only=true
 
-SUDO=""
-if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
+source "$(dirname "$0")/apt-packages.sh"
 
 runtime_packages=(
   libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623 libopenblas0-pthread
   libsentencepiece0 libgomp1 libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 ca-certificates
 )
 build_packages=(
-  build-essential cmake ninja-build ccache pkg-config git
+  build-essential cmake ninja-build ccache pkg-config git clang-format
   libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   libabsl-dev prometheus-cpp-dev libopenblas-dev nlohmann-json3-dev
   libsentencepiece-dev sentencepiece libgtest-dev libgmock-dev libbenchmark-dev
@@ -30,14 +28,4 @@ else
   packages=("${runtime_packages[@]}" "${build_packages[@]}")
 fi
 
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "install-deps: installing ${missing[*]}"
-  $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
-else
-  echo "install-deps: all ${#packages[@]} packages present"
-fi
+install_debian_packages install-deps "${packages[@]}"

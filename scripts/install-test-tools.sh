@@ -14,27 +14,14 @@ cd "$(dirname "$0")/.."
 KUBERNETES_VALIDATE_VERSION=1.37.0
 venv=build/venv
 
-SUDO=""
-if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
+source "$(dirname "$0")/apt-packages.sh"
 
 packages=(python3 python3-venv python3-pip python3-pytest python3-yaml prometheus)
 if ! { command -v kubectl >/dev/null && kubectl kustomize --help >/dev/null 2>&1; }; then
   packages+=(kubernetes-client)
 fi
 
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "install-test-tools: apt-get installing ${missing[*]}"
-  $SUDO apt-get update -qq
-  # Only promtool is used from the prometheus package; its daemon is not needed.
-  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
-else
-  echo "install-test-tools: all ${#packages[@]} Debian packages present"
-fi
+install_debian_packages install-test-tools "${packages[@]}"
 
 if [[ ! -x $venv/bin/python3 ]]; then
   echo "install-test-tools: creating $venv (python venv, --system-site-packages)"

@@ -1,46 +1,24 @@
 // `switchserve generate`: prompt in, text out, offline (no server). Greedy by
-// default; --temperature > 0 samples (with --top-k and --seed).
-#include <algorithm>
-#include <cmath>
+// default; --temperature > 0 samples (with --top-k, --top-p, --seed) through the
+// same sampler the server uses.
 #include <cstdio>
-#include <random>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "engine/request.h"
+#include "engine/sampler.h"
 #include "server/offline_session.h"
 
 ABSL_FLAG(std::string, prompt, "", "prompt text");
 ABSL_FLAG(int, max_new_tokens, 128, "tokens to generate (stops earlier at EOS)");
 ABSL_FLAG(double, temperature, 0.0, "0: greedy; > 0: sample from softmax(logits / temperature)");
 ABSL_FLAG(int, top_k, 0, "sample among the k most likely tokens (0: all)");
+ABSL_FLAG(double, top_p, 1.0,
+          "nucleus sampling: the smallest set of tokens with this much probability");
 ABSL_FLAG(uint64_t, seed, 0, "random seed for sampling");
 
 namespace switchserve {
-namespace {
-
-int32_t ChooseToken(const std::vector<float>& logits, double temperature, int top_k,
-                    std::mt19937_64& rng) {
-  const int32_t vocab = static_cast<int32_t>(logits.size());
-  int32_t best = 0;
-  for (int32_t i = 1; i < vocab; ++i) {
-    if (logits[i] > logits[best]) best = i;
-  }
-  if (temperature <= 0.0) return best;
-  std::vector<int32_t> order(vocab);
-  for (int32_t i = 0; i < vocab; ++i) order[i] = i;
-  const int32_t keep = top_k > 0 && top_k < vocab ? top_k : vocab;
-  std::partial_sort(order.begin(), order.begin() + keep, order.end(),
-                    [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
-  std::vector<double> weights(keep);
-  for (int32_t i = 0; i < keep; ++i) {
-    weights[i] = std::exp((logits[order[i]] - logits[best]) / temperature);
-  }
-  std::discrete_distribution<int32_t> pick(weights.begin(), weights.end());
-  return order[pick(rng)];
-}
-
-}  // namespace
 
 int RunGenerateCommand(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -67,7 +45,11 @@ int RunGenerateCommand(int argc, char** argv) {
   if (config.bos_token_id) tokens.push_back(*config.bos_token_id);
   tokens.insert(tokens.end(), encoded->begin(), encoded->end());
 
-  std::mt19937_64 rng(absl::GetFlag(FLAGS_seed));
+  SamplingParams sampling;
+  sampling.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
+  sampling.top_k = absl::GetFlag(FLAGS_top_k);
+  sampling.top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p));
+  SamplerRng rng(absl::GetFlag(FLAGS_seed));
   std::vector<int32_t> generated;
   std::string printed;
   std::fputs(prompt.c_str(), stdout);
@@ -81,7 +63,7 @@ int RunGenerateCommand(int argc, char** argv) {
       return 1;
     }
     const int32_t token =
-        ChooseToken(*logits, absl::GetFlag(FLAGS_temperature), absl::GetFlag(FLAGS_top_k), rng);
+        SampleToken(*logits, sampling, /*history=*/{}, /*num_logprobs=*/0, rng).token_id;
     if (config.eos_token_id && token == *config.eos_token_id) break;
     generated.push_back(token);
     // Print the text decoded so far minus what is already out: SentencePiece

@@ -1,6 +1,6 @@
 // The `switchserve serve` configuration: every flag, parsed and validated once
 // into ServerOptions. The defaults live in the flag definitions
-// (server_flags.cc) and nowhere else; docs/serving.md lists them.
+// (server_flags.cc) and nowhere else; README.md lists them.
 #ifndef SWITCHSERVE_SERVER_SERVER_FLAGS_H_
 #define SWITCHSERVE_SERVER_SERVER_FLAGS_H_
 
@@ -28,7 +28,7 @@ struct ServerOptions {
   std::string model_dir;  // empty: DefaultModelDirectory()
   std::string host;
   int port = 0;
-  int metrics_port = 0;  // 0 disables
+  int metrics_port = 0;     // 0 disables
   bool moe_metrics = true;  // false: --no-moe-metrics (serving and process metrics only)
   DeviceKind device = DeviceKind::kCpu;
   int threads = 0;  // backend threads; 0: all cores

@@ -86,6 +86,13 @@ def test_build_stage_installs_and_builds_with_the_project_scripts(name):
     assert f"{binary_dir.split('/')[0]}/" in ignore
 
 
+def _copy_destination(args, source):
+    """Where COPY puts `source`: the destination, or source's name inside it
+    when the destination is a directory (ends with '/')."""
+    destination = args.split()[-1]
+    return destination + source.split("/")[-1] if destination.endswith("/") else destination
+
+
 @pytest.mark.parametrize("name", DOCKERFILES)
 def test_final_stage_is_runtime_only(name):
     stages = _stages(name)
@@ -93,7 +100,7 @@ def test_final_stage_is_runtime_only(name):
     assert final[1] == "debian:12-slim"
     commands = runs(final)
     # The install script as this stage calls it: copied from the context.
-    copied = [a.split()[-1] for i, a in final[2]
+    copied = [_copy_destination(a, INSTALL) for i, a in final[2]
               if i == "COPY" and "--from=" not in a and a.split()[0] == INSTALL]
     assert len(copied) == 1, f"the final stage should COPY {INSTALL} once"
     script = copied[0]
