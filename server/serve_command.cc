@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <future>
 #include <memory>
 #include <string>
 #include <thread>
@@ -28,6 +27,7 @@
 #include "grpcpp/server_builder.h"
 #include "server/auth.h"
 #include "server/commands.h"
+#include "server/engine_setup.h"
 #include "server/generation_service.h"
 #include "server/metrics/engine_metrics_observer.h"
 #include "server/metrics/metrics_exposer.h"
@@ -46,119 +46,30 @@ void Log(const std::string& message) {
   std::fflush(stderr);
 }
 
-// --debug-step-delay-ms: a backend that takes at least `delay` per step.
-class SlowedBackend : public Backend {
- public:
-  SlowedBackend(std::unique_ptr<Backend> inner, std::chrono::milliseconds delay)
-      : inner_(std::move(inner)), delay_(delay) {}
-  std::string_view name() const override { return inner_->name(); }
-  absl::Status InitKvCache(int64_t num_blocks, int block_size) override {
-    return inner_->InitKvCache(num_blocks, block_size);
-  }
-  int64_t KvBytesPerToken() const override { return inner_->KvBytesPerToken(); }
-  absl::Status Forward(const StepInput& input, StepOutput* out) override {
-    std::this_thread::sleep_for(delay_);
-    return inner_->Forward(input, out);
-  }
-
- private:
-  std::unique_ptr<Backend> inner_;
-  std::chrono::milliseconds delay_;
-};
-
-// Waits for a request's final update.
-class WaitingSink : public GenerationSink {
- public:
-  void OnUpdate(GenerationUpdate update) override {
-    if (update.finished) done_.set_value(std::move(update));
-  }
-  std::future<GenerationUpdate> Future() { return done_.get_future(); }
-
- private:
-  std::promise<GenerationUpdate> done_;
-};
-
-// One short greedy request through the whole engine: the backend runs, the
-// cache works, the sampler samples. The server reports SERVING only after it.
-absl::Status WarmUp(GenerationEngine& engine, const ModelConfig& config) {
-  auto sink = std::make_shared<WaitingSink>();
-  auto future = sink->Future();
-  GenerationRequest request;
-  request.prompt = {std::min(config.vocab_size - 1, 65)};
-  request.sampling.temperature = 0;
-  request.sampling.max_new_tokens = std::min(2, config.max_seq_len - 1);
-  request.sampling.ignore_eos = true;
-  request.sink = sink;
-  if (auto id = engine.Submit(std::move(request)); !id.ok()) return id.status();
-  GenerationUpdate final = future.get();
-  if (!final.status.ok()) {
-    return absl::Status(final.status.code(), absl::StrCat("warm-up: ", final.status.message()));
-  }
-  return absl::OkStatus();
-}
-
-DispatchConfig DispatchInForce(const ModelConfig& config, const ServerOptions& options) {
-  DispatchConfig dispatch = config.dispatch;
-  if (options.capacity_factor) dispatch.capacity_factor = *options.capacity_factor;
-  if (options.min_capacity) dispatch.min_capacity = *options.min_capacity;
-  if (options.overflow) dispatch.overflow = *options.overflow;
-  return dispatch;
-}
-
 int Fail(const absl::Status& status) {
   Log(absl::StrCat("error: ", status.ToString()));
   return 1;
 }
 
 int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
-  if (options.device == DeviceKind::kCuda) {
-    return Fail(absl::FailedPreconditionError(
-        "--device cuda: this build has no CUDA backend; use --device cpu"));
-  }
   if (options.device == DeviceKind::kAuto) Log("--device auto: no CUDA backend built, using cpu");
-
-  const std::string model_dir =
-      options.model_dir.empty() ? DefaultModelDirectory() : options.model_dir;
-  Log(absl::StrCat("loading model from ", model_dir));
-  auto model = LoadModel(model_dir);
-  if (!model.ok()) return Fail(model.status());
-  const ModelConfig& config = (*model)->config;
-  const DispatchConfig dispatch = DispatchInForce(config, options);
-
-  std::unique_ptr<Backend> backend =
-      CreateCpuBackend(config, (*model)->weights, dispatch, CpuBackendOptions{options.threads});
+  ServerOptions resolved = options;
+  if (resolved.model_dir.empty()) resolved.model_dir = DefaultModelDirectory();
+  Log(absl::StrCat("loading model from ", resolved.model_dir));
+  absl::StatusOr<EngineSetup> setup = SetUpEngine(resolved);
+  if (!setup.ok()) return Fail(setup.status());
+  const std::string& model_dir = resolved.model_dir;
+  const ModelConfig& config = setup->model->config;
+  const DispatchConfig& dispatch = setup->dispatch;
+  Backend* backend = setup->backend.get();
+  const EngineOptions& engine_options = setup->engine_options;
+  const int64_t num_blocks = engine_options.num_kv_blocks;
+  const int block_size = engine_options.kv_block_size;
+  const int64_t bytes_per_block = setup->kv_bytes_per_block;
   if (options.debug_step_delay_ms > 0) {
     Log(absl::StrCat("--debug-step-delay-ms ", options.debug_step_delay_ms,
                      ": every engine step is slowed down (testing aid)"));
-    backend = std::make_unique<SlowedBackend>(
-        std::move(backend), std::chrono::milliseconds(options.debug_step_delay_ms));
   }
-
-  // KV cache: the byte budget, but never more than max_running_requests full
-  // contexts, and at least one full context.
-  const int block_size = options.kv_block_size;
-  const int64_t bytes_per_block = backend->KvBytesPerToken() * block_size;
-  const int64_t useful_blocks =
-      (int64_t{options.max_running_requests} * config.max_seq_len + block_size - 1) / block_size;
-  const int64_t num_blocks = std::min(options.kv_cache_bytes / bytes_per_block, useful_blocks);
-  if (num_blocks * block_size < config.max_seq_len) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "--kv-cache-bytes: ", options.kv_cache_bytes, " bytes hold ", num_blocks * block_size,
-        " tokens, less than one full context of ", config.max_seq_len, " tokens (",
-        backend->KvBytesPerToken(), " bytes per token)")));
-  }
-  if (absl::Status status = backend->InitKvCache(num_blocks, block_size); !status.ok()) {
-    return Fail(status);
-  }
-
-  EngineOptions engine_options;
-  engine_options.scheduler.max_batch_tokens = options.max_batch_tokens;
-  engine_options.scheduler.max_running_requests = options.max_running_requests;
-  engine_options.num_kv_blocks = num_blocks;
-  engine_options.kv_block_size = block_size;
-  engine_options.max_queue = options.max_queue;
-  engine_options.context_length = config.max_seq_len;
-  engine_options.eos_token_id = config.eos_token_id;
   // Metrics: the engine observer feeds them once per step and per finished
   // request; the exposer serves them from its own threads.
   std::shared_ptr<prometheus::Registry> registry;
@@ -180,9 +91,9 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
     if (!started.ok()) return Fail(started.status());
     exposer = std::move(*started);
   }
-  GenerationEngine engine(engine_options, backend.get(), (*model)->tokenizer.get(), observer.get());
+  GenerationEngine engine(engine_options, backend, setup->model->tokenizer.get(), observer.get());
   engine.Start();
-  if (absl::Status status = WarmUp(engine, config); !status.ok()) return Fail(status);
+  if (absl::Status status = WarmUpEngine(engine, config); !status.ok()) return Fail(status);
 
   std::unique_ptr<BearerTokenAuth> auth;
   if (!options.auth_token_file.empty()) {
@@ -195,7 +106,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
 
   GenerationServiceOptions service_options;
   service_options.engine = &engine;
-  service_options.tokenizer = (*model)->tokenizer.get();
+  service_options.tokenizer = setup->model->tokenizer.get();
   service_options.config = &config;
   service_options.dispatch = dispatch;
   service_options.device = "cpu";

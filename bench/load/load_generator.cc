@@ -1,0 +1,118 @@
+#include "bench/load/load_generator.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <utility>
+
+namespace switchserve::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double MillisBetween(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double, std::milli>(to - from).count();
+}
+
+// Counts finished requests; Wait blocks until `total` have finished.
+class Completion {
+ public:
+  void Done() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++done_;
+    cv_.notify_all();
+  }
+  void Wait(int total) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_ >= total; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int done_ = 0;
+};
+
+// Times one request from the moment it is handed to the transport; records
+// its sample, starts its successor (closed loop) and deletes itself when done.
+class TimedRequest : public RequestProgress {
+ public:
+  TimedRequest(LatencyStats* stats, Completion* completion, std::function<void()> next)
+      : stats_(stats), completion_(completion), next_(std::move(next)), sent_(Clock::now()) {}
+
+  void OnTokens(int count) override {
+    if (count <= 0) return;
+    if (tokens_ == 0) first_token_ = Clock::now();
+    tokens_ += count;
+  }
+
+  void OnDone(bool ok, const std::string& error) override {
+    const Clock::time_point end = Clock::now();
+    RequestSample sample;
+    sample.ok = ok;
+    sample.error = ok ? "" : error;
+    sample.tokens = tokens_;
+    sample.latency_ms = MillisBetween(sent_, end);
+    sample.ttft_ms = tokens_ > 0 ? MillisBetween(sent_, first_token_) : sample.latency_ms;
+    sample.tpot_ms = tokens_ > 1 ? MillisBetween(first_token_, end) / (tokens_ - 1) : 0;
+    stats_->Add(sample);
+    // Start the successor before counting this one done: once the last one is
+    // counted, RunLoad returns and what `next` refers to is gone.
+    Completion* completion = completion_;
+    std::function<void()> next = std::move(next_);
+    delete this;
+    if (next) next();
+    completion->Done();
+  }
+
+ private:
+  LatencyStats* const stats_;
+  Completion* const completion_;
+  std::function<void()> next_;
+  const Clock::time_point sent_;
+  Clock::time_point first_token_;
+  int tokens_ = 0;
+};
+
+}  // namespace
+
+LoadResult RunLoad(LoadTransport& transport, const LoadOptions& options) {
+  LatencyStats stats;
+  Completion completion;
+  const int total = options.requests;
+  const Clock::time_point start = Clock::now();
+  std::atomic<int> launched{0};
+  // Closed loop: each finished request starts the next until `total` were
+  // sent. (Lives until every request is done: the requests refer to it.)
+  std::function<void()> launch = [&] {
+    const int index = launched.fetch_add(1);
+    if (index >= total) return;
+    transport.Start(options.seed + index, new TimedRequest(&stats, &completion, launch));
+  };
+  if (options.mode == LoadMode::kClosed) {
+    const int initial = std::min(total, options.concurrency);
+    for (int i = 0; i < initial; ++i) launch();
+  } else {
+    std::mt19937_64 generator(options.seed);
+    std::exponential_distribution<double> gap_s(options.rate_per_s);
+    Clock::time_point next = start;
+    for (int i = 0; i < total; ++i) {
+      std::this_thread::sleep_until(next);
+      transport.Start(options.seed + i, new TimedRequest(&stats, &completion, nullptr));
+      next += std::chrono::duration_cast<Clock::duration>(
+          std::chrono::duration<double>(gap_s(generator)));
+    }
+  }
+  completion.Wait(total);
+  LoadResult result;
+  result.wall_s = MillisBetween(start, Clock::now()) / 1000.0;
+  result.report = stats.Report(result.wall_s);
+  return result;
+}
+
+}  // namespace switchserve::bench

@@ -1,0 +1,55 @@
+// The load generator's transport-independent half: closed-loop (fixed
+// concurrency) or open-loop (Poisson arrivals) scheduling of requests, and the
+// per-request timing (TTFT, TPOT, latency) that feeds LatencyStats. A
+// LoadTransport only starts requests and reports their tokens; the gRPC
+// client and the in-process engine are the two transports, so both are
+// measured by exactly the same code.
+#ifndef SWITCHSERVE_BENCH_LOAD_LOAD_GENERATOR_H_
+#define SWITCHSERVE_BENCH_LOAD_LOAD_GENERATOR_H_
+
+#include <cstdint>
+#include <string>
+
+#include "bench/load/latency_stats.h"
+
+namespace switchserve::bench {
+
+// What a transport reports about one request. OnTokens may be called any
+// number of times, then OnDone exactly once; the calls of one request never
+// overlap (they may come from any thread). After OnDone the object is gone.
+class RequestProgress {
+ public:
+  virtual ~RequestProgress() = default;
+  virtual void OnTokens(int count) = 0;
+  virtual void OnDone(bool ok, const std::string& error) = 0;
+};
+
+class LoadTransport {
+ public:
+  virtual ~LoadTransport() = default;
+  // Starts one request whose sampling seed is `seed` and returns without
+  // waiting for it; its progress goes to `progress`.
+  virtual void Start(uint64_t seed, RequestProgress* progress) = 0;
+};
+
+enum class LoadMode { kClosed, kOpen };
+
+struct LoadOptions {
+  LoadMode mode = LoadMode::kClosed;
+  int concurrency = 8;     // closed loop: requests in flight
+  double rate_per_s = 10;  // open loop: mean arrivals per second
+  int requests = 200;      // in total
+  uint64_t seed = 1;       // arrival process; request i gets seed + i
+};
+
+struct LoadResult {
+  double wall_s = 0;
+  std::string report;  // LatencyStats::Report
+};
+
+// Sends options.requests requests through `transport` and waits for all.
+LoadResult RunLoad(LoadTransport& transport, const LoadOptions& options);
+
+}  // namespace switchserve::bench
+
+#endif  // SWITCHSERVE_BENCH_LOAD_LOAD_GENERATOR_H_

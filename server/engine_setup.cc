@@ -1,0 +1,121 @@
+#include "server/engine_setup.h"
+
+#include <algorithm>
+#include <chrono>
+#include <future>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/cpu_backend.h"
+
+namespace switchserve {
+namespace {
+
+// --debug-step-delay-ms: a backend that takes at least `delay` per step.
+class SlowedBackend : public Backend {
+ public:
+  SlowedBackend(std::unique_ptr<Backend> inner, std::chrono::milliseconds delay)
+      : inner_(std::move(inner)), delay_(delay) {}
+  std::string_view name() const override { return inner_->name(); }
+  absl::Status InitKvCache(int64_t num_blocks, int block_size) override {
+    return inner_->InitKvCache(num_blocks, block_size);
+  }
+  int64_t KvBytesPerToken() const override { return inner_->KvBytesPerToken(); }
+  absl::Status Forward(const StepInput& input, StepOutput* out) override {
+    std::this_thread::sleep_for(delay_);
+    return inner_->Forward(input, out);
+  }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+  std::chrono::milliseconds delay_;
+};
+
+// Waits for a request's final update.
+class WaitingSink : public GenerationSink {
+ public:
+  void OnUpdate(GenerationUpdate update) override {
+    if (update.finished) done_.set_value(std::move(update));
+  }
+  std::future<GenerationUpdate> Future() { return done_.get_future(); }
+
+ private:
+  std::promise<GenerationUpdate> done_;
+};
+
+DispatchConfig DispatchInForce(const ModelConfig& config, const ServerOptions& options) {
+  DispatchConfig dispatch = config.dispatch;
+  if (options.capacity_factor) dispatch.capacity_factor = *options.capacity_factor;
+  if (options.min_capacity) dispatch.min_capacity = *options.min_capacity;
+  if (options.overflow) dispatch.overflow = *options.overflow;
+  return dispatch;
+}
+
+}  // namespace
+
+absl::StatusOr<EngineSetup> SetUpEngine(const ServerOptions& options) {
+  if (options.device == DeviceKind::kCuda) {
+    return absl::FailedPreconditionError(
+        "--device cuda: this build has no CUDA backend; use --device cpu");
+  }
+  EngineSetup setup;
+  absl::StatusOr<std::unique_ptr<Model>> model = LoadModel(options.model_dir);
+  if (!model.ok()) return model.status();
+  setup.model = *std::move(model);
+  const ModelConfig& config = setup.model->config;
+  setup.dispatch = DispatchInForce(config, options);
+
+  setup.backend = CreateCpuBackend(config, setup.model->weights, setup.dispatch,
+                                   CpuBackendOptions{options.threads});
+  if (options.debug_step_delay_ms > 0) {
+    setup.backend = std::make_unique<SlowedBackend>(
+        std::move(setup.backend), std::chrono::milliseconds(options.debug_step_delay_ms));
+  }
+
+  const int block_size = options.kv_block_size;
+  setup.kv_bytes_per_block = setup.backend->KvBytesPerToken() * block_size;
+  const int64_t useful_blocks =
+      (int64_t{options.max_running_requests} * config.max_seq_len + block_size - 1) / block_size;
+  const int64_t num_blocks =
+      std::min(options.kv_cache_bytes / setup.kv_bytes_per_block, useful_blocks);
+  if (num_blocks * block_size < config.max_seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv-cache-bytes: ", options.kv_cache_bytes, " bytes hold ", num_blocks * block_size,
+        " tokens, less than one full context of ", config.max_seq_len, " tokens (",
+        setup.backend->KvBytesPerToken(), " bytes per token)"));
+  }
+  if (absl::Status status = setup.backend->InitKvCache(num_blocks, block_size); !status.ok()) {
+    return status;
+  }
+
+  EngineOptions& engine = setup.engine_options;
+  engine.scheduler.max_batch_tokens = options.max_batch_tokens;
+  engine.scheduler.max_running_requests = options.max_running_requests;
+  engine.num_kv_blocks = num_blocks;
+  engine.kv_block_size = block_size;
+  engine.max_queue = options.max_queue;
+  engine.context_length = config.max_seq_len;
+  engine.eos_token_id = config.eos_token_id;
+  return setup;
+}
+
+absl::Status WarmUpEngine(GenerationEngine& engine, const ModelConfig& config) {
+  auto sink = std::make_shared<WaitingSink>();
+  auto future = sink->Future();
+  GenerationRequest request;
+  request.prompt = {std::min(config.vocab_size - 1, 65)};
+  request.sampling.temperature = 0;
+  request.sampling.max_new_tokens = std::min(2, config.max_seq_len - 1);
+  request.sampling.ignore_eos = true;
+  request.sink = sink;
+  if (auto id = engine.Submit(std::move(request)); !id.ok()) return id.status();
+  GenerationUpdate final = future.get();
+  if (!final.status.ok()) {
+    return absl::Status(final.status.code(), absl::StrCat("warm-up: ", final.status.message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace switchserve
