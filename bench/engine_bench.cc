@@ -22,33 +22,8 @@
 namespace switchserve {
 namespace {
 
-ModelConfig PaperSwitchAllConfig() {
-  ModelConfig config;
-  config.name = "paper-262m-switchall";
-  config.vocab_size = 8000;
-  config.d_model = 1024;
-  config.n_layers = 18;
-  config.max_seq_len = 2048;
-  config.norm = NormKind::kLayerNorm;
-  config.attention.kind = AttentionKind::kSwitchHead;
-  config.attention.n_heads = 4;
-  config.attention.n_kv_heads = 4;
-  config.attention.head_dim = 112;
-  config.attention.n_experts = 4;
-  config.attention.top_k = 2;
-  config.attention.gate = AttentionGate::kSigmoid;
-  config.ffn.kind = FfnKind::kMoe;
-  config.ffn.d_ff = 128;
-  config.ffn.n_experts = 32;
-  config.ffn.top_k = 4;
-  config.ffn.gate = FfnGate::kSigmoid;
-  config.ffn.activation = Activation::kRelu;
-  config.ffn.bias = false;
-  return config;  // dispatch: dropless
-}
-
 struct PaperModel {
-  ModelConfig config = PaperSwitchAllConfig();
+  ModelConfig config = testing::PaperSwitchAllConfig();
   ModelWeights weights = testing::RandomWeights(config, /*seed=*/262);
 };
 

@@ -149,6 +149,31 @@ ModelConfig DenseGqaConfig() {
   return c;
 }
 
+ModelConfig PaperSwitchAllConfig() {
+  ModelConfig c;
+  c.name = "paper-262m-switchall";
+  c.vocab_size = 8000;
+  c.d_model = 1024;
+  c.n_layers = 18;
+  c.max_seq_len = 2048;
+  c.norm = NormKind::kLayerNorm;
+  c.attention.kind = AttentionKind::kSwitchHead;
+  c.attention.n_heads = 4;
+  c.attention.n_kv_heads = 4;
+  c.attention.head_dim = 112;
+  c.attention.n_experts = 4;
+  c.attention.top_k = 2;
+  c.attention.gate = AttentionGate::kSigmoid;
+  c.ffn.kind = FfnKind::kMoe;
+  c.ffn.d_ff = 128;
+  c.ffn.n_experts = 32;
+  c.ffn.top_k = 4;
+  c.ffn.gate = FfnGate::kSigmoid;
+  c.ffn.activation = Activation::kRelu;
+  c.ffn.bias = false;
+  return c;
+}
+
 std::vector<NamedConfig> AllVariantConfigs() {
   return {{"SwitchAllSigmoid", TinySwitchAllConfig()},
           {"SoftmaxTopK", SwitchHeadSoftmaxTopKConfig()},

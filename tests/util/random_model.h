@@ -29,6 +29,12 @@ ModelConfig SwitchHeadSingleExpertConfig();  // E=1 (dense V/O, per-head output 
 ModelConfig DenseMhaConfig();                // dense attention, dense FFN (relu), untied
 ModelConfig DenseGqaConfig();                // dense attention G=2, MoE FFN top-2 renormalised silu
 
+// The paper's 262M SwitchAll shape (Csordas et al.): d = 1024, 18 layers,
+// SwitchHead H = 4, E = 4, k = 2, dh = 112, sigmoid gates; MoE FFN of 32
+// experts of size 128, sigmoid gates, k = 4, relu, no biases; vocabulary
+// 8000, context 2048, layernorm, tied embeddings, dropless.
+ModelConfig PaperSwitchAllConfig();
+
 struct NamedConfig {
   std::string name;
   ModelConfig config;
