@@ -15,8 +15,8 @@
 #include <memory>
 
 #include "bench/roofline.h"
-#include "engine/cpu_backend.h"
-#include "engine/kv_cache.h"
+#include "engine/runtime/kv_cache.h"
+#include "kernels/backends.h"
 #include "tests/util/random_model.h"
 
 namespace switchserve {
@@ -89,7 +89,7 @@ void BM_DecodeStep(benchmark::State& state) {
   const PaperModel& model = Paper();
   bench::MeasureMachineLimits();
   std::unique_ptr<Backend> backend =
-      CreateCpuBackend(model.config, model.weights, model.config.dispatch);
+      *CreateBackend(DeviceKind::kCpu, model.config, model.weights, model.config.dispatch);
   const int block_size = 16;
   KvBlockAllocator allocator(batch * ((context + 1 + block_size - 1) / block_size), block_size);
   if (!backend->InitKvCache(allocator.num_blocks(), block_size).ok()) {
@@ -146,7 +146,7 @@ void BM_PrefillChunk(benchmark::State& state) {
   const PaperModel& model = Paper();
   bench::MeasureMachineLimits();
   std::unique_ptr<Backend> backend =
-      CreateCpuBackend(model.config, model.weights, model.config.dispatch);
+      *CreateBackend(DeviceKind::kCpu, model.config, model.weights, model.config.dispatch);
   KvBlockAllocator allocator((length + 15) / 16, 16);
   if (!backend->InitKvCache(allocator.num_blocks(), 16).ok() ||
       !allocator.Reserve(0, length).ok()) {

@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "engine/cpu_backend.h"
+#include "kernels/backends.h"
 
 namespace switchserve {
 namespace {
@@ -56,10 +56,6 @@ DispatchConfig DispatchInForce(const ModelConfig& config, const ServerOptions& o
 }  // namespace
 
 absl::StatusOr<EngineSetup> SetUpEngine(const ServerOptions& options) {
-  if (options.device == DeviceKind::kCuda) {
-    return absl::FailedPreconditionError(
-        "--device cuda: this build has no CUDA backend; use --device cpu");
-  }
   EngineSetup setup;
   absl::StatusOr<std::unique_ptr<Model>> model = LoadModel(options.model_dir);
   if (!model.ok()) return model.status();
@@ -67,8 +63,15 @@ absl::StatusOr<EngineSetup> SetUpEngine(const ServerOptions& options) {
   const ModelConfig& config = setup.model->config;
   setup.dispatch = DispatchInForce(config, options);
 
-  setup.backend = CreateCpuBackend(config, setup.model->weights, setup.dispatch,
-                                   CpuBackendOptions{options.threads});
+  absl::StatusOr<std::unique_ptr<Backend>> backend =
+      CreateBackend(options.device, config, setup.model->weights, setup.dispatch,
+                    BackendOptions{.num_threads = options.threads});
+  if (!backend.ok()) {
+    return absl::Status(backend.status().code(),
+                        absl::StrCat("--device ", std::string(ToString(options.device)), ": ",
+                                     backend.status().message()));
+  }
+  setup.backend = *std::move(backend);
   if (options.debug_step_delay_ms > 0) {
     setup.backend = std::make_unique<SlowedBackend>(
         std::move(setup.backend), std::chrono::milliseconds(options.debug_step_delay_ms));

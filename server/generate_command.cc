@@ -6,8 +6,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "engine/request.h"
-#include "engine/sampler.h"
+#include "engine/runtime/request.h"
+#include "engine/runtime/sampler.h"
 #include "server/offline_session.h"
 
 ABSL_FLAG(std::string, prompt, "", "prompt text");

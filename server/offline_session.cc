@@ -1,7 +1,7 @@
 #include "server/offline_session.h"
 
 #include "absl/flags/flag.h"
-#include "engine/cpu_backend.h"
+#include "kernels/backends.h"
 #include "server/commands.h"
 #include "server/common_flags.h"
 
@@ -14,10 +14,11 @@ absl::StatusOr<OfflineSession> OpenOfflineSession() {
   absl::StatusOr<std::unique_ptr<Model>> model = LoadModel(directory);
   if (!model.ok()) return model.status();
   session.model = *std::move(model);
-  CpuBackendOptions options;
-  options.num_threads = absl::GetFlag(FLAGS_threads);
-  session.backend = CreateCpuBackend(session.model->config, session.model->weights,
-                                     session.model->config.dispatch, options);
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend(
+      DeviceKind::kCpu, session.model->config, session.model->weights,
+      session.model->config.dispatch, BackendOptions{.num_threads = absl::GetFlag(FLAGS_threads)});
+  if (!backend.ok()) return backend.status();
+  session.backend = *std::move(backend);
   absl::StatusOr<std::unique_ptr<SequenceRunner>> runner =
       SequenceRunner::Create(session.backend.get(), session.model->config);
   if (!runner.ok()) return runner.status();

@@ -1,4 +1,4 @@
-// A model, a CPU backend and a SequenceRunner, set up from the command line's
+// A model, a backend and a SequenceRunner, set up from the command line's
 // --model and --threads: what the offline subcommands (generate, score) run.
 #ifndef SWITCHSERVE_SERVER_OFFLINE_SESSION_H_
 #define SWITCHSERVE_SERVER_OFFLINE_SESSION_H_
@@ -6,9 +6,9 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "engine/backend.h"
-#include "engine/model_loader.h"
-#include "engine/sequence_runner.h"
+#include "engine/model/model_loader.h"
+#include "engine/runtime/backend.h"
+#include "engine/runtime/sequence_runner.h"
 
 namespace switchserve {
 

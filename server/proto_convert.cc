@@ -1,6 +1,6 @@
 #include "server/proto_convert.h"
 
-#include "engine/detokenizer.h"
+#include "engine/text/detokenizer.h"
 
 namespace switchserve {
 namespace {

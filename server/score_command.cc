@@ -18,7 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "engine/npy.h"
+#include "engine/model/npy.h"
 #include "server/offline_session.h"
 
 ABSL_FLAG(std::string, text, "", "file whose contents to score");

@@ -18,9 +18,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "engine/cpu_backend.h"
-#include "engine/generation_engine.h"
-#include "engine/model_loader.h"
+#include "engine/model/model_loader.h"
+#include "engine/runtime/generation_engine.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server.h"
@@ -52,7 +51,6 @@ int Fail(const absl::Status& status) {
 }
 
 int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
-  if (options.device == DeviceKind::kAuto) Log("--device auto: no CUDA backend built, using cpu");
   ServerOptions resolved = options;
   if (resolved.model_dir.empty()) resolved.model_dir = DefaultModelDirectory();
   Log(absl::StrCat("loading model from ", resolved.model_dir));
@@ -62,6 +60,9 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   const ModelConfig& config = setup->model->config;
   const DispatchConfig& dispatch = setup->dispatch;
   Backend* backend = setup->backend.get();
+  if (options.device == DeviceKind::kAuto) {
+    Log(absl::StrCat("--device auto: using the ", std::string(backend->name()), " backend"));
+  }
   const EngineOptions& engine_options = setup->engine_options;
   const int64_t num_blocks = engine_options.num_kv_blocks;
   const int block_size = engine_options.kv_block_size;
@@ -109,7 +110,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   service_options.tokenizer = setup->model->tokenizer.get();
   service_options.config = &config;
   service_options.dispatch = dispatch;
-  service_options.device = "cpu";
+  service_options.device = std::string(backend->name());
   service_options.limits.vocab_size = config.vocab_size;
   service_options.limits.context_length = config.max_seq_len;
   service_options.auth = auth.get();

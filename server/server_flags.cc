@@ -79,16 +79,9 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   o.debug_step_delay_ms = absl::GetFlag(FLAGS_debug_step_delay_ms);
 
-  const std::string device = absl::GetFlag(FLAGS_device);
-  if (device == "cpu") {
-    o.device = DeviceKind::kCpu;
-  } else if (device == "cuda") {
-    o.device = DeviceKind::kCuda;
-  } else if (device == "auto") {
-    o.device = DeviceKind::kAuto;
-  } else {
-    return FlagError("device", absl::StrCat("expected cpu, cuda or auto, found \"", device, "\""));
-  }
+  auto device = ParseDeviceKind(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) return FlagError("device", std::string(device.status().message()));
+  o.device = *device;
   if (const std::string overflow = absl::GetFlag(FLAGS_overflow); !overflow.empty()) {
     auto policy = ParseOverflowPolicy(overflow);
     if (!policy.ok()) return FlagError("overflow", std::string(policy.status().message()));

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "engine/routing_stats.h"
+#include "engine/moe/routing_stats.h"
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"

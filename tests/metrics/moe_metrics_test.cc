@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "engine/routing_stats.h"
+#include "engine/moe/routing_stats.h"
 #include "tests/metrics/registry_reader.h"
 #include "tests/metrics/synthetic_routing.h"
 

@@ -1,6 +1,6 @@
 #include "tests/metrics/synthetic_routing.h"
 
-#include "engine/expert_dispatch.h"
+#include "engine/moe/expert_dispatch.h"
 
 namespace switchserve::testing {
 namespace {

@@ -4,9 +4,9 @@
 #include <cmath>
 #include <vector>
 
-#include "engine/cpu_backend.h"
-#include "engine/routing_stats.h"
+#include "engine/moe/routing_stats.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "tests/util/backend_harness.h"
 #include "tests/util/random_model.h"
 

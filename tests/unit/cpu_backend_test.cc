@@ -1,12 +1,12 @@
-#include "engine/cpu_backend.h"
+#include "kernels/cpu/cpu_backend.h"
 
 #include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
 
-#include "engine/kv_cache.h"
-#include "engine/routing_stats.h"
+#include "engine/moe/routing_stats.h"
+#include "engine/runtime/kv_cache.h"
 #include "gtest/gtest.h"
 #include "tests/util/backend_harness.h"
 #include "tests/util/random_model.h"

@@ -1,4 +1,4 @@
-#include "engine/generation_engine.h"
+#include "engine/runtime/generation_engine.h"
 
 #include <atomic>
 #include <condition_variable>
@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 #include "gtest/gtest.h"
 #include "tests/util/fake_backend.h"
 

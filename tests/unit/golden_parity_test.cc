@@ -10,11 +10,11 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
-#include "engine/cpu_backend.h"
-#include "engine/kv_cache.h"
-#include "engine/model_loader.h"
-#include "engine/sequence_runner.h"
+#include "engine/model/model_loader.h"
+#include "engine/runtime/kv_cache.h"
+#include "engine/runtime/sequence_runner.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "tests/util/golden.h"
 
 namespace switchserve {

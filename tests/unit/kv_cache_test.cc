@@ -1,4 +1,4 @@
-#include "engine/kv_cache.h"
+#include "engine/runtime/kv_cache.h"
 
 #include <set>
 

@@ -7,11 +7,11 @@
 #include <memory>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/cpu_backend.h"
-#include "engine/kv_cache.h"
-#include "engine/model_config.h"
-#include "engine/model_weights.h"
+#include "engine/model/model_config.h"
+#include "engine/model/model_weights.h"
+#include "engine/runtime/backend.h"
+#include "engine/runtime/kv_cache.h"
+#include "kernels/cpu/cpu_backend.h"
 
 namespace switchserve::testing {
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
+#include "engine/runtime/backend.h"
 
 namespace switchserve::testing {
 

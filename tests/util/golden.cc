@@ -7,8 +7,8 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "engine/model_loader.h"
-#include "engine/safetensors.h"
+#include "engine/model/model_loader.h"
+#include "engine/model/safetensors.h"
 #include "tests/util/test_util.h"
 
 namespace switchserve::testing {

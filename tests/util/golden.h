@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/routing_stats.h"
+#include "engine/moe/routing_stats.h"
 
 namespace switchserve::testing {
 

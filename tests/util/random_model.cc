@@ -4,8 +4,8 @@
 #include <random>
 #include <string>
 
-#include "engine/model_loader.h"
-#include "engine/routing_stats.h"
+#include "engine/model/model_loader.h"
+#include "engine/moe/routing_stats.h"
 
 namespace switchserve::testing {
 namespace {

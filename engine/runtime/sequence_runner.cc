@@ -1,0 +1,80 @@
+#include "engine/runtime/sequence_runner.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace switchserve {
+
+absl::StatusOr<std::unique_ptr<SequenceRunner>> SequenceRunner::Create(
+    Backend* backend, const ModelConfig& config, const SequenceRunnerOptions& options) {
+  if (options.block_size <= 0 || options.prefill_chunk <= 0) {
+    return absl::InvalidArgumentError("sequence runner: block_size and prefill_chunk must be > 0");
+  }
+  const int64_t max_tokens = options.max_tokens > 0 ? options.max_tokens : config.max_seq_len;
+  const int64_t num_blocks = (max_tokens + options.block_size - 1) / options.block_size;
+  absl::Status status = backend->InitKvCache(num_blocks, options.block_size);
+  if (!status.ok()) return status;
+  return std::unique_ptr<SequenceRunner>(new SequenceRunner(backend, config, options, num_blocks));
+}
+
+SequenceRunner::SequenceRunner(Backend* backend, const ModelConfig& config,
+                               const SequenceRunnerOptions& options, int64_t num_blocks)
+    : backend_(backend),
+      config_(config),
+      options_(options),
+      allocator_(num_blocks, options.block_size) {}
+
+int64_t SequenceRunner::Length(SequenceId id) const {
+  auto it = lengths_.find(id);
+  return it == lengths_.end() ? 0 : it->second;
+}
+
+absl::StatusOr<std::vector<float>> SequenceRunner::Append(SequenceId id,
+                                                          absl::Span<const int32_t> tokens,
+                                                          bool all_logits,
+                                                          StepRoutingStats* stats) {
+  if (tokens.empty()) return absl::InvalidArgumentError("sequence runner: no tokens to append");
+  int64_t length = Length(id);
+  if (length + static_cast<int64_t>(tokens.size()) > config_.max_seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat("sequence runner: ", length + tokens.size(),
+                                                   " tokens exceed max_seq_len ",
+                                                   config_.max_seq_len));
+  }
+  absl::Status status = allocator_.Reserve(id, length + static_cast<int64_t>(tokens.size()));
+  if (!status.ok()) return status;
+
+  std::vector<float> logits;
+  StepInput input;
+  input.chunks.resize(1);
+  StepOutput output;
+  for (size_t begin = 0; begin < tokens.size(); begin += options_.prefill_chunk) {
+    const size_t end = std::min(tokens.size(), begin + options_.prefill_chunk);
+    SequenceChunk& chunk = input.chunks[0];
+    chunk.tokens.assign(tokens.begin() + begin, tokens.begin() + end);
+    chunk.start_pos = static_cast<int32_t>(length);
+    chunk.block_table = &allocator_.BlockTable(id);
+    const bool last = end == tokens.size();
+    chunk.logits = all_logits ? LogitsMode::kAll : (last ? LogitsMode::kLast : LogitsMode::kNone);
+    status = backend_->Forward(input, &output);
+    if (!status.ok()) return status;
+    logits.insert(logits.end(), output.logits.begin(), output.logits.end());
+    if (stats != nullptr) {
+      if (stats->routers.empty()) {
+        *stats = output.stats;
+      } else {
+        stats->Add(output.stats);
+      }
+    }
+    length += static_cast<int64_t>(end - begin);
+    lengths_[id] = length;
+  }
+  return logits;
+}
+
+void SequenceRunner::Release(SequenceId id) {
+  allocator_.Free(id);
+  lengths_.erase(id);
+}
+
+}  // namespace switchserve
