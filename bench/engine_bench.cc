@@ -48,7 +48,8 @@ StepWork MeasureWork(const ModelConfig& config, const StepOutput& out, int64_t n
   const double dense_params = (H + G) * dh * d + (G * E + H * E) * d + X * d;
   work.flops += 2 * dense_params * new_tokens * config.n_layers;
   work.bytes += 4 * dense_params * config.n_layers;
-  const std::vector<RouterId> ids = EnumerateRouters(config);
+  const RouterLayout layout(config);
+  const std::vector<RouterId>& ids = layout.routers();
   for (size_t r = 0; r < ids.size(); ++r) {
     const RouterStepStats& stats = out.stats.routers[r];
     const double expert_params = ids[r].module == MoeModule::kFfn ? 2 * F * d : d * dh;

@@ -83,7 +83,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
     serving_metrics = std::make_unique<ServingMetrics>(*registry);
     std::vector<std::shared_ptr<prometheus::Collectable>> collectables = {registry};
     if (options.moe_metrics) {
-      moe_metrics = std::make_shared<MoeMetrics>(EnumerateRouters(config));
+      moe_metrics = std::make_shared<MoeMetrics>(RouterLayout(config).routers());
       collectables.push_back(moe_metrics);
     }
     observer = std::make_unique<EngineMetricsObserver>(serving_metrics.get(), moe_metrics.get(),

@@ -18,8 +18,9 @@ struct RouteChoice {
   RouteFate fate = RouteFate::kKept;
 };
 
-// Routing of one token: for every router of EnumerateRouters(), its top_k
-// choices in rank order, concatenated.
+// Routing of one token: for every router of the model's RouterLayout, in
+// layout order, its top_k choices in rank order, concatenated
+// (RouterLayout::ChoiceOffset says where each router's start).
 struct TokenRouting {
   std::vector<RouteChoice> choices;
 };

@@ -5,37 +5,6 @@
 
 namespace switchserve {
 
-std::string_view ToString(MoeModule module) {
-  switch (module) {
-    case MoeModule::kAttnV:
-      return "attn_v";
-    case MoeModule::kAttnO:
-      return "attn_o";
-    case MoeModule::kFfn:
-      return "ffn";
-  }
-  return "?";
-}
-
-std::vector<RouterId> EnumerateRouters(const ModelConfig& config) {
-  std::vector<RouterId> ids;
-  const AttentionConfig& attn = config.attention;
-  for (int layer = 0; layer < config.n_layers; ++layer) {
-    if (attn.IsRouted()) {
-      for (int h = 0; h < attn.ValueRouterHeads(); ++h) {
-        ids.push_back({layer, MoeModule::kAttnV, h, attn.n_experts, attn.top_k});
-      }
-      for (int h = 0; h < attn.OutputRouterHeads(); ++h) {
-        ids.push_back({layer, MoeModule::kAttnO, h, attn.n_experts, attn.top_k});
-      }
-    }
-    if (config.ffn.kind == FfnKind::kMoe) {
-      ids.push_back({layer, MoeModule::kFfn, 0, config.ffn.n_experts, config.ffn.top_k});
-    }
-  }
-  return ids;
-}
-
 void RouterStepStats::Reset(int n_experts) {
   tokens = 0;
   routed.assign(n_experts, 0);

@@ -1,6 +1,6 @@
 // Per-step MoE routing statistics, accumulated by a backend for every router
 // (layer x module x head) of the model, and the load-balance figures derived
-// from them (DESIGN.md, "Load-balance statistics").
+// from them (docs/design.md, "Load-balance statistics").
 //
 // A step's statistics are plain values: the backend fills one StepRoutingStats
 // per Forward call and the caller (scheduler, metrics) owns it. Nothing here is
@@ -9,29 +9,11 @@
 #define SWITCHSERVE_ENGINE_MOE_ROUTING_STATS_H_
 
 #include <cstdint>
-#include <string_view>
 #include <vector>
 
-#include "engine/model/model_config.h"
+#include "engine/moe/router_layout.h"
 
 namespace switchserve {
-
-enum class MoeModule { kAttnV, kAttnO, kFfn };
-std::string_view ToString(MoeModule module);  // "attn_v", "attn_o", "ffn"
-
-// Identifies one router. For attention, `head` is the KV head (attn_v) or query
-// head (attn_o), 0 with a shared router; for the FFN it is 0.
-struct RouterId {
-  int layer = 0;
-  MoeModule module = MoeModule::kFfn;
-  int head = 0;
-  int n_experts = 0;
-  int top_k = 0;
-};
-
-// Every router of a model, in a fixed order: layer-major, then attn_v, attn_o,
-// ffn, then head. Dense modules and E = 1 attention have no router.
-std::vector<RouterId> EnumerateRouters(const ModelConfig& config);
 
 struct RouterStepStats {
   int64_t tokens = 0;             // T: tokens this router saw in the step
@@ -45,7 +27,7 @@ struct RouterStepStats {
   void Add(const RouterStepStats& other);  // same E
 };
 
-// One RouterStepStats per EnumerateRouters() entry, same order.
+// One RouterStepStats per router of a RouterLayout, same order.
 struct StepRoutingStats {
   std::vector<RouterStepStats> routers;
 

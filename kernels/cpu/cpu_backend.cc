@@ -26,18 +26,8 @@ class CpuBackend final : public Backend {
         num_threads_(options.num_threads > 0 ? options.num_threads : omp_get_max_threads()),
         attention_(config, dispatch, num_threads_, options.parallel_attention_min_macs),
         ffn_(config, dispatch),
-        routers_(EnumerateRouters(config)) {
+        layout_(config) {
     if (options.num_threads > 0) openblas_set_num_threads(options.num_threads);
-    // Router indices of each layer: [attn_v heads][attn_o heads][ffn].
-    int index = 0;
-    for (int layer = 0; layer < config.n_layers; ++layer) {
-      attn_router_base_.push_back(index);
-      if (config.attention.IsRouted()) {
-        index += config.attention.ValueRouterHeads() + config.attention.OutputRouterHeads();
-      }
-      ffn_router_.push_back(index);
-      if (config.ffn.kind == FfnKind::kMoe) ++index;
-    }
   }
 
   std::string_view name() const override { return "cpu"; }
@@ -88,9 +78,7 @@ class CpuBackend final : public Backend {
   int num_threads_;
   cpu::CpuAttention attention_;
   cpu::CpuFfn ffn_;
-  std::vector<RouterId> routers_;
-  std::vector<int> attn_router_base_;
-  std::vector<int> ffn_router_;
+  RouterLayout layout_;
 
   int64_t num_blocks_ = 0;
   int block_size_ = 0;
@@ -177,14 +165,14 @@ absl::Status CpuBackend::Forward(const StepInput& input, StepOutput* out) {
   out->row_chunk.clear();
   out->row_position.clear();
   out->routing.clear();
-  out->stats.Reset(routers_);
+  out->stats.Reset(layout_.routers());
 
   bool collect = false;
   for (const SequenceChunk& chunk : input.chunks) collect = collect || chunk.collect_routing;
   cpu::RoutingRecorder recorder;
   recorder.stats = &out->stats;
   if (collect) {
-    traces_.resize(routers_.size());
+    traces_.resize(layout_.size());
     recorder.traces = &traces_;
   }
   if (T == 0) return absl::OkStatus();
@@ -204,10 +192,10 @@ absl::Status CpuBackend::Forward(const StepInput& input, StepOutput* out) {
     cpu::NormRows(config_.norm, eps, x_.data(), T, d, lw.attn_norm_w.ptr(),
                   cpu::OrNull(lw.attn_norm_b), xn_.data());
     attention_.Run(lw.attn, step_, xn_.data(), x_.data(), k_cache_[l].data(), v_cache_[l].data(),
-                   attn_router_base_[l], recorder);
+                   layout_.AttentionBase(l), recorder);
     cpu::NormRows(config_.norm, eps, x_.data(), T, d, lw.ffn_norm_w.ptr(),
                   cpu::OrNull(lw.ffn_norm_b), xn_.data());
-    ffn_.Run(lw.ffn, T, xn_.data(), x_.data(), ffn_router_[l], recorder);
+    ffn_.Run(lw.ffn, T, xn_.data(), x_.data(), layout_.FfnRouter(l), recorder);
   }
 
   // Rows that return logits, in step order.
@@ -239,8 +227,9 @@ absl::Status CpuBackend::Forward(const StepInput& input, StepOutput* out) {
     for (int r = 0; r < rows; ++r) {
       if (!input.chunks[out->row_chunk[r]].collect_routing) continue;
       std::vector<RouteChoice>& choices = out->routing[r].choices;
-      for (size_t i = 0; i < routers_.size(); ++i) {
-        const int k = routers_[i].top_k;
+      choices.reserve(layout_.choices_per_token());
+      for (size_t i = 0; i < layout_.size(); ++i) {
+        const int k = layout_[i].top_k;
         const RouteChoice* first = traces_[i].data() + static_cast<int64_t>(rows_[r]) * k;
         choices.insert(choices.end(), first, first + k);
       }

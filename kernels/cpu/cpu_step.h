@@ -31,7 +31,7 @@ struct StepLayout {
 
 struct RoutingRecorder {
   StepRoutingStats* stats = nullptr;
-  // Per router (EnumerateRouters order): the [T, k] trace; null when no chunk
+  // Per router (RouterLayout order): the [T, k] trace; null when no chunk
   // collects routing.
   std::vector<std::vector<RouteChoice>>* traces = nullptr;
 };

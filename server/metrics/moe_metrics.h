@@ -38,7 +38,7 @@ struct MoeMetricsOptions {
 
 class MoeMetrics : public prometheus::Collectable {
  public:
-  // Registers every series of `routers` (EnumerateRouters order), all at zero.
+  // Registers every series of `routers` (RouterLayout order), all at zero.
   explicit MoeMetrics(std::vector<RouterId> routers, MoeMetricsOptions options = {});
 
   MoeMetrics(const MoeMetrics&) = delete;

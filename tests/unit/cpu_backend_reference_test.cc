@@ -75,7 +75,7 @@ struct Route {
 class ForcedRoutes {
  public:
   ForcedRoutes(const ModelConfig& config, const std::vector<TokenRouting>& routing)
-      : routers_(EnumerateRouters(config)), routing_(routing) {}
+      : routers_(RouterLayout(config).routers()), routing_(routing) {}
 
   Route Get(int layer, MoeModule module, int head, int token) const {
     size_t offset = 0;
@@ -337,7 +337,7 @@ using CpuBackendReferenceRoutedTest = CpuBackendReferenceTest;
 
 TEST_P(CpuBackendReferenceRoutedTest, AppliesDispatchAsTraced) {
   const ModelConfig config = GetParam().config;
-  ASSERT_FALSE(EnumerateRouters(GetParam().config).empty());
+  ASSERT_FALSE(RouterLayout(GetParam().config).empty());
   const ModelWeights weights = RandomWeights(config, 17);
   const std::vector<int32_t> tokens = RandomTokens(24, config.vocab_size, 61);
   for (OverflowPolicy policy : {OverflowPolicy::kDrop, OverflowPolicy::kReroute}) {

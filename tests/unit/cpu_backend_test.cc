@@ -110,7 +110,7 @@ using CpuBackendVariantRoutedTest = CpuBackendVariantTest;
 
 TEST_P(CpuBackendVariantRoutedTest, CapacityStatsAreConsistent) {
   const ModelConfig config = GetParam().config;
-  const std::vector<RouterId> routers = EnumerateRouters(config);
+  const std::vector<RouterId> routers = RouterLayout(config).routers();
   ASSERT_FALSE(routers.empty());
   const ModelWeights weights = RandomWeights(config, 5);
   for (OverflowPolicy policy : {OverflowPolicy::kDrop, OverflowPolicy::kReroute}) {
@@ -246,7 +246,8 @@ TEST(CpuBackendTest, CacheSetupAndRoutingRows) {
   ASSERT_EQ(out.routing.size(), 3u);
   EXPECT_TRUE(out.routing[0].choices.empty());
   size_t per_token = 0;
-  for (const RouterId& id : EnumerateRouters(config)) per_token += id.top_k;
+  const RouterLayout layout(config);
+  for (const RouterId& id : layout.routers()) per_token += id.top_k;
   EXPECT_EQ(out.routing[1].choices.size(), per_token);
   EXPECT_EQ(out.routing[2].choices.size(), per_token);
   EXPECT_EQ(out.row_position, (std::vector<int32_t>{2, 0, 1}));

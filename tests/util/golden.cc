@@ -75,7 +75,8 @@ absl::StatusOr<GoldenCase> LoadGolden(const std::string& variant) {
 
   absl::StatusOr<std::unique_ptr<Model>> model = LoadModel(golden.model_dir);
   if (!model.ok()) return model.status();
-  for (const RouterId& id : EnumerateRouters((*model)->config)) {
+  const RouterLayout layout((*model)->config);
+  for (const RouterId& id : layout.routers()) {
     GoldenRouter router;
     router.id = id;
     const std::string prefix =

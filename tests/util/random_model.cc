@@ -188,7 +188,7 @@ std::vector<NamedConfig> AllVariantConfigs() {
 std::vector<NamedConfig> RoutedVariantConfigs() {
   std::vector<NamedConfig> routed;
   for (NamedConfig& named : AllVariantConfigs()) {
-    if (!EnumerateRouters(named.config).empty()) routed.push_back(std::move(named));
+    if (!RouterLayout(named.config).empty()) routed.push_back(std::move(named));
   }
   return routed;
 }

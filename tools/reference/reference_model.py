@@ -76,7 +76,7 @@ def rotary_dims(cfg):
 
 def router_ids(cfg):
     """Every router (layer, module, head, E, k): layer-major, attn_v, attn_o,
-    ffn, then head (engine/moe/routing_stats.h EnumerateRouters)."""
+    ffn, then head (engine/moe/router_layout.h RouterLayout)."""
     a, f = cfg["attention"], cfg["ffn"]
     ids = []
     for layer in range(cfg["n_layers"]):
