@@ -97,30 +97,29 @@ void BM_DecodeStep(benchmark::State& state) {
     state.SkipWithError("InitKvCache failed");
     return;
   }
-  StepInput prefill;
+  StepBatch prefill;
+  prefill.Clear(block_size);
   for (int s = 0; s < batch; ++s) {
     if (!allocator.Reserve(s, context + 1).ok()) {
       state.SkipWithError("KV reserve failed");
       return;
     }
-    SequenceChunk chunk;
-    for (int i = 0; i < context; ++i) chunk.tokens.push_back((s * 131 + i * 7) % 8000);
-    chunk.block_table = &allocator.BlockTable(s);
-    chunk.logits = LogitsMode::kNone;
-    prefill.chunks.push_back(std::move(chunk));
+    std::vector<int32_t> tokens;
+    for (int i = 0; i < context; ++i) tokens.push_back((s * 131 + i * 7) % 8000);
+    prefill.Add(tokens, 0, allocator.BlockTable(s));
   }
   StepOutput out;
   if (!backend->Forward(prefill, &out).ok()) {
     state.SkipWithError("prefill failed");
     return;
   }
-  StepInput decode;
+  // Every sequence returns its logits, as a decode step of the engine
+  // computes them before sampling.
+  StepBatch decode;
+  decode.Clear(block_size);
   for (int s = 0; s < batch; ++s) {
-    SequenceChunk chunk;
-    chunk.tokens = {(s * 17 + 3) % 8000};
-    chunk.start_pos = context;  // rewritten in place every iteration
-    chunk.block_table = &allocator.BlockTable(s);
-    decode.chunks.push_back(std::move(chunk));
+    const std::vector<int32_t> token = {(s * 17 + 3) % 8000};
+    decode.Add(token, context, allocator.BlockTable(s)).logits = LogitsMode::kLast;
   }
   for (auto _ : state) {
     if (!backend->Forward(decode, &out).ok()) {
@@ -154,12 +153,11 @@ void BM_PrefillChunk(benchmark::State& state) {
     state.SkipWithError("cache setup failed");
     return;
   }
-  StepInput input;
-  SequenceChunk chunk;
-  for (int i = 0; i < length; ++i) chunk.tokens.push_back((i * 37 + 11) % 8000);
-  chunk.block_table = &allocator.BlockTable(0);
-  chunk.logits = LogitsMode::kLast;
-  input.chunks.push_back(std::move(chunk));
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < length; ++i) tokens.push_back((i * 37 + 11) % 8000);
+  StepBatch input;
+  input.Clear(16);
+  input.Add(tokens, 0, allocator.BlockTable(0)).logits = LogitsMode::kLast;
   StepOutput out;
   for (auto _ : state) {
     if (!backend->Forward(input, &out).ok()) {

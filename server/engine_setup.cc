@@ -23,9 +23,9 @@ class SlowedBackend : public Backend {
     return inner_->InitKvCache(num_blocks, block_size);
   }
   int64_t KvBytesPerToken() const override { return inner_->KvBytesPerToken(); }
-  absl::Status Forward(const StepInput& input, StepOutput* out) override {
+  absl::Status Forward(const StepBatch& batch, StepOutput* out) override {
     std::this_thread::sleep_for(delay_);
-    return inner_->Forward(input, out);
+    return inner_->Forward(batch, out);
   }
 
  private:

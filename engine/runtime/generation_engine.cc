@@ -170,21 +170,21 @@ void GenerationEngine::RunStep() {
   // GetModelInfo) never see a running request as waiting.
   PublishSnapshot();
 
-  StepInput input;
-  input.chunks.reserve(schedule.chunks.size());
+  batch_.Clear(allocator_.block_size());
   for (const ScheduledChunk& chunk : schedule.chunks) {
     auto* state = static_cast<RequestState*>(chunk.sequence->owner);
     if (!state->first_scheduled) state->first_scheduled = t0;
-    SequenceChunk& c = input.chunks.emplace_back();
-    const auto begin = chunk.sequence->tokens.begin() + chunk.start;
-    c.tokens.assign(begin, begin + chunk.length);
-    c.start_pos = static_cast<int32_t>(chunk.start);
-    c.block_table = &allocator_.BlockTable(chunk.sequence->id);
-    c.logits = chunk.samples ? LogitsMode::kLast : LogitsMode::kNone;
-    c.collect_routing = chunk.samples && state->request.sampling.return_routing;
+    StepSequence& sequence =
+        batch_.Add(absl::MakeConstSpan(chunk.sequence->tokens).subspan(chunk.start, chunk.length),
+                   static_cast<int32_t>(chunk.start), allocator_.BlockTable(chunk.sequence->id));
+    if (chunk.samples) {
+      const SamplingParams& params = state->request.sampling;
+      sequence.sample = {&params, chunk.sequence->tokens, &state->rng};
+      sequence.collect_routing = params.return_routing;
+    }
   }
   const Clock::time_point t1 = Clock::now();
-  const absl::Status status = backend_->Forward(input, &step_output_);
+  const absl::Status status = backend_->Forward(batch_, &step_output_);
   const Clock::time_point t2 = Clock::now();
 
   if (!status.ok()) {
@@ -196,17 +196,11 @@ void GenerationEngine::RunStep() {
     }
   } else {
     scheduler_.CommitStep(schedule);
-    const int32_t vocab = step_output_.vocab_size;
-    const size_t rows = step_output_.row_chunk.size();
-    for (size_t row = 0; row < rows; ++row) {
-      const ScheduledChunk& chunk = schedule.chunks[step_output_.row_chunk[row]];
-      if (!chunk.samples) continue;
+    for (SampledToken& sampled : step_output_.samples) {
+      const ScheduledChunk& chunk = schedule.chunks[sampled.sequence];
       auto* state = static_cast<RequestState*>(chunk.sequence->owner);
       const SamplingParams& params = state->request.sampling;
-      const absl::Span<const float> logits(step_output_.logits.data() + row * vocab, vocab);
-      SampleResult sample =
-          SampleToken(logits, params, chunk.sequence->tokens, params.logprobs, state->rng);
-      const int32_t token = sample.token_id;
+      const int32_t token = sampled.sample.token_id;
       chunk.sequence->tokens.push_back(token);
       ++state->generated;
       if (!state->first_token) state->first_token = Clock::now();
@@ -214,11 +208,9 @@ void GenerationEngine::RunStep() {
       GenerationUpdate update;
       GeneratedTokenInfo& info = update.tokens.emplace_back();
       info.token_id = token;
-      info.logprob = sample.logprob;
-      info.top_logprobs = std::move(sample.top_logprobs);
-      if (params.return_routing && row < step_output_.routing.size()) {
-        info.routing = std::move(step_output_.routing[row]);
-      }
+      info.logprob = sampled.sample.logprob;
+      info.top_logprobs = std::move(sampled.sample.top_logprobs);
+      if (params.return_routing) info.routing = std::move(sampled.routing);
 
       FinishReason reason = FinishReason::kNone;
       const auto& stop_ids = params.stop_token_ids;
@@ -258,7 +250,7 @@ void GenerationEngine::RunStep() {
     report.used_blocks = allocator_.used_blocks();
     report.schedule_ms = MillisBetween(t0, t1);
     report.forward_ms = MillisBetween(t1, t2);
-    report.sample_ms = MillisBetween(t2, t3);
+    report.update_ms = MillisBetween(t2, t3);
     report.routing = status.ok() ? &step_output_.stats : nullptr;
     observer_->OnStep(report);
   }

@@ -2,8 +2,9 @@
 // the scheduler, and turns submitted GenerationRequests into GenerationUpdates.
 // Each iteration: take new requests and cancellations, drop requests that were
 // cancelled or whose deadline passed (freeing their blocks), ask the Scheduler
-// for the next step, run it on the backend, sample a token for every sequence
-// that reached its end, detokenize, check stop conditions and send updates.
+// for the next step, run it on the backend (which samples a token for every
+// sequence that reached its end), detokenize, check stop conditions and send
+// updates.
 //
 // Thread-safe: Submit, Cancel, Snapshot and Stop may be called from any thread
 // (gRPC handlers); all engine work happens on the engine thread.
@@ -23,6 +24,7 @@
 #include "engine/runtime/backend.h"
 #include "engine/runtime/kv_cache.h"
 #include "engine/runtime/request.h"
+#include "engine/runtime/sampler.h"
 #include "engine/runtime/scheduler.h"
 #include "engine/text/tokenizer.h"
 
@@ -49,8 +51,8 @@ struct StepReport {
   int waiting = 0;
   int64_t used_blocks = 0;
   double schedule_ms = 0;
-  double forward_ms = 0;
-  double sample_ms = 0;
+  double forward_ms = 0;  // the backend's step, sampling included
+  double update_ms = 0;   // turning the samples into updates (detokenizing, stop checks)
   const StepRoutingStats* routing = nullptr;  // valid during OnStep only
 };
 
@@ -121,6 +123,7 @@ class GenerationEngine {
   // Engine-thread state.
   std::vector<std::unique_ptr<RequestState>> active_;
   int64_t next_arrival_ = 0;
+  StepBatch batch_;
   StepOutput step_output_;
 
   // Shared with callers, guarded by mu_.

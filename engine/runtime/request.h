@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "engine/runtime/backend.h"
+#include "engine/moe/routing.h"
 
 namespace switchserve {
 

@@ -45,18 +45,17 @@ absl::StatusOr<std::vector<float>> SequenceRunner::Append(SequenceId id,
   if (!status.ok()) return status;
 
   std::vector<float> logits;
-  StepInput input;
-  input.chunks.resize(1);
+  StepBatch batch;
   StepOutput output;
   for (size_t begin = 0; begin < tokens.size(); begin += options_.prefill_chunk) {
     const size_t end = std::min(tokens.size(), begin + options_.prefill_chunk);
-    SequenceChunk& chunk = input.chunks[0];
-    chunk.tokens.assign(tokens.begin() + begin, tokens.begin() + end);
-    chunk.start_pos = static_cast<int32_t>(length);
-    chunk.block_table = &allocator_.BlockTable(id);
+    batch.Clear(allocator_.block_size());
+    StepSequence& sequence = batch.Add(tokens.subspan(begin, end - begin),
+                                       static_cast<int32_t>(length), allocator_.BlockTable(id));
     const bool last = end == tokens.size();
-    chunk.logits = all_logits ? LogitsMode::kAll : (last ? LogitsMode::kLast : LogitsMode::kNone);
-    status = backend_->Forward(input, &output);
+    sequence.logits =
+        all_logits ? LogitsMode::kAll : (last ? LogitsMode::kLast : LogitsMode::kNone);
+    status = backend_->Forward(batch, &output);
     if (!status.ok()) return status;
     logits.insert(logits.end(), output.logits.begin(), output.logits.end());
     if (stats != nullptr) {

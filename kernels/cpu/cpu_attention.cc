@@ -33,10 +33,10 @@ GateFunction CpuAttention::gate() const {
                                                : GateFunction::kSoftmaxTopK;
 }
 
-void CpuAttention::Run(const AttentionWeights& w, const StepLayout& step, const float* xn, float* x,
+void CpuAttention::Run(const AttentionWeights& w, const StepBatch& step, const float* xn, float* x,
                        float* k_cache, float* v_cache, int router_base,
                        const RoutingRecorder& recorder) {
-  const int T = step.tokens;
+  const int T = step.num_tokens();
   const int H = attn_.n_heads, G = attn_.n_kv_heads, dh = attn_.head_dim;
   const int ev = attn_.CachedValuesPerKvHead();
   const float scale = static_cast<float>(std::pow(static_cast<double>(dh), -0.25));
@@ -50,8 +50,8 @@ void CpuAttention::Run(const AttentionWeights& w, const StepLayout& step, const 
   GemmNT(T, H * dh, d_, scale, xn, d_, w.q.ptr(), d_, 0.0f, q_.data(), H * dh);
   GemmNT(T, G * dh, d_, scale, xn, d_, w.k.ptr(), d_, 0.0f, k_.data(), G * dh);
   for (int t = 0; t < T; ++t) {
-    rope_.Apply(q_.data() + static_cast<int64_t>(t) * H * dh, H, dh, step.position[t]);
-    rope_.Apply(k_.data() + static_cast<int64_t>(t) * G * dh, G, dh, step.position[t]);
+    rope_.Apply(q_.data() + static_cast<int64_t>(t) * H * dh, H, dh, step.positions[t]);
+    rope_.Apply(k_.data() + static_cast<int64_t>(t) * G * dh, G, dh, step.positions[t]);
   }
   ComputeValues(w, step, xn, router_base, recorder);
 
@@ -59,16 +59,16 @@ void CpuAttention::Run(const AttentionWeights& w, const StepLayout& step, const 
   const int64_t krow = static_cast<int64_t>(G) * dh;
   const int64_t vrow = static_cast<int64_t>(G) * ev * dh;
   for (int t = 0; t < T; ++t) {
-    std::memcpy(k_cache + step.cache_row[t] * krow, k_.data() + t * krow, krow * sizeof(float));
-    std::memcpy(v_cache + step.cache_row[t] * vrow, v_.data() + t * vrow, vrow * sizeof(float));
+    std::memcpy(k_cache + step.cache_rows[t] * krow, k_.data() + t * krow, krow * sizeof(float));
+    std::memcpy(v_cache + step.cache_rows[t] * vrow, v_.data() + t * vrow, vrow * sizeof(float));
   }
   Attend(step, k_cache, v_cache);
   ProjectOutput(w, step, xn, x, router_base, recorder);
 }
 
-void CpuAttention::ComputeValues(const AttentionWeights& w, const StepLayout& step, const float* xn,
+void CpuAttention::ComputeValues(const AttentionWeights& w, const StepBatch& step, const float* xn,
                                  int router_base, const RoutingRecorder& recorder) {
-  const int T = step.tokens;
+  const int T = step.num_tokens();
   const int G = attn_.n_kv_heads, dh = attn_.head_dim, E = attn_.n_experts;
   if (!attn_.IsRouted()) {
     GemmNT(T, G * dh, d_, 1.0f, xn, d_, w.v.ptr(), d_, 0.0f, v_.data(), G * dh);
@@ -120,8 +120,7 @@ void CpuAttention::ComputeValues(const AttentionWeights& w, const StepLayout& st
   }
 }
 
-void CpuAttention::Attend(const StepLayout& step, const float* k_cache, const float* v_cache) {
-  const int T = step.tokens;
+void CpuAttention::Attend(const StepBatch& step, const float* k_cache, const float* v_cache) {
   const int H = attn_.n_heads, G = attn_.n_kv_heads, dh = attn_.head_dim;
   const int ev = attn_.CachedValuesPerKvHead();
   const int group = H / G;
@@ -131,22 +130,21 @@ void CpuAttention::Attend(const StepLayout& step, const float* k_cache, const fl
   // Long chunks (prefill) attend tile by tile with GEMMs; the rest (decode
   // tokens, short chunks) token by token.
   loop_tokens_.clear();
-  for (int t = 0, c = 0; t < T; ++c) {
-    int n = 0;
-    while (t + n < T && step.chunk[t + n] == c) ++n;
+  for (int c = 0; c < step.num_sequences(); ++c) {
+    const int t = step.token_offsets[c];
+    const int n = step.num_tokens(c);
     if (n >= kTiledMinTokens) {
       AttendChunkTiled(step, c, t, n, k_cache, v_cache);
     } else {
       for (int i = 0; i < n; ++i) loop_tokens_.push_back(t + i);
     }
-    t += n;
   }
   const int64_t work = static_cast<int64_t>(loop_tokens_.size()) * H;
   // Small steps (decode) run on one thread: waking the OpenMP team costs more
   // than it saves and its spinning threads steal cores from OpenBLAS.
   // CpuBackendOptions::parallel_attention_min_macs sets the bar.
   int64_t macs = 0;
-  for (int t : loop_tokens_) macs += static_cast<int64_t>(step.position[t] + 1) * H * dh * ev;
+  for (int t : loop_tokens_) macs += static_cast<int64_t>(step.positions[t] + 1) * H * dh * ev;
   const bool parallel = num_threads_ > 1 && macs >= parallel_min_macs_;
 
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads_) if (parallel)
@@ -154,9 +152,9 @@ void CpuAttention::Attend(const StepLayout& step, const float* k_cache, const fl
     const int t = loop_tokens_[item / H];
     const int h = static_cast<int>(item % H);
     const int g = h / group;
-    const int c = step.chunk[t];
-    const int pos = step.position[t];
-    const std::vector<int32_t>& table = *step.block_table[c];
+    const int c = step.token_sequence[t];
+    const int pos = step.positions[t];
+    const int32_t* table = step.block_table(c);
     const int bs = step.block_size;
     float* score = scores_.data() + static_cast<int64_t>(omp_get_thread_num()) * max_seq_len_;
     const float* q = q_.data() + (static_cast<int64_t>(t) * H + h) * dh;
@@ -200,12 +198,12 @@ void CpuAttention::Attend(const StepLayout& step, const float* k_cache, const fl
   }
 }
 
-void CpuAttention::AttendChunkTiled(const StepLayout& step, int c, int t0, int n,
+void CpuAttention::AttendChunkTiled(const StepBatch& step, int c, int t0, int n,
                                     const float* k_cache, const float* v_cache) {
   const int H = attn_.n_heads, G = attn_.n_kv_heads, dh = attn_.head_dim;
   const int ev = attn_.CachedValuesPerKvHead();
   const int group = H / G;
-  const int start = step.position[t0];
+  const int start = step.positions[t0];
   const int keys = start + n;
   const int64_t krow = static_cast<int64_t>(G) * dh;
   const int64_t vrow = static_cast<int64_t>(G) * ev * dh;
@@ -271,9 +269,9 @@ void CpuAttention::AttendChunkTiled(const StepLayout& step, int c, int t0, int n
   }
 }
 
-void CpuAttention::ProjectOutput(const AttentionWeights& w, const StepLayout& step, const float* xn,
+void CpuAttention::ProjectOutput(const AttentionWeights& w, const StepBatch& step, const float* xn,
                                  float* x, int router_base, const RoutingRecorder& recorder) {
-  const int T = step.tokens;
+  const int T = step.num_tokens();
   const int H = attn_.n_heads, dh = attn_.head_dim, E = attn_.n_experts;
   if (!attn_.IsRouted()) {
     if (attn_.kind == AttentionKind::kSwitchHead) {

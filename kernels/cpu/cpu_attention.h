@@ -15,6 +15,7 @@
 
 #include "engine/model/model_config.h"
 #include "engine/model/model_weights.h"
+#include "engine/runtime/step_batch.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/cpu_step.h"
 
@@ -29,18 +30,18 @@ class CpuAttention {
   // to `k_cache` / `v_cache` (this layer's) before attending. Value routers are
   // recorded at router indices [router_base, router_base + ValueRouterHeads()),
   // output routers right after them (routed attention only).
-  void Run(const AttentionWeights& w, const StepLayout& step, const float* xn, float* x,
+  void Run(const AttentionWeights& w, const StepBatch& step, const float* xn, float* x,
            float* k_cache, float* v_cache, int router_base, const RoutingRecorder& recorder);
 
  private:
-  void ComputeValues(const AttentionWeights& w, const StepLayout& step, const float* xn,
+  void ComputeValues(const AttentionWeights& w, const StepBatch& step, const float* xn,
                      int router_base, const RoutingRecorder& recorder);
-  void Attend(const StepLayout& step, const float* k_cache, const float* v_cache);
+  void Attend(const StepBatch& step, const float* k_cache, const float* v_cache);
   // Attention of the `n` tokens of chunk `c` (step tokens [t0, t0 + n)) as
   // GEMMs over query tiles against the sequence's keys gathered contiguously.
-  void AttendChunkTiled(const StepLayout& step, int c, int t0, int n, const float* k_cache,
+  void AttendChunkTiled(const StepBatch& step, int c, int t0, int n, const float* k_cache,
                         const float* v_cache);
-  void ProjectOutput(const AttentionWeights& w, const StepLayout& step, const float* xn, float* x,
+  void ProjectOutput(const AttentionWeights& w, const StepBatch& step, const float* xn, float* x,
                      int router_base, const RoutingRecorder& recorder);
   GateFunction gate() const;
 

@@ -67,11 +67,13 @@ class CpuBackend final : public Backend {
     return switchserve::KvBytesPerToken(config_, sizeof(float));
   }
 
-  absl::Status Forward(const StepInput& input, StepOutput* out) override;
+  absl::Status Forward(const StepBatch& batch, StepOutput* out) override;
 
  private:
-  absl::Status Validate(const StepInput& input) const;
-  void BuildLayout(const StepInput& input);
+  // logits[r] = the output head's logits of the token at step row rows[r].
+  void OutputHead(const std::vector<int>& rows, float* logits);
+  // Appends the recorded routing of step token `token` (RouterLayout order).
+  void AppendRouting(int token, TokenRouting* routing) const;
 
   const ModelConfig config_;
   const ModelWeights& weights_;
@@ -86,89 +88,43 @@ class CpuBackend final : public Backend {
   std::vector<std::vector<float>> v_cache_;  // per layer
 
   // Per-step scratch, reused.
-  cpu::StepLayout step_;
-  std::vector<float> x_;   // [T, d] residual stream
-  std::vector<float> xn_;  // [T, d] normed
-  std::vector<int32_t> rows_;
+  std::vector<float> x_;              // [T, d] residual stream
+  std::vector<float> xn_;             // [T, d] normed
+  std::vector<int> logit_rows_;       // step rows returning logits
+  std::vector<int> sample_rows_;      // step rows only sampled from
+  std::vector<float> sample_logits_;  // [sample rows, vocab]
+  struct PendingSample {
+    int sequence;
+    bool from_logits;  // its last token's logits are a row of StepOutput::logits
+    int row;           // that row, or the row of sample_logits_
+  };
+  std::vector<PendingSample> samples_;
   std::vector<std::vector<RouteChoice>> traces_;
 };
 
-absl::Status CpuBackend::Validate(const StepInput& input) const {
+absl::Status CpuBackend::Forward(const StepBatch& batch, StepOutput* out) {
   if (block_size_ == 0) return absl::FailedPreconditionError("Forward before InitKvCache");
-  for (size_t c = 0; c < input.chunks.size(); ++c) {
-    const SequenceChunk& chunk = input.chunks[c];
-    // Built only on the error path: validation allocates nothing on success.
-    auto where = [c] { return absl::StrCat("chunks[", c, "]"); };
-    if (chunk.tokens.empty()) return absl::InvalidArgumentError(where() + ".tokens: empty");
-    for (size_t i = 0; i < chunk.tokens.size(); ++i) {
-      if (chunk.tokens[i] < 0 || chunk.tokens[i] >= config_.vocab_size) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where(), ".tokens[", i, "]: ", chunk.tokens[i], " outside vocabulary [0, ",
-                         config_.vocab_size, ")"));
-      }
-    }
-    const int64_t end = static_cast<int64_t>(chunk.start_pos) + chunk.tokens.size();
-    if (chunk.start_pos < 0 || end > config_.max_seq_len) {
-      return absl::InvalidArgumentError(absl::StrCat(where(), ": positions [", chunk.start_pos,
-                                                     ", ", end, ") outside [0, max_seq_len ",
-                                                     config_.max_seq_len, ")"));
-    }
-    if (chunk.block_table == nullptr) {
-      return absl::InvalidArgumentError(where() + ".block_table: missing");
-    }
-    const int64_t needed = (end + block_size_ - 1) / block_size_;
-    if (static_cast<int64_t>(chunk.block_table->size()) < needed) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where(), ".block_table: ", chunk.block_table->size(),
-                       " blocks, positions up to ", end, " need ", needed));
-    }
-    for (int64_t b = 0; b < needed; ++b) {
-      const int32_t id = (*chunk.block_table)[b];
-      if (id < 0 || id >= num_blocks_) {
-        return absl::InvalidArgumentError(absl::StrCat(where(), ".block_table[", b, "]: block ", id,
-                                                       " outside [0, ", num_blocks_, ")"));
-      }
-    }
+  if (absl::Status s = ValidateStepBatch(batch, config_.vocab_size, config_.max_seq_len,
+                                         num_blocks_, block_size_);
+      !s.ok()) {
+    return s;
   }
-  return absl::OkStatus();
-}
-
-void CpuBackend::BuildLayout(const StepInput& input) {
-  step_.tokens = 0;
-  step_.block_size = block_size_;
-  step_.position.clear();
-  step_.chunk.clear();
-  step_.cache_row.clear();
-  step_.block_table.clear();
-  for (size_t c = 0; c < input.chunks.size(); ++c) {
-    const SequenceChunk& chunk = input.chunks[c];
-    step_.block_table.push_back(chunk.block_table);
-    for (size_t i = 0; i < chunk.tokens.size(); ++i) {
-      const int pos = chunk.start_pos + static_cast<int>(i);
-      step_.position.push_back(pos);
-      step_.chunk.push_back(static_cast<int32_t>(c));
-      step_.cache_row.push_back(step_.CacheRow(static_cast<int>(c), pos));
-    }
-  }
-  step_.tokens = static_cast<int>(step_.position.size());
-}
-
-absl::Status CpuBackend::Forward(const StepInput& input, StepOutput* out) {
-  if (absl::Status s = Validate(input); !s.ok()) return s;
-  BuildLayout(input);
-  const int T = step_.tokens;
+  const int T = batch.num_tokens();
+  const int S = batch.num_sequences();
   const int d = config_.d_model;
+  const int vocab = config_.vocab_size;
   const float eps = static_cast<float>(config_.norm_eps);
 
-  out->vocab_size = config_.vocab_size;
+  out->samples.clear();
+  out->vocab_size = vocab;
   out->logits.clear();
-  out->row_chunk.clear();
+  out->row_sequence.clear();
   out->row_position.clear();
   out->routing.clear();
   out->stats.Reset(layout_.routers());
 
   bool collect = false;
-  for (const SequenceChunk& chunk : input.chunks) collect = collect || chunk.collect_routing;
+  for (const StepSequence& sequence : batch.sequences) collect |= sequence.collect_routing;
   cpu::RoutingRecorder recorder;
   recorder.stats = &out->stats;
   if (collect) {
@@ -179,63 +135,100 @@ absl::Status CpuBackend::Forward(const StepInput& input, StepOutput* out) {
 
   cpu::Grow(x_, static_cast<size_t>(T) * d);
   cpu::Grow(xn_, static_cast<size_t>(T) * d);
-  int t = 0;
-  for (const SequenceChunk& chunk : input.chunks) {
-    for (int32_t token : chunk.tokens) {
-      std::memcpy(x_.data() + static_cast<int64_t>(t++) * d,
-                  weights_.embedding.ptr() + static_cast<int64_t>(token) * d, d * sizeof(float));
-    }
+  for (int t = 0; t < T; ++t) {
+    std::memcpy(x_.data() + static_cast<int64_t>(t) * d,
+                weights_.embedding.ptr() + static_cast<int64_t>(batch.token_ids[t]) * d,
+                d * sizeof(float));
   }
 
   for (int l = 0; l < config_.n_layers; ++l) {
     const LayerWeights& lw = weights_.layers[l];
     cpu::NormRows(config_.norm, eps, x_.data(), T, d, lw.attn_norm_w.ptr(),
                   cpu::OrNull(lw.attn_norm_b), xn_.data());
-    attention_.Run(lw.attn, step_, xn_.data(), x_.data(), k_cache_[l].data(), v_cache_[l].data(),
+    attention_.Run(lw.attn, batch, xn_.data(), x_.data(), k_cache_[l].data(), v_cache_[l].data(),
                    layout_.AttentionBase(l), recorder);
     cpu::NormRows(config_.norm, eps, x_.data(), T, d, lw.ffn_norm_w.ptr(),
                   cpu::OrNull(lw.ffn_norm_b), xn_.data());
     ffn_.Run(lw.ffn, T, xn_.data(), x_.data(), layout_.FfnRouter(l), recorder);
   }
 
-  // Rows that return logits, in step order.
-  rows_.clear();
-  t = 0;
-  for (size_t c = 0; c < input.chunks.size(); ++c) {
-    const SequenceChunk& chunk = input.chunks[c];
-    const int n = static_cast<int>(chunk.tokens.size());
-    for (int i = 0; i < n; ++i, ++t) {
-      if (chunk.logits == LogitsMode::kAll || (chunk.logits == LogitsMode::kLast && i == n - 1)) {
-        rows_.push_back(t);
-        out->row_chunk.push_back(static_cast<int32_t>(c));
-        out->row_position.push_back(step_.position[t]);
-      }
+  // The output head runs on the rows that return logits (in step order) and
+  // on the last token of each sampling sequence that returns none.
+  logit_rows_.clear();
+  sample_rows_.clear();
+  samples_.clear();
+  for (int s = 0; s < S; ++s) {
+    const StepSequence& sequence = batch.sequences[s];
+    const int begin = batch.token_offsets[s], end = batch.token_offsets[s + 1];
+    if (sequence.logits == LogitsMode::kAll) {
+      for (int t = begin; t < end; ++t) logit_rows_.push_back(t);
+    } else if (sequence.logits == LogitsMode::kLast) {
+      logit_rows_.push_back(end - 1);
+    }
+    if (sequence.sample.params == nullptr) continue;
+    if (sequence.logits != LogitsMode::kNone) {
+      samples_.push_back({s, /*from_logits=*/true, static_cast<int>(logit_rows_.size()) - 1});
+    } else {
+      sample_rows_.push_back(end - 1);
+      samples_.push_back({s, /*from_logits=*/false, static_cast<int>(sample_rows_.size()) - 1});
     }
   }
-  const int rows = static_cast<int>(rows_.size());
-  for (int r = 0; r < rows; ++r) {
-    cpu::NormRows(config_.norm, eps, x_.data() + static_cast<int64_t>(rows_[r]) * d, 1, d,
-                  weights_.final_norm_w.ptr(), cpu::OrNull(weights_.final_norm_b),
-                  xn_.data() + static_cast<int64_t>(r) * d);
+  for (int t : logit_rows_) {
+    out->row_sequence.push_back(batch.token_sequence[t]);
+    out->row_position.push_back(batch.positions[t]);
   }
-  out->logits.resize(static_cast<size_t>(rows) * config_.vocab_size);
-  cpu::GemmNT(rows, config_.vocab_size, d, 1.0f, xn_.data(), d, weights_.OutputHead().ptr(), d,
-              0.0f, out->logits.data(), config_.vocab_size);
+  out->logits.resize(logit_rows_.size() * vocab);
+  OutputHead(logit_rows_, out->logits.data());
+  cpu::Grow(sample_logits_, sample_rows_.size() * vocab);
+  OutputHead(sample_rows_, sample_logits_.data());
+
+  // The host sampler, on the last token's logits.
+  for (const PendingSample& pending : samples_) {
+    const StepSequence& sequence = batch.sequences[pending.sequence];
+    const float* logits = (pending.from_logits ? out->logits.data() : sample_logits_.data()) +
+                          static_cast<int64_t>(pending.row) * vocab;
+    const SampleRequest& request = sequence.sample;
+    SampledToken& sampled = out->samples.emplace_back();
+    sampled.sequence = pending.sequence;
+    sampled.sample = SampleToken(absl::MakeConstSpan(logits, vocab), *request.params,
+                                 request.history, request.params->logprobs, *request.rng);
+    if (sequence.collect_routing) {
+      AppendRouting(batch.token_offsets[pending.sequence + 1] - 1, &sampled.routing);
+    }
+  }
 
   if (collect) {
-    out->routing.resize(rows);
-    for (int r = 0; r < rows; ++r) {
-      if (!input.chunks[out->row_chunk[r]].collect_routing) continue;
-      std::vector<RouteChoice>& choices = out->routing[r].choices;
-      choices.reserve(layout_.choices_per_token());
-      for (size_t i = 0; i < layout_.size(); ++i) {
-        const int k = layout_[i].top_k;
-        const RouteChoice* first = traces_[i].data() + static_cast<int64_t>(rows_[r]) * k;
-        choices.insert(choices.end(), first, first + k);
+    out->routing.resize(logit_rows_.size());
+    for (size_t r = 0; r < logit_rows_.size(); ++r) {
+      if (batch.sequences[out->row_sequence[r]].collect_routing) {
+        AppendRouting(logit_rows_[r], &out->routing[r]);
       }
     }
   }
   return absl::OkStatus();
+}
+
+void CpuBackend::OutputHead(const std::vector<int>& rows, float* logits) {
+  const int d = config_.d_model;
+  const int n = static_cast<int>(rows.size());
+  if (n == 0) return;
+  for (int r = 0; r < n; ++r) {
+    cpu::NormRows(config_.norm, static_cast<float>(config_.norm_eps),
+                  x_.data() + static_cast<int64_t>(rows[r]) * d, 1, d, weights_.final_norm_w.ptr(),
+                  cpu::OrNull(weights_.final_norm_b), xn_.data() + static_cast<int64_t>(r) * d);
+  }
+  cpu::GemmNT(n, config_.vocab_size, d, 1.0f, xn_.data(), d, weights_.OutputHead().ptr(), d, 0.0f,
+              logits, config_.vocab_size);
+}
+
+void CpuBackend::AppendRouting(int token, TokenRouting* routing) const {
+  std::vector<RouteChoice>& choices = routing->choices;
+  choices.reserve(layout_.choices_per_token());
+  for (size_t i = 0; i < layout_.size(); ++i) {
+    const int k = layout_[i].top_k;
+    const RouteChoice* first = traces_[i].data() + static_cast<int64_t>(token) * k;
+    choices.insert(choices.end(), first, first + k);
+  }
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 // The CPU implementation of Backend: f32 weights, OpenBLAS sgemm for every
 // projection and for the grouped expert matmuls (tokens gathered per expert,
 // one GEMM per active expert), attention over the paged cache vectorised and
-// spread across the machine's cores with OpenMP.
+// spread across the machine's cores with OpenMP; the next token sampled on
+// the host by the runtime's sampler (engine/runtime/sampler.h). Created
+// through kernels/backends.h.
 #ifndef SWITCHSERVE_KERNELS_CPU_CPU_BACKEND_H_
 #define SWITCHSERVE_KERNELS_CPU_CPU_BACKEND_H_
 

@@ -1,6 +1,6 @@
-// What the CPU backend's layer kernels share within one engine step: where
-// each token of the ragged batch sits (position, cache row), and where routing
-// statistics and traces go. Internal to the CPU backend.
+// What the CPU backend's layer kernels share within one engine step besides
+// the StepBatch: where routing statistics and traces go. Internal to the CPU
+// backend.
 #ifndef SWITCHSERVE_KERNELS_CPU_CPU_STEP_H_
 #define SWITCHSERVE_KERNELS_CPU_CPU_STEP_H_
 
@@ -9,25 +9,8 @@
 
 #include "engine/moe/expert_dispatch.h"
 #include "engine/moe/routing_stats.h"
-#include "engine/runtime/backend.h"
 
 namespace switchserve::cpu {
-
-// The step's tokens in step order (chunk order, then position).
-struct StepLayout {
-  int tokens = 0;
-  int block_size = 0;
-  std::vector<int32_t> position;   // [T] absolute position
-  std::vector<int32_t> chunk;      // [T] chunk index
-  std::vector<int64_t> cache_row;  // [T] block * block_size + position % block_size
-  std::vector<const std::vector<int32_t>*> block_table;  // [chunks]
-
-  // Cache row of position `pos` of the sequence of chunk `c`.
-  int64_t CacheRow(int c, int pos) const {
-    return static_cast<int64_t>((*block_table[c])[pos / block_size]) * block_size +
-           pos % block_size;
-  }
-};
 
 struct RoutingRecorder {
   StepRoutingStats* stats = nullptr;

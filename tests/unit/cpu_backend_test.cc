@@ -85,10 +85,10 @@ TEST_P(CpuBackendVariantTest, MixedBatchMatchesSequencesAlone) {
                          {3, {c.begin() + 2, c.end()}, 2, LogitsMode::kLast}},
                         &out)
                   .ok());
-  ASSERT_EQ(out.row_chunk.size(), 5u + 1 + 1);
-  EXPECT_EQ(out.row_chunk[5], 1);
+  ASSERT_EQ(out.row_sequence.size(), 5u + 1 + 1);
+  EXPECT_EQ(out.row_sequence[5], 1);
   EXPECT_EQ(out.row_position[5], 3);
-  EXPECT_EQ(out.row_chunk[6], 2);
+  EXPECT_EQ(out.row_sequence[6], 2);
   EXPECT_EQ(out.row_position[6], 5);
 
   Harness alone(config, weights, config.dispatch);
@@ -186,37 +186,122 @@ TEST_P(CpuBackendVariantTest, BadInputIsRejectedAndCacheUntouched) {
 
   // Each bad step also carries a valid chunk that would overwrite sequence 1's
   // cached positions with other tokens if anything were written.
-  std::vector<int32_t> short_table = {0};
-  std::vector<int32_t> bad_block = {kNumBlocks + 5};
-  std::vector<SequenceChunk> bad(4);
-  bad[0].tokens = {config.vocab_size};
-  bad[1].tokens = {1};
-  bad[1].start_pos = config.max_seq_len;
-  bad[2].tokens = {1, 2, 3, 4, 5};
-  bad[2].block_table = &short_table;
-  bad[3].tokens = {1};
-  bad[3].block_table = &bad_block;
-  std::vector<int32_t> long_table(config.max_seq_len / kBlockSize + 1, 0);
-  bad[0].block_table = &long_table;
-  bad[1].block_table = &long_table;
-  for (const SequenceChunk& chunk : bad) {
-    StepInput input;
-    SequenceChunk valid;
-    valid.tokens = other;
-    valid.block_table = &probed.alloc().BlockTable(1);
-    input.chunks = {valid, chunk};
+  struct BadChunk {
+    std::vector<int32_t> tokens;
+    int32_t start = 0;
+    std::vector<int32_t> block_table;
+  };
+  const std::vector<int32_t> long_table(config.max_seq_len / kBlockSize + 1, 0);
+  const std::vector<BadChunk> bad = {
+      {{config.vocab_size}, 0, long_table},   // token outside the vocabulary
+      {{1}, config.max_seq_len, long_table},  // position past max_seq_len
+      {{1, 2, 3, 4, 5}, 0, {0}},              // block table too short
+      {{1}, 0, {kNumBlocks + 5}},             // block outside the cache
+      {{1}, 0, {}},                           // no block table
+  };
+  for (const BadChunk& chunk : bad) {
+    StepBatch batch;
+    batch.Clear(kBlockSize);
+    batch.Add(other, 0, probed.alloc().BlockTable(1));
+    batch.Add(chunk.tokens, chunk.start, chunk.block_table);
     StepOutput out;
-    EXPECT_EQ(probed.backend().Forward(input, &out).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(probed.backend().Forward(batch, &out).code(), absl::StatusCode::kInvalidArgument);
   }
-  StepInput missing;
-  missing.chunks.resize(1);
-  missing.chunks[0].tokens = {1};
+  // A batch laid out for another block size, and a sample without a generator.
+  StepBatch mismatched;
+  mismatched.Clear(2 * kBlockSize);
+  mismatched.Add(other, 0, probed.alloc().BlockTable(1));
   StepOutput out;
-  EXPECT_EQ(probed.backend().Forward(missing, &out).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(probed.backend().Forward(mismatched, &out).code(), absl::StatusCode::kInvalidArgument);
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  StepBatch no_rng;
+  no_rng.Clear(kBlockSize);
+  no_rng.Add(other, 0, probed.alloc().BlockTable(1)).sample.params = &greedy;
+  EXPECT_EQ(probed.backend().Forward(no_rng, &out).code(), absl::StatusCode::kInvalidArgument);
 
   const std::vector<float> want = clean.Run(1, {prompt[0]}, 6);
   const std::vector<float> got = probed.Run(1, {prompt[0]}, 6);
   EXPECT_EQ(got, want);
+}
+
+// (e) Each sampling sequence's next token is what the host sampler draws from
+// the logits of its last token: the seeded generator advanced by the draws,
+// the repetition penalty over the sequence's history, top-k / top-p / min-p,
+// the logprobs asked for; and it carries that token's routing.
+TEST_P(CpuBackendVariantTest, SamplesLikeTheHostSampler) {
+  const ModelConfig config = GetParam().config;
+  const ModelWeights weights = RandomWeights(config, 19);
+  const int V = config.vocab_size;
+  const auto a = RandomTokens(7, V, 71), b = RandomTokens(5, V, 72);
+  SamplingParams hot;
+  hot.temperature = 0.9f;
+  hot.top_k = 20;
+  hot.top_p = 0.95f;
+  hot.min_p = 0.01f;
+  hot.repetition_penalty = 1.3f;
+  hot.logprobs = 3;
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  greedy.repetition_penalty = 50.0f;
+  greedy.logprobs = 2;
+
+  // b's last-token logits and routing, returned as logits.
+  Harness plain(config, weights, config.dispatch);
+  StepOutput want;
+  ASSERT_TRUE(
+      plain
+          .Step({{1, a, 0, LogitsMode::kLast}, {2, b, 0, LogitsMode::kLast, /*collect=*/true}},
+                &want)
+          .ok());
+
+  // b's history holds its most likely next token: the penalty must move the
+  // greedy pick elsewhere.
+  const std::vector<float> b_logits = Slice(want.logits, 1, V);
+  std::vector<int32_t> b_history = b;
+  b_history.push_back(
+      static_cast<int32_t>(std::max_element(b_logits.begin(), b_logits.end()) - b_logits.begin()));
+
+  // a samples and returns its logits; b only samples, with its routing.
+  SamplerRng rng_a(5), rng_b(6);
+  SamplerRng expected_rng_a(5), expected_rng_b(6);
+  Harness sampling(config, weights, config.dispatch);
+  StepOutput out;
+  ASSERT_TRUE(
+      sampling
+          .Step({{1, a, 0, LogitsMode::kLast, false, {&hot, a, &rng_a}},
+                 {2, b, 0, LogitsMode::kNone, /*collect=*/true, {&greedy, b_history, &rng_b}}},
+                &out)
+          .ok());
+  ASSERT_EQ(out.samples.size(), 2u);
+  ASSERT_EQ(out.logits.size(), static_cast<size_t>(V));  // a's row only
+
+  const SampleResult expected_a = SampleToken(out.logits, hot, a, hot.logprobs, expected_rng_a);
+  EXPECT_EQ(out.samples[0].sequence, 0);
+  EXPECT_EQ(out.samples[0].sample.token_id, expected_a.token_id);
+  EXPECT_EQ(out.samples[0].sample.logprob, expected_a.logprob);
+  EXPECT_EQ(out.samples[0].sample.top_logprobs, expected_a.top_logprobs);
+  EXPECT_TRUE(out.samples[0].routing.choices.empty());  // a does not collect routing
+  EXPECT_EQ(rng_a.Next(), expected_rng_a.Next());       // advanced by the same draws
+
+  const SampleResult expected_b =
+      SampleToken(b_logits, greedy, b_history, greedy.logprobs, expected_rng_b);
+  ASSERT_NE(expected_b.token_id, b_history.back());
+  EXPECT_EQ(out.samples[1].sequence, 1);
+  EXPECT_EQ(out.samples[1].sample.token_id, expected_b.token_id);
+  EXPECT_NEAR(out.samples[1].sample.logprob, expected_b.logprob, 1e-5);
+  ASSERT_EQ(out.samples[1].sample.top_logprobs.size(), 2u);
+  EXPECT_EQ(out.samples[1].sample.top_logprobs[0].first, expected_b.top_logprobs[0].first);
+  EXPECT_EQ(rng_b.Next(), expected_rng_b.Next());  // greedy draws nothing
+  const std::vector<RouteChoice>& got = out.samples[1].routing.choices;
+  const std::vector<RouteChoice>& routed = want.routing[1].choices;
+  ASSERT_EQ(got.size(), routed.size());
+  ASSERT_EQ(got.size(), static_cast<size_t>(RouterLayout(config).choices_per_token()));
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].expert, routed[i].expert) << i;
+    EXPECT_EQ(got[i].fate, routed[i].fate) << i;
+    EXPECT_NEAR(got[i].gate, routed[i].gate, 1e-6) << i;
+  }
 }
 
 TEST(CpuBackendTest, CacheSetupAndRoutingRows) {
@@ -225,16 +310,16 @@ TEST(CpuBackendTest, CacheSetupAndRoutingRows) {
   std::unique_ptr<Backend> backend = CreateCpuBackend(config, weights, config.dispatch);
   EXPECT_EQ(backend->name(), "cpu");
   EXPECT_EQ(backend->KvBytesPerToken(), KvBytesPerToken(config, 4));
-  StepInput input;
-  input.chunks.resize(1);
-  input.chunks[0].tokens = {1};
   const std::vector<int32_t> table = {0};
-  input.chunks[0].block_table = &table;
+  StepBatch batch;
+  batch.Clear(4);
+  batch.Add(std::vector<int32_t>{1}, 0, table);
   StepOutput out;
-  EXPECT_EQ(backend->Forward(input, &out).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(backend->Forward(batch, &out).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(backend->InitKvCache(0, 4).code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(backend->InitKvCache(4, 4).ok());
-  ASSERT_TRUE(backend->Forward(StepInput{}, &out).ok());
+  batch.Clear(4);
+  ASSERT_TRUE(backend->Forward(batch, &out).ok());
   EXPECT_TRUE(out.logits.empty());
 
   // Only chunks that collect routing get a trace; one choice per router rank.

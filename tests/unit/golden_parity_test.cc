@@ -72,18 +72,16 @@ TEST_P(GoldenParityTest, OneStepMatchesReference) {
   std::unique_ptr<Backend> backend = NewBackend();
   KvBlockAllocator allocator(64, 16);
   ASSERT_TRUE(backend->InitKvCache(allocator.num_blocks(), allocator.block_size()).ok());
-  StepInput input;
+  StepBatch batch;
+  batch.Clear(allocator.block_size());
   for (size_t s = 0; s < golden_.sequences.size(); ++s) {
     ASSERT_TRUE(allocator.Reserve(s, golden_.sequences[s].size()).ok());
-    SequenceChunk chunk;
-    chunk.tokens = golden_.sequences[s];
-    chunk.block_table = &allocator.BlockTable(s);
-    chunk.logits = LogitsMode::kAll;
-    chunk.collect_routing = true;
-    input.chunks.push_back(std::move(chunk));
+    StepSequence& sequence = batch.Add(golden_.sequences[s], 0, allocator.BlockTable(s));
+    sequence.logits = LogitsMode::kAll;
+    sequence.collect_routing = true;
   }
   StepOutput output;
-  ASSERT_TRUE(backend->Forward(input, &output).ok());
+  ASSERT_TRUE(backend->Forward(batch, &output).ok());
   ASSERT_EQ(output.logits.size(), golden_.logits.size());
   EXPECT_LE(RelativeError(output.logits.data(), golden_.logits.data(), golden_.logits.size()),
             kRelativeTolerance);

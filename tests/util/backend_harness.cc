@@ -38,20 +38,18 @@ BackendHarness::BackendHarness(const ModelConfig& config, const ModelWeights& we
 }
 
 absl::Status BackendHarness::Step(const std::vector<Chunk>& chunks, StepOutput* out) {
-  StepInput input;
   for (const Chunk& c : chunks) {
     EXPECT_TRUE(alloc_.Reserve(c.seq, c.start + static_cast<int64_t>(c.tokens.size())).ok());
   }
+  StepBatch batch;
+  batch.Clear(alloc_.block_size());
   for (const Chunk& c : chunks) {
-    SequenceChunk sc;
-    sc.tokens = c.tokens;
-    sc.start_pos = c.start;
-    sc.block_table = &alloc_.BlockTable(c.seq);
-    sc.logits = c.logits;
-    sc.collect_routing = c.collect;
-    input.chunks.push_back(sc);
+    StepSequence& sequence = batch.Add(c.tokens, c.start, alloc_.BlockTable(c.seq));
+    sequence.logits = c.logits;
+    sequence.collect_routing = c.collect;
+    sequence.sample = c.sample;
   }
-  return backend_->Forward(input, out);
+  return backend_->Forward(batch, out);
 }
 
 std::vector<float> BackendHarness::Run(SequenceId seq, const std::vector<int32_t>& tokens,

@@ -37,6 +37,7 @@ class BackendHarness {
     int start;
     LogitsMode logits = LogitsMode::kAll;
     bool collect = false;
+    SampleRequest sample = {};
   };
   // Reserves blocks for every chunk and runs them as one step.
   absl::Status Step(const std::vector<Chunk>& chunks, StepOutput* out);
