@@ -92,11 +92,15 @@ void BM_DecodeStep(benchmark::State& state) {
   std::unique_ptr<Backend> backend =
       *CreateBackend(DeviceKind::kCpu, model.config, model.weights, model.config.dispatch);
   const int block_size = 16;
-  KvBlockAllocator allocator(batch * ((context + 1 + block_size - 1) / block_size), block_size);
-  if (!backend->InitKvCache(allocator.num_blocks(), block_size).ok()) {
-    state.SkipWithError("InitKvCache failed");
+  KvCacheOptions cache;
+  cache.block_size = block_size;
+  cache.max_tokens = int64_t{batch} * ((context + 1 + block_size - 1) / block_size) * block_size;
+  absl::StatusOr<std::unique_ptr<KvCache>> kv_cache = KvCache::Create(backend.get(), cache);
+  if (!kv_cache.ok()) {
+    state.SkipWithError("KV cache setup failed");
     return;
   }
+  KvBlockAllocator& allocator = (*kv_cache)->allocator();
   StepBatch prefill;
   prefill.Clear(block_size);
   for (int s = 0; s < batch; ++s) {
@@ -147,9 +151,11 @@ void BM_PrefillChunk(benchmark::State& state) {
   bench::MeasureMachineLimits();
   std::unique_ptr<Backend> backend =
       *CreateBackend(DeviceKind::kCpu, model.config, model.weights, model.config.dispatch);
-  KvBlockAllocator allocator((length + 15) / 16, 16);
-  if (!backend->InitKvCache(allocator.num_blocks(), 16).ok() ||
-      !allocator.Reserve(0, length).ok()) {
+  KvCacheOptions cache;
+  cache.block_size = 16;
+  cache.max_tokens = length;
+  absl::StatusOr<std::unique_ptr<KvCache>> kv_cache = KvCache::Create(backend.get(), cache);
+  if (!kv_cache.ok() || !(*kv_cache)->allocator().Reserve(0, length).ok()) {
     state.SkipWithError("cache setup failed");
     return;
   }
@@ -157,7 +163,7 @@ void BM_PrefillChunk(benchmark::State& state) {
   for (int i = 0; i < length; ++i) tokens.push_back((i * 37 + 11) % 8000);
   StepBatch input;
   input.Clear(16);
-  input.Add(tokens, 0, allocator.BlockTable(0)).logits = LogitsMode::kLast;
+  input.Add(tokens, 0, (*kv_cache)->allocator().BlockTable(0)).logits = LogitsMode::kLast;
   StepOutput out;
   for (auto _ : state) {
     if (!backend->Forward(input, &out).ok()) {

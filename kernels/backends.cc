@@ -36,20 +36,33 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(DeviceKind device, const 
                                                        const ModelWeights& weights,
                                                        const DispatchConfig& dispatch,
                                                        const BackendOptions& options) {
-  if (device == DeviceKind::kAuto) device = BuiltDevices().front();
+  if (device == DeviceKind::kAuto) {
+    // The first built device whose backend can be had (a CUDA build on a
+    // machine without a GPU falls back to the CPU).
+    absl::Status first_error;
+    for (DeviceKind built : BuiltDevices()) {
+      auto backend = CreateBackend(built, config, weights, dispatch, options);
+      if (backend.ok()) return backend;
+      if (first_error.ok()) first_error = backend.status();
+    }
+    return first_error;
+  }
   switch (device) {
     case DeviceKind::kCpu: {
       CpuBackendOptions cpu;
       cpu.num_threads = options.num_threads;
       return CreateCpuBackend(config, weights, dispatch, cpu);
     }
-    case DeviceKind::kCuda:
-      // The CUDA backend's branch goes here, under its build option.
-      return absl::FailedPreconditionError("this build has no CUDA backend; use cpu");
+    case DeviceKind::kCuda:  // a CUDA backend's branch goes here, under its build option
     case DeviceKind::kAuto:
       break;
   }
-  return absl::InvalidArgumentError("unknown device");
+  std::string built;
+  for (DeviceKind d : BuiltDevices()) {
+    absl::StrAppend(&built, built.empty() ? "" : ", ", std::string(ToString(d)));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "this build has no ", std::string(ToString(device)), " backend (built: ", built, ")"));
 }
 
 }  // namespace switchserve

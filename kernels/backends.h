@@ -27,13 +27,14 @@ struct BackendOptions {
   int num_threads = 0;  // host threads the backend computes with; 0: all cores
 };
 
-// The devices this build has a backend for, most preferred first (kAuto takes
-// the first). Never contains kAuto; always contains kCpu.
+// The devices this build has a backend for, most preferred first. Never
+// contains kAuto; always contains kCpu.
 std::vector<DeviceKind> BuiltDevices();
 
 // A backend for `device` running `config` with `weights` (which must outlive
 // it and match the config, see ValidateWeights) under the capacity policy
 // `dispatch`. Its KV cache is not initialised yet (KvCache does that).
+// kAuto: the first of BuiltDevices() whose backend can be created.
 // FAILED_PRECONDITION when this build has no backend for `device`.
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(DeviceKind device, const ModelConfig& config,
                                                        const ModelWeights& weights,

@@ -19,10 +19,10 @@ namespace switchserve {
 
 struct EngineSetup {
   std::unique_ptr<Model> model;
-  DispatchConfig dispatch;           // the model's, with the flags' overrides
-  std::unique_ptr<Backend> backend;  // KV cache initialised for engine_options
+  DispatchConfig dispatch;  // the model's, with the flags' overrides
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<KvCache> kv_cache;  // the backend's
   EngineOptions engine_options;
-  int64_t kv_bytes_per_block = 0;
 };
 
 // Loads options.model_dir (the caller resolves an empty one to the built-in

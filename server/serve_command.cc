@@ -64,9 +64,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
     Log(absl::StrCat("--device auto: using the ", std::string(backend->name()), " backend"));
   }
   const EngineOptions& engine_options = setup->engine_options;
-  const int64_t num_blocks = engine_options.num_kv_blocks;
-  const int block_size = engine_options.kv_block_size;
-  const int64_t bytes_per_block = setup->kv_bytes_per_block;
+  const KvCache& kv_cache = *setup->kv_cache;
   if (options.debug_step_delay_ms > 0) {
     Log(absl::StrCat("--debug-step-delay-ms ", options.debug_step_delay_ms,
                      ": every engine step is slowed down (testing aid)"));
@@ -87,12 +85,13 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
       collectables.push_back(moe_metrics);
     }
     observer = std::make_unique<EngineMetricsObserver>(serving_metrics.get(), moe_metrics.get(),
-                                                       num_blocks);
+                                                       kv_cache.num_blocks());
     auto started = MetricsExposer::Start(options.host, options.metrics_port, collectables);
     if (!started.ok()) return Fail(started.status());
     exposer = std::move(*started);
   }
-  GenerationEngine engine(engine_options, backend, setup->model->tokenizer.get(), observer.get());
+  GenerationEngine engine(engine_options, backend, setup->kv_cache.get(),
+                          setup->model->tokenizer.get(), observer.get());
   engine.Start();
   if (absl::Status status = WarmUpEngine(engine, config); !status.ok()) return Fail(status);
 
@@ -143,8 +142,9 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
                       dispatch.min_capacity, std::string(ToString(dispatch.overflow))));
   Log(absl::StrFormat("backend %s, threads %s; KV cache %d blocks x %d tokens = %d tokens (%d MiB)",
                       std::string(backend->name()),
-                      options.threads == 0 ? "all" : std::to_string(options.threads), num_blocks,
-                      block_size, num_blocks * block_size, num_blocks * bytes_per_block >> 20));
+                      options.threads == 0 ? "all" : std::to_string(options.threads),
+                      kv_cache.num_blocks(), kv_cache.block_size(), kv_cache.capacity_tokens(),
+                      kv_cache.bytes() >> 20));
   Log(
       absl::StrFormat("scheduler: max_batch_tokens %d, max_running_requests %d, max_queue %d, "
                       "max_request_bytes %d, drain_timeout_s %g",

@@ -36,15 +36,17 @@ struct GenerationEngine::RequestState {
 };
 
 GenerationEngine::GenerationEngine(const EngineOptions& options, Backend* backend,
-                                   const Tokenizer* tokenizer, EngineObserver* observer)
+                                   KvCache* kv_cache, const Tokenizer* tokenizer,
+                                   EngineObserver* observer)
     : options_(options),
       backend_(backend),
       tokenizer_(tokenizer),
       observer_(observer),
-      allocator_(options.num_kv_blocks, options.kv_block_size),
+      kv_cache_(kv_cache),
+      allocator_(kv_cache->allocator()),
       scheduler_(options.scheduler, &allocator_) {
-  snapshot_.total_blocks = options.num_kv_blocks;
-  snapshot_.block_size = options.kv_block_size;
+  snapshot_.total_blocks = kv_cache->num_blocks();
+  snapshot_.block_size = kv_cache->block_size();
 }
 
 GenerationEngine::~GenerationEngine() { Stop(); }

@@ -1,5 +1,5 @@
-// The engine loop: a thread that owns the backend, the KV block accounting and
-// the scheduler, and turns submitted GenerationRequests into GenerationUpdates.
+// The engine loop: a thread that drives the backend, the KV block accounting
+// and the scheduler, and turns submitted GenerationRequests into GenerationUpdates.
 // Each iteration: take new requests and cancellations, drop requests that were
 // cancelled or whose deadline passed (freeing their blocks), ask the Scheduler
 // for the next step, run it on the backend (which samples a token for every
@@ -32,8 +32,6 @@ namespace switchserve {
 
 struct EngineOptions {
   SchedulerConfig scheduler;
-  int64_t num_kv_blocks = 0;  // the backend's cache is initialised by the caller
-  int kv_block_size = 16;
   int max_queue = 1024;    // requests waiting for admission; more: RESOURCE_EXHAUSTED
   int context_length = 0;  // the model's max_seq_len
   std::optional<int32_t> eos_token_id;
@@ -77,10 +75,10 @@ using RequestId = int64_t;
 
 class GenerationEngine {
  public:
-  // `backend` (with its KV cache initialised for options.num_kv_blocks),
-  // `tokenizer` and `observer` (may be null) must outlive the engine.
-  GenerationEngine(const EngineOptions& options, Backend* backend, const Tokenizer* tokenizer,
-                   EngineObserver* observer);
+  // `backend`, `kv_cache` (the backend's, see KvCache::Create), `tokenizer`
+  // and `observer` (may be null) must outlive the engine.
+  GenerationEngine(const EngineOptions& options, Backend* backend, KvCache* kv_cache,
+                   const Tokenizer* tokenizer, EngineObserver* observer);
   ~GenerationEngine();  // Stop()
 
   GenerationEngine(const GenerationEngine&) = delete;
@@ -117,7 +115,8 @@ class GenerationEngine {
   Backend* const backend_;
   const Tokenizer* const tokenizer_;
   EngineObserver* const observer_;
-  KvBlockAllocator allocator_;
+  KvCache* const kv_cache_;
+  KvBlockAllocator& allocator_;  // kv_cache_'s
   Scheduler scheduler_;
 
   // Engine-thread state.

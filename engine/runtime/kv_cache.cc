@@ -1,6 +1,7 @@
 #include "engine/runtime/kv_cache.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -13,12 +14,39 @@ int64_t KvBytesPerToken(const ModelConfig& config, int bytes_per_element) {
   return static_cast<int64_t>(config.n_layers) * (key_elems + value_elems) * bytes_per_element;
 }
 
-int64_t KvBlocksForBudget(const ModelConfig& config, int64_t budget_bytes, int block_size,
-                          int bytes_per_element) {
-  if (block_size <= 0 || budget_bytes <= 0) return 0;
-  const int64_t per_block = KvBytesPerToken(config, bytes_per_element) * block_size;
-  if (per_block <= 0) return 0;
-  return budget_bytes / per_block;
+int64_t KvBlocksForBudget(int64_t budget_bytes, int64_t bytes_per_token, int block_size) {
+  if (block_size <= 0 || budget_bytes <= 0 || bytes_per_token <= 0) return 0;
+  return budget_bytes / (bytes_per_token * block_size);
+}
+
+absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(Backend* backend,
+                                                         const KvCacheOptions& options) {
+  const int block_size = options.block_size;
+  if (block_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV cache: block_size ", block_size, " must be > 0"));
+  }
+  if (options.budget_bytes <= 0 && options.max_tokens <= 0) {
+    return absl::InvalidArgumentError("KV cache: neither a byte budget nor a token cap");
+  }
+  const int64_t bytes_per_token = backend->KvBytesPerToken();
+  int64_t num_blocks = std::numeric_limits<int64_t>::max();
+  if (options.budget_bytes > 0) {
+    num_blocks = KvBlocksForBudget(options.budget_bytes, bytes_per_token, block_size);
+  }
+  if (options.max_tokens > 0) {
+    num_blocks = std::min(num_blocks, (options.max_tokens + block_size - 1) / block_size);
+  }
+  if (num_blocks * block_size < std::max<int64_t>(options.min_tokens, 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV cache: room for ", num_blocks * block_size, " tokens (",
+                     num_blocks * block_size * bytes_per_token, " bytes at ", bytes_per_token,
+                     " bytes per token), fewer than the ", options.min_tokens, " needed"));
+  }
+  if (absl::Status status = backend->InitKvCache(num_blocks, block_size); !status.ok()) {
+    return status;
+  }
+  return std::unique_ptr<KvCache>(new KvCache(num_blocks, block_size, bytes_per_token));
 }
 
 KvBlockAllocator::KvBlockAllocator(int64_t num_blocks, int block_size)

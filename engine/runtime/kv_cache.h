@@ -1,17 +1,23 @@
-// Paged KV cache accounting: fixed-size blocks, a free list, and a block table
-// per sequence. This is bookkeeping only; the storage the block ids index lives
-// in the backend (host memory for the CPU backend, device memory for CUDA).
+// The paged KV cache as the runtime sees it: fixed-size blocks, a free list
+// and a block table per sequence (KvBlockAllocator), and the one owner of
+// the cache's size (KvCache), which sizes it from a byte budget and a token
+// cap, initialises the backend's storage and holds the accounting. The
+// storage the block ids index lives in the backend (host memory for the CPU
+// backend, device memory for CUDA).
 //
-// Thread-compatible: the scheduler thread owns the allocator.
+// Thread-compatible: the engine (or runner) thread owns the cache.
 #ifndef SWITCHSERVE_ENGINE_RUNTIME_KV_CACHE_H_
 #define SWITCHSERVE_ENGINE_RUNTIME_KV_CACHE_H_
 
 #include <cstdint>
+#include <memory>
 #include <unordered_map>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "engine/model/model_config.h"
+#include "engine/runtime/backend.h"
 
 namespace switchserve {
 
@@ -21,9 +27,9 @@ using SequenceId = int64_t;
 // elements of `bytes_per_element` (4 for f32, 2 for bf16).
 int64_t KvBytesPerToken(const ModelConfig& config, int bytes_per_element);
 
-// How many blocks of `block_size` tokens fit in `budget_bytes`.
-int64_t KvBlocksForBudget(const ModelConfig& config, int64_t budget_bytes, int block_size,
-                          int bytes_per_element);
+// How many blocks of `block_size` tokens of `bytes_per_token` each fit in
+// `budget_bytes`.
+int64_t KvBlocksForBudget(int64_t budget_bytes, int64_t bytes_per_token, int block_size);
 
 class KvBlockAllocator {
  public:
@@ -54,6 +60,45 @@ class KvBlockAllocator {
   int block_size_;
   std::vector<int32_t> free_;  // stack; lowest ids handed out first
   std::unordered_map<SequenceId, std::vector<int32_t>> tables_;
+};
+
+struct KvCacheOptions {
+  int block_size = 16;  // tokens per block
+  // The cache gets as many blocks as `budget_bytes` holds at the backend's
+  // KvBytesPerToken, but no more than `max_tokens` need (rounded up to whole
+  // blocks). Each limit applies when > 0; at least one must be set.
+  int64_t budget_bytes = 0;
+  int64_t max_tokens = 0;
+  // Fewer tokens than this (typically one full context) is an error.
+  int64_t min_tokens = 0;
+};
+
+class KvCache {
+ public:
+  // Sizes the cache for `backend` and initialises its storage (the only
+  // caller of Backend::InitKvCache). `backend` must outlive the cache.
+  // INVALID_ARGUMENT for a non-positive block size, no limit, or a size below
+  // min_tokens (the message gives the bytes, tokens and bytes per token);
+  // the backend's own errors (RESOURCE_EXHAUSTED) pass through.
+  static absl::StatusOr<std::unique_ptr<KvCache>> Create(Backend* backend,
+                                                         const KvCacheOptions& options);
+
+  int block_size() const { return allocator_.block_size(); }
+  int64_t num_blocks() const { return allocator_.num_blocks(); }
+  int64_t capacity_tokens() const { return num_blocks() * block_size(); }
+  int64_t bytes_per_token() const { return bytes_per_token_; }
+  int64_t bytes() const { return capacity_tokens() * bytes_per_token_; }
+
+  // The block accounting (scheduler, runner).
+  KvBlockAllocator& allocator() { return allocator_; }
+  const KvBlockAllocator& allocator() const { return allocator_; }
+
+ private:
+  KvCache(int64_t num_blocks, int block_size, int64_t bytes_per_token)
+      : allocator_(num_blocks, block_size), bytes_per_token_(bytes_per_token) {}
+
+  KvBlockAllocator allocator_;
+  int64_t bytes_per_token_;
 };
 
 }  // namespace switchserve

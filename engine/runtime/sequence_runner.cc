@@ -1,6 +1,7 @@
 #include "engine/runtime/sequence_runner.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -8,22 +9,26 @@ namespace switchserve {
 
 absl::StatusOr<std::unique_ptr<SequenceRunner>> SequenceRunner::Create(
     Backend* backend, const ModelConfig& config, const SequenceRunnerOptions& options) {
-  if (options.block_size <= 0 || options.prefill_chunk <= 0) {
-    return absl::InvalidArgumentError("sequence runner: block_size and prefill_chunk must be > 0");
+  if (options.prefill_chunk <= 0) {
+    return absl::InvalidArgumentError("sequence runner: prefill_chunk must be > 0");
   }
-  const int64_t max_tokens = options.max_tokens > 0 ? options.max_tokens : config.max_seq_len;
-  const int64_t num_blocks = (max_tokens + options.block_size - 1) / options.block_size;
-  absl::Status status = backend->InitKvCache(num_blocks, options.block_size);
-  if (!status.ok()) return status;
-  return std::unique_ptr<SequenceRunner>(new SequenceRunner(backend, config, options, num_blocks));
+  KvCacheOptions cache;
+  cache.block_size = options.block_size;
+  cache.max_tokens = options.max_tokens > 0 ? options.max_tokens : config.max_seq_len;
+  absl::StatusOr<std::unique_ptr<KvCache>> kv_cache = KvCache::Create(backend, cache);
+  if (!kv_cache.ok()) return kv_cache.status();
+  return std::unique_ptr<SequenceRunner>(
+      new SequenceRunner(backend, config, options, *std::move(kv_cache)));
 }
 
 SequenceRunner::SequenceRunner(Backend* backend, const ModelConfig& config,
-                               const SequenceRunnerOptions& options, int64_t num_blocks)
+                               const SequenceRunnerOptions& options,
+                               std::unique_ptr<KvCache> kv_cache)
     : backend_(backend),
       config_(config),
       options_(options),
-      allocator_(num_blocks, options.block_size) {}
+      kv_cache_(std::move(kv_cache)),
+      allocator_(kv_cache_->allocator()) {}
 
 int64_t SequenceRunner::Length(SequenceId id) const {
   auto it = lengths_.find(id);

@@ -1,6 +1,6 @@
 // Runs sequences through a Backend one at a time, without a scheduler: the
-// offline commands (generate, score), tests and benchmarks use it. It owns a
-// KvBlockAllocator sized for `max_tokens` and initialises the backend's cache.
+// offline `score` command and tests use it. It owns the backend's KvCache,
+// sized for `max_tokens`.
 //
 // Not thread-safe.
 #ifndef SWITCHSERVE_ENGINE_RUNTIME_SEQUENCE_RUNNER_H_
@@ -42,16 +42,17 @@ class SequenceRunner {
   // Frees the sequence's cache blocks.
   void Release(SequenceId id);
 
-  const KvBlockAllocator& allocator() const { return allocator_; }
+  const KvBlockAllocator& allocator() const { return kv_cache_->allocator(); }
 
  private:
   SequenceRunner(Backend* backend, const ModelConfig& config, const SequenceRunnerOptions& options,
-                 int64_t num_blocks);
+                 std::unique_ptr<KvCache> kv_cache);
 
   Backend* backend_;
   ModelConfig config_;
   SequenceRunnerOptions options_;
-  KvBlockAllocator allocator_;
+  std::unique_ptr<KvCache> kv_cache_;
+  KvBlockAllocator& allocator_;  // kv_cache_'s
   std::unordered_map<SequenceId, int64_t> lengths_;
 };
 

@@ -70,8 +70,12 @@ class GoldenParityTest : public ::testing::TestWithParam<std::string> {
 TEST_P(GoldenParityTest, OneStepMatchesReference) {
   const int vocab = model_->config.vocab_size;
   std::unique_ptr<Backend> backend = NewBackend();
-  KvBlockAllocator allocator(64, 16);
-  ASSERT_TRUE(backend->InitKvCache(allocator.num_blocks(), allocator.block_size()).ok());
+  KvCacheOptions options;
+  options.block_size = 16;
+  options.max_tokens = 64 * 16;
+  absl::StatusOr<std::unique_ptr<KvCache>> kv_cache = KvCache::Create(backend.get(), options);
+  ASSERT_TRUE(kv_cache.ok()) << kv_cache.status();
+  KvBlockAllocator& allocator = (*kv_cache)->allocator();
   StepBatch batch;
   batch.Clear(allocator.block_size());
   for (size_t s = 0; s < golden_.sequences.size(); ++s) {

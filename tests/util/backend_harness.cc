@@ -31,20 +31,24 @@ std::vector<float> Slice(const std::vector<float>& v, size_t row, size_t width) 
 
 BackendHarness::BackendHarness(const ModelConfig& config, const ModelWeights& weights,
                                const DispatchConfig& dispatch, const CpuBackendOptions& options)
-    : backend_(CreateCpuBackend(config, weights, dispatch, options)),
-      alloc_(kHarnessNumBlocks, kHarnessBlockSize) {
-  EXPECT_TRUE(backend_->InitKvCache(kHarnessNumBlocks, kHarnessBlockSize).ok());
-  EXPECT_TRUE(alloc_.Reserve(-1, 3 * kHarnessBlockSize).ok());
+    : backend_(CreateCpuBackend(config, weights, dispatch, options)) {
+  KvCacheOptions cache;
+  cache.block_size = kHarnessBlockSize;
+  cache.max_tokens = kHarnessNumBlocks * kHarnessBlockSize;
+  auto kv_cache = KvCache::Create(backend_.get(), cache);
+  EXPECT_TRUE(kv_cache.ok()) << kv_cache.status();
+  kv_cache_ = *std::move(kv_cache);
+  EXPECT_TRUE(alloc().Reserve(-1, 3 * kHarnessBlockSize).ok());
 }
 
 absl::Status BackendHarness::Step(const std::vector<Chunk>& chunks, StepOutput* out) {
   for (const Chunk& c : chunks) {
-    EXPECT_TRUE(alloc_.Reserve(c.seq, c.start + static_cast<int64_t>(c.tokens.size())).ok());
+    EXPECT_TRUE(alloc().Reserve(c.seq, c.start + static_cast<int64_t>(c.tokens.size())).ok());
   }
   StepBatch batch;
-  batch.Clear(alloc_.block_size());
+  batch.Clear(alloc().block_size());
   for (const Chunk& c : chunks) {
-    StepSequence& sequence = batch.Add(c.tokens, c.start, alloc_.BlockTable(c.seq));
+    StepSequence& sequence = batch.Add(c.tokens, c.start, alloc().BlockTable(c.seq));
     sequence.logits = c.logits;
     sequence.collect_routing = c.collect;
     sequence.sample = c.sample;

@@ -45,11 +45,11 @@ class BackendHarness {
   std::vector<float> Run(SequenceId seq, const std::vector<int32_t>& tokens, int start);
 
   Backend& backend() { return *backend_; }
-  KvBlockAllocator& alloc() { return alloc_; }
+  KvBlockAllocator& alloc() { return kv_cache_->allocator(); }
 
  private:
   std::unique_ptr<Backend> backend_;
-  KvBlockAllocator alloc_;
+  std::unique_ptr<KvCache> kv_cache_;
 };
 
 }  // namespace switchserve::testing
