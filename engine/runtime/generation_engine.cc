@@ -16,16 +16,18 @@ double MillisBetween(Clock::time_point from, Clock::time_point to) {
 
 }  // namespace
 
-struct GenerationEngine::RequestState {
+// A request in the engine: the scheduler's view of it (Sequence) plus what
+// generation needs.
+struct GenerationEngine::RequestState : Sequence {
   RequestState(RequestId request_id, GenerationRequest r, const Tokenizer* tokenizer)
-      : id(request_id),
-        request(std::move(r)),
+      : request(std::move(r)),
         rng(request.sampling.seed),
-        detokenizer(tokenizer, request.sampling.stop) {}
+        detokenizer(tokenizer, request.sampling.stop) {
+    id = request_id;
+    tokens = request.prompt;
+  }
 
-  RequestId id;
   GenerationRequest request;
-  Sequence sequence;
   SamplerRng rng;
   IncrementalDetokenizer detokenizer;
   int generated = 0;
@@ -34,6 +36,10 @@ struct GenerationEngine::RequestState {
   std::optional<Clock::time_point> first_scheduled;
   std::optional<Clock::time_point> first_token;
 };
+
+GenerationEngine::RequestState* GenerationEngine::StateOf(Sequence* sequence) {
+  return static_cast<RequestState*>(sequence);
+}
 
 GenerationEngine::GenerationEngine(const EngineOptions& options, Backend* backend,
                                    KvCache* kv_cache, const Tokenizer* tokenizer,
@@ -128,11 +134,8 @@ bool GenerationEngine::TakeInbox() {
   }
   for (auto& [id, request] : inbox) {
     auto state = std::make_unique<RequestState>(id, std::move(request), tokenizer_);
-    state->sequence.id = id;
-    state->sequence.arrival_order = next_arrival_++;
-    state->sequence.tokens = state->request.prompt;
-    state->sequence.owner = state.get();
-    scheduler_.Add(&state->sequence);
+    state->arrival_order = next_arrival_++;
+    scheduler_.Add(state.get());
     active_.push_back(std::move(state));
   }
   for (RequestId id : cancels) {
@@ -174,7 +177,7 @@ void GenerationEngine::RunStep() {
 
   batch_.Clear(allocator_.block_size());
   for (const ScheduledChunk& chunk : schedule.chunks) {
-    auto* state = static_cast<RequestState*>(chunk.sequence->owner);
+    RequestState* state = StateOf(chunk.sequence);
     if (!state->first_scheduled) state->first_scheduled = t0;
     StepSequence& sequence =
         batch_.Add(absl::MakeConstSpan(chunk.sequence->tokens).subspan(chunk.start, chunk.length),
@@ -193,14 +196,14 @@ void GenerationEngine::RunStep() {
     // The backend left the cache unchanged; the step's requests fail, the
     // rest carry on.
     for (const ScheduledChunk& chunk : schedule.chunks) {
-      auto* state = static_cast<RequestState*>(chunk.sequence->owner);
+      RequestState* state = StateOf(chunk.sequence);
       Finish(state, {}, FinishReason::kNone, status);
     }
   } else {
     scheduler_.CommitStep(schedule);
     for (SampledToken& sampled : step_output_.samples) {
       const ScheduledChunk& chunk = schedule.chunks[sampled.sequence];
-      auto* state = static_cast<RequestState*>(chunk.sequence->owner);
+      RequestState* state = StateOf(chunk.sequence);
       const SamplingParams& params = state->request.sampling;
       const int32_t token = sampled.sample.token_id;
       chunk.sequence->tokens.push_back(token);
@@ -271,7 +274,7 @@ void GenerationEngine::Finish(RequestState* state, GenerationUpdate update, Fini
   update.queue_ms = MillisBetween(arrival, state->first_scheduled.value_or(now));
   update.time_to_first_token_ms = MillisBetween(arrival, state->first_token.value_or(now));
   update.total_ms = MillisBetween(arrival, now);
-  scheduler_.Remove(&state->sequence);
+  scheduler_.Remove(state);
   state->done = true;
   PublishSnapshot();  // a client that saw its request end sees its blocks freed
   if (observer_ != nullptr) observer_->OnRequestFinished(update);

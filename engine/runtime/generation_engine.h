@@ -100,6 +100,9 @@ class GenerationEngine {
 
  private:
   struct RequestState;
+  // The engine adds only RequestStates to its scheduler, so every Sequence
+  // the scheduler hands back is one.
+  static RequestState* StateOf(Sequence* sequence);
 
   void Loop();
   // Moves submissions and cancellations into the engine's own state. Returns

@@ -42,7 +42,6 @@ struct Sequence {
   std::vector<int32_t> tokens;
   int64_t num_computed = 0;
   int num_preemptions = 0;
-  void* owner = nullptr;  // the engine's per-request state
 };
 
 // A chunk of one sequence to compute this step: tokens[start, start+length).
