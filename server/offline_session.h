@@ -1,5 +1,5 @@
-// A model, a backend and a SequenceRunner, set up from the command line's
-// --model and --threads: what the offline subcommands (generate, score) run.
+// A model and a backend, set up from the command line's --model, --device
+// and --threads: what the offline subcommands (generate, score) run on.
 #ifndef SWITCHSERVE_SERVER_OFFLINE_SESSION_H_
 #define SWITCHSERVE_SERVER_OFFLINE_SESSION_H_
 
@@ -8,18 +8,15 @@
 #include "absl/status/statusor.h"
 #include "engine/model/model_loader.h"
 #include "engine/runtime/backend.h"
-#include "engine/runtime/sequence_runner.h"
 
 namespace switchserve {
 
 struct OfflineSession {
   std::unique_ptr<Model> model;
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<SequenceRunner> runner;
+  std::unique_ptr<Backend> backend;  // its KV cache not yet initialised
 };
 
-// Loads --model (or the built-in model) and prepares a cache for one sequence
-// of the model's full context.
+// Loads --model (or the built-in model) and creates the --device backend.
 absl::StatusOr<OfflineSession> OpenOfflineSession();
 
 }  // namespace switchserve

@@ -16,7 +16,6 @@ ABSL_FLAG(int, port, 50051, "gRPC port; 0 picks a free port (logged)");
 ABSL_FLAG(int, metrics_port, 9090, "Prometheus metrics port (/metrics); 0 disables");
 ABSL_FLAG(bool, no_moe_metrics, false,
           "Export no MoE routing metrics (serving and process metrics only)");
-ABSL_FLAG(std::string, device, "cpu", "cpu | cuda | auto");
 ABSL_FLAG(int64_t, kv_cache_bytes, 1073741824,
           "KV cache budget in bytes (capped at max_running_requests full contexts)");
 ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV cache block");
@@ -34,7 +33,7 @@ ABSL_FLAG(std::optional<int>, min_capacity, std::nullopt,
           "Minimum slots per expert per step; unset: the model's");
 ABSL_FLAG(double, drain_timeout_s, 30,
           "On SIGTERM/SIGINT, how long running calls may take to finish");
-// --model and --threads are shared with the offline subcommands
+// --model, --device and --threads are shared with the offline subcommands
 // (server/common_flags.h).
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate chain: the server's, enables TLS (serve); the client's, for mTLS "
