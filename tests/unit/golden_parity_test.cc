@@ -1,5 +1,5 @@
-// The CPU backend against the Python reference's golden vectors
-// (tools/reference/make_goldens.py, computed in float64).
+// Every backend (BackendsUnderTest()) against the Python reference's golden
+// vectors (tools/reference/make_goldens.py, computed in float64).
 //
 // Tolerances: logits, gate values and probability sums within a relative
 // error of 1e-4 (max |ours - golden| / max |golden|, f32 arithmetic against a
@@ -8,13 +8,15 @@
 // rounding cannot flip a decision).
 #include <cmath>
 #include <memory>
+#include <string>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "engine/model/model_loader.h"
 #include "engine/runtime/kv_cache.h"
 #include "engine/runtime/sequence_runner.h"
 #include "gtest/gtest.h"
-#include "kernels/cpu/cpu_backend.h"
+#include "tests/util/backends_under_test.h"
 #include "tests/util/golden.h"
 
 namespace switchserve {
@@ -47,10 +49,12 @@ TEST(GoldenSetTest, CoversEveryVariant) {
   }
 }
 
-class GoldenParityTest : public ::testing::TestWithParam<std::string> {
+// Parameter: (backend, golden variant).
+class GoldenParityTest
+    : public ::testing::TestWithParam<std::tuple<testing::BackendUnderTest, std::string>> {
  protected:
   void SetUp() override {
-    absl::StatusOr<GoldenCase> golden = LoadGolden(GetParam());
+    absl::StatusOr<GoldenCase> golden = LoadGolden(std::get<1>(GetParam()));
     ASSERT_TRUE(golden.ok()) << golden.status();
     golden_ = *std::move(golden);
     absl::StatusOr<std::unique_ptr<Model>> model = LoadModel(golden_.model_dir);
@@ -59,7 +63,7 @@ class GoldenParityTest : public ::testing::TestWithParam<std::string> {
   }
 
   std::unique_ptr<Backend> NewBackend() const {
-    return CreateCpuBackend(model_->config, model_->weights, model_->config.dispatch);
+    return std::get<0>(GetParam()).create(model_->config, model_->weights, model_->config.dispatch);
   }
 
   GoldenCase golden_;
@@ -149,12 +153,19 @@ TEST_P(GoldenDroplessTest, DecodeAloneMatchesReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, GoldenParityTest,
-                         ::testing::ValuesIn(testing::ListGoldenVariants()),
-                         [](const auto& param_info) { return param_info.param; });
-INSTANTIATE_TEST_SUITE_P(Variants, GoldenDroplessTest,
-                         ::testing::ValuesIn(testing::ListGoldenVariants(/*dropless_only=*/true)),
-                         [](const auto& param_info) { return param_info.param; });
+std::string TestName(
+    const ::testing::TestParamInfo<std::tuple<testing::BackendUnderTest, std::string>>& info) {
+  return std::get<0>(info.param).name + "_" + std::get<1>(info.param);
+}
+INSTANTIATE_TEST_SUITE_P(Backends, GoldenParityTest,
+                         ::testing::Combine(::testing::ValuesIn(testing::BackendsUnderTest()),
+                                            ::testing::ValuesIn(testing::ListGoldenVariants())),
+                         TestName);
+INSTANTIATE_TEST_SUITE_P(
+    Backends, GoldenDroplessTest,
+    ::testing::Combine(::testing::ValuesIn(testing::BackendsUnderTest()),
+                       ::testing::ValuesIn(testing::ListGoldenVariants(/*dropless_only=*/true))),
+    TestName);
 
 }  // namespace
 }  // namespace switchserve

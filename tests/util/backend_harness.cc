@@ -29,9 +29,9 @@ std::vector<float> Slice(const std::vector<float>& v, size_t row, size_t width) 
   return std::vector<float>(v.begin() + row * width, v.begin() + (row + 1) * width);
 }
 
-BackendHarness::BackendHarness(const ModelConfig& config, const ModelWeights& weights,
-                               const DispatchConfig& dispatch, const CpuBackendOptions& options)
-    : backend_(CreateCpuBackend(config, weights, dispatch, options)) {
+BackendHarness::BackendHarness(const BackendUnderTest& backend, const ModelConfig& config,
+                               const ModelWeights& weights, const DispatchConfig& dispatch)
+    : backend_(backend.create(config, weights, dispatch)) {
   KvCacheOptions cache;
   cache.block_size = kHarnessBlockSize;
   cache.max_tokens = kHarnessNumBlocks * kHarnessBlockSize;

@@ -1,30 +1,13 @@
-// The CPU backend against a naive reference written straight from DESIGN.md:
-// one sequence, double precision, no paging, no BLAS.
+#include "tests/util/naive_reference.h"
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
-#include "engine/moe/routing_stats.h"
 #include "gtest/gtest.h"
-#include "kernels/cpu/cpu_backend.h"
-#include "tests/util/backend_harness.h"
-#include "tests/util/random_model.h"
 
-namespace switchserve {
+namespace switchserve::testing {
 namespace {
-
-using testing::AllVariantConfigs;
-using testing::NamedConfig;
-using testing::RandomTokens;
-using testing::RandomWeights;
-using testing::RelError;
-using testing::Slice;
-using Harness = testing::BackendHarness;
-
-class CpuBackendReferenceTest : public ::testing::TestWithParam<NamedConfig> {};
-
-// A naive reference: one sequence, double precision, no paging, no BLAS,
-// written straight from DESIGN.md.
 
 using Vec = std::vector<double>;
 
@@ -63,43 +46,6 @@ Vec VecMat(const Vec& x, const float* m, int rows, int cols) {
 }
 
 double Sig(double z) { return 1.0 / (1.0 + std::exp(-z)); }
-
-// Chosen experts (rank order) and weights of one routed head.
-struct Route {
-  std::vector<int> experts;
-  Vec weights;
-};
-
-// Routing taken from a backend's trace instead of computed: lets the reference
-// replay capacity decisions (drops, reroutes) and check how they are applied.
-class ForcedRoutes {
- public:
-  ForcedRoutes(const ModelConfig& config, const std::vector<TokenRouting>& routing)
-      : routers_(RouterLayout(config).routers()), routing_(routing) {}
-
-  Route Get(int layer, MoeModule module, int head, int token) const {
-    size_t offset = 0;
-    for (const RouterId& id : routers_) {
-      if (id.layer == layer && id.module == module && id.head == head) {
-        Route r;
-        for (int i = 0; i < id.top_k; ++i) {
-          const RouteChoice& ch = routing_[token].choices[offset + i];
-          if (ch.fate == RouteFate::kDropped) continue;
-          r.experts.push_back(ch.expert);
-          r.weights.push_back(ch.gate);
-        }
-        return r;
-      }
-      offset += id.top_k;
-    }
-    ADD_FAILURE() << "no router " << layer << "/" << ToString(module) << "/" << head;
-    return {};
-  }
-
- private:
-  std::vector<RouterId> routers_;
-  const std::vector<TokenRouting>& routing_;
-};
 
 Route TopK(const Vec& z, int k, bool softmax_topk) {
   const int E = static_cast<int>(z.size());
@@ -283,9 +229,27 @@ Vec NaiveFfn(const ModelConfig& c, const FfnWeights& w, const Vec& x, int layer,
   return y;
 }
 
+}  // namespace
+
+Route ForcedRoutes::Get(int layer, MoeModule module, int head, int token) const {
+  const int index = layout_.Find(layer, module, head);
+  if (index < 0) {
+    ADD_FAILURE() << "no router " << layer << "/" << ToString(module) << "/" << head;
+    return {};
+  }
+  Route r;
+  const int offset = layout_.ChoiceOffset(index);
+  for (int i = 0; i < layout_[index].top_k; ++i) {
+    const RouteChoice& ch = routing_[token].choices[offset + i];
+    if (ch.fate == RouteFate::kDropped) continue;
+    r.experts.push_back(ch.expert);
+    r.weights.push_back(ch.gate);
+  }
+  return r;
+}
+
 std::vector<float> NaiveLogits(const ModelConfig& c, const ModelWeights& w,
-                               const std::vector<int32_t>& tokens,
-                               const ForcedRoutes* forced = nullptr) {
+                               const std::vector<int32_t>& tokens, const ForcedRoutes* forced) {
   const int T = static_cast<int>(tokens.size()), d = c.d_model;
   std::vector<Vec> x(T);
   for (int t = 0; t < T; ++t) {
@@ -312,59 +276,4 @@ std::vector<float> NaiveLogits(const ModelConfig& c, const ModelWeights& w,
   return logits;
 }
 
-TEST_P(CpuBackendReferenceTest, MatchesNaiveReference) {
-  const ModelConfig config = GetParam().config;
-  const ModelWeights weights = RandomWeights(config, 13);
-  // 70 tokens: more than one query tile of the GEMM attention.
-  const std::vector<int32_t> tokens = RandomTokens(70, config.vocab_size, 51);
-  Harness h(config, weights, config.dispatch);
-  const std::vector<float> got = h.Run(1, tokens, 0);
-  EXPECT_LE(RelError(got, NaiveLogits(config, weights, tokens)), 1e-4);
-  // And decoding a few more tokens one by one after it.
-  const std::vector<int32_t> more = RandomTokens(3, config.vocab_size, 52);
-  std::vector<int32_t> all = tokens;
-  all.insert(all.end(), more.begin(), more.end());
-  const std::vector<float> want = NaiveLogits(config, weights, all);
-  for (int i = 0; i < 3; ++i) {
-    const std::vector<float> row = h.Run(1, {more[i]}, 70 + i);
-    EXPECT_LE(RelError(row, Slice(want, 70 + i, config.vocab_size)), 1e-4) << "decode " << i;
-  }
-}
-
-// Under capacity pressure (drop, reroute) the backend applies exactly the
-// routing its trace reports: the reference replays the trace.
-using CpuBackendReferenceRoutedTest = CpuBackendReferenceTest;
-
-TEST_P(CpuBackendReferenceRoutedTest, AppliesDispatchAsTraced) {
-  const ModelConfig config = GetParam().config;
-  ASSERT_FALSE(RouterLayout(GetParam().config).empty());
-  const ModelWeights weights = RandomWeights(config, 17);
-  const std::vector<int32_t> tokens = RandomTokens(24, config.vocab_size, 61);
-  for (OverflowPolicy policy : {OverflowPolicy::kDrop, OverflowPolicy::kReroute}) {
-    DispatchConfig dispatch;
-    dispatch.capacity_factor = 0.6;
-    dispatch.overflow = policy;
-    Harness h(config, weights, dispatch);
-    StepOutput out;
-    ASSERT_TRUE(h.Step({{1, tokens, 0, LogitsMode::kAll, true}}, &out).ok());
-    int64_t dropped = 0;
-    for (const RouterStepStats& s : out.stats.routers) {
-      for (int64_t v : s.dropped) dropped += v;
-    }
-    EXPECT_GT(dropped, 0);
-    const ForcedRoutes forced(config, out.routing);
-    EXPECT_LE(RelError(out.logits, NaiveLogits(config, weights, tokens, &forced)), 1e-4)
-        << ToString(policy);
-  }
-}
-
-const auto kVariantName = [](const ::testing::TestParamInfo<NamedConfig>& param_info) {
-  return param_info.param.name;
-};
-INSTANTIATE_TEST_SUITE_P(Variants, CpuBackendReferenceTest,
-                         ::testing::ValuesIn(AllVariantConfigs()), kVariantName);
-INSTANTIATE_TEST_SUITE_P(Variants, CpuBackendReferenceRoutedTest,
-                         ::testing::ValuesIn(testing::RoutedVariantConfigs()), kVariantName);
-
-}  // namespace
-}  // namespace switchserve
+}  // namespace switchserve::testing
