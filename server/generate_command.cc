@@ -12,7 +12,6 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "engine/runtime/generation_engine.h"
 #include "engine/runtime/kv_cache.h"
 #include "engine/runtime/request.h"
@@ -54,9 +53,6 @@ class PrintingSink : public GenerationSink {
 }  // namespace
 
 int RunGenerateCommand(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "switchserve generate [--model DIR] --prompt TEXT [--max-new-tokens N] "
-      "[--temperature T --top-k K --top-p P --seed S]");
   absl::ParseCommandLine(argc, argv);
   const std::string prompt = absl::GetFlag(FLAGS_prompt);
   if (prompt.empty()) {

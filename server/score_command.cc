@@ -14,7 +14,6 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -59,8 +58,6 @@ int Fail(const absl::Status& status) {
 }  // namespace
 
 int RunScoreCommand(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "switchserve score [--model DIR] (--text FILE | --tokens 1,2,3) [--dump-logits OUT.npy]");
   absl::ParseCommandLine(argc, argv);
   const std::string text_path = absl::GetFlag(FLAGS_text);
   const std::string token_list = absl::GetFlag(FLAGS_tokens);

@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -193,7 +192,6 @@ int RunServeCommand(int argc, char** argv) {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  absl::SetProgramUsageMessage("switchserve serve [--flags]: serve a model over gRPC");
   absl::ParseCommandLine(argc, argv);  // main() already turned --a-b into --a_b
   auto options = ServerOptionsFromFlags();
   if (!options.ok()) {

@@ -9,6 +9,7 @@ capacity limit a sequence's routing depends on the batch it ran in).
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -155,3 +156,57 @@ def test_generate_ends_at_eos_and_at_the_context(tmp_path):
     near_end = generated_bytes(run("generate", "--model", str(DEFAULT_MODEL), "--prompt",
                                    long_prompt, "--max-new-tokens", "10"), long_prompt)
     assert len(near_end) == 2
+
+
+SERVER = ROOT / "server"
+# The sources whose flags each subcommand reads: ABSL_FLAG definitions and
+# ABSL_DECLARE_FLAG declarations.
+COMMAND_FLAG_SOURCES = {
+    "serve": ["server_flags.cc", "common_flags.h"],
+    "generate": ["generate_command.cc", "common_flags.h"],
+    "score": ["score_command.cc", "common_flags.h"],
+    "health": ["health_command.cc"],
+}
+_DEFINED = re.compile(r"ABSL_FLAG\(\s*[^,]+?\s*,\s*(\w+)\s*,\s*(.+?)\s*,\s*\"", re.S)
+_DECLARED = re.compile(r"ABSL_DECLARE_FLAG\(\s*[^,]+?\s*,\s*(\w+)\s*\)")
+
+
+def flag_defaults():
+    """Flag name -> default expression, from every ABSL_FLAG under server/."""
+    defaults = {}
+    for path in SERVER.rglob("*.cc"):
+        defaults.update(dict(_DEFINED.findall(path.read_text())))
+    return defaults
+
+
+def listed_defaults(help_text):
+    """--flag-name -> printed default, from `switchserve COMMAND --help`."""
+    return dict(re.findall(r"^  --([\w-]+) \(default: (.*)\)$", help_text, re.M))
+
+
+@pytest.mark.parametrize("command", sorted(COMMAND_FLAG_SOURCES))
+def test_subcommand_help_lists_its_flags_with_defaults(command):
+    result = run(command, "--help")
+    assert "No flags matched" not in result.stdout + result.stderr
+    assert result.stdout.startswith(f"usage: switchserve {command}")
+    listed = listed_defaults(result.stdout)
+    defaults = flag_defaults()
+    expected = set()
+    for source in COMMAND_FLAG_SOURCES[command]:
+        text = (SERVER / source).read_text()
+        expected |= {name for name, _ in _DEFINED.findall(text)} | set(_DECLARED.findall(text))
+    assert len(expected) >= 6
+    for name in sorted(expected):
+        spelled = name.replace("_", "-")
+        assert spelled in listed, f"{command} --help does not list --{spelled}"
+        default, shown = defaults[name], listed[spelled]
+        if default.startswith('"'):
+            assert shown == default, spelled
+        elif default == "std::nullopt":
+            assert shown == "unset", spelled
+        elif default in ("true", "false"):
+            assert shown == default, spelled
+        else:
+            assert float(shown) == float(default), spelled
+    # Nothing else: the flags of other subcommands stay out.
+    assert set(listed) == {name.replace("_", "-") for name in expected}
