@@ -1,7 +1,7 @@
 // One attention layer of the CPU backend over the paged KV cache: SwitchHead
 // (routed V and O, E > 1; or E = 1 with per-head output gates) and dense
 // multi-head attention, each optionally with grouped K/V heads. The math is
-// DESIGN.md's; the storage layout of one layer's cache is
+// docs/design.md's; the storage layout of one layer's cache is
 //   K: [cache rows, G, dh]          (after RoPE, scaled by dh^-1/4)
 //   V: [cache rows, G * Ev, dh]     (Ev = E with destination value routing, else 1)
 // with cache row = block * block_size + position % block_size.

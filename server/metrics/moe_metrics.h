@@ -1,7 +1,7 @@
 // Prometheus metrics of MoE routing: per-expert counters (the source of
 // truth, so any window can be recomputed in PromQL) and per-router gauges of
 // the load-balance figures over a sliding window of recent engine steps
-// (DESIGN.md, "Load-balance statistics"; docs/metrics.md lists every series).
+// (docs/design.md, "Load-balance statistics"; docs/metrics.md lists every series).
 //
 // The engine accumulates a StepRoutingStats per step; the thread that runs the
 // steps hands it to RecordStep once per step, which adds it to plain pending

@@ -1,4 +1,4 @@
-"""PyTorch reference of the switchserve model (DESIGN.md, docs/model-format.md).
+"""PyTorch reference of the switchserve model (docs/design.md, docs/model-format.md).
 
 Written for clarity, not speed. Every forward call is ONE engine step: the
 valid tokens of all sequences of the batch, in sequence order then position,

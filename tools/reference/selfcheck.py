@@ -1,6 +1,6 @@
 """Self-checks of the reference: safetensors round trip, dispatch semantics on
 hand-made cases with known answers, the vectorised model against a naive
-per-token implementation of DESIGN.md, incremental decoding == full pass,
+per-token implementation of docs/design.md, incremental decoding == full pass,
 and generate() batch/padding consistency. Exits non-zero on any failure.
 
 Usage: /usr/bin/python3 tools/reference/selfcheck.py
@@ -130,7 +130,7 @@ def check_dispatch():
 
 # --------------------------------------------------- naive model (DESIGN) --
 def naive_forward(m, toks):
-    """Per-token loops straight from DESIGN.md; one sequence, dropless."""
+    """Per-token loops straight from docs/design.md; one sequence, dropless."""
     c = m.cfg
     a, f = c["attention"], c["ffn"]
     H, G, dh, E, k = a["n_heads"], a["n_kv_heads"], a["head_dim"], a["n_experts"], a["top_k"]
