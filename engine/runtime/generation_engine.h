@@ -32,8 +32,10 @@ namespace switchserve {
 
 struct EngineOptions {
   SchedulerConfig scheduler;
-  int max_queue = 1024;    // requests waiting for admission; more: RESOURCE_EXHAUSTED
-  int context_length = 0;  // the model's max_seq_len
+  int max_queue = 1024;  // requests waiting for admission; more: RESOURCE_EXHAUSTED
+  // A sequence ends (kLength) once it holds this many tokens, prompt
+  // included: the model's max_seq_len for the server.
+  int context_length = 0;
   std::optional<int32_t> eos_token_id;
 };
 
