@@ -24,14 +24,23 @@ def require_tool(name):
     return path
 
 
+def kustomize(directory: str) -> subprocess.CompletedProcess:
+    """`kubectl kustomize DIR`, its stdout and stderr captured."""
+    kubectl = require_tool("kubectl")
+    return subprocess.run([kubectl, "kustomize", directory], capture_output=True, text=True,
+                          timeout=120)
+
+
 @functools.lru_cache(maxsize=None)
 def render(directory: str):
-    """Objects `kubectl kustomize DIR` renders, as dicts (cached per directory)."""
-    kubectl = require_tool("kubectl")
-    result = subprocess.run([kubectl, "kustomize", directory], capture_output=True, text=True,
-                            timeout=120)
+    """Objects `kubectl kustomize DIR` renders, as dicts (cached per directory).
+    Fails on anything printed to stderr: kustomize's deprecation warnings go
+    there, and `kubectl apply -k` would print them to the operator."""
+    result = kustomize(directory)
     if result.returncode != 0:
         pytest.fail(f"kubectl kustomize {directory} failed:\n{result.stderr}")
+    if result.stderr.strip():
+        pytest.fail(f"kubectl kustomize {directory} printed warnings:\n{result.stderr}")
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
