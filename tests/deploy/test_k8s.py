@@ -303,3 +303,16 @@ def test_network_policy_admits_clients_to_grpc_and_prometheus_to_metrics(variant
         p.get("podSelector", {}).get("matchLabels", {}).get("app.kubernetes.io/name") == "prometheus"
         and p.get("namespaceSelector", {}).get("matchLabels")
         for p in scrapers)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_pods_spread_over_nodes_without_blocking_scheduling(variant):
+    spec = _pod_spec(variant)
+    by_key = {c["topologyKey"]: c for c in spec.get("topologySpreadConstraints", [])}
+    assert "kubernetes.io/hostname" in by_key, "no spread across nodes"
+    for key, constraint in by_key.items():
+        # DoNotSchedule would leave pods Pending on clusters with fewer nodes
+        # (or zones) than replicas.
+        assert constraint["whenUnsatisfiable"] == "ScheduleAnyway", key
+        assert constraint["maxSkew"] == 1, key
+        assert labels_match(constraint["labelSelector"]["matchLabels"], _pod_labels(variant)), key
