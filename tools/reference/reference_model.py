@@ -1,9 +1,11 @@
 """PyTorch reference of the switchserve model (DESIGN.md, docs/model-format.md).
 
 Written for clarity, not speed. Every forward call is ONE engine step: the
-valid tokens of all sequences of the batch, in sequence order then position,
-share the expert capacity of each router. Parameter names are exactly the
-tensor names of model.safetensors.
+valid tokens of all sequences of the batch, in sequence order then position
+(batch row b is sequence b). With capacity scope "step" they share the expert
+capacity of each router; with "sequence" each sequence has its own, per group
+of positions, carried in the cache from step to step. Parameter names are
+exactly the tensor names of model.safetensors.
 """
 import copy
 import math
@@ -12,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from routing import DispatchConfig, route
+from routing import DEFAULT_CAPACITY_GROUP, SCOPES, DispatchConfig, SequenceSlots, route
 
 # ----------------------------------------------------------------- config --
 
@@ -25,7 +27,8 @@ _ATTN = {"type": None, "n_heads": None, "n_kv_heads": None, "head_dim": None,
          "value_routing": "source", "rotate_fraction": 0.5, "rope_base": 10000.0}
 _FFN = {"type": None, "d_ff": None, "n_experts": 1, "top_k": 1, "gate": "softmax",
         "renormalize": False, "activation": "relu", "bias": True, "router_bias": False}
-_DISPATCH = {"capacity_factor": 0.0, "min_capacity": 0, "overflow": "drop"}
+_DISPATCH = {"capacity_factor": 0.0, "min_capacity": 0, "overflow": "drop",
+             "capacity_scope": "sequence", "capacity_group": DEFAULT_CAPACITY_GROUP}
 
 
 def _fill(section, spec, where):
@@ -50,7 +53,8 @@ def parse_config(raw):
         raise ValueError("config.json: format_version must be 1")
     cfg["attention"] = a = _fill(raw["attention"], _ATTN, "attention.")
     cfg["ffn"] = f = _fill(raw["ffn"], _FFN, "ffn.")
-    cfg["dispatch"] = _fill(raw.get("dispatch", {}), _DISPATCH, "dispatch.")
+    raw_dispatch = raw.get("dispatch", {})
+    cfg["dispatch"] = d = _fill(raw_dispatch, _DISPATCH, "dispatch.")
     if a["n_kv_heads"] is None:
         a["n_kv_heads"] = a["n_heads"]
     assert cfg["norm"] in ("layernorm", "rmsnorm")
@@ -58,7 +62,15 @@ def parse_config(raw):
     assert a["n_heads"] % a["n_kv_heads"] == 0
     assert a["gate"] in ("sigmoid", "softmax_topk") and a["value_routing"] in ("source", "destination")
     assert f["gate"] in ("softmax", "sigmoid") and f["activation"] in ("relu", "gelu", "silu")
-    assert cfg["dispatch"]["overflow"] in ("drop", "reroute")
+    assert d["overflow"] in ("drop", "reroute")
+    if d["capacity_scope"] not in SCOPES:
+        raise ValueError(f"config.json: dispatch.capacity_scope: expected one of {SCOPES}, "
+                         f"found {d['capacity_scope']!r}")
+    g = d["capacity_group"]
+    if isinstance(g, bool) or not isinstance(g, int) or g < 1:
+        raise ValueError(f"config.json: dispatch.capacity_group: expected an integer >= 1, found {g!r}")
+    if d["capacity_scope"] == "step" and "capacity_group" in raw_dispatch:
+        raise ValueError('config.json: dispatch.capacity_group: applies to capacity_scope "sequence" only')
     if a["type"] == "dense":
         a["n_experts"], a["top_k"] = 1, 1
     if f["type"] == "dense":
@@ -155,18 +167,20 @@ class Attention(nn.Module):
     def routed(self):
         return self.kind == "switchhead" and self.E > 1
 
-    def _route(self, X, sel, heads, dispatch_cfg, rdtype):
+    def _route(self, X, sel, heads, dispatch_cfg, rdtype, module, ctx):
         """Routes every router head; returns ([N, heads, E] weights, results)."""
         logits = (X.to(rdtype) @ sel.to(rdtype).t()).view(X.shape[0], -1, self.E)
-        results = [route(logits[:, r], self.top_k, self.gate, dispatch_cfg) for r in range(logits.shape[1])]
+        results = [route(logits[:, r], self.top_k, self.gate, dispatch_cfg, **ctx.router(module, r))
+                   for r in range(logits.shape[1])]
         w = torch.stack([r.weights for r in results], 1).to(X.dtype)
         if w.shape[1] == 1:
             w = w.expand(-1, heads, -1)
         return w, results
 
-    def forward(self, X, pos, layout, cache, dispatch_cfg, rdtype):
+    def forward(self, X, pos, layout, cache, dispatch_cfg, rdtype, ctx):
         """X: [N, d] normed valid tokens; pos: [N]; layout: (B, L, flat index).
-        cache: dict holding K/V/valid/pos of earlier steps (updated)."""
+        cache: dict holding K/V/valid/pos of earlier steps (updated).
+        ctx: RoutingContext of this layer (sequence ids, positions, slots)."""
         B, L, idx = layout
         N = X.shape[0]
         H, G, dh, E = self.H, self.G, self.dh, self.E
@@ -179,7 +193,7 @@ class Attention(nn.Module):
         elif E == 1:
             val = (X @ self.v.t()).view(N, G, dh)
         else:
-            wv, rv = self._route(X, self.sel_v, G, dispatch_cfg, rdtype)
+            wv, rv = self._route(X, self.sel_v, G, dispatch_cfg, rdtype, "attn_v", ctx)
             routes += [("attn_v", r) for r in rv]
             allv = torch.einsum("nd,gedk->ngek", X, self.v.view(G, E, -1, dh))
             val = allv if self.dest else (allv * wv[..., None]).sum(2)
@@ -217,7 +231,7 @@ class Attention(nn.Module):
             g = torch.sigmoid((X.to(rdtype) @ self.sel_o.to(rdtype).t())).to(X.dtype)
             y = (A * g[..., None]).reshape(N, H * dh) @ self.o.t()
         else:
-            wo, ro = self._route(X, self.sel_o, H, dispatch_cfg, rdtype)
+            wo, ro = self._route(X, self.sel_o, H, dispatch_cfg, rdtype, "attn_o", ctx)
             routes += [("attn_o", r) for r in ro]
             allo = torch.einsum("nhc,hecd->nhed", A, self.o.view(H, E, dh, -1))
             y = (allo * wo[..., None]).sum((1, 2))
@@ -248,14 +262,14 @@ class FeedForward(nn.Module):
                 self.b1 = nn.Parameter(torch.zeros(X, Fd))
                 self.b2 = nn.Parameter(torch.zeros(X, d))
 
-    def forward(self, X, dispatch_cfg, rdtype):
+    def forward(self, X, dispatch_cfg, rdtype, ctx):
         if self.kind == "dense":
             return self.w2(_act(self.act, self.w1(X))), []
         W = self.router.weight.to(rdtype)
         z = X.to(rdtype) @ W.t()
         if self.router.bias is not None:
             z = z + self.router.bias.to(rdtype)
-        r = route(z, self.k, self.gate, dispatch_cfg, self.renorm)
+        r = route(z, self.k, self.gate, dispatch_cfg, self.renorm, **ctx.router("ffn", 0))
         y = torch.zeros_like(X)
         w = r.weights.to(X.dtype)
         for e in range(self.X):
@@ -270,6 +284,19 @@ class FeedForward(nn.Module):
                 out = out + self.b2[e]
             y[rows] += w[rows, e, None] * out
         return y, [("ffn", r)]
+
+
+class RoutingContext:
+    """What sequence-scope dispatch needs besides the logits: each token's
+    sequence (batch row) and position, and the per-router slot state that the
+    layer's cache carries across steps."""
+
+    def __init__(self, seq, pos, layer_cache):
+        self.seq, self.pos = seq, pos
+        self.slots = layer_cache.setdefault("slots", {})
+
+    def router(self, module, head):
+        return dict(seq=self.seq, pos=self.pos, slots=self.slots.setdefault((module, head), SequenceSlots()))
 
 
 class Block(nn.Module):
@@ -307,8 +334,9 @@ class Model(nn.Module):
 
         tokens [B, L] int; valid [B, L] bool (default all); positions [B, L]
         absolute positions (default: cache length + arange). `cache` from
-        new_cache() is extended in place. `dispatch` (DispatchConfig)
-        overrides config.json's. Returns dict: logits [B, L, V] (padding rows
+        new_cache() is extended in place (K/V and, for sequence-scope
+        capacity, each sequence's current group loads). `dispatch`
+        (DispatchConfig) overrides config.json's. Returns dict: logits [B, L, V] (padding rows
         are garbage), routes: list of (router_id, RouteResult) over the valid
         tokens in step order, ordered as router_ids(cfg).
         """
@@ -328,12 +356,14 @@ class Model(nn.Module):
         rdtype = torch.float64 if self.dtype == torch.float64 else torch.float32
         idx = valid.reshape(-1).nonzero().flatten()
         pos = positions.reshape(-1)[idx]
+        seq = torch.arange(B, device=dev).repeat_interleave(L)[idx]
         x = self.embedding(tokens.reshape(-1)[idx])
         routes = []
         for i, blk in enumerate(self.layers):
-            y, r_attn = blk.attn(blk.attn_norm(x), pos, (B, L, idx), cache[i], dispatch, rdtype)
+            ctx = RoutingContext(seq.tolist(), pos.tolist(), cache[i])
+            y, r_attn = blk.attn(blk.attn_norm(x), pos, (B, L, idx), cache[i], dispatch, rdtype, ctx)
             x = x + y
-            y, r_ffn = blk.ffn(blk.ffn_norm(x), dispatch, rdtype)
+            y, r_ffn = blk.ffn(blk.ffn_norm(x), dispatch, rdtype, ctx)
             x = x + y
             heads = {}
             for module, r in r_attn + r_ffn:
