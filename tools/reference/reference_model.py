@@ -20,11 +20,11 @@ from routing import DEFAULT_CAPACITY_GROUP, SCOPES, DispatchConfig, SequenceSlot
 
 _TOP = {"format_version": None, "name": "", "vocab_size": None, "d_model": None,
         "n_layers": None, "max_seq_len": None, "norm": None, "norm_eps": 1e-5,
-        "tie_embeddings": True, "tokenizer": None, "bos_token_id": None,
+        "tie_embeddings": True, "output_bias": False, "tokenizer": None, "bos_token_id": None,
         "eos_token_id": None, "attention": None, "ffn": None, "dispatch": {}}
 _ATTN = {"type": None, "n_heads": None, "n_kv_heads": None, "head_dim": None,
          "n_experts": 1, "top_k": 1, "gate": "sigmoid", "shared_router": False,
-         "value_routing": "source", "rotate_fraction": 0.5, "rope_base": 10000.0}
+         "value_routing": "source", "position": "rope", "rotate_fraction": 0.5, "rope_base": 10000.0}
 _FFN = {"type": None, "d_ff": None, "n_experts": 1, "top_k": 1, "gate": "softmax",
         "renormalize": False, "activation": "relu", "bias": True, "router_bias": False}
 _DISPATCH = {"capacity_factor": 0.0, "min_capacity": 0, "overflow": "drop",
@@ -57,6 +57,18 @@ def parse_config(raw):
     cfg["dispatch"] = d = _fill(raw_dispatch, _DISPATCH, "dispatch.")
     if a["n_kv_heads"] is None:
         a["n_kv_heads"] = a["n_heads"]
+    if not isinstance(cfg["output_bias"], bool):
+        raise ValueError(f"config.json: output_bias: expected true or false, found {cfg['output_bias']!r}")
+    if a["position"] not in ("rope", "xl"):
+        raise ValueError(f'config.json: attention.position: expected "rope" or "xl", found {a["position"]!r}')
+    if a["position"] == "xl":
+        for key in ("rotate_fraction", "rope_base"):
+            if key in raw["attention"]:
+                raise ValueError(f'config.json: attention.{key}: applies to position "rope" only, '
+                                 f'not "xl" (no RoPE there)')
+        if cfg["d_model"] % 2:
+            raise ValueError(f'config.json: d_model: position "xl" needs an even d_model (sin/cos pairs '
+                             f'of width d_model), found {cfg["d_model"]}')
     assert cfg["norm"] in ("layernorm", "rmsnorm")
     assert a["type"] in ("switchhead", "dense") and f["type"] in ("moe", "dense")
     assert a["n_heads"] % a["n_kv_heads"] == 0
@@ -82,6 +94,8 @@ def parse_config(raw):
 
 def rotary_dims(cfg):
     a = cfg["attention"]
+    if a.get("position", "rope") == "xl":
+        return 0
     n = int(math.floor(a["rotate_fraction"] * a["head_dim"]))
     return n - n % 2
 
@@ -133,6 +147,31 @@ def apply_rope(x, pos, n_rot, base):
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, x[..., n_rot:]], -1)
 
 
+def sinusoid(p, width):
+    """Transformer-XL's fixed position encoding at (signed) positions p [n]:
+    [n, width], pe[:, 2m] = sin(p w_m), pe[:, 2m+1] = cos(p w_m),
+    w_m = 10000^(-2m/width) (= exp(2m * -ln(10000) / width)). In float64."""
+    p = p.to(torch.float64)
+    w = torch.exp(torch.arange(0, width, 2, dtype=torch.float64) * (-math.log(10000.0) / width))
+    ang = p[:, None] * w[None, :]
+    return torch.stack([torch.sin(ang), torch.cos(ang)], -1).reshape(len(p), width)
+
+
+def xl_position_scores(Q, rel, pos_to_pk, d_model, dh):
+    """q_i . r_h(j - i) for every query and key of a padded step.
+    Q [B, L, H, dh] (already scaled by dh^-1/4); rel [B, L, S] = key position -
+    query position; pos_to_pk [H*dh, d]. r_h(p) = P_h (dh^-1/4 pe(p)).
+    Returns [B, H, L, S]. Computed for each distinct p once, then gathered."""
+    B, L, H, _ = Q.shape
+    lo, hi = int(rel.min()), int(rel.max())
+    p = torch.arange(lo, hi + 1, device=Q.device)
+    pe = (sinusoid(p, d_model) * dh ** -0.25).to(Q.dtype)
+    R = (pe @ pos_to_pk.t()).view(len(p), H, dh)  # r_h(p)
+    U = torch.einsum("blhc,phc->bhlp", Q, R)  # [B, H, L, n_p]
+    idx = (rel - lo)[:, None].expand(B, H, L, rel.shape[-1])
+    return U.gather(-1, idx)
+
+
 class Attention(nn.Module):
     """SwitchHead (E > 1 or E = 1) or dense multi-head attention, with GQA."""
 
@@ -144,6 +183,7 @@ class Attention(nn.Module):
         self.E, self.top_k, self.gate = a["n_experts"], a["top_k"], a["gate"]
         self.shared, self.dest = a["shared_router"], a["value_routing"] == "destination"
         self.n_rot, self.base = rotary_dims(cfg), a["rope_base"]
+        self.xl, self.d_model = a["position"] == "xl", d
         H, G, dh, E = self.H, self.G, self.dh, self.E
         self.q = nn.Linear(d, H * dh, bias=False)
         self.k = nn.Linear(d, G * dh, bias=False)
@@ -162,6 +202,8 @@ class Attention(nn.Module):
             self.sel_o = nn.Parameter(torch.zeros((R or H) * E, d))
         if self.dest and not self.routed:
             self.dest = False
+        if self.xl:  # sinusoid (width d) -> position key of each query head
+            self.pos_to_pk = nn.Parameter(torch.zeros(H * dh, d))
 
     @property
     def routed(self):
@@ -216,6 +258,9 @@ class Attention(nn.Module):
         Qp[idx] = q
         Qp = Qp.view(B, L, H, dh)
         scores = torch.einsum("blhc,bshc->bhls", Qp, K.repeat_interleave(rep, 2))
+        if self.xl:  # relative position j - i, from absolute positions: chunking changes nothing
+            rel = kpos[:, None, :] - pp.view(B, L)[:, :, None]
+            scores = scores + xl_position_scores(Qp, rel, self.pos_to_pk, self.d_model, dh)
         allowed = kvalid[:, None, None, :] & (kpos[:, None, None, :] <= pp.view(B, L)[:, None, :, None])
         allowed = allowed | ~valid.view(B, 1, L, 1)  # padding queries: anything, discarded
         att = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1)
@@ -318,7 +363,10 @@ class Model(nn.Module):
         self.layers = nn.ModuleList([Block(c) for _ in range(c["n_layers"])])
         self.final_norm = Norm(c["d_model"], c["norm"], c["norm_eps"])
         if not c["tie_embeddings"]:
-            self.lm_head = nn.Linear(c["d_model"], c["vocab_size"], bias=False)
+            self.lm_head = nn.Linear(c["d_model"], c["vocab_size"], bias=c["output_bias"])
+        elif c["output_bias"]:  # tied weight, own bias: lm_head.bias only
+            self.lm_head = nn.Module()
+            self.lm_head.bias = nn.Parameter(torch.zeros(c["vocab_size"]))
         self.to(dtype)
 
     @property
@@ -372,7 +420,7 @@ class Model(nn.Module):
         x = self.final_norm(x)
         head = self.embedding.weight if self.cfg["tie_embeddings"] else self.lm_head.weight
         logits = x.new_zeros(B * L, self.cfg["vocab_size"])
-        logits[idx] = x @ head.t()
+        logits[idx] = x @ head.t() + (self.lm_head.bias if self.cfg["output_bias"] else 0)
         return dict(logits=logits.view(B, L, -1), routes=routes)
 
     @torch.no_grad()

@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from export import init_random, load_model, save_model  # noqa: E402
-from reference_model import Model, apply_rope, rotary_dims  # noqa: E402
+from reference_model import Model, apply_rope, parse_config, rotary_dims, sinusoid  # noqa: E402
 from routing import (DROPPED, KEPT, REROUTED, DispatchConfig, SequenceSlots, dispatch,  # noqa: E402
                      dispatch_sequence, ranking, route)
 from safetensors_io import load_file, save_file  # noqa: E402
@@ -289,6 +289,16 @@ def naive_forward(m, toks):
         sm = torch.softmax(torch.stack([z[i] for i in idx]), 0)
         return list(zip(idx, sm))
 
+    xl = a["position"] == "xl"
+    D = c["d_model"]
+
+    def pe(p):  # the XL sinusoid at signed position p, from math.sin/cos
+        out = []
+        for m2 in range(0, D, 2):
+            w = 10000.0 ** (-m2 / D)
+            out += [math.sin(p * w), math.cos(p * w)]
+        return torch.tensor(out, dtype=torch.float64)
+
     for blk in m.layers:
         at = blk.attn
         xn = [blk.attn_norm(xi) for xi in x]
@@ -323,6 +333,9 @@ def naive_forward(m, toks):
             for h in range(H):
                 g = h // (H // G)
                 sc = torch.stack([q[t][h] @ kk_[j][g] for j in range(t + 1)])
+                if xl:  # + q . P_h (dh^-1/4 pe(j - t))
+                    Ph = at.pos_to_pk[h * dh:(h + 1) * dh]
+                    sc = sc + torch.stack([q[t][h] @ (Ph @ (s * pe(j - t))) for j in range(t + 1)])
                 w = torch.softmax(sc, 0)
                 dest = routed and a["value_routing"] == "destination"
                 ah = sum(w[j] * value(j, g, t if dest else None) for j in range(t + 1))
@@ -357,7 +370,8 @@ def naive_forward(m, toks):
                     y = y + gv * (ff.w2[e] @ act(hdn) + (ff.b2[e] if f["bias"] else 0))
             x[t] = x[t] + y
     head = m.embedding.weight if c["tie_embeddings"] else m.lm_head.weight
-    return torch.stack([head @ m.final_norm(xi) for xi in x])
+    bias = m.lm_head.bias if c["output_bias"] else 0
+    return torch.stack([head @ m.final_norm(xi) + bias for xi in x])
 
 
 def configs():
@@ -380,7 +394,47 @@ def configs():
     add("sh_shared_dest", {"shared_router": True, "value_routing": "destination", "n_kv_heads": 2}, moe)
     add("sh_dest", {"value_routing": "destination"}, dict(moe, gate="sigmoid", bias=False), tie_embeddings=False)
     add("dense_gqa", {"type": "dense", "n_kv_heads": 1}, dict(moe, renormalize=True, router_bias=True, top_k=1))
+    # Transformer-XL relative positions (no RoPE); head_dim need not be d/H
+    xl = {"position": "xl"}
+    add("xl_sigmoid", dict(xl, head_dim=6), dict(moe, gate="sigmoid", bias=False, activation="relu"),
+        output_bias=True)
+    add("xl_e1_gqa", dict(xl, n_experts=1, top_k=1, n_kv_heads=2), dense_ffn, norm="rmsnorm",
+        tie_embeddings=False, output_bias=True)
+    add("xl_shared_dest", dict(xl, shared_router=True, value_routing="destination", n_kv_heads=2,
+                               gate="softmax_topk", head_dim=3), moe)
+    add("xl_dense_gqa", {"type": "dense", "n_kv_heads": 2, "position": "xl", "head_dim": 5}, dense_ffn)
     return out
+
+
+def check_config_refusals():
+    base = configs()[0]
+    cases = [
+        ("attention.position", {"attention": {"position": "alibi"}}),
+        ("attention.rotate_fraction", {"attention": {"position": "xl", "rotate_fraction": 0.5}}),
+        ("attention.rope_base", {"attention": {"position": "xl", "rope_base": 500.0}}),
+        ("d_model", {"attention": {"position": "xl"}, "d_model": 15}),
+        ("dispatch.capacity_scope", {"dispatch": {"capacity_factor": 1.0, "capacity_scope": "batch"}}),
+        ("dispatch.capacity_group", {"dispatch": {"capacity_factor": 1.0, "capacity_scope": "step",
+                                                  "capacity_group": 64}}),
+        ("dispatch.capacity_group", {"dispatch": {"capacity_factor": 1.0, "capacity_group": 0}}),
+        ("dispatch.capacity_group", {"dispatch": {"capacity_factor": 1.0, "capacity_group": 8.0}}),
+        ("output_bias", {"output_bias": "yes"}),
+    ]
+    for key, change in cases:
+        cfg = copy.deepcopy(base)
+        for k2, v in change.items():
+            if isinstance(v, dict):
+                cfg.setdefault(k2, {}).update(v)
+            else:
+                cfg[k2] = v
+        try:
+            parse_config(cfg)
+            check(False, f"config refused: {change}")
+        except ValueError as e:
+            check(key in str(e), f"config refused naming {key}: {change}")
+    ok = parse_config(dict(copy.deepcopy(base), dispatch={"capacity_factor": 1.0}))["dispatch"]
+    check(ok["capacity_scope"] == "sequence" and ok["capacity_group"] == 128,
+          "dispatch defaults: capacity_scope sequence, capacity_group 128")
 
 
 def check_rope():
@@ -394,6 +448,11 @@ def check_rope():
     check(close(y, want, 1e-12), "RoPE rotate-half on the first n_rot channels")
     cfg = {"attention": {"rotate_fraction": 0.7, "head_dim": 7}}
     check(rotary_dims(cfg) == 4, "n_rot = floor(f*dh) rounded down to even")
+    # XL sinusoid: interleaved sin/cos, w_m = 10000^(-2m/D), signed positions
+    pe = sinusoid(torch.tensor([-3, 0, 5]), 6)
+    want = torch.tensor([[f(p * 10000.0 ** (-m2 / 6)) for m2 in (0, 2, 4) for f in (math.sin, math.cos)]
+                         for p in (-3, 0, 5)], dtype=torch.float64)
+    check(close(pe, want, 1e-12), "XL sinusoid: [sin, cos] pairs, w_m = 10000^(-2m/D), signed p")
 
 
 def check_model():
@@ -496,6 +555,7 @@ def main():
     check_dispatch()
     check_sequence_dispatch_cases()
     check_sequence_dispatch_formulations()
+    check_config_refusals()
     check_rope()
     check_model()
     if FAILURES:
