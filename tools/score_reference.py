@@ -10,7 +10,7 @@ G positions from the window's start).
 
   /usr/bin/python3 tools/score_reference.py models/default models/heldout.txt
       [--dispatch config|dropless] [--capacity-factor CF] [--capacity-scope sequence|step]
-      [--capacity-group G] [--dtype f32|f64] [--json OUT.json]
+      [--capacity-group G] [--overflow drop|reroute] [--dtype f32|f64] [--json OUT.json]
   /usr/bin/python3 tools/score_reference.py --unigram TRAIN.txt models/heldout.txt
       (add-one smoothed byte unigram estimated on TRAIN.txt, same tokens predicted)
   /usr/bin/python3 tools/score_reference.py models/default --generate "And God said" [--max-new-tokens 200]
@@ -101,6 +101,7 @@ def main():
     ap.add_argument("--capacity-scope", choices=["sequence", "step"],
                     help="override config.json's dispatch.capacity_scope")
     ap.add_argument("--capacity-group", type=int, help="override config.json's dispatch.capacity_group")
+    ap.add_argument("--overflow", choices=["drop", "reroute"], help="override config.json's dispatch.overflow")
     ap.add_argument("--dtype", default="f32", choices=sorted(DTYPES), help="compute dtype")
     ap.add_argument("--unigram", metavar="TRAIN_TXT", help="score a byte unigram model instead")
     ap.add_argument("--generate", metavar="PROMPT", help="print a greedy continuation instead")
@@ -121,10 +122,10 @@ def main():
     else:
         model = load_model(args.model_dir, DTYPES[args.dtype])
         dispatch = DispatchConfig() if args.dispatch == "dropless" else None
-        overrides = (args.capacity_factor, args.capacity_scope, args.capacity_group)
+        overrides = (args.capacity_factor, args.capacity_scope, args.capacity_group, args.overflow)
         if args.dispatch == "config" and any(v is not None for v in overrides):
             d = dict(model.cfg["dispatch"])
-            for key, v in zip(("capacity_factor", "capacity_scope", "capacity_group"), overrides):
+            for key, v in zip(("capacity_factor", "capacity_scope", "capacity_group", "overflow"), overrides):
                 if v is not None:
                     d[key] = v
             dispatch = DispatchConfig(**d)
