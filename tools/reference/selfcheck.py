@@ -164,6 +164,9 @@ def check_sequence_dispatch_cases():
     e, f, c = seq_dispatch(rows, 1, 2, 1, "drop", 4, seq=[0, 1, 0, 1, 0, 1], pos=[5, 5, 6, 6, 8, 8])
     check(f.flatten().tolist() == [KEPT, KEPT, DROPPED, DROPPED, KEPT, KEPT],
           "sequence scope: sequences independent; group = position // G")
+    e, f, c = seq_dispatch([[0, 1]] * 4, 1, 2, 1, "drop", 4, seq=[0, 0, 1, 1], pos=[0, 1, 0, 1])
+    check(f.flatten().tolist() == [KEPT, DROPPED, KEPT, DROPPED],
+          "sequence scope: two sequences in the same group index have their own slots")
     # carried slots: the same group continued in a later call
     slots = SequenceSlots()
     f1 = seq_dispatch(rows[:2], 1, 2, 1, "drop", 4, pos=[0, 1], slots=slots)[1]
