@@ -27,7 +27,6 @@ any exceeds --tolerance.
 """
 import argparse
 import importlib
-import math
 import os
 import sys
 import types
