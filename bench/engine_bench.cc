@@ -15,8 +15,8 @@
 #include <memory>
 
 #include "bench/roofline.h"
-#include "engine/cpu_backend.h"
-#include "engine/kv_cache.h"
+#include "engine/runtime/kv_cache.h"
+#include "kernels/backends.h"
 #include "tests/util/random_model.h"
 
 namespace switchserve {
@@ -48,7 +48,8 @@ StepWork MeasureWork(const ModelConfig& config, const StepOutput& out, int64_t n
   const double dense_params = (H + G) * dh * d + (G * E + H * E) * d + X * d;
   work.flops += 2 * dense_params * new_tokens * config.n_layers;
   work.bytes += 4 * dense_params * config.n_layers;
-  const std::vector<RouterId> ids = EnumerateRouters(config);
+  const RouterLayout layout(config);
+  const std::vector<RouterId>& ids = layout.routers();
   for (size_t r = 0; r < ids.size(); ++r) {
     const RouterStepStats& stats = out.stats.routers[r];
     const double expert_params = ids[r].module == MoeModule::kFfn ? 2 * F * d : d * dh;
@@ -89,37 +90,40 @@ void BM_DecodeStep(benchmark::State& state) {
   const PaperModel& model = Paper();
   bench::MeasureMachineLimits();
   std::unique_ptr<Backend> backend =
-      CreateCpuBackend(model.config, model.weights, model.config.dispatch);
+      *CreateBackend(DeviceKind::kCpu, model.config, model.weights, model.config.dispatch);
   const int block_size = 16;
-  KvBlockAllocator allocator(batch * ((context + 1 + block_size - 1) / block_size), block_size);
-  if (!backend->InitKvCache(allocator.num_blocks(), block_size).ok()) {
-    state.SkipWithError("InitKvCache failed");
+  KvCacheOptions cache;
+  cache.block_size = block_size;
+  cache.max_tokens = int64_t{batch} * ((context + 1 + block_size - 1) / block_size) * block_size;
+  absl::StatusOr<std::unique_ptr<KvCache>> kv_cache = KvCache::Create(backend.get(), cache);
+  if (!kv_cache.ok()) {
+    state.SkipWithError("KV cache setup failed");
     return;
   }
-  StepInput prefill;
+  KvBlockAllocator& allocator = (*kv_cache)->allocator();
+  StepBatch prefill;
+  prefill.Clear(block_size);
   for (int s = 0; s < batch; ++s) {
     if (!allocator.Reserve(s, context + 1).ok()) {
       state.SkipWithError("KV reserve failed");
       return;
     }
-    SequenceChunk chunk;
-    for (int i = 0; i < context; ++i) chunk.tokens.push_back((s * 131 + i * 7) % 8000);
-    chunk.block_table = &allocator.BlockTable(s);
-    chunk.logits = LogitsMode::kNone;
-    prefill.chunks.push_back(std::move(chunk));
+    std::vector<int32_t> tokens;
+    for (int i = 0; i < context; ++i) tokens.push_back((s * 131 + i * 7) % 8000);
+    prefill.Add(tokens, 0, allocator.BlockTable(s));
   }
   StepOutput out;
   if (!backend->Forward(prefill, &out).ok()) {
     state.SkipWithError("prefill failed");
     return;
   }
-  StepInput decode;
+  // Every sequence returns its logits, as a decode step of the engine
+  // computes them before sampling.
+  StepBatch decode;
+  decode.Clear(block_size);
   for (int s = 0; s < batch; ++s) {
-    SequenceChunk chunk;
-    chunk.tokens = {(s * 17 + 3) % 8000};
-    chunk.start_pos = context;  // rewritten in place every iteration
-    chunk.block_table = &allocator.BlockTable(s);
-    decode.chunks.push_back(std::move(chunk));
+    const std::vector<int32_t> token = {(s * 17 + 3) % 8000};
+    decode.Add(token, context, allocator.BlockTable(s)).logits = LogitsMode::kLast;
   }
   for (auto _ : state) {
     if (!backend->Forward(decode, &out).ok()) {
@@ -146,19 +150,20 @@ void BM_PrefillChunk(benchmark::State& state) {
   const PaperModel& model = Paper();
   bench::MeasureMachineLimits();
   std::unique_ptr<Backend> backend =
-      CreateCpuBackend(model.config, model.weights, model.config.dispatch);
-  KvBlockAllocator allocator((length + 15) / 16, 16);
-  if (!backend->InitKvCache(allocator.num_blocks(), 16).ok() ||
-      !allocator.Reserve(0, length).ok()) {
+      *CreateBackend(DeviceKind::kCpu, model.config, model.weights, model.config.dispatch);
+  KvCacheOptions cache;
+  cache.block_size = 16;
+  cache.max_tokens = length;
+  absl::StatusOr<std::unique_ptr<KvCache>> kv_cache = KvCache::Create(backend.get(), cache);
+  if (!kv_cache.ok() || !(*kv_cache)->allocator().Reserve(0, length).ok()) {
     state.SkipWithError("cache setup failed");
     return;
   }
-  StepInput input;
-  SequenceChunk chunk;
-  for (int i = 0; i < length; ++i) chunk.tokens.push_back((i * 37 + 11) % 8000);
-  chunk.block_table = &allocator.BlockTable(0);
-  chunk.logits = LogitsMode::kLast;
-  input.chunks.push_back(std::move(chunk));
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < length; ++i) tokens.push_back((i * 37 + 11) % 8000);
+  StepBatch input;
+  input.Clear(16);
+  input.Add(tokens, 0, (*kv_cache)->allocator().BlockTable(0)).logits = LogitsMode::kLast;
   StepOutput out;
   for (auto _ : state) {
     if (!backend->Forward(input, &out).ok()) {

@@ -1,5 +1,12 @@
 #include "server/commands.h"
 
+#include <cstring>
+#include <string>
+
+#include "absl/flags/commandlineflag.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/str_replace.h"
+
 namespace switchserve {
 
 int RunServeCommand(int argc, char** argv);
@@ -9,12 +16,81 @@ int RunScoreCommand(int argc, char** argv);
 
 const std::vector<Command>& AllCommands() {
   static const std::vector<Command> commands = {
-      {"serve", "serve the model over gRPC (the default)", RunServeCommand},
-      {"generate", "generate text from a prompt, offline", RunGenerateCommand},
-      {"score", "token count, mean NLL and perplexity of a text; --dump-logits", RunScoreCommand},
-      {"health", "ask a server's grpc.health.v1 service; exit 0 iff SERVING", RunHealthCommand},
+      {"serve",
+       "serve the model over gRPC (the default)",
+       "switchserve serve [--flags]: serve a model over gRPC",
+       {"model",
+        "device",
+        "threads",
+        "host",
+        "port",
+        "metrics_port",
+        "no_moe_metrics",
+        "kv_cache_bytes",
+        "kv_block_size",
+        "max_batch_tokens",
+        "max_running_requests",
+        "max_queue",
+        "max_request_bytes",
+        "capacity_factor",
+        "overflow",
+        "min_capacity",
+        "drain_timeout_s",
+        "tls_cert",
+        "tls_key",
+        "tls_client_ca",
+        "auth_token_file",
+        "debug_step_delay_ms"},
+       RunServeCommand},
+      {"generate",
+       "generate text from a prompt, offline",
+       "switchserve generate [--model DIR] --prompt TEXT [--max-new-tokens N] "
+       "[--temperature T --top-k K --top-p P --seed S]",
+       {"model", "device", "threads", "prompt", "max_new_tokens", "temperature", "top_k", "top_p",
+        "seed"},
+       RunGenerateCommand},
+      {"score",
+       "token count, mean NLL and perplexity of a text; --dump-logits",
+       "switchserve score [--model DIR] (--text FILE | --tokens 1,2,3) [--dump-logits OUT.npy]",
+       {"model", "device", "threads", "text", "tokens", "dump_logits"},
+       RunScoreCommand},
+      {"health",
+       "ask a server's grpc.health.v1 service; exit 0 iff SERVING",
+       "switchserve health --address HOST:PORT [--tls --tls-ca FILE [--tls-cert FILE --tls-key "
+       "FILE]]: exit 0 iff the server reports SERVING",
+       {"address", "tls", "tls_ca", "tls_cert", "tls_key", "tls_server_name", "service",
+        "timeout_s"},
+       RunHealthCommand},
   };
   return commands;
+}
+
+bool WantsHelp(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--") == 0) return false;
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-help") == 0) return true;
+  }
+  return false;
+}
+
+void PrintCommandHelp(const Command& command, std::FILE* out) {
+  std::fprintf(out, "usage: %s\n\nflags:\n", command.usage);
+  for (const char* name : command.flags) {
+    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    const std::string spelled = absl::StrReplaceAll(name, {{"_", "-"}});
+    if (flag == nullptr) {  // a listed flag this binary does not define
+      std::fprintf(out, "  --%s\n", spelled.c_str());
+      continue;
+    }
+    std::string value = flag->DefaultValue();
+    if (flag->IsOfType<std::string>()) {
+      value = "\"" + value + "\"";
+    } else if (value.empty()) {
+      value = "unset";
+    }
+    std::fprintf(out, "  --%s (default: %s)\n      %s\n", spelled.c_str(), value.c_str(),
+                 flag->Help().c_str());
+  }
 }
 
 std::string DefaultModelDirectory() { return SWITCHSERVE_DEFAULT_MODEL_DIR; }

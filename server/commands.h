@@ -3,6 +3,7 @@
 #ifndef SWITCHSERVE_SERVER_COMMANDS_H_
 #define SWITCHSERVE_SERVER_COMMANDS_H_
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -11,12 +12,23 @@ namespace switchserve {
 struct Command {
   const char* name;
   const char* summary;
+  const char* usage;  // first line of `switchserve NAME --help`
+  // The flags it reads (absl names, with underscores), in the order --help
+  // lists them.
+  std::vector<const char*> flags;
   int (*run)(int argc, char** argv);
 };
 
 // Every subcommand, in the order `switchserve --help` lists them. The first is
 // the default when none is named.
 const std::vector<Command>& AllCommands();
+
+// True when the arguments (after the subcommand name) ask for help: --help or
+// -help before a lone "--".
+bool WantsHelp(int argc, char** argv);
+// `switchserve NAME --help`: the usage line, then every flag of the command
+// as typed on the command line (--max-new-tokens), with its default and help.
+void PrintCommandHelp(const Command& command, std::FILE* out);
 
 // The model directory used when --model is not given: the built-in model.
 std::string DefaultModelDirectory();

@@ -8,6 +8,7 @@
 #include "absl/flags/declare.h"
 
 ABSL_DECLARE_FLAG(std::string, model);
+ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(int, threads);
 
 #endif  // SWITCHSERVE_SERVER_COMMON_FLAGS_H_

@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "engine/cpu_backend.h"
+#include "kernels/backends.h"
 
 namespace switchserve {
 namespace {
@@ -23,9 +23,9 @@ class SlowedBackend : public Backend {
     return inner_->InitKvCache(num_blocks, block_size);
   }
   int64_t KvBytesPerToken() const override { return inner_->KvBytesPerToken(); }
-  absl::Status Forward(const StepInput& input, StepOutput* out) override {
+  absl::Status Forward(const StepBatch& batch, StepOutput* out) override {
     std::this_thread::sleep_for(delay_);
-    return inner_->Forward(input, out);
+    return inner_->Forward(batch, out);
   }
 
  private:
@@ -56,10 +56,6 @@ DispatchConfig DispatchInForce(const ModelConfig& config, const ServerOptions& o
 }  // namespace
 
 absl::StatusOr<EngineSetup> SetUpEngine(const ServerOptions& options) {
-  if (options.device == DeviceKind::kCuda) {
-    return absl::FailedPreconditionError(
-        "--device cuda: this build has no CUDA backend; use --device cpu");
-  }
   EngineSetup setup;
   absl::StatusOr<std::unique_ptr<Model>> model = LoadModel(options.model_dir);
   if (!model.ok()) return model.status();
@@ -67,34 +63,37 @@ absl::StatusOr<EngineSetup> SetUpEngine(const ServerOptions& options) {
   const ModelConfig& config = setup.model->config;
   setup.dispatch = DispatchInForce(config, options);
 
-  setup.backend = CreateCpuBackend(config, setup.model->weights, setup.dispatch,
-                                   CpuBackendOptions{options.threads});
+  absl::StatusOr<std::unique_ptr<Backend>> backend =
+      CreateBackend(options.device, config, setup.model->weights, setup.dispatch,
+                    BackendOptions{.num_threads = options.threads});
+  if (!backend.ok()) {
+    return absl::Status(backend.status().code(),
+                        absl::StrCat("--device ", std::string(ToString(options.device)), ": ",
+                                     backend.status().message()));
+  }
+  setup.backend = *std::move(backend);
   if (options.debug_step_delay_ms > 0) {
     setup.backend = std::make_unique<SlowedBackend>(
         std::move(setup.backend), std::chrono::milliseconds(options.debug_step_delay_ms));
   }
 
-  const int block_size = options.kv_block_size;
-  setup.kv_bytes_per_block = setup.backend->KvBytesPerToken() * block_size;
-  const int64_t useful_blocks =
-      (int64_t{options.max_running_requests} * config.max_seq_len + block_size - 1) / block_size;
-  const int64_t num_blocks =
-      std::min(options.kv_cache_bytes / setup.kv_bytes_per_block, useful_blocks);
-  if (num_blocks * block_size < config.max_seq_len) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--kv-cache-bytes: ", options.kv_cache_bytes, " bytes hold ", num_blocks * block_size,
-        " tokens, less than one full context of ", config.max_seq_len, " tokens (",
-        setup.backend->KvBytesPerToken(), " bytes per token)"));
+  KvCacheOptions cache;
+  cache.block_size = options.kv_block_size;
+  cache.budget_bytes = options.kv_cache_bytes;
+  cache.max_tokens = int64_t{options.max_running_requests} * config.max_seq_len;
+  cache.min_tokens = config.max_seq_len;  // one full context
+  absl::StatusOr<std::unique_ptr<KvCache>> kv_cache = KvCache::Create(setup.backend.get(), cache);
+  if (!kv_cache.ok()) {
+    if (kv_cache.status().code() != absl::StatusCode::kInvalidArgument) return kv_cache.status();
+    return absl::InvalidArgumentError(absl::StrCat("--kv-cache-bytes ", options.kv_cache_bytes,
+                                                   ": ", kv_cache.status().message(),
+                                                   " (one full context)"));
   }
-  if (absl::Status status = setup.backend->InitKvCache(num_blocks, block_size); !status.ok()) {
-    return status;
-  }
+  setup.kv_cache = *std::move(kv_cache);
 
   EngineOptions& engine = setup.engine_options;
   engine.scheduler.max_batch_tokens = options.max_batch_tokens;
   engine.scheduler.max_running_requests = options.max_running_requests;
-  engine.num_kv_blocks = num_blocks;
-  engine.kv_block_size = block_size;
   engine.max_queue = options.max_queue;
   engine.context_length = config.max_seq_len;
   engine.eos_token_id = config.eos_token_id;

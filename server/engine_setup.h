@@ -10,27 +10,27 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "engine/backend.h"
-#include "engine/generation_engine.h"
-#include "engine/model_loader.h"
+#include "engine/model/model_loader.h"
+#include "engine/runtime/backend.h"
+#include "engine/runtime/generation_engine.h"
 #include "server/server_flags.h"
 
 namespace switchserve {
 
 struct EngineSetup {
   std::unique_ptr<Model> model;
-  DispatchConfig dispatch;           // the model's, with the flags' overrides
-  std::unique_ptr<Backend> backend;  // KV cache initialised for engine_options
+  DispatchConfig dispatch;  // the model's, with the flags' overrides
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<KvCache> kv_cache;  // the backend's
   EngineOptions engine_options;
-  int64_t kv_bytes_per_block = 0;
 };
 
 // Loads options.model_dir (the caller resolves an empty one to the built-in
-// model: DefaultModelDirectory() lives in the binary), creates the CPU
-// backend (slowed by options.debug_step_delay_ms when set) and sizes its KV
-// cache: the byte budget, but never more than max_running_requests full
+// model: DefaultModelDirectory() lives in the binary), creates the backend of
+// options.device (slowed by options.debug_step_delay_ms when set) and sizes
+// its KV cache: the byte budget, but never more than max_running_requests full
 // contexts and at least one full context (INVALID_ARGUMENT otherwise).
-// FAILED_PRECONDITION for --device cuda (no CUDA backend in this build).
+// FAILED_PRECONDITION for a device this build has no backend for.
 absl::StatusOr<EngineSetup> SetUpEngine(const ServerOptions& options);
 
 // One short greedy request through the whole engine (backend, cache,

@@ -7,7 +7,7 @@
 #ifndef SWITCHSERVE_SERVER_GENERATE_CALLS_H_
 #define SWITCHSERVE_SERVER_GENERATE_CALLS_H_
 
-#include "engine/request.h"
+#include "engine/runtime/request.h"
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "switchserve/v1/generation.pb.h"

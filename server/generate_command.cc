@@ -1,13 +1,20 @@
-// `switchserve generate`: prompt in, text out, offline (no server). Greedy by
-// default; --temperature > 0 samples (with --top-k, --top-p, --seed) through the
-// same sampler the server uses.
+// `switchserve generate`: prompt in, text out, offline (no server). The prompt
+// runs through a GenerationEngine exactly as a server request does (the same
+// scheduler, backend sampling, EOS handling and incremental detokenizer), one
+// request at a time; the text is printed as it is released. Greedy by
+// default; --temperature > 0 samples (with --top-k, --top-p, --seed).
 #include <cstdio>
+#include <future>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "engine/request.h"
-#include "engine/sampler.h"
+#include "engine/runtime/generation_engine.h"
+#include "engine/runtime/kv_cache.h"
+#include "engine/runtime/request.h"
 #include "server/offline_session.h"
 
 ABSL_FLAG(std::string, prompt, "", "prompt text");
@@ -19,11 +26,33 @@ ABSL_FLAG(double, top_p, 1.0,
 ABSL_FLAG(uint64_t, seed, 0, "random seed for sampling");
 
 namespace switchserve {
+namespace {
+
+// The prompt's chunk size and the cache's block size: what generate has
+// always used, so its output does not change.
+constexpr int64_t kPrefillChunk = 512;
+constexpr int kBlockSize = 16;
+
+// Prints the request's text as the engine releases it; Wait() returns the
+// final update.
+class PrintingSink : public GenerationSink {
+ public:
+  void OnUpdate(GenerationUpdate update) override {
+    if (!update.text.empty()) {
+      std::fwrite(update.text.data(), 1, update.text.size(), stdout);
+      std::fflush(stdout);
+    }
+    if (update.finished) done_.set_value(std::move(update));
+  }
+  GenerationUpdate Wait() { return done_.get_future().get(); }
+
+ private:
+  std::promise<GenerationUpdate> done_;
+};
+
+}  // namespace
 
 int RunGenerateCommand(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "switchserve generate [--model DIR] --prompt TEXT [--max-new-tokens N] "
-      "[--temperature T --top-k K --seed S]");
   absl::ParseCommandLine(argc, argv);
   const std::string prompt = absl::GetFlag(FLAGS_prompt);
   if (prompt.empty()) {
@@ -36,45 +65,59 @@ int RunGenerateCommand(int argc, char** argv) {
     return 1;
   }
   const ModelConfig& config = session->model->config;
-  absl::StatusOr<std::vector<int32_t>> encoded = session->model->tokenizer->Encode(prompt);
+  const Tokenizer& tokenizer = *session->model->tokenizer;
+  absl::StatusOr<std::vector<int32_t>> encoded = tokenizer.Encode(prompt);
   if (!encoded.ok()) {
     std::fprintf(stderr, "generate: %s\n", encoded.status().ToString().c_str());
     return 1;
   }
-  std::vector<int32_t> tokens;
-  if (config.bos_token_id) tokens.push_back(*config.bos_token_id);
-  tokens.insert(tokens.end(), encoded->begin(), encoded->end());
-
-  SamplingParams sampling;
+  GenerationRequest request;
+  if (config.bos_token_id) request.prompt.push_back(*config.bos_token_id);
+  request.prompt.insert(request.prompt.end(), encoded->begin(), encoded->end());
+  SamplingParams& sampling = request.sampling;
+  sampling.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   sampling.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
   sampling.top_k = absl::GetFlag(FLAGS_top_k);
   sampling.top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p));
-  SamplerRng rng(absl::GetFlag(FLAGS_seed));
-  std::vector<int32_t> generated;
-  std::string printed;
+  sampling.seed = absl::GetFlag(FLAGS_seed);
+
   std::fputs(prompt.c_str(), stdout);
-  std::vector<int32_t> next = tokens;
-  for (int step = 0; step < absl::GetFlag(FLAGS_max_new_tokens); ++step) {
-    if (session->runner->Length(0) + static_cast<int64_t>(next.size()) > config.max_seq_len) break;
-    absl::StatusOr<std::vector<float>> logits =
-        session->runner->Append(0, next, /*all_logits=*/false);
-    if (!logits.ok()) {
-      std::fprintf(stderr, "\ngenerate: %s\n", logits.status().ToString().c_str());
+  // A prompt that fills more than the context leaves nothing to generate.
+  if (sampling.max_new_tokens > 0 &&
+      static_cast<int64_t>(request.prompt.size()) <= config.max_seq_len) {
+    KvCacheOptions cache;
+    cache.block_size = kBlockSize;
+    cache.max_tokens = config.max_seq_len;  // one full context
+    absl::StatusOr<std::unique_ptr<KvCache>> kv_cache =
+        KvCache::Create(session->backend.get(), cache);
+    if (!kv_cache.ok()) {
+      std::fprintf(stderr, "\ngenerate: %s\n", kv_cache.status().ToString().c_str());
       return 1;
     }
-    const int32_t token =
-        SampleToken(*logits, sampling, /*history=*/{}, /*num_logprobs=*/0, rng).token_id;
-    if (config.eos_token_id && token == *config.eos_token_id) break;
-    generated.push_back(token);
-    // Print the text decoded so far minus what is already out: SentencePiece
-    // pieces only decode correctly in context.
-    const std::string text = session->model->tokenizer->Decode(generated);
-    if (text.size() > printed.size() && text.compare(0, printed.size(), printed) == 0) {
-      std::fwrite(text.data() + printed.size(), 1, text.size() - printed.size(), stdout);
-      std::fflush(stdout);
-      printed = text;
+    EngineOptions options;
+    options.scheduler.max_batch_tokens = kPrefillChunk;
+    options.scheduler.max_running_requests = 1;
+    options.max_queue = 1;
+    // The token predicted from the last position of the context is still
+    // generated (it is never fed back), so a sequence may end one token past
+    // max_seq_len.
+    options.context_length = config.max_seq_len + 1;
+    options.eos_token_id = config.eos_token_id;
+    GenerationEngine engine(options, session->backend.get(), kv_cache->get(), &tokenizer,
+                            /*observer=*/nullptr);
+    auto sink = std::make_shared<PrintingSink>();
+    request.sink = sink;
+    engine.Start();
+    if (absl::StatusOr<RequestId> id = engine.Submit(std::move(request)); !id.ok()) {
+      std::fprintf(stderr, "\ngenerate: %s\n", id.status().ToString().c_str());
+      return 1;
     }
-    next = {token};
+    const GenerationUpdate final_update = sink->Wait();
+    engine.Stop();
+    if (!final_update.status.ok()) {
+      std::fprintf(stderr, "\ngenerate: %s\n", final_update.status.ToString().c_str());
+      return 1;
+    }
   }
   std::fputc('\n', stdout);
   return 0;

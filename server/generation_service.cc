@@ -27,7 +27,7 @@ class FailedStream : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
 GenerationService::GenerationService(const GenerationServiceOptions& options) : options_(options) {
   describer_.tokenizer = options.tokenizer;
-  describer_.routers = EnumerateRouters(*options.config);
+  describer_.layout = RouterLayout(*options.config);
 }
 
 void GenerationService::StartDraining() {

@@ -14,9 +14,9 @@
 #include <optional>
 #include <string>
 
-#include "engine/generation_engine.h"
-#include "engine/model_config.h"
-#include "engine/tokenizer.h"
+#include "engine/model/model_config.h"
+#include "engine/runtime/generation_engine.h"
+#include "engine/text/tokenizer.h"
 #include "server/auth.h"
 #include "server/metrics/serving_metrics.h"
 #include "server/proto_convert.h"
@@ -30,7 +30,7 @@ struct GenerationServiceOptions {
   const Tokenizer* tokenizer = nullptr;
   const ModelConfig* config = nullptr;
   DispatchConfig dispatch;  // the dispatch policy in force
-  std::string device;       // "cpu" / "cuda"
+  std::string device;       // the backend's name(): "cpu", "cuda"
   RequestLimits limits;
   const BearerTokenAuth* auth = nullptr;  // null: no token needed
   ServingMetrics* metrics = nullptr;      // null: no metrics; must outlive the service

@@ -10,7 +10,6 @@
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
@@ -41,9 +40,6 @@ int HealthError(const std::string& message) {
 }  // namespace
 
 int RunHealthCommand(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "switchserve health --address HOST:PORT [--tls --tls-ca FILE [--tls-cert FILE --tls-key "
-      "FILE]]: exit 0 iff the server reports SERVING");
   absl::ParseCommandLine(argc, argv);  // main() already turned --a-b into --a_b
 
   const std::string cert_file = absl::GetFlag(FLAGS_tls_cert);

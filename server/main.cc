@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "absl/flags/usage.h"
 #include "server/commands.h"
 #include "server/flag_spelling.h"
 
@@ -15,13 +16,24 @@ int main(int argc, char** argv) {
     std::printf("\n`switchserve SUBCOMMAND --help` lists its flags.\n");
     return 0;
   }
+  const switchserve::Command* command = &commands.front();
   if (argc >= 2 && argv[1][0] != '-') {
-    for (const auto& command : commands) {
-      if (std::strcmp(argv[1], command.name) == 0) return command.run(argc - 1, argv + 1);
+    command = nullptr;
+    for (const auto& candidate : commands) {
+      if (std::strcmp(argv[1], candidate.name) == 0) command = &candidate;
     }
-    std::fprintf(stderr, "switchserve: unknown subcommand \"%s\" (try `switchserve help`)\n",
-                 argv[1]);
-    return 2;
+    if (command == nullptr) {
+      std::fprintf(stderr, "switchserve: unknown subcommand \"%s\" (try `switchserve help`)\n",
+                   argv[1]);
+      return 2;
+    }
+    --argc;
+    ++argv;
   }
-  return commands.front().run(argc, argv);
+  if (switchserve::WantsHelp(argc, argv)) {
+    switchserve::PrintCommandHelp(*command, stdout);
+    return 0;
+  }
+  absl::SetProgramUsageMessage(command->usage);
+  return command->run(argc, argv);
 }

@@ -1,7 +1,8 @@
 #include "server/offline_session.h"
 
 #include "absl/flags/flag.h"
-#include "engine/cpu_backend.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/backends.h"
 #include "server/commands.h"
 #include "server/common_flags.h"
 
@@ -14,14 +15,19 @@ absl::StatusOr<OfflineSession> OpenOfflineSession() {
   absl::StatusOr<std::unique_ptr<Model>> model = LoadModel(directory);
   if (!model.ok()) return model.status();
   session.model = *std::move(model);
-  CpuBackendOptions options;
-  options.num_threads = absl::GetFlag(FLAGS_threads);
-  session.backend = CreateCpuBackend(session.model->config, session.model->weights,
-                                     session.model->config.dispatch, options);
-  absl::StatusOr<std::unique_ptr<SequenceRunner>> runner =
-      SequenceRunner::Create(session.backend.get(), session.model->config);
-  if (!runner.ok()) return runner.status();
-  session.runner = *std::move(runner);
+  absl::StatusOr<DeviceKind> device = ParseDeviceKind(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--device: ", device.status().message()));
+  }
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend(
+      *device, session.model->config, session.model->weights, session.model->config.dispatch,
+      BackendOptions{.num_threads = absl::GetFlag(FLAGS_threads)});
+  if (!backend.ok()) {
+    return absl::Status(backend.status().code(),
+                        absl::StrCat("--device ", std::string(ToString(*device)), ": ",
+                                     backend.status().message()));
+  }
+  session.backend = *std::move(backend);
   return session;
 }
 

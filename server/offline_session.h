@@ -1,25 +1,22 @@
-// A model, a CPU backend and a SequenceRunner, set up from the command line's
-// --model and --threads: what the offline subcommands (generate, score) run.
+// A model and a backend, set up from the command line's --model, --device
+// and --threads: what the offline subcommands (generate, score) run on.
 #ifndef SWITCHSERVE_SERVER_OFFLINE_SESSION_H_
 #define SWITCHSERVE_SERVER_OFFLINE_SESSION_H_
 
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "engine/backend.h"
-#include "engine/model_loader.h"
-#include "engine/sequence_runner.h"
+#include "engine/model/model_loader.h"
+#include "engine/runtime/backend.h"
 
 namespace switchserve {
 
 struct OfflineSession {
   std::unique_ptr<Model> model;
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<SequenceRunner> runner;
+  std::unique_ptr<Backend> backend;  // its KV cache not yet initialised
 };
 
-// Loads --model (or the built-in model) and prepares a cache for one sequence
-// of the model's full context.
+// Loads --model (or the built-in model) and creates the --device backend.
 absl::StatusOr<OfflineSession> OpenOfflineSession();
 
 }  // namespace switchserve

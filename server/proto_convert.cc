@@ -1,6 +1,6 @@
 #include "server/proto_convert.h"
 
-#include "engine/detokenizer.h"
+#include "engine/text/detokenizer.h"
 
 namespace switchserve {
 namespace {
@@ -24,15 +24,16 @@ std::string TokenText(const Tokenizer* tokenizer, int32_t id) {
   return text;
 }
 
-void FillRouting(const TokenRouting& routing, const std::vector<RouterId>& routers,
-                 v1::TokenRouting* out) {
-  size_t next = 0;
-  for (const RouterId& router : routers) {
+void FillRouting(const TokenRouting& routing, const RouterLayout& layout, v1::TokenRouting* out) {
+  for (size_t r = 0; r < layout.size(); ++r) {
+    const RouterId& router = layout[r];
     v1::RouterChoice* choice = out->add_routers();
     choice->set_layer(router.layer);
     choice->set_module(std::string(ToString(router.module)));
     choice->set_head(router.head);
-    for (int k = 0; k < router.top_k && next < routing.choices.size(); ++k, ++next) {
+    const size_t first = layout.ChoiceOffset(static_cast<int>(r));
+    for (size_t next = first; next < first + router.top_k && next < routing.choices.size();
+         ++next) {
       const RouteChoice& c = routing.choices[next];
       v1::ExpertChoice* expert = choice->add_experts();
       expert->set_expert(c.expert);
@@ -86,7 +87,7 @@ void AppendTokens(const GenerationUpdate& update, const SamplingParams& params,
       }
     }
     if (params.return_routing)
-      FillRouting(info.routing, describer.routers, token->mutable_routing());
+      FillRouting(info.routing, describer.layout, token->mutable_routing());
   }
 }
 

@@ -6,11 +6,12 @@
 #include <string>
 #include <vector>
 
-#include "engine/generation_engine.h"
-#include "engine/model_config.h"
-#include "engine/request.h"
-#include "engine/routing_stats.h"
-#include "engine/tokenizer.h"
+#include "engine/model/model_config.h"
+#include "engine/moe/router_layout.h"
+#include "engine/moe/routing_stats.h"
+#include "engine/runtime/generation_engine.h"
+#include "engine/runtime/request.h"
+#include "engine/text/tokenizer.h"
 #include "grpcpp/support/status.h"
 #include "switchserve/v1/generation.pb.h"
 
@@ -19,7 +20,7 @@ namespace switchserve {
 // What a response needs to describe tokens: names of routers, token texts.
 struct TokenDescriber {
   const Tokenizer* tokenizer = nullptr;
-  std::vector<RouterId> routers;  // EnumerateRouters(config)
+  RouterLayout layout;  // the model's routers
 };
 
 v1::FinishReason ToProto(FinishReason reason);

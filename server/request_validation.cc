@@ -5,7 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "engine/detokenizer.h"
+#include "engine/text/detokenizer.h"
 
 namespace switchserve {
 namespace {

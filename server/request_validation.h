@@ -6,8 +6,8 @@
 #define SWITCHSERVE_SERVER_REQUEST_VALIDATION_H_
 
 #include "absl/status/statusor.h"
-#include "engine/request.h"
-#include "engine/tokenizer.h"
+#include "engine/runtime/request.h"
+#include "engine/text/tokenizer.h"
 #include "switchserve/v1/generation.pb.h"
 
 namespace switchserve {

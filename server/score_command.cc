@@ -14,11 +14,11 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "engine/npy.h"
+#include "engine/model/npy.h"
+#include "engine/runtime/sequence_runner.h"
 #include "server/offline_session.h"
 
 ABSL_FLAG(std::string, text, "", "file whose contents to score");
@@ -58,8 +58,6 @@ int Fail(const absl::Status& status) {
 }  // namespace
 
 int RunScoreCommand(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "switchserve score [--model DIR] (--text FILE | --tokens 1,2,3) [--dump-logits OUT.npy]");
   absl::ParseCommandLine(argc, argv);
   const std::string text_path = absl::GetFlag(FLAGS_text);
   const std::string token_list = absl::GetFlag(FLAGS_tokens);
@@ -69,6 +67,10 @@ int RunScoreCommand(int argc, char** argv) {
   }
   absl::StatusOr<OfflineSession> session = OpenOfflineSession();
   if (!session.ok()) return Fail(session.status());
+  // A cache for one sequence of the model's full context.
+  absl::StatusOr<std::unique_ptr<SequenceRunner>> runner =
+      SequenceRunner::Create(session->backend.get(), session->model->config);
+  if (!runner.ok()) return Fail(runner.status());
   const ModelConfig& config = session->model->config;
   const Tokenizer& tokenizer = *session->model->tokenizer;
 
@@ -103,10 +105,10 @@ int RunScoreCommand(int argc, char** argv) {
   std::vector<float> all_logits;
   for (int64_t start = 0; start + 1 < n; start += config.max_seq_len - 1) {
     const int64_t end = std::min<int64_t>(n, start + config.max_seq_len);
-    absl::StatusOr<std::vector<float>> logits = session->runner->Append(
+    absl::StatusOr<std::vector<float>> logits = (*runner)->Append(
         0, absl::MakeConstSpan(tokens).subspan(start, end - start), /*all_logits=*/true);
     if (!logits.ok()) return Fail(logits.status());
-    session->runner->Release(0);
+    (*runner)->Release(0);
     for (int64_t i = start; i + 1 < end; ++i) {
       nll_sum += NegativeLogLikelihood(logits->data() + (i - start) * vocab, vocab, tokens[i + 1]);
     }

@@ -12,15 +12,13 @@
 #include <vector>
 
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "engine/cpu_backend.h"
-#include "engine/generation_engine.h"
-#include "engine/model_loader.h"
+#include "engine/model/model_loader.h"
+#include "engine/runtime/generation_engine.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server.h"
@@ -52,7 +50,6 @@ int Fail(const absl::Status& status) {
 }
 
 int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
-  if (options.device == DeviceKind::kAuto) Log("--device auto: no CUDA backend built, using cpu");
   ServerOptions resolved = options;
   if (resolved.model_dir.empty()) resolved.model_dir = DefaultModelDirectory();
   Log(absl::StrCat("loading model from ", resolved.model_dir));
@@ -62,10 +59,11 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   const ModelConfig& config = setup->model->config;
   const DispatchConfig& dispatch = setup->dispatch;
   Backend* backend = setup->backend.get();
+  if (options.device == DeviceKind::kAuto) {
+    Log(absl::StrCat("--device auto: using the ", std::string(backend->name()), " backend"));
+  }
   const EngineOptions& engine_options = setup->engine_options;
-  const int64_t num_blocks = engine_options.num_kv_blocks;
-  const int block_size = engine_options.kv_block_size;
-  const int64_t bytes_per_block = setup->kv_bytes_per_block;
+  const KvCache& kv_cache = *setup->kv_cache;
   if (options.debug_step_delay_ms > 0) {
     Log(absl::StrCat("--debug-step-delay-ms ", options.debug_step_delay_ms,
                      ": every engine step is slowed down (testing aid)"));
@@ -82,16 +80,17 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
     serving_metrics = std::make_unique<ServingMetrics>(*registry);
     std::vector<std::shared_ptr<prometheus::Collectable>> collectables = {registry};
     if (options.moe_metrics) {
-      moe_metrics = std::make_shared<MoeMetrics>(EnumerateRouters(config));
+      moe_metrics = std::make_shared<MoeMetrics>(RouterLayout(config).routers());
       collectables.push_back(moe_metrics);
     }
     observer = std::make_unique<EngineMetricsObserver>(serving_metrics.get(), moe_metrics.get(),
-                                                       num_blocks);
+                                                       kv_cache.num_blocks());
     auto started = MetricsExposer::Start(options.host, options.metrics_port, collectables);
     if (!started.ok()) return Fail(started.status());
     exposer = std::move(*started);
   }
-  GenerationEngine engine(engine_options, backend, setup->model->tokenizer.get(), observer.get());
+  GenerationEngine engine(engine_options, backend, setup->kv_cache.get(),
+                          setup->model->tokenizer.get(), observer.get());
   engine.Start();
   if (absl::Status status = WarmUpEngine(engine, config); !status.ok()) return Fail(status);
 
@@ -109,7 +108,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   service_options.tokenizer = setup->model->tokenizer.get();
   service_options.config = &config;
   service_options.dispatch = dispatch;
-  service_options.device = "cpu";
+  service_options.device = std::string(backend->name());
   service_options.limits.vocab_size = config.vocab_size;
   service_options.limits.context_length = config.max_seq_len;
   service_options.auth = auth.get();
@@ -142,8 +141,9 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
                       dispatch.min_capacity, std::string(ToString(dispatch.overflow))));
   Log(absl::StrFormat("backend %s, threads %s; KV cache %d blocks x %d tokens = %d tokens (%d MiB)",
                       std::string(backend->name()),
-                      options.threads == 0 ? "all" : std::to_string(options.threads), num_blocks,
-                      block_size, num_blocks * block_size, num_blocks * bytes_per_block >> 20));
+                      options.threads == 0 ? "all" : std::to_string(options.threads),
+                      kv_cache.num_blocks(), kv_cache.block_size(), kv_cache.capacity_tokens(),
+                      kv_cache.bytes() >> 20));
   Log(
       absl::StrFormat("scheduler: max_batch_tokens %d, max_running_requests %d, max_queue %d, "
                       "max_request_bytes %d, drain_timeout_s %g",
@@ -192,7 +192,6 @@ int RunServeCommand(int argc, char** argv) {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  absl::SetProgramUsageMessage("switchserve serve [--flags]: serve a model over gRPC");
   absl::ParseCommandLine(argc, argv);  // main() already turned --a-b into --a_b
   auto options = ServerOptionsFromFlags();
   if (!options.ok()) {

@@ -16,7 +16,6 @@ ABSL_FLAG(int, port, 50051, "gRPC port; 0 picks a free port (logged)");
 ABSL_FLAG(int, metrics_port, 9090, "Prometheus metrics port (/metrics); 0 disables");
 ABSL_FLAG(bool, no_moe_metrics, false,
           "Export no MoE routing metrics (serving and process metrics only)");
-ABSL_FLAG(std::string, device, "cpu", "cpu | cuda | auto");
 ABSL_FLAG(int64_t, kv_cache_bytes, 1073741824,
           "KV cache budget in bytes (capped at max_running_requests full contexts)");
 ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV cache block");
@@ -34,7 +33,7 @@ ABSL_FLAG(std::optional<int>, min_capacity, std::nullopt,
           "Minimum slots per expert per step; unset: the model's");
 ABSL_FLAG(double, drain_timeout_s, 30,
           "On SIGTERM/SIGINT, how long running calls may take to finish");
-// --model and --threads are shared with the offline subcommands
+// --model, --device and --threads are shared with the offline subcommands
 // (server/common_flags.h).
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate chain: the server's, enables TLS (serve); the client's, for mTLS "
@@ -79,16 +78,9 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   o.debug_step_delay_ms = absl::GetFlag(FLAGS_debug_step_delay_ms);
 
-  const std::string device = absl::GetFlag(FLAGS_device);
-  if (device == "cpu") {
-    o.device = DeviceKind::kCpu;
-  } else if (device == "cuda") {
-    o.device = DeviceKind::kCuda;
-  } else if (device == "auto") {
-    o.device = DeviceKind::kAuto;
-  } else {
-    return FlagError("device", absl::StrCat("expected cpu, cuda or auto, found \"", device, "\""));
-  }
+  auto device = ParseDeviceKind(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) return FlagError("device", std::string(device.status().message()));
+  o.device = *device;
   if (const std::string overflow = absl::GetFlag(FLAGS_overflow); !overflow.empty()) {
     auto policy = ParseOverflowPolicy(overflow);
     if (!policy.ok()) return FlagError("overflow", std::string(policy.status().message()));

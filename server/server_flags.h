@@ -10,11 +10,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/model_config.h"
+#include "engine/model/model_config.h"
+#include "kernels/backends.h"
 
 namespace switchserve {
-
-enum class DeviceKind { kCpu, kCuda, kAuto };
 
 struct TlsOptions {
   std::string cert_file;       // PEM server certificate chain

@@ -13,7 +13,7 @@ that token). `check_against_reference` verifies that on a batch before
 training. The config's `dispatch` section is for serving only.
 
 Loss: next-byte cross-entropy + alpha * mean over routers of the Switch
-load-balancing loss E * sum_e f_e * P_e (the `aux_loss` of DESIGN.md: f_e the
+load-balancing loss E * sum_e f_e * P_e (the `aux_loss` of docs/design.md: f_e the
 fraction of top-k assignments to e, P_e the mean gate probability, sigmoid
 gates divided by their sum over experts). f_e carries no gradient.
 

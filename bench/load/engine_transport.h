@@ -9,8 +9,8 @@
 #include <chrono>
 
 #include "bench/load/load_generator.h"
-#include "engine/generation_engine.h"
-#include "engine/request.h"
+#include "engine/runtime/generation_engine.h"
+#include "engine/runtime/request.h"
 
 namespace switchserve::bench {
 

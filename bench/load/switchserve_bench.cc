@@ -138,7 +138,7 @@ int RunInProcess(const v1::GenerateRequest& request, const LoadOptions& load,
       ValidateGenerateRequest(request, *setup->model->tokenizer, limits);
   if (!validated.ok()) return Usage(validated.status().ToString());
 
-  GenerationEngine engine(setup->engine_options, setup->backend.get(),
+  GenerationEngine engine(setup->engine_options, setup->backend.get(), setup->kv_cache.get(),
                           setup->model->tokenizer.get(), /*observer=*/nullptr);
   engine.Start();
   if (absl::Status status = WarmUpEngine(engine, config); !status.ok()) {

@@ -21,7 +21,7 @@ void EngineMetricsObserver::OnStep(const StepReport& report) {
     }
   }
   serving_->RecordStep(
-      {.duration_seconds = (report.schedule_ms + report.forward_ms + report.sample_ms) / 1e3,
+      {.duration_seconds = (report.schedule_ms + report.forward_ms + report.update_ms) / 1e3,
        .prefill_tokens = report.prefill_tokens,
        .decode_tokens = report.decode_tokens,
        .running_requests = report.running,

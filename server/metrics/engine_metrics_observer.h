@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "engine/generation_engine.h"
+#include "engine/runtime/generation_engine.h"
 #include "server/metrics/moe_metrics.h"
 #include "server/metrics/serving_metrics.h"
 

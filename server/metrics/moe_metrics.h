@@ -1,7 +1,7 @@
 // Prometheus metrics of MoE routing: per-expert counters (the source of
 // truth, so any window can be recomputed in PromQL) and per-router gauges of
 // the load-balance figures over a sliding window of recent engine steps
-// (DESIGN.md, "Load-balance statistics"; docs/metrics.md lists every series).
+// (docs/design.md, "Load-balance statistics"; docs/metrics.md lists every series).
 //
 // The engine accumulates a StepRoutingStats per step; the thread that runs the
 // steps hands it to RecordStep once per step, which adds it to plain pending
@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "engine/routing_stats.h"
+#include "engine/moe/routing_stats.h"
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
@@ -38,7 +38,7 @@ struct MoeMetricsOptions {
 
 class MoeMetrics : public prometheus::Collectable {
  public:
-  // Registers every series of `routers` (EnumerateRouters order), all at zero.
+  // Registers every series of `routers` (RouterLayout order), all at zero.
   explicit MoeMetrics(std::vector<RouterId> routers, MoeMetricsOptions options = {});
 
   MoeMetrics(const MoeMetrics&) = delete;

@@ -9,6 +9,7 @@ capacity limit a sequence's routing depends on the batch it ran in).
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -94,3 +95,118 @@ def test_bad_input_is_reported_not_crashed(tmp_path):
     assert out_of_vocab.returncode == 1 and "999" in out_of_vocab.stderr
     no_prompt = run("generate", "--model", str(GOLDEN / "dense_mha"), check=False)
     assert no_prompt.returncode == 2
+
+
+DEFAULT_MODEL = ROOT / "models" / "default"
+
+
+def generated_bytes(result, prompt):
+    assert result.stdout.endswith("\n")
+    text = result.stdout[:-1].encode()
+    assert text.startswith(prompt.encode())
+    return text[len(prompt):]
+
+
+def model_variant(tmp_path, name, **config_changes):
+    """The built-in model with some config.json keys changed (same weights)."""
+    model = tmp_path / name
+    model.mkdir()
+    config = json.loads((DEFAULT_MODEL / "config.json").read_text())
+    config.update(config_changes)
+    (model / "config.json").write_text(json.dumps(config))
+    (model / "model.safetensors").symlink_to(DEFAULT_MODEL / "model.safetensors")
+    return model, config
+
+
+def test_greedy_generate_picks_the_most_likely_token_at_every_step(tmp_path):
+    # generate runs the serving engine (scheduler, backend sampling) one token
+    # per step; score runs the sequence runner over the whole text at once.
+    # Dropless, the logits do not depend on the steps: greedy generation must
+    # pick the argmax of score's logits at every generated position.
+    model, _ = model_variant(tmp_path, "dropless", dispatch={"capacity_factor": 0})
+    for prompt in ["In the beginning", "And God said"]:
+        result = run("generate", "--model", str(model), "--prompt", prompt,
+                     "--max-new-tokens", "24")
+        new = generated_bytes(result, prompt)
+        assert len(new) == 24 and max(new) < 128  # byte tokenizer, ASCII output
+        tokens = list(prompt.encode() + new)
+        out = tmp_path / "logits.npy"
+        run("score", "--model", str(model), "--tokens", ",".join(map(str, tokens)),
+            "--dump-logits", str(out))
+        logits = np.load(out)
+        for i in range(len(prompt) - 1, len(tokens) - 1):
+            assert int(np.argmax(logits[i])) == tokens[i + 1], f"{prompt!r}: position {i}"
+
+
+def test_generate_ends_at_eos_and_at_the_context(tmp_path):
+    prompt = "In the beginning"
+    plain = generated_bytes(run("generate", "--model", str(DEFAULT_MODEL), "--prompt", prompt,
+                                "--max-new-tokens", "40"), prompt)
+    assert b" " in plain
+    # The same model with the space as its EOS token: generation ends before it.
+    model, config = model_variant(tmp_path, "eos-space", eos_token_id=ord(" "))
+    stopped = generated_bytes(run("generate", "--model", str(model), "--prompt", prompt,
+                                  "--max-new-tokens", "40"), prompt)
+    assert stopped == plain[:plain.index(b" ")]
+
+    # A prompt one token short of the context: the token predicted from the
+    # last position is generated too, then generation ends.
+    context = config["max_seq_len"]
+    long_prompt = ("And God said, Let there be light. " * 10)[:context - 1]
+    near_end = generated_bytes(run("generate", "--model", str(DEFAULT_MODEL), "--prompt",
+                                   long_prompt, "--max-new-tokens", "10"), long_prompt)
+    assert len(near_end) == 2
+
+
+SERVER = ROOT / "server"
+# The sources whose flags each subcommand reads: ABSL_FLAG definitions and
+# ABSL_DECLARE_FLAG declarations.
+COMMAND_FLAG_SOURCES = {
+    "serve": ["server_flags.cc", "common_flags.h"],
+    "generate": ["generate_command.cc", "common_flags.h"],
+    "score": ["score_command.cc", "common_flags.h"],
+    "health": ["health_command.cc"],
+}
+_DEFINED = re.compile(r"ABSL_FLAG\(\s*[^,]+?\s*,\s*(\w+)\s*,\s*(.+?)\s*,\s*\"", re.S)
+_DECLARED = re.compile(r"ABSL_DECLARE_FLAG\(\s*[^,]+?\s*,\s*(\w+)\s*\)")
+
+
+def flag_defaults():
+    """Flag name -> default expression, from every ABSL_FLAG under server/."""
+    defaults = {}
+    for path in SERVER.rglob("*.cc"):
+        defaults.update(dict(_DEFINED.findall(path.read_text())))
+    return defaults
+
+
+def listed_defaults(help_text):
+    """--flag-name -> printed default, from `switchserve COMMAND --help`."""
+    return dict(re.findall(r"^  --([\w-]+) \(default: (.*)\)$", help_text, re.M))
+
+
+@pytest.mark.parametrize("command", sorted(COMMAND_FLAG_SOURCES))
+def test_subcommand_help_lists_its_flags_with_defaults(command):
+    result = run(command, "--help")
+    assert "No flags matched" not in result.stdout + result.stderr
+    assert result.stdout.startswith(f"usage: switchserve {command}")
+    listed = listed_defaults(result.stdout)
+    defaults = flag_defaults()
+    expected = set()
+    for source in COMMAND_FLAG_SOURCES[command]:
+        text = (SERVER / source).read_text()
+        expected |= {name for name, _ in _DEFINED.findall(text)} | set(_DECLARED.findall(text))
+    assert len(expected) >= 6
+    for name in sorted(expected):
+        spelled = name.replace("_", "-")
+        assert spelled in listed, f"{command} --help does not list --{spelled}"
+        default, shown = defaults[name], listed[spelled]
+        if default.startswith('"'):
+            assert shown == default, spelled
+        elif default == "std::nullopt":
+            assert shown == "unset", spelled
+        elif default in ("true", "false"):
+            assert shown == default, spelled
+        else:
+            assert float(shown) == float(default), spelled
+    # Nothing else: the flags of other subcommands stay out.
+    assert set(listed) == {name.replace("_", "-") for name in expected}

@@ -22,7 +22,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
-#include "engine/routing_stats.h"
+#include "engine/moe/routing_stats.h"
 #include "prometheus/text_serializer.h"
 #include "server/metrics/metrics_exposer.h"
 #include "server/metrics/moe_metrics.h"

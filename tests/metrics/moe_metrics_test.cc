@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "engine/routing_stats.h"
+#include "engine/moe/routing_stats.h"
 #include "tests/metrics/registry_reader.h"
 #include "tests/metrics/synthetic_routing.h"
 
@@ -35,7 +35,7 @@ DispatchConfig Capacity(double factor) {
 // The exposition of a model of the paper's shape: docs/metrics.md quotes
 // these numbers.
 TEST(MoeMetricsTest, PaperShapeSeriesCount) {
-  const std::vector<RouterId> routers = EnumerateRouters(testing::PaperShapeConfig());
+  const std::vector<RouterId> routers = RouterLayout(testing::PaperShapeConfig()).routers();
   ASSERT_EQ(routers.size(), 18u * (4 + 4 + 1));
   MoeMetrics metrics(routers);
   RegistryReader reader(metrics);
@@ -53,7 +53,7 @@ TEST(MoeMetricsTest, PaperShapeSeriesCount) {
 }
 
 TEST(MoeMetricsTest, SeriesStartAtZero) {
-  const std::vector<RouterId> routers = EnumerateRouters(testing::SmallSwitchAllConfig(2));
+  const std::vector<RouterId> routers = RouterLayout(testing::SmallSwitchAllConfig(2)).routers();
   MoeMetrics metrics(routers);
   RegistryReader reader(metrics);
   for (const RouterId& id : routers) {
@@ -178,7 +178,7 @@ TEST(MoeMetricsTest, DroplessRecordsNoDrops) {
 }
 
 TEST(MoeMetricsTest, MismatchedStepIsRejected) {
-  const std::vector<RouterId> routers = EnumerateRouters(testing::SmallSwitchAllConfig(2));
+  const std::vector<RouterId> routers = RouterLayout(testing::SmallSwitchAllConfig(2)).routers();
   MoeMetrics metrics(routers);
   StepRoutingStats empty;
   EXPECT_TRUE(metrics.RecordStep(empty).ok());  // nothing routed this step

@@ -1,6 +1,6 @@
 #include "tests/metrics/synthetic_routing.h"
 
-#include "engine/expert_dispatch.h"
+#include "engine/moe/expert_dispatch.h"
 
 namespace switchserve::testing {
 namespace {
@@ -33,7 +33,7 @@ ModelConfig PaperShapeConfig() { return SwitchAll(18, 4, 4, 2, 32, 1); }
 ModelConfig SmallSwitchAllConfig(int layers) { return SwitchAll(layers, 2, 4, 2, 8, 2); }
 
 SyntheticRouting::SyntheticRouting(const ModelConfig& config, uint32_t seed, double skew)
-    : config_(config), routers_(EnumerateRouters(config)), rng_(seed), skew_(skew) {}
+    : config_(config), routers_(RouterLayout(config).routers()), rng_(seed), skew_(skew) {}
 
 StepRoutingStats SyntheticRouting::Step(int tokens, const DispatchConfig& dispatch) {
   StepRoutingStats stats;

@@ -9,8 +9,8 @@
 #include <random>
 #include <vector>
 
-#include "engine/model_config.h"
-#include "engine/routing_stats.h"
+#include "engine/model/model_config.h"
+#include "engine/moe/routing_stats.h"
 
 namespace switchserve::testing {
 

@@ -6,7 +6,7 @@
 set(METRICS_TEST_DIR ${CMAKE_CURRENT_LIST_DIR})
 
 add_library(switchserve_metrics_test_support STATIC ${METRICS_TEST_DIR}/synthetic_routing.cc)
-target_link_libraries(switchserve_metrics_test_support PUBLIC switchserve_engine
+target_link_libraries(switchserve_metrics_test_support PUBLIC switchserve_moe
                                                               switchserve_warnings)
 
 foreach(test_name moe_metrics_test serving_metrics_test)
@@ -54,5 +54,5 @@ set_tests_properties(
 # Not a test: writes the paper-shaped model measure_overhead.py serves.
 add_executable(switchserve_metrics_paper_model ${METRICS_TEST_DIR}/write_paper_model.cc
                                                ${CMAKE_CURRENT_LIST_DIR}/../util/random_model.cc)
-target_link_libraries(switchserve_metrics_paper_model PRIVATE switchserve_engine
+target_link_libraries(switchserve_metrics_paper_model PRIVATE switchserve_moe
                                                               switchserve_warnings)

@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "engine/model_loader.h"
+#include "engine/model/model_loader.h"
 #include "tests/util/random_model.h"
 
 int main(int argc, char** argv) {

@@ -5,7 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 #include "gtest/gtest.h"
 
 namespace switchserve {

@@ -1,12 +1,13 @@
-#include "engine/cpu_backend.h"
+// What only the CPU backend promises: its name, f32 cache storage, errors
+// before and at cache setup, and which rows carry routing. The Backend
+// contract every backend keeps is checked in backend_test.cc.
+#include "kernels/cpu/cpu_backend.h"
 
-#include <algorithm>
-#include <cmath>
-#include <random>
+#include <memory>
 #include <vector>
 
-#include "engine/kv_cache.h"
-#include "engine/routing_stats.h"
+#include "engine/moe/router_layout.h"
+#include "engine/runtime/kv_cache.h"
 #include "gtest/gtest.h"
 #include "tests/util/backend_harness.h"
 #include "tests/util/random_model.h"
@@ -14,210 +15,8 @@
 namespace switchserve {
 namespace {
 
-using testing::AllVariantConfigs;
-using testing::NamedConfig;
 using testing::RandomWeights;
-
-using testing::RandomTokens;
-using testing::RelError;
-using testing::Slice;
-
-constexpr int kNumBlocks = testing::kHarnessNumBlocks;
-constexpr int kBlockSize = testing::kHarnessBlockSize;
-// Two threads attending in parallel however small the step.
-const CpuBackendOptions kParallel = {.num_threads = 2, .parallel_attention_min_macs = 0};
-
 using Harness = testing::BackendHarness;
-
-class CpuBackendVariantTest : public ::testing::TestWithParam<NamedConfig> {};
-
-// (a) Decoding token by token through the paged cache, and prefilling in two
-// chunks, equal one prefill of all tokens.
-TEST_P(CpuBackendVariantTest, DecodeAndChunkedPrefillMatchPrefill) {
-  const ModelConfig config = GetParam().config;
-  const ModelWeights weights = RandomWeights(config, 7);
-  // 19 tokens: the full prefill and both chunks (8 + 11) attend tile by tile,
-  // the decode steps token by token.
-  const int n = 19, V = config.vocab_size;
-  const std::vector<int32_t> tokens = RandomTokens(n, V, 3);
-
-  Harness full(config, weights, config.dispatch, kParallel);
-  const std::vector<float> reference = full.Run(1, tokens, 0);
-  ASSERT_EQ(reference.size(), static_cast<size_t>(n) * V);
-
-  Harness decode(config, weights, config.dispatch);
-  for (int i = 0; i < n; ++i) {
-    const std::vector<float> row = decode.Run(1, {tokens[i]}, i);
-    EXPECT_LE(RelError(row, Slice(reference, i, V)), 1e-4) << "position " << i;
-  }
-
-  Harness chunked(config, weights, config.dispatch);
-  const int split = 8;
-  std::vector<float> got =
-      chunked.Run(1, std::vector<int32_t>(tokens.begin(), tokens.begin() + split), 0);
-  const std::vector<float> rest =
-      chunked.Run(1, std::vector<int32_t>(tokens.begin() + split, tokens.end()), split);
-  got.insert(got.end(), rest.begin(), rest.end());
-  EXPECT_LE(RelError(got, reference), 1e-4);
-}
-
-// (b) A batch mixing prefill chunks and decodes equals each sequence alone
-// (dropless dispatch).
-TEST_P(CpuBackendVariantTest, MixedBatchMatchesSequencesAlone) {
-  const ModelConfig config = GetParam().config;
-  const ModelWeights weights = RandomWeights(config, 11);
-  const int V = config.vocab_size;
-  const auto a = RandomTokens(5, V, 21), b = RandomTokens(4, V, 22), c = RandomTokens(6, V, 23);
-
-  Harness batched(config, weights, config.dispatch, kParallel);
-  StepOutput out;
-  // Step 1: b's first 3 tokens and c's first 2, together.
-  ASSERT_TRUE(batched
-                  .Step({{2, {b.begin(), b.begin() + 3}, 0, LogitsMode::kNone},
-                         {3, {c.begin(), c.begin() + 2}, 0, LogitsMode::kNone}},
-                        &out)
-                  .ok());
-  EXPECT_TRUE(out.logits.empty());
-  // Step 2: a's prefill, b's decode, c's second chunk.
-  ASSERT_TRUE(batched
-                  .Step({{1, a, 0, LogitsMode::kAll},
-                         {2, {b[3]}, 3, LogitsMode::kLast},
-                         {3, {c.begin() + 2, c.end()}, 2, LogitsMode::kLast}},
-                        &out)
-                  .ok());
-  ASSERT_EQ(out.row_chunk.size(), 5u + 1 + 1);
-  EXPECT_EQ(out.row_chunk[5], 1);
-  EXPECT_EQ(out.row_position[5], 3);
-  EXPECT_EQ(out.row_chunk[6], 2);
-  EXPECT_EQ(out.row_position[6], 5);
-
-  Harness alone(config, weights, config.dispatch);
-  const std::vector<float> ra = alone.Run(1, a, 0);
-  alone.Run(2, {b.begin(), b.begin() + 3}, 0);
-  const std::vector<float> rb = alone.Run(2, {b[3]}, 3);
-  alone.Run(3, {c.begin(), c.begin() + 2}, 0);
-  const std::vector<float> rc = alone.Run(3, {c.begin() + 2, c.end()}, 2);
-
-  for (int i = 0; i < 5; ++i) {
-    EXPECT_LE(RelError(Slice(out.logits, i, V), Slice(ra, i, V)), 1e-4) << "a row " << i;
-  }
-  EXPECT_LE(RelError(Slice(out.logits, 5, V), rb), 1e-4);
-  EXPECT_LE(RelError(Slice(out.logits, 6, V), Slice(rc, 3, V)), 1e-4);
-}
-
-// (c) Under capacity pressure the statistics and traces are consistent.
-using CpuBackendVariantRoutedTest = CpuBackendVariantTest;
-
-TEST_P(CpuBackendVariantRoutedTest, CapacityStatsAreConsistent) {
-  const ModelConfig config = GetParam().config;
-  const std::vector<RouterId> routers = EnumerateRouters(config);
-  ASSERT_FALSE(routers.empty());
-  const ModelWeights weights = RandomWeights(config, 5);
-  for (OverflowPolicy policy : {OverflowPolicy::kDrop, OverflowPolicy::kReroute}) {
-    DispatchConfig dispatch;
-    dispatch.capacity_factor = 0.5;
-    dispatch.overflow = policy;
-    Harness h(config, weights, dispatch);
-    StepOutput out;
-    const auto a = RandomTokens(9, config.vocab_size, 31);
-    const auto b = RandomTokens(7, config.vocab_size, 32);
-    ASSERT_TRUE(
-        h.Step({{1, a, 0, LogitsMode::kAll, true}, {2, b, 0, LogitsMode::kAll, true}}, &out).ok());
-    const int T = 16;
-    ASSERT_EQ(out.stats.routers.size(), routers.size());
-    ASSERT_EQ(out.routing.size(), static_cast<size_t>(T));
-    int64_t dropped_total = 0;
-    for (size_t r = 0; r < routers.size(); ++r) {
-      const RouterStepStats& s = out.stats.routers[r];
-      const int E = routers[r].n_experts, k = routers[r].top_k;
-      EXPECT_EQ(s.tokens, T);
-      // Offset of this router's choices in each TokenRouting.
-      size_t offset = 0;
-      for (size_t q = 0; q < r; ++q) offset += routers[q].top_k;
-      std::vector<int64_t> rerouted_in(E, 0), kept_trace(E, 0);
-      int64_t dropped_trace = 0;
-      for (int t = 0; t < T; ++t) {
-        ASSERT_GE(out.routing[t].choices.size(), offset + k);
-        for (int i = 0; i < k; ++i) {
-          const RouteChoice& ch = out.routing[t].choices[offset + i];
-          if (ch.fate == RouteFate::kRerouted) ++rerouted_in[ch.expert];
-          if (ch.fate == RouteFate::kDropped) ++dropped_trace;
-          if (ch.fate != RouteFate::kDropped) ++kept_trace[ch.expert];
-        }
-      }
-      const int64_t capacity = dispatch.CapacityPerExpert(T, k, E);
-      int64_t routed = 0, kept = 0, dropped = 0, rerouted = 0;
-      double prob = 0;
-      for (int e = 0; e < E; ++e) {
-        EXPECT_EQ(s.routed[e], s.kept[e] - rerouted_in[e] + s.rerouted[e] + s.dropped[e])
-            << "router " << r << " expert " << e;
-        EXPECT_EQ(s.kept[e], kept_trace[e]);
-        EXPECT_LE(s.kept[e], capacity);
-        routed += s.routed[e];
-        kept += s.kept[e];
-        dropped += s.dropped[e];
-        rerouted += s.rerouted[e];
-        prob += s.prob_sum[e];
-      }
-      EXPECT_EQ(routed, static_cast<int64_t>(T) * k);
-      EXPECT_EQ(kept + dropped, static_cast<int64_t>(T) * k);
-      EXPECT_EQ(dropped, dropped_trace);
-      if (policy == OverflowPolicy::kDrop) {
-        EXPECT_EQ(rerouted, 0);
-      }
-      EXPECT_NEAR(prob, T, 1e-3);
-      dropped_total += dropped;
-    }
-    EXPECT_GT(dropped_total, 0) << "capacity 0.5 should drop something";
-  }
-}
-
-// (d) Malformed input is rejected and leaves the cache untouched.
-TEST_P(CpuBackendVariantTest, BadInputIsRejectedAndCacheUntouched) {
-  const ModelConfig config = GetParam().config;
-  const ModelWeights weights = RandomWeights(config, 9);
-  const auto prompt = RandomTokens(6, config.vocab_size, 41);
-  const auto other = RandomTokens(6, config.vocab_size, 42);
-
-  Harness clean(config, weights, config.dispatch);
-  Harness probed(config, weights, config.dispatch);
-  clean.Run(1, prompt, 0);
-  probed.Run(1, prompt, 0);
-
-  // Each bad step also carries a valid chunk that would overwrite sequence 1's
-  // cached positions with other tokens if anything were written.
-  std::vector<int32_t> short_table = {0};
-  std::vector<int32_t> bad_block = {kNumBlocks + 5};
-  std::vector<SequenceChunk> bad(4);
-  bad[0].tokens = {config.vocab_size};
-  bad[1].tokens = {1};
-  bad[1].start_pos = config.max_seq_len;
-  bad[2].tokens = {1, 2, 3, 4, 5};
-  bad[2].block_table = &short_table;
-  bad[3].tokens = {1};
-  bad[3].block_table = &bad_block;
-  std::vector<int32_t> long_table(config.max_seq_len / kBlockSize + 1, 0);
-  bad[0].block_table = &long_table;
-  bad[1].block_table = &long_table;
-  for (const SequenceChunk& chunk : bad) {
-    StepInput input;
-    SequenceChunk valid;
-    valid.tokens = other;
-    valid.block_table = &probed.alloc().BlockTable(1);
-    input.chunks = {valid, chunk};
-    StepOutput out;
-    EXPECT_EQ(probed.backend().Forward(input, &out).code(), absl::StatusCode::kInvalidArgument);
-  }
-  StepInput missing;
-  missing.chunks.resize(1);
-  missing.chunks[0].tokens = {1};
-  StepOutput out;
-  EXPECT_EQ(probed.backend().Forward(missing, &out).code(), absl::StatusCode::kInvalidArgument);
-
-  const std::vector<float> want = clean.Run(1, {prompt[0]}, 6);
-  const std::vector<float> got = probed.Run(1, {prompt[0]}, 6);
-  EXPECT_EQ(got, want);
-}
 
 TEST(CpuBackendTest, CacheSetupAndRoutingRows) {
   const ModelConfig config = testing::SwitchHeadDestinationConfig();
@@ -225,20 +24,24 @@ TEST(CpuBackendTest, CacheSetupAndRoutingRows) {
   std::unique_ptr<Backend> backend = CreateCpuBackend(config, weights, config.dispatch);
   EXPECT_EQ(backend->name(), "cpu");
   EXPECT_EQ(backend->KvBytesPerToken(), KvBytesPerToken(config, 4));
-  StepInput input;
-  input.chunks.resize(1);
-  input.chunks[0].tokens = {1};
   const std::vector<int32_t> table = {0};
-  input.chunks[0].block_table = &table;
+  StepBatch batch;
+  batch.Clear(4);
+  batch.Add(std::vector<int32_t>{1}, 0, table);
   StepOutput out;
-  EXPECT_EQ(backend->Forward(input, &out).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(backend->Forward(batch, &out).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(backend->InitKvCache(0, 4).code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(backend->InitKvCache(4, 4).ok());
-  ASSERT_TRUE(backend->Forward(StepInput{}, &out).ok());
+  batch.Clear(4);
+  ASSERT_TRUE(backend->Forward(batch, &out).ok());
   EXPECT_TRUE(out.logits.empty());
 
   // Only chunks that collect routing get a trace; one choice per router rank.
-  Harness h(config, weights, config.dispatch);
+  const testing::BackendUnderTest cpu = {
+      "cpu", [](const ModelConfig& c, const ModelWeights& w, const DispatchConfig& d) {
+        return CreateCpuBackend(c, w, d);
+      }};
+  Harness h(cpu, config, weights, config.dispatch);
   ASSERT_TRUE(
       h.Step({{1, {1, 2, 3}, 0, LogitsMode::kLast, false}, {2, {4, 5}, 0, LogitsMode::kAll, true}},
              &out)
@@ -246,19 +49,12 @@ TEST(CpuBackendTest, CacheSetupAndRoutingRows) {
   ASSERT_EQ(out.routing.size(), 3u);
   EXPECT_TRUE(out.routing[0].choices.empty());
   size_t per_token = 0;
-  for (const RouterId& id : EnumerateRouters(config)) per_token += id.top_k;
+  const RouterLayout layout(config);
+  for (const RouterId& id : layout.routers()) per_token += id.top_k;
   EXPECT_EQ(out.routing[1].choices.size(), per_token);
   EXPECT_EQ(out.routing[2].choices.size(), per_token);
   EXPECT_EQ(out.row_position, (std::vector<int32_t>{2, 0, 1}));
 }
-
-const auto kVariantName = [](const ::testing::TestParamInfo<NamedConfig>& param_info) {
-  return param_info.param.name;
-};
-INSTANTIATE_TEST_SUITE_P(Variants, CpuBackendVariantTest, ::testing::ValuesIn(AllVariantConfigs()),
-                         kVariantName);
-INSTANTIATE_TEST_SUITE_P(Variants, CpuBackendVariantRoutedTest,
-                         ::testing::ValuesIn(testing::RoutedVariantConfigs()), kVariantName);
 
 }  // namespace
 }  // namespace switchserve

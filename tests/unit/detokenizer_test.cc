@@ -1,9 +1,9 @@
-#include "engine/detokenizer.h"
+#include "engine/text/detokenizer.h"
 
 #include <string>
 #include <vector>
 
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 #include "gtest/gtest.h"
 #include "tests/util/fake_backend.h"
 

@@ -1,4 +1,4 @@
-#include "engine/expert_dispatch.h"
+#include "engine/moe/expert_dispatch.h"
 
 #include <cmath>
 #include <vector>

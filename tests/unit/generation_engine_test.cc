@@ -1,4 +1,4 @@
-#include "engine/generation_engine.h"
+#include "engine/runtime/generation_engine.h"
 
 #include <atomic>
 #include <condition_variable>
@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 #include "gtest/gtest.h"
 #include "tests/util/fake_backend.h"
 
@@ -53,16 +53,20 @@ class GenerationEngineTest : public ::testing::Test {
  protected:
   void Init(int64_t blocks, int64_t max_tokens, int max_running, int max_queue = 1000) {
     backend_ = std::make_unique<testing::FakeBackend>(256, 256);
-    ASSERT_TRUE(backend_->InitKvCache(blocks, 4).ok());
+    KvCacheOptions cache;
+    cache.block_size = 4;
+    cache.max_tokens = blocks * 4;
+    auto kv_cache = KvCache::Create(backend_.get(), cache);
+    ASSERT_TRUE(kv_cache.ok()) << kv_cache.status();
+    kv_cache_ = *std::move(kv_cache);
+    ASSERT_EQ(kv_cache_->num_blocks(), blocks);
     EngineOptions options;
     options.scheduler = {max_tokens, max_running};
-    options.num_kv_blocks = blocks;
-    options.kv_block_size = 4;
     options.max_queue = max_queue;
     options.context_length = 256;
     options.eos_token_id = 10;
-    engine_ =
-        std::make_unique<GenerationEngine>(options, backend_.get(), tokenizer_.get(), nullptr);
+    engine_ = std::make_unique<GenerationEngine>(options, backend_.get(), kv_cache_.get(),
+                                                 tokenizer_.get(), nullptr);
   }
   std::shared_ptr<CollectingSink> Submit(const std::string& prompt, SamplingParams params) {
     auto sink = std::make_shared<CollectingSink>();
@@ -84,6 +88,7 @@ class GenerationEngineTest : public ::testing::Test {
 
   std::unique_ptr<Tokenizer> tokenizer_ = CreateByteTokenizer();
   std::unique_ptr<testing::FakeBackend> backend_;
+  std::unique_ptr<KvCache> kv_cache_;
   std::unique_ptr<GenerationEngine> engine_;
   RequestId last_id_ = 0;
 };

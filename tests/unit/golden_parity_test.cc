@@ -1,5 +1,5 @@
-// The CPU backend against the Python reference's golden vectors
-// (tools/reference/make_goldens.py, computed in float64).
+// Every backend (BackendsUnderTest()) against the Python reference's golden
+// vectors (tools/reference/make_goldens.py, computed in float64).
 //
 // Tolerances: logits, gate values and probability sums within a relative
 // error of 1e-4 (max |ours - golden| / max |golden|, f32 arithmetic against a
@@ -8,13 +8,15 @@
 // rounding cannot flip a decision).
 #include <cmath>
 #include <memory>
+#include <string>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
-#include "engine/cpu_backend.h"
-#include "engine/kv_cache.h"
-#include "engine/model_loader.h"
-#include "engine/sequence_runner.h"
+#include "engine/model/model_loader.h"
+#include "engine/runtime/kv_cache.h"
+#include "engine/runtime/sequence_runner.h"
 #include "gtest/gtest.h"
+#include "tests/util/backends_under_test.h"
 #include "tests/util/golden.h"
 
 namespace switchserve {
@@ -47,10 +49,12 @@ TEST(GoldenSetTest, CoversEveryVariant) {
   }
 }
 
-class GoldenParityTest : public ::testing::TestWithParam<std::string> {
+// Parameter: (backend, golden variant).
+class GoldenParityTest
+    : public ::testing::TestWithParam<std::tuple<testing::BackendUnderTest, std::string>> {
  protected:
   void SetUp() override {
-    absl::StatusOr<GoldenCase> golden = LoadGolden(GetParam());
+    absl::StatusOr<GoldenCase> golden = LoadGolden(std::get<1>(GetParam()));
     ASSERT_TRUE(golden.ok()) << golden.status();
     golden_ = *std::move(golden);
     absl::StatusOr<std::unique_ptr<Model>> model = LoadModel(golden_.model_dir);
@@ -59,7 +63,7 @@ class GoldenParityTest : public ::testing::TestWithParam<std::string> {
   }
 
   std::unique_ptr<Backend> NewBackend() const {
-    return CreateCpuBackend(model_->config, model_->weights, model_->config.dispatch);
+    return std::get<0>(GetParam()).create(model_->config, model_->weights, model_->config.dispatch);
   }
 
   GoldenCase golden_;
@@ -70,20 +74,22 @@ class GoldenParityTest : public ::testing::TestWithParam<std::string> {
 TEST_P(GoldenParityTest, OneStepMatchesReference) {
   const int vocab = model_->config.vocab_size;
   std::unique_ptr<Backend> backend = NewBackend();
-  KvBlockAllocator allocator(64, 16);
-  ASSERT_TRUE(backend->InitKvCache(allocator.num_blocks(), allocator.block_size()).ok());
-  StepInput input;
+  KvCacheOptions options;
+  options.block_size = 16;
+  options.max_tokens = 64 * 16;
+  absl::StatusOr<std::unique_ptr<KvCache>> kv_cache = KvCache::Create(backend.get(), options);
+  ASSERT_TRUE(kv_cache.ok()) << kv_cache.status();
+  KvBlockAllocator& allocator = (*kv_cache)->allocator();
+  StepBatch batch;
+  batch.Clear(allocator.block_size());
   for (size_t s = 0; s < golden_.sequences.size(); ++s) {
     ASSERT_TRUE(allocator.Reserve(s, golden_.sequences[s].size()).ok());
-    SequenceChunk chunk;
-    chunk.tokens = golden_.sequences[s];
-    chunk.block_table = &allocator.BlockTable(s);
-    chunk.logits = LogitsMode::kAll;
-    chunk.collect_routing = true;
-    input.chunks.push_back(std::move(chunk));
+    StepSequence& sequence = batch.Add(golden_.sequences[s], 0, allocator.BlockTable(s));
+    sequence.logits = LogitsMode::kAll;
+    sequence.collect_routing = true;
   }
   StepOutput output;
-  ASSERT_TRUE(backend->Forward(input, &output).ok());
+  ASSERT_TRUE(backend->Forward(batch, &output).ok());
   ASSERT_EQ(output.logits.size(), golden_.logits.size());
   EXPECT_LE(RelativeError(output.logits.data(), golden_.logits.data(), golden_.logits.size()),
             kRelativeTolerance);
@@ -147,12 +153,19 @@ TEST_P(GoldenDroplessTest, DecodeAloneMatchesReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, GoldenParityTest,
-                         ::testing::ValuesIn(testing::ListGoldenVariants()),
-                         [](const auto& param_info) { return param_info.param; });
-INSTANTIATE_TEST_SUITE_P(Variants, GoldenDroplessTest,
-                         ::testing::ValuesIn(testing::ListGoldenVariants(/*dropless_only=*/true)),
-                         [](const auto& param_info) { return param_info.param; });
+std::string TestName(
+    const ::testing::TestParamInfo<std::tuple<testing::BackendUnderTest, std::string>>& info) {
+  return std::get<0>(info.param).name + "_" + std::get<1>(info.param);
+}
+INSTANTIATE_TEST_SUITE_P(Backends, GoldenParityTest,
+                         ::testing::Combine(::testing::ValuesIn(testing::BackendsUnderTest()),
+                                            ::testing::ValuesIn(testing::ListGoldenVariants())),
+                         TestName);
+INSTANTIATE_TEST_SUITE_P(
+    Backends, GoldenDroplessTest,
+    ::testing::Combine(::testing::ValuesIn(testing::BackendsUnderTest()),
+                       ::testing::ValuesIn(testing::ListGoldenVariants(/*dropless_only=*/true))),
+    TestName);
 
 }  // namespace
 }  // namespace switchserve

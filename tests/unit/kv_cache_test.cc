@@ -1,8 +1,9 @@
-#include "engine/kv_cache.h"
+#include "engine/runtime/kv_cache.h"
 
 #include <set>
 
 #include "gtest/gtest.h"
+#include "tests/util/fake_backend.h"
 
 namespace switchserve {
 namespace {
@@ -68,8 +69,80 @@ TEST(KvCacheTest, BudgetSizing) {
   EXPECT_EQ(KvBytesPerToken(config, 4), 2 * (16 + 64) * 4);
   EXPECT_EQ(KvBytesPerToken(config, 2), 2 * (16 + 64) * 2);
   const int64_t per_block = 2 * (16 + 64) * 4 * 16;
-  EXPECT_EQ(KvBlocksForBudget(config, per_block * 10 + per_block - 1, 16, 4), 10);
-  EXPECT_EQ(KvBlocksForBudget(config, 0, 16, 4), 0);
+  EXPECT_EQ(KvBlocksForBudget(per_block * 10 + per_block - 1, KvBytesPerToken(config, 4), 16), 10);
+  EXPECT_EQ(KvBlocksForBudget(0, KvBytesPerToken(config, 4), 16), 0);
+}
+
+// A backend that records how KvCache initialised it, or refuses to.
+class RecordingBackend : public testing::FakeBackend {
+ public:
+  RecordingBackend() : FakeBackend(256, 256) {}  // 8 bytes per token
+  absl::Status InitKvCache(int64_t num_blocks, int tokens_per_block) override {
+    ++calls;
+    blocks = num_blocks;
+    block_size = tokens_per_block;
+    if (refuse) return absl::ResourceExhaustedError("no memory");
+    return FakeBackend::InitKvCache(num_blocks, tokens_per_block);
+  }
+  int calls = 0;
+  int64_t blocks = 0;
+  int block_size = 0;
+  bool refuse = false;
+};
+
+TEST(KvCacheTest, SizesFromBudgetAndCapAndInitialisesTheBackend) {
+  RecordingBackend backend;
+  KvCacheOptions options;
+  options.block_size = 16;
+  options.budget_bytes = 8 * 16 * 10 + 100;  // 10 blocks and a bit
+  auto by_budget = KvCache::Create(&backend, options);
+  ASSERT_TRUE(by_budget.ok()) << by_budget.status();
+  EXPECT_EQ((*by_budget)->num_blocks(), 10);
+  EXPECT_EQ((*by_budget)->block_size(), 16);
+  EXPECT_EQ((*by_budget)->capacity_tokens(), 160);
+  EXPECT_EQ((*by_budget)->bytes(), 8 * 160);
+  EXPECT_EQ((*by_budget)->allocator().num_blocks(), 10);
+  EXPECT_EQ((*by_budget)->allocator().block_size(), 16);
+  EXPECT_EQ(backend.calls, 1);
+  EXPECT_EQ(backend.blocks, 10);
+  EXPECT_EQ(backend.block_size, 16);
+
+  options.max_tokens = 100;  // the cap wins: ceil(100 / 16) blocks
+  auto capped = KvCache::Create(&backend, options);
+  ASSERT_TRUE(capped.ok());
+  EXPECT_EQ((*capped)->num_blocks(), 7);
+  EXPECT_EQ(backend.blocks, 7);
+
+  options.budget_bytes = 0;  // the cap alone
+  options.max_tokens = 33;
+  auto cap_only = KvCache::Create(&backend, options);
+  ASSERT_TRUE(cap_only.ok());
+  EXPECT_EQ((*cap_only)->num_blocks(), 3);
+}
+
+TEST(KvCacheTest, RejectsTooSmallOrUnboundedCaches) {
+  RecordingBackend backend;
+  KvCacheOptions options;
+  options.block_size = 16;
+  options.budget_bytes = 8 * 16 * 10;
+  options.min_tokens = 161;  // one token more than fits
+  EXPECT_EQ(KvCache::Create(&backend, options).status().code(), absl::StatusCode::kInvalidArgument);
+  options.min_tokens = 160;
+  EXPECT_TRUE(KvCache::Create(&backend, options).ok());
+  options.budget_bytes = 8 * 15;  // not even one block
+  options.min_tokens = 0;
+  EXPECT_EQ(KvCache::Create(&backend, options).status().code(), absl::StatusCode::kInvalidArgument);
+  options.budget_bytes = 0;  // no limit at all
+  EXPECT_EQ(KvCache::Create(&backend, options).status().code(), absl::StatusCode::kInvalidArgument);
+  options.max_tokens = 64;
+  options.block_size = 0;
+  EXPECT_EQ(KvCache::Create(&backend, options).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend.calls, 1);  // only the valid one reached the backend
+
+  backend.refuse = true;
+  options.block_size = 16;
+  EXPECT_EQ(KvCache::Create(&backend, options).status().code(),
+            absl::StatusCode::kResourceExhausted);
 }
 
 }  // namespace

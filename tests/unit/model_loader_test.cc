@@ -1,4 +1,4 @@
-#include "engine/model_loader.h"
+#include "engine/model/model_loader.h"
 
 #include <filesystem>
 #include <fstream>

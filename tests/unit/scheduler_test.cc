@@ -1,4 +1,4 @@
-#include "engine/scheduler.h"
+#include "engine/runtime/scheduler.h"
 
 #include <memory>
 #include <vector>

@@ -29,29 +29,31 @@ std::vector<float> Slice(const std::vector<float>& v, size_t row, size_t width) 
   return std::vector<float>(v.begin() + row * width, v.begin() + (row + 1) * width);
 }
 
-BackendHarness::BackendHarness(const ModelConfig& config, const ModelWeights& weights,
-                               const DispatchConfig& dispatch, const CpuBackendOptions& options)
-    : backend_(CreateCpuBackend(config, weights, dispatch, options)),
-      alloc_(kHarnessNumBlocks, kHarnessBlockSize) {
-  EXPECT_TRUE(backend_->InitKvCache(kHarnessNumBlocks, kHarnessBlockSize).ok());
-  EXPECT_TRUE(alloc_.Reserve(-1, 3 * kHarnessBlockSize).ok());
+BackendHarness::BackendHarness(const BackendUnderTest& backend, const ModelConfig& config,
+                               const ModelWeights& weights, const DispatchConfig& dispatch)
+    : backend_(backend.create(config, weights, dispatch)) {
+  KvCacheOptions cache;
+  cache.block_size = kHarnessBlockSize;
+  cache.max_tokens = kHarnessNumBlocks * kHarnessBlockSize;
+  auto kv_cache = KvCache::Create(backend_.get(), cache);
+  EXPECT_TRUE(kv_cache.ok()) << kv_cache.status();
+  kv_cache_ = *std::move(kv_cache);
+  EXPECT_TRUE(alloc().Reserve(-1, 3 * kHarnessBlockSize).ok());
 }
 
 absl::Status BackendHarness::Step(const std::vector<Chunk>& chunks, StepOutput* out) {
-  StepInput input;
   for (const Chunk& c : chunks) {
-    EXPECT_TRUE(alloc_.Reserve(c.seq, c.start + static_cast<int64_t>(c.tokens.size())).ok());
+    EXPECT_TRUE(alloc().Reserve(c.seq, c.start + static_cast<int64_t>(c.tokens.size())).ok());
   }
+  StepBatch batch;
+  batch.Clear(alloc().block_size());
   for (const Chunk& c : chunks) {
-    SequenceChunk sc;
-    sc.tokens = c.tokens;
-    sc.start_pos = c.start;
-    sc.block_table = &alloc_.BlockTable(c.seq);
-    sc.logits = c.logits;
-    sc.collect_routing = c.collect;
-    input.chunks.push_back(sc);
+    StepSequence& sequence = batch.Add(c.tokens, c.start, alloc().BlockTable(c.seq));
+    sequence.logits = c.logits;
+    sequence.collect_routing = c.collect;
+    sequence.sample = c.sample;
   }
-  return backend_->Forward(input, out);
+  return backend_->Forward(batch, out);
 }
 
 std::vector<float> BackendHarness::Run(SequenceId seq, const std::vector<int32_t>& tokens,

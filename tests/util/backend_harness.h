@@ -1,5 +1,5 @@
-// A Backend under test plus the block accounting a scheduler would do, and
-// small helpers for comparing logits.
+// A Backend under test (any of BackendsUnderTest()) plus the block
+// accounting a scheduler would do, and small helpers for comparing logits.
 #ifndef SWITCHSERVE_TESTS_UTIL_BACKEND_HARNESS_H_
 #define SWITCHSERVE_TESTS_UTIL_BACKEND_HARNESS_H_
 
@@ -7,11 +7,11 @@
 #include <memory>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/cpu_backend.h"
-#include "engine/kv_cache.h"
-#include "engine/model_config.h"
-#include "engine/model_weights.h"
+#include "engine/model/model_config.h"
+#include "engine/model/model_weights.h"
+#include "engine/runtime/backend.h"
+#include "engine/runtime/kv_cache.h"
+#include "tests/util/backends_under_test.h"
 
 namespace switchserve::testing {
 
@@ -24,12 +24,13 @@ double RelError(const std::vector<float>& a, const std::vector<float>& b);
 // Row `row` of a [rows, width] matrix.
 std::vector<float> Slice(const std::vector<float>& v, size_t row, size_t width);
 
-// A CPU backend with kHarnessNumBlocks blocks of kHarnessBlockSize tokens; a
-// few blocks are held by a dummy sequence so real ones get scattered ids.
+// A backend made by `backend` with a KV cache of kHarnessNumBlocks blocks of
+// kHarnessBlockSize tokens; a few blocks are held by a dummy sequence so real
+// ones get scattered ids.
 class BackendHarness {
  public:
-  BackendHarness(const ModelConfig& config, const ModelWeights& weights,
-                 const DispatchConfig& dispatch, const CpuBackendOptions& options = {});
+  BackendHarness(const BackendUnderTest& backend, const ModelConfig& config,
+                 const ModelWeights& weights, const DispatchConfig& dispatch);
 
   struct Chunk {
     SequenceId seq;
@@ -37,6 +38,7 @@ class BackendHarness {
     int start;
     LogitsMode logits = LogitsMode::kAll;
     bool collect = false;
+    SampleRequest sample = {};
   };
   // Reserves blocks for every chunk and runs them as one step.
   absl::Status Step(const std::vector<Chunk>& chunks, StepOutput* out);
@@ -44,11 +46,11 @@ class BackendHarness {
   std::vector<float> Run(SequenceId seq, const std::vector<int32_t>& tokens, int start);
 
   Backend& backend() { return *backend_; }
-  KvBlockAllocator& alloc() { return alloc_; }
+  KvBlockAllocator& alloc() { return kv_cache_->allocator(); }
 
  private:
   std::unique_ptr<Backend> backend_;
-  KvBlockAllocator alloc_;
+  std::unique_ptr<KvCache> kv_cache_;
 };
 
 }  // namespace switchserve::testing

@@ -16,39 +16,41 @@ absl::Status FakeBackend::InitKvCache(int64_t num_blocks, int block_size) {
   return absl::OkStatus();
 }
 
-absl::Status FakeBackend::Forward(const StepInput& input, StepOutput* out) {
+absl::Status FakeBackend::Forward(const StepBatch& batch, StepOutput* out) {
   if (const int delay = step_delay_ms_.load(); delay > 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(delay));
   }
-  int64_t tokens = 0;
-  for (const SequenceChunk& chunk : input.chunks) {
-    const int64_t end = chunk.start_pos + static_cast<int64_t>(chunk.tokens.size());
-    if (chunk.block_table == nullptr ||
-        static_cast<int64_t>(chunk.block_table->size()) * block_size_ < end) {
+  const int64_t tokens = batch.num_tokens();
+  for (int s = 0; s < batch.num_sequences(); ++s) {
+    const int64_t end = batch.start_positions[s] + static_cast<int64_t>(batch.num_tokens(s));
+    if (batch.block_size != block_size_ ||
+        static_cast<int64_t>(batch.num_blocks(s)) * block_size_ < end) {
       return absl::InvalidArgumentError("block table too short");
     }
     if (end > max_seq_len_) return absl::InvalidArgumentError("position past max_seq_len");
-    for (int32_t t : chunk.tokens) {
-      if (t < 0 || t >= vocab_size_) return absl::InvalidArgumentError(absl::StrCat("token ", t));
-    }
-    tokens += static_cast<int64_t>(chunk.tokens.size());
   }
+  for (int32_t t : batch.token_ids) {
+    if (t < 0 || t >= vocab_size_) return absl::InvalidArgumentError(absl::StrCat("token ", t));
+  }
+  out->samples.clear();
   out->vocab_size = vocab_size_;
   out->logits.clear();
-  out->row_chunk.clear();
+  out->row_sequence.clear();
   out->row_position.clear();
   out->routing.clear();
-  for (size_t c = 0; c < input.chunks.size(); ++c) {
-    const SequenceChunk& chunk = input.chunks[c];
-    const auto& table = *chunk.block_table;
+  for (int t = 0; t < batch.num_tokens(); ++t) cache_[batch.cache_rows[t]] = batch.token_ids[t];
+  std::vector<float> row(vocab_size_);
+  for (int s = 0; s < batch.num_sequences(); ++s) {
+    const StepSequence& sequence = batch.sequences[s];
+    const int32_t* table = batch.block_table(s);
     auto slot = [&](int64_t pos) {
       return table[pos / block_size_] * block_size_ + pos % block_size_;
     };
-    for (size_t i = 0; i < chunk.tokens.size(); ++i)
-      cache_[slot(chunk.start_pos + i)] = chunk.tokens[i];
-    const int64_t end = chunk.start_pos + static_cast<int64_t>(chunk.tokens.size());
-    if (chunk.logits == LogitsMode::kNone) continue;
-    const int64_t first_row = chunk.logits == LogitsMode::kAll ? chunk.start_pos : end - 1;
+    const int64_t end = batch.start_positions[s] + static_cast<int64_t>(batch.num_tokens(s));
+    const int64_t first_row = sequence.logits == LogitsMode::kAll ? batch.start_positions[s]
+                              : sequence.logits == LogitsMode::kLast || sequence.sample.params
+                                  ? end - 1
+                                  : end;
     for (int64_t pos = first_row; pos < end; ++pos) {
       // FNV-1a over the sequence as the cache holds it.
       uint64_t h = 1469598103934665603ULL;
@@ -58,22 +60,31 @@ absl::Status FakeBackend::Forward(const StepInput& input, StepOutput* out) {
       const int32_t peak = 32 + static_cast<int32_t>(h % 95);  // printable ASCII
       for (int v = 0; v < vocab_size_; ++v) {
         const int32_t distance = std::abs(v - peak);
-        out->logits.push_back(v == peak ? 4.0f : 2.0f - 0.1f * static_cast<float>(distance % 20));
+        row[v] = v == peak ? 4.0f : 2.0f - 0.1f * static_cast<float>(distance % 20);
       }
-      out->row_chunk.push_back(static_cast<int32_t>(c));
-      out->row_position.push_back(static_cast<int32_t>(pos));
-      if (chunk.collect_routing) {
-        TokenRouting routing;
+      TokenRouting routing;
+      if (sequence.collect_routing) {
         routing.choices.push_back({static_cast<int32_t>(h % 4), 0.5f, RouteFate::kKept});
+      }
+      if (sequence.logits != LogitsMode::kNone) {
+        out->logits.insert(out->logits.end(), row.begin(), row.end());
+        out->row_sequence.push_back(s);
+        out->row_position.push_back(static_cast<int32_t>(pos));
         out->routing.push_back(routing);
-      } else {
-        out->routing.emplace_back();
+      }
+      if (pos == end - 1 && sequence.sample.params != nullptr) {
+        const SampleRequest& request = sequence.sample;
+        SampledToken& sampled = out->samples.emplace_back();
+        sampled.sequence = s;
+        sampled.sample = SampleToken(row, *request.params, request.history,
+                                     request.params->logprobs, *request.rng);
+        sampled.routing = std::move(routing);
       }
     }
   }
   int prev = max_sequences_.load();
-  while (static_cast<int>(input.chunks.size()) > prev &&
-         !max_sequences_.compare_exchange_weak(prev, static_cast<int>(input.chunks.size()))) {
+  while (batch.num_sequences() > prev &&
+         !max_sequences_.compare_exchange_weak(prev, batch.num_sequences())) {
   }
   int64_t prev_tokens = max_tokens_.load();
   while (tokens > prev_tokens && !max_tokens_.compare_exchange_weak(prev_tokens, tokens)) {

@@ -4,6 +4,7 @@
 // the sequence holds up to that row, read back through the block table. A
 // scheduler that loses, reorders or overwrites cached tokens changes the
 // output, so "same tokens alone and in a crowded batch" is a real check.
+// Samples with the host sampler, as the CPU backend does.
 #ifndef SWITCHSERVE_TESTS_UTIL_FAKE_BACKEND_H_
 #define SWITCHSERVE_TESTS_UTIL_FAKE_BACKEND_H_
 
@@ -13,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
+#include "engine/runtime/backend.h"
 
 namespace switchserve::testing {
 
@@ -25,7 +26,7 @@ class FakeBackend : public Backend {
   std::string_view name() const override { return "fake"; }
   absl::Status InitKvCache(int64_t num_blocks, int block_size) override;
   int64_t KvBytesPerToken() const override { return 8; }
-  absl::Status Forward(const StepInput& input, StepOutput* out) override;
+  absl::Status Forward(const StepBatch& batch, StepOutput* out) override;
 
   // Largest number of sequences / tokens seen in one step.
   int max_sequences_per_step() const { return max_sequences_.load(); }

@@ -7,8 +7,8 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "engine/model_loader.h"
-#include "engine/safetensors.h"
+#include "engine/model/model_loader.h"
+#include "engine/model/safetensors.h"
 #include "tests/util/test_util.h"
 
 namespace switchserve::testing {
@@ -75,7 +75,8 @@ absl::StatusOr<GoldenCase> LoadGolden(const std::string& variant) {
 
   absl::StatusOr<std::unique_ptr<Model>> model = LoadModel(golden.model_dir);
   if (!model.ok()) return model.status();
-  for (const RouterId& id : EnumerateRouters((*model)->config)) {
+  const RouterLayout layout((*model)->config);
+  for (const RouterId& id : layout.routers()) {
     GoldenRouter router;
     router.id = id;
     const std::string prefix =

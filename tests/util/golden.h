@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/routing_stats.h"
+#include "engine/moe/routing_stats.h"
 
 namespace switchserve::testing {
 
@@ -29,7 +29,7 @@ struct GoldenCase {
   std::string model_dir;
   std::vector<std::vector<int32_t>> sequences;
   std::vector<float> logits;          // [total tokens, vocab], step order
-  std::vector<GoldenRouter> routers;  // EnumerateRouters order
+  std::vector<GoldenRouter> routers;  // RouterLayout order
 };
 
 // Variant names (directory names under tests/golden), sorted; with

@@ -4,8 +4,8 @@
 #include <random>
 #include <string>
 
-#include "engine/model_loader.h"
-#include "engine/routing_stats.h"
+#include "engine/model/model_loader.h"
+#include "engine/moe/routing_stats.h"
 
 namespace switchserve::testing {
 namespace {
@@ -188,7 +188,7 @@ std::vector<NamedConfig> AllVariantConfigs() {
 std::vector<NamedConfig> RoutedVariantConfigs() {
   std::vector<NamedConfig> routed;
   for (NamedConfig& named : AllVariantConfigs()) {
-    if (!EnumerateRouters(named.config).empty()) routed.push_back(std::move(named));
+    if (!RouterLayout(named.config).empty()) routed.push_back(std::move(named));
   }
   return routed;
 }

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/model_config.h"
-#include "engine/model_weights.h"
+#include "engine/model/model_config.h"
+#include "engine/model/model_weights.h"
 
 namespace switchserve::testing {
 

@@ -1,4 +1,4 @@
-"""PyTorch reference of the switchserve model (DESIGN.md, docs/model-format.md).
+"""PyTorch reference of the switchserve model (docs/design.md, docs/model-format.md).
 
 Written for clarity, not speed. Every forward call is ONE engine step: the
 valid tokens of all sequences of the batch, in sequence order then position
@@ -102,7 +102,7 @@ def rotary_dims(cfg):
 
 def router_ids(cfg):
     """Every router (layer, module, head, E, k): layer-major, attn_v, attn_o,
-    ffn, then head (engine/routing_stats.h EnumerateRouters)."""
+    ffn, then head (engine/moe/router_layout.h RouterLayout)."""
     a, f = cfg["attention"], cfg["ffn"]
     ids = []
     for layer in range(cfg["n_layers"]):

@@ -1,4 +1,4 @@
-"""Top-k gating, capacity-aware dispatch and routing statistics (DESIGN.md,
+"""Top-k gating, capacity-aware dispatch and routing statistics (docs/design.md,
 docs/model-format.md "dispatch").
 
 One call of `route` handles one router (layer, module, head) for one engine

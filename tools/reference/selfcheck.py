@@ -2,7 +2,7 @@
 hand-made cases with known answers (both capacity scopes), sequence-scope
 dispatch against independent formulations (a vectorised prefix count, a
 causal-prefix recomputation, chunked calls), the vectorised model against a
-naive per-token implementation of DESIGN.md, incremental decoding == full
+naive per-token implementation of docs/design.md, incremental decoding == full
 pass, isolation under sequence-scope capacity, and generate() batch/padding
 consistency. Exits non-zero on any failure.
 
@@ -273,7 +273,7 @@ def check_sequence_dispatch_formulations():
 
 # --------------------------------------------------- naive model (DESIGN) --
 def naive_forward(m, toks):
-    """Per-token loops straight from DESIGN.md; one sequence, dropless."""
+    """Per-token loops straight from docs/design.md; one sequence, dropless."""
     c = m.cfg
     a, f = c["attention"], c["ffn"]
     H, G, dh, E, k = a["n_heads"], a["n_kv_heads"], a["head_dim"], a["n_experts"], a["top_k"]

@@ -1,0 +1,37 @@
+#include "engine/model/model_config.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace switchserve {
+
+int AttentionConfig::RotaryDims() const {
+  int dims = static_cast<int>(std::floor(rotate_fraction * head_dim));
+  return dims - dims % 2;
+}
+
+int64_t DispatchConfig::CapacityPerExpert(int64_t tokens, int k, int experts) const {
+  const double slots = std::ceil(capacity_factor * static_cast<double>(tokens) * k / experts);
+  return std::max<int64_t>(min_capacity, static_cast<int64_t>(slots));
+}
+
+std::string_view ToString(OverflowPolicy policy) {
+  switch (policy) {
+    case OverflowPolicy::kDrop:
+      return "drop";
+    case OverflowPolicy::kReroute:
+      return "reroute";
+  }
+  return "?";
+}
+
+absl::StatusOr<OverflowPolicy> ParseOverflowPolicy(std::string_view text) {
+  if (text == "drop") return OverflowPolicy::kDrop;
+  if (text == "reroute") return OverflowPolicy::kReroute;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "overflow policy: expected \"drop\" or \"reroute\", found \"", std::string(text), "\""));
+}
+
+}  // namespace switchserve

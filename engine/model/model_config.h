@@ -1,0 +1,111 @@
+// Typed model configuration, parsed once from config.json (docs/model-format.md).
+// The engine never sees raw JSON: everything here is validated by
+// ParseModelConfig.
+#ifndef SWITCHSERVE_ENGINE_MODEL_MODEL_CONFIG_H_
+#define SWITCHSERVE_ENGINE_MODEL_MODEL_CONFIG_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+
+namespace switchserve {
+
+enum class NormKind { kLayerNorm, kRmsNorm };
+enum class TokenizerKind { kByte, kSentencePiece };
+enum class AttentionKind { kSwitchHead, kDense };
+enum class AttentionGate { kSigmoid, kSoftmaxTopK };
+enum class ValueRouting { kSource, kDestination };
+enum class FfnKind { kMoe, kDense };
+enum class FfnGate { kSoftmax, kSigmoid };
+enum class Activation { kRelu, kGelu, kSilu };
+enum class OverflowPolicy { kDrop, kReroute };
+
+struct AttentionConfig {
+  AttentionKind kind = AttentionKind::kSwitchHead;
+  int n_heads = 1;
+  int n_kv_heads = 1;
+  int head_dim = 1;
+  int n_experts = 1;  // E; 1 for dense attention
+  int top_k = 1;
+  AttentionGate gate = AttentionGate::kSigmoid;
+  bool shared_router = false;
+  ValueRouting value_routing = ValueRouting::kSource;
+  double rotate_fraction = 0.5;
+  double rope_base = 10000.0;
+
+  // Channels of each head that RoPE rotates: floor(rotate_fraction*dh), even.
+  int RotaryDims() const;
+  // True for SwitchHead with E > 1 (routed V and O projections).
+  bool IsRouted() const { return kind == AttentionKind::kSwitchHead && n_experts > 1; }
+  // Value vectors cached per KV head: E with destination routing, else 1.
+  int CachedValuesPerKvHead() const {
+    return IsRouted() && value_routing == ValueRouting::kDestination ? n_experts : 1;
+  }
+  // Number of independent routers (heads with their own gates) per module.
+  int ValueRouterHeads() const { return shared_router ? 1 : n_kv_heads; }
+  int OutputRouterHeads() const { return shared_router ? 1 : n_heads; }
+};
+
+struct FfnConfig {
+  FfnKind kind = FfnKind::kDense;
+  int d_ff = 1;
+  int n_experts = 1;
+  int top_k = 1;
+  FfnGate gate = FfnGate::kSoftmax;
+  bool renormalize = false;
+  Activation activation = Activation::kRelu;
+  bool bias = true;
+  bool router_bias = false;
+};
+
+struct DispatchConfig {
+  double capacity_factor = 0.0;  // <= 0: dropless
+  int min_capacity = 0;
+  OverflowPolicy overflow = OverflowPolicy::kDrop;
+
+  bool Dropless() const { return capacity_factor <= 0.0; }
+  // C = max(min_capacity, ceil(capacity_factor * tokens * k / experts)).
+  int64_t CapacityPerExpert(int64_t tokens, int k, int experts) const;
+};
+
+struct ModelConfig {
+  std::string name;
+  int vocab_size = 0;
+  int d_model = 0;
+  int n_layers = 0;
+  int max_seq_len = 0;
+  NormKind norm = NormKind::kLayerNorm;
+  double norm_eps = 1e-5;
+  bool tie_embeddings = true;
+  TokenizerKind tokenizer = TokenizerKind::kByte;
+  std::optional<int> bos_token_id;
+  std::optional<int> eos_token_id;
+  AttentionConfig attention;
+  FfnConfig ffn;
+  DispatchConfig dispatch;
+};
+
+// Parses and validates config.json text. `file_name` is used in error
+// messages, which name the offending key and expected vs found value.
+// Unknown keys are errors. For a dense attention or FFN, n_experts and top_k
+// may only be given as 1 and router_bias only as false; the switchhead/moe-only
+// enums and flags (gate, shared_router, ...) are accepted and have no effect.
+absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text,
+                                             std::string_view file_name);
+
+// The inverse of ParseModelConfig: config.json text with every key spelled
+// out. Keys that do not apply to the module type (n_experts and top_k of a
+// dense attention or FFN, router_bias of a dense FFN) are left out, so such
+// fields come back as their defaults. Used by WriteModelDirectory.
+std::string ModelConfigToJson(const ModelConfig& config);
+
+// Names used in logs, flags and metrics.
+std::string_view ToString(OverflowPolicy policy);
+absl::StatusOr<OverflowPolicy> ParseOverflowPolicy(std::string_view text);
+
+}  // namespace switchserve
+
+#endif  // SWITCHSERVE_ENGINE_MODEL_MODEL_CONFIG_H_

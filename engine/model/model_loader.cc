@@ -1,0 +1,172 @@
+#include "engine/model/model_loader.h"
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace switchserve {
+namespace {
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+std::string JoinPath(const std::string& directory, const char* file) {
+  return (std::filesystem::path(directory) / file).string();
+}
+
+absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
+  std::error_code error;
+  if (!std::filesystem::exists(path, error)) {
+    return absl::NotFoundError(absl::StrCat(path, ": not found"));
+  }
+  if (!std::filesystem::is_regular_file(path, error)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
+  }
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (!in.good() && !in.eof()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": read failed"));
+  }
+  return text.str();
+}
+
+// Fills model->weights from `file`, checking it holds exactly the tensors the
+// config calls for.
+absl::Status LoadWeights(const SafetensorsFile& file, Model* model) {
+  // Every layer has several tensors; refuse before allocating per-layer
+  // tables for an absurd n_layers.
+  if (static_cast<size_t>(model->config.n_layers) > file.tensors().size()) {
+    return absl::InvalidArgumentError(absl::StrCat(file.path(), ": holds ", file.tensors().size(),
+                                                   " tensors, too few for config.json n_layers ",
+                                                   model->config.n_layers));
+  }
+  const std::vector<ExpectedTensor> expected = ExpectedTensors(model->config);
+  std::set<std::string> expected_names;
+  for (const ExpectedTensor& e : expected) expected_names.insert(e.name);
+  std::vector<std::string> unexpected;
+  for (const auto& [name, info] : file.tensors()) {
+    if (expected_names.count(name) == 0) {
+      unexpected.push_back(absl::StrCat(name, " ", ShapeText(info.shape)));
+    }
+  }
+  model->weights.layers.resize(model->config.n_layers);
+  for (const ExpectedTensor& e : expected) {
+    const TensorInfo* info = file.Find(e.name);
+    if (info == nullptr) {
+      // A misspelt name shows up as one missing and one unexpected tensor:
+      // name both.
+      return absl::InvalidArgumentError(absl::StrCat(
+          file.path(), ": missing tensor ", e.name, " (expected shape ", ShapeText(e.shape), ")",
+          unexpected.empty() ? "" : "; the file has unexpected tensor ",
+          unexpected.empty() ? "" : unexpected.front()));
+    }
+    if (info->dtype != DType::kF32 && info->dtype != DType::kF16 && info->dtype != DType::kBF16) {
+      return absl::InvalidArgumentError(absl::StrCat(file.path(), ": tensor ", e.name,
+                                                     ": expected dtype F32, F16 or BF16, found ",
+                                                     std::string(ToString(info->dtype))));
+    }
+    if (info->shape != e.shape) {
+      return absl::InvalidArgumentError(absl::StrCat(file.path(), ": tensor ", e.name,
+                                                     ": expected shape ", ShapeText(e.shape),
+                                                     ", found ", ShapeText(info->shape)));
+    }
+    absl::StatusOr<std::vector<float>> data = file.ReadAsF32(e.name);
+    if (!data.ok()) return data.status();
+    Tensor& tensor = e.In(model->weights);
+    tensor.shape = e.shape;
+    tensor.data = *std::move(data);
+  }
+  if (!unexpected.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(file.path(), ": unexpected tensor ",
+                                                   unexpected.front(),
+                                                   " (config.json does not call for it)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LoadTokenizer(const std::string& directory, Model* model) {
+  if (model->config.tokenizer == TokenizerKind::kByte) {
+    model->tokenizer = CreateByteTokenizer();
+    return absl::OkStatus();
+  }
+  const std::string path = JoinPath(directory, "tokenizer.model");
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadSentencePieceTokenizer(path);
+  if (!tokenizer.ok()) {
+    if (absl::IsNotFound(tokenizer.status())) {
+      return absl::NotFoundError(absl::StrCat(
+          path, ": not found (config.json declares \"tokenizer\": \"sentencepiece\")"));
+    }
+    return tokenizer.status();
+  }
+  if ((*tokenizer)->vocab_size() > model->config.vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": SentencePiece vocabulary has ", (*tokenizer)->vocab_size(),
+                     " pieces, more than config.json vocab_size ", model->config.vocab_size));
+  }
+  model->tokenizer = *std::move(tokenizer);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& directory) {
+  std::error_code error;
+  if (!std::filesystem::is_directory(directory, error)) {
+    return absl::NotFoundError(absl::StrCat(directory, ": not a model directory"));
+  }
+  auto model = std::make_unique<Model>();
+  model->directory = directory;
+  const std::string config_path = JoinPath(directory, "config.json");
+  absl::StatusOr<std::string> config_text = ReadTextFile(config_path);
+  if (!config_text.ok()) return config_text.status();
+  absl::StatusOr<ModelConfig> config = ParseModelConfig(*config_text, config_path);
+  if (!config.ok()) return config.status();
+  model->config = *std::move(config);
+
+  {
+    // The mapping is released when `file` goes out of scope; the weights are copies.
+    absl::StatusOr<std::unique_ptr<SafetensorsFile>> file =
+        SafetensorsFile::Open(JoinPath(directory, "model.safetensors"));
+    if (!file.ok()) return file.status();
+    if (absl::Status status = LoadWeights(**file, model.get()); !status.ok()) return status;
+  }
+  if (absl::Status status = LoadTokenizer(directory, model.get()); !status.ok()) return status;
+  return model;
+}
+
+absl::Status WriteModelDirectory(const std::string& directory, const ModelConfig& config,
+                                 const ModelWeights& weights, DType dtype) {
+  if (dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat("WriteModelDirectory: cannot store weights as ",
+                                                   std::string(ToString(dtype))));
+  }
+  if (absl::Status status = ValidateWeights(config, weights); !status.ok()) return status;
+  std::error_code error;
+  std::filesystem::create_directories(directory, error);
+  if (error) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(directory, ": cannot create directory: ", error.message()));
+  }
+  const std::string config_path = JoinPath(directory, "config.json");
+  {
+    std::ofstream out(config_path, std::ios::binary | std::ios::trunc);
+    out << ModelConfigToJson(config);
+    out.close();
+    if (!out) return absl::InvalidArgumentError(absl::StrCat(config_path, ": write failed"));
+  }
+  std::vector<TensorToWrite> tensors;
+  for (const ExpectedTensor& e : ExpectedTensors(config)) {
+    tensors.push_back({e.name, e.shape, e.In(weights).ptr(), dtype});
+  }
+  return WriteSafetensors(JoinPath(directory, "model.safetensors"), tensors);
+}
+
+}  // namespace switchserve

@@ -1,0 +1,73 @@
+// Loads a model directory (config.json, model.safetensors, tokenizer) into a
+// validated Model. Every malformed input is reported as an error naming the
+// file, the tensor or key, and expected vs found; nothing here crashes on bad
+// files.
+#ifndef SWITCHSERVE_ENGINE_MODEL_MODEL_LOADER_H_
+#define SWITCHSERVE_ENGINE_MODEL_MODEL_LOADER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/model/model_config.h"
+#include "engine/model/model_weights.h"
+#include "engine/model/safetensors.h"
+#include "engine/text/tokenizer.h"
+
+namespace switchserve {
+
+struct Model {
+  std::string directory;
+  ModelConfig config;
+  ModelWeights weights;  // widened to f32
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+
+// Reads <directory>/config.json, <directory>/model.safetensors (every tensor
+// of ExpectedTensors(config), F32/F16/BF16, nothing else; widened to f32) and
+// the tokenizer (<directory>/tokenizer.model for "sentencepiece", whose piece
+// count must not exceed vocab_size). NOT_FOUND when a file is missing,
+// INVALID_ARGUMENT for anything malformed; messages name the file, the key or
+// tensor, and expected vs found.
+absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& directory);
+
+// Checks `weights` against `config` (every tensor present with its expected
+// shape, nothing extra). Used by LoadModel and by code that builds weights in
+// memory (benchmarks, tests).
+absl::Status ValidateWeights(const ModelConfig& config, const ModelWeights& weights);
+
+// One tensor that a config calls for: its name in model.safetensors, its shape
+// (docs/model-format.md) and where it lives in ModelWeights.
+struct ExpectedTensor {
+  std::string name;  // e.g. "layers.0.attn.v"
+  std::vector<int64_t> shape;
+  int layer = -1;  // index into ModelWeights::layers; -1 for model-level tensors
+  Tensor& (*select)(ModelWeights& weights, int layer) = nullptr;
+
+  // The matching tensor. `weights.layers` must have more than `layer` entries.
+  Tensor& In(ModelWeights& weights) const { return select(weights, layer); }
+  const Tensor& In(const ModelWeights& weights) const {
+    return select(const_cast<ModelWeights&>(weights), layer);
+  }
+  int64_t numel() const;
+};
+
+// Every tensor `config` calls for, in a fixed order (model-level tensors, then
+// layer by layer). Every other Tensor of ModelWeights must stay empty. Shapes
+// are computed in int64 without overflow checks: configs come from
+// ParseModelConfig, whose dimensions fit in int32.
+std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& config);
+
+// Writes a model directory that LoadModel reads back: config.json
+// (ModelConfigToJson) and model.safetensors with every expected tensor stored
+// as `dtype` (F32, F16 or BF16; narrowing rounds to nearest even). Validates
+// `weights` first. Creates `directory` if needed. Does not write
+// tokenizer.model: a SentencePiece model must be copied there by the caller.
+absl::Status WriteModelDirectory(const std::string& directory, const ModelConfig& config,
+                                 const ModelWeights& weights, DType dtype);
+
+}  // namespace switchserve
+
+#endif  // SWITCHSERVE_ENGINE_MODEL_MODEL_LOADER_H_

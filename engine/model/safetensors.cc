@@ -1,0 +1,434 @@
+#include "engine/model/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "engine/model/json_text.h"
+
+namespace switchserve {
+namespace {
+
+constexpr uint64_t kHeaderLengthBytes = 8;
+// Real headers are a few hundred KiB at most; a larger claim is corruption.
+constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;
+
+bool ParseDType(const std::string& text, DType* dtype) {
+  static const std::pair<const char*, DType> kNames[] = {
+      {"F32", DType::kF32}, {"F16", DType::kF16}, {"BF16", DType::kBF16},
+      {"I32", DType::kI32}, {"I64", DType::kI64},
+  };
+  for (const auto& [name, value] : kNames) {
+    if (text == name) {
+      *dtype = value;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string ErrnoText() { return std::strerror(errno); }
+
+// Reads a JSON array of non-negative integers that fit in int64.
+bool ReadUnsignedArray(const nlohmann::json& value, std::vector<uint64_t>* out) {
+  if (!value.is_array()) return false;
+  out->clear();
+  for (const nlohmann::json& element : value) {
+    if (!element.is_number_integer()) return false;
+    if (element.is_number_unsigned()) {
+      const uint64_t v = element.get<uint64_t>();
+      if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return false;
+      out->push_back(v);
+    } else {
+      const int64_t v = element.get<int64_t>();
+      if (v < 0) return false;
+      out->push_back(static_cast<uint64_t>(v));
+    }
+  }
+  return true;
+}
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// Validates one header entry and fills `info` (data pointer relative to the
+// data section start, patched by the caller). `begin`/`end` are byte offsets
+// into the data section.
+absl::Status ParseEntry(const std::string& where, const nlohmann::json& entry, uint64_t data_size,
+                        TensorInfo* info, uint64_t* begin, uint64_t* end) {
+  if (!entry.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": expected an object, found ", DescribeJson(entry)));
+  }
+  for (const auto& [key, value] : entry.items()) {
+    if (key != "dtype" && key != "shape" && key != "data_offsets") {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": unknown key \"", key, "\""));
+    }
+  }
+  for (const char* key : {"dtype", "shape", "data_offsets"}) {
+    if (!entry.contains(key)) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": missing \"", key, "\""));
+    }
+  }
+  const nlohmann::json& dtype = entry["dtype"];
+  if (!dtype.is_string() || !ParseDType(dtype.get<std::string>(), &info->dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": unsupported dtype ",
+                                                   DescribeJson(dtype),
+                                                   " (expected F32, F16, BF16, I32 or I64)"));
+  }
+  std::vector<uint64_t> dims;
+  if (!ReadUnsignedArray(entry["shape"], &dims)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": shape: expected an array of non-negative integers, found ",
+                     DescribeJson(entry["shape"])));
+  }
+  // numel * dtype size, refusing anything that would overflow 64 bits.
+  uint64_t expected_bytes = static_cast<uint64_t>(DTypeSize(info->dtype));
+  bool overflow = false;
+  info->shape.clear();
+  for (uint64_t dim : dims) {
+    info->shape.push_back(static_cast<int64_t>(dim));
+    if (dim != 0 && expected_bytes > std::numeric_limits<uint64_t>::max() / dim) overflow = true;
+    expected_bytes *= dim;
+  }
+  std::vector<uint64_t> offsets;
+  if (!ReadUnsignedArray(entry["data_offsets"], &offsets) || offsets.size() != 2 ||
+      offsets[0] > offsets[1]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": data_offsets: expected [begin, end] with 0 <= begin <= end, found ",
+                     DescribeJson(entry["data_offsets"])));
+  }
+  *begin = offsets[0];
+  *end = offsets[1];
+  if (*end > data_size) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": data_offsets [", *begin, ", ", *end,
+                                                   "] run past the end of the data section (",
+                                                   data_size, " bytes; file truncated?)"));
+  }
+  const uint64_t span = *end - *begin;
+  if (overflow || expected_bytes != span) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": shape ", ShapeText(info->shape), " of ", std::string(ToString(info->dtype)),
+        " needs ", overflow ? std::string("more than 2^64") : absl::StrCat(expected_bytes),
+        " bytes, but data_offsets [", *begin, ", ", *end, "] span ", span));
+  }
+  info->size_bytes = static_cast<size_t>(span);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string_view ToString(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return "F32";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kI32:
+      return "I32";
+    case DType::kI64:
+      return "I64";
+  }
+  return "?";
+}
+
+int DTypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+    case DType::kI32:
+      return 4;
+    case DType::kF16:
+    case DType::kBF16:
+      return 2;
+    case DType::kI64:
+      return 8;
+  }
+  return 0;
+}
+
+int64_t TensorInfo::numel() const {
+  int64_t n = 1;  // a scalar (shape []) has one element
+  for (int64_t dim : shape) n *= dim;
+  return n;
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": not found"));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": cannot open: ", ErrnoText()));
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
+  }
+  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  if (file_size < kHeaderLengthBytes) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": file is ", file_size, " bytes, too short for the 8-byte header length"));
+  }
+  void* map = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);  // the mapping keeps the file alive
+  if (map == MAP_FAILED) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": mmap failed: ", ErrnoText()));
+  }
+  std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
+  file->path_ = path;
+  file->map_ = map;
+  file->map_size_ = file_size;
+  const auto* bytes = static_cast<const std::byte*>(map);
+
+  uint64_t header_size = 0;
+  for (int i = 7; i >= 0; --i) {
+    header_size = (header_size << 8) | std::to_integer<uint64_t>(bytes[i]);
+  }
+  if (header_size > file_size - kHeaderLengthBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": header length ", header_size, " is larger than the ",
+                     file_size - kHeaderLengthBytes, " bytes after the length field"));
+  }
+  if (header_size > kMaxHeaderBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": header length ", header_size,
+                                                   " exceeds the limit of ", kMaxHeaderBytes));
+  }
+  const std::string_view header_text(reinterpret_cast<const char*>(bytes + kHeaderLengthBytes),
+                                     static_cast<size_t>(header_size));
+  absl::StatusOr<nlohmann::json> header = ParseJsonText(header_text, path + " (header)");
+  if (!header.ok()) return header.status();
+  if (!header->is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": header: expected a JSON object, found ", DescribeJson(*header)));
+  }
+  const std::byte* data = bytes + kHeaderLengthBytes + header_size;
+  const uint64_t data_size = file_size - kHeaderLengthBytes - header_size;
+
+  struct Extent {
+    uint64_t begin, end;
+    std::string name;
+  };
+  std::vector<Extent> extents;
+  for (const auto& [name, entry] : header->items()) {
+    if (name == "__metadata__") {
+      // Free-form string -> string map (safetensors convention).
+      bool ok = entry.is_object();
+      if (ok) {
+        for (const auto& [key, value] : entry.items()) ok = ok && value.is_string();
+      }
+      if (!ok) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ": __metadata__: expected an object of strings"));
+      }
+      continue;
+    }
+    TensorInfo info;
+    uint64_t begin = 0, end = 0;
+    absl::Status status =
+        ParseEntry(absl::StrCat(path, ": tensor ", name), entry, data_size, &info, &begin, &end);
+    if (!status.ok()) return status;
+    info.data = data + begin;
+    extents.push_back({begin, end, name});
+    file->tensors_.emplace(name, std::move(info));
+  }
+  std::sort(extents.begin(), extents.end(), [](const Extent& a, const Extent& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  // Sorted by begin, a tensor overlaps an earlier one exactly when it starts
+  // before the furthest end seen so far. Empty tensors occupy no bytes.
+  const Extent* furthest = nullptr;
+  for (const Extent& cur : extents) {
+    if (cur.begin == cur.end) continue;
+    if (furthest != nullptr && cur.begin < furthest->end) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": tensor ", cur.name, ": data_offsets [", cur.begin, ", ", cur.end,
+          "] overlap tensor ", furthest->name, " [", furthest->begin, ", ", furthest->end, "]"));
+    }
+    if (furthest == nullptr || cur.end > furthest->end) furthest = &cur;
+  }
+  return file;
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_ != nullptr) ::munmap(map_, map_size_);
+}
+
+const TensorInfo* SafetensorsFile::Find(const std::string& name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : &it->second;
+}
+
+absl::StatusOr<std::vector<float>> SafetensorsFile::ReadAsF32(const std::string& name) const {
+  const TensorInfo* info = Find(name);
+  if (info == nullptr) {
+    return absl::NotFoundError(absl::StrCat(path_, ": missing tensor ", name));
+  }
+  const size_t count = info->size_bytes / static_cast<size_t>(DTypeSize(info->dtype));
+  std::vector<float> out(count);
+  switch (info->dtype) {
+    case DType::kF32:
+      if (count > 0) std::memcpy(out.data(), info->data, count * sizeof(float));
+      return out;
+    case DType::kF16:
+    case DType::kBF16: {
+      const bool half = info->dtype == DType::kF16;
+      for (size_t i = 0; i < count; ++i) {
+        uint16_t bits;  // the data may be unaligned: copy, don't cast
+        std::memcpy(&bits, info->data + 2 * i, sizeof(bits));
+        out[i] = half ? HalfToFloat(bits) : BFloat16ToFloat(bits);
+      }
+      return out;
+    }
+    case DType::kI32:
+    case DType::kI64:
+      break;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(path_, ": tensor ", name,
+                                                 ": expected dtype F32, F16 or BF16, found ",
+                                                 std::string(ToString(info->dtype))));
+}
+
+absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors) {
+  nlohmann::json header = nlohmann::json::object();
+  header["__metadata__"] = {{"format", "pt"}};
+  std::set<std::string> names;
+  uint64_t offset = 0;
+  for (const TensorToWrite& t : tensors) {
+    const std::string where = absl::StrCat(path, ": tensor ", t.name);
+    if (t.name.empty() || t.name == "__metadata__" || !names.insert(t.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": empty, reserved or repeated name"));
+    }
+    if (t.dtype != DType::kF32 && t.dtype != DType::kF16 && t.dtype != DType::kBF16) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": cannot write dtype ", std::string(ToString(t.dtype)), " from f32 data"));
+    }
+    uint64_t numel = 1;
+    for (int64_t dim : t.shape) {
+      if (dim < 0) return absl::InvalidArgumentError(absl::StrCat(where, ": negative dimension"));
+      numel *= static_cast<uint64_t>(dim);
+    }
+    if (numel > 0 && t.data == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": no data"));
+    }
+    const uint64_t bytes = numel * static_cast<uint64_t>(DTypeSize(t.dtype));
+    header[t.name] = {{"dtype", std::string(ToString(t.dtype))},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string header_text;
+  try {
+    header_text = header.dump();
+  } catch (const nlohmann::json::exception& e) {  // e.g. a name that is not UTF-8
+    return absl::InvalidArgumentError(absl::StrCat(path, ": cannot write header: ", e.what()));
+  }
+  // Pad with spaces so the data section starts 8-byte aligned.
+  header_text.append((8 - header_text.size() % 8) % 8, ' ');
+
+  const std::string tmp_path = path + ".tmp";
+  std::FILE* out = std::fopen(tmp_path.c_str(), "wb");
+  if (out == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(tmp_path, ": cannot create: ", ErrnoText()));
+  }
+  bool ok = true;
+  auto put = [&](const void* p, size_t n) {
+    ok = ok && (n == 0 || std::fwrite(p, 1, n, out) == n);
+  };
+  unsigned char length[8];
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(header_text.size() >> (8 * i));
+  put(length, sizeof(length));
+  put(header_text.data(), header_text.size());
+  std::vector<uint16_t> narrow;
+  for (const TensorToWrite& t : tensors) {
+    size_t numel = 1;
+    for (int64_t dim : t.shape) numel *= static_cast<size_t>(dim);
+    if (t.dtype == DType::kF32) {
+      put(t.data, numel * sizeof(float));
+      continue;
+    }
+    narrow.resize(numel);
+    for (size_t i = 0; i < numel; ++i) {
+      narrow[i] = t.dtype == DType::kF16 ? FloatToHalf(t.data[i]) : FloatToBFloat16(t.data[i]);
+    }
+    put(narrow.data(), numel * sizeof(uint16_t));
+  }
+  ok = (std::fclose(out) == 0) && ok;
+  if (!ok || std::rename(tmp_path.c_str(), path.c_str()) != 0) {
+    const std::string reason = ErrnoText();
+    std::remove(tmp_path.c_str());
+    return absl::InvalidArgumentError(absl::StrCat(path, ": write failed: ", reason));
+  }
+  return absl::OkStatus();
+}
+
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1f;
+  const uint32_t mantissa = h & 0x3ff;
+  if (exponent == 0) {
+    // Zero or subnormal: mantissa * 2^-24, exact in f32.
+    const float magnitude = std::ldexp(static_cast<float>(mantissa), -24);
+    return sign ? -magnitude : magnitude;
+  }
+  if (exponent == 0x1f) {  // inf or nan (payload kept)
+    return std::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));
+  }
+  return std::bit_cast<float>(sign | ((exponent + 112) << 23) | (mantissa << 13));
+}
+
+float BFloat16ToFloat(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
+
+uint16_t FloatToHalf(float f) {
+  const uint32_t bits = std::bit_cast<uint32_t>(f);
+  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000);
+  const uint32_t magnitude = bits & 0x7fffffff;
+  if (magnitude >= 0x7f800000) {  // inf, or nan (made quiet, top payload bits kept)
+    if (magnitude == 0x7f800000) return sign | 0x7c00;
+    return sign | 0x7e00 | static_cast<uint16_t>((magnitude >> 13) & 0x3ff);
+  }
+  // 65520 is halfway between 65504 (largest half) and 65536; ties go to the
+  // even neighbour, which is infinity.
+  if (magnitude >= 0x477ff000) return sign | 0x7c00;
+  if (magnitude < 0x38800000) {                // below 2^-14: half subnormal (units of 2^-24)
+    if (magnitude <= 0x33000000) return sign;  // <= 2^-25 rounds to zero (tie to even)
+    const uint32_t exponent = magnitude >> 23;
+    const uint32_t mantissa = (magnitude & 0x7fffff) | 0x800000;
+    const uint32_t shift = 126 - exponent;  // 14..24
+    uint32_t result = mantissa >> shift;
+    const uint32_t rest = mantissa & ((1u << shift) - 1);
+    const uint32_t halfway = 1u << (shift - 1);
+    if (rest > halfway || (rest == halfway && (result & 1))) ++result;
+    return sign | static_cast<uint16_t>(result);  // may carry into the smallest normal
+  }
+  uint32_t result = ((magnitude >> 23) - 112) << 10 | ((magnitude >> 13) & 0x3ff);
+  const uint32_t rest = magnitude & 0x1fff;
+  if (rest > 0x1000 || (rest == 0x1000 && (result & 1))) ++result;  // carry may bump the exponent
+  return sign | static_cast<uint16_t>(result);
+}
+
+uint16_t FloatToBFloat16(float f) {
+  const uint32_t bits = std::bit_cast<uint32_t>(f);
+  if ((bits & 0x7fffffff) > 0x7f800000) {  // nan: keep sign, force quiet
+    return static_cast<uint16_t>((bits >> 16) | 0x0040);
+  }
+  const uint32_t rounding = 0x7fff + ((bits >> 16) & 1);
+  return static_cast<uint16_t>((bits + rounding) >> 16);
+}
+
+}  // namespace switchserve

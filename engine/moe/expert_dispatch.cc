@@ -1,0 +1,188 @@
+#include "engine/moe/expert_dispatch.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace switchserve {
+namespace {
+
+// Index of the highest score among experts not excluded; ties go to the lower
+// index. -1 when every expert is excluded.
+template <typename Excluded>
+int BestExpert(const float* score, int n_experts, Excluded excluded) {
+  int best = -1;
+  for (int e = 0; e < n_experts; ++e) {
+    if (excluded(e)) continue;
+    if (best < 0 || score[e] > score[best]) best = e;
+  }
+  return best;
+}
+
+}  // namespace
+
+void RouteTokens(const float* logits, int64_t ld, int tokens, int n_experts, int top_k,
+                 GateFunction gate, bool renormalize, RouterDecision* out) {
+  out->tokens = tokens;
+  out->n_experts = n_experts;
+  out->top_k = top_k;
+  out->score.resize(static_cast<size_t>(tokens) * n_experts);
+  out->prob.resize(static_cast<size_t>(tokens) * n_experts);
+  out->gate_value.resize(static_cast<size_t>(tokens) * n_experts);
+  out->expert.resize(static_cast<size_t>(tokens) * top_k);
+  out->weight.resize(static_cast<size_t>(tokens) * top_k);
+  for (int t = 0; t < tokens; ++t) {
+    const float* z = logits + t * ld;
+    float* score = out->score.data() + static_cast<size_t>(t) * n_experts;
+    float* prob = out->prob.data() + static_cast<size_t>(t) * n_experts;
+    float* gate_value = out->gate_value.data() + static_cast<size_t>(t) * n_experts;
+    int32_t* chosen = out->expert.data() + static_cast<size_t>(t) * top_k;
+    float* weight = out->weight.data() + static_cast<size_t>(t) * top_k;
+
+    // Softmax over all experts (the gate for kSoftmax, the statistics'
+    // probability for kSoftmax and kSoftmaxTopK), in double for stability.
+    float zmax = z[0];
+    for (int e = 1; e < n_experts; ++e) zmax = std::max(zmax, z[e]);
+    double denom = 0;
+    for (int e = 0; e < n_experts; ++e) denom += std::exp(static_cast<double>(z[e] - zmax));
+    if (gate == GateFunction::kSigmoid) {
+      double sum = 0;
+      for (int e = 0; e < n_experts; ++e) {
+        gate_value[e] = 1.0f / (1.0f + std::exp(-z[e]));
+        sum += gate_value[e];
+      }
+      for (int e = 0; e < n_experts; ++e) prob[e] = static_cast<float>(gate_value[e] / sum);
+    } else {
+      for (int e = 0; e < n_experts; ++e) {
+        prob[e] = static_cast<float>(std::exp(static_cast<double>(z[e] - zmax)) / denom);
+        gate_value[e] = prob[e];
+      }
+    }
+    // Experts are ranked by logit whatever the gate (the gate functions are
+    // monotonic; logits do not saturate into false ties).
+    for (int e = 0; e < n_experts; ++e) score[e] = z[e];
+
+    for (int r = 0; r < top_k; ++r) {
+      chosen[r] = BestExpert(score, n_experts, [&](int e) {
+        for (int q = 0; q < r; ++q) {
+          if (chosen[q] == e) return true;
+        }
+        return false;
+      });
+    }
+
+    if (gate == GateFunction::kSoftmaxTopK) {
+      const float zk = z[chosen[0]];  // the largest selected logit
+      double sum = 0;
+      for (int r = 0; r < top_k; ++r) sum += std::exp(static_cast<double>(z[chosen[r]] - zk));
+      for (int r = 0; r < top_k; ++r) {
+        weight[r] = static_cast<float>(std::exp(static_cast<double>(z[chosen[r]] - zk)) / sum);
+      }
+    } else {
+      double sum = 0;
+      for (int r = 0; r < top_k; ++r) {
+        weight[r] = gate_value[chosen[r]];
+        sum += weight[r];
+      }
+      if (renormalize && sum > 0) {
+        for (int r = 0; r < top_k; ++r) weight[r] = static_cast<float>(weight[r] / sum);
+      }
+    }
+  }
+}
+
+void DispatchTokens(const RouterDecision& decision, const DispatchConfig& dispatch,
+                    ExpertAssignments* out, RouterStepStats* stats) {
+  const int T = decision.tokens;
+  const int E = decision.n_experts;
+  const int K = decision.top_k;
+  const bool dropless = dispatch.Dropless();
+  const int64_t capacity = dropless ? 0 : dispatch.CapacityPerExpert(T, K, E);
+  const bool reroute = dispatch.overflow == OverflowPolicy::kReroute;
+
+  out->n_experts = E;
+  out->capacity = capacity;
+  out->trace.assign(static_cast<size_t>(T) * K, RouteChoice{});
+  out->offsets.assign(E + 1, 0);
+
+  // Pass 1: decide every assignment's fate in rank-major, step order.
+  std::vector<int64_t>& load = out->load_scratch;
+  load.assign(E, 0);
+  std::vector<uint8_t>& taken = out->taken_scratch;  // [T, E]: experts chosen or moved to
+  if (reroute && !dropless) {
+    taken.assign(static_cast<size_t>(T) * E, 0);
+    for (size_t i = 0; i < decision.expert.size(); ++i) {
+      taken[(i / K) * E + decision.expert[i]] = 1;
+    }
+  }
+  for (int r = 0; r < K; ++r) {
+    for (int t = 0; t < T; ++t) {
+      const size_t a = static_cast<size_t>(t) * K + r;
+      const int e = decision.expert[a];
+      RouteChoice& choice = out->trace[a];
+      choice.expert = e;
+      choice.gate = decision.weight[a];
+      if (dropless || load[e] < capacity) {
+        choice.fate = RouteFate::kKept;
+        ++load[e];
+        continue;
+      }
+      int target = -1;
+      if (reroute) {
+        uint8_t* mine = taken.data() + static_cast<size_t>(t) * E;
+        const float* score = decision.score.data() + static_cast<size_t>(t) * E;
+        target = BestExpert(score, E, [&](int x) { return mine[x] != 0 || load[x] >= capacity; });
+        if (target >= 0) mine[target] = 1;
+      }
+      if (target >= 0) {
+        choice.expert = target;
+        choice.fate = RouteFate::kRerouted;
+        ++load[target];
+      } else {
+        choice.fate = RouteFate::kDropped;  // keeps the weight it would have had
+      }
+    }
+  }
+
+  // Pass 2: bucket the kept assignments by expert, keeping slot (fill) order.
+  for (int e = 0; e < E; ++e) out->offsets[e + 1] = out->offsets[e] + static_cast<int32_t>(load[e]);
+  out->token.resize(out->offsets[E]);
+  out->weight.resize(out->offsets[E]);
+  std::vector<int32_t>& cursor = out->cursor_scratch;
+  cursor.assign(out->offsets.begin(), out->offsets.end() - 1);
+  for (int r = 0; r < K; ++r) {
+    for (int t = 0; t < T; ++t) {
+      const RouteChoice& choice = out->trace[static_cast<size_t>(t) * K + r];
+      if (choice.fate == RouteFate::kDropped) continue;
+      const int32_t slot = cursor[choice.expert]++;
+      out->token[slot] = t;
+      out->weight[slot] = choice.gate;
+    }
+  }
+
+  if (stats == nullptr) return;
+  stats->tokens += T;
+  for (int t = 0; t < T; ++t) {
+    const float* prob = decision.prob.data() + static_cast<size_t>(t) * E;
+    for (int e = 0; e < E; ++e) stats->prob_sum[e] += prob[e];
+    for (int r = 0; r < K; ++r) {
+      const size_t a = static_cast<size_t>(t) * K + r;
+      const int routed_to = decision.expert[a];
+      const RouteChoice& choice = out->trace[a];
+      ++stats->routed[routed_to];
+      switch (choice.fate) {
+        case RouteFate::kKept:
+          ++stats->kept[routed_to];
+          break;
+        case RouteFate::kRerouted:
+          ++stats->rerouted[routed_to];
+          ++stats->kept[choice.expert];
+          break;
+        case RouteFate::kDropped:
+          ++stats->dropped[routed_to];
+          break;
+      }
+    }
+  }
+}
+
+}  // namespace switchserve

@@ -1,0 +1,291 @@
+#include "engine/runtime/generation_engine.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/runtime/sampler.h"
+#include "engine/text/detokenizer.h"
+
+namespace switchserve {
+namespace {
+
+double MillisBetween(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double, std::milli>(to - from).count();
+}
+
+}  // namespace
+
+// A request in the engine: the scheduler's view of it (Sequence) plus what
+// generation needs.
+struct GenerationEngine::RequestState : Sequence {
+  RequestState(RequestId request_id, GenerationRequest r, const Tokenizer* tokenizer)
+      : request(std::move(r)),
+        rng(request.sampling.seed),
+        detokenizer(tokenizer, request.sampling.stop) {
+    id = request_id;
+    tokens = request.prompt;
+  }
+
+  GenerationRequest request;
+  SamplerRng rng;
+  IncrementalDetokenizer detokenizer;
+  int generated = 0;
+  bool cancelled = false;
+  bool done = false;
+  std::optional<Clock::time_point> first_scheduled;
+  std::optional<Clock::time_point> first_token;
+};
+
+GenerationEngine::RequestState* GenerationEngine::StateOf(Sequence* sequence) {
+  return static_cast<RequestState*>(sequence);
+}
+
+GenerationEngine::GenerationEngine(const EngineOptions& options, Backend* backend,
+                                   KvCache* kv_cache, const Tokenizer* tokenizer,
+                                   EngineObserver* observer)
+    : options_(options),
+      backend_(backend),
+      tokenizer_(tokenizer),
+      observer_(observer),
+      kv_cache_(kv_cache),
+      allocator_(kv_cache->allocator()),
+      scheduler_(options.scheduler, &allocator_) {
+  snapshot_.total_blocks = kv_cache->num_blocks();
+  snapshot_.block_size = kv_cache->block_size();
+}
+
+GenerationEngine::~GenerationEngine() { Stop(); }
+
+void GenerationEngine::Start() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (thread_.joinable() || stopping_) return;
+  thread_ = std::thread([this] { Loop(); });
+}
+
+absl::StatusOr<RequestId> GenerationEngine::Submit(GenerationRequest request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return absl::UnavailableError("the engine is shutting down");
+  const int64_t waiting = static_cast<int64_t>(inbox_.size()) + snapshot_.waiting;
+  if (waiting >= options_.max_queue) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the request queue is full (", options_.max_queue,
+                     " requests waiting, --max-queue); retry later"));
+  }
+  const RequestId id = next_id_++;
+  inbox_.emplace_back(id, std::move(request));
+  wake_.notify_one();
+  return id;
+}
+
+void GenerationEngine::Cancel(RequestId id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancel_inbox_.push_back(id);
+  wake_.notify_one();
+}
+
+void GenerationEngine::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    wake_.notify_one();
+  }
+  if (thread_.joinable()) {
+    thread_.join();
+  } else {
+    TakeInbox();  // never started: still owe every accepted request its end
+    for (auto& state : active_) {
+      if (!state->done) Finish(state.get(), {}, FinishReason::kCancelled, absl::OkStatus());
+    }
+    active_.clear();
+  }
+}
+
+EngineSnapshot GenerationEngine::Snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return snapshot_;
+}
+
+void GenerationEngine::Loop() {
+  while (TakeInbox()) {
+    DropCancelledAndExpired();
+    if (!active_.empty()) RunStep();
+    PublishSnapshot();
+  }
+  for (auto& state : active_) {
+    if (!state->done) Finish(state.get(), {}, FinishReason::kCancelled, absl::OkStatus());
+  }
+  active_.clear();
+  PublishSnapshot();
+}
+
+bool GenerationEngine::TakeInbox() {
+  std::deque<std::pair<RequestId, GenerationRequest>> inbox;
+  std::vector<RequestId> cancels;
+  bool keep_running;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (active_.empty()) {
+      wake_.wait(lock, [&] { return stopping_ || !inbox_.empty() || !cancel_inbox_.empty(); });
+    }
+    inbox.swap(inbox_);
+    cancels.swap(cancel_inbox_);
+    keep_running = !stopping_;
+  }
+  for (auto& [id, request] : inbox) {
+    auto state = std::make_unique<RequestState>(id, std::move(request), tokenizer_);
+    state->arrival_order = next_arrival_++;
+    scheduler_.Add(state.get());
+    active_.push_back(std::move(state));
+  }
+  for (RequestId id : cancels) {
+    for (auto& state : active_) {
+      if (state->id == id) state->cancelled = true;
+    }
+  }
+  // Submit counts waiting requests from the snapshot: publish before the
+  // (long) step so the queue limit holds while it runs.
+  if (!inbox.empty()) PublishSnapshot();
+  return keep_running;
+}
+
+void GenerationEngine::DropCancelledAndExpired() {
+  const Clock::time_point now = Clock::now();
+  for (auto& state : active_) {
+    const auto& deadline = state->request.deadline;
+    if (state->cancelled || (deadline && now >= *deadline)) {
+      Finish(state.get(), {}, FinishReason::kCancelled, absl::OkStatus());
+    }
+  }
+  std::erase_if(active_, [](const auto& state) { return state->done; });
+}
+
+void GenerationEngine::RunStep() {
+  const Clock::time_point t0 = Clock::now();
+  ScheduleResult schedule = scheduler_.Schedule();
+  if (schedule.chunks.empty()) {
+    // Nothing can run (not expected: a lone request always fits). Do not spin;
+    // new requests or cancellations wake the loop.
+    std::unique_lock<std::mutex> lock(mu_);
+    wake_.wait_for(lock, std::chrono::milliseconds(1));
+    return;
+  }
+  // Admissions moved requests from waiting to running: publish before the
+  // step emits their first tokens, so the queue limit (and clients watching
+  // GetModelInfo) never see a running request as waiting.
+  PublishSnapshot();
+
+  batch_.Clear(allocator_.block_size());
+  for (const ScheduledChunk& chunk : schedule.chunks) {
+    RequestState* state = StateOf(chunk.sequence);
+    if (!state->first_scheduled) state->first_scheduled = t0;
+    StepSequence& sequence =
+        batch_.Add(absl::MakeConstSpan(chunk.sequence->tokens).subspan(chunk.start, chunk.length),
+                   static_cast<int32_t>(chunk.start), allocator_.BlockTable(chunk.sequence->id));
+    if (chunk.samples) {
+      const SamplingParams& params = state->request.sampling;
+      sequence.sample = {&params, chunk.sequence->tokens, &state->rng};
+      sequence.collect_routing = params.return_routing;
+    }
+  }
+  const Clock::time_point t1 = Clock::now();
+  const absl::Status status = backend_->Forward(batch_, &step_output_);
+  const Clock::time_point t2 = Clock::now();
+
+  if (!status.ok()) {
+    // The backend left the cache unchanged; the step's requests fail, the
+    // rest carry on.
+    for (const ScheduledChunk& chunk : schedule.chunks) {
+      RequestState* state = StateOf(chunk.sequence);
+      Finish(state, {}, FinishReason::kNone, status);
+    }
+  } else {
+    scheduler_.CommitStep(schedule);
+    for (SampledToken& sampled : step_output_.samples) {
+      const ScheduledChunk& chunk = schedule.chunks[sampled.sequence];
+      RequestState* state = StateOf(chunk.sequence);
+      const SamplingParams& params = state->request.sampling;
+      const int32_t token = sampled.sample.token_id;
+      chunk.sequence->tokens.push_back(token);
+      ++state->generated;
+      if (!state->first_token) state->first_token = Clock::now();
+
+      GenerationUpdate update;
+      GeneratedTokenInfo& info = update.tokens.emplace_back();
+      info.token_id = token;
+      info.logprob = sampled.sample.logprob;
+      info.top_logprobs = std::move(sampled.sample.top_logprobs);
+      if (params.return_routing) info.routing = std::move(sampled.routing);
+
+      FinishReason reason = FinishReason::kNone;
+      const auto& stop_ids = params.stop_token_ids;
+      if (!params.ignore_eos && options_.eos_token_id && token == *options_.eos_token_id) {
+        reason = FinishReason::kEos;
+      } else if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) {
+        reason = FinishReason::kStop;
+      } else {
+        bool stopped = false;
+        update.text = state->detokenizer.Add(token, &stopped);
+        if (stopped) reason = FinishReason::kStop;
+      }
+      if (reason == FinishReason::kNone &&
+          (state->generated >= params.max_new_tokens ||
+           static_cast<int64_t>(chunk.sequence->tokens.size()) >= options_.context_length)) {
+        reason = FinishReason::kLength;
+      }
+      if (reason != FinishReason::kNone) {
+        Finish(state, std::move(update), reason, absl::OkStatus());
+      } else {
+        state->request.sink->OnUpdate(std::move(update));
+      }
+    }
+  }
+  const Clock::time_point t3 = Clock::now();
+  std::erase_if(active_, [](const auto& state) { return state->done; });
+
+  if (observer_ != nullptr) {
+    StepReport report;
+    report.num_sequences = static_cast<int>(schedule.chunks.size());
+    report.num_tokens = schedule.num_tokens;
+    report.prefill_tokens = schedule.prefill_tokens;
+    report.decode_tokens = schedule.decode_tokens;
+    report.preempted = static_cast<int>(schedule.preempted.size());
+    report.running = static_cast<int>(scheduler_.running().size());
+    report.waiting = static_cast<int>(scheduler_.waiting().size());
+    report.used_blocks = allocator_.used_blocks();
+    report.schedule_ms = MillisBetween(t0, t1);
+    report.forward_ms = MillisBetween(t1, t2);
+    report.update_ms = MillisBetween(t2, t3);
+    report.routing = status.ok() ? &step_output_.stats : nullptr;
+    observer_->OnStep(report);
+  }
+}
+
+void GenerationEngine::Finish(RequestState* state, GenerationUpdate update, FinishReason reason,
+                              absl::Status status) {
+  const Clock::time_point now = Clock::now();
+  if (status.ok()) update.text += state->detokenizer.Finish();
+  update.finished = true;
+  update.finish_reason = reason;
+  update.status = std::move(status);
+  update.prompt_tokens = static_cast<int>(state->request.prompt.size());
+  update.completion_tokens = state->generated;
+  const Clock::time_point arrival = state->request.arrival;
+  update.queue_ms = MillisBetween(arrival, state->first_scheduled.value_or(now));
+  update.time_to_first_token_ms = MillisBetween(arrival, state->first_token.value_or(now));
+  update.total_ms = MillisBetween(arrival, now);
+  scheduler_.Remove(state);
+  state->done = true;
+  PublishSnapshot();  // a client that saw its request end sees its blocks freed
+  if (observer_ != nullptr) observer_->OnRequestFinished(update);
+  state->request.sink->OnUpdate(std::move(update));
+}
+
+void GenerationEngine::PublishSnapshot() {
+  std::lock_guard<std::mutex> lock(mu_);
+  snapshot_.running = static_cast<int>(scheduler_.running().size());
+  snapshot_.waiting = static_cast<int>(scheduler_.waiting().size());
+  snapshot_.used_blocks = allocator_.used_blocks();
+}
+
+}  // namespace switchserve

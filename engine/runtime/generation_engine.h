@@ -1,0 +1,147 @@
+// The engine loop: a thread that drives the backend, the KV block accounting
+// and the scheduler, and turns submitted GenerationRequests into GenerationUpdates.
+// Each iteration: take new requests and cancellations, drop requests that were
+// cancelled or whose deadline passed (freeing their blocks), ask the Scheduler
+// for the next step, run it on the backend (which samples a token for every
+// sequence that reached its end), detokenize, check stop conditions and send
+// updates.
+//
+// Thread-safe: Submit, Cancel, Snapshot and Stop may be called from any thread
+// (gRPC handlers); all engine work happens on the engine thread.
+#ifndef SWITCHSERVE_ENGINE_RUNTIME_GENERATION_ENGINE_H_
+#define SWITCHSERVE_ENGINE_RUNTIME_GENERATION_ENGINE_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/runtime/backend.h"
+#include "engine/runtime/kv_cache.h"
+#include "engine/runtime/request.h"
+#include "engine/runtime/sampler.h"
+#include "engine/runtime/scheduler.h"
+#include "engine/text/tokenizer.h"
+
+namespace switchserve {
+
+struct EngineOptions {
+  SchedulerConfig scheduler;
+  int max_queue = 1024;  // requests waiting for admission; more: RESOURCE_EXHAUSTED
+  // A sequence ends (kLength) once it holds this many tokens, prompt
+  // included: the model's max_seq_len for the server.
+  int context_length = 0;
+  std::optional<int32_t> eos_token_id;
+};
+
+// What one engine step did; the seam for metrics (timings, batch shape,
+// routing statistics).
+struct StepReport {
+  int num_sequences = 0;
+  int64_t num_tokens = 0;
+  int64_t prefill_tokens = 0;
+  int64_t decode_tokens = 0;
+  int preempted = 0;
+  int running = 0;  // after the step
+  int waiting = 0;
+  int64_t used_blocks = 0;
+  double schedule_ms = 0;
+  double forward_ms = 0;  // the backend's step, sampling included
+  double update_ms = 0;   // turning the samples into updates (detokenizing, stop checks)
+  const StepRoutingStats* routing = nullptr;  // valid during OnStep only
+};
+
+// Called on the engine thread; must be quick and must not call back into the
+// engine.
+class EngineObserver {
+ public:
+  virtual ~EngineObserver() = default;
+  virtual void OnStep(const StepReport& report) = 0;
+  virtual void OnRequestFinished(const GenerationUpdate& final_update) { (void)final_update; }
+};
+
+struct EngineSnapshot {
+  int running = 0;
+  int waiting = 0;  // admitted to the queue, not yet in the batch
+  int64_t used_blocks = 0;
+  int64_t total_blocks = 0;
+  int block_size = 0;
+};
+
+using RequestId = int64_t;
+
+class GenerationEngine {
+ public:
+  // `backend`, `kv_cache` (the backend's, see KvCache::Create), `tokenizer`
+  // and `observer` (may be null) must outlive the engine.
+  GenerationEngine(const EngineOptions& options, Backend* backend, KvCache* kv_cache,
+                   const Tokenizer* tokenizer, EngineObserver* observer);
+  ~GenerationEngine();  // Stop()
+
+  GenerationEngine(const GenerationEngine&) = delete;
+  GenerationEngine& operator=(const GenerationEngine&) = delete;
+
+  void Start();
+  // Queues a request. RESOURCE_EXHAUSTED when max_queue requests are already
+  // waiting; UNAVAILABLE once Stop has been called. On error the sink gets no
+  // update.
+  absl::StatusOr<RequestId> Submit(GenerationRequest request);
+  // The request leaves the batch at the next step and finishes with
+  // FinishReason::kCancelled. Unknown or finished ids are ignored.
+  void Cancel(RequestId id);
+  // Cancels every remaining request (each gets its final update) and joins
+  // the engine thread. Idempotent.
+  void Stop();
+
+  EngineSnapshot Snapshot() const;
+
+ private:
+  struct RequestState;
+  // The engine adds only RequestStates to its scheduler, so every Sequence
+  // the scheduler hands back is one.
+  static RequestState* StateOf(Sequence* sequence);
+
+  void Loop();
+  // Moves submissions and cancellations into the engine's own state. Returns
+  // false when the engine should exit.
+  bool TakeInbox();
+  void DropCancelledAndExpired();
+  void RunStep();
+  void Finish(RequestState* state, GenerationUpdate update, FinishReason reason,
+              absl::Status status);
+  void PublishSnapshot();
+
+  const EngineOptions options_;
+  Backend* const backend_;
+  const Tokenizer* const tokenizer_;
+  EngineObserver* const observer_;
+  KvCache* const kv_cache_;
+  KvBlockAllocator& allocator_;  // kv_cache_'s
+  Scheduler scheduler_;
+
+  // Engine-thread state.
+  std::vector<std::unique_ptr<RequestState>> active_;
+  int64_t next_arrival_ = 0;
+  StepBatch batch_;
+  StepOutput step_output_;
+
+  // Shared with callers, guarded by mu_.
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  std::deque<std::pair<RequestId, GenerationRequest>> inbox_;
+  std::vector<RequestId> cancel_inbox_;
+  RequestId next_id_ = 1;
+  bool stopping_ = false;
+  EngineSnapshot snapshot_;
+
+  std::thread thread_;
+};
+
+}  // namespace switchserve
+
+#endif  // SWITCHSERVE_ENGINE_RUNTIME_GENERATION_ENGINE_H_

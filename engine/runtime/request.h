@@ -1,0 +1,87 @@
+// A generation request as the engine sees it, and the updates the engine sends
+// back while it runs. The server turns a gRPC call into a GenerationRequest
+// (after validating every field, see server/request_validation.h); the engine
+// never sees protos or raw strings to parse.
+#ifndef SWITCHSERVE_ENGINE_RUNTIME_REQUEST_H_
+#define SWITCHSERVE_ENGINE_RUNTIME_REQUEST_H_
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "engine/moe/routing.h"
+
+namespace switchserve {
+
+using Clock = std::chrono::steady_clock;
+
+// Sampling parameters of one request. Already validated: the engine trusts
+// every value (temperature >= 0, 0 < top_p <= 1, ...).
+struct SamplingParams {
+  int max_new_tokens = 16;          // >= 1
+  float temperature = 1.0f;         // 0: greedy
+  int top_k = 0;                    // 0: off
+  float top_p = 1.0f;               // 1: off
+  float min_p = 0.0f;               // 0: off
+  float repetition_penalty = 1.0f;  // 1: off
+  uint64_t seed = 0;
+  std::vector<std::string> stop;  // stop strings, non-empty each
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  int logprobs = 0;  // top-n alternatives per token
+  bool return_routing = false;
+};
+
+enum class FinishReason { kNone, kLength, kStop, kEos, kCancelled };
+
+// One generated token and, when asked for, its detail.
+struct GeneratedTokenInfo {
+  int32_t token_id = 0;
+  float logprob = 0;  // log-probability under the raw model distribution
+  std::vector<std::pair<int32_t, float>> top_logprobs;  // most likely first
+  TokenRouting routing;                                 // of the pass that predicted the token
+};
+
+// What a request produced since its previous update. The last update of a
+// request has `finished` set; either `status` is OK and `finish_reason` says
+// why it ended, or `status` is the engine error that ended it.
+struct GenerationUpdate {
+  std::string text;  // new text; never ends inside a UTF-8 character
+  std::vector<GeneratedTokenInfo> tokens;
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kNone;
+  absl::Status status;
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+  double queue_ms = 0;
+  double time_to_first_token_ms = 0;
+  double total_ms = 0;
+};
+
+// Receives a request's updates. Called on the engine thread, in order, and
+// must not block (hand the update to another thread). Exactly one update with
+// `finished` set is delivered for every accepted request, also when it is
+// cancelled or the engine stops; nothing is delivered after it.
+class GenerationSink {
+ public:
+  virtual ~GenerationSink() = default;
+  virtual void OnUpdate(GenerationUpdate update) = 0;
+};
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;  // non-empty, every id in the vocabulary
+  SamplingParams sampling;
+  Clock::time_point arrival = Clock::now();
+  // The request leaves the batch (FinishReason::kCancelled) once this passes.
+  std::optional<Clock::time_point> deadline;
+  std::shared_ptr<GenerationSink> sink;
+};
+
+}  // namespace switchserve
+
+#endif  // SWITCHSERVE_ENGINE_RUNTIME_REQUEST_H_

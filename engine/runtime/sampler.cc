@@ -1,0 +1,150 @@
+#include "engine/runtime/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+namespace switchserve {
+namespace {
+
+uint64_t SplitMix64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+uint64_t Rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+// Lowest id among the maxima: deterministic greedy ties.
+int32_t ArgMax(absl::Span<const float> values) {
+  int32_t best = 0;
+  for (int32_t i = 1; i < static_cast<int32_t>(values.size()); ++i) {
+    if (values[i] > values[best]) best = i;
+  }
+  return best;
+}
+
+// log-softmax of the raw logits at `ids` and the top `n` alternatives.
+void FillLogprobs(absl::Span<const float> logits, int n, SampleResult* result) {
+  const float max_logit = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float v : logits) sum += std::exp(static_cast<double>(v - max_logit));
+  const float log_norm = max_logit + static_cast<float>(std::log(sum));
+  result->logprob = logits[result->token_id] - log_norm;
+  if (n <= 0) return;
+  n = std::min<int>(n, logits.size());
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + n, order.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  result->top_logprobs.reserve(n);
+  for (int i = 0; i < n; ++i) {
+    result->top_logprobs.emplace_back(order[i], logits[order[i]] - log_norm);
+  }
+}
+
+}  // namespace
+
+SamplerRng::SamplerRng(uint64_t seed) {
+  uint64_t state = seed;
+  for (uint64_t& word : s_) word = SplitMix64(state);
+}
+
+uint64_t SamplerRng::Next() {
+  const uint64_t result = Rotl(s_[1] * 5, 7) * 9;
+  const uint64_t t = s_[1] << 17;
+  s_[2] ^= s_[0];
+  s_[3] ^= s_[1];
+  s_[1] ^= s_[2];
+  s_[0] ^= s_[3];
+  s_[2] ^= t;
+  s_[3] = Rotl(s_[3], 45);
+  return result;
+}
+
+double SamplerRng::Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
+
+SampleResult SampleToken(absl::Span<const float> logits, const SamplingParams& params,
+                         absl::Span<const int32_t> history, int num_logprobs, SamplerRng& rng) {
+  const int32_t vocab = static_cast<int32_t>(logits.size());
+  std::vector<float> scores(logits.begin(), logits.end());
+  if (params.repetition_penalty != 1.0f) {
+    std::vector<bool> seen(vocab, false);
+    for (int32_t id : history) {
+      if (id < 0 || id >= vocab || seen[id]) continue;
+      seen[id] = true;
+      float& s = scores[id];
+      s = s > 0 ? s / params.repetition_penalty : s * params.repetition_penalty;
+    }
+  }
+
+  SampleResult result;
+  if (params.temperature == 0.0f) {
+    result.token_id = ArgMax(scores);
+    FillLogprobs(logits, num_logprobs, &result);
+    return result;
+  }
+
+  // Candidates sorted most likely first (ties: lower id first), then cut by
+  // top-k, top-p and min-p in that order.
+  std::vector<int32_t> order(vocab);
+  std::iota(order.begin(), order.end(), 0);
+  auto better = [&](int32_t a, int32_t b) {
+    return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
+  };
+  int32_t keep = vocab;
+  if (params.top_k > 0 && params.top_k < vocab) {
+    keep = params.top_k;
+    std::partial_sort(order.begin(), order.begin() + keep, order.end(), better);
+  } else {
+    std::sort(order.begin(), order.end(), better);
+  }
+
+  const double inv_t = 1.0 / params.temperature;
+  const double top = scores[order[0]];
+  std::vector<double> probs(keep);
+  double total = 0;
+  for (int32_t i = 0; i < keep; ++i) {
+    probs[i] = std::exp((scores[order[i]] - top) * inv_t);
+    total += probs[i];
+  }
+  if (params.top_p < 1.0f) {
+    double cumulative = 0;
+    int32_t cut = keep;
+    for (int32_t i = 0; i < keep; ++i) {
+      cumulative += probs[i] / total;
+      if (cumulative >= params.top_p) {
+        cut = i + 1;
+        break;
+      }
+    }
+    keep = cut;
+  }
+  if (params.min_p > 0.0f) {
+    // probs[0] is the most likely candidate's (unnormalised) weight.
+    const double threshold = params.min_p * probs[0];
+    int32_t cut = 1;
+    while (cut < keep && probs[cut] >= threshold) ++cut;
+    keep = cut;
+  }
+  total = 0;
+  for (int32_t i = 0; i < keep; ++i) total += probs[i];
+
+  const double target = rng.Uniform() * total;
+  double cumulative = 0;
+  result.token_id = order[keep - 1];
+  for (int32_t i = 0; i < keep; ++i) {
+    cumulative += probs[i];
+    if (target < cumulative) {
+      result.token_id = order[i];
+      break;
+    }
+  }
+  FillLogprobs(logits, num_logprobs, &result);
+  return result;
+}
+
+}  // namespace switchserve

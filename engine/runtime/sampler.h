@@ -1,0 +1,48 @@
+// Picks the next token of one sequence from its logits: repetition penalty,
+// then greedy argmax (temperature 0) or temperature, top-k, top-p and min-p
+// filtering and a draw from the request's own random generator.
+//
+// Pure functions of their inputs and the generator state: the same logits,
+// parameters, history and seed give the same token, whatever else runs in the
+// batch. Thread-compatible; the engine thread owns every SamplerRng.
+#ifndef SWITCHSERVE_ENGINE_RUNTIME_SAMPLER_H_
+#define SWITCHSERVE_ENGINE_RUNTIME_SAMPLER_H_
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "engine/runtime/request.h"
+
+namespace switchserve {
+
+// A request's random generator (splitmix64-seeded xoshiro256**), defined here
+// rather than std::mt19937 + std::uniform_real_distribution so the stream of
+// draws is fixed by this code, not by the standard library.
+class SamplerRng {
+ public:
+  explicit SamplerRng(uint64_t seed);
+  uint64_t Next();
+  // Uniform in [0, 1).
+  double Uniform();
+
+ private:
+  uint64_t s_[4];
+};
+
+struct SampleResult {
+  int32_t token_id = 0;
+  float logprob = 0;  // of token_id under the raw logits (log-softmax)
+  std::vector<std::pair<int32_t, float>> top_logprobs;  // num_logprobs best
+};
+
+// Samples from `logits` (one row, vocab_size values). `history` holds the ids
+// the repetition penalty applies to (prompt and generated so far).
+// `num_logprobs` alternatives are returned, most likely first.
+SampleResult SampleToken(absl::Span<const float> logits, const SamplingParams& params,
+                         absl::Span<const int32_t> history, int num_logprobs, SamplerRng& rng);
+
+}  // namespace switchserve
+
+#endif  // SWITCHSERVE_ENGINE_RUNTIME_SAMPLER_H_

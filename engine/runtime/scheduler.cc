@@ -1,0 +1,109 @@
+#include "engine/runtime/scheduler.h"
+
+#include <algorithm>
+
+namespace switchserve {
+namespace {
+
+bool ArrivedBefore(const Sequence* a, const Sequence* b) {
+  return a->arrival_order < b->arrival_order;
+}
+
+}  // namespace
+
+Scheduler::Scheduler(const SchedulerConfig& config, KvBlockAllocator* allocator)
+    : config_(config), allocator_(allocator) {}
+
+void Scheduler::Add(Sequence* sequence) {
+  waiting_.insert(std::upper_bound(waiting_.begin(), waiting_.end(), sequence, ArrivedBefore),
+                  sequence);
+}
+
+void Scheduler::Remove(Sequence* sequence) {
+  if (auto it = std::find(running_.begin(), running_.end(), sequence); it != running_.end()) {
+    running_.erase(it);
+  }
+  if (auto it = std::find(waiting_.begin(), waiting_.end(), sequence); it != waiting_.end()) {
+    waiting_.erase(it);
+  }
+  allocator_->Free(sequence->id);
+}
+
+void Scheduler::Preempt(Sequence* sequence) {
+  running_.erase(std::find(running_.begin(), running_.end(), sequence));
+  allocator_->Free(sequence->id);
+  sequence->num_computed = 0;
+  ++sequence->num_preemptions;
+  Add(sequence);
+}
+
+ScheduleResult Scheduler::Schedule() {
+  ScheduleResult result;
+  int64_t budget = config_.max_batch_tokens;
+  auto schedule = [&](Sequence* sequence, int64_t length) {
+    const int64_t total = static_cast<int64_t>(sequence->tokens.size());
+    ScheduledChunk chunk{sequence, sequence->num_computed, length,
+                         sequence->num_computed + length == total};
+    // A chunk that ends at the last token is a decode step when the sequence
+    // has generated before; anything else is (re)computing a prompt.
+    if (length == 1 && chunk.samples && sequence->num_computed > 0) {
+      result.decode_tokens += length;
+    } else {
+      result.prefill_tokens += length;
+    }
+    result.num_tokens += length;
+    budget -= length;
+    result.chunks.push_back(chunk);
+  };
+
+  // 1. Running sequences, oldest first. Preemption victims are taken from the
+  // newest end, which this loop has not reached yet.
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    Sequence* sequence = running_[i];
+    const int64_t remaining =
+        static_cast<int64_t>(sequence->tokens.size()) - sequence->num_computed;
+    const int64_t length = std::min(remaining, budget);
+    if (length <= 0) {
+      ++i;
+      continue;
+    }
+    bool preempted_self = false;
+    while (!allocator_->Reserve(sequence->id, sequence->num_computed + length).ok()) {
+      Sequence* victim = running_.back();
+      result.preempted.push_back(victim);
+      Preempt(victim);
+      if (victim == sequence) {
+        preempted_self = true;
+        break;
+      }
+    }
+    if (preempted_self) break;  // it was the newest: nothing runs after it
+    schedule(sequence, length);
+    ++i;
+  }
+
+  // 2. Admit waiting sequences in arrival order, unless the cache is so full
+  // that running ones had to give way this step.
+  if (result.preempted.empty()) {
+    while (!waiting_.empty() && budget > 0 &&
+           static_cast<int>(running_.size()) < config_.max_running_requests) {
+      Sequence* sequence = waiting_.front();
+      const int64_t length =
+          std::min(static_cast<int64_t>(sequence->tokens.size()) - sequence->num_computed, budget);
+      if (!allocator_->Reserve(sequence->id, sequence->num_computed + length).ok()) break;
+      waiting_.pop_front();
+      running_.insert(std::upper_bound(running_.begin(), running_.end(), sequence, ArrivedBefore),
+                      sequence);
+      schedule(sequence, length);
+    }
+  }
+  return result;
+}
+
+void Scheduler::CommitStep(const ScheduleResult& result) {
+  for (const ScheduledChunk& chunk : result.chunks) {
+    chunk.sequence->num_computed = chunk.start + chunk.length;
+  }
+}
+
+}  // namespace switchserve

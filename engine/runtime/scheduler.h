@@ -1,0 +1,96 @@
+// Continuous-batching scheduling policy (iteration level, FCFS, chunked
+// prefill, preemption by recompute). Each call to Schedule() decides what the
+// next engine step computes:
+//
+//  1. Running sequences, oldest first, get their next chunk: one decode token,
+//     or the rest of a prefill (chunked to what is left of the token budget).
+//     When the KV cache has no room for a chunk, the newest running sequence
+//     is preempted: its blocks are freed and it goes back to the waiting queue
+//     to be recomputed from scratch (prompt + tokens generated so far).
+//  2. If nothing was preempted, waiting sequences are admitted in arrival
+//     order while the token budget (max_batch_tokens), the running limit
+//     (max_running_requests) and the free KV blocks allow; a long prompt is
+//     admitted with a first chunk and continues in later steps. A waiting
+//     sequence that does not fit blocks the ones behind it (strict FCFS).
+//
+// The scheduler owns the order of sequences and their KV block reservations
+// (through KvBlockAllocator) and never touches tensors; the engine owns the
+// Sequence objects, runs the backend and samples.
+//
+// Thread-compatible: the engine thread owns it.
+#ifndef SWITCHSERVE_ENGINE_RUNTIME_SCHEDULER_H_
+#define SWITCHSERVE_ENGINE_RUNTIME_SCHEDULER_H_
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "engine/runtime/kv_cache.h"
+
+namespace switchserve {
+
+struct SchedulerConfig {
+  int64_t max_batch_tokens = 2048;  // tokens computed per step, >= 1
+  int max_running_requests = 64;    // sequences in the batch, >= 1
+};
+
+// The scheduler's view of a sequence. `tokens` holds the prompt followed by
+// the tokens generated so far; the first `num_computed` are in the KV cache.
+struct Sequence {
+  SequenceId id = 0;
+  int64_t arrival_order = 0;  // FCFS key; lower arrived first
+  std::vector<int32_t> tokens;
+  int64_t num_computed = 0;
+  int num_preemptions = 0;
+};
+
+// A chunk of one sequence to compute this step: tokens[start, start+length).
+// When it reaches the end of the sequence (`samples`), the step produces the
+// sequence's next token.
+struct ScheduledChunk {
+  Sequence* sequence = nullptr;
+  int64_t start = 0;
+  int64_t length = 0;
+  bool samples = false;
+};
+
+struct ScheduleResult {
+  std::vector<ScheduledChunk> chunks;  // running ones first, oldest first
+  std::vector<Sequence*> preempted;    // moved back to the waiting queue
+  int64_t num_tokens = 0;              // sum of chunk lengths
+  int64_t prefill_tokens = 0;
+  int64_t decode_tokens = 0;
+};
+
+class Scheduler {
+ public:
+  // `allocator` must outlive the scheduler.
+  Scheduler(const SchedulerConfig& config, KvBlockAllocator* allocator);
+
+  // Queues a new sequence (not owned; must stay alive until Remove).
+  void Add(Sequence* sequence);
+  // Takes a sequence out of the queues and frees its KV blocks (finished,
+  // cancelled or failed). Unknown sequences are ignored.
+  void Remove(Sequence* sequence);
+
+  ScheduleResult Schedule();
+  // Marks the chunks of `result` as computed (after a successful step).
+  void CommitStep(const ScheduleResult& result);
+
+  const std::vector<Sequence*>& running() const { return running_; }
+  const std::deque<Sequence*>& waiting() const { return waiting_; }
+  const KvBlockAllocator& allocator() const { return *allocator_; }
+  const SchedulerConfig& config() const { return config_; }
+
+ private:
+  void Preempt(Sequence* sequence);
+
+  SchedulerConfig config_;
+  KvBlockAllocator* allocator_;
+  std::vector<Sequence*> running_;  // ordered by arrival_order
+  std::deque<Sequence*> waiting_;   // ordered by arrival_order
+};
+
+}  // namespace switchserve
+
+#endif  // SWITCHSERVE_ENGINE_RUNTIME_SCHEDULER_H_

@@ -1,0 +1,137 @@
+#include "engine/text/detokenizer.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace switchserve {
+namespace {
+
+constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
+
+enum class CharScan { kValid, kIncomplete, kInvalid };
+
+// Scans the character starting at bytes[0]; on kValid sets `*length`.
+CharScan ScanChar(std::string_view bytes, size_t* length) {
+  const auto b0 = static_cast<unsigned char>(bytes[0]);
+  if (b0 < 0x80) {
+    *length = 1;
+    return CharScan::kValid;
+  }
+  size_t need;
+  unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+  if (b0 >= 0xC2 && b0 <= 0xDF) {
+    need = 2;
+  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
+    need = 3;
+    if (b0 == 0xE0) lo = 0xA0;  // no overlong forms
+    if (b0 == 0xED) hi = 0x9F;  // no surrogates
+  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
+    need = 4;
+    if (b0 == 0xF0) lo = 0x90;
+    if (b0 == 0xF4) hi = 0x8F;  // <= U+10FFFF
+  } else {
+    return CharScan::kInvalid;
+  }
+  for (size_t i = 1; i < need; ++i) {
+    if (i >= bytes.size()) return CharScan::kIncomplete;
+    const auto b = static_cast<unsigned char>(bytes[i]);
+    const unsigned char min = i == 1 ? lo : 0x80, max = i == 1 ? hi : 0xBF;
+    if (b < min || b > max) return CharScan::kInvalid;
+  }
+  *length = need;
+  return CharScan::kValid;
+}
+
+}  // namespace
+
+size_t AppendSanitizedUtf8(std::string_view bytes, bool final_chunk, std::string* out) {
+  size_t i = 0;
+  while (i < bytes.size()) {
+    size_t length = 0;
+    switch (ScanChar(bytes.substr(i), &length)) {
+      case CharScan::kValid:
+        out->append(bytes.substr(i, length));
+        i += length;
+        break;
+      case CharScan::kInvalid:
+        out->append(kReplacement);
+        ++i;
+        break;
+      case CharScan::kIncomplete:
+        if (!final_chunk) return i;
+        out->append(kReplacement);
+        return bytes.size();
+    }
+  }
+  return i;
+}
+
+bool IsValidUtf8(std::string_view text) {
+  size_t i = 0;
+  while (i < text.size()) {
+    size_t length = 0;
+    if (ScanChar(text.substr(i), &length) != CharScan::kValid) return false;
+    i += length;
+  }
+  return true;
+}
+
+IncrementalDetokenizer::IncrementalDetokenizer(const Tokenizer* tokenizer,
+                                               std::vector<std::string> stop_strings)
+    : tokenizer_(tokenizer), stop_strings_(std::move(stop_strings)) {}
+
+std::string IncrementalDetokenizer::Add(int32_t token_id, bool* stopped) {
+  *stopped = false;
+  if (stopped_) return "";
+  ids_.push_back(token_id);
+  std::string raw = tokenizer_->Decode(ids_);
+  // Decoding is assumed prefix-stable; if a tokenizer rewrites earlier text,
+  // only the part past what was already consumed is used.
+  if (raw.size() < raw_consumed_) raw.resize(raw_consumed_);
+  raw_ = std::move(raw);
+  raw_consumed_ += AppendSanitizedUtf8(std::string_view(raw_).substr(raw_consumed_), false, &text_);
+
+  // A stop string cannot start inside released text: any text that might
+  // begin one is held back below.
+  size_t stop_at = std::string::npos;
+  for (const std::string& stop : stop_strings_) {
+    const size_t from = released_;
+    const size_t pos = text_.find(stop, from);
+    if (pos != std::string::npos) stop_at = std::min(stop_at, pos);
+  }
+  if (stop_at != std::string::npos) {
+    stopped_ = true;
+    *stopped = true;
+    return Release(stop_at);
+  }
+
+  // Hold back the longest tail of text_ that is a proper prefix of a stop
+  // string.
+  size_t hold = 0;
+  for (const std::string& stop : stop_strings_) {
+    const size_t max_len = std::min(stop.size() - 1, text_.size() - released_);
+    for (size_t len = max_len; len > hold; --len) {
+      if (std::string_view(text_).substr(text_.size() - len) ==
+          std::string_view(stop).substr(0, len)) {
+        hold = len;
+        break;
+      }
+    }
+  }
+  return Release(text_.size() - hold);
+}
+
+std::string IncrementalDetokenizer::Finish() {
+  if (stopped_) return "";
+  raw_consumed_ += AppendSanitizedUtf8(std::string_view(raw_).substr(raw_consumed_), true, &text_);
+  return Release(text_.size());
+}
+
+std::string IncrementalDetokenizer::Release(size_t end) {
+  if (end <= released_) return "";
+  std::string out = text_.substr(released_, end - released_);
+  released_ = end;
+  return out;
+}
+
+}  // namespace switchserve

@@ -1,0 +1,56 @@
+// Turns a request's generated ids into text incrementally: releases only
+// complete, valid UTF-8 (bytes that can never form a character become U+FFFD),
+// holds back text that may be the start of a stop string, and reports when a
+// stop string completes. The text released over a request's life is the same
+// however the ids arrive, so streamed chunks concatenate to the unary text.
+//
+// Thread-compatible; one per request, owned by the engine thread.
+#ifndef SWITCHSERVE_ENGINE_TEXT_DETOKENIZER_H_
+#define SWITCHSERVE_ENGINE_TEXT_DETOKENIZER_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/text/tokenizer.h"
+
+namespace switchserve {
+
+// Appends the valid UTF-8 prefix of `bytes` to `out`, replacing each byte that
+// cannot start or continue a character with U+FFFD. Returns how many bytes were
+// consumed: all of them, except a trailing incomplete character when
+// `final_chunk` is false (it is replaced by U+FFFD when true).
+size_t AppendSanitizedUtf8(std::string_view bytes, bool final_chunk, std::string* out);
+
+// True when `text` is valid UTF-8 (no overlong forms or surrogates).
+bool IsValidUtf8(std::string_view text);
+
+class IncrementalDetokenizer {
+ public:
+  // `tokenizer` must outlive this object.
+  IncrementalDetokenizer(const Tokenizer* tokenizer, std::vector<std::string> stop_strings);
+
+  // Adds one generated id; returns the text it releases. Sets `*stopped` when
+  // a stop string completed: the text up to the stop string has then been
+  // released and nothing more will be.
+  std::string Add(int32_t token_id, bool* stopped);
+  // Releases everything held back (generation ended without a stop string).
+  std::string Finish();
+
+ private:
+  std::string Release(size_t end);
+
+  const Tokenizer* tokenizer_;
+  std::vector<std::string> stop_strings_;
+  std::vector<int32_t> ids_;
+  std::string raw_;          // Decode(ids_) as of the last call
+  size_t raw_consumed_ = 0;  // bytes of raw_ already turned into text_
+  std::string text_;         // sanitized text of raw_[0, raw_consumed_)
+  size_t released_ = 0;      // bytes of text_ handed out
+  bool stopped_ = false;
+};
+
+}  // namespace switchserve
+
+#endif  // SWITCHSERVE_ENGINE_TEXT_DETOKENIZER_H_

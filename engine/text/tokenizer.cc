@@ -1,0 +1,87 @@
+#include "engine/text/tokenizer.h"
+
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "engine/text/sentencepiece_model.h"
+
+namespace switchserve {
+namespace {
+
+class ByteTokenizer final : public Tokenizer {
+ public:
+  absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text) const override {
+    std::vector<int32_t> ids;
+    ids.reserve(text.size());
+    for (char c : text) ids.push_back(static_cast<unsigned char>(c));
+    return ids;
+  }
+
+  std::string Decode(absl::Span<const int32_t> ids) const override {
+    std::string text;
+    text.reserve(ids.size());
+    for (int32_t id : ids) {
+      if (id >= 0 && id < 256) text.push_back(static_cast<char>(static_cast<unsigned char>(id)));
+    }
+    return text;
+  }
+
+  std::string_view kind() const override { return "byte"; }
+  int vocab_size() const override { return 256; }
+};
+
+class SentencePieceTokenizer final : public Tokenizer {
+ public:
+  explicit SentencePieceTokenizer(std::unique_ptr<SentencePieceModel> model)
+      : model_(std::move(model)) {}
+
+  absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text) const override {
+    std::vector<int> pieces;
+    std::string error;
+    if (!model_->Encode(text, &pieces, &error)) {
+      return absl::InvalidArgumentError(absl::StrCat("sentencepiece encode: ", error));
+    }
+    return std::vector<int32_t>(pieces.begin(), pieces.end());
+  }
+
+  // Ids the model does not know (the config's vocab_size may exceed the piece
+  // count) are special and decode to nothing.
+  std::string Decode(absl::Span<const int32_t> ids) const override {
+    return model_->Decode(std::vector<int>(ids.begin(), ids.end()));
+  }
+
+  std::string_view kind() const override { return "sentencepiece"; }
+  int vocab_size() const override { return model_->PieceSize(); }
+
+ private:
+  std::unique_ptr<SentencePieceModel> model_;
+};
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> CreateByteTokenizer() { return std::make_unique<ByteTokenizer>(); }
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePieceTokenizer(
+    const std::string& model_path) {
+  std::error_code fs_error;
+  if (!std::filesystem::exists(model_path, fs_error)) {
+    return absl::NotFoundError(absl::StrCat(model_path, ": not found"));
+  }
+  if (!std::filesystem::is_regular_file(model_path, fs_error)) {
+    return absl::InvalidArgumentError(absl::StrCat(model_path, ": not a regular file"));
+  }
+  std::string error;
+  std::unique_ptr<SentencePieceModel> model = SentencePieceModel::Load(model_path, &error);
+  if (model == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(model_path, ": not a valid SentencePiece model: ", error));
+  }
+  if (model->PieceSize() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(model_path, ": SentencePiece model has no pieces"));
+  }
+  return std::unique_ptr<Tokenizer>(new SentencePieceTokenizer(std::move(model)));
+}
+
+}  // namespace switchserve

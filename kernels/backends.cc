@@ -1,0 +1,68 @@
+#include "kernels/backends.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/cpu_backend.h"
+
+namespace switchserve {
+
+std::string_view ToString(DeviceKind device) {
+  switch (device) {
+    case DeviceKind::kCpu:
+      return "cpu";
+    case DeviceKind::kCuda:
+      return "cuda";
+    case DeviceKind::kAuto:
+      return "auto";
+  }
+  return "?";
+}
+
+absl::StatusOr<DeviceKind> ParseDeviceKind(std::string_view text) {
+  for (DeviceKind device : {DeviceKind::kCpu, DeviceKind::kCuda, DeviceKind::kAuto}) {
+    if (text == ToString(device)) return device;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("expected cpu, cuda or auto, found \"", std::string(text), "\""));
+}
+
+std::vector<DeviceKind> BuiltDevices() {
+  // A device backend built into this binary adds itself here, ahead of the CPU.
+  return {DeviceKind::kCpu};
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(DeviceKind device, const ModelConfig& config,
+                                                       const ModelWeights& weights,
+                                                       const DispatchConfig& dispatch,
+                                                       const BackendOptions& options) {
+  if (device == DeviceKind::kAuto) {
+    // The first built device whose backend can be had (a CUDA build on a
+    // machine without a GPU falls back to the CPU).
+    absl::Status first_error;
+    for (DeviceKind built : BuiltDevices()) {
+      auto backend = CreateBackend(built, config, weights, dispatch, options);
+      if (backend.ok()) return backend;
+      if (first_error.ok()) first_error = backend.status();
+    }
+    return first_error;
+  }
+  switch (device) {
+    case DeviceKind::kCpu: {
+      CpuBackendOptions cpu;
+      cpu.num_threads = options.num_threads;
+      return CreateCpuBackend(config, weights, dispatch, cpu);
+    }
+    case DeviceKind::kCuda:  // a CUDA backend's branch goes here, under its build option
+    case DeviceKind::kAuto:
+      break;
+  }
+  std::string built;
+  for (DeviceKind d : BuiltDevices()) {
+    absl::StrAppend(&built, built.empty() ? "" : ", ", std::string(ToString(d)));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "this build has no ", std::string(ToString(device)), " backend (built: ", built, ")"));
+}
+
+}  // namespace switchserve

@@ -1,0 +1,46 @@
+// Creates a Backend by device. The one place that knows which backends this
+// build has: the server, the offline commands, the benchmarks and the tests
+// reach every backend through CreateBackend, never through a backend's own
+// header.
+#ifndef SWITCHSERVE_KERNELS_BACKENDS_H_
+#define SWITCHSERVE_KERNELS_BACKENDS_H_
+
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/model/model_config.h"
+#include "engine/model/model_weights.h"
+#include "engine/runtime/backend.h"
+
+namespace switchserve {
+
+enum class DeviceKind { kCpu, kCuda, kAuto };
+
+// "cpu", "cuda", "auto".
+std::string_view ToString(DeviceKind device);
+// The inverse of ToString; INVALID_ARGUMENT names the accepted values.
+absl::StatusOr<DeviceKind> ParseDeviceKind(std::string_view text);
+
+struct BackendOptions {
+  int num_threads = 0;  // host threads the backend computes with; 0: all cores
+};
+
+// The devices this build has a backend for, most preferred first. Never
+// contains kAuto; always contains kCpu.
+std::vector<DeviceKind> BuiltDevices();
+
+// A backend for `device` running `config` with `weights` (which must outlive
+// it and match the config, see ValidateWeights) under the capacity policy
+// `dispatch`. Its KV cache is not initialised yet (KvCache does that).
+// kAuto: the first of BuiltDevices() whose backend can be created.
+// FAILED_PRECONDITION when this build has no backend for `device`.
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(DeviceKind device, const ModelConfig& config,
+                                                       const ModelWeights& weights,
+                                                       const DispatchConfig& dispatch,
+                                                       const BackendOptions& options = {});
+
+}  // namespace switchserve
+
+#endif  // SWITCHSERVE_KERNELS_BACKENDS_H_

@@ -1,0 +1,77 @@
+// One attention layer of the CPU backend over the paged KV cache: SwitchHead
+// (routed V and O, E > 1; or E = 1 with per-head output gates) and dense
+// multi-head attention, each optionally with grouped K/V heads. The math is
+// docs/design.md's; the storage layout of one layer's cache is
+//   K: [cache rows, G, dh]          (after RoPE, scaled by dh^-1/4)
+//   V: [cache rows, G * Ev, dh]     (Ev = E with destination value routing, else 1)
+// with cache row = block * block_size + position % block_size.
+//
+// Not thread-safe: owns scratch buffers reused across calls; uses OpenMP and
+// OpenBLAS threads internally.
+#ifndef SWITCHSERVE_KERNELS_CPU_CPU_ATTENTION_H_
+#define SWITCHSERVE_KERNELS_CPU_CPU_ATTENTION_H_
+
+#include <vector>
+
+#include "engine/model/model_config.h"
+#include "engine/model/model_weights.h"
+#include "engine/runtime/step_batch.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_step.h"
+
+namespace switchserve::cpu {
+
+class CpuAttention {
+ public:
+  CpuAttention(const ModelConfig& config, const DispatchConfig& dispatch, int num_threads,
+               int64_t parallel_min_macs);
+
+  // x[T, d] += Attn(xn[T, d]) for the step. Writes the step's keys and values
+  // to `k_cache` / `v_cache` (this layer's) before attending. Value routers are
+  // recorded at router indices [router_base, router_base + ValueRouterHeads()),
+  // output routers right after them (routed attention only).
+  void Run(const AttentionWeights& w, const StepBatch& step, const float* xn, float* x,
+           float* k_cache, float* v_cache, int router_base, const RoutingRecorder& recorder);
+
+ private:
+  void ComputeValues(const AttentionWeights& w, const StepBatch& step, const float* xn,
+                     int router_base, const RoutingRecorder& recorder);
+  void Attend(const StepBatch& step, const float* k_cache, const float* v_cache);
+  // Attention of the `n` tokens of chunk `c` (step tokens [t0, t0 + n)) as
+  // GEMMs over query tiles against the sequence's keys gathered contiguously.
+  void AttendChunkTiled(const StepBatch& step, int c, int t0, int n, const float* k_cache,
+                        const float* v_cache);
+  void ProjectOutput(const AttentionWeights& w, const StepBatch& step, const float* xn, float* x,
+                     int router_base, const RoutingRecorder& recorder);
+  GateFunction gate() const;
+
+  AttentionConfig attn_;
+  DispatchConfig dispatch_;
+  int d_ = 0;
+  int num_threads_ = 1;
+  int64_t parallel_min_macs_ = 0;
+  int max_seq_len_ = 0;
+  RopeTable rope_;
+
+  // Scratch, grown as needed and reused.
+  std::vector<float> q_;                        // [T, H*dh]
+  std::vector<float> k_;                        // [T, G*dh]
+  std::vector<float> v_;                        // [T, G*Ev*dh]
+  std::vector<float> a_;                        // [T, H*dh] attention output
+  std::vector<float> logits_;                   // [T, routers*E]
+  std::vector<float> vweight_;                  // destination routing: [T, G, E] value gate weights
+  std::vector<float> gather_;                   // [T, max(d, dh)]
+  std::vector<float> product_;                  // [T, max(d, dh)]
+  std::vector<float> scores_;                   // [threads, max_seq_len]
+  std::vector<int> loop_tokens_;                // tokens attended one by one
+  std::vector<float> keys_;                     // [keys, dh] one KV head's keys, contiguous
+  std::vector<float> values_;                   // [keys, Ev*dh]
+  std::vector<float> tile_scores_;              // [tile, keys]
+  std::vector<float> tile_out_;                 // [tile, dh]
+  std::vector<ExpertAssignments> assignments_;  // per router head
+  RouterDecision decision_;
+};
+
+}  // namespace switchserve::cpu
+
+#endif  // SWITCHSERVE_KERNELS_CPU_CPU_ATTENTION_H_

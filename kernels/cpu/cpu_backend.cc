@@ -1,0 +1,242 @@
+#include "kernels/cpu/cpu_backend.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+
+#include "absl/strings/str_cat.h"
+#include "engine/runtime/kv_cache.h"
+#include "kernels/cpu/cpu_attention.h"
+#include "kernels/cpu/cpu_ffn.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_step.h"
+
+namespace switchserve {
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend(const ModelConfig& config, const ModelWeights& weights, const DispatchConfig& dispatch,
+             const CpuBackendOptions& options)
+      : config_(config),
+        weights_(weights),
+        num_threads_(options.num_threads > 0 ? options.num_threads : omp_get_max_threads()),
+        attention_(config, dispatch, num_threads_, options.parallel_attention_min_macs),
+        ffn_(config, dispatch),
+        layout_(config) {
+    if (options.num_threads > 0) openblas_set_num_threads(options.num_threads);
+  }
+
+  std::string_view name() const override { return "cpu"; }
+
+  absl::Status InitKvCache(int64_t num_blocks, int block_size) override {
+    if (num_blocks <= 0 || block_size <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("KV cache: num_blocks (", num_blocks,
+                                                     ") and block_size (", block_size,
+                                                     ") must be positive"));
+    }
+    const AttentionConfig& attn = config_.attention;
+    const int64_t rows = num_blocks * block_size;
+    const int64_t krow = static_cast<int64_t>(attn.n_kv_heads) * attn.head_dim;
+    const int64_t vrow = krow * attn.CachedValuesPerKvHead();
+    k_cache_.assign(config_.n_layers, std::vector<float>());
+    v_cache_.assign(config_.n_layers, std::vector<float>());
+    try {
+      for (int l = 0; l < config_.n_layers; ++l) {
+        k_cache_[l].assign(rows * krow, 0.0f);
+        v_cache_[l].assign(rows * vrow, 0.0f);
+      }
+    } catch (const std::bad_alloc&) {
+      k_cache_.clear();
+      v_cache_.clear();
+      num_blocks_ = 0;
+      block_size_ = 0;
+      return absl::ResourceExhaustedError(absl::StrCat("KV cache: cannot allocate ", num_blocks,
+                                                       " blocks of ", block_size, " tokens (",
+                                                       KvBytesPerToken() * rows, " bytes)"));
+    }
+    num_blocks_ = num_blocks;
+    block_size_ = block_size;
+    return absl::OkStatus();
+  }
+
+  int64_t KvBytesPerToken() const override {
+    return switchserve::KvBytesPerToken(config_, sizeof(float));
+  }
+
+  absl::Status Forward(const StepBatch& batch, StepOutput* out) override;
+
+ private:
+  // logits[r] = the output head's logits of the token at step row rows[r].
+  void OutputHead(const std::vector<int>& rows, float* logits);
+  // Appends the recorded routing of step token `token` (RouterLayout order).
+  void AppendRouting(int token, TokenRouting* routing) const;
+
+  const ModelConfig config_;
+  const ModelWeights& weights_;
+  int num_threads_;
+  cpu::CpuAttention attention_;
+  cpu::CpuFfn ffn_;
+  RouterLayout layout_;
+
+  int64_t num_blocks_ = 0;
+  int block_size_ = 0;
+  std::vector<std::vector<float>> k_cache_;  // per layer
+  std::vector<std::vector<float>> v_cache_;  // per layer
+
+  // Per-step scratch, reused.
+  std::vector<float> x_;              // [T, d] residual stream
+  std::vector<float> xn_;             // [T, d] normed
+  std::vector<int> logit_rows_;       // step rows returning logits
+  std::vector<int> sample_rows_;      // step rows only sampled from
+  std::vector<float> sample_logits_;  // [sample rows, vocab]
+  struct PendingSample {
+    int sequence;
+    bool from_logits;  // its last token's logits are a row of StepOutput::logits
+    int row;           // that row, or the row of sample_logits_
+  };
+  std::vector<PendingSample> samples_;
+  std::vector<std::vector<RouteChoice>> traces_;
+};
+
+absl::Status CpuBackend::Forward(const StepBatch& batch, StepOutput* out) {
+  if (block_size_ == 0) return absl::FailedPreconditionError("Forward before InitKvCache");
+  if (absl::Status s = ValidateStepBatch(batch, config_.vocab_size, config_.max_seq_len,
+                                         num_blocks_, block_size_);
+      !s.ok()) {
+    return s;
+  }
+  const int T = batch.num_tokens();
+  const int S = batch.num_sequences();
+  const int d = config_.d_model;
+  const int vocab = config_.vocab_size;
+  const float eps = static_cast<float>(config_.norm_eps);
+
+  out->samples.clear();
+  out->vocab_size = vocab;
+  out->logits.clear();
+  out->row_sequence.clear();
+  out->row_position.clear();
+  out->routing.clear();
+  out->stats.Reset(layout_.routers());
+
+  bool collect = false;
+  for (const StepSequence& sequence : batch.sequences) collect |= sequence.collect_routing;
+  cpu::RoutingRecorder recorder;
+  recorder.stats = &out->stats;
+  if (collect) {
+    traces_.resize(layout_.size());
+    recorder.traces = &traces_;
+  }
+  if (T == 0) return absl::OkStatus();
+
+  cpu::Grow(x_, static_cast<size_t>(T) * d);
+  cpu::Grow(xn_, static_cast<size_t>(T) * d);
+  for (int t = 0; t < T; ++t) {
+    std::memcpy(x_.data() + static_cast<int64_t>(t) * d,
+                weights_.embedding.ptr() + static_cast<int64_t>(batch.token_ids[t]) * d,
+                d * sizeof(float));
+  }
+
+  for (int l = 0; l < config_.n_layers; ++l) {
+    const LayerWeights& lw = weights_.layers[l];
+    cpu::NormRows(config_.norm, eps, x_.data(), T, d, lw.attn_norm_w.ptr(),
+                  cpu::OrNull(lw.attn_norm_b), xn_.data());
+    attention_.Run(lw.attn, batch, xn_.data(), x_.data(), k_cache_[l].data(), v_cache_[l].data(),
+                   layout_.AttentionBase(l), recorder);
+    cpu::NormRows(config_.norm, eps, x_.data(), T, d, lw.ffn_norm_w.ptr(),
+                  cpu::OrNull(lw.ffn_norm_b), xn_.data());
+    ffn_.Run(lw.ffn, T, xn_.data(), x_.data(), layout_.FfnRouter(l), recorder);
+  }
+
+  // The output head runs on the rows that return logits (in step order) and
+  // on the last token of each sampling sequence that returns none.
+  logit_rows_.clear();
+  sample_rows_.clear();
+  samples_.clear();
+  for (int s = 0; s < S; ++s) {
+    const StepSequence& sequence = batch.sequences[s];
+    const int begin = batch.token_offsets[s], end = batch.token_offsets[s + 1];
+    if (sequence.logits == LogitsMode::kAll) {
+      for (int t = begin; t < end; ++t) logit_rows_.push_back(t);
+    } else if (sequence.logits == LogitsMode::kLast) {
+      logit_rows_.push_back(end - 1);
+    }
+    if (sequence.sample.params == nullptr) continue;
+    if (sequence.logits != LogitsMode::kNone) {
+      samples_.push_back({s, /*from_logits=*/true, static_cast<int>(logit_rows_.size()) - 1});
+    } else {
+      sample_rows_.push_back(end - 1);
+      samples_.push_back({s, /*from_logits=*/false, static_cast<int>(sample_rows_.size()) - 1});
+    }
+  }
+  for (int t : logit_rows_) {
+    out->row_sequence.push_back(batch.token_sequence[t]);
+    out->row_position.push_back(batch.positions[t]);
+  }
+  out->logits.resize(logit_rows_.size() * vocab);
+  OutputHead(logit_rows_, out->logits.data());
+  cpu::Grow(sample_logits_, sample_rows_.size() * vocab);
+  OutputHead(sample_rows_, sample_logits_.data());
+
+  // The host sampler, on the last token's logits.
+  for (const PendingSample& pending : samples_) {
+    const StepSequence& sequence = batch.sequences[pending.sequence];
+    const float* logits = (pending.from_logits ? out->logits.data() : sample_logits_.data()) +
+                          static_cast<int64_t>(pending.row) * vocab;
+    const SampleRequest& request = sequence.sample;
+    SampledToken& sampled = out->samples.emplace_back();
+    sampled.sequence = pending.sequence;
+    sampled.sample = SampleToken(absl::MakeConstSpan(logits, vocab), *request.params,
+                                 request.history, request.params->logprobs, *request.rng);
+    if (sequence.collect_routing) {
+      AppendRouting(batch.token_offsets[pending.sequence + 1] - 1, &sampled.routing);
+    }
+  }
+
+  if (collect) {
+    out->routing.resize(logit_rows_.size());
+    for (size_t r = 0; r < logit_rows_.size(); ++r) {
+      if (batch.sequences[out->row_sequence[r]].collect_routing) {
+        AppendRouting(logit_rows_[r], &out->routing[r]);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+void CpuBackend::OutputHead(const std::vector<int>& rows, float* logits) {
+  const int d = config_.d_model;
+  const int n = static_cast<int>(rows.size());
+  if (n == 0) return;
+  for (int r = 0; r < n; ++r) {
+    cpu::NormRows(config_.norm, static_cast<float>(config_.norm_eps),
+                  x_.data() + static_cast<int64_t>(rows[r]) * d, 1, d, weights_.final_norm_w.ptr(),
+                  cpu::OrNull(weights_.final_norm_b), xn_.data() + static_cast<int64_t>(r) * d);
+  }
+  cpu::GemmNT(n, config_.vocab_size, d, 1.0f, xn_.data(), d, weights_.OutputHead().ptr(), d, 0.0f,
+              logits, config_.vocab_size);
+}
+
+void CpuBackend::AppendRouting(int token, TokenRouting* routing) const {
+  std::vector<RouteChoice>& choices = routing->choices;
+  choices.reserve(layout_.choices_per_token());
+  for (size_t i = 0; i < layout_.size(); ++i) {
+    const int k = layout_[i].top_k;
+    const RouteChoice* first = traces_[i].data() + static_cast<int64_t>(token) * k;
+    choices.insert(choices.end(), first, first + k);
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> CreateCpuBackend(const ModelConfig& config, const ModelWeights& weights,
+                                          const DispatchConfig& dispatch,
+                                          const CpuBackendOptions& options) {
+  return std::make_unique<CpuBackend>(config, weights, dispatch, options);
+}
+
+}  // namespace switchserve

@@ -1,0 +1,154 @@
+#include "kernels/cpu/cpu_ops.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace switchserve::cpu {
+
+// With this few rows of A a GEMM spends most of its time packing B (the
+// weights); matrix-vector products read B once per row without packing.
+constexpr int kGemvMaxRows = 4;
+
+namespace {
+
+// C[m, n] = alpha * A[m, k] * op(B) + beta * C, op(B) = B^T when `b_transposed`
+// (B stored [n, k]) else B (stored [k, n]).
+void Gemm(bool b_transposed, int m, int n, int k, float alpha, const float* a, int lda,
+          const float* b, int ldb, float beta, float* c, int ldc) {
+  if (m <= 0 || n <= 0) return;
+  if (m <= kGemvMaxRows) {
+    for (int r = 0; r < m; ++r) {
+      float* c_row = c + static_cast<int64_t>(r) * ldc;
+      // beta = 0 must ignore whatever C held (even NaN), as GEMM does.
+      if (beta == 0.0f) std::fill(c_row, c_row + n, 0.0f);
+      const float* a_row = a + static_cast<int64_t>(r) * lda;
+      if (b_transposed) {
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, alpha, b, ldb, a_row, 1, beta, c_row, 1);
+      } else {
+        cblas_sgemv(CblasRowMajor, CblasTrans, k, n, alpha, b, ldb, a_row, 1, beta, c_row, 1);
+      }
+    }
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, b_transposed ? CblasTrans : CblasNoTrans, m, n, k, alpha,
+              a, lda, b, ldb, beta, c, ldc);
+}
+
+}  // namespace
+
+void GemmNT(int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
+            float beta, float* c, int ldc) {
+  Gemm(/*b_transposed=*/true, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void GemmNN(int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
+            float beta, float* c, int ldc) {
+  Gemm(/*b_transposed=*/false, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void NormRows(NormKind kind, float eps, const float* x, int rows, int d, const float* weight,
+              const float* bias, float* out) {
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = x + static_cast<int64_t>(r) * d;
+    float* o = out + static_cast<int64_t>(r) * d;
+    double mean = 0;
+    if (kind == NormKind::kLayerNorm) {
+      for (int i = 0; i < d; ++i) mean += xr[i];
+      mean /= d;
+    }
+    double var = 0;
+    for (int i = 0; i < d; ++i) {
+      const double c = xr[i] - mean;
+      var += c * c;
+    }
+    var /= d;
+    const float inv = static_cast<float>(1.0 / std::sqrt(var + eps));
+    const float m = static_cast<float>(mean);
+    for (int i = 0; i < d; ++i) o[i] = (xr[i] - m) * inv * weight[i];
+    if (bias != nullptr) {
+      for (int i = 0; i < d; ++i) o[i] += bias[i];
+    }
+  }
+}
+
+void AddBiasRows(float* x, int rows, int n, int ld, const float* bias) {
+  if (bias == nullptr) return;
+  for (int r = 0; r < rows; ++r) {
+    float* xr = x + static_cast<int64_t>(r) * ld;
+#pragma omp simd
+    for (int i = 0; i < n; ++i) xr[i] += bias[i];
+  }
+}
+
+float Sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
+
+void ApplyActivation(Activation act, float* x, int64_t n) {
+  switch (act) {
+    case Activation::kRelu:
+      for (int64_t i = 0; i < n; ++i) x[i] = x[i] > 0 ? x[i] : 0.0f;
+      return;
+    case Activation::kGelu:
+      for (int64_t i = 0; i < n; ++i) {
+        x[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * 0.70710678118654752f));
+      }
+      return;
+    case Activation::kSilu:
+      for (int64_t i = 0; i < n; ++i) x[i] = x[i] / (1.0f + std::exp(-x[i]));
+      return;
+  }
+}
+
+RopeTable::RopeTable(int max_positions, int n_rot, double base) : n_rot_(n_rot) {
+  const int half = n_rot / 2;
+  cos_.resize(static_cast<size_t>(max_positions) * half);
+  sin_.resize(static_cast<size_t>(max_positions) * half);
+  for (int p = 0; p < max_positions; ++p) {
+    for (int i = 0; i < half; ++i) {
+      const double inv_freq = std::pow(base, -2.0 * i / n_rot);
+      const double angle = p * inv_freq;
+      cos_[static_cast<size_t>(p) * half + i] = static_cast<float>(std::cos(angle));
+      sin_[static_cast<size_t>(p) * half + i] = static_cast<float>(std::sin(angle));
+    }
+  }
+}
+
+void RopeTable::Apply(float* x, int heads, int head_dim, int position) const {
+  const int half = n_rot_ / 2;
+  if (half == 0) return;
+  const float* c = cos_.data() + static_cast<size_t>(position) * half;
+  const float* s = sin_.data() + static_cast<size_t>(position) * half;
+  for (int h = 0; h < heads; ++h) {
+    float* v = x + static_cast<int64_t>(h) * head_dim;
+    for (int i = 0; i < half; ++i) {
+      const float a = v[i];
+      const float b = v[i + half];
+      v[i] = a * c[i] - b * s[i];
+      v[i + half] = b * c[i] + a * s[i];
+    }
+  }
+}
+
+void GatherExpertRows(const ExpertAssignments& assignments, int e, const float* src,
+                      int64_t src_stride, int width, float* dst) {
+  for (int s = assignments.begin(e); s < assignments.end(e); ++s) {
+    std::memcpy(dst, src + static_cast<int64_t>(assignments.token[s]) * src_stride,
+                width * sizeof(float));
+    dst += width;
+  }
+}
+
+void ScatterAddExpertRows(const ExpertAssignments& assignments, int e, const float* product,
+                          int width, float* dst, int64_t dst_stride) {
+  for (int s = assignments.begin(e); s < assignments.end(e); ++s) {
+    const float wt = assignments.weight[s];
+    float* row = dst + static_cast<int64_t>(assignments.token[s]) * dst_stride;
+#pragma omp simd
+    for (int c = 0; c < width; ++c) row[c] += wt * product[c];
+    product += width;
+  }
+}
+
+}  // namespace switchserve::cpu

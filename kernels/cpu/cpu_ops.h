@@ -1,0 +1,74 @@
+// Elementwise and row-wise building blocks of the CPU backend: OpenBLAS GEMM
+// wrappers (row-major f32), norms, activations, RoPE. Internal to the CPU
+// backend; no state beyond the RoPE table, no allocation per call.
+#ifndef SWITCHSERVE_KERNELS_CPU_CPU_OPS_H_
+#define SWITCHSERVE_KERNELS_CPU_CPU_OPS_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/model/model_config.h"
+#include "engine/model/model_weights.h"
+#include "engine/moe/expert_dispatch.h"
+
+namespace switchserve::cpu {
+
+// Grows a scratch buffer to at least `n` elements (never shrinks it, so a
+// buffer reused across steps allocates only when a step is larger than any
+// before).
+template <typename T>
+void Grow(std::vector<T>& buffer, size_t n) {
+  if (buffer.size() < n) buffer.resize(n);
+}
+
+// The tensor's data from `offset` on, or null for an absent tensor (a bias
+// the config does not call for).
+inline const float* OrNull(const Tensor& t, int64_t offset = 0) {
+  return t.empty() ? nullptr : t.ptr() + offset;
+}
+
+// C[m, n] = alpha * A[m, k] * B[n, k]^T + beta * C (B in nn.Linear layout).
+void GemmNT(int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
+            float beta, float* c, int ldc);
+// C[m, n] = alpha * A[m, k] * B[k, n] + beta * C.
+void GemmNN(int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
+            float beta, float* c, int ldc);
+
+// out[r] = Norm(x[r]) for `rows` rows of width d (stride d). `bias` may be
+// null (RMSNorm has none).
+void NormRows(NormKind kind, float eps, const float* x, int rows, int d, const float* weight,
+              const float* bias, float* out);
+
+// x[r, :] += bias for `rows` rows of width n with stride ld.
+void AddBiasRows(float* x, int rows, int n, int ld, const float* bias);
+void ApplyActivation(Activation act, float* x, int64_t n);
+float Sigmoid(float z);
+
+// Grouped expert matmuls: copies the `width`-float rows of expert e's tokens
+// (row of token t at src + t * src_stride) into dst, contiguously, in slot order.
+void GatherExpertRows(const ExpertAssignments& assignments, int e, const float* src,
+                      int64_t src_stride, int width, float* dst);
+// The other way: the row of token t at dst + t * dst_stride += the slot's gate
+// weight * the slot's row of `product` (contiguous, `width` floats each).
+void ScatterAddExpertRows(const ExpertAssignments& assignments, int e, const float* product,
+                          int width, float* dst, int64_t dst_stride);
+
+// Rotate-half RoPE on the first n_rot channels of a head vector, cos/sin
+// tabulated for positions [0, max_positions).
+class RopeTable {
+ public:
+  RopeTable() = default;
+  RopeTable(int max_positions, int n_rot, double base);
+  int n_rot() const { return n_rot_; }
+  // Rotates `heads` consecutive head vectors of size head_dim at `position`.
+  void Apply(float* x, int heads, int head_dim, int position) const;
+
+ private:
+  int n_rot_ = 0;
+  std::vector<float> cos_;  // [max_positions, n_rot / 2]
+  std::vector<float> sin_;
+};
+
+}  // namespace switchserve::cpu
+
+#endif  // SWITCHSERVE_KERNELS_CPU_CPU_OPS_H_
