@@ -186,6 +186,12 @@ inline unsigned __umulhi(unsigned a, unsigned b) {
 
 // ---- Launch ---------------------------------------------------------------
 
+// cuda_runtime.h offers this overload to nvcc only.
+template <class T>
+inline cudaError_t cudaFuncSetAttribute(T* kernel, cudaFuncAttribute attr, int value) {
+  return ::cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), attr, value);
+}
+
 namespace simt {
 namespace detail {
 
