@@ -3,8 +3,11 @@
 // until it reaches __syncthreads (which waits for the whole block) or a warp
 // intrinsic (which waits for its 32-lane warp only), then yields to the block's
 // scheduler, which resumes the threads that can go on in the configured order.
-// When no thread can go on and some have not finished, the block is
-// deadlocked: the report says which threads wait where.
+// When a warp intrinsic completes, that warp runs on at once, as far as it
+// can, before the next thread in the order: a warp may run ahead of the rest
+// of its block on a GPU, and this exposes a shared value overwritten by one
+// warp before another has read it. When no thread can go on and some have not
+// finished, the block is deadlocked: the report says which threads wait where.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -102,6 +105,9 @@ class BlockRunner {
   void ThreadMain(int i);
   void Complete(Warp& warp);
   void MakeOrder(int64_t block_linear, int phase);
+  // Resumes thread i, then the lanes of every warp that completes an
+  // intrinsic meanwhile, until none can go on (or a barrier opens).
+  void Step(int i);
   std::string Where() const;
   std::string DescribeDeadlock() const;
   cudaError_t Abandon();
@@ -111,6 +117,9 @@ class BlockRunner {
   std::vector<GpuThread> threads_;
   std::vector<Warp> warps_;
   std::vector<int> order_;
+  std::vector<std::vector<int>> warp_order_;  // order_ restricted to each warp
+  int completed_warp_ = -1;                   // set by Complete
+  int done_ = 0;                              // threads finished
   std::unique_ptr<unsigned char[]> dynamic_shared_;
   // This block's SIMT_SHARED arrays, each its own exactly sized heap block.
   struct SharedArray {
@@ -249,15 +258,13 @@ cudaError_t BlockRunner::Run(const KernelLaunch& launch, uint3 block_idx, int64_
   MakeOrder(block_linear, phase);
 
   current_runner = this;
-  int done = 0;
-  while (done < n_) {
+  done_ = 0;
+  while (done_ < n_) {
     bool ran = false;
     for (int k = 0; k < n_ && !failed_; ++k) {
-      GpuThread& t = threads_[order_[k]];
-      if (t.state != State::kRunnable) continue;
+      if (threads_[order_[k]].state != State::kRunnable) continue;
       ran = true;
-      Resume(order_[k]);
-      if (t.state == State::kDone) ++done;
+      Step(order_[k]);
       if (released_) {  // a barrier opened: the next phase starts over, in its order
         released_ = false;
         MakeOrder(block_linear, ++phase);
@@ -265,7 +272,7 @@ cudaError_t BlockRunner::Run(const KernelLaunch& launch, uint3 block_idx, int64_
       }
     }
     if (failed_) break;
-    if (!ran && done < n_) {
+    if (!ran && done_ < n_) {
       error_ = Report(cudaErrorLaunchFailure, absl::StrCat(Where(), ": ", DescribeDeadlock()));
       failed_ = true;
       break;
@@ -274,6 +281,20 @@ cudaError_t BlockRunner::Run(const KernelLaunch& launch, uint3 block_idx, int64_
   if (failed_) return Abandon();
   current_runner = nullptr;
   return cudaSuccess;
+}
+
+void BlockRunner::Step(int i) {
+  completed_warp_ = -1;
+  Resume(i);
+  while (completed_warp_ >= 0 && !failed_ && !released_) {
+    const int w = completed_warp_;
+    completed_warp_ = -1;
+    for (const int lane_thread : warp_order_[w]) {
+      if (threads_[lane_thread].state != State::kRunnable) continue;
+      Resume(lane_thread);
+      if (failed_ || released_) return;
+    }
+  }
 }
 
 cudaError_t BlockRunner::Abandon() {
@@ -320,6 +341,7 @@ void BlockRunner::Resume(int i) {
   __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
 #endif
   running_ = nullptr;
+  if (t.state == State::kDone) ++done_;
 }
 
 void BlockRunner::Yield(GpuThread& thread) {
@@ -354,6 +376,8 @@ void BlockRunner::MakeOrder(int64_t block_linear, int phase) {
       break;
     }
   }
+  warp_order_.assign(warps_.size(), {});
+  for (const int i : order_) warp_order_[i / kWarp].push_back(i);
 }
 
 std::string BlockRunner::Where() const {
@@ -548,6 +572,7 @@ void BlockRunner::Complete(Warp& warp) {
     threads_[warp_index * kWarp + lane].state = State::kRunnable;
   }
   warp.arrived = 0;
+  completed_warp_ = warp_index;
 }
 
 // ---- Entry points from kernels (simt_device.h) ----------------------------------

@@ -34,6 +34,21 @@ __global__ void ReadLowerNeighbour(const int* in, int* out, int barrier) {
   out[t] = t > 0 ? values[t - 1] : 0;
 }
 
+// Every thread reads a shared slot and does a warp shuffle; then `writer`
+// reuses the slot. Without the barrier before the reuse, a warp that runs
+// ahead overwrites the slot before slower warps have read it.
+__global__ void ReuseSlotAfterShuffle(const int* in, int* out, int writer, int barrier) {
+  SIMT_SHARED(int, slot, 1);
+  const int t = static_cast<int>(threadIdx.x);
+  if (t == 0) slot[0] = in[0];
+  __syncthreads();
+  const int v = slot[0] + __shfl_xor_sync(simt::kFullMask, 0, 1);
+  if (barrier != 0) __syncthreads();
+  if (t == writer) slot[0] = in[1];
+  __syncthreads();
+  out[t] = v;
+}
+
 // Records the order in which threads run: ticket = arrivals before it.
 __global__ void Tickets(int* counter, int* ticket) {
   ticket[threadIdx.x] = atomicAdd(counter, 1);
@@ -92,6 +107,29 @@ TEST(SimtOrder, WithTheBarrierEveryOrderGivesTheSameCorrectResult) {
   for (const std::string& order : TestOrders()) {
     EXPECT_EQ(RunUnder(order, ReadHigherNeighbour, true), Expected(+1)) << order;
     EXPECT_EQ(RunUnder(order, ReadLowerNeighbour, true), Expected(-1)) << order;
+  }
+}
+
+std::vector<int> ReuseUnder(const std::string& order, int writer, bool barrier) {
+  ScopedOrder scoped(order);
+  DeviceArray<int> in(std::vector<int>{5, 6}), out(kThreads);
+  EXPECT_EQ(SIMT_LAUNCH(ReuseSlotAfterShuffle, dim3(1), dim3(kThreads), 0, nullptr, in.get(),
+                        out.get(), writer, barrier ? 1 : 0),
+            cudaSuccess);
+  return out.Download();
+}
+
+TEST(SimtOrder, AWarpRunningAheadExposesAValueOverwrittenBeforeOtherWarpsReadIt) {
+  const std::vector<int> want(kThreads, 5);
+  // The first warp overwrites: forward runs it ahead; reverse hides it.
+  EXPECT_NE(ReuseUnder("forward", 0, false), want);
+  EXPECT_EQ(ReuseUnder("reverse", 0, false), want);
+  // The last warp overwrites: reverse runs it ahead.
+  EXPECT_EQ(ReuseUnder("forward", kThreads - 1, false), want);
+  EXPECT_NE(ReuseUnder("reverse", kThreads - 1, false), want);
+  for (const std::string& order : TestOrders()) {
+    EXPECT_EQ(ReuseUnder(order, 0, true), want) << order;
+    EXPECT_EQ(ReuseUnder(order, kThreads - 1, true), want) << order;
   }
 }
 
