@@ -175,6 +175,45 @@ TEST(SimtMisuseDeathTest, DeadlockWithoutCaptureStopsTheProcessNamingTheKernel) 
       "kernel 'EarlyExitBeforeBarrier'.*deadlock");
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+// Device allocations and shared arrays are exactly sized heap blocks, so
+// AddressSanitizer reports a kernel that overruns them.
+__global__ void WriteOnePastTheEnd(int* out, int n) {
+  if (threadIdx.x == 0) out[n] = 1;
+}
+
+__global__ void OverrunSharedArray(int* out) {
+  SIMT_SHARED(int, values, 32);
+  values[threadIdx.x] = 1;  // launched with 33 threads
+  __syncthreads();
+  out[threadIdx.x] = values[0];
+}
+
+TEST(SimtMisuseDeathTest, AsanReportsAKernelWritingPastADeviceAllocation) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        int* out = nullptr;
+        cudaMalloc(reinterpret_cast<void**>(&out), 16 * sizeof(int));
+        SIMT_LAUNCH(WriteOnePastTheEnd, dim3(1), dim3(32), 0, nullptr, out, 16);
+        cudaDeviceSynchronize();
+      },
+      "heap-buffer-overflow");
+}
+
+TEST(SimtMisuseDeathTest, AsanReportsAKernelOverrunningASharedArray) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        int* out = nullptr;
+        cudaMalloc(reinterpret_cast<void**>(&out), 33 * sizeof(int));
+        SIMT_LAUNCH(OverrunSharedArray, dim3(1), dim3(33), 0, nullptr, out);
+        cudaDeviceSynchronize();
+      },
+      "heap-buffer-overflow");
+}
+#endif
+
 TEST_F(SimtMisuse, LaunchLimitsOfTheGpuAreEnforced) {
   simt::ScopedErrorCapture capture;
   DeviceArray<int> out(2048);
