@@ -2,8 +2,6 @@
 // arguments go to cuBLAS unchanged after the shared checks (gemm_args.cc).
 #include <cublas_v2.h>
 
-#include <vector>
-
 #include "kernels/cuda/gemm.h"
 
 namespace switchserve::cuda {

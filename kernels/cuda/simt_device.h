@@ -70,7 +70,6 @@ void* DynamicShared();
 // The block's instance of the shared array declared at `site` (one per
 // declaration, the same for every thread of the block).
 void* StaticShared(const void* site, size_t bytes, size_t alignment);
-[[noreturn]] void KernelError(const char* message);
 
 template <typename T>
 inline uint64_t ToBits(T value) {

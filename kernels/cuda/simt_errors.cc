@@ -33,6 +33,7 @@ thread_local cudaError_t last_error = cudaSuccess;
 }  // namespace
 
 cudaError_t Report(cudaError_t code, const std::string& message) {
+  SetLastError(code);  // as every failing runtime call does
   ErrorState& errors = Errors();
   {
     std::lock_guard<std::mutex> lock(errors.mu);

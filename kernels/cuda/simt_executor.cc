@@ -8,11 +8,7 @@
 // of its block on a GPU, and this exposes a shared value overwritten by one
 // warp before another has read it. When no thread can go on and some have not
 // finished, the block is deadlocked: the report says which threads wait where.
-#include <cuda_runtime_api.h>
-
 #include <algorithm>
-#include <boost/context/fiber.hpp>
-#include <boost/context/protected_fixedsize_stack.hpp>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -20,7 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cuda/simt_internal.h"
+#include "kernels/cuda/simt_block.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/common_interface_defs.h>
@@ -33,43 +29,7 @@ thread_local constinit dim3 blockDim{1, 1, 1};
 thread_local constinit dim3 gridDim{1, 1, 1};
 
 namespace simt::detail {
-namespace ctx = boost::context;
-
 namespace {
-
-// Thrown inside a fiber to stop its thread after a reported error.
-struct KernelAbort {};
-
-// A stack of the runner's pool, lent to one fiber at a time.
-struct BorrowedStack {
-  ctx::stack_context stack;
-  ctx::stack_context allocate() { return stack; }
-  void deallocate(ctx::stack_context&) noexcept {}
-};
-
-enum class State : uint8_t { kRunnable, kAtWarp, kAtBarrier, kDone };
-
-struct GpuThread {
-  uint3 idx = {0, 0, 0};
-  int warp = 0;
-  int lane = 0;
-  State state = State::kRunnable;
-  WarpOp op = WarpOp::kSyncWarp;  // what it waits at (kAtWarp)
-  ctx::fiber fiber;               // the thread, while suspended
-  ctx::fiber scheduler;           // the scheduler, while the thread runs
-  void* fake_stack = nullptr;     // ASan's, while the thread is switched out
-};
-
-struct Warp {
-  int lanes = 0;    // lanes that exist (the last warp of a block may be short)
-  int arrived = 0;  // lanes waiting at `op`
-  WarpOp op = WarpOp::kSyncWarp;
-  int bytes = 0;
-  uint64_t value[32] = {};
-  int arg[32] = {};
-  int width[32] = {};
-  uint64_t result[32] = {};
-};
 
 uint64_t SplitMix(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -78,79 +38,11 @@ uint64_t SplitMix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-}  // namespace
-
-// Runs blocks on the host thread that owns it; one per host thread.
-class BlockRunner {
- public:
-  explicit BlockRunner(size_t stack_bytes) : stack_allocator_(stack_bytes) {}
-  ~BlockRunner() {
-    for (ctx::stack_context& stack : stacks_) stack_allocator_.deallocate(stack);
-  }
-
-  cudaError_t Run(const KernelLaunch& launch, uint3 block_idx, int64_t block_linear);
-
-  int Barrier(BarrierOp op, int predicate);
-  uint64_t Exchange(WarpOp op, unsigned mask, uint64_t bits, int bytes, int arg, int width);
-  void* dynamic_shared() { return dynamic_shared_.get(); }
-  void* static_shared(const void* site, size_t bytes, size_t alignment);
-  [[noreturn]] void Fail(const std::string& what);
-
- private:
-  // Fiber side: back to the scheduler until it resumes this thread. Throws
-  // KernelAbort when the block is abandoned meanwhile.
-  void Yield(GpuThread& thread);
-  // Scheduler side: runs thread i until it yields or finishes.
-  void Resume(int i);
-  void ThreadMain(int i);
-  void Complete(Warp& warp);
-  void MakeOrder(int64_t block_linear, int phase);
-  // Resumes thread i, then the lanes of every warp that completes an
-  // intrinsic meanwhile, until none can go on (or a barrier opens).
-  void Step(int i);
-  std::string Where() const;
-  std::string DescribeDeadlock() const;
-  cudaError_t Abandon();
-
-  ctx::protected_fixedsize_stack stack_allocator_;
-  std::vector<ctx::stack_context> stacks_;
-  std::vector<GpuThread> threads_;
-  std::vector<Warp> warps_;
-  std::vector<int> order_;
-  std::vector<std::vector<int>> warp_order_;  // order_ restricted to each warp
-  int completed_warp_ = -1;                   // set by Complete
-  int done_ = 0;                              // threads finished
-  std::unique_ptr<unsigned char[]> dynamic_shared_;
-  // This block's SIMT_SHARED arrays, each its own exactly sized heap block.
-  struct SharedArray {
-    const void* site;
-    size_t bytes;
-    std::unique_ptr<unsigned char[]> storage;
-    void* data;
-  };
-  std::vector<SharedArray> shared_arrays_;
-  const KernelLaunch* launch_ = nullptr;
-  ThreadOrder thread_order_;
-  GpuThread* running_ = nullptr;
-  int n_ = 0;
-  int barrier_arrived_ = 0;
-  BarrierOp barrier_op_ = BarrierOp::kSync;
-  int barrier_value_ = 0;
-  int barrier_result_ = 0;
-  bool released_ = false;
-  bool failed_ = false;
-  bool abandoning_ = false;
-  cudaError_t error_ = cudaSuccess;
-  // The scheduler's stack, for ASan's stack-switch annotations.
-  const void* scheduler_stack_bottom_ = nullptr;
-  size_t scheduler_stack_size_ = 0;
-};
-
-namespace {
-
 thread_local BlockRunner* current_runner = nullptr;
 
-BlockRunner& Runner(const char* what) {
+}  // namespace
+
+BlockRunner& CurrentRunner(const char* what) {
   if (current_runner == nullptr) {
     std::fprintf(stderr, "simt: %s called outside a kernel\n", what);
     std::abort();
@@ -158,43 +50,9 @@ BlockRunner& Runner(const char* what) {
   return *current_runner;
 }
 
-const char* OpName(WarpOp op) {
-  switch (op) {
-    case WarpOp::kSyncWarp:
-      return "__syncwarp";
-    case WarpOp::kShfl:
-      return "__shfl_sync";
-    case WarpOp::kShflUp:
-      return "__shfl_up_sync";
-    case WarpOp::kShflDown:
-      return "__shfl_down_sync";
-    case WarpOp::kShflXor:
-      return "__shfl_xor_sync";
-    case WarpOp::kBallot:
-      return "__ballot_sync";
-    case WarpOp::kAll:
-      return "__all_sync";
-    case WarpOp::kAny:
-      return "__any_sync";
-    case WarpOp::kMatchAny:
-      return "__match_any_sync";
-  }
-  return "?";
-}
+void SetCurrentRunner(BlockRunner* runner) { current_runner = runner; }
 
-const char* BarrierName(BarrierOp op) {
-  switch (op) {
-    case BarrierOp::kSync:
-      return "__syncthreads";
-    case BarrierOp::kCount:
-      return "__syncthreads_count";
-    case BarrierOp::kAnd:
-      return "__syncthreads_and";
-    case BarrierOp::kOr:
-      return "__syncthreads_or";
-  }
-  return "?";
-}
+namespace {
 
 std::string Dim(uint3 d) { return absl::StrCat("(", d.x, ",", d.y, ",", d.z, ")"); }
 
@@ -257,7 +115,7 @@ cudaError_t BlockRunner::Run(const KernelLaunch& launch, uint3 block_idx, int64_
   int phase = 0;
   MakeOrder(block_linear, phase);
 
-  current_runner = this;
+  SetCurrentRunner(this);
   done_ = 0;
   while (done_ < n_) {
     bool ran = false;
@@ -279,7 +137,7 @@ cudaError_t BlockRunner::Run(const KernelLaunch& launch, uint3 block_idx, int64_
     }
   }
   if (failed_) return Abandon();
-  current_runner = nullptr;
+  SetCurrentRunner(nullptr);
   return cudaSuccess;
 }
 
@@ -304,7 +162,7 @@ cudaError_t BlockRunner::Abandon() {
   for (int i = 0; i < n_; ++i) {
     if (threads_[i].state != State::kDone) Resume(i);
   }
-  current_runner = nullptr;
+  SetCurrentRunner(nullptr);
   return error_;
 }
 
@@ -446,152 +304,13 @@ void BlockRunner::Fail(const std::string& what) {
   throw KernelAbort{};
 }
 
-int BlockRunner::Barrier(BarrierOp op, int predicate) {
-  GpuThread& t = *running_;
-  const int bit = predicate != 0 ? 1 : 0;
-  if (barrier_arrived_ == 0) {
-    barrier_op_ = op;
-    barrier_value_ = op == BarrierOp::kAnd ? 1 : 0;
-  } else if (op != barrier_op_) {
-    Fail(absl::StrCat(BarrierName(op), " while other threads wait at ", BarrierName(barrier_op_)));
-  }
-  switch (op) {
-    case BarrierOp::kSync:
-      break;
-    case BarrierOp::kCount:
-      barrier_value_ += bit;
-      break;
-    case BarrierOp::kAnd:
-      barrier_value_ &= bit;
-      break;
-    case BarrierOp::kOr:
-      barrier_value_ |= bit;
-      break;
-  }
-  t.state = State::kAtBarrier;
-  if (++barrier_arrived_ == n_) {
-    for (GpuThread& other : threads_) other.state = State::kRunnable;
-    barrier_arrived_ = 0;
-    barrier_result_ = barrier_value_;
-    released_ = true;
-  }
-  Yield(t);
-  return barrier_result_;
-}
-
-uint64_t BlockRunner::Exchange(WarpOp op, unsigned mask, uint64_t bits, int bytes, int arg,
-                               int width) {
-  GpuThread& t = *running_;
-  Warp& warp = warps_[t.warp];
-  if (mask != kFullMask) {
-    char text[160];
-    std::snprintf(text, sizeof(text),
-                  "%s with mask 0x%08x: every warp intrinsic runs on all 32 lanes with the full "
-                  "mask (kernels/cuda/README.md)",
-                  OpName(op), mask);
-    Fail(text);
-  }
-  if (width < 1 || width > kWarp || (width & (width - 1)) != 0) {
-    Fail(absl::StrCat(OpName(op), " with width ", width, ": width is a power of two from 1 to 32"));
-  }
-  if (warp.arrived == 0) {
-    warp.op = op;
-    warp.bytes = bytes;
-  } else if (warp.op != op || warp.bytes != bytes) {
-    Fail(absl::StrCat(OpName(op), " (", bytes, " bytes) while other lanes of warp ", t.warp,
-                      " wait at ", OpName(warp.op), " (", warp.bytes, " bytes)"));
-  }
-  warp.value[t.lane] = bits;
-  warp.arg[t.lane] = arg;
-  warp.width[t.lane] = width;
-  t.state = State::kAtWarp;
-  t.op = op;
-  if (++warp.arrived == warp.lanes) Complete(warp);
-  Yield(t);
-  return warp.result[t.lane];
-}
-
-void BlockRunner::Complete(Warp& warp) {
-  // A lane that does not exist (short last warp) reads as all ones: undefined
-  // on a GPU, and visibly wrong here.
-  const uint64_t poison = warp.bytes >= 8 ? ~uint64_t{0} : (uint64_t{1} << (8 * warp.bytes)) - 1;
-  auto value_of = [&](int lane) { return lane < warp.lanes ? warp.value[lane] : poison; };
-  uint64_t vote = 0;
-  bool all = true;
-  for (int lane = 0; lane < warp.lanes; ++lane) {
-    if (warp.value[lane] != 0) vote |= uint64_t{1} << lane;
-    all = all && warp.value[lane] != 0;
-  }
-  const int warp_index = static_cast<int>(&warp - warps_.data());
-  for (int lane = 0; lane < warp.lanes; ++lane) {
-    // PTX shfl: only the low 5 bits of the lane operand count; a segment of
-    // `width` lanes starts at `base` and ends at `last`.
-    const int width = warp.width[lane];
-    const int arg = warp.arg[lane] & 31;
-    const int base = lane & ~(width - 1);
-    const int last = base + width - 1;
-    int src = lane;
-    switch (warp.op) {
-      case WarpOp::kSyncWarp:
-        warp.result[lane] = 0;
-        break;
-      case WarpOp::kShfl:
-        src = base + (arg & (width - 1));
-        warp.result[lane] = value_of(src);
-        break;
-      case WarpOp::kShflUp:
-        src = lane - arg >= base ? lane - arg : lane;
-        warp.result[lane] = value_of(src);
-        break;
-      case WarpOp::kShflDown:
-        src = lane + arg <= last ? lane + arg : lane;
-        warp.result[lane] = value_of(src);
-        break;
-      case WarpOp::kShflXor:
-        src = (lane ^ arg) <= last ? (lane ^ arg) : lane;
-        warp.result[lane] = value_of(src);
-        break;
-      case WarpOp::kBallot:
-        warp.result[lane] = vote;
-        break;
-      case WarpOp::kAll:
-        warp.result[lane] = all ? 1 : 0;
-        break;
-      case WarpOp::kAny:
-        warp.result[lane] = vote != 0 ? 1 : 0;
-        break;
-      case WarpOp::kMatchAny: {
-        uint64_t peers = 0;
-        for (int other = 0; other < warp.lanes; ++other) {
-          if (warp.value[other] == warp.value[lane]) peers |= uint64_t{1} << other;
-        }
-        warp.result[lane] = peers;
-        break;
-      }
-    }
-    threads_[warp_index * kWarp + lane].state = State::kRunnable;
-  }
-  warp.arrived = 0;
-  completed_warp_ = warp_index;
-}
-
 // ---- Entry points from kernels (simt_device.h) ----------------------------------
 
-int BlockBarrier(BarrierOp op, int predicate) {
-  return Runner(BarrierName(op)).Barrier(op, predicate);
-}
-
-uint64_t WarpExchange(WarpOp op, unsigned mask, uint64_t bits, int bytes, int arg, int width) {
-  return Runner(OpName(op)).Exchange(op, mask, bits, bytes, arg, width);
-}
-
-void* DynamicShared() { return Runner("SIMT_DYNAMIC_SHARED").dynamic_shared(); }
+void* DynamicShared() { return CurrentRunner("SIMT_DYNAMIC_SHARED").dynamic_shared(); }
 
 void* StaticShared(const void* site, size_t bytes, size_t alignment) {
-  return Runner("SIMT_SHARED").static_shared(site, bytes, alignment);
+  return CurrentRunner("SIMT_SHARED").static_shared(site, bytes, alignment);
 }
-
-void KernelError(const char* message) { Runner("KernelError").Fail(message); }
 
 BlockRunner& ThisThreadRunner() {
   thread_local std::unique_ptr<BlockRunner> runner;
