@@ -5,12 +5,13 @@ with the PyTorch reference on a model directory and a text:
   decode   the next step: one new token for each of the B sequences (T = B)
   single   one sequence: prefill of L tokens, then one decode token (T = 1)
 
-for the capacity factors given (overflow and min_capacity from config.json
-unless overridden). The sequences are B consecutive L+1-byte chunks spread
-evenly over the text.
+for the capacity factors given (overflow, min_capacity, capacity_scope and
+capacity_group from config.json unless overridden). The sequences are B
+consecutive L+1-byte chunks spread evenly over the text. The capacity column is
+per step (scope "step") or per group of G positions of one sequence ("sequence").
 
   /usr/bin/python3 tools/capacity_report.py models/default models/heldout.txt \
-      [--batch 32 --len 64 --factors 1.0,1.25,1.5,2.0]
+      [--batch 32 --len 64 --factors 1.0,1.25,1.5,2.0] [--capacity-scope step]
 """
 import argparse
 import json
@@ -47,9 +48,9 @@ def capacities(model, T, dispatch):
     a, f = model.cfg["attention"], model.cfg["ffn"]
     out = {}
     if a["type"] == "switchhead" and a["n_experts"] > 1:
-        out["attn"] = dispatch.capacity(T, a["top_k"], a["n_experts"])
+        out["attn"] = dispatch.slots_per_expert(T, a["top_k"], a["n_experts"])
     if f["type"] == "moe":
-        out["ffn"] = dispatch.capacity(T, f["top_k"], f["n_experts"])
+        out["ffn"] = dispatch.slots_per_expert(T, f["top_k"], f["n_experts"])
     return out
 
 
@@ -78,6 +79,8 @@ def main():
     ap.add_argument("--factors", default="", help="comma-separated capacity factors (default: config's)")
     ap.add_argument("--min-capacity", type=int)
     ap.add_argument("--overflow", choices=["drop", "reroute"])
+    ap.add_argument("--capacity-scope", choices=["sequence", "step"])
+    ap.add_argument("--capacity-group", type=int)
     ap.add_argument("--json")
     args = ap.parse_args()
     torch.set_num_threads(2)
@@ -91,8 +94,10 @@ def main():
     with torch.no_grad():
         for cf in factors:
             d = DispatchConfig(cf, base["min_capacity"] if args.min_capacity is None else args.min_capacity,
-                               args.overflow or base["overflow"])
-            report[f"cf={cf} min_capacity={d.min_capacity} {d.overflow}"] = run(model, seqs, d)
+                               args.overflow or base["overflow"], args.capacity_scope or base["capacity_scope"],
+                               args.capacity_group or base["capacity_group"])
+            scope = "step" if d.capacity_scope == "step" else f"sequence G={d.capacity_group}"
+            report[f"cf={cf} min_capacity={d.min_capacity} {d.overflow} {scope}"] = run(model, seqs, d)
     print("| dispatch | step | T | capacity (attn / ffn) | attn_v dropped | attn_o dropped | ffn dropped |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for key, scen in report.items():

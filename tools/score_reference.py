@@ -5,10 +5,12 @@ Windowing is that of `switchserve score`: windows of max_seq_len tokens, each
 starting at the previous window's last token (overlap of one token), so every
 token but the first is predicted exactly once; each window is a fresh sequence
 (positions from 0, empty KV cache) and one engine step of its own (so with
-capacity dispatch, T = the window's tokens).
+step-scope capacity, T = the window's tokens; with sequence scope, groups of
+G positions from the window's start).
 
   /usr/bin/python3 tools/score_reference.py models/default models/heldout.txt
-      [--dispatch config|dropless] [--capacity-factor CF] [--dtype f32|f64] [--json OUT.json]
+      [--dispatch config|dropless] [--capacity-factor CF] [--capacity-scope sequence|step]
+      [--capacity-group G] [--overflow drop|reroute] [--dtype f32|f64] [--json OUT.json]
   /usr/bin/python3 tools/score_reference.py --unigram TRAIN.txt models/heldout.txt
       (add-one smoothed byte unigram estimated on TRAIN.txt, same tokens predicted)
   /usr/bin/python3 tools/score_reference.py models/default --generate "And God said" [--max-new-tokens 200]
@@ -96,6 +98,10 @@ def main():
                     help="capacity as in config.json (default) or dropless")
     ap.add_argument("--capacity-factor", type=float,
                     help="override config.json's dispatch.capacity_factor (min_capacity, overflow kept)")
+    ap.add_argument("--capacity-scope", choices=["sequence", "step"],
+                    help="override config.json's dispatch.capacity_scope")
+    ap.add_argument("--capacity-group", type=int, help="override config.json's dispatch.capacity_group")
+    ap.add_argument("--overflow", choices=["drop", "reroute"], help="override config.json's dispatch.overflow")
     ap.add_argument("--dtype", default="f32", choices=sorted(DTYPES), help="compute dtype")
     ap.add_argument("--unigram", metavar="TRAIN_TXT", help="score a byte unigram model instead")
     ap.add_argument("--generate", metavar="PROMPT", help="print a greedy continuation instead")
@@ -116,10 +122,18 @@ def main():
     else:
         model = load_model(args.model_dir, DTYPES[args.dtype])
         dispatch = DispatchConfig() if args.dispatch == "dropless" else None
-        if args.capacity_factor is not None and args.dispatch == "config":
-            d = model.cfg["dispatch"]
-            dispatch = DispatchConfig(args.capacity_factor, d["min_capacity"], d["overflow"])
-            args.dispatch = f"capacity_factor={args.capacity_factor} min_capacity={d['min_capacity']} {d['overflow']}"
+        overrides = (args.capacity_factor, args.capacity_scope, args.capacity_group, args.overflow)
+        if args.dispatch == "config" and any(v is not None for v in overrides):
+            d = dict(model.cfg["dispatch"])
+            for key, v in zip(("capacity_factor", "capacity_scope", "capacity_group", "overflow"), overrides):
+                if v is not None:
+                    d[key] = v
+            dispatch = DispatchConfig(**d)
+        if args.dispatch == "config":
+            d = dispatch or DispatchConfig(**model.cfg["dispatch"])
+            scope = "step" if d.capacity_scope == "step" else f"sequence G={d.capacity_group}"
+            args.dispatch = (f"capacity_factor={d.capacity_factor} min_capacity={d.min_capacity} "
+                             f"{d.overflow} {scope}")
         if args.generate is not None:
             prompt = list(args.generate.encode("utf-8"))
             out = model.generate([prompt], args.max_new_tokens, dispatch=dispatch)[0]

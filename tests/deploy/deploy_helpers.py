@@ -1,10 +1,18 @@
 """Shared helpers for the deployment tests: rendering kustomize overlays and
 reading the rendered objects. (Not conftest.py: test modules import these by a
-name no other test directory uses.)"""
+name no other test directory uses.)
+
+A *variant* is what an operator applies: an overlay, alone ("cpu") or with
+components added ("cpu+monitoring+pvc-model"), rendered through a
+kustomization like the one docs/deploy.md tells them to write."""
+import atexit
 import functools
+import itertools
+import os
 import re
 import shutil
 import subprocess
+import tempfile
 
 import pytest
 import yaml
@@ -14,6 +22,10 @@ import server_facts
 REPO_ROOT = server_facts.REPO_ROOT
 K8S_DIR = REPO_ROOT / "deploy" / "k8s"
 OVERLAYS = sorted(p.name for p in (K8S_DIR / "overlays").iterdir() if p.is_dir())
+COMPONENTS = sorted(p.name for p in (K8S_DIR / "components").iterdir() if p.is_dir())
+# Every overlay with every subset of the components.
+VARIANTS = ["+".join((overlay, *subset)) for overlay in OVERLAYS
+            for n in range(len(COMPONENTS) + 1) for subset in itertools.combinations(COMPONENTS, n)]
 INSTALL_HINT = "run scripts/install-test-tools.sh"
 
 
@@ -24,19 +36,66 @@ def require_tool(name):
     return path
 
 
+def kustomize(directory: str) -> subprocess.CompletedProcess:
+    """`kubectl kustomize DIR`, its stdout and stderr captured."""
+    kubectl = require_tool("kubectl")
+    return subprocess.run([kubectl, "kustomize", directory], capture_output=True, text=True,
+                          timeout=120)
+
+
 @functools.lru_cache(maxsize=None)
 def render(directory: str):
-    """Objects `kubectl kustomize DIR` renders, as dicts (cached per directory)."""
-    kubectl = require_tool("kubectl")
-    result = subprocess.run([kubectl, "kustomize", directory], capture_output=True, text=True,
-                            timeout=120)
+    """Objects `kubectl kustomize DIR` renders, as dicts (cached per directory).
+    Fails on anything printed to stderr: kustomize's deprecation warnings go
+    there, and `kubectl apply -k` would print them to the operator."""
+    result = kustomize(directory)
     if result.returncode != 0:
         pytest.fail(f"kubectl kustomize {directory} failed:\n{result.stderr}")
+    if result.stderr.strip():
+        pytest.fail(f"kubectl kustomize {directory} printed warnings:\n{result.stderr}")
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
-def render_overlay(overlay: str):
-    return render(str(K8S_DIR / "overlays" / overlay))
+def overlay_of(variant: str) -> str:
+    return variant.split("+")[0]
+
+
+def components_of(variant: str) -> list:
+    return variant.split("+")[1:]
+
+
+@functools.lru_cache(maxsize=None)
+def _scratch_dir() -> str:
+    path = tempfile.mkdtemp(prefix="switchserve-kustomize-")
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
+@functools.lru_cache(maxsize=None)
+def variant_dir(variant: str) -> str:
+    """A directory whose kustomization applies `variant`: the overlay itself,
+    or a new kustomization listing the overlay and the components (by
+    relative paths: kustomize refuses absolute ones)."""
+    overlay = K8S_DIR / "overlays" / overlay_of(variant)
+    if not components_of(variant):
+        return str(overlay)
+    directory = os.path.join(_scratch_dir(), variant)
+    os.makedirs(directory)
+    relative = lambda path: os.path.relpath(path, directory)
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [relative(overlay)],
+        "components": [relative(K8S_DIR / "components" / c) for c in components_of(variant)],
+    }
+    with open(os.path.join(directory, "kustomization.yaml"), "w") as f:
+        yaml.safe_dump(kustomization, f)
+    return directory
+
+
+def render_overlay(variant: str):
+    """Objects of an overlay, or of an overlay with components ("cpu+monitoring")."""
+    return render(variant_dir(variant))
 
 
 def objects_of_kind(objects, kind):
@@ -54,6 +113,12 @@ def server_container(deployment):
     named = [c for c in containers if c["name"] == "switchserve"]
     assert len(named) == 1, "the Deployment has no container named switchserve"
     return named[0]
+
+
+def container_port(container, name):
+    ports = [p for p in container.get("ports", []) if p.get("name") == name]
+    assert len(ports) == 1, f"container port {name!r} missing"
+    return ports[0]["containerPort"]
 
 
 def expand_env(value: str, env: dict) -> str:

@@ -1,122 +1,68 @@
-"""deploy/k8s: every overlay renders with `kubectl kustomize`, every object is
-valid for Kubernetes 1.30, and the Deployment agrees with the server's flags."""
+"""deploy/k8s: every overlay, alone and with every combination of the
+components, renders with `kubectl kustomize`, every object is valid for
+Kubernetes 1.30, and the Deployment agrees with the server's flags."""
 import re
 
-import jsonschema
 import pytest
 import yaml
 
 import server_facts
-from deploy_helpers import (K8S_DIR, OVERLAYS, REPO_ROOT, container_flags, expand_env, labels_match,
-                      mount_for, objects_of_kind, one, render_overlay, server_container)
+from deploy_helpers import (K8S_DIR, OVERLAYS, REPO_ROOT, VARIANTS, container_flags, container_port,
+                            expand_env, labels_match, mount_for, objects_of_kind, one, overlay_of,
+                            render_overlay, server_container)
 
 KUBERNETES_VERSION = "1.30"
-# Overlays whose probes must be the kubelet's native gRPC probes. The tls
+# Variants whose probes must be the kubelet's native gRPC probes. The tls
 # overlay runs `switchserve health` instead (kubelet gRPC probes cannot do TLS).
-NATIVE_PROBE_OVERLAYS = ["cpu", "gpu"]
+NATIVE_PROBE_VARIANTS = [v for v in VARIANTS if overlay_of(v) in ("cpu", "gpu")]
 EXPECTED_KINDS = {"Namespace", "ServiceAccount", "Deployment", "Service",
-                  "HorizontalPodAutoscaler", "PodMonitor", "PodDisruptionBudget", "NetworkPolicy"}
+                  "HorizontalPodAutoscaler", "PodDisruptionBudget", "NetworkPolicy"}
 CRD_GROUPS = ("monitoring.coreos.com/",)
 
-# The part of the Prometheus Operator's PodMonitor CRD (monitoring.coreos.com/v1)
-# these manifests use, closed against typos (additionalProperties: false).
-_DURATION = {"type": "string", "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"}
-PODMONITOR_SCHEMA = {
-    "type": "object",
-    "required": ["apiVersion", "kind", "metadata", "spec"],
-    "additionalProperties": False,
-    "properties": {
-        "apiVersion": {"const": "monitoring.coreos.com/v1"},
-        "kind": {"const": "PodMonitor"},
-        "metadata": {
-            "type": "object",
-            "required": ["name", "namespace"],
-            "properties": {"name": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"},
-                           "namespace": {"type": "string"},
-                           "labels": {"type": "object", "additionalProperties": {"type": "string"}}},
-        },
-        "spec": {
-            "type": "object",
-            "required": ["selector", "podMetricsEndpoints"],
-            "additionalProperties": False,
-            "properties": {
-                "jobLabel": {"type": "string"},
-                "podTargetLabels": {"type": "array", "items": {"type": "string"}},
-                "namespaceSelector": {"type": "object", "additionalProperties": False, "properties": {
-                    "any": {"type": "boolean"},
-                    "matchNames": {"type": "array", "items": {"type": "string"}}}},
-                "selector": {"type": "object", "additionalProperties": False, "properties": {
-                    "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}},
-                    "matchExpressions": {"type": "array"}}},
-                "podMetricsEndpoints": {"type": "array", "minItems": 1, "items": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "required": ["port"],
-                    "properties": {
-                        "port": {"type": "string"},
-                        "path": {"type": "string", "pattern": "^/"},
-                        "scheme": {"enum": ["http", "https"]},
-                        "interval": _DURATION,
-                        "scrapeTimeout": _DURATION,
-                        "honorLabels": {"type": "boolean"},
-                        "relabelings": {"type": "array"},
-                        "metricRelabelings": {"type": "array"},
-                    }}},
-            },
-        },
-    },
-}
+
+def _deployment(variant):
+    return one(render_overlay(variant), "Deployment")
 
 
-def _deployment(overlay):
-    return one(render_overlay(overlay), "Deployment")
+def _pod_spec(variant):
+    return _deployment(variant)["spec"]["template"]["spec"]
 
 
-def _pod_spec(overlay):
-    return _deployment(overlay)["spec"]["template"]["spec"]
-
-
-def _pod_labels(overlay):
-    return _deployment(overlay)["spec"]["template"]["metadata"]["labels"]
-
-
-def _container_port(container, name):
-    ports = [p for p in container.get("ports", []) if p.get("name") == name]
-    assert len(ports) == 1, f"container port {name!r} missing"
-    return ports[0]["containerPort"]
+def _pod_labels(variant):
+    return _deployment(variant)["spec"]["template"]["metadata"]["labels"]
 
 
 def test_there_are_cpu_and_gpu_overlays():
     assert {"cpu", "gpu"} <= set(OVERLAYS)
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_overlay_renders_every_kind(overlay):
-    kinds = {o["kind"] for o in render_overlay(overlay)}
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_overlay_renders_every_kind(variant):
+    kinds = {o["kind"] for o in render_overlay(variant)}
     assert EXPECTED_KINDS <= kinds, f"missing {EXPECTED_KINDS - kinds}"
-    for obj in render_overlay(overlay):
+    for obj in render_overlay(variant):
         if obj["kind"] != "Namespace":
             assert obj["metadata"].get("namespace") == "switchserve", obj["metadata"]["name"]
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_objects_are_valid_kubernetes_1_30(overlay):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_objects_are_valid_kubernetes_1_30(variant):
     try:
         import kubernetes_validate
     except ImportError:
         pytest.fail("kubernetes-validate missing (run scripts/install-test-tools.sh)")
     checked = 0
-    for obj in render_overlay(overlay):
+    for obj in render_overlay(variant):
         if obj["apiVersion"].startswith(CRD_GROUPS):
             continue
         where = f"{obj['kind']}/{obj['metadata']['name']}"
         try:
             used = kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
         except kubernetes_validate.ValidationError as error:
-            pytest.fail(f"{overlay}: {where} invalid for {KUBERNETES_VERSION}: {error.message} "
+            pytest.fail(f"{variant}: {where} invalid for {KUBERNETES_VERSION}: {error.message} "
                         f"at {list(error.path)}")
         except kubernetes_validate.SchemaNotFoundError as error:
-            pytest.fail(f"{overlay}: {where}: {error.message}")
+            pytest.fail(f"{variant}: {where}: {error.message}")
         assert used == KUBERNETES_VERSION
         checked += 1
     assert checked >= len(EXPECTED_KINDS) - 1
@@ -132,27 +78,9 @@ def test_strict_validation_rejects_a_misspelt_field():
         kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_podmonitor_is_well_formed_and_scrapes_the_metrics_port(overlay):
-    podmonitor = one(render_overlay(overlay), "PodMonitor")
-    jsonschema.validate(podmonitor, PODMONITOR_SCHEMA)
-    assert labels_match(podmonitor["spec"]["selector"]["matchLabels"], _pod_labels(overlay))
-    container = server_container(_deployment(overlay))
-    for endpoint in podmonitor["spec"]["podMetricsEndpoints"]:
-        assert _container_port(container, endpoint["port"]) == server_facts.metrics_port()
-        assert endpoint.get("path", "/metrics") == "/metrics"
-
-
-def test_podmonitor_schema_rejects_a_misspelt_field():
-    podmonitor = yaml.safe_load(yaml.safe_dump(one(render_overlay("cpu"), "PodMonitor")))
-    podmonitor["spec"]["podMetricEndpoints"] = podmonitor["spec"].pop("podMetricsEndpoints")
-    with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(podmonitor, PODMONITOR_SCHEMA)
-
-
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_server_flags_and_ports_agree_with_the_server(overlay):
-    container = server_container(_deployment(overlay))
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_server_flags_and_ports_agree_with_the_server(variant):
+    container = server_container(_deployment(variant))
     assert container.get("args", [None])[0] == "serve"
     flags = container_flags(container)
     unknown = set(flags) - server_facts.known_flag_names()
@@ -162,8 +90,8 @@ def test_server_flags_and_ports_agree_with_the_server(overlay):
     assert flags["host"] == "0.0.0.0"
     assert flags["device"] in server_facts.DEVICES
     assert int(flags["kv_cache_bytes"]) > 0
-    assert _container_port(container, "grpc") == server_facts.grpc_port()
-    assert _container_port(container, "metrics") == server_facts.metrics_port()
+    assert container_port(container, "grpc") == server_facts.grpc_port()
+    assert container_port(container, "metrics") == server_facts.metrics_port()
     # Every $(VAR) in args names a variable the container defines.
     env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
     assert not [a for a in container["args"] if "$(" in expand_env(a, env)]
@@ -174,9 +102,9 @@ def test_device_per_overlay():
     assert container_flags(server_container(_deployment("gpu")))["device"] == "cuda"
 
 
-@pytest.mark.parametrize("overlay", NATIVE_PROBE_OVERLAYS)
-def test_probes_are_native_grpc_against_the_health_service(overlay):
-    container = server_container(_deployment(overlay))
+@pytest.mark.parametrize("variant", NATIVE_PROBE_VARIANTS)
+def test_probes_are_native_grpc_against_the_health_service(variant):
+    container = server_container(_deployment(variant))
     for probe_name in ("startupProbe", "readinessProbe", "livenessProbe"):
         probe = container.get(probe_name)
         assert probe is not None, f"{probe_name} missing"
@@ -196,10 +124,10 @@ def test_tls_overlay_probes_run_the_health_subcommand_at_the_grpc_port():
         assert int(address.rsplit(":", 1)[1]) == server_facts.grpc_port(), probe_name
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_termination_grace_outlasts_the_drain(overlay):
-    spec = _pod_spec(overlay)
-    container = server_container(_deployment(overlay))
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_termination_grace_outlasts_the_drain(variant):
+    spec = _pod_spec(variant)
+    container = server_container(_deployment(variant))
     drain_s = int(container_flags(container).get("drain_timeout_s", server_facts.drain_timeout_s()))
     pre_stop_s = 0
     pre_stop = container.get("lifecycle", {}).get("preStop")
@@ -213,9 +141,9 @@ def test_termination_grace_outlasts_the_drain(overlay):
     assert spec["terminationGracePeriodSeconds"] > drain_s + pre_stop_s
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_pods_run_non_root_with_a_read_only_root_filesystem(overlay):
-    spec = _pod_spec(overlay)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_pods_run_non_root_with_a_read_only_root_filesystem(variant):
+    spec = _pod_spec(variant)
     assert spec["securityContext"]["runAsNonRoot"] is True
     assert spec["securityContext"]["runAsUser"] != 0
     assert spec["automountServiceAccountToken"] is False
@@ -233,28 +161,28 @@ def test_pod_uid_is_the_images_user():
     assert _pod_spec("cpu")["securityContext"]["runAsUser"] == int(users[-1].split(":")[0])
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_resources(overlay):
-    container = server_container(_deployment(overlay))
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_resources(variant):
+    container = server_container(_deployment(variant))
     resources = container["resources"]
     assert resources["requests"]["cpu"] and resources["requests"]["memory"]
     assert resources["limits"]["memory"]
     gpus = resources["limits"].get("nvidia.com/gpu")
-    if overlay == "gpu":
+    if overlay_of(variant) == "gpu":
         assert int(gpus) >= 1
         assert resources["requests"]["nvidia.com/gpu"] == gpus
         assert "cuda" in container["image"]
     else:
         assert gpus is None
         assert "cuda" not in container["image"]
-    for init in _pod_spec(overlay).get("initContainers", []):
+    for init in _pod_spec(variant).get("initContainers", []):
         assert init["image"] == container["image"]
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_model_is_read_from_a_mounted_volume(overlay):
-    spec = _pod_spec(overlay)
-    container = server_container(_deployment(overlay))
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_model_is_read_from_a_mounted_volume(variant):
+    spec = _pod_spec(variant)
+    container = server_container(_deployment(variant))
     model = container_flags(container)["model"]
     mount, volume = mount_for(container, spec["volumes"], model)
     assert mount is not None, f"--model={model} is not on a volume"
@@ -265,10 +193,10 @@ def test_model_is_read_from_a_mounted_volume(overlay):
         assert init_mount is not None and init_mount["name"] == mount["name"]
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_auth_token_and_tls_secrets_are_wired(overlay):
-    spec = _pod_spec(overlay)
-    container = server_container(_deployment(overlay))
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_auth_token_and_tls_secrets_are_wired(variant):
+    spec = _pod_spec(variant)
+    container = server_container(_deployment(variant))
     flags = container_flags(container)
     token = flags["auth_token_file"]
     mount, volume = mount_for(container, spec["volumes"], token)
@@ -281,7 +209,7 @@ def test_auth_token_and_tls_secrets_are_wired(overlay):
 
     tls_volumes = [v for v in spec["volumes"] if v.get("secret", {}).get("secretName") == "switchserve-tls"]
     assert len(tls_volumes) == 1
-    if overlay == "tls":
+    if overlay_of(variant) == "tls":
         assert tls_volumes[0]["secret"]["optional"] is False
         for flag in ("tls_cert", "tls_key"):
             _, volume = mount_for(container, spec["volumes"], flags[flag])
@@ -291,18 +219,18 @@ def test_auth_token_and_tls_secrets_are_wired(overlay):
         assert "tls_cert" not in flags and "tls_key" not in flags
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_services_reach_the_server_ports(overlay):
-    objects = render_overlay(overlay)
-    container = server_container(_deployment(overlay))
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_services_reach_the_server_ports(variant):
+    objects = render_overlay(variant)
+    container = server_container(_deployment(variant))
     services = {s["metadata"]["name"]: s for s in objects_of_kind(objects, "Service")}
     assert set(services) == {"switchserve", "switchserve-headless"}
     expected = {"grpc": server_facts.grpc_port(), "metrics": server_facts.metrics_port()}
     for name, service in services.items():
-        assert labels_match(service["spec"]["selector"], _pod_labels(overlay)), name
+        assert labels_match(service["spec"]["selector"], _pod_labels(variant)), name
         for port in service["spec"]["ports"]:
             assert port["port"] == expected[port["name"]], (name, port)
-            assert _container_port(container, port["targetPort"]) == expected[port["name"]]
+            assert container_port(container, port["targetPort"]) == expected[port["name"]]
     assert {p["name"] for p in services["switchserve"]["spec"]["ports"]} == {"grpc", "metrics"}
     headless = services["switchserve-headless"]["spec"]
     assert headless["clusterIP"] == "None"
@@ -315,9 +243,9 @@ def _adapter_rules():
     return values["rules"]["custom"]
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_hpa_scales_the_deployment_on_waiting_requests(overlay):
-    objects = render_overlay(overlay)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_hpa_scales_the_deployment_on_waiting_requests(variant):
+    objects = render_overlay(variant)
     hpa = one(objects, "HorizontalPodAutoscaler")
     deployment = one(objects, "Deployment")
     assert hpa["apiVersion"] == "autoscaling/v2"
@@ -340,31 +268,31 @@ def test_hpa_scales_the_deployment_on_waiting_requests(overlay):
     assert "<<.Series>>" in rule["metricsQuery"] and "<<.GroupBy>>" in rule["metricsQuery"]
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_pdb_keeps_a_pod_serving(overlay):
-    objects = render_overlay(overlay)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_pdb_keeps_a_pod_serving(variant):
+    objects = render_overlay(variant)
     pdb = one(objects, "PodDisruptionBudget")
     hpa = one(objects, "HorizontalPodAutoscaler")
-    assert labels_match(pdb["spec"]["selector"]["matchLabels"], _pod_labels(overlay))
+    assert labels_match(pdb["spec"]["selector"]["matchLabels"], _pod_labels(variant))
     if "maxUnavailable" in pdb["spec"]:
         assert hpa["spec"]["minReplicas"] - int(pdb["spec"]["maxUnavailable"]) >= 1
     else:
         assert int(pdb["spec"]["minAvailable"]) >= 1
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_network_policy_admits_clients_to_grpc_and_prometheus_to_metrics(overlay):
-    policy = one(render_overlay(overlay), "NetworkPolicy")
-    container = server_container(_deployment(overlay))
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_network_policy_admits_clients_to_grpc_and_prometheus_to_metrics(variant):
+    policy = one(render_overlay(variant), "NetworkPolicy")
+    container = server_container(_deployment(variant))
     spec = policy["spec"]
-    assert labels_match(spec["podSelector"]["matchLabels"], _pod_labels(overlay))
+    assert labels_match(spec["podSelector"]["matchLabels"], _pod_labels(variant))
     assert spec["policyTypes"] == ["Ingress"]
     by_port = {}
     for rule in spec["ingress"]:
         # A rule without `from` or `ports` would admit every source or port.
         assert rule.get("from") and rule.get("ports"), rule
         for port in rule["ports"]:
-            number = port["port"] if isinstance(port["port"], int) else _container_port(container, port["port"])
+            number = port["port"] if isinstance(port["port"], int) else container_port(container, port["port"])
             by_port.setdefault(number, []).extend(rule["from"])
     assert set(by_port) == {server_facts.grpc_port(), server_facts.metrics_port()}
     clients = by_port[server_facts.grpc_port()]
@@ -375,3 +303,16 @@ def test_network_policy_admits_clients_to_grpc_and_prometheus_to_metrics(overlay
         p.get("podSelector", {}).get("matchLabels", {}).get("app.kubernetes.io/name") == "prometheus"
         and p.get("namespaceSelector", {}).get("matchLabels")
         for p in scrapers)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_pods_spread_over_nodes_without_blocking_scheduling(variant):
+    spec = _pod_spec(variant)
+    by_key = {c["topologyKey"]: c for c in spec.get("topologySpreadConstraints", [])}
+    assert "kubernetes.io/hostname" in by_key, "no spread across nodes"
+    for key, constraint in by_key.items():
+        # DoNotSchedule would leave pods Pending on clusters with fewer nodes
+        # (or zones) than replicas.
+        assert constraint["whenUnsatisfiable"] == "ScheduleAnyway", key
+        assert constraint["maxSkew"] == 1, key
+        assert labels_match(constraint["labelSelector"]["matchLabels"], _pod_labels(variant)), key

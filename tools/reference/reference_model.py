@@ -1,9 +1,11 @@
 """PyTorch reference of the switchserve model (DESIGN.md, docs/model-format.md).
 
 Written for clarity, not speed. Every forward call is ONE engine step: the
-valid tokens of all sequences of the batch, in sequence order then position,
-share the expert capacity of each router. Parameter names are exactly the
-tensor names of model.safetensors.
+valid tokens of all sequences of the batch, in sequence order then position
+(batch row b is sequence b). With capacity scope "step" they share the expert
+capacity of each router; with "sequence" each sequence has its own, per group
+of positions, carried in the cache from step to step. Parameter names are
+exactly the tensor names of model.safetensors.
 """
 import copy
 import math
@@ -12,20 +14,21 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from routing import DispatchConfig, route
+from routing import DEFAULT_CAPACITY_GROUP, SCOPES, DispatchConfig, SequenceSlots, route
 
 # ----------------------------------------------------------------- config --
 
 _TOP = {"format_version": None, "name": "", "vocab_size": None, "d_model": None,
         "n_layers": None, "max_seq_len": None, "norm": None, "norm_eps": 1e-5,
-        "tie_embeddings": True, "tokenizer": None, "bos_token_id": None,
+        "tie_embeddings": True, "output_bias": False, "tokenizer": None, "bos_token_id": None,
         "eos_token_id": None, "attention": None, "ffn": None, "dispatch": {}}
 _ATTN = {"type": None, "n_heads": None, "n_kv_heads": None, "head_dim": None,
          "n_experts": 1, "top_k": 1, "gate": "sigmoid", "shared_router": False,
-         "value_routing": "source", "rotate_fraction": 0.5, "rope_base": 10000.0}
+         "value_routing": "source", "position": "rope", "rotate_fraction": 0.5, "rope_base": 10000.0}
 _FFN = {"type": None, "d_ff": None, "n_experts": 1, "top_k": 1, "gate": "softmax",
         "renormalize": False, "activation": "relu", "bias": True, "router_bias": False}
-_DISPATCH = {"capacity_factor": 0.0, "min_capacity": 0, "overflow": "drop"}
+_DISPATCH = {"capacity_factor": 0.0, "min_capacity": 0, "overflow": "drop",
+             "capacity_scope": "sequence", "capacity_group": DEFAULT_CAPACITY_GROUP}
 
 
 def _fill(section, spec, where):
@@ -50,15 +53,36 @@ def parse_config(raw):
         raise ValueError("config.json: format_version must be 1")
     cfg["attention"] = a = _fill(raw["attention"], _ATTN, "attention.")
     cfg["ffn"] = f = _fill(raw["ffn"], _FFN, "ffn.")
-    cfg["dispatch"] = _fill(raw.get("dispatch", {}), _DISPATCH, "dispatch.")
+    raw_dispatch = raw.get("dispatch", {})
+    cfg["dispatch"] = d = _fill(raw_dispatch, _DISPATCH, "dispatch.")
     if a["n_kv_heads"] is None:
         a["n_kv_heads"] = a["n_heads"]
+    if not isinstance(cfg["output_bias"], bool):
+        raise ValueError(f"config.json: output_bias: expected true or false, found {cfg['output_bias']!r}")
+    if a["position"] not in ("rope", "xl"):
+        raise ValueError(f'config.json: attention.position: expected "rope" or "xl", found {a["position"]!r}')
+    if a["position"] == "xl":
+        for key in ("rotate_fraction", "rope_base"):
+            if key in raw["attention"]:
+                raise ValueError(f'config.json: attention.{key}: applies to position "rope" only, '
+                                 f'not "xl" (no RoPE there)')
+        if cfg["d_model"] % 2:
+            raise ValueError(f'config.json: d_model: position "xl" needs an even d_model (sin/cos pairs '
+                             f'of width d_model), found {cfg["d_model"]}')
     assert cfg["norm"] in ("layernorm", "rmsnorm")
     assert a["type"] in ("switchhead", "dense") and f["type"] in ("moe", "dense")
     assert a["n_heads"] % a["n_kv_heads"] == 0
     assert a["gate"] in ("sigmoid", "softmax_topk") and a["value_routing"] in ("source", "destination")
     assert f["gate"] in ("softmax", "sigmoid") and f["activation"] in ("relu", "gelu", "silu")
-    assert cfg["dispatch"]["overflow"] in ("drop", "reroute")
+    assert d["overflow"] in ("drop", "reroute")
+    if d["capacity_scope"] not in SCOPES:
+        raise ValueError(f"config.json: dispatch.capacity_scope: expected one of {SCOPES}, "
+                         f"found {d['capacity_scope']!r}")
+    g = d["capacity_group"]
+    if isinstance(g, bool) or not isinstance(g, int) or g < 1:
+        raise ValueError(f"config.json: dispatch.capacity_group: expected an integer >= 1, found {g!r}")
+    if d["capacity_scope"] == "step" and "capacity_group" in raw_dispatch:
+        raise ValueError('config.json: dispatch.capacity_group: applies to capacity_scope "sequence" only')
     if a["type"] == "dense":
         a["n_experts"], a["top_k"] = 1, 1
     if f["type"] == "dense":
@@ -70,6 +94,8 @@ def parse_config(raw):
 
 def rotary_dims(cfg):
     a = cfg["attention"]
+    if a.get("position", "rope") == "xl":
+        return 0
     n = int(math.floor(a["rotate_fraction"] * a["head_dim"]))
     return n - n % 2
 
@@ -121,6 +147,31 @@ def apply_rope(x, pos, n_rot, base):
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, x[..., n_rot:]], -1)
 
 
+def sinusoid(p, width):
+    """Transformer-XL's fixed position encoding at (signed) positions p [n]:
+    [n, width], pe[:, 2m] = sin(p w_m), pe[:, 2m+1] = cos(p w_m),
+    w_m = 10000^(-2m/width) (= exp(2m * -ln(10000) / width)). In float64."""
+    p = p.to(torch.float64)
+    w = torch.exp(torch.arange(0, width, 2, dtype=torch.float64) * (-math.log(10000.0) / width))
+    ang = p[:, None] * w[None, :]
+    return torch.stack([torch.sin(ang), torch.cos(ang)], -1).reshape(len(p), width)
+
+
+def xl_position_scores(Q, rel, pos_to_pk, d_model, dh):
+    """q_i . r_h(j - i) for every query and key of a padded step.
+    Q [B, L, H, dh] (already scaled by dh^-1/4); rel [B, L, S] = key position -
+    query position; pos_to_pk [H*dh, d]. r_h(p) = P_h (dh^-1/4 pe(p)).
+    Returns [B, H, L, S]. Computed for each distinct p once, then gathered."""
+    B, L, H, _ = Q.shape
+    lo, hi = int(rel.min()), int(rel.max())
+    p = torch.arange(lo, hi + 1, device=Q.device)
+    pe = (sinusoid(p, d_model) * dh ** -0.25).to(Q.dtype)
+    R = (pe @ pos_to_pk.t()).view(len(p), H, dh)  # r_h(p)
+    U = torch.einsum("blhc,phc->bhlp", Q, R)  # [B, H, L, n_p]
+    idx = (rel - lo)[:, None].expand(B, H, L, rel.shape[-1])
+    return U.gather(-1, idx)
+
+
 class Attention(nn.Module):
     """SwitchHead (E > 1 or E = 1) or dense multi-head attention, with GQA."""
 
@@ -132,6 +183,7 @@ class Attention(nn.Module):
         self.E, self.top_k, self.gate = a["n_experts"], a["top_k"], a["gate"]
         self.shared, self.dest = a["shared_router"], a["value_routing"] == "destination"
         self.n_rot, self.base = rotary_dims(cfg), a["rope_base"]
+        self.xl, self.d_model = a["position"] == "xl", d
         H, G, dh, E = self.H, self.G, self.dh, self.E
         self.q = nn.Linear(d, H * dh, bias=False)
         self.k = nn.Linear(d, G * dh, bias=False)
@@ -150,23 +202,27 @@ class Attention(nn.Module):
             self.sel_o = nn.Parameter(torch.zeros((R or H) * E, d))
         if self.dest and not self.routed:
             self.dest = False
+        if self.xl:  # sinusoid (width d) -> position key of each query head
+            self.pos_to_pk = nn.Parameter(torch.zeros(H * dh, d))
 
     @property
     def routed(self):
         return self.kind == "switchhead" and self.E > 1
 
-    def _route(self, X, sel, heads, dispatch_cfg, rdtype):
+    def _route(self, X, sel, heads, dispatch_cfg, rdtype, module, ctx):
         """Routes every router head; returns ([N, heads, E] weights, results)."""
         logits = (X.to(rdtype) @ sel.to(rdtype).t()).view(X.shape[0], -1, self.E)
-        results = [route(logits[:, r], self.top_k, self.gate, dispatch_cfg) for r in range(logits.shape[1])]
+        results = [route(logits[:, r], self.top_k, self.gate, dispatch_cfg, **ctx.router(module, r))
+                   for r in range(logits.shape[1])]
         w = torch.stack([r.weights for r in results], 1).to(X.dtype)
         if w.shape[1] == 1:
             w = w.expand(-1, heads, -1)
         return w, results
 
-    def forward(self, X, pos, layout, cache, dispatch_cfg, rdtype):
+    def forward(self, X, pos, layout, cache, dispatch_cfg, rdtype, ctx):
         """X: [N, d] normed valid tokens; pos: [N]; layout: (B, L, flat index).
-        cache: dict holding K/V/valid/pos of earlier steps (updated)."""
+        cache: dict holding K/V/valid/pos of earlier steps (updated).
+        ctx: RoutingContext of this layer (sequence ids, positions, slots)."""
         B, L, idx = layout
         N = X.shape[0]
         H, G, dh, E = self.H, self.G, self.dh, self.E
@@ -179,7 +235,7 @@ class Attention(nn.Module):
         elif E == 1:
             val = (X @ self.v.t()).view(N, G, dh)
         else:
-            wv, rv = self._route(X, self.sel_v, G, dispatch_cfg, rdtype)
+            wv, rv = self._route(X, self.sel_v, G, dispatch_cfg, rdtype, "attn_v", ctx)
             routes += [("attn_v", r) for r in rv]
             allv = torch.einsum("nd,gedk->ngek", X, self.v.view(G, E, -1, dh))
             val = allv if self.dest else (allv * wv[..., None]).sum(2)
@@ -202,6 +258,9 @@ class Attention(nn.Module):
         Qp[idx] = q
         Qp = Qp.view(B, L, H, dh)
         scores = torch.einsum("blhc,bshc->bhls", Qp, K.repeat_interleave(rep, 2))
+        if self.xl:  # relative position j - i, from absolute positions: chunking changes nothing
+            rel = kpos[:, None, :] - pp.view(B, L)[:, :, None]
+            scores = scores + xl_position_scores(Qp, rel, self.pos_to_pk, self.d_model, dh)
         allowed = kvalid[:, None, None, :] & (kpos[:, None, None, :] <= pp.view(B, L)[:, None, :, None])
         allowed = allowed | ~valid.view(B, 1, L, 1)  # padding queries: anything, discarded
         att = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1)
@@ -217,7 +276,7 @@ class Attention(nn.Module):
             g = torch.sigmoid((X.to(rdtype) @ self.sel_o.to(rdtype).t())).to(X.dtype)
             y = (A * g[..., None]).reshape(N, H * dh) @ self.o.t()
         else:
-            wo, ro = self._route(X, self.sel_o, H, dispatch_cfg, rdtype)
+            wo, ro = self._route(X, self.sel_o, H, dispatch_cfg, rdtype, "attn_o", ctx)
             routes += [("attn_o", r) for r in ro]
             allo = torch.einsum("nhc,hecd->nhed", A, self.o.view(H, E, dh, -1))
             y = (allo * wo[..., None]).sum((1, 2))
@@ -248,14 +307,14 @@ class FeedForward(nn.Module):
                 self.b1 = nn.Parameter(torch.zeros(X, Fd))
                 self.b2 = nn.Parameter(torch.zeros(X, d))
 
-    def forward(self, X, dispatch_cfg, rdtype):
+    def forward(self, X, dispatch_cfg, rdtype, ctx):
         if self.kind == "dense":
             return self.w2(_act(self.act, self.w1(X))), []
         W = self.router.weight.to(rdtype)
         z = X.to(rdtype) @ W.t()
         if self.router.bias is not None:
             z = z + self.router.bias.to(rdtype)
-        r = route(z, self.k, self.gate, dispatch_cfg, self.renorm)
+        r = route(z, self.k, self.gate, dispatch_cfg, self.renorm, **ctx.router("ffn", 0))
         y = torch.zeros_like(X)
         w = r.weights.to(X.dtype)
         for e in range(self.X):
@@ -270,6 +329,19 @@ class FeedForward(nn.Module):
                 out = out + self.b2[e]
             y[rows] += w[rows, e, None] * out
         return y, [("ffn", r)]
+
+
+class RoutingContext:
+    """What sequence-scope dispatch needs besides the logits: each token's
+    sequence (batch row) and position, and the per-router slot state that the
+    layer's cache carries across steps."""
+
+    def __init__(self, seq, pos, layer_cache):
+        self.seq, self.pos = seq, pos
+        self.slots = layer_cache.setdefault("slots", {})
+
+    def router(self, module, head):
+        return dict(seq=self.seq, pos=self.pos, slots=self.slots.setdefault((module, head), SequenceSlots()))
 
 
 class Block(nn.Module):
@@ -291,7 +363,10 @@ class Model(nn.Module):
         self.layers = nn.ModuleList([Block(c) for _ in range(c["n_layers"])])
         self.final_norm = Norm(c["d_model"], c["norm"], c["norm_eps"])
         if not c["tie_embeddings"]:
-            self.lm_head = nn.Linear(c["d_model"], c["vocab_size"], bias=False)
+            self.lm_head = nn.Linear(c["d_model"], c["vocab_size"], bias=c["output_bias"])
+        elif c["output_bias"]:  # tied weight, own bias: lm_head.bias only
+            self.lm_head = nn.Module()
+            self.lm_head.bias = nn.Parameter(torch.zeros(c["vocab_size"]))
         self.to(dtype)
 
     @property
@@ -307,8 +382,9 @@ class Model(nn.Module):
 
         tokens [B, L] int; valid [B, L] bool (default all); positions [B, L]
         absolute positions (default: cache length + arange). `cache` from
-        new_cache() is extended in place. `dispatch` (DispatchConfig)
-        overrides config.json's. Returns dict: logits [B, L, V] (padding rows
+        new_cache() is extended in place (K/V and, for sequence-scope
+        capacity, each sequence's current group loads). `dispatch`
+        (DispatchConfig) overrides config.json's. Returns dict: logits [B, L, V] (padding rows
         are garbage), routes: list of (router_id, RouteResult) over the valid
         tokens in step order, ordered as router_ids(cfg).
         """
@@ -328,12 +404,14 @@ class Model(nn.Module):
         rdtype = torch.float64 if self.dtype == torch.float64 else torch.float32
         idx = valid.reshape(-1).nonzero().flatten()
         pos = positions.reshape(-1)[idx]
+        seq = torch.arange(B, device=dev).repeat_interleave(L)[idx]
         x = self.embedding(tokens.reshape(-1)[idx])
         routes = []
         for i, blk in enumerate(self.layers):
-            y, r_attn = blk.attn(blk.attn_norm(x), pos, (B, L, idx), cache[i], dispatch, rdtype)
+            ctx = RoutingContext(seq.tolist(), pos.tolist(), cache[i])
+            y, r_attn = blk.attn(blk.attn_norm(x), pos, (B, L, idx), cache[i], dispatch, rdtype, ctx)
             x = x + y
-            y, r_ffn = blk.ffn(blk.ffn_norm(x), dispatch, rdtype)
+            y, r_ffn = blk.ffn(blk.ffn_norm(x), dispatch, rdtype, ctx)
             x = x + y
             heads = {}
             for module, r in r_attn + r_ffn:
@@ -342,7 +420,7 @@ class Model(nn.Module):
         x = self.final_norm(x)
         head = self.embedding.weight if self.cfg["tie_embeddings"] else self.lm_head.weight
         logits = x.new_zeros(B * L, self.cfg["vocab_size"])
-        logits[idx] = x @ head.t()
+        logits[idx] = x @ head.t() + (self.lm_head.bias if self.cfg["output_bias"] else 0)
         return dict(logits=logits.view(B, L, -1), routes=routes)
 
     @torch.no_grad()
