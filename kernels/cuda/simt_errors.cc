@@ -155,6 +155,8 @@ const char* cudaGetErrorName(cudaError_t error) {
       return "cudaErrorLaunchOutOfResources";
     case cudaErrorNotSupported:
       return "cudaErrorNotSupported";
+    case cudaErrorNotPermitted:
+      return "cudaErrorNotPermitted";
     default:
       return "cudaErrorUnknown";
   }
@@ -188,6 +190,8 @@ const char* cudaGetErrorString(cudaError_t error) {
       return "too many resources requested for launch";
     case cudaErrorNotSupported:
       return "operation not supported";
+    case cudaErrorNotPermitted:
+      return "operation not permitted";
     default:
       return "unknown error";
   }

@@ -150,8 +150,17 @@ void Enqueue(cudaStream_t /*stream*/, std::function<cudaError_t()> work) {
 }
 
 cudaError_t Drain() {
+  // Queued work that synchronises (a host function calling cudaMemcpy, which
+  // CUDA forbids) would wait for itself.
+  thread_local bool draining = false;
+  if (draining) {
+    return Report(cudaErrorNotPermitted,
+                  "a synchronising CUDA call inside queued work (a cudaLaunchHostFunc "
+                  "callback may not call CUDA)");
+  }
   Queue& queue = TheQueue();
   std::lock_guard<std::mutex> run_lock(queue.run_mu);
+  draining = true;
   for (;;) {
     std::function<cudaError_t()> work;
     {
@@ -163,6 +172,7 @@ cudaError_t Drain() {
     const cudaError_t code = work();
     if (code != cudaSuccess) SetPendingError(code);
   }
+  draining = false;
   return TakePendingError();
 }
 

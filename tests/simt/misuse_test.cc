@@ -254,6 +254,17 @@ TEST_F(SimtMisuse, QueuedWorkRunsOnlyWhenTheHostSynchronises) {
   ASSERT_CUDA(cudaFreeHost(pinned));
 }
 
+TEST_F(SimtMisuse, SynchronisingInsideAHostFunctionIsReportedNotAHang) {
+  simt::ScopedErrorCapture capture;
+  cudaError_t inner = cudaSuccess;
+  ASSERT_CUDA(cudaLaunchHostFunc(
+      nullptr, [](void* result) { *static_cast<cudaError_t*>(result) = cudaDeviceSynchronize(); },
+      &inner));
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  EXPECT_EQ(inner, cudaErrorNotPermitted);
+  EXPECT_THAT(capture.Text(), HasSubstr("inside queued work"));
+}
+
 TEST_F(SimtMisuse, FreshDeviceAndSharedMemoryIsPoisonedInEveryBlock) {
   DeviceArray<float> fresh(8);
   for (const float v : fresh.Download()) {
