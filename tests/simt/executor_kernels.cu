@@ -125,7 +125,21 @@ __global__ void AtomicsKernel(int* int_sum, float* float_sum, int* int_max, floa
   if (threadIdx.x == 0) block_count[blockIdx.x] = count[0];
 }
 
+__global__ void LargeLocalArrayKernel(int* out) {
+  constexpr int kLocal = 4096;  // 16 KiB of int
+  int local[kLocal];
+  const int i = static_cast<int>(threadIdx.x);
+  for (int j = 0; j < kLocal; ++j) local[j] = j + i;
+  int sum = 0;
+  for (int j = 0; j < kLocal; ++j) sum += local[(j * 7 + i) % kLocal];
+  out[i] = sum;
+}
+
 }  // namespace
+
+cudaError_t LaunchLargeLocalArray(int* out) {
+  return SIMT_LAUNCH(LargeLocalArrayKernel, dim3(1), dim3(64), 0, nullptr, out);
+}
 
 cudaError_t LaunchBarrierRounds(dim3 block, int rounds, bool dynamic, int* out) {
   const size_t shared_bytes =

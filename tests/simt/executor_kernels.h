@@ -54,6 +54,11 @@ cudaError_t LaunchSharedIsolation(int* counters, int* met, int* wrong);
 cudaError_t LaunchAtomics(int blocks, int* int_sum, float* float_sum, int* int_max,
                           float* float_max, int* block_count);
 
+// One block of 64 threads, each with a 16 KiB local array (as a GPU allows,
+// spilled to local memory; the executor's fiber stacks must hold it):
+// out[i] = sum over j < 4096 of local[(j * 7 + i) % 4096], local[j] = j + i.
+cudaError_t LaunchLargeLocalArray(int* out);
+
 }  // namespace switchserve::simt_test
 
 #endif  // SWITCHSERVE_TESTS_SIMT_EXECUTOR_KERNELS_H_

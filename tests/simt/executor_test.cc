@@ -190,5 +190,16 @@ TEST(SimtAtomics, AtomicsAcrossBlocksAndInSharedMemoryLoseNoUpdate) {
   EXPECT_EQ(block_count, std::vector<int>(kBlocks, 128));
 }
 
+TEST(SimtStack, ThreadsMayHoldAKernelsSixteenKibLocalArray) {
+  SIMT_REQUIRE_DEVICE();
+  DeviceArray<int> out(64);
+  ASSERT_CUDA(LaunchLargeLocalArray(out.get()));
+  const std::vector<int> sums = out.Download();
+  for (int i = 0; i < 64; ++i) {
+    // The reads visit every element once: sum of (j + i) over j < 4096.
+    EXPECT_EQ(sums[i], 4096 * 4095 / 2 + 4096 * i) << i;
+  }
+}
+
 }  // namespace
 }  // namespace switchserve::simt_test
