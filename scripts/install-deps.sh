@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything switchserve needs to build, test and run on Debian 12.
 # Idempotent; used by the README commands, CI and the container images.
+# The CUDA toolkit (nvcc, cuBLAS, the cuda_bf16.h headers the SIMT executor
+# builds against) is not a Debian package: it is expected at /usr/local/cuda
+# (or wherever nvcc on PATH lives); without it the CUDA kernels are skipped.
 #   scripts/install-deps.sh            build + test dependencies
 #   scripts/install-deps.sh --runtime  only the shared libraries the binary needs
 set -euo pipefail
@@ -19,6 +22,7 @@ build_packages=(
   libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   libabsl-dev prometheus-cpp-dev libopenblas-dev nlohmann-json3-dev
   libsentencepiece-dev sentencepiece libgtest-dev libgmock-dev libbenchmark-dev
+  libboost-context-dev
   python3 python3-numpy python3-grpcio python3-protobuf python3-pytest python3-yaml openssl prometheus
 )
 

@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
 # Installs every dependency, builds, and runs the whole test suite:
 # the release build's tests, then the same tests under ASan+UBSan.
+# Both builds run the CUDA kernels on the SIMT executor (ctest label simt);
+# the release build also compiles them with nvcc, wherever it is installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/install-test-tools.sh
+nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 for preset in release asan; do
   echo "=== build ($preset)"
+  flags=(-DSWITCHSERVE_CUDA_EMULATION=ON)
+  if [[ $preset == release && -x $nvcc ]]; then
+    flags+=(-DSWITCHSERVE_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc")
+  elif [[ $preset == release ]]; then
+    echo "test.sh: no nvcc: the CUDA kernels are not compiled for the GPU in this run"
+  fi
+  cmake --preset "$preset" "${flags[@]}" >/dev/null
   scripts/build.sh "$preset"
   echo "=== test ($preset)"
   ctest --preset "$preset" -j"$(nproc)"

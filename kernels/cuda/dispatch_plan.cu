@@ -1,0 +1,255 @@
+// Capacity dispatch of one router's step: one block of kThreads threads.
+#include "kernels/cuda/dispatch_plan.h"
+#include "kernels/cuda/simt.h"
+
+namespace switchserve::cuda {
+namespace {
+
+using simt::kFullMask;
+using simt::kWarp;
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / kWarp;
+
+__device__ __forceinline__ unsigned LanesBelow(int lane) { return (1u << lane) - 1u; }
+
+// The stable position of this thread's assignment (key = its expert, or -1
+// for none) among the assignments of the same key before it: base[key] from
+// earlier chunks, the same-key lanes of earlier warps, the same-key lanes
+// before it in its warp. Adds the chunk's counts to base. Every thread of the
+// block calls it; warp_count is shared [kWarps, n_keys].
+__device__ int ChunkPosition(int key, int n_keys, int* warp_count, int* base) {
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+  for (int x = lane; x < n_keys; x += kWarp) warp_count[warp * n_keys + x] = 0;
+  __syncwarp();
+  const unsigned peers = __match_any_sync(kFullMask, key);
+  const int rank = __popc(peers & LanesBelow(lane));
+  if (key >= 0 && rank == 0) warp_count[warp * n_keys + key] = __popc(peers);
+  __syncthreads();
+  int pos = 0;
+  if (key >= 0) {
+    pos = base[key] + rank;
+    for (int w = 0; w < warp; ++w) pos += warp_count[w * n_keys + key];
+  }
+  __syncthreads();
+  for (int x = threadIdx.x; x < n_keys; x += blockDim.x) {
+    int total = 0;
+    for (int w = 0; w < kWarps; ++w) total += warp_count[w * n_keys + x];
+    base[x] += total;
+  }
+  __syncthreads();
+  return pos;
+}
+
+struct Plan {
+  const int32_t* expert;
+  const float* weight;
+  const float* score;
+  int64_t score_ld;
+  int tokens;
+  int top_k;
+  int n_experts;
+  int64_t capacity;
+  int32_t* trace_expert;
+  float* trace_gate;
+  uint8_t* trace_fate;
+};
+
+// Has token t chosen expert x (any rank) or been moved to it (ranks < r)?
+__device__ bool Taken(const Plan& p, int t, int r, int x) {
+  const int64_t row = static_cast<int64_t>(t) * p.top_k;
+  for (int q = 0; q < p.top_k; ++q) {
+    if (p.expert[row + q] == x) return true;
+  }
+  for (int q = 0; q < r; ++q) {
+    if (p.trace_fate[row + q] == static_cast<uint8_t>(DeviceFate::kRerouted) &&
+        p.trace_expert[row + q] == x) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Reroute fates, by warp 0 alone; load[e] ends as the assignments expert e
+// processes.
+__device__ void RerouteFates(const Plan& p, int* load) {
+  const int lane = threadIdx.x;
+  const int n_assign = p.tokens * p.top_k;
+  for (int a = 0; a < n_assign;) {
+    const int ai = a + lane;
+    const bool valid = ai < n_assign;
+    const int t = valid ? ai % p.tokens : 0;
+    const int64_t idx = static_cast<int64_t>(t) * p.top_k + (valid ? ai / p.tokens : 0);
+    const int e = valid ? p.expert[idx] : -1;
+    const unsigned peers = __match_any_sync(kFullMask, e);
+    const int rank = __popc(peers & LanesBelow(lane));
+    const bool overflow = valid && load[e] + rank >= p.capacity;
+    const unsigned overflowing = __ballot_sync(kFullMask, overflow);
+    const int n_valid = min(kWarp, n_assign - a);
+    // Lanes before the first overflow are kept, each at load[e] + rank.
+    const int commit = overflowing != 0 ? __ffs(static_cast<int>(overflowing)) - 1 : n_valid;
+    const bool kept = lane < commit;
+    __syncwarp();  // every lane has read load[] before it changes
+    if (kept) {
+      p.trace_expert[idx] = e;
+      p.trace_gate[idx] = p.weight[idx];
+      p.trace_fate[idx] = static_cast<uint8_t>(DeviceFate::kKept);
+      const unsigned kept_peers = peers & (commit == kWarp ? kFullMask : (1u << commit) - 1u);
+      if (__popc(kept_peers & LanesBelow(lane)) == 0) load[e] += __popc(kept_peers);
+    }
+    __syncwarp();
+    if (commit == n_valid) {
+      a += n_valid;
+      continue;
+    }
+    // Assignment a + commit finds its expert full: the warp picks the token's
+    // best remaining expert with room (highest logit, ties to the lower e).
+    const int af = a + commit;
+    const int tf = af % p.tokens;
+    const int64_t f_idx = static_cast<int64_t>(tf) * p.top_k + af / p.tokens;
+    int best = -1;
+    float best_score = 0.0f;
+    for (int x = lane; x < p.n_experts; x += kWarp) {
+      if (load[x] >= p.capacity || Taken(p, tf, af / p.tokens, x)) continue;
+      const float s = p.score[tf * p.score_ld + x];
+      if (best < 0 || s > best_score) {
+        best = x;
+        best_score = s;
+      }
+    }
+    for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+      const int other = __shfl_xor_sync(kFullMask, best, offset);
+      const float other_score = __shfl_xor_sync(kFullMask, best_score, offset);
+      if (other >= 0 &&
+          (best < 0 || other_score > best_score || (other_score == best_score && other < best))) {
+        best = other;
+        best_score = other_score;
+      }
+    }
+    if (lane == 0) {
+      p.trace_gate[f_idx] = p.weight[f_idx];
+      if (best >= 0) {
+        p.trace_expert[f_idx] = best;
+        p.trace_fate[f_idx] = static_cast<uint8_t>(DeviceFate::kRerouted);
+        load[best] += 1;
+      } else {
+        p.trace_expert[f_idx] = p.expert[f_idx];
+        p.trace_fate[f_idx] = static_cast<uint8_t>(DeviceFate::kDropped);
+      }
+    }
+    __syncwarp();
+    a = af + 1;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    DispatchPlanKernel(const int32_t* expert, const float* weight, const float* score,
+                       int64_t score_ld, const float* prob, int tokens, int top_k, int n_experts,
+                       int64_t capacity, DispatchMode mode, int32_t* trace_expert,
+                       float* trace_gate, uint8_t* trace_fate, int32_t* offsets,
+                       int32_t* slot_token, float* slot_weight, int32_t* counts, double* prob_sum) {
+  SIMT_DYNAMIC_SHARED(int, shared);
+  const int E = n_experts;
+  int* warp_count = shared;             // [kWarps, E]
+  int* base = warp_count + kWarps * E;  // [E] running counts of the counting passes
+  int* load = base + E;                 // [E] assignments each expert processes
+  int* offs = load + E;                 // [E + 1]
+  int* stat = offs + E + 1;             // [4, E] routed, kept, rerouted, dropped
+  const Plan p{expert,    weight,   score,        score_ld,   tokens,    top_k,
+               n_experts, capacity, trace_expert, trace_gate, trace_fate};
+  const int n_assign = tokens * top_k;
+  for (int x = threadIdx.x; x < E; x += blockDim.x) base[x] = load[x] = 0;
+  for (int x = threadIdx.x; x < 4 * E; x += blockDim.x) stat[x] = 0;
+  __syncthreads();
+
+  // 1. Fates, rank-major (a = r * T + t).
+  if (mode == DispatchMode::kReroute) {
+    if (threadIdx.x < kWarp) RerouteFates(p, load);
+  } else {
+    for (int chunk = 0; chunk < n_assign; chunk += blockDim.x) {
+      const int a = chunk + threadIdx.x;
+      const bool valid = a < n_assign;
+      const int64_t idx = valid ? static_cast<int64_t>(a % tokens) * top_k + a / tokens : 0;
+      const int e = valid ? expert[idx] : -1;
+      const int pos = ChunkPosition(e, E, warp_count, base);
+      if (valid) {
+        const bool kept = mode == DispatchMode::kDropless || pos < capacity;
+        trace_expert[idx] = e;
+        trace_gate[idx] = weight[idx];
+        trace_fate[idx] = static_cast<uint8_t>(kept ? DeviceFate::kKept : DeviceFate::kDropped);
+      }
+    }
+    for (int x = threadIdx.x; x < E; x += blockDim.x) {
+      load[x] = mode == DispatchMode::kDropless
+                    ? base[x]
+                    : static_cast<int>(
+                          min(static_cast<long long>(base[x]), static_cast<long long>(capacity)));
+    }
+  }
+  __syncthreads();
+
+  // 2. Offsets of each expert's slots.
+  if (threadIdx.x == 0) {
+    int total = 0;
+    for (int x = 0; x < E; ++x) {
+      offs[x] = total;
+      total += load[x];
+    }
+    offs[E] = total;
+  }
+  for (int x = threadIdx.x; x < E; x += blockDim.x) base[x] = 0;
+  __syncthreads();
+  for (int x = threadIdx.x; x <= E; x += blockDim.x) offsets[x] = offs[x];
+
+  // 3. Slots: processed assignments by final expert, stable in a; statistics.
+  for (int chunk = 0; chunk < n_assign; chunk += blockDim.x) {
+    const int a = chunk + threadIdx.x;
+    const bool valid = a < n_assign;
+    const int t = valid ? a % tokens : 0;
+    const int64_t idx = valid ? static_cast<int64_t>(t) * top_k + a / tokens : 0;
+    const uint8_t fate = valid ? trace_fate[idx] : static_cast<uint8_t>(DeviceFate::kDropped);
+    const bool processed = fate != static_cast<uint8_t>(DeviceFate::kDropped);
+    const int final_expert = processed ? trace_expert[idx] : -1;
+    const int pos = ChunkPosition(final_expert, E, warp_count, base);
+    if (!valid) continue;
+    if (processed) {
+      const int slot = offs[final_expert] + pos;
+      slot_token[slot] = t;
+      slot_weight[slot] = trace_gate[idx];
+    }
+    const int routed_to = expert[idx];
+    atomicAdd(&stat[routed_to], 1);
+    if (fate == static_cast<uint8_t>(DeviceFate::kKept)) atomicAdd(&stat[E + routed_to], 1);
+    if (fate == static_cast<uint8_t>(DeviceFate::kRerouted)) {
+      atomicAdd(&stat[2 * E + routed_to], 1);
+      atomicAdd(&stat[E + final_expert], 1);
+    }
+    if (fate == static_cast<uint8_t>(DeviceFate::kDropped)) atomicAdd(&stat[3 * E + routed_to], 1);
+  }
+  __syncthreads();
+  for (int x = threadIdx.x; x < 4 * E; x += blockDim.x) counts[x] = stat[x];
+  // prob_sum in token order, as the CPU adds it.
+  for (int x = threadIdx.x; x < E; x += blockDim.x) {
+    double sum = 0;
+    for (int t = 0; t < tokens; ++t) sum += prob[static_cast<int64_t>(t) * E + x];
+    prob_sum[x] = sum;
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchDispatchPlan(const DispatchPlanInput& in, const DispatchPlanOutput& out,
+                               cudaStream_t stream) {
+  if (in.n_experts < 1 || in.top_k < 1 || in.top_k > in.n_experts || in.tokens < 0 ||
+      in.capacity < 0) {
+    return cudaErrorInvalidValue;
+  }
+  const size_t shared_bytes = sizeof(int) * (static_cast<size_t>(kWarps + 7) * in.n_experts + 1);
+  return SIMT_LAUNCH(DispatchPlanKernel, dim3(1), dim3(kThreads), shared_bytes, stream, in.expert,
+                     in.weight, in.score, in.score_ld, in.prob, in.tokens, in.top_k, in.n_experts,
+                     in.capacity, in.mode, out.trace_expert, out.trace_gate, out.trace_fate,
+                     out.offsets, out.slot_token, out.slot_weight, out.counts, out.prob_sum);
+}
+
+}  // namespace switchserve::cuda

@@ -1,0 +1,62 @@
+// Capacity dispatch of one router's step on the GPU: the decisions of the
+// CPU's DispatchTokens (engine/moe/expert_dispatch.h), step scope, made on device
+// memory by one block. Assignments are taken rank-major (a = r * T + t: every
+// token's first choice in step order, then every second choice, ...).
+//
+//   drop / dropless  pos(a) = earlier assignments to the same expert, from a
+//                    stable counting pass (__match_any_sync + __popc per warp,
+//                    per-warp counts in shared memory; no atomics); kept iff
+//                    pos < C (always when dropless).
+//   reroute          sequential by definition: one warp commits up to 32
+//                    assignments at a time, up to the first that would
+//                    overflow, which it then moves alone to the token's best
+//                    expert not yet chosen that still has room (warp argmax of
+//                    the logits, ties to the lower expert), or drops.
+// Then the slots: kept and rerouted assignments grouped by final expert,
+// offsets[e] + their stable rank (the same counting pass), and the step's
+// statistics.
+#ifndef SWITCHSERVE_KERNELS_CUDA_DISPATCH_PLAN_H_
+#define SWITCHSERVE_KERNELS_CUDA_DISPATCH_PLAN_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace switchserve::cuda {
+
+enum class DispatchMode : int { kDrop, kReroute, kDropless };
+
+// The fate of an assignment, as the CPU's RouteFate.
+enum class DeviceFate : uint8_t { kKept = 0, kRerouted = 1, kDropped = 2 };
+
+struct DispatchPlanInput {
+  const int32_t* expert = nullptr;  // [T, k] routed experts, rank order per token
+  const float* weight = nullptr;    // [T, k] their gate weights
+  const float* score = nullptr;     // [T, E] logits, row stride score_ld (reroute only)
+  int64_t score_ld = 0;
+  const float* prob = nullptr;  // [T, E] P(e | token), for prob_sum
+  int tokens = 0;
+  int top_k = 0;
+  int n_experts = 0;
+  int64_t capacity = 0;  // C = DispatchConfig::CapacityPerExpert(T, k, E); unused when dropless
+  DispatchMode mode = DispatchMode::kDrop;
+};
+
+// Device memory, written by the kernel.
+struct DispatchPlanOutput {
+  int32_t* trace_expert = nullptr;  // [T, k] the expert that processes it (the new one if moved)
+  float* trace_gate = nullptr;    // [T, k] its gate weight (dropped: the weight it would have had)
+  uint8_t* trace_fate = nullptr;  // [T, k] DeviceFate
+  int32_t* offsets = nullptr;     // [E + 1] expert e owns slots [offsets[e], offsets[e + 1])
+  int32_t* slot_token = nullptr;  // [T * k] token of each slot
+  float* slot_weight = nullptr;   // [T * k] gate weight of each slot
+  int32_t* counts = nullptr;      // [4, E] routed, kept, rerouted, dropped
+  double* prob_sum = nullptr;     // [E] sum over tokens of prob, in token order
+};
+
+cudaError_t LaunchDispatchPlan(const DispatchPlanInput& in, const DispatchPlanOutput& out,
+                               cudaStream_t stream);
+
+}  // namespace switchserve::cuda
+
+#endif  // SWITCHSERVE_KERNELS_CUDA_DISPATCH_PLAN_H_

@@ -1,0 +1,80 @@
+// Router top-k: one thread per token, looping over its experts. The
+// arithmetic repeats RouteTokens operation for operation (double sums, float
+// sigmoid), so that on the executor the results are bit-identical to the CPU
+// and on a GPU they differ only by its exp/expf rounding.
+#include "kernels/cuda/route_topk.h"
+#include "kernels/cuda/simt.h"
+
+namespace switchserve::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+
+__device__ __forceinline__ float Sigmoid(float z) { return 1.0f / (1.0f + expf(-z)); }
+
+__global__ void __launch_bounds__(kThreads)
+    RouteTopKKernel(const float* logits, int64_t ld, int tokens, int n_experts, int top_k,
+                    GateType gate, int renormalize, int32_t* expert, float* weight, float* prob) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= tokens) return;  // no barrier in this kernel
+  const float* z = logits + t * ld;
+  int32_t* chosen = expert + static_cast<int64_t>(t) * top_k;
+  float* w = weight + static_cast<int64_t>(t) * top_k;
+  float* p = prob + static_cast<int64_t>(t) * n_experts;
+
+  float zmax = z[0];
+  for (int e = 1; e < n_experts; ++e) zmax = zmax < z[e] ? z[e] : zmax;
+  if (gate == GateType::kSigmoid) {
+    double sum = 0;
+    for (int e = 0; e < n_experts; ++e) sum += Sigmoid(z[e]);
+    for (int e = 0; e < n_experts; ++e) p[e] = static_cast<float>(Sigmoid(z[e]) / sum);
+  } else {
+    double denom = 0;
+    for (int e = 0; e < n_experts; ++e) denom += exp(static_cast<double>(z[e] - zmax));
+    for (int e = 0; e < n_experts; ++e) {
+      p[e] = static_cast<float>(exp(static_cast<double>(z[e] - zmax)) / denom);
+    }
+  }
+
+  for (int r = 0; r < top_k; ++r) {
+    int best = -1;
+    for (int e = 0; e < n_experts; ++e) {
+      bool taken = false;
+      for (int q = 0; q < r; ++q) taken = taken || chosen[q] == e;
+      if (taken) continue;
+      if (best < 0 || z[e] > z[best]) best = e;
+    }
+    chosen[r] = best;
+  }
+
+  if (gate == GateType::kSoftmaxTopK) {
+    const float zk = z[chosen[0]];
+    double sum = 0;
+    for (int r = 0; r < top_k; ++r) sum += exp(static_cast<double>(z[chosen[r]] - zk));
+    for (int r = 0; r < top_k; ++r) {
+      w[r] = static_cast<float>(exp(static_cast<double>(z[chosen[r]] - zk)) / sum);
+    }
+    return;
+  }
+  double sum = 0;
+  for (int r = 0; r < top_k; ++r) {
+    w[r] = gate == GateType::kSigmoid ? Sigmoid(z[chosen[r]]) : p[chosen[r]];
+    sum += w[r];
+  }
+  if (renormalize != 0 && sum > 0) {
+    for (int r = 0; r < top_k; ++r) w[r] = static_cast<float>(w[r] / sum);
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchRouteTopK(const float* logits, int64_t ld, int tokens, int n_experts, int top_k,
+                            GateType gate, bool renormalize, int32_t* expert, float* weight,
+                            float* prob, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  const int blocks = (tokens + kThreads - 1) / kThreads;
+  return SIMT_LAUNCH(RouteTopKKernel, dim3(blocks), dim3(kThreads), 0, stream, logits, ld, tokens,
+                     n_experts, top_k, gate, renormalize ? 1 : 0, expert, weight, prob);
+}
+
+}  // namespace switchserve::cuda

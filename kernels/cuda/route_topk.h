@@ -1,0 +1,26 @@
+// Router top-k on the GPU, the CPU's RouteTokens (engine/moe/expert_dispatch.h)
+// on device memory: the probabilities in double as the CPU computes them,
+// experts ranked by logit with strict > over ascending e (ties to the lower
+// expert), then the gate weight of each choice.
+#ifndef SWITCHSERVE_KERNELS_CUDA_ROUTE_TOPK_H_
+#define SWITCHSERVE_KERNELS_CUDA_ROUTE_TOPK_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace switchserve::cuda {
+
+// The CPU's GateFunction, same order.
+enum class GateType : int { kSoftmax, kSigmoid, kSoftmaxTopK };
+
+// logits: [tokens, n_experts], row stride ld. Outputs (device memory):
+// expert and weight [tokens, top_k] in rank order; prob [tokens, n_experts],
+// P(e | token) for the statistics. One thread per token.
+cudaError_t LaunchRouteTopK(const float* logits, int64_t ld, int tokens, int n_experts, int top_k,
+                            GateType gate, bool renormalize, int32_t* expert, float* weight,
+                            float* prob, cudaStream_t stream);
+
+}  // namespace switchserve::cuda
+
+#endif  // SWITCHSERVE_KERNELS_CUDA_ROUTE_TOPK_H_

@@ -1,0 +1,88 @@
+// RMSNorm / LayerNorm kernel against the CPU backend's NormRows, on odd
+// shapes, under every thread order.
+#include "kernels/cuda/norm.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "tests/simt/simt_test_util.h"
+
+namespace switchserve::simt_test {
+namespace {
+
+using cuda::NormType;
+
+// f32 statistics here against double on the CPU: a few ulp of the output.
+constexpr float kTolerance = 2e-5f;
+
+TEST(SimtNorm, MatchesTheCpuBackendOnOddShapes) {
+  SIMT_REQUIRE_DEVICE();
+  const float eps = 1e-5f;
+  for (const int rows : {1, 7, 33, 257}) {
+    for (const int d : {7, 100, 112, 1000}) {
+      for (const NormType type : {NormType::kRms, NormType::kLayer}) {
+        const bool layer = type == NormType::kLayer;
+        SCOPED_TRACE(std::string(layer ? "LayerNorm" : "RMSNorm") +
+                     " rows=" + std::to_string(rows) + " d=" + std::to_string(d));
+        std::vector<float> x = RandomFloats(static_cast<size_t>(rows) * d, rows * 7919 + d, -3, 3);
+        for (float& v : x) v += 0.5f;  // a mean LayerNorm has to remove
+        const std::vector<float> weight = RandomFloats(d, d + 1, 0.5f, 1.5f);
+        const std::vector<float> bias = RandomFloats(d, d + 2, -0.5f, 0.5f);
+        std::vector<float> want(x.size());
+        cpu::NormRows(layer ? NormKind::kLayerNorm : NormKind::kRmsNorm, eps, x.data(), rows, d,
+                      weight.data(), layer ? bias.data() : nullptr, want.data());
+
+        // One row more than needed: the kernel must leave it untouched.
+        const size_t n = x.size();
+        const auto [out, out_bf16] = InEveryOrder([&] {
+          DeviceArray<float> d_x(x), d_weight(weight), d_bias(bias), d_out(n + d);
+          DeviceArray<__nv_bfloat16> d_out_bf16(n + d);
+          EXPECT_EQ(cuda::LaunchNormRows(type, eps, d_x.get(), rows, d, d_weight.get(),
+                                         layer ? d_bias.get() : nullptr, d_out.get(),
+                                         d_out_bf16.get(), nullptr),
+                    cudaSuccess);
+          return std::make_tuple(d_out.Download(), d_out_bf16.Download());
+        });
+        for (size_t i = 0; i < n; ++i) {
+          ASSERT_NEAR(out[i], want[i], kTolerance * (1 + std::fabs(want[i]))) << "element " << i;
+          const float rounded = __bfloat162float(out_bf16[i]);
+          ASSERT_EQ(rounded, __bfloat162float(__float2bfloat16_rn(out[i]))) << "element " << i;
+        }
+        for (size_t i = n; i < n + d; ++i) {
+          uint32_t bits;
+          std::memcpy(&bits, &out[i], 4);
+          ASSERT_EQ(bits, 0xffffffffu) << "wrote past the last row at " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(SimtNorm, EitherOutputMayBeOmitted) {
+  SIMT_REQUIRE_DEVICE();
+  const int rows = 3, d = 40;
+  const std::vector<float> x = RandomFloats(rows * d, 11);
+  const std::vector<float> weight(d, 1.0f);
+  DeviceArray<float> d_x(x), d_weight(weight), d_out(rows * d);
+  DeviceArray<__nv_bfloat16> d_out_bf16(rows * d);
+  ASSERT_CUDA(cuda::LaunchNormRows(NormType::kRms, 1e-6f, d_x.get(), rows, d, d_weight.get(),
+                                   nullptr, nullptr, d_out_bf16.get(), nullptr));
+  ASSERT_CUDA(cuda::LaunchNormRows(NormType::kRms, 1e-6f, d_x.get(), rows, d, d_weight.get(),
+                                   nullptr, d_out.get(), nullptr, nullptr));
+  const std::vector<float> out = d_out.Download();
+  const std::vector<float> out_bf16 = Widen(d_out_bf16.Download());
+  for (int i = 0; i < rows * d; ++i) {
+    EXPECT_EQ(out_bf16[i], __bfloat162float(__float2bfloat16_rn(out[i])));
+  }
+  ASSERT_CUDA(cuda::LaunchNormRows(NormType::kRms, 1e-6f, d_x.get(), 0, d, d_weight.get(), nullptr,
+                                   d_out.get(), nullptr, nullptr));  // no rows: no launch
+}
+
+}  // namespace
+}  // namespace switchserve::simt_test
