@@ -53,7 +53,11 @@ class SequenceRunner {
   SequenceRunnerOptions options_;
   std::unique_ptr<KvCache> kv_cache_;
   KvBlockAllocator& allocator_;  // kv_cache_'s
-  std::unordered_map<SequenceId, int64_t> lengths_;
+  struct Entry {
+    int64_t length = 0;
+    GroupLoads group_loads;
+  };
+  std::unordered_map<SequenceId, Entry> sequences_;
 };
 
 }  // namespace switchserve

@@ -162,9 +162,9 @@ SERVER = ROOT / "server"
 # The sources whose flags each subcommand reads: ABSL_FLAG definitions and
 # ABSL_DECLARE_FLAG declarations.
 COMMAND_FLAG_SOURCES = {
-    "serve": ["server_flags.cc", "common_flags.h"],
-    "generate": ["generate_command.cc", "common_flags.h"],
-    "score": ["score_command.cc", "common_flags.h"],
+    "serve": ["server_flags.cc", "common_flags.h", "dispatch_flags.h"],
+    "generate": ["generate_command.cc", "common_flags.h", "dispatch_flags.h"],
+    "score": ["score_command.cc", "common_flags.h", "dispatch_flags.h"],
     "health": ["health_command.cc"],
 }
 _DEFINED = re.compile(r"ABSL_FLAG\(\s*[^,]+?\s*,\s*(\w+)\s*,\s*(.+?)\s*,\s*\"", re.S)

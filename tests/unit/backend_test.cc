@@ -122,10 +122,17 @@ TEST_P(BackendRoutedTest, CapacityStatsAreConsistent) {
   const std::vector<RouterId> routers = RouterLayout(config).routers();
   ASSERT_FALSE(routers.empty());
   const ModelWeights weights = RandomWeights(config, 5);
-  for (OverflowPolicy policy : {OverflowPolicy::kDrop, OverflowPolicy::kReroute}) {
+  for (const auto& [scope, policy] :
+       {std::pair(CapacityScope::kStep, OverflowPolicy::kDrop),
+        std::pair(CapacityScope::kStep, OverflowPolicy::kReroute),
+        std::pair(CapacityScope::kSequence, OverflowPolicy::kDrop),
+        std::pair(CapacityScope::kSequence, OverflowPolicy::kReroute)}) {
+    SCOPED_TRACE(std::string(ToString(scope)) + " " + std::string(ToString(policy)));
     DispatchConfig dispatch;
     dispatch.capacity_factor = 0.5;
     dispatch.overflow = policy;
+    dispatch.scope = scope;
+    dispatch.capacity_group = 4;  // sequences of 9 and 7 tokens: 3 + 2 groups
     Harness h(backend(), config, weights, dispatch);
     StepOutput out;
     const auto a = RandomTokens(9, config.vocab_size, 31);
@@ -154,7 +161,11 @@ TEST_P(BackendRoutedTest, CapacityStatsAreConsistent) {
           if (ch.fate != RouteFate::kDropped) ++kept_trace[ch.expert];
         }
       }
-      const int64_t capacity = dispatch.CapacityPerExpert(T, k, E);
+      // The slots an expert has in this step: C for the step, or C for each
+      // of the sequences' 5 groups.
+      const int64_t capacity = scope == CapacityScope::kStep
+                                   ? dispatch.CapacityPerExpert(T, k, E)
+                                   : 5 * dispatch.CapacityPerExpert(4, k, E);
       int64_t routed = 0, kept = 0, dropped = 0, rerouted = 0;
       double prob = 0;
       for (int e = 0; e < E; ++e) {

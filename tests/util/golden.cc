@@ -34,7 +34,7 @@ absl::Status Assign(absl::StatusOr<T> value, T* out) {
 
 }  // namespace
 
-std::vector<std::string> ListGoldenVariants(bool dropless_only) {
+std::vector<std::string> ListGoldenVariants(bool batch_independent_only) {
   std::vector<std::string> names;
   const std::filesystem::path root = SourcePath("tests/golden");
   if (!std::filesystem::exists(root)) return names;
@@ -42,12 +42,14 @@ std::vector<std::string> ListGoldenVariants(bool dropless_only) {
     if (!entry.is_directory() || !std::filesystem::exists(entry.path() / "golden.safetensors")) {
       continue;
     }
-    if (dropless_only) {
+    if (batch_independent_only) {
       std::ifstream in(entry.path() / "config.json");
       std::stringstream text;
       text << in.rdbuf();
       absl::StatusOr<ModelConfig> config = ParseModelConfig(text.str(), "config.json");
-      if (!config.ok() || !config->dispatch.Dropless()) continue;
+      if (!config.ok()) continue;
+      const DispatchConfig& dispatch = config->dispatch;
+      if (!dispatch.Dropless() && dispatch.scope != CapacityScope::kSequence) continue;
     }
     names.push_back(entry.path().filename().string());
   }
@@ -71,6 +73,18 @@ absl::StatusOr<GoldenCase> LoadGolden(const std::string& variant) {
   for (int32_t len : seq_lens) {
     golden.sequences.emplace_back(tokens.begin() + offset, tokens.begin() + offset + len);
     offset += len;
+  }
+  if ((*file)->Find("steps") != nullptr) {
+    std::vector<int32_t> steps;
+    status = Assign(ReadI32(**file, "steps"), &steps);
+    if (!status.ok()) return status;
+    const size_t B = seq_lens.size();
+    if (B == 0 || steps.size() % B != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(variant, ": steps is not [S, ", B, "]"));
+    }
+    for (size_t s = 0; s < steps.size(); s += B) {
+      golden.steps.emplace_back(steps.begin() + s, steps.begin() + s + B);
+    }
   }
 
   absl::StatusOr<std::unique_ptr<Model>> model = LoadModel(golden.model_dir);

@@ -28,13 +28,17 @@ struct GoldenCase {
   std::string name;
   std::string model_dir;
   std::vector<std::vector<int32_t>> sequences;
+  // The chunk schedule, when the variant has one: steps[s][b] tokens of
+  // sequence b in engine step s (0: not in the step), in position order.
+  std::vector<std::vector<int32_t>> steps;
   std::vector<float> logits;          // [total tokens, vocab], step order
   std::vector<GoldenRouter> routers;  // RouterLayout order
 };
 
 // Variant names (directory names under tests/golden), sorted; with
-// `dropless_only`, those whose config has no capacity limit.
-std::vector<std::string> ListGoldenVariants(bool dropless_only = false);
+// `batch_independent_only`, those whose results cannot depend on how the
+// sequences are batched: dropless, or capacity counted per sequence.
+std::vector<std::string> ListGoldenVariants(bool batch_independent_only = false);
 absl::StatusOr<GoldenCase> LoadGolden(const std::string& variant);
 
 }  // namespace switchserve::testing
