@@ -245,6 +245,72 @@ TEST_P(BackendTest, BadInputIsRejectedAndCacheUntouched) {
   EXPECT_EQ(got, want);
 }
 
+// (d') Under the sequence capacity scope a chunk that continues a capacity
+// group must carry that group's loads, ending where the chunk starts, of the
+// model's width: anything else is rejected with the cache and the loads
+// untouched; a chunk that opens a group needs none.
+TEST_P(BackendRoutedTest, CarriedGroupLoadsAreValidated) {
+  const ModelConfig& config = this->config();
+  const ModelWeights weights = RandomWeights(config, 13);
+  DispatchConfig dispatch;
+  dispatch.scope = CapacityScope::kSequence;
+  dispatch.capacity_group = 4;
+  dispatch.capacity_factor = 0.5;
+  const auto prompt = RandomTokens(6, config.vocab_size, 51);
+  const auto more = RandomTokens(2, config.vocab_size, 52);
+
+  Harness clean(backend(), config, weights, dispatch);
+  clean.Run(1, prompt, 0);
+  const std::vector<float> want = clean.Run(1, more, 6);
+
+  Harness probed(backend(), config, weights, dispatch);
+  KvBlockAllocator& alloc = probed.alloc();
+  ASSERT_TRUE(alloc.Reserve(1, 8).ok());
+  GroupLoads loads;
+  StepBatch first;
+  first.Clear(kBlockSize);
+  first.Add(prompt, 0, alloc.BlockTable(1)).group_loads = &loads;
+  StepOutput out;
+  ASSERT_TRUE(probed.backend().Forward(first, &out).ok());
+  EXPECT_EQ(loads.next_position, 6);
+  const size_t width = static_cast<size_t>(RouterLayout(config).total_experts());
+  ASSERT_EQ(loads.loads.size(), width);
+  const GroupLoads carried = loads;
+
+  GroupLoads stale = loads;
+  stale.next_position = 5;
+  GroupLoads narrow = loads;
+  narrow.loads.pop_back();
+  for (GroupLoads* bad : {static_cast<GroupLoads*>(nullptr), &stale, &narrow}) {
+    StepBatch batch;
+    batch.Clear(kBlockSize);
+    batch.Add(more, 6, alloc.BlockTable(1)).group_loads = bad;
+    const absl::Status status = probed.backend().Forward(batch, &out);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_NE(status.message().find("sequences[0]"), std::string_view::npos) << status;
+    EXPECT_NE(status.message().find("capacity group"), std::string_view::npos) << status;
+  }
+  EXPECT_EQ(stale.next_position, 5);
+  EXPECT_EQ(loads.next_position, carried.next_position);
+  EXPECT_EQ(loads.loads, carried.loads);
+
+  StepBatch good;
+  good.Clear(kBlockSize);
+  StepSequence& sequence = good.Add(more, 6, alloc.BlockTable(1));
+  sequence.group_loads = &loads;
+  sequence.logits = LogitsMode::kAll;
+  ASSERT_TRUE(probed.backend().Forward(good, &out).ok());
+  EXPECT_EQ(out.logits, want);
+  EXPECT_EQ(loads.next_position, 8);
+
+  // Position 8 opens a group: no loads needed.
+  ASSERT_TRUE(alloc.Reserve(1, 9).ok());
+  StepBatch opening;
+  opening.Clear(kBlockSize);
+  opening.Add({more[0]}, 8, alloc.BlockTable(1));
+  EXPECT_TRUE(probed.backend().Forward(opening, &out).ok());
+}
+
 // (e) Each sampling sequence's next token is what the host sampler draws from
 // the logits of its last token: the seeded generator advanced by the draws,
 // the repetition penalty over the sequence's history, top-k / top-p / min-p,
