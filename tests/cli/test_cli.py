@@ -99,6 +99,31 @@ def test_bad_input_is_reported_not_crashed(tmp_path):
     assert out_of_vocab.returncode == 1 and "999" in out_of_vocab.stderr
     no_prompt = run("generate", "--model", str(GOLDEN / "dense_mha"), check=False)
     assert no_prompt.returncode == 2
+    bad_scope = run("score", "--model", str(GOLDEN / "dense_mha"), "--tokens", "1,2",
+                    "--capacity-scope", "batch", check=False)
+    assert bad_scope.returncode == 1 and "--capacity-scope" in bad_scope.stderr
+    # switchall_capacity's dispatch is the step scope: a group makes no sense there.
+    group_for_step = run("score", "--model", str(GOLDEN / "switchall_capacity"), "--tokens",
+                         "1,2", "--capacity-group", "8", check=False)
+    assert group_for_step.returncode == 1 and "--capacity-group" in group_for_step.stderr
+
+
+def test_score_applies_the_dispatch_flags(tmp_path):
+    # The sequence-scope golden scored with its own dispatch drops
+    # assignments; dropless, nothing; the flags change what score computes.
+    tokens = ",".join(str(32 + (i * 37) % 90) for i in range(48))
+    model = str(GOLDEN / "seq_switchall_drop_g8")
+    own = dict(line.split(": ", 1) for line in
+               run("score", "--model", model, "--tokens", tokens).stdout.splitlines())
+    dropless = dict(line.split(": ", 1) for line in
+                    run("score", "--model", model, "--tokens", tokens,
+                        "--capacity-factor", "0").stdout.splitlines())
+    assert float(own["dropped_ffn"]) > 0 and float(dropless["dropped_ffn"]) == 0
+    assert own["mean_nll"] != dropless["mean_nll"]
+    rerouted = dict(line.split(": ", 1) for line in
+                    run("score", "--model", model, "--tokens", tokens,
+                        "--overflow", "reroute").stdout.splitlines())
+    assert float(rerouted["rerouted_attn_v"]) > 0
 
 
 DEFAULT_MODEL = ROOT / "models" / "default"
