@@ -125,17 +125,31 @@ def dropped(response):
 
 def run_crowded(server, victim_index):
     """The victim among 31 neighbours, all sent at once from their own
-    threads; the victim's response."""
+    threads (victim_index None: the victim is sent once the server holds all
+    31, so that it runs with the last of them); the victim's response."""
     with server.channel() as channel:
         stub = pb_grpc.GenerationStub(channel)
-        requests = [neighbour_request(i) for i in range(31)]
-        requests.insert(victim_index, victim_request())
-        with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
-            futures = [pool.submit(stub.Generate, r, timeout=300) for r in requests]
-            responses = [f.result() for f in futures]
+        neighbours = [neighbour_request(i) for i in range(31)]
+        with concurrent.futures.ThreadPoolExecutor(32) as pool:
+            if victim_index is None:
+                futures = [pool.submit(stub.Generate, r, timeout=300) for r in neighbours]
+                deadline = time.monotonic() + 60
+                while True:
+                    cache = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).cache
+                    done = sum(f.done() for f in futures)
+                    if cache.running_requests + cache.waiting_requests + done >= 31:
+                        break
+                    assert time.monotonic() < deadline, "the neighbours never all arrived"
+                victim = pool.submit(stub.Generate, victim_request(), timeout=300)
+            else:
+                requests = list(neighbours)
+                requests.insert(victim_index, victim_request())
+                futures = [pool.submit(stub.Generate, r, timeout=300) for r in requests]
+                victim = futures.pop(victim_index)
+            responses = [f.result() for f in futures] + [victim.result()]
     for r in responses:
         assert r.finish_reason == pb.FINISH_REASON_LENGTH
-    return responses[victim_index]
+    return responses[-1]
 
 
 def run_alone(server):
@@ -161,7 +175,7 @@ def test_sequence_scope_request_does_not_feel_its_neighbours(policy):
         assert len(alone.tokens) == 16
         if policy != "dropless":
             assert dropped(alone) > 0, "the victim's own assignments are dropped"
-        for victim_index in (0, 13, 31):
+        for victim_index in (0, 13, 31, None):
             crowded = run_crowded(server, victim_index)
             assert list(crowded.token_ids) == list(alone.token_ids), victim_index
             assert outcome(crowded) == outcome(alone), victim_index
@@ -175,13 +189,17 @@ def test_sequence_scope_request_does_not_feel_its_neighbours(policy):
 
 
 def test_step_scope_request_feels_its_neighbours_and_the_server_warns():
+    # Steps of at least 1 ms: the 31 neighbours are all in the server long
+    # before they finish.
     server = Server("--capacity-scope", "step", "--capacity-factor", "1.0", "--min-capacity", "0",
-                    "--overflow", "drop")
+                    "--overflow", "drop", "--debug-step-delay-ms", "1")
     try:
         assert "WARNING: capacity_scope \"step\"" in server.log()
         assert "arXiv:2402.05526" in server.log()
         alone = outcome(run_alone(server))
-        changed = [outcome(run_crowded(server, i)) != alone for i in (0, 13, 31)]
+        # Sent once the 31 others are in the server, the victim shares steps
+        # with them whatever the timing of the clients.
+        changed = [outcome(run_crowded(server, None)) != alone for _ in range(2)]
         assert all(changed), changed
     finally:
         server.close()
