@@ -6,8 +6,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "kernels/cpu/cpu_xl_positions.h"
-
 namespace switchserve::cpu {
 namespace {
 
@@ -36,8 +34,8 @@ GateFunction CpuAttention::gate() const {
 }
 
 void CpuAttention::Run(const AttentionWeights& w, const StepBatch& step, const float* xn, float* x,
-                       float* k_cache, float* v_cache, const float* position_keys, int router_base,
-                       const RoutingRecorder& recorder) {
+                       float* k_cache, float* v_cache, const XlPositionKeys& positions,
+                       int router_base, const RoutingRecorder& recorder) {
   const int T = step.num_tokens();
   const int H = attn_.n_heads, G = attn_.n_kv_heads, dh = attn_.head_dim;
   const int ev = attn_.CachedValuesPerKvHead();
@@ -64,7 +62,7 @@ void CpuAttention::Run(const AttentionWeights& w, const StepBatch& step, const f
     std::memcpy(k_cache + step.cache_rows[t] * krow, k_.data() + t * krow, krow * sizeof(float));
     std::memcpy(v_cache + step.cache_rows[t] * vrow, v_.data() + t * vrow, vrow * sizeof(float));
   }
-  Attend(step, k_cache, v_cache, position_keys);
+  Attend(step, k_cache, v_cache, positions);
   ProjectOutput(w, step, xn, x, router_base, recorder);
 }
 
@@ -123,7 +121,7 @@ void CpuAttention::ComputeValues(const AttentionWeights& w, const StepBatch& ste
 }
 
 void CpuAttention::Attend(const StepBatch& step, const float* k_cache, const float* v_cache,
-                          const float* position_keys) {
+                          const XlPositionKeys& positions) {
   const int H = attn_.n_heads, G = attn_.n_kv_heads, dh = attn_.head_dim;
   const int ev = attn_.CachedValuesPerKvHead();
   const int group = H / G;
@@ -137,7 +135,7 @@ void CpuAttention::Attend(const StepBatch& step, const float* k_cache, const flo
     const int t = step.token_offsets[c];
     const int n = step.num_tokens(c);
     if (n >= kTiledMinTokens) {
-      AttendChunkTiled(step, c, t, n, k_cache, v_cache, position_keys);
+      AttendChunkTiled(step, c, t, n, k_cache, v_cache, positions);
     } else {
       for (int i = 0; i < n; ++i) loop_tokens_.push_back(t + i);
     }
@@ -162,9 +160,7 @@ void CpuAttention::Attend(const StepBatch& step, const float* k_cache, const flo
     float* score = scores_.data() + static_cast<int64_t>(omp_get_thread_num()) * max_seq_len_;
     const float* q = q_.data() + (static_cast<int64_t>(t) * H + h) * dh;
     // XL: R_h[pos - j] for key j (cpu_xl_positions.h).
-    const float* rel = position_keys == nullptr
-                           ? nullptr
-                           : position_keys + (static_cast<int64_t>(h) * max_seq_len_ + pos) * dh;
+    const float* rel = positions ? positions.At(h, pos) : nullptr;
 
     float smax = -INFINITY;
     for (int j = 0; j <= pos; ++j) {
@@ -208,7 +204,7 @@ void CpuAttention::Attend(const StepBatch& step, const float* k_cache, const flo
 
 void CpuAttention::AttendChunkTiled(const StepBatch& step, int c, int t0, int n,
                                     const float* k_cache, const float* v_cache,
-                                    const float* position_keys) {
+                                    const XlPositionKeys& positions) {
   const int H = attn_.n_heads, G = attn_.n_kv_heads, dh = attn_.head_dim;
   const int ev = attn_.CachedValuesPerKvHead();
   const int group = H / G;
@@ -241,11 +237,10 @@ void CpuAttention::AttendChunkTiled(const StepBatch& step, int c, int t0, int n,
         for (int r = 0; r < rows; ++r) {
           float* sr = score + static_cast<int64_t>(r) * span;
           const int visible = start + i0 + r + 1;  // causal
-          if (position_keys != nullptr) {
+          if (positions) {
             // XL: + q . R_h[i - j], i = visible - 1 (cpu_xl_positions.h).
             const float* q = q_.data() + (static_cast<int64_t>(t0 + i0 + r) * H + h) * dh;
-            const float* rel =
-                position_keys + (static_cast<int64_t>(h) * max_seq_len_ + visible - 1) * dh;
+            const float* rel = positions.At(h, visible - 1);
             for (int j = 0; j < visible; ++j) {
               sr[j] += XlPositionDot(q, rel - static_cast<int64_t>(j) * dh, dh);
             }

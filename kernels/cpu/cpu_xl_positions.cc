@@ -58,6 +58,7 @@ absl::StatusOr<XlPositionTable> XlPositionTable::Create(const ModelConfig& confi
         absl::StrCat("XL position table: cannot allocate ", size_text, " = ", bytes, " bytes"));
   }
   table.max_positions_ = positions;
+  table.head_dim_ = dh;
 
   // w_m = exp(2m * -ln(10000) / d), the training code's formula, in double.
   std::vector<double> frequency(d / 2);

@@ -32,6 +32,19 @@
 
 namespace switchserve::cpu {
 
+// One layer's table: R_h[delta] is the dh floats at (h * positions + delta) *
+// dh of `keys`. Null `keys`: the model uses RoPE.
+struct XlPositionKeys {
+  const float* keys = nullptr;
+  int positions = 0;  // max_seq_len: delta in [0, positions)
+  int head_dim = 0;
+
+  explicit operator bool() const { return keys != nullptr; }
+  const float* At(int head, int delta) const {
+    return keys + (static_cast<int64_t>(head) * positions + delta) * head_dim;
+  }
+};
+
 class XlPositionTable {
  public:
   // An empty table (RoPE models have none).
@@ -50,11 +63,15 @@ class XlPositionTable {
 
   bool empty() const { return layers_.empty(); }
   int max_positions() const { return max_positions_; }
-  // Layer `layer`'s table, [H, max_seq_len, dh]; null when empty.
-  const float* Layer(int layer) const { return layers_.empty() ? nullptr : layers_[layer].data(); }
+  // Layer `layer`'s table, [H, max_seq_len, dh]; null keys when empty.
+  XlPositionKeys Layer(int layer) const {
+    if (layers_.empty()) return {};
+    return {layers_[layer].data(), max_positions_, head_dim_};
+  }
 
  private:
   int max_positions_ = 0;
+  int head_dim_ = 0;
   std::vector<std::vector<float>> layers_;
 };
 
