@@ -142,7 +142,7 @@ TEST_P(BackendRoutedTest, CapacityStatsAreConsistent) {
     const int T = 16;
     ASSERT_EQ(out.stats.routers.size(), routers.size());
     ASSERT_EQ(out.routing.size(), static_cast<size_t>(T));
-    int64_t dropped_total = 0;
+    int64_t overflowed_total = 0;
     for (size_t r = 0; r < routers.size(); ++r) {
       const RouterStepStats& s = out.stats.routers[r];
       const int E = routers[r].n_experts, k = routers[r].top_k;
@@ -186,9 +186,11 @@ TEST_P(BackendRoutedTest, CapacityStatsAreConsistent) {
         EXPECT_EQ(rerouted, 0);
       }
       EXPECT_NEAR(prob, T, 1e-3);
-      dropped_total += dropped;
+      overflowed_total += dropped + rerouted;
     }
-    EXPECT_GT(dropped_total, 0) << "capacity 0.5 should drop something";
+    // Drops, or reroutes where another expert has room (top-1 with reroute
+    // can absorb every overflow).
+    EXPECT_GT(overflowed_total, 0) << "capacity 0.5 should overflow something";
   }
 }
 

@@ -1,5 +1,9 @@
 // Every backend (BackendsUnderTest()) against the Python reference's golden
-// vectors (tools/reference/make_goldens.py, computed in float64).
+// vectors (tools/reference/make_goldens.py, computed in float64): all
+// sequences in one step, the variant's chunk schedule replayed step by step,
+// and, where the results cannot depend on the batching (dropless, or the
+// sequence capacity scope), each sequence decoded alone and every sequence run
+// in uneven chunks.
 //
 // Tolerances: logits, gate values and probability sums within a relative
 // error of 1e-4 (max |ours - golden| / max |golden|, f32 arithmetic against a
@@ -11,9 +15,11 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/model/model_loader.h"
+#include "engine/moe/router_layout.h"
 #include "engine/runtime/kv_cache.h"
 #include "engine/runtime/sequence_runner.h"
 #include "gtest/gtest.h"
@@ -56,6 +62,12 @@ TEST(GoldenSetTest, CoversEveryVariant) {
                                "switchall_capacity",
                                "switchall_bf16",
                                "switchall_f16",
+                               "xl_switchhead",
+                               "xl_switchhead_e1",
+                               "xl_switchall_sigma",
+                               "xl_dense_gqa",
+                               "xl_shared_dest",
+                               "xl_long",
                                "seq_ffn_top2_drop_g4",
                                "seq_ffn_top1_reroute_g10",
                                "seq_switchall_drop_g8",
@@ -64,6 +76,52 @@ TEST(GoldenSetTest, CoversEveryVariant) {
                                "seq_default_scope"}) {
     EXPECT_NE(std::find(variants.begin(), variants.end(), required), variants.end())
         << "missing golden variant " << required;
+  }
+  // Every XL variant comes with a chunk schedule.
+  const std::vector<std::string> scheduled = testing::ListScheduledGoldenVariants();
+  for (const char* required :
+       {"xl_switchhead", "xl_switchhead_e1", "xl_switchall_sigma", "xl_dense_gqa", "xl_shared_dest",
+        "xl_long", "seq_switchall_chunked_g5"}) {
+    EXPECT_NE(std::find(scheduled.begin(), scheduled.end(), required), scheduled.end())
+        << "no chunk schedule in golden variant " << required;
+  }
+}
+
+// Per router: the counts exactly, probability sums and aux loss to the
+// tolerance; per token (step order) and rank: expert and fate exactly, the
+// gate to the tolerance.
+void ExpectRoutingMatches(const GoldenCase& golden, const StepRoutingStats& stats,
+                          const std::vector<TokenRouting>& routing) {
+  ASSERT_EQ(stats.routers.size(), golden.routers.size());
+  size_t choice_offset = 0;
+  for (size_t r = 0; r < golden.routers.size(); ++r) {
+    const testing::GoldenRouter& want = golden.routers[r];
+    const RouterStepStats& got = stats.routers[r];
+    SCOPED_TRACE(absl::StrCat("layer ", want.id.layer, " ", std::string(ToString(want.id.module)),
+                              " head ", want.id.head));
+    EXPECT_EQ(got.tokens, want.stats.tokens);
+    EXPECT_EQ(got.routed, want.stats.routed);
+    EXPECT_EQ(got.kept, want.stats.kept);
+    EXPECT_EQ(got.rerouted, want.stats.rerouted);
+    EXPECT_EQ(got.dropped, want.stats.dropped);
+    ASSERT_EQ(got.prob_sum.size(), want.stats.prob_sum.size());
+    for (size_t e = 0; e < got.prob_sum.size(); ++e) {
+      EXPECT_NEAR(got.prob_sum[e], want.stats.prob_sum[e],
+                  kRelativeTolerance * std::max(1.0, std::abs(want.stats.prob_sum[e])));
+    }
+    EXPECT_NEAR(ComputeBalance(got, want.id.top_k).aux_loss, want.aux_loss,
+                kRelativeTolerance * want.aux_loss);
+    const int k = want.id.top_k;
+    for (size_t t = 0; t < routing.size(); ++t) {
+      ASSERT_GE(routing[t].choices.size(), choice_offset + k) << "token " << t;
+      for (int i = 0; i < k; ++i) {
+        const RouteChoice& choice = routing[t].choices[choice_offset + i];
+        EXPECT_EQ(choice.expert, want.expert[t * k + i]) << "token " << t << " rank " << i;
+        EXPECT_EQ(static_cast<int>(choice.fate), want.fate[t * k + i]) << "token " << t;
+        EXPECT_NEAR(choice.gate, want.gate[t * k + i], kRelativeTolerance) << "token " << t;
+      }
+    }
+    choice_offset += k;
   }
 }
 
@@ -84,56 +142,13 @@ class GoldenParityTest
     return std::get<0>(GetParam()).create(model_->config, model_->weights, model_->config.dispatch);
   }
 
-  // Every logit, statistic and routing decision of the step (or of the
-  // steps, with `stats` summed over them) against the golden's.
-  void ExpectMatchesGolden(const std::vector<float>& logits,
-                           const std::vector<TokenRouting>& routing,
-                           const StepRoutingStats& stats) const {
-    const int vocab = model_->config.vocab_size;
-    ASSERT_EQ(logits.size(), golden_.logits.size());
-    EXPECT_LE(RelativeError(logits.data(), golden_.logits.data(), golden_.logits.size()),
-              kRelativeTolerance);
-    ASSERT_EQ(stats.routers.size(), golden_.routers.size());
-    const size_t total_tokens = golden_.logits.size() / vocab;
-    ASSERT_EQ(routing.size(), total_tokens);
-    size_t choice_offset = 0;
-    for (size_t r = 0; r < golden_.routers.size(); ++r) {
-      const testing::GoldenRouter& want = golden_.routers[r];
-      const RouterStepStats& got = stats.routers[r];
-      SCOPED_TRACE(absl::StrCat("layer ", want.id.layer, " ", std::string(ToString(want.id.module)),
-                                " head ", want.id.head));
-      EXPECT_EQ(got.tokens, want.stats.tokens);
-      EXPECT_EQ(got.routed, want.stats.routed);
-      EXPECT_EQ(got.kept, want.stats.kept);
-      EXPECT_EQ(got.rerouted, want.stats.rerouted);
-      EXPECT_EQ(got.dropped, want.stats.dropped);
-      ASSERT_EQ(got.prob_sum.size(), want.stats.prob_sum.size());
-      for (size_t e = 0; e < got.prob_sum.size(); ++e) {
-        EXPECT_NEAR(got.prob_sum[e], want.stats.prob_sum[e],
-                    kRelativeTolerance * std::max(1.0, std::abs(want.stats.prob_sum[e])));
-      }
-      EXPECT_NEAR(ComputeBalance(got, want.id.top_k).aux_loss, want.aux_loss,
-                  kRelativeTolerance * want.aux_loss);
-      const int k = want.id.top_k;
-      for (size_t t = 0; t < total_tokens; ++t) {
-        ASSERT_GE(routing[t].choices.size(), choice_offset + k) << "token " << t;
-        for (int i = 0; i < k; ++i) {
-          const RouteChoice& choice = routing[t].choices[choice_offset + i];
-          EXPECT_EQ(choice.expert, want.expert[t * k + i]) << "token " << t << " rank " << i;
-          EXPECT_EQ(static_cast<int>(choice.fate), want.fate[t * k + i]) << "token " << t;
-          EXPECT_NEAR(choice.gate, want.gate[t * k + i], kRelativeTolerance) << "token " << t;
-        }
-      }
-      choice_offset += k;
-    }
-  }
-
   GoldenCase golden_;
   std::unique_ptr<Model> model_;
 };
 
 // All sequences in one engine step, as the reference ran them.
 TEST_P(GoldenParityTest, OneStepMatchesReference) {
+  const int vocab = model_->config.vocab_size;
   std::unique_ptr<Backend> backend = NewBackend();
   KvCacheOptions options;
   options.block_size = 16;
@@ -151,7 +166,86 @@ TEST_P(GoldenParityTest, OneStepMatchesReference) {
   }
   StepOutput output;
   ASSERT_TRUE(backend->Forward(batch, &output).ok());
-  ExpectMatchesGolden(output.logits, output.routing, output.stats);
+  ASSERT_EQ(output.logits.size(), golden_.logits.size());
+  EXPECT_LE(RelativeError(output.logits.data(), golden_.logits.data(), golden_.logits.size()),
+            kRelativeTolerance);
+  ASSERT_EQ(output.routing.size(), golden_.logits.size() / vocab);
+  ExpectRoutingMatches(golden_, output.stats, output.routing);
+}
+
+// The variant's chunk schedule (golden `steps`) replayed step by step through
+// the paged cache, each step holding the chunks the schedule gives it and each
+// sequence carrying its capacity group loads: every token's logits and
+// routing are the reference's, and the steps' statistics add up to the
+// reference's.
+using GoldenScheduleTest = GoldenParityTest;
+
+TEST_P(GoldenScheduleTest, ReplayedScheduleMatchesReference) {
+  ASSERT_FALSE(golden_.steps.empty());
+  const int vocab = model_->config.vocab_size;
+  const size_t num_sequences = golden_.sequences.size();
+  std::unique_ptr<Backend> backend = NewBackend();
+  KvCacheOptions options;
+  options.block_size = 16;
+  options.max_tokens = 64 * 16;
+  absl::StatusOr<std::unique_ptr<KvCache>> kv_cache = KvCache::Create(backend.get(), options);
+  ASSERT_TRUE(kv_cache.ok()) << kv_cache.status();
+  KvBlockAllocator& allocator = (*kv_cache)->allocator();
+
+  // Row of each sequence's first token in the golden (step) order.
+  std::vector<size_t> first_row(num_sequences, 0);
+  for (size_t b = 1; b < num_sequences; ++b) {
+    first_row[b] = first_row[b - 1] + golden_.sequences[b - 1].size();
+  }
+  const size_t total_tokens = golden_.logits.size() / vocab;
+  std::vector<float> logits(golden_.logits.size(), NAN);
+  std::vector<TokenRouting> routing(total_tokens);
+  StepRoutingStats stats;
+  stats.Reset(RouterLayout(model_->config).routers());
+  std::vector<int32_t> done(num_sequences, 0);
+  std::vector<GroupLoads> group_loads(num_sequences);
+  for (size_t s = 0; s < golden_.steps.size(); ++s) {
+    SCOPED_TRACE(absl::StrCat("step ", s));
+    ASSERT_EQ(golden_.steps[s].size(), num_sequences);
+    StepBatch batch;
+    batch.Clear(allocator.block_size());
+    std::vector<size_t> members;
+    for (size_t b = 0; b < num_sequences; ++b) {
+      const int32_t n = golden_.steps[s][b];
+      if (n == 0) continue;
+      const std::vector<int32_t>& tokens = golden_.sequences[b];
+      ASSERT_LE(done[b] + n, static_cast<int32_t>(tokens.size()));
+      ASSERT_TRUE(allocator.Reserve(b, done[b] + n).ok());
+      StepSequence& sequence =
+          batch.Add(std::vector<int32_t>(tokens.begin() + done[b], tokens.begin() + done[b] + n),
+                    done[b], allocator.BlockTable(b));
+      sequence.logits = LogitsMode::kAll;
+      sequence.collect_routing = true;
+      sequence.group_loads = &group_loads[b];
+      members.push_back(b);
+    }
+    StepOutput output;
+    ASSERT_TRUE(backend->Forward(batch, &output).ok());
+    size_t row = 0;
+    for (size_t b : members) {
+      for (int32_t i = 0; i < golden_.steps[s][b]; ++i, ++row) {
+        const size_t token = first_row[b] + done[b] + i;
+        ASSERT_LT(row, output.routing.size());
+        ASSERT_EQ(output.row_position[row], done[b] + i);
+        std::copy(output.logits.begin() + row * vocab, output.logits.begin() + (row + 1) * vocab,
+                  logits.begin() + token * vocab);
+        routing[token] = output.routing[row];
+      }
+      done[b] += golden_.steps[s][b];
+    }
+    ASSERT_EQ(row, output.routing.size());
+    stats.Add(output.stats);
+  }
+  for (size_t b = 0; b < num_sequences; ++b) {
+    ASSERT_EQ(done[b], static_cast<int32_t>(golden_.sequences[b].size())) << "sequence " << b;
+  }
+  EXPECT_LE(RelativeError(logits.data(), golden_.logits.data(), logits.size()), kRelativeTolerance);
+  ExpectRoutingMatches(golden_, stats, routing);
 }
 
 // Variants whose results cannot depend on the batching (dropless, or the
@@ -180,78 +274,60 @@ TEST_P(GoldenBatchIndependentTest, DecodeAloneMatchesReference) {
   }
 }
 
-// The sequences run chunk by chunk over several steps, each sequence carrying
-// its capacity group loads: the variant's own chunk schedule (`steps`) when
-// it has one, else uneven chunks of 1 to 4 tokens. Every logit and routing
-// decision equals the one-step golden's, and the steps' statistics add up to
-// its statistics.
-TEST_P(GoldenBatchIndependentTest, ChunkScheduleMatchesReference) {
+// Every sequence in uneven chunks of 1 to 4 tokens, side by side in shared
+// steps, through a cache of 4-token blocks, each sequence carrying its
+// capacity group loads: every logit and routing decision equals the one-step
+// golden's, and the steps' statistics add up to its statistics.
+TEST_P(GoldenBatchIndependentTest, UnevenChunksMatchReference) {
   const int vocab = model_->config.vocab_size;
   const size_t B = golden_.sequences.size();
-  std::vector<std::vector<int32_t>> schedule = golden_.steps;
-  if (schedule.empty()) {
-    std::vector<int32_t> left(B);
-    for (size_t b = 0; b < B; ++b) left[b] = static_cast<int32_t>(golden_.sequences[b].size());
-    for (int s = 0; std::any_of(left.begin(), left.end(), [](int32_t n) { return n > 0; }); ++s) {
-      std::vector<int32_t>& step = schedule.emplace_back(B, 0);
-      for (size_t b = 0; b < B; ++b) {
-        step[b] = std::min(left[b], 1 + static_cast<int32_t>((s + b) % 4));
-        left[b] -= step[b];
-      }
-    }
-  }
   std::unique_ptr<Backend> backend = NewBackend();
   KvCacheOptions options;
-  options.block_size = 4;  // chunks cross blocks
-  options.max_tokens = 64 * 16;
+  options.block_size = 4;
+  options.max_tokens = 1024 * 4;
   absl::StatusOr<std::unique_ptr<KvCache>> kv_cache = KvCache::Create(backend.get(), options);
   ASSERT_TRUE(kv_cache.ok()) << kv_cache.status();
   KvBlockAllocator& allocator = (*kv_cache)->allocator();
 
   std::vector<size_t> first_row(B, 0);  // golden row of each sequence's position 0
   for (size_t b = 1; b < B; ++b) first_row[b] = first_row[b - 1] + golden_.sequences[b - 1].size();
-  const size_t total_tokens = golden_.logits.size() / vocab;
-  std::vector<float> logits(golden_.logits.size(), 0.0f);
-  std::vector<TokenRouting> routing(total_tokens);
+  std::vector<float> logits(golden_.logits.size(), NAN);
+  std::vector<TokenRouting> routing(golden_.logits.size() / vocab);
+  StepRoutingStats stats;
+  stats.Reset(RouterLayout(model_->config).routers());
   std::vector<GroupLoads> group_loads(B);
   std::vector<int32_t> done(B, 0);
-  StepRoutingStats stats;
-  for (const std::vector<int32_t>& step : schedule) {
-    ASSERT_EQ(step.size(), B);
+  for (int step = 0;; ++step) {
     StepBatch batch;
     batch.Clear(allocator.block_size());
-    std::vector<size_t> batch_sequence;  // golden sequence of each batch entry
+    std::vector<size_t> members;  // golden sequence of each batch entry
     for (size_t b = 0; b < B; ++b) {
-      if (step[b] == 0) continue;
-      ASSERT_TRUE(allocator.Reserve(b, done[b] + step[b]).ok());
+      const int32_t left = static_cast<int32_t>(golden_.sequences[b].size()) - done[b];
+      const int32_t n = std::min(left, 1 + static_cast<int32_t>((step + b) % 4));
+      if (n == 0) continue;
+      ASSERT_TRUE(allocator.Reserve(b, done[b] + n).ok());
       StepSequence& sequence =
-          batch.Add(absl::MakeConstSpan(golden_.sequences[b]).subspan(done[b], step[b]), done[b],
+          batch.Add(absl::MakeConstSpan(golden_.sequences[b]).subspan(done[b], n), done[b],
                     allocator.BlockTable(b));
       sequence.logits = LogitsMode::kAll;
       sequence.collect_routing = true;
       sequence.group_loads = &group_loads[b];
-      batch_sequence.push_back(b);
+      members.push_back(b);
     }
+    if (members.empty()) break;
     StepOutput output;
     ASSERT_TRUE(backend->Forward(batch, &output).ok());
     for (size_t r = 0; r < output.row_sequence.size(); ++r) {
-      const size_t b = batch_sequence[output.row_sequence[r]];
+      const size_t b = members[output.row_sequence[r]];
       const size_t row = first_row[b] + output.row_position[r];
       std::copy_n(output.logits.begin() + r * vocab, vocab, logits.begin() + row * vocab);
       routing[row] = output.routing[r];
     }
-    if (stats.routers.empty()) {
-      stats = output.stats;
-    } else {
-      stats.Add(output.stats);
-    }
-    for (size_t b = 0; b < B; ++b) done[b] += step[b];
+    stats.Add(output.stats);
+    for (size_t m = 0; m < members.size(); ++m) done[members[m]] += batch.num_tokens(m);
   }
-  for (size_t b = 0; b < B; ++b) {
-    ASSERT_EQ(static_cast<size_t>(done[b]), golden_.sequences[b].size())
-        << "schedule, sequence " << b;
-  }
-  ExpectMatchesGolden(logits, routing, stats);
+  EXPECT_LE(RelativeError(logits.data(), golden_.logits.data(), logits.size()), kRelativeTolerance);
+  ExpectRoutingMatches(golden_, stats, routing);
 }
 
 std::string TestName(
@@ -262,10 +338,15 @@ INSTANTIATE_TEST_SUITE_P(Backends, GoldenParityTest,
                          ::testing::Combine(::testing::ValuesIn(testing::BackendsUnderTest()),
                                             ::testing::ValuesIn(testing::ListGoldenVariants())),
                          TestName);
+INSTANTIATE_TEST_SUITE_P(
+    Backends, GoldenScheduleTest,
+    ::testing::Combine(::testing::ValuesIn(testing::BackendsUnderTest()),
+                       ::testing::ValuesIn(testing::ListScheduledGoldenVariants())),
+    TestName);
 INSTANTIATE_TEST_SUITE_P(Backends, GoldenBatchIndependentTest,
                          ::testing::Combine(::testing::ValuesIn(testing::BackendsUnderTest()),
                                             ::testing::ValuesIn(testing::ListGoldenVariants(
-                                                /*batch_independent_only=*/true))),
+                                                testing::GoldenFilter::kBatchIndependent))),
                          TestName);
 
 }  // namespace

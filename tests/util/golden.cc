@@ -34,7 +34,7 @@ absl::Status Assign(absl::StatusOr<T> value, T* out) {
 
 }  // namespace
 
-std::vector<std::string> ListGoldenVariants(bool batch_independent_only) {
+std::vector<std::string> ListGoldenVariants(GoldenFilter filter) {
   std::vector<std::string> names;
   const std::filesystem::path root = SourcePath("tests/golden");
   if (!std::filesystem::exists(root)) return names;
@@ -42,18 +42,30 @@ std::vector<std::string> ListGoldenVariants(bool batch_independent_only) {
     if (!entry.is_directory() || !std::filesystem::exists(entry.path() / "golden.safetensors")) {
       continue;
     }
-    if (batch_independent_only) {
+    if (filter != GoldenFilter::kAll) {
       std::ifstream in(entry.path() / "config.json");
       std::stringstream text;
       text << in.rdbuf();
       absl::StatusOr<ModelConfig> config = ParseModelConfig(text.str(), "config.json");
       if (!config.ok()) continue;
       const DispatchConfig& dispatch = config->dispatch;
-      if (!dispatch.Dropless() && dispatch.scope != CapacityScope::kSequence) continue;
+      const bool independent = dispatch.Dropless() || (filter == GoldenFilter::kBatchIndependent &&
+                                                       dispatch.scope == CapacityScope::kSequence);
+      if (!independent) continue;
     }
     names.push_back(entry.path().filename().string());
   }
   std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::vector<std::string> ListScheduledGoldenVariants() {
+  std::vector<std::string> names;
+  for (const std::string& name : ListGoldenVariants()) {
+    absl::StatusOr<std::unique_ptr<SafetensorsFile>> file =
+        SafetensorsFile::Open(SourcePath("tests/golden/" + name + "/golden.safetensors"));
+    if (file.ok() && (*file)->Find("steps") != nullptr) names.push_back(name);
+  }
   return names;
 }
 
@@ -74,16 +86,16 @@ absl::StatusOr<GoldenCase> LoadGolden(const std::string& variant) {
     golden.sequences.emplace_back(tokens.begin() + offset, tokens.begin() + offset + len);
     offset += len;
   }
-  if ((*file)->Find("steps") != nullptr) {
+  if (const TensorInfo* info = (*file)->Find("steps"); info != nullptr) {
     std::vector<int32_t> steps;
-    status = Assign(ReadI32(**file, "steps"), &steps);
-    if (!status.ok()) return status;
-    const size_t B = seq_lens.size();
-    if (B == 0 || steps.size() % B != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(variant, ": steps is not [S, ", B, "]"));
+    if (status = Assign(ReadI32(**file, "steps"), &steps); !status.ok()) return status;
+    if (info->shape.size() != 2 || info->shape[1] != static_cast<int64_t>(seq_lens.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat((*file)->path(), ": steps: expected shape [S, ", seq_lens.size(), "]"));
     }
-    for (size_t s = 0; s < steps.size(); s += B) {
-      golden.steps.emplace_back(steps.begin() + s, steps.begin() + s + B);
+    for (int64_t s = 0; s < info->shape[0]; ++s) {
+      golden.steps.emplace_back(steps.begin() + s * info->shape[1],
+                                steps.begin() + (s + 1) * info->shape[1]);
     }
   }
 

@@ -28,17 +28,23 @@ struct GoldenCase {
   std::string name;
   std::string model_dir;
   std::vector<std::vector<int32_t>> sequences;
-  // The chunk schedule, when the variant has one: steps[s][b] tokens of
-  // sequence b in engine step s (0: not in the step), in position order.
+  // The chunk schedule, when the variant has one: steps[s][b] = tokens of
+  // sequence b computed in engine step s (0: not in it), in position order.
   std::vector<std::vector<int32_t>> steps;
   std::vector<float> logits;          // [total tokens, vocab], step order
   std::vector<GoldenRouter> routers;  // RouterLayout order
 };
 
-// Variant names (directory names under tests/golden), sorted; with
-// `batch_independent_only`, those whose results cannot depend on how the
-// sequences are batched: dropless, or capacity counted per sequence.
-std::vector<std::string> ListGoldenVariants(bool batch_independent_only = false);
+enum class GoldenFilter {
+  kAll,
+  kDropless,          // no capacity limit
+  kBatchIndependent,  // results cannot depend on the batching: dropless or the sequence scope
+};
+// Variant names (directory names under tests/golden), sorted, that `filter`
+// admits.
+std::vector<std::string> ListGoldenVariants(GoldenFilter filter = GoldenFilter::kAll);
+// Those with a chunk schedule (`steps` in golden.safetensors), sorted.
+std::vector<std::string> ListScheduledGoldenVariants();
 absl::StatusOr<GoldenCase> LoadGolden(const std::string& variant);
 
 }  // namespace switchserve::testing
