@@ -2,8 +2,10 @@
 server process on a free loopback port (the port is read from its log)."""
 
 import concurrent.futures
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -29,12 +31,12 @@ CONTEXT = 64
 class Server:
     """A `switchserve serve` process; stopped (SIGKILL) by close()."""
 
-    def __init__(self, *extra_args):
+    def __init__(self, *extra_args, model=MODEL):
         self.dir = tempfile.mkdtemp(prefix="switchserve_py_")
         self.log_path = os.path.join(self.dir, "server.log")
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(
-                [BINARY, "serve", "--model", MODEL, "--host", "127.0.0.1", "--port", "0",
+                [BINARY, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0",
                  "--metrics-port", "0", "--threads", "1", *extra_args],
                 stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
@@ -120,6 +122,51 @@ def test_stop_string_and_stop_token(stub):
     assert by_id.finish_reason == pb.FINISH_REASON_STOP
     assert list(by_id.token_ids) == list(reference.token_ids[:list(reference.token_ids).index(
         reference.token_ids[3]) + 1])
+
+
+def model_with_eos(eos_token_id):
+    """The test model with config.json declaring `eos_token_id` (same weights)."""
+    model = tempfile.mkdtemp(prefix="switchserve_eos_")
+    with open(os.path.join(MODEL, "config.json")) as f:
+        config = json.load(f)
+    config["eos_token_id"] = eos_token_id
+    with open(os.path.join(model, "config.json"), "w") as f:
+        json.dump(config, f)
+    os.symlink(os.path.join(MODEL, "model.safetensors"), os.path.join(model, "model.safetensors"))
+    return model
+
+
+def test_eos_ends_generation_unless_ignored(stub):
+    # The test model declares no EOS token: its greedy continuation runs to
+    # the length limit. Served again with one of those tokens as its EOS,
+    # generation ends at that token's first occurrence, with reason EOS.
+    assert stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).eos_token_id == -1
+    reference = stub.Generate(text_request("eos test", 20), timeout=60)
+    assert reference.finish_reason == pb.FINISH_REASON_LENGTH
+    ids = list(reference.token_ids)
+    eos = ids[5]
+    ends_at = ids.index(eos) + 1
+    model = model_with_eos(eos)
+    server = Server(model=model)
+    try:
+        with server.channel() as channel:
+            eos_stub = pb_grpc.GenerationStub(channel)
+            assert eos_stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).eos_token_id == eos
+            ended = eos_stub.Generate(text_request("eos test", 20), timeout=60)
+            assert ended.finish_reason == pb.FINISH_REASON_EOS
+            assert list(ended.token_ids) == ids[:ends_at]
+            assert ended.usage.completion_tokens == ends_at
+            messages = list(eos_stub.GenerateStream(text_request("eos test", 20), timeout=60))
+            assert messages[-1].finished
+            assert messages[-1].finish_reason == pb.FINISH_REASON_EOS
+            assert [t for m in messages for t in m.token_ids] == ids[:ends_at]
+            # ignore_eos: generation goes on past it, to the length limit.
+            ignoring = eos_stub.Generate(text_request("eos test", 20, ignore_eos=True), timeout=60)
+            assert ignoring.finish_reason == pb.FINISH_REASON_LENGTH
+            assert list(ignoring.token_ids) == ids
+    finally:
+        server.close()
+        shutil.rmtree(model)
 
 
 def test_tokenize_and_model_info(stub):
