@@ -321,7 +321,10 @@ def test_no_moe_metrics_flag(traffic):
 
 def test_dashboard_and_alerts_against_the_server(traffic):
     prom, _, _, _ = traffic
-    # The load has ended; a one-minute window still holds it.
-    check_every_dashboard_query(prom, overrides={"$__rate_interval": "1m"}, timeout_s=20)
+    # The load has ended; a five-minute window (longer than this test's time
+    # limit) still holds it, however slowly a loaded machine got here.
+    check_every_dashboard_query(
+        prom, overrides={"$__rate_interval": "5m", "$__range": "5m"}, timeout_s=20
+    )
     for rule in alert_rules():
         assert prom.query(rule["expr"])["status"] == "success", rule["alert"]
