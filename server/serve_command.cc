@@ -29,6 +29,8 @@
 #include "server/commands.h"
 #include "server/engine_setup.h"
 #include "server/generation_service.h"
+#include "server/http/http_server.h"
+#include "server/http/openai_service.h"
 #include "server/log.h"
 #include "server/metrics/engine_metrics_observer.h"
 #include "server/metrics/metrics_exposer.h"
@@ -167,6 +169,29 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   if (server == nullptr || bound_port == 0) {
     return Fail(absl::UnavailableError(absl::StrCat("cannot listen on ", address)));
   }
+  // The OpenAI-compatible HTTP API: same engine, gate, token, TLS and limits.
+  const std::string model_name = ServedModelName(options.served_model_name, config, model_dir);
+  OpenAiService openai({.engine = &engine,
+                        .tokenizer = setup->model->tokenizer.get(),
+                        .limits = service_options.limits,
+                        .model_name = model_name,
+                        .auth = auth.get(),
+                        .metrics = serving_metrics.get(),
+                        .gate = &gate,
+                        .created_unix_s = absl::ToUnixSeconds(absl::Now())});
+  std::unique_ptr<HttpServer> http;
+  if (options.http_port != 0) {
+    auto started = HttpServer::Start(
+        {.host = options.host,
+         .port = options.http_port,
+         .tls = options.tls,
+         .max_body_bytes = options.max_request_bytes,
+         .max_connection_age_s = options.connections.max_connection_age_s,
+         .error_body = OpenAiErrorBody},
+        [&openai](std::shared_ptr<HttpExchange> exchange) { openai.Handle(exchange); });
+    if (!started.ok()) return Fail(started.status());
+    http = std::move(*started);
+  }
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   health->SetServingStatus(v1::Generation::service_full_name(), true);
   health->SetServingStatus(true);
@@ -201,6 +226,12 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   } else {
     Log("metrics disabled (--metrics-port 0)");
   }
+  if (http != nullptr) {
+    Log(absl::StrCat("HTTP API on ", options.tls.enabled() ? "https://" : "http://", options.host,
+                     ":", http->port(),
+                     " (OpenAI-compatible: /v1/completions, /v1/models; /health, /ready; model \"",
+                     model_name, "\")"));
+  }
   Log(absl::StrCat("listening on ", options.host, ":", bound_port,
                    " (grpc: switchserve.v1.Generation, grpc.health.v1.Health, reflection)"));
 
@@ -218,6 +249,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   engine.Stop();  // ends whatever is left; those calls get UNAVAILABLE
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server->Wait();
+  if (http != nullptr) http->Stop(std::chrono::seconds(2));
   Log("stopped");
   return 0;
 }
