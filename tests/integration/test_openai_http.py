@@ -485,3 +485,25 @@ def test_http_requests_in_the_metrics():
         assert 'device="cpu"' in re.search(r"switchserve_model_info\{.*\}", text).group(0)
     finally:
         server.close()
+
+
+def test_keep_alive_connections_close_after_the_maximum_age():
+    def peers(max_age):
+        server = Server("--max-connection-age-s", max_age)
+        try:
+            seen, closes = [], 0
+            with httpx.Client(base_url=server.url) as http:  # one keep-alive pool
+                for i in range(12):
+                    response = http.post("/v1/completions", headers={"x-request-id": f"ka-{i}"},
+                                         json={"prompt": "ka", "max_tokens": 1})
+                    assert response.status_code == 200
+                    closes += response.headers.get("connection") == "close"
+                    time.sleep(0.1)
+            return [server.access_line(f"ka-{i}")["peer"] for i in range(12)], closes
+        finally:
+            server.close()
+
+    seen, closes = peers("0.3")
+    assert len(set(seen)) >= 2 and closes >= 1, seen
+    seen, closes = peers("0")
+    assert len(set(seen)) == 1 and closes == 0, seen
