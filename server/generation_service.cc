@@ -29,6 +29,7 @@ class FailedStream : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 }  // namespace
 
 GenerationService::GenerationService(const GenerationServiceOptions& options) : options_(options) {
+  if (options_.gate == nullptr) options_.gate = &own_gate_;
   describer_.tokenizer = options.tokenizer;
   describer_.layout = RouterLayout(*options.config);
 }

@@ -32,7 +32,7 @@ struct GenerationServiceOptions {
   RequestLimits limits;
   const BearerTokenAuth* auth = nullptr;  // null: no token needed
   ServingMetrics* metrics = nullptr;      // null: no metrics; must outlive the service
-  CallGate* gate = nullptr;               // drain state shared with HTTP; must outlive the service
+  CallGate* gate = nullptr;               // drain state shared with HTTP; null: the service's own
 };
 
 // Generate, GenerateStream and Tokenize take raw byte buffers so that request
@@ -86,6 +86,7 @@ class GenerationService final : public GenerationServiceBase {
 
   GenerationServiceOptions options_;
   TokenDescriber describer_;
+  CallGate own_gate_;  // when options.gate is null
 };
 
 }  // namespace switchserve
