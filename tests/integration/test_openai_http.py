@@ -507,3 +507,43 @@ def test_keep_alive_connections_close_after_the_maximum_age():
     assert len(set(seen)) >= 2 and closes >= 1, seen
     seen, closes = peers("0")
     assert len(set(seen)) == 1 and closes == 0, seen
+
+
+def test_32_concurrent_streams_half_disconnecting_free_their_blocks():
+    # 10 ms steps: the 53 tokens a disconnected stream leaves take over half
+    # a second, far longer than the client takes to close.
+    server = Server("--debug-step-delay-ms", "10")
+    try:
+        def one(i):
+            body = {"prompt": f"m{i}", "max_tokens": 56, "temperature": 0.8, "seed": i,
+                    "ignore_eos": True, "stream": True}
+            events = 0
+            with httpx.Client(base_url=server.url, timeout=120) as http:
+                with http.stream("POST", "/v1/completions", json=body) as response:
+                    assert response.status_code == 200
+                    for line in response.iter_lines():
+                        if not line.startswith("data: "):
+                            continue
+                        if line == "data: [DONE]":
+                            return events, True
+                        events += 1
+                        if i % 2 == 0 and events == 3:
+                            return events, False  # leaves the stream: disconnects
+            return events, False
+
+        with concurrent.futures.ThreadPoolExecutor(32) as pool:
+            results = list(pool.map(one, range(32)))
+        assert results[1::2] == [(56, True)] * 16  # one event per token, then [DONE]
+        assert results[0::2] == [(3, False)] * 16
+        wait_until("every block free", lambda: cache(server).used_blocks == 0 and
+                   cache(server).running_requests == 0 and cache(server).waiting_requests == 0)
+
+        def access_records():
+            records = [json.loads(l) for l in server.log().splitlines()]
+            return [r for r in records if r["msg"] == "request"]
+        wait_until("32 access-log lines", lambda: len(access_records()) == 32)
+        cancelled = [r for r in access_records() if r["status"] == "CANCELLED"]
+        assert len(cancelled) == 16
+        assert all(r["completion_tokens"] < 56 for r in cancelled)
+    finally:
+        server.close()
