@@ -177,6 +177,9 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   void Run() {
     beast::error_code ec;
     Lowest().socket().non_blocking(true, ec);  // for the peek in OnReadable
+    // Stream events are small writes: without this, Nagle's algorithm holds
+    // each one back until the client's (delayed) ACK of the previous one.
+    Lowest().socket().set_option(tcp::no_delay(true), ec);
     if constexpr (kTls) {
       Lowest().expires_after(Milliseconds(state_->options.idle_timeout_s));
       stream_.async_handshake(ssl::stream_base::server,

@@ -547,3 +547,25 @@ def test_32_concurrent_streams_half_disconnecting_free_their_blocks():
         assert all(r["completion_tokens"] < 56 for r in cancelled)
     finally:
         server.close()
+
+
+@pytest.mark.bench
+def test_load_generator_over_http():
+    """switchserve-bench --http-address (ctest bench_http_smoke, where the
+    benchmarks are built) completes every request, one token per event."""
+    server = Server()
+    try:
+        result = subprocess.run(
+            [os.environ["SWITCHSERVE_BENCH"], "--http-address", f"127.0.0.1:{server.http_port}",
+             "--requests", "8", "--concurrency", "4", "--max-new-tokens", "5"],
+            capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert "requests: 8 ok, 0 failed" in result.stdout, result.stdout
+        rates = re.search(r"throughput: ([\d.]+) requests/s, ([\d.]+) tokens/s", result.stdout)
+        # The transport counted 5 tokens (events) per request.
+        assert float(rates.group(2)) / float(rates.group(1)) == pytest.approx(5, rel=1e-3)
+        records = [json.loads(l) for l in server.log().splitlines()]
+        tokens = [r["completion_tokens"] for r in records if r["msg"] == "request"]
+        assert tokens == [5] * 8
+    finally:
+        server.close()
