@@ -166,9 +166,9 @@ def traffic(served):
             "step_tokens": quiescent_scrape(prom, job),
             "assignments": counters(prom, "switchserve_moe_assignments_total", job),
             "dropped": counters(prom, "switchserve_moe_dropped_total", job),
-            "ok": scalar(prom, f'switchserve_requests_total{{job="{job}",status="OK"}}'),
+            "ok": scalar(prom, f'switchserve_requests_total{{job="{job}",protocol="grpc",status="OK"}}'),
             "invalid": scalar(
-                prom, f'switchserve_requests_total{{job="{job}",status="INVALID_ARGUMENT"}}'
+                prom, f'switchserve_requests_total{{job="{job}",protocol="grpc",status="INVALID_ARGUMENT"}}'
             ),
             "generated": scalar(prom, f'switchserve_generation_tokens_total{{job="{job}"}}'),
         }
@@ -293,10 +293,11 @@ def test_serving_counters(traffic):
             return eventually(lambda: scalar(prom, expr), want)
 
         ok = settled(
-            f'switchserve_requests_total{{job="{job}",status="OK"}}', before[name]["ok"] + requests
+            f'switchserve_requests_total{{job="{job}",protocol="grpc",status="OK"}}',
+            before[name]["ok"] + requests,
         )
         invalid = settled(
-            f'switchserve_requests_total{{job="{job}",status="INVALID_ARGUMENT"}}',
+            f'switchserve_requests_total{{job="{job}",protocol="grpc",status="INVALID_ARGUMENT"}}',
             before[name]["invalid"] + INVALID_REQUESTS,
         )
         generated = settled(
