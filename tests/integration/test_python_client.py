@@ -196,8 +196,16 @@ def test_greedy_same_alone_and_among_32_concurrent(stub):
     requests = [text_request(f"python {i * 13}:", 24, ignore_eos=True) for i in range(32)]
     alone = [stub.Generate(r, timeout=60).text for r in requests]
     futures = [stub.Generate.future(r, timeout=120) for r in requests]
+    # While they run, the engine's snapshot shows how many requests share the
+    # running batch (every running request gets a token in each step).
+    most_running = 0
+    while not all(f.done() for f in futures):
+        cache = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).cache
+        most_running = max(most_running, cache.running_requests)
+        time.sleep(0.001)
     together = [f.result().text for f in futures]
     assert together == alone
+    assert most_running >= 2, "the concurrent requests never shared the batch"
 
 
 def wait_for_idle_cache(stub):
