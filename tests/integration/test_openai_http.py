@@ -9,7 +9,6 @@ import concurrent.futures
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import ssl
@@ -148,43 +147,32 @@ def test_default_max_tokens_is_openais_16(client):
     assert completion.usage.completion_tokens == 16
 
 
-def test_eos_finishes_with_stop_unless_ignored(server, client):
-    # The test model declares no EOS token; served again with one of the
-    # tokens of its greedy continuation as its EOS, a completion ends at that
-    # token with OpenAI's finish_reason "stop" (the token's text not sent).
-    reference = grpc_generate(server, "eos test", max_new_tokens=20, temperature=0)
-    assert reference.finish_reason == pb.FINISH_REASON_LENGTH
-    ids = list(reference.token_ids)
-    ends_at = ids.index(ids[5]) + 1
-    model_dir = tempfile.mkdtemp(prefix="switchserve_eos_")
+def test_eos_finishes_with_stop_unless_ignored(server, tmp_path):
+    # The test model declares no EOS token; served with one of the tokens of
+    # its greedy continuation as its EOS, a completion ends at that token with
+    # finish_reason "stop", as gRPC ends with FINISH_REASON_EOS.
+    ids = list(grpc_generate(server, "eos test", max_new_tokens=20, temperature=0).token_ids)
     with open(os.path.join(MODEL_DIR, "config.json")) as f:
-        config = json.load(f)
-    config["eos_token_id"] = ids[5]
-    with open(os.path.join(model_dir, "config.json"), "w") as f:
-        json.dump(config, f)
-    os.symlink(os.path.join(MODEL_DIR, "model.safetensors"),
-               os.path.join(model_dir, "model.safetensors"))
-    eos_server = Server(model_dir=model_dir)
+        config = dict(json.load(f), eos_token_id=ids[5])
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "model.safetensors").symlink_to(os.path.join(MODEL_DIR, "model.safetensors"))
+    eos_server = Server(model_dir=str(tmp_path))
     try:
-        eos_client = eos_server.client()
-        ended = eos_client.completions.create(model=MODEL, prompt="eos test", max_tokens=20,
-                                              temperature=0)
+        eos_client, ask = eos_server.client(), dict(model=MODEL, prompt="eos test", max_tokens=20,
+                                                     temperature=0)
         want = grpc_generate(eos_server, "eos test", max_new_tokens=20, temperature=0)
         assert want.finish_reason == pb.FINISH_REASON_EOS
-        assert list(want.token_ids) == ids[:ends_at]
-        assert ended.choices[0].finish_reason == "stop"
-        assert ended.usage.completion_tokens == ends_at
-        assert ended.choices[0].text == want.text
-        chunks = list(eos_client.completions.create(model=MODEL, prompt="eos test", max_tokens=20,
-                                                    temperature=0, stream=True))
-        assert [c for c in chunks if c.choices][-1].choices[0].finish_reason == "stop"
-        ignoring = eos_client.completions.create(model=MODEL, prompt="eos test", max_tokens=20,
-                                                 temperature=0, extra_body={"ignore_eos": True})
+        assert list(want.token_ids) == ids[:ids.index(ids[5]) + 1]
+        ended = eos_client.completions.create(**ask)
+        assert ended.choices[0].finish_reason == "stop" and ended.choices[0].text == want.text
+        assert ended.usage.completion_tokens == len(want.token_ids)
+        chunks = [c for c in eos_client.completions.create(**ask, stream=True) if c.choices]
+        assert chunks[-1].choices[0].finish_reason == "stop"
+        ignoring = eos_client.completions.create(**ask, extra_body={"ignore_eos": True})
         assert ignoring.choices[0].finish_reason == "length"
         assert ignoring.usage.completion_tokens == 20
     finally:
         eos_server.close()
-        shutil.rmtree(model_dir)
 
 
 def test_stream_ends_with_done_and_equals_unary(server, client):
