@@ -17,9 +17,10 @@ constexpr int kQueryTile = 64;
 }  // namespace
 
 CpuAttention::CpuAttention(const ModelConfig& config, const DispatchConfig& dispatch,
-                           int num_threads, int64_t parallel_min_macs)
+                           MatmulRunner* runner, int num_threads, int64_t parallel_min_macs)
     : attn_(config.attention),
       dispatch_(dispatch),
+      runner_(runner),
       d_(config.d_model),
       num_threads_(std::max(1, num_threads)),
       parallel_min_macs_(parallel_min_macs),
@@ -39,16 +40,12 @@ void CpuAttention::Run(const AttentionWeights& w, const StepBatch& step, const f
   const int T = step.num_tokens();
   const int H = attn_.n_heads, G = attn_.n_kv_heads, dh = attn_.head_dim;
   const int ev = attn_.CachedValuesPerKvHead();
-  const float scale = static_cast<float>(std::pow(static_cast<double>(dh), -0.25));
   Grow(q_, static_cast<size_t>(T) * H * dh);
   Grow(k_, static_cast<size_t>(T) * G * dh);
   Grow(v_, static_cast<size_t>(T) * G * ev * dh);
   Grow(a_, static_cast<size_t>(T) * H * dh);
-  Grow(gather_, static_cast<size_t>(T) * std::max(d_, dh));
-  Grow(product_, static_cast<size_t>(T) * std::max(d_, dh));
 
-  GemmNT(T, H * dh, d_, scale, xn, d_, w.q.ptr(), d_, 0.0f, q_.data(), H * dh);
-  GemmNT(T, G * dh, d_, scale, xn, d_, w.k.ptr(), d_, 0.0f, k_.data(), G * dh);
+  ProjectInputs(w, step, xn);
   for (int t = 0; t < T; ++t) {
     rope_.Apply(q_.data() + static_cast<int64_t>(t) * H * dh, H, dh, step.positions[t]);
     rope_.Apply(k_.data() + static_cast<int64_t>(t) * G * dh, G, dh, step.positions[t]);
@@ -66,30 +63,65 @@ void CpuAttention::Run(const AttentionWeights& w, const StepBatch& step, const f
   ProjectOutput(w, step, xn, x, router_base, recorder);
 }
 
+void CpuAttention::ProjectInputs(const AttentionWeights& w, const StepBatch& step,
+                                 const float* xn) {
+  const int T = step.num_tokens();
+  const int H = attn_.n_heads, G = attn_.n_kv_heads, dh = attn_.head_dim, E = attn_.n_experts;
+  const float scale = static_cast<float>(std::pow(static_cast<double>(dh), -0.25));
+  tasks_.clear();
+  MatmulArgs q{T, H * dh, d_, xn, d_, nullptr, MatrixOf(w.q, d_), q_.data(), H * dh};
+  q.alpha = scale;
+  tasks_.push_back({WeightLayout::kRowsOut, q});
+  MatmulArgs k{T, G * dh, d_, xn, d_, nullptr, MatrixOf(w.k, d_), k_.data(), G * dh};
+  k.alpha = scale;
+  tasks_.push_back({WeightLayout::kRowsOut, k});
+  if (!attn_.IsRouted()) {
+    tasks_.push_back({WeightLayout::kRowsOut,
+                      {T, G * dh, d_, xn, d_, nullptr, MatrixOf(w.v, d_), v_.data(), G * dh}});
+    if (attn_.kind == AttentionKind::kSwitchHead) {  // E = 1: the per-head output gates
+      Grow(output_logits_, static_cast<size_t>(T) * H);
+      tasks_.push_back(
+          {WeightLayout::kRowsOut,
+           {T, H, d_, xn, d_, nullptr, MatrixOf(w.sel_o, d_), output_logits_.data(), H}});
+    }
+  } else {
+    const int value_routers = attn_.ValueRouterHeads() * E;
+    const int output_routers = attn_.OutputRouterHeads() * E;
+    Grow(value_logits_, static_cast<size_t>(T) * value_routers);
+    Grow(output_logits_, static_cast<size_t>(T) * output_routers);
+    tasks_.push_back({WeightLayout::kRowsOut,
+                      {T, value_routers, d_, xn, d_, nullptr, MatrixOf(w.sel_v, d_),
+                       value_logits_.data(), value_routers}});
+    tasks_.push_back({WeightLayout::kRowsOut,
+                      {T, output_routers, d_, xn, d_, nullptr, MatrixOf(w.sel_o, d_),
+                       output_logits_.data(), output_routers}});
+  }
+  runner_->Run(tasks_);
+}
+
 void CpuAttention::ComputeValues(const AttentionWeights& w, const StepBatch& step, const float* xn,
                                  int router_base, const RoutingRecorder& recorder) {
   const int T = step.num_tokens();
   const int G = attn_.n_kv_heads, dh = attn_.head_dim, E = attn_.n_experts;
-  if (!attn_.IsRouted()) {
-    GemmNT(T, G * dh, d_, 1.0f, xn, d_, w.v.ptr(), d_, 0.0f, v_.data(), G * dh);
-    return;
-  }
+  if (!attn_.IsRouted()) return;  // v was projected with q and k
   // Value routers: logits [T, R*E], one dispatch per router head.
   const int routers = attn_.ValueRouterHeads();
-  Grow(logits_, static_cast<size_t>(T) * routers * E);
-  GemmNT(T, routers * E, d_, 1.0f, xn, d_, w.sel_v.ptr(), d_, 0.0f, logits_.data(), routers * E);
   if (assignments_.size() < static_cast<size_t>(routers)) assignments_.resize(routers);
   for (int r = 0; r < routers; ++r) {
-    RouteAndDispatch(logits_.data() + r * E, routers * E, T, E, attn_.top_k, gate(), false,
+    RouteAndDispatch(value_logits_.data() + r * E, routers * E, T, E, attn_.top_k, gate(), false,
                      dispatch_, router_base + r, recorder, &decision_, &assignments_[r]);
   }
 
+  tasks_.clear();
   if (attn_.value_routing == ValueRouting::kDestination) {
     // Every expert's values are cached: v_[t, g*E + e, :] = x_t . v[g*E + e].
     for (int ge = 0; ge < G * E; ++ge) {
-      GemmNN(T, dh, d_, 1.0f, xn, d_, w.v.ptr() + static_cast<int64_t>(ge) * d_ * dh, dh, 0.0f,
-             v_.data() + static_cast<int64_t>(ge) * dh, G * E * dh);
+      tasks_.push_back(
+          {WeightLayout::kRowsIn,
+           {T, dh, d_, xn, d_, nullptr, MatrixOf(w.v, dh, static_cast<int64_t>(ge) * d_ * dh),
+            v_.data() + static_cast<int64_t>(ge) * dh, G * E * dh}});
     }
+    runner_->Run(tasks_);
     // The destination token's kept gates, as a dense [T, G, E] matrix.
     Grow(vweight_, static_cast<size_t>(T) * G * E);
     std::fill(vweight_.begin(), vweight_.begin() + static_cast<int64_t>(T) * G * E, 0.0f);
@@ -104,19 +136,33 @@ void CpuAttention::ComputeValues(const AttentionWeights& w, const StepBatch& ste
     return;
   }
 
-  // Source routing: grouped matmul per (KV head, expert) over its tokens.
-  std::fill(v_.begin(), v_.begin() + static_cast<int64_t>(T) * G * dh, 0.0f);
+  // Source routing: one product per (KV head, expert) over the rows routed to
+  // it, all in one group; then each token's kept values summed in expert order.
+  int64_t slots = 0;
+  for (int g = 0; g < G; ++g) slots += assignments_[attn_.shared_router ? 0 : g].offsets[E];
+  Grow(product_, static_cast<size_t>(slots) * dh);
+  int64_t base = 0;
   for (int g = 0; g < G; ++g) {
     const ExpertAssignments& as = assignments_[attn_.shared_router ? 0 : g];
     for (int e = 0; e < E; ++e) {
-      const int n = as.count(e);
-      if (n == 0) continue;
-      GatherExpertRows(as, e, xn, d_, d_, gather_.data());
-      GemmNN(n, dh, d_, 1.0f, gather_.data(), d_,
-             w.v.ptr() + static_cast<int64_t>(g * E + e) * d_ * dh, dh, 0.0f, product_.data(), dh);
-      ScatterAddExpertRows(as, e, product_.data(), dh, v_.data() + static_cast<int64_t>(g) * dh,
-                           static_cast<int64_t>(G) * dh);
+      if (as.count(e) == 0) continue;
+      tasks_.push_back({WeightLayout::kRowsIn,
+                        {as.count(e), dh, d_, xn, d_, as.token.data() + as.begin(e),
+                         MatrixOf(w.v, dh, static_cast<int64_t>(g * E + e) * d_ * dh),
+                         product_.data() + (base + as.begin(e)) * dh, dh}});
     }
+    base += as.offsets[E];
+  }
+  runner_->Run(tasks_);
+  std::fill(v_.begin(), v_.begin() + static_cast<int64_t>(T) * G * dh, 0.0f);
+  base = 0;
+  for (int g = 0; g < G; ++g) {
+    const ExpertAssignments& as = assignments_[attn_.shared_router ? 0 : g];
+    for (int e = 0; e < E; ++e) {
+      ScatterAddExpertRows(as, e, product_.data() + (base + as.begin(e)) * dh, dh,
+                           v_.data() + static_cast<int64_t>(g) * dh, static_cast<int64_t>(G) * dh);
+    }
+    base += as.offsets[E];
   }
 }
 
@@ -271,45 +317,61 @@ void CpuAttention::AttendChunkTiled(const StepBatch& step, int c, int t0, int n,
 
 void CpuAttention::ProjectOutput(const AttentionWeights& w, const StepBatch& step, const float* xn,
                                  float* x, int router_base, const RoutingRecorder& recorder) {
+  (void)xn;  // the output routers' logits were computed with q and k
   const int T = step.num_tokens();
   const int H = attn_.n_heads, dh = attn_.head_dim, E = attn_.n_experts;
   if (!attn_.IsRouted()) {
     if (attn_.kind == AttentionKind::kSwitchHead) {
       // E = 1: a per-head output gate sigmoid(sel_o x)_h scales a_h.
-      Grow(logits_, static_cast<size_t>(T) * H);
-      GemmNT(T, H, d_, 1.0f, xn, d_, w.sel_o.ptr(), d_, 0.0f, logits_.data(), H);
       for (int t = 0; t < T; ++t) {
         for (int h = 0; h < H; ++h) {
-          const float gv = Sigmoid(logits_[static_cast<int64_t>(t) * H + h]);
+          const float gv = Sigmoid(output_logits_[static_cast<int64_t>(t) * H + h]);
           float* a = a_.data() + (static_cast<int64_t>(t) * H + h) * dh;
           for (int i = 0; i < dh; ++i) a[i] *= gv;
         }
       }
     }
-    GemmNT(T, d_, H * dh, 1.0f, a_.data(), H * dh, w.o.ptr(), H * dh, 1.0f, x, d_);
+    MatmulArgs o{T, d_, H * dh, a_.data(), H * dh, nullptr, MatrixOf(w.o, H * dh), x, d_};
+    o.accumulate = true;
+    runner_->Run(WeightLayout::kRowsOut, o);
     return;
   }
 
   const int routers = attn_.OutputRouterHeads();
-  const int base = router_base + attn_.ValueRouterHeads();
-  Grow(logits_, static_cast<size_t>(T) * routers * E);
-  GemmNT(T, routers * E, d_, 1.0f, xn, d_, w.sel_o.ptr(), d_, 0.0f, logits_.data(), routers * E);
+  const int base_router = router_base + attn_.ValueRouterHeads();
   if (assignments_.size() < static_cast<size_t>(routers)) assignments_.resize(routers);
   for (int r = 0; r < routers; ++r) {
-    RouteAndDispatch(logits_.data() + r * E, routers * E, T, E, attn_.top_k, gate(), false,
-                     dispatch_, base + r, recorder, &decision_, &assignments_[r]);
+    RouteAndDispatch(output_logits_.data() + r * E, routers * E, T, E, attn_.top_k, gate(), false,
+                     dispatch_, base_router + r, recorder, &decision_, &assignments_[r]);
   }
+  // One product per (head, expert) over the heads' attention outputs routed to
+  // it, all in one group; then each token's kept outputs added to x in (head,
+  // expert) order.
+  int64_t slots = 0;
+  for (int h = 0; h < H; ++h) slots += assignments_[attn_.shared_router ? 0 : h].offsets[E];
+  Grow(product_, static_cast<size_t>(slots) * d_);
+  tasks_.clear();
+  int64_t base = 0;
   for (int h = 0; h < H; ++h) {
     const ExpertAssignments& as = assignments_[attn_.shared_router ? 0 : h];
     for (int e = 0; e < E; ++e) {
-      const int n = as.count(e);
-      if (n == 0) continue;
-      GatherExpertRows(as, e, a_.data() + static_cast<int64_t>(h) * dh,
-                       static_cast<int64_t>(H) * dh, dh, gather_.data());
-      GemmNN(n, d_, dh, 1.0f, gather_.data(), dh,
-             w.o.ptr() + static_cast<int64_t>(h * E + e) * dh * d_, d_, 0.0f, product_.data(), d_);
-      ScatterAddExpertRows(as, e, product_.data(), d_, x, d_);
+      if (as.count(e) == 0) continue;
+      tasks_.push_back({WeightLayout::kRowsIn,
+                        {as.count(e), d_, dh, a_.data() + static_cast<int64_t>(h) * dh, H * dh,
+                         as.token.data() + as.begin(e),
+                         MatrixOf(w.o, d_, static_cast<int64_t>(h * E + e) * dh * d_),
+                         product_.data() + (base + as.begin(e)) * d_, d_}});
     }
+    base += as.offsets[E];
+  }
+  runner_->Run(tasks_);
+  base = 0;
+  for (int h = 0; h < H; ++h) {
+    const ExpertAssignments& as = assignments_[attn_.shared_router ? 0 : h];
+    for (int e = 0; e < E; ++e) {
+      ScatterAddExpertRows(as, e, product_.data() + (base + as.begin(e)) * d_, d_, x, d_);
+    }
+    base += as.offsets[E];
   }
 }
 

@@ -18,13 +18,15 @@
 #include "engine/runtime/step_batch.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/cpu_step.h"
+#include "kernels/cpu/matmul_runner.h"
 
 namespace switchserve::cpu {
 
 class CpuAttention {
  public:
-  CpuAttention(const ModelConfig& config, const DispatchConfig& dispatch, int num_threads,
-               int64_t parallel_min_macs);
+  // `runner` (the projections' matmuls) must outlive this layer.
+  CpuAttention(const ModelConfig& config, const DispatchConfig& dispatch, MatmulRunner* runner,
+               int num_threads, int64_t parallel_min_macs);
 
   // x[T, d] += Attn(xn[T, d]) for the step. Writes the step's keys and values
   // to `k_cache` / `v_cache` (this layer's) before attending. Value routers are
@@ -34,6 +36,8 @@ class CpuAttention {
            float* k_cache, float* v_cache, int router_base, const RoutingRecorder& recorder);
 
  private:
+  // q, k, the router logits and (unrouted) v: the products of xn.
+  void ProjectInputs(const AttentionWeights& w, const StepBatch& step, const float* xn);
   void ComputeValues(const AttentionWeights& w, const StepBatch& step, const float* xn,
                      int router_base, const RoutingRecorder& recorder);
   void Attend(const StepBatch& step, const float* k_cache, const float* v_cache);
@@ -47,6 +51,7 @@ class CpuAttention {
 
   AttentionConfig attn_;
   DispatchConfig dispatch_;
+  MatmulRunner* runner_;
   int d_ = 0;
   int num_threads_ = 1;
   int64_t parallel_min_macs_ = 0;
@@ -54,14 +59,15 @@ class CpuAttention {
   RopeTable rope_;
 
   // Scratch, grown as needed and reused.
-  std::vector<float> q_;                        // [T, H*dh]
-  std::vector<float> k_;                        // [T, G*dh]
-  std::vector<float> v_;                        // [T, G*Ev*dh]
-  std::vector<float> a_;                        // [T, H*dh] attention output
-  std::vector<float> logits_;                   // [T, routers*E]
-  std::vector<float> vweight_;                  // destination routing: [T, G, E] value gate weights
-  std::vector<float> gather_;                   // [T, max(d, dh)]
-  std::vector<float> product_;                  // [T, max(d, dh)]
+  std::vector<float> q_;              // [T, H*dh]
+  std::vector<float> k_;              // [T, G*dh]
+  std::vector<float> v_;              // [T, G*Ev*dh]
+  std::vector<float> a_;              // [T, H*dh] attention output
+  std::vector<float> value_logits_;   // [T, value routers*E]
+  std::vector<float> output_logits_;  // [T, output routers*E] (E = 1: [T, H])
+  std::vector<float> vweight_;        // destination routing: [T, G, E] value gate weights
+  std::vector<float> product_;        // [routed slots, max(d, dh)] expert outputs
+  std::vector<MatmulTask> tasks_;
   std::vector<float> scores_;                   // [threads, max_seq_len]
   std::vector<int> loop_tokens_;                // tokens attended one by one
   std::vector<float> keys_;                     // [keys, dh] one KV head's keys, contiguous

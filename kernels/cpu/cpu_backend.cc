@@ -13,6 +13,7 @@
 #include "kernels/cpu/cpu_ffn.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/cpu_step.h"
+#include "kernels/cpu/matmul_runner.h"
 
 namespace switchserve {
 namespace {
@@ -24,8 +25,10 @@ class CpuBackend final : public Backend {
       : config_(config),
         weights_(weights),
         num_threads_(options.num_threads > 0 ? options.num_threads : omp_get_max_threads()),
-        attention_(config, dispatch, num_threads_, options.parallel_attention_min_macs),
-        ffn_(config, dispatch),
+        runner_(options.generic_kernels ? cpu::KernelIsa::kGeneric : cpu::BestKernelIsa(),
+                num_threads_, options.parallel_matmul_min_macs),
+        attention_(config, dispatch, &runner_, num_threads_, options.parallel_attention_min_macs),
+        ffn_(config, dispatch, &runner_),
         layout_(config) {
     if (options.num_threads > 0) openblas_set_num_threads(options.num_threads);
   }
@@ -78,6 +81,7 @@ class CpuBackend final : public Backend {
   const ModelConfig config_;
   const ModelWeights& weights_;
   int num_threads_;
+  cpu::MatmulRunner runner_;
   cpu::CpuAttention attention_;
   cpu::CpuFfn ffn_;
   RouterLayout layout_;
@@ -136,19 +140,18 @@ absl::Status CpuBackend::Forward(const StepBatch& batch, StepOutput* out) {
   cpu::Grow(x_, static_cast<size_t>(T) * d);
   cpu::Grow(xn_, static_cast<size_t>(T) * d);
   for (int t = 0; t < T; ++t) {
-    std::memcpy(x_.data() + static_cast<int64_t>(t) * d,
-                weights_.embedding.ptr() + static_cast<int64_t>(batch.token_ids[t]) * d,
-                d * sizeof(float));
+    cpu::WidenValues(weights_.embedding, static_cast<int64_t>(batch.token_ids[t]) * d, d,
+                     x_.data() + static_cast<int64_t>(t) * d);
   }
 
   for (int l = 0; l < config_.n_layers; ++l) {
     const LayerWeights& lw = weights_.layers[l];
-    cpu::NormRows(config_.norm, eps, x_.data(), T, d, lw.attn_norm_w.ptr(),
-                  cpu::OrNull(lw.attn_norm_b), xn_.data());
+    cpu::NormRows(config_.norm, eps, x_.data(), T, d, lw.attn_norm_w.f32(),
+                  cpu::F32OrNull(lw.attn_norm_b), xn_.data());
     attention_.Run(lw.attn, batch, xn_.data(), x_.data(), k_cache_[l].data(), v_cache_[l].data(),
                    layout_.AttentionBase(l), recorder);
-    cpu::NormRows(config_.norm, eps, x_.data(), T, d, lw.ffn_norm_w.ptr(),
-                  cpu::OrNull(lw.ffn_norm_b), xn_.data());
+    cpu::NormRows(config_.norm, eps, x_.data(), T, d, lw.ffn_norm_w.f32(),
+                  cpu::F32OrNull(lw.ffn_norm_b), xn_.data());
     ffn_.Run(lw.ffn, T, xn_.data(), x_.data(), layout_.FfnRouter(l), recorder);
   }
 
@@ -214,11 +217,13 @@ void CpuBackend::OutputHead(const std::vector<int>& rows, float* logits) {
   if (n == 0) return;
   for (int r = 0; r < n; ++r) {
     cpu::NormRows(config_.norm, static_cast<float>(config_.norm_eps),
-                  x_.data() + static_cast<int64_t>(rows[r]) * d, 1, d, weights_.final_norm_w.ptr(),
-                  cpu::OrNull(weights_.final_norm_b), xn_.data() + static_cast<int64_t>(r) * d);
+                  x_.data() + static_cast<int64_t>(rows[r]) * d, 1, d, weights_.final_norm_w.f32(),
+                  cpu::F32OrNull(weights_.final_norm_b), xn_.data() + static_cast<int64_t>(r) * d);
   }
-  cpu::GemmNT(n, config_.vocab_size, d, 1.0f, xn_.data(), d, weights_.OutputHead().ptr(), d, 0.0f,
-              logits, config_.vocab_size);
+  const int vocab = config_.vocab_size;
+  runner_.Run(cpu::WeightLayout::kRowsOut,
+              {n, vocab, d, xn_.data(), d, nullptr, cpu::MatrixOf(weights_.OutputHead(), d), logits,
+               vocab});
 }
 
 void CpuBackend::AppendRouting(int token, TokenRouting* routing) const {

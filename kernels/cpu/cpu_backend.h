@@ -1,9 +1,10 @@
-// The CPU implementation of Backend: f32 weights, OpenBLAS sgemm for every
-// projection and for the grouped expert matmuls (tokens gathered per expert,
-// one GEMM per active expert), attention over the paged cache vectorised and
-// spread across the machine's cores with OpenMP; the next token sampled on
-// the host by the runtime's sampler (engine/runtime/sampler.h). Created
-// through kernels/backends.h.
+// The CPU implementation of Backend: weights used as held (f32, bf16 or f16),
+// every projection and the grouped expert matmuls (all active experts of a
+// module in one group of products over the rows routed to them) run on our
+// batch-invariant kernels (kernels/cpu/matmul.h), attention over the paged
+// cache vectorised and spread across the machine's cores with OpenMP; the
+// next token sampled on the host by the runtime's sampler
+// (engine/runtime/sampler.h). Created through kernels/backends.h.
 #ifndef SWITCHSERVE_KERNELS_CPU_CPU_BACKEND_H_
 #define SWITCHSERVE_KERNELS_CPU_CPU_BACKEND_H_
 
@@ -22,6 +23,12 @@ struct CpuBackendOptions {
   // thread (waking the OpenMP team costs more than it saves on decode steps).
   // Tests set 0 to exercise the parallel path on tiny models.
   int64_t parallel_attention_min_macs = int64_t{1} << 22;
+  // A group of matmuls with fewer multiply-adds runs on one thread. Tests set
+  // 0 to exercise the split across threads on tiny models.
+  int64_t parallel_matmul_min_macs = int64_t{1} << 17;
+  // Run the portable build of the kernels even where the CPU has AVX2 (tests
+  // of that build; it rounds differently, see matmul.h).
+  bool generic_kernels = false;
 };
 
 // `weights` must outlive the backend and match `config` (ValidateWeights).

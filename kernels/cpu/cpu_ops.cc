@@ -49,6 +49,20 @@ void GemmNN(int m, int n, int k, float alpha, const float* a, int lda, const flo
   Gemm(/*b_transposed=*/false, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+void WidenValues(const Tensor& t, int64_t offset, int count, float* out) {
+  switch (t.dtype()) {
+    case DType::kBF16:
+      for (int i = 0; i < count; ++i) out[i] = BFloat16ToFloat(t.half()[offset + i]);
+      return;
+    case DType::kF16:
+      for (int i = 0; i < count; ++i) out[i] = HalfToFloat(t.half()[offset + i]);
+      return;
+    default:
+      std::memcpy(out, t.f32() + offset, count * sizeof(float));
+      return;
+  }
+}
+
 void NormRows(NormKind kind, float eps, const float* x, int rows, int d, const float* weight,
               const float* bias, float* out) {
   for (int r = 0; r < rows; ++r) {
@@ -128,15 +142,6 @@ void RopeTable::Apply(float* x, int heads, int head_dim, int position) const {
       v[i] = a * c[i] - b * s[i];
       v[i + half] = b * c[i] + a * s[i];
     }
-  }
-}
-
-void GatherExpertRows(const ExpertAssignments& assignments, int e, const float* src,
-                      int64_t src_stride, int width, float* dst) {
-  for (int s = assignments.begin(e); s < assignments.end(e); ++s) {
-    std::memcpy(dst, src + static_cast<int64_t>(assignments.token[s]) * src_stride,
-                width * sizeof(float));
-    dst += width;
   }
 }
 

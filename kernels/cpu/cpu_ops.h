@@ -1,6 +1,8 @@
 // Elementwise and row-wise building blocks of the CPU backend: OpenBLAS GEMM
-// wrappers (row-major f32), norms, activations, RoPE. Internal to the CPU
-// backend; no state beyond the RoPE table, no allocation per call.
+// wrappers (row-major f32, for attention over the cache), norms, activations,
+// RoPE, the gather and scatter of expert rows. Internal to the CPU backend; no
+// state beyond the RoPE table, no allocation per call. Every function works
+// row by row: a row's result never depends on the other rows.
 #ifndef SWITCHSERVE_KERNELS_CPU_CPU_OPS_H_
 #define SWITCHSERVE_KERNELS_CPU_CPU_OPS_H_
 
@@ -21,11 +23,14 @@ void Grow(std::vector<T>& buffer, size_t n) {
   if (buffer.size() < n) buffer.resize(n);
 }
 
-// The tensor's data from `offset` on, or null for an absent tensor (a bias
-// the config does not call for).
-inline const float* OrNull(const Tensor& t, int64_t offset = 0) {
-  return t.empty() ? nullptr : t.ptr() + offset;
+// The f32 tensor's values from `offset` on, or null for an absent tensor (a
+// bias the config does not call for).
+inline const float* F32OrNull(const Tensor& t, int64_t offset = 0) {
+  return t.empty() ? nullptr : t.f32() + offset;
 }
+
+// out[0, count) = elements [offset, offset + count) of `t`, widened to f32.
+void WidenValues(const Tensor& t, int64_t offset, int count, float* out);
 
 // C[m, n] = alpha * A[m, k] * B[n, k]^T + beta * C (B in nn.Linear layout).
 void GemmNT(int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
@@ -44,12 +49,9 @@ void AddBiasRows(float* x, int rows, int n, int ld, const float* bias);
 void ApplyActivation(Activation act, float* x, int64_t n);
 float Sigmoid(float z);
 
-// Grouped expert matmuls: copies the `width`-float rows of expert e's tokens
-// (row of token t at src + t * src_stride) into dst, contiguously, in slot order.
-void GatherExpertRows(const ExpertAssignments& assignments, int e, const float* src,
-                      int64_t src_stride, int width, float* dst);
-// The other way: the row of token t at dst + t * dst_stride += the slot's gate
-// weight * the slot's row of `product` (contiguous, `width` floats each).
+// Grouped expert matmuls: for each slot of expert e (in slot order), the row
+// of its token t at dst + t * dst_stride += the slot's gate weight * the
+// slot's row of `product` (contiguous, `width` floats each).
 void ScatterAddExpertRows(const ExpertAssignments& assignments, int e, const float* product,
                           int width, float* dst, int64_t dst_stride);
 
