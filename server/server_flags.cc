@@ -78,6 +78,9 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   o.debug_step_delay_ms = absl::GetFlag(FLAGS_debug_step_delay_ms);
 
+  absl::StatusOr<ModelLoadOptions> load = LoadOptionsFromFlags();
+  if (!load.ok()) return load.status();
+  o.load = *load;
   auto device = ParseDeviceKind(absl::GetFlag(FLAGS_device));
   if (!device.ok()) return FlagError("device", std::string(device.status().message()));
   o.device = *device;

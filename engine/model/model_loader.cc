@@ -56,7 +56,8 @@ DType HeldDtype(const ExpectedTensor& e, DType stored, WeightsDtype policy) {
 
 // Fills model->weights from `file`, checking it holds exactly the tensors the
 // config calls for.
-absl::Status LoadWeights(const SafetensorsFile& file, const LoadOptions& options, Model* model) {
+absl::Status LoadWeights(const SafetensorsFile& file, const ModelLoadOptions& options,
+                         Model* model) {
   // Every layer has several tensors; refuse before allocating per-layer
   // tables for an absurd n_layers.
   if (static_cast<size_t>(model->config.n_layers) > file.tensors().size()) {
@@ -165,7 +166,7 @@ ModelWeights ConvertWeights(const ModelConfig& config, const ModelWeights& weigh
 }
 
 absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& directory,
-                                                 const LoadOptions& options) {
+                                                 const ModelLoadOptions& options) {
   std::error_code error;
   if (!std::filesystem::is_directory(directory, error)) {
     return absl::NotFoundError(absl::StrCat(directory, ": not a model directory"));

@@ -21,7 +21,7 @@ namespace switchserve {
 struct Model {
   std::string directory;
   ModelConfig config;
-  ModelWeights weights;  // held as LoadOptions says
+  ModelWeights weights;  // held as ModelLoadOptions says
   std::unique_ptr<Tokenizer> tokenizer;
 };
 
@@ -39,7 +39,7 @@ std::string_view ToString(WeightsDtype dtype);
 // The inverse of ToString; INVALID_ARGUMENT names the accepted values.
 absl::StatusOr<WeightsDtype> ParseWeightsDtype(std::string_view text);
 
-struct LoadOptions {
+struct ModelLoadOptions {
   WeightsDtype weights_dtype = WeightsDtype::kAsStored;
 };
 
@@ -50,7 +50,7 @@ struct LoadOptions {
 // missing, INVALID_ARGUMENT for anything malformed; messages name the file,
 // the key or tensor, and expected vs found.
 absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& directory,
-                                                 const LoadOptions& options = {});
+                                                 const ModelLoadOptions& options = {});
 
 // `weights` with every matrix (not held_in_f32) converted as `dtype` says,
 // for weights built in memory (tests, benchmarks). kAsStored changes nothing.
@@ -72,7 +72,7 @@ struct ExpectedTensor {
   // Norms, biases and router weights: held in f32 whatever the file stores
   // (they are small, and routing decisions are made in f32). The projection
   // and expert matrices, the embedding and the output head are held in the
-  // weights dtype (LoadOptions).
+  // weights dtype (ModelLoadOptions).
   bool held_in_f32 = false;
 
   // The matching tensor. `weights.layers` must have more than `layer` entries.

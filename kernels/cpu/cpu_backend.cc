@@ -25,12 +25,16 @@ class CpuBackend final : public Backend {
       : config_(config),
         weights_(weights),
         num_threads_(options.num_threads > 0 ? options.num_threads : omp_get_max_threads()),
-        runner_(options.generic_kernels ? cpu::KernelIsa::kGeneric : cpu::BestKernelIsa(),
-                num_threads_, options.parallel_matmul_min_macs),
+        pool_(num_threads_),
+        runner_(options.generic_kernels ? cpu::KernelIsa::kGeneric : cpu::BestKernelIsa(), &pool_,
+                options.parallel_matmul_min_macs),
         attention_(config, dispatch, &runner_, num_threads_, options.parallel_attention_min_macs),
         ffn_(config, dispatch, &runner_),
         layout_(config) {
-    if (options.num_threads > 0) openblas_set_num_threads(options.num_threads);
+    // Our kernels share the cores out (MatmulRunner, OpenMP); OpenBLAS, left
+    // to attention's query tiles, runs on the calling thread: a second pool of
+    // spinning threads would compete with the first for the same cores.
+    openblas_set_num_threads(1);
   }
 
   std::string_view name() const override { return "cpu"; }
@@ -81,6 +85,7 @@ class CpuBackend final : public Backend {
   const ModelConfig config_;
   const ModelWeights& weights_;
   int num_threads_;
+  cpu::WorkerPool pool_;
   cpu::MatmulRunner runner_;
   cpu::CpuAttention attention_;
   cpu::CpuFfn ffn_;

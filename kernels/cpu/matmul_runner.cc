@@ -22,10 +22,8 @@ void RunOne(const MatmulKernels& kernels, const MatmulTask& task) {
 
 }  // namespace
 
-MatmulRunner::MatmulRunner(KernelIsa isa, int threads, int64_t parallel_min_macs)
-    : kernels_(&KernelsFor(isa)),
-      threads_(std::max(1, threads)),
-      parallel_min_macs_(parallel_min_macs) {}
+MatmulRunner::MatmulRunner(KernelIsa isa, WorkerPool* pool, int64_t parallel_min_macs)
+    : kernels_(&KernelsFor(isa)), pool_(pool), parallel_min_macs_(parallel_min_macs) {}
 
 void MatmulRunner::Run(WeightLayout layout, const MatmulArgs& args) {
   single_.resize(1);
@@ -36,12 +34,13 @@ void MatmulRunner::Run(WeightLayout layout, const MatmulArgs& args) {
 void MatmulRunner::Run(const std::vector<MatmulTask>& tasks) {
   int64_t macs = 0;
   for (const MatmulTask& task : tasks) macs += Macs(task.args);
-  if (threads_ == 1 || macs < parallel_min_macs_) {
+  const int threads = this->threads();
+  if (threads == 1 || macs < parallel_min_macs_) {
     for (const MatmulTask& task : tasks) RunOne(*kernels_, task);
     return;
   }
   pieces_.clear();
-  const int64_t target = std::max(kMinPieceMacs, macs / (kPiecesPerThread * threads_));
+  const int64_t target = std::max(kMinPieceMacs, macs / (kPiecesPerThread * threads));
   for (const MatmulTask& task : tasks) {
     if (task.args.m <= 0 || task.args.n <= 0) continue;
     const MatmulArgs& g = task.args;
@@ -69,9 +68,7 @@ void MatmulRunner::Run(const std::vector<MatmulTask>& tasks) {
       }
     }
   }
-  const int count = static_cast<int>(pieces_.size());
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads_)
-  for (int i = 0; i < count; ++i) RunOne(*kernels_, pieces_[i]);
+  pool_->Run(static_cast<int>(pieces_.size()), [this](int i) { RunOne(*kernels_, pieces_[i]); });
 }
 
 }  // namespace switchserve::cpu

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/worker_pool.h"
 
 namespace switchserve::cpu {
 
@@ -27,22 +28,23 @@ struct MatmulTask {
 
 class MatmulRunner {
  public:
-  // `threads` >= 1. `parallel_min_macs`: a group with fewer multiply-adds
-  // runs on the calling thread (waking the team costs more than it saves).
-  MatmulRunner(KernelIsa isa, int threads, int64_t parallel_min_macs = int64_t{1} << 17);
+  // `pool` (null: the calling thread alone) must outlive the runner.
+  // `parallel_min_macs`: a group with fewer multiply-adds runs on the calling
+  // thread (sharing it out costs more than it saves).
+  MatmulRunner(KernelIsa isa, WorkerPool* pool, int64_t parallel_min_macs = int64_t{1} << 17);
 
   // Computes every task (their outputs must not overlap).
   void Run(const std::vector<MatmulTask>& tasks);
   void Run(WeightLayout layout, const MatmulArgs& args);
 
   const MatmulKernels& kernels() const { return *kernels_; }
-  int threads() const { return threads_; }
+  int threads() const { return pool_ == nullptr ? 1 : pool_->threads(); }
 
  private:
   void Split(const MatmulTask& task);
 
   const MatmulKernels* kernels_;
-  int threads_;
+  WorkerPool* pool_;
   int64_t parallel_min_macs_;
   std::vector<MatmulTask> pieces_;
   std::vector<MatmulTask> single_;

@@ -257,7 +257,8 @@ TEST_P(MatmulKernelTest, RunnerThreadsChangeNoBits) {
                        {s.m, s.n, s.k, inputs[t].data(), s.k, nullptr, weights[t].matrix(),
                         out[t].data(), s.n}});
     }
-    MatmulRunner runner(isa(), threads, /*parallel_min_macs=*/0);
+    WorkerPool pool(threads);
+    MatmulRunner runner(isa(), &pool, /*parallel_min_macs=*/0);
     runner.Run(tasks);
   };
   run(1, serial_out);

@@ -123,7 +123,7 @@ TEST(ModelLoaderTest, WeightsDtypeConvertsMatricesOnly) {
     for (WeightsDtype held :
          {WeightsDtype::kAsStored, WeightsDtype::kF32, WeightsDtype::kBF16, WeightsDtype::kF16}) {
       SCOPED_TRACE(std::string(ToString(stored)) + " file held as " + std::string(ToString(held)));
-      LoadOptions options;
+      ModelLoadOptions options;
       options.weights_dtype = held;
       auto model = LoadModel(dir, options);
       ASSERT_TRUE(model.ok()) << model.status();
