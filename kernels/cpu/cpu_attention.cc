@@ -1,33 +1,19 @@
 #include "kernels/cpu/cpu_attention.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
 namespace switchserve::cpu {
-namespace {
 
-// Chunks of at least this many tokens attend tile by tile with GEMMs.
-constexpr int kTiledMinTokens = 8;
-// Query rows per tile of the GEMM attention.
-constexpr int kQueryTile = 64;
-
-}  // namespace
-
-CpuAttention::CpuAttention(const ModelConfig& config, const DispatchConfig& dispatch,
-                           MatmulRunner* runner, int num_threads, int64_t parallel_min_macs)
+CpuAttention::CpuAttention(const ModelConfig& config, const DispatchConfig& dispatch, KernelIsa isa,
+                           MatmulRunner* runner, WorkerPool* pool, int64_t parallel_min_macs)
     : attn_(config.attention),
       dispatch_(dispatch),
       runner_(runner),
       d_(config.d_model),
-      num_threads_(std::max(1, num_threads)),
-      parallel_min_macs_(parallel_min_macs),
-      max_seq_len_(config.max_seq_len),
-      rope_(config.max_seq_len, config.attention.RotaryDims(), config.attention.rope_base) {
-  scores_.resize(static_cast<size_t>(num_threads_) * max_seq_len_);
-}
+      rope_(config.max_seq_len, config.attention.RotaryDims(), config.attention.rope_base),
+      paged_(config.attention, isa, pool, parallel_min_macs) {}
 
 GateFunction CpuAttention::gate() const {
   return attn_.gate == AttentionGate::kSigmoid ? GateFunction::kSigmoid
@@ -59,7 +45,7 @@ void CpuAttention::Run(const AttentionWeights& w, const StepBatch& step, const f
     std::memcpy(k_cache + step.cache_rows[t] * krow, k_.data() + t * krow, krow * sizeof(float));
     std::memcpy(v_cache + step.cache_rows[t] * vrow, v_.data() + t * vrow, vrow * sizeof(float));
   }
-  Attend(step, k_cache, v_cache);
+  paged_.Run(step, q_.data(), k_cache, v_cache, ev > 1 ? vweight_.data() : nullptr, a_.data());
   ProjectOutput(w, step, xn, x, router_base, recorder);
 }
 
@@ -163,155 +149,6 @@ void CpuAttention::ComputeValues(const AttentionWeights& w, const StepBatch& ste
                            v_.data() + static_cast<int64_t>(g) * dh, static_cast<int64_t>(G) * dh);
     }
     base += as.offsets[E];
-  }
-}
-
-void CpuAttention::Attend(const StepBatch& step, const float* k_cache, const float* v_cache) {
-  const int H = attn_.n_heads, G = attn_.n_kv_heads, dh = attn_.head_dim;
-  const int ev = attn_.CachedValuesPerKvHead();
-  const int group = H / G;
-  const bool destination = ev > 1;
-  const int64_t krow = static_cast<int64_t>(G) * dh;
-  const int64_t vrow = static_cast<int64_t>(G) * ev * dh;
-  // Long chunks (prefill) attend tile by tile with GEMMs; the rest (decode
-  // tokens, short chunks) token by token.
-  loop_tokens_.clear();
-  for (int c = 0; c < step.num_sequences(); ++c) {
-    const int t = step.token_offsets[c];
-    const int n = step.num_tokens(c);
-    if (n >= kTiledMinTokens) {
-      AttendChunkTiled(step, c, t, n, k_cache, v_cache);
-    } else {
-      for (int i = 0; i < n; ++i) loop_tokens_.push_back(t + i);
-    }
-  }
-  const int64_t work = static_cast<int64_t>(loop_tokens_.size()) * H;
-  // Small steps (decode) run on one thread: waking the OpenMP team costs more
-  // than it saves and its spinning threads steal cores from OpenBLAS.
-  // CpuBackendOptions::parallel_attention_min_macs sets the bar.
-  int64_t macs = 0;
-  for (int t : loop_tokens_) macs += static_cast<int64_t>(step.positions[t] + 1) * H * dh * ev;
-  const bool parallel = num_threads_ > 1 && macs >= parallel_min_macs_;
-
-#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads_) if (parallel)
-  for (int64_t item = 0; item < work; ++item) {
-    const int t = loop_tokens_[item / H];
-    const int h = static_cast<int>(item % H);
-    const int g = h / group;
-    const int c = step.token_sequence[t];
-    const int pos = step.positions[t];
-    const int32_t* table = step.block_table(c);
-    const int bs = step.block_size;
-    float* score = scores_.data() + static_cast<int64_t>(omp_get_thread_num()) * max_seq_len_;
-    const float* q = q_.data() + (static_cast<int64_t>(t) * H + h) * dh;
-
-    float smax = -INFINITY;
-    for (int j = 0; j <= pos; ++j) {
-      const int64_t row = static_cast<int64_t>(table[j / bs]) * bs + j % bs;
-      const float* kj = k_cache + row * krow + static_cast<int64_t>(g) * dh;
-      float s = 0;
-#pragma omp simd reduction(+ : s)
-      for (int i = 0; i < dh; ++i) s += q[i] * kj[i];
-      score[j] = s;
-      smax = std::max(smax, s);
-    }
-    float sum = 0;
-    for (int j = 0; j <= pos; ++j) {
-      score[j] = std::exp(score[j] - smax);
-      sum += score[j];
-    }
-    const float inv = 1.0f / sum;
-
-    float* out = a_.data() + (static_cast<int64_t>(t) * H + h) * dh;
-    std::fill(out, out + dh, 0.0f);
-    for (int e = 0; e < ev; ++e) {
-      float wt = 1.0f;
-      int64_t voff = static_cast<int64_t>(g) * dh;
-      if (destination) {
-        wt = vweight_[(static_cast<int64_t>(t) * G + g) * ev + e];
-        if (wt == 0.0f) continue;
-        voff = static_cast<int64_t>(g * ev + e) * dh;
-      }
-      const float pw = wt * inv;
-      for (int j = 0; j <= pos; ++j) {
-        const int64_t row = static_cast<int64_t>(table[j / bs]) * bs + j % bs;
-        const float* vj = v_cache + row * vrow + voff;
-        const float p = score[j] * pw;
-#pragma omp simd
-        for (int i = 0; i < dh; ++i) out[i] += p * vj[i];
-      }
-    }
-  }
-}
-
-void CpuAttention::AttendChunkTiled(const StepBatch& step, int c, int t0, int n,
-                                    const float* k_cache, const float* v_cache) {
-  const int H = attn_.n_heads, G = attn_.n_kv_heads, dh = attn_.head_dim;
-  const int ev = attn_.CachedValuesPerKvHead();
-  const int group = H / G;
-  const int start = step.positions[t0];
-  const int keys = start + n;
-  const int64_t krow = static_cast<int64_t>(G) * dh;
-  const int64_t vrow = static_cast<int64_t>(G) * ev * dh;
-  const int64_t vdim = static_cast<int64_t>(ev) * dh;
-  Grow(keys_, static_cast<size_t>(keys) * dh);
-  Grow(values_, static_cast<size_t>(keys) * vdim);
-  Grow(tile_scores_, static_cast<size_t>(kQueryTile) * keys);
-  Grow(tile_out_, static_cast<size_t>(kQueryTile) * dh);
-
-  for (int g = 0; g < G; ++g) {
-    // This KV head's keys and values of the sequence, made contiguous.
-    for (int j = 0; j < keys; ++j) {
-      const int64_t row = step.CacheRow(c, j);
-      std::memcpy(keys_.data() + static_cast<int64_t>(j) * dh,
-                  k_cache + row * krow + static_cast<int64_t>(g) * dh, dh * sizeof(float));
-      std::memcpy(values_.data() + j * vdim, v_cache + row * vrow + g * vdim, vdim * sizeof(float));
-    }
-    for (int h = g * group; h < (g + 1) * group; ++h) {
-      for (int i0 = 0; i0 < n; i0 += kQueryTile) {
-        const int rows = std::min(kQueryTile, n - i0);
-        const int span = start + i0 + rows;  // keys the tile's last query sees
-        float* score = tile_scores_.data();
-        float* out = a_.data() + (static_cast<int64_t>(t0 + i0) * H + h) * dh;
-        GemmNT(rows, span, dh, 1.0f, q_.data() + (static_cast<int64_t>(t0 + i0) * H + h) * dh,
-               H * dh, keys_.data(), dh, 0.0f, score, span);
-        for (int r = 0; r < rows; ++r) {
-          float* sr = score + static_cast<int64_t>(r) * span;
-          const int visible = start + i0 + r + 1;  // causal
-          float smax = -INFINITY;
-          for (int j = 0; j < visible; ++j) smax = std::max(smax, sr[j]);
-          float sum = 0;
-          for (int j = 0; j < visible; ++j) {
-            sr[j] = std::exp(sr[j] - smax);
-            sum += sr[j];
-          }
-          const float inv = 1.0f / sum;
-          for (int j = 0; j < visible; ++j) sr[j] *= inv;
-          std::fill(sr + visible, sr + span, 0.0f);
-        }
-        if (ev == 1) {
-          GemmNN(rows, dh, span, 1.0f, score, span, values_.data(), dh, 0.0f, out, H * dh);
-          continue;
-        }
-        // Destination routing: the query's gate weights each expert's values.
-        for (int r = 0; r < rows; ++r) {
-          std::fill(out + static_cast<int64_t>(r) * H * dh,
-                    out + static_cast<int64_t>(r) * H * dh + dh, 0.0f);
-        }
-        for (int e = 0; e < ev; ++e) {
-          GemmNN(rows, dh, span, 1.0f, score, span, values_.data() + static_cast<int64_t>(e) * dh,
-                 static_cast<int>(vdim), 0.0f, tile_out_.data(), dh);
-          for (int r = 0; r < rows; ++r) {
-            const float wt = vweight_[(static_cast<int64_t>(t0 + i0 + r) * G + g) * ev + e];
-            if (wt == 0.0f) continue;
-            float* dst = out + static_cast<int64_t>(r) * H * dh;
-            const float* src = tile_out_.data() + static_cast<int64_t>(r) * dh;
-#pragma omp simd
-            for (int i = 0; i < dh; ++i) dst[i] += wt * src[i];
-          }
-        }
-      }
-    }
   }
 }
 

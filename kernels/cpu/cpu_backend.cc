@@ -28,7 +28,7 @@ class CpuBackend final : public Backend {
         pool_(num_threads_),
         runner_(options.generic_kernels ? cpu::KernelIsa::kGeneric : cpu::BestKernelIsa(), &pool_,
                 options.parallel_matmul_min_macs),
-        attention_(config, dispatch, &runner_, num_threads_, options.parallel_attention_min_macs),
+        attention_(config, dispatch, isa_, &runner_, &pool_, options.parallel_attention_min_macs),
         ffn_(config, dispatch, &runner_),
         layout_(config) {
     // Our kernels share the cores out (MatmulRunner, OpenMP); OpenBLAS, left
@@ -85,6 +85,7 @@ class CpuBackend final : public Backend {
   const ModelConfig config_;
   const ModelWeights& weights_;
   int num_threads_;
+  cpu::KernelIsa isa_;
   cpu::WorkerPool pool_;
   cpu::MatmulRunner runner_;
   cpu::CpuAttention attention_;

@@ -68,7 +68,8 @@ void MatmulRunner::Run(const std::vector<MatmulTask>& tasks) {
       }
     }
   }
-  pool_->Run(static_cast<int>(pieces_.size()), [this](int i) { RunOne(*kernels_, pieces_[i]); });
+  pool_->Run(static_cast<int>(pieces_.size()),
+             [this](int i, int) { RunOne(*kernels_, pieces_[i]); });
 }
 
 }  // namespace switchserve::cpu

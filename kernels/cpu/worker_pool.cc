@@ -22,7 +22,9 @@ constexpr uint32_t Index(uint64_t cursor) { return static_cast<uint32_t>(cursor)
 }  // namespace
 
 WorkerPool::WorkerPool(int threads) {
-  for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  for (int slot = 1; slot < threads; ++slot) {
+    workers_.emplace_back([this, slot] { WorkerLoop(slot); });
+  }
 }
 
 WorkerPool::~WorkerPool() {
@@ -38,7 +40,7 @@ WorkerPool::~WorkerPool() {
 void WorkerPool::Run(int count, PieceFn fn, const void* context) {
   if (count <= 0) return;
   if (workers_.empty() || count == 1) {
-    for (int i = 0; i < count; ++i) fn(context, i);
+    for (int i = 0; i < count; ++i) fn(context, i, 0);
     return;
   }
   const uint64_t generation = Generation(cursor_.load(std::memory_order_relaxed)) + 1;
@@ -52,12 +54,12 @@ void WorkerPool::Run(int count, PieceFn fn, const void* context) {
     std::lock_guard<std::mutex> lock(mutex_);
     wake_.notify_all();
   }
-  TakePieces(generation << 32);
+  TakePieces(generation << 32, 0);
   // Only pieces a worker has taken can still be running.
   while (job.done.load(std::memory_order_acquire) < count) Relax();
 }
 
-void WorkerPool::TakePieces(uint64_t cursor) {
+void WorkerPool::TakePieces(uint64_t cursor, int slot) {
   const uint64_t generation = Generation(cursor);
   Job& job = jobs_[generation & 1];
   // Read under `cursor`'s generation: if the job changed since, the exchange
@@ -70,14 +72,14 @@ void WorkerPool::TakePieces(uint64_t cursor) {
       continue;
     }
     job.fn.load(std::memory_order_relaxed)(job.context.load(std::memory_order_relaxed),
-                                           static_cast<int>(Index(cursor)));
+                                           static_cast<int>(Index(cursor)), slot);
     job.done.fetch_add(1, std::memory_order_release);
     cursor = cursor_.load(std::memory_order_acquire);
     if (Generation(cursor) != generation) return;
   }
 }
 
-void WorkerPool::WorkerLoop() {
+void WorkerPool::WorkerLoop(int slot) {
   // Generation 0 has no job: a worker that starts late must still take part
   // in the first one, so it does not read the current generation as seen.
   uint64_t seen = 0;
@@ -105,7 +107,7 @@ void WorkerPool::WorkerLoop() {
     }
     if (stop_.load()) return;
     seen = Generation(cursor);
-    TakePieces(cursor);
+    TakePieces(cursor, slot);
   }
 }
 

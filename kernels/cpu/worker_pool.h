@@ -33,16 +33,17 @@ class WorkerPool {
 
   int threads() const { return static_cast<int>(workers_.size()) + 1; }
 
-  // Calls fn(context, i) once for every i in [0, count), on the caller and
-  // the workers; returns when all calls have returned.
-  using PieceFn = void (*)(const void* context, int piece);
+  // Calls fn(context, i, slot) once for every i in [0, count), on the caller
+  // (slot 0) and the workers (slots 1 .. threads - 1: a piece may use
+  // per-slot scratch); returns when all calls have returned.
+  using PieceFn = void (*)(const void* context, int piece, int slot);
   void Run(int count, PieceFn fn, const void* context);
 
-  // The same with any callable taking the piece index.
+  // The same with any callable taking (piece, slot).
   template <typename Fn>
   void Run(int count, const Fn& fn) {
     Run(
-        count, [](const void* c, int i) { (*static_cast<const Fn*>(c))(i); }, &fn);
+        count, [](const void* c, int i, int slot) { (*static_cast<const Fn*>(c))(i, slot); }, &fn);
   }
 
  private:
@@ -56,10 +57,10 @@ class WorkerPool {
     std::atomic<int> done{0};
   };
 
-  void WorkerLoop();
+  void WorkerLoop(int slot);
   // Takes and runs pieces of the job of `cursor` while any are left. Returns
   // when the job's pieces are all taken or a newer job was published.
-  void TakePieces(uint64_t cursor);
+  void TakePieces(uint64_t cursor, int slot);
 
   // generation << 32 | next piece index: one atomic, so a piece is taken only
   // from the job it was read for.

@@ -21,7 +21,8 @@ TEST(WorkerPoolTest, EveryPieceRunsOnceAndIsDoneWhenRunReturns) {
     for (int job = 0; job < 2000; ++job) {
       const int count = job % 37;
       std::vector<std::atomic<int>> runs(count);
-      pool.Run(count, [&](int i) {
+      pool.Run(count, [&](int i, int slot) {
+        EXPECT_TRUE(slot >= 0 && slot < threads) << slot;
         if (job % 100 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
         runs[i].fetch_add(1);
       });
@@ -40,10 +41,12 @@ TEST(WorkerPoolTest, WorkersTakePiecesWhenTheCallerIsBusy) {
     std::atomic<bool> second_done{false};
     std::set<std::thread::id> ids;
     std::mutex ids_mutex;
-    pool.Run(2, [&](int i) {
+    std::set<int> slots;
+    pool.Run(2, [&](int i, int slot) {
       {
         std::lock_guard<std::mutex> lock(ids_mutex);
         ids.insert(std::this_thread::get_id());
+        slots.insert(slot);
       }
       if (i == 1) second_done.store(true);
       if (i == 0) {
@@ -52,6 +55,7 @@ TEST(WorkerPoolTest, WorkersTakePiecesWhenTheCallerIsBusy) {
     });
     EXPECT_TRUE(second_done.load());
     EXPECT_EQ(ids.size(), 2u);
+    EXPECT_EQ(slots, (std::set<int>{0, 1})) << "each thread has its own slot";
   }
 }
 
@@ -59,7 +63,7 @@ TEST(WorkerPoolTest, PoolsStartAndStopCleanly) {
   // Destroyed before, while and after workers go to sleep: none may hang.
   for (int i = 0; i < 200; ++i) {
     WorkerPool pool(3);
-    if (i % 3 == 1) pool.Run(5, [](int) {});
+    if (i % 3 == 1) pool.Run(5, [](int, int) {});
     if (i % 50 == 2) std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
 }
@@ -70,7 +74,7 @@ TEST(WorkerPoolTest, SleepingWorkersWakeForTheNextJob) {
     // Long enough for the worker to stop polling and sleep.
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
     std::atomic<bool> second_done{false};
-    pool.Run(2, [&](int i) {
+    pool.Run(2, [&](int i, int) {
       if (i == 1) second_done.store(true);
       if (i == 0) {
         while (!second_done.load()) std::this_thread::yield();
