@@ -8,6 +8,8 @@ std::string_view ToString(KernelIsa isa) {
       return "generic";
     case KernelIsa::kAvx2:
       return "avx2";
+    case KernelIsa::kAvx512:
+      return "avx512";
   }
   return "?";
 }
@@ -24,11 +26,19 @@ bool CpuSupports(KernelIsa isa) {
 #else
       return false;
 #endif
+    case KernelIsa::kAvx512:
+#if defined(__x86_64__) || defined(__i386__)
+      return CpuSupports(KernelIsa::kAvx2) && __builtin_cpu_supports("avx512f") &&
+             __builtin_cpu_supports("avx512vl");
+#else
+      return false;
+#endif
   }
   return false;
 }
 
 KernelIsa BestKernelIsa() {
+  if (CpuSupports(KernelIsa::kAvx512)) return KernelIsa::kAvx512;
   return CpuSupports(KernelIsa::kAvx2) ? KernelIsa::kAvx2 : KernelIsa::kGeneric;
 }
 
@@ -50,6 +60,7 @@ WeightMatrix MatrixOf(const Tensor& tensor, int64_t ld, int64_t offset) {
 const MatmulKernels& KernelsFor(KernelIsa isa) {
 #if defined(__x86_64__) || defined(__i386__)
   if (isa == KernelIsa::kAvx2) return Avx2Kernels();
+  if (isa == KernelIsa::kAvx512) return Avx512Kernels();
 #endif
   return GenericKernels();
 }

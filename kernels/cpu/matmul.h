@@ -25,7 +25,8 @@
 // at creation and uses it for every call, so a configuration never mixes
 // them. The builds differ in speed and, for kGeneric, in rounding (it
 // multiplies and adds without fusing: a CPU without FMA has no other exact
-// choice); within one build the order above is fixed.
+// choice; kAvx2 and kAvx512 give the same bits); within one build the order
+// above is fixed.
 #ifndef SWITCHSERVE_KERNELS_CPU_MATMUL_H_
 #define SWITCHSERVE_KERNELS_CPU_MATMUL_H_
 
@@ -40,8 +41,9 @@ namespace switchserve::cpu {
 enum class KernelIsa {
   kGeneric,  // any x86-64 (or other) CPU: plain C++, no fused multiply-add
   kAvx2,     // AVX2 + FMA + F16C
+  kAvx512,   // the same operations with AVX-512VL's 32 registers: kAvx2's bits, faster
 };
-std::string_view ToString(KernelIsa isa);  // "generic", "avx2"
+std::string_view ToString(KernelIsa isa);  // "generic", "avx2", "avx512"
 // Whether this CPU can run `isa`.
 bool CpuSupports(KernelIsa isa);
 // The fastest build this CPU supports.
@@ -91,9 +93,11 @@ inline const float* RowOfA(const MatmulArgs& args, int i) {
   return args.a + (args.a_rows != nullptr ? args.a_rows[i] : i) * args.lda;
 }
 
-// The builds, for KernelsFor (matmul_generic.cc, matmul_avx2.cc).
+// The builds, for KernelsFor (matmul_generic.cc, matmul_avx2.cc,
+// matmul_avx512.cc).
 const MatmulKernels& GenericKernels();
 const MatmulKernels& Avx2Kernels();
+const MatmulKernels& Avx512Kernels();
 
 }  // namespace switchserve::cpu
 

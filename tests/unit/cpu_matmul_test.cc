@@ -37,6 +37,7 @@ using Param = std::tuple<KernelIsa, DType, WeightLayout>;
 std::vector<KernelIsa> SupportedIsas() {
   std::vector<KernelIsa> out = {KernelIsa::kGeneric};
   if (CpuSupports(KernelIsa::kAvx2)) out.push_back(KernelIsa::kAvx2);
+  if (CpuSupports(KernelIsa::kAvx512)) out.push_back(KernelIsa::kAvx512);
   return out;
 }
 
@@ -283,10 +284,12 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(WeightLayout::kRowsOut, WeightLayout::kRowsIn)),
     ParamName);
 
-TEST(KernelIsaTest, BestIsSupportedAndAvx2IsPickedWhereTheCpuHasIt) {
+TEST(KernelIsaTest, BestIsSupportedAndTheWidestTheCpuHas) {
   EXPECT_TRUE(CpuSupports(BestKernelIsa()));
   EXPECT_TRUE(CpuSupports(KernelIsa::kGeneric));
-  if (CpuSupports(KernelIsa::kAvx2)) {
+  if (CpuSupports(KernelIsa::kAvx512)) {
+    EXPECT_EQ(BestKernelIsa(), KernelIsa::kAvx512);
+  } else if (CpuSupports(KernelIsa::kAvx2)) {
     EXPECT_EQ(BestKernelIsa(), KernelIsa::kAvx2);
   }
 }
