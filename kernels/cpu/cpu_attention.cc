@@ -11,6 +11,7 @@ CpuAttention::CpuAttention(const ModelConfig& config, const DispatchConfig& disp
     : attn_(config.attention),
       dispatch_(dispatch),
       runner_(runner),
+      pool_(pool),
       d_(config.d_model),
       rope_(config.max_seq_len, config.attention.RotaryDims(), config.attention.rope_base),
       paged_(config.attention, isa, pool, parallel_min_macs) {}
@@ -141,15 +142,15 @@ void CpuAttention::ComputeValues(const AttentionWeights& w, const StepBatch& ste
   }
   runner_->Run(tasks_);
   std::fill(v_.begin(), v_.begin() + static_cast<int64_t>(T) * G * dh, 0.0f);
+  outputs_.clear();
   base = 0;
   for (int g = 0; g < G; ++g) {
     const ExpertAssignments& as = assignments_[attn_.shared_router ? 0 : g];
-    for (int e = 0; e < E; ++e) {
-      ScatterAddExpertRows(as, e, product_.data() + (base + as.begin(e)) * dh, dh,
-                           v_.data() + static_cast<int64_t>(g) * dh, static_cast<int64_t>(G) * dh);
-    }
+    outputs_.push_back({&as, product_.data() + base * dh, v_.data() + static_cast<int64_t>(g) * dh,
+                        static_cast<int64_t>(G) * dh});
     base += as.offsets[E];
   }
+  AddExpertOutputs(outputs_, dh, T, pool_, runner_->parallel_min_macs());
 }
 
 void CpuAttention::ProjectOutput(const AttentionWeights& w, const StepBatch& step, const float* xn,
@@ -202,14 +203,14 @@ void CpuAttention::ProjectOutput(const AttentionWeights& w, const StepBatch& ste
     base += as.offsets[E];
   }
   runner_->Run(tasks_);
+  outputs_.clear();
   base = 0;
   for (int h = 0; h < H; ++h) {
     const ExpertAssignments& as = assignments_[attn_.shared_router ? 0 : h];
-    for (int e = 0; e < E; ++e) {
-      ScatterAddExpertRows(as, e, product_.data() + (base + as.begin(e)) * d_, d_, x, d_);
-    }
+    outputs_.push_back({&as, product_.data() + base * d_, x, d_});
     base += as.offsets[E];
   }
+  AddExpertOutputs(outputs_, d_, T, pool_, runner_->parallel_min_macs());
 }
 
 }  // namespace switchserve::cpu

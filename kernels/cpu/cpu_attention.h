@@ -50,6 +50,7 @@ class CpuAttention {
   AttentionConfig attn_;
   DispatchConfig dispatch_;
   MatmulRunner* runner_;
+  WorkerPool* pool_;
   int d_ = 0;
   RopeTable rope_;
   PagedAttention paged_;
@@ -64,6 +65,7 @@ class CpuAttention {
   std::vector<float> vweight_;        // destination routing: [T, G, E] value gate weights
   std::vector<float> product_;        // [routed slots, max(d, dh)] expert outputs
   std::vector<MatmulTask> tasks_;
+  std::vector<ExpertOutputs> outputs_;
   std::vector<ExpertAssignments> assignments_;  // per router head
   RouterDecision decision_;
 };

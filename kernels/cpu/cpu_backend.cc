@@ -29,7 +29,7 @@ class CpuBackend final : public Backend {
         runner_(options.generic_kernels ? cpu::KernelIsa::kGeneric : cpu::BestKernelIsa(), &pool_,
                 options.parallel_matmul_min_macs),
         attention_(config, dispatch, isa_, &runner_, &pool_, options.parallel_attention_min_macs),
-        ffn_(config, dispatch, &runner_),
+        ffn_(config, dispatch, &runner_, &pool_),
         layout_(config) {
     // Our kernels share the cores out (MatmulRunner, OpenMP); OpenBLAS, left
     // to attention's query tiles, runs on the calling thread: a second pool of

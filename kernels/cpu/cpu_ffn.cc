@@ -4,8 +4,9 @@
 
 namespace switchserve::cpu {
 
-CpuFfn::CpuFfn(const ModelConfig& config, const DispatchConfig& dispatch, MatmulRunner* runner)
-    : ffn_(config.ffn), dispatch_(dispatch), d_(config.d_model), runner_(runner) {}
+CpuFfn::CpuFfn(const ModelConfig& config, const DispatchConfig& dispatch, MatmulRunner* runner,
+               WorkerPool* pool)
+    : ffn_(config.ffn), dispatch_(dispatch), d_(config.d_model), runner_(runner), pool_(pool) {}
 
 void CpuFfn::Run(const FfnWeights& w, int tokens, const float* xn, float* x, int router_index,
                  const RoutingRecorder& recorder) {
@@ -62,10 +63,11 @@ void CpuFfn::Run(const FfnWeights& w, int tokens, const float* xn, float* x, int
   }
   runner_->Run(tasks_);
   for (int e = 0; e < X; ++e) {
-    float* product = product_.data() + static_cast<int64_t>(as.begin(e)) * d;
-    AddBiasRows(product, as.count(e), d, d, F32OrNull(w.b2, static_cast<int64_t>(e) * d));
-    ScatterAddExpertRows(as, e, product, d, x, d);
+    AddBiasRows(product_.data() + static_cast<int64_t>(as.begin(e)) * d, as.count(e), d, d,
+                F32OrNull(w.b2, static_cast<int64_t>(e) * d));
   }
+  outputs_.assign(1, {&as, product_.data(), x, d});
+  AddExpertOutputs(outputs_, d, T, pool_, runner_->parallel_min_macs());
 }
 
 }  // namespace switchserve::cpu

@@ -12,6 +12,7 @@
 
 #include "engine/model/model_config.h"
 #include "engine/model/model_weights.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/cpu_step.h"
 #include "kernels/cpu/matmul_runner.h"
 
@@ -19,8 +20,9 @@ namespace switchserve::cpu {
 
 class CpuFfn {
  public:
-  // `runner` must outlive this layer.
-  CpuFfn(const ModelConfig& config, const DispatchConfig& dispatch, MatmulRunner* runner);
+  // `runner` and `pool` must outlive this layer.
+  CpuFfn(const ModelConfig& config, const DispatchConfig& dispatch, MatmulRunner* runner,
+         WorkerPool* pool);
 
   // x[T, d] += FFN(xn[T, d]). The MoE router is recorded at `router_index`.
   void Run(const FfnWeights& w, int tokens, const float* xn, float* x, int router_index,
@@ -31,11 +33,13 @@ class CpuFfn {
   DispatchConfig dispatch_;
   int d_ = 0;
   MatmulRunner* runner_;
+  WorkerPool* pool_;
 
   std::vector<float> logits_;   // [T, X]
   std::vector<float> hidden_;   // [slots, F] (dense: [T, F])
   std::vector<float> product_;  // [slots, d]
   std::vector<MatmulTask> tasks_;
+  std::vector<ExpertOutputs> outputs_;
   RouterDecision decision_;
   ExpertAssignments assignments_;
 };

@@ -145,15 +145,37 @@ void RopeTable::Apply(float* x, int heads, int head_dim, int position) const {
   }
 }
 
-void ScatterAddExpertRows(const ExpertAssignments& assignments, int e, const float* product,
-                          int width, float* dst, int64_t dst_stride) {
-  for (int s = assignments.begin(e); s < assignments.end(e); ++s) {
-    const float wt = assignments.weight[s];
-    float* row = dst + static_cast<int64_t>(assignments.token[s]) * dst_stride;
+void AddExpertOutputs(const std::vector<ExpertOutputs>& groups, int width, int tokens,
+                      WorkerPool* pool, int64_t parallel_min_values) {
+  // Each piece owns a range of token rows and walks every slot, adding those
+  // of its tokens: a row's additions come in the same order in every piece.
+  const auto add_range = [&](int t_begin, int t_end) {
+    for (const ExpertOutputs& group : groups) {
+      const ExpertAssignments& as = *group.assignments;
+      for (int e = 0; e < as.n_experts; ++e) {
+        for (int s = as.begin(e); s < as.end(e); ++s) {
+          const int t = as.token[s];
+          if (t < t_begin || t >= t_end) continue;
+          const float wt = as.weight[s];
+          const float* product = group.product + static_cast<int64_t>(s) * width;
+          float* row = group.dst + t * group.dst_stride;
 #pragma omp simd
-    for (int c = 0; c < width; ++c) row[c] += wt * product[c];
-    product += width;
+          for (int c = 0; c < width; ++c) row[c] += wt * product[c];
+        }
+      }
+    }
+  };
+  int64_t slots = 0;
+  for (const ExpertOutputs& group : groups) slots += group.assignments->offsets.back();
+  if (pool->threads() == 1 || slots * width < parallel_min_values || tokens < 2) {
+    add_range(0, tokens);
+    return;
   }
+  const int pieces = std::min(tokens, 4 * pool->threads());
+  pool->Run(pieces, [&](int i, int) {
+    add_range(static_cast<int>(static_cast<int64_t>(tokens) * i / pieces),
+              static_cast<int>(static_cast<int64_t>(tokens) * (i + 1) / pieces));
+  });
 }
 
 }  // namespace switchserve::cpu

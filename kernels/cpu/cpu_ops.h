@@ -12,6 +12,7 @@
 #include "engine/model/model_config.h"
 #include "engine/model/model_weights.h"
 #include "engine/moe/expert_dispatch.h"
+#include "kernels/cpu/worker_pool.h"
 
 namespace switchserve::cpu {
 
@@ -49,11 +50,22 @@ void AddBiasRows(float* x, int rows, int n, int ld, const float* bias);
 void ApplyActivation(Activation act, float* x, int64_t n);
 float Sigmoid(float z);
 
-// Grouped expert matmuls: for each slot of expert e (in slot order), the row
-// of its token t at dst + t * dst_stride += the slot's gate weight * the
-// slot's row of `product` (contiguous, `width` floats each).
-void ScatterAddExpertRows(const ExpertAssignments& assignments, int e, const float* product,
-                          int width, float* dst, int64_t dst_stride);
+// One router's expert outputs, for AddExpertOutputs: its assignments, the
+// product rows of its slots (slot s at product + s * width) and the rows of
+// its tokens (token t at dst + t * dst_stride).
+struct ExpertOutputs {
+  const ExpertAssignments* assignments;
+  const float* product;
+  float* dst;
+  int64_t dst_stride;
+};
+// For every token row: += each of its slots' gate weight * product row, in
+// `groups` order, within a group by expert then slot, one multiply and one
+// add per element. Token rows are shared out on `pool` when there are at
+// least `parallel_min_values` products to add; the order of the additions
+// into a row never changes.
+void AddExpertOutputs(const std::vector<ExpertOutputs>& groups, int width, int tokens,
+                      WorkerPool* pool, int64_t parallel_min_values);
 
 // Rotate-half RoPE on the first n_rot channels of a head vector, cos/sin
 // tabulated for positions [0, max_positions).

@@ -39,6 +39,8 @@ class MatmulRunner {
 
   const MatmulKernels& kernels() const { return *kernels_; }
   int threads() const { return pool_ == nullptr ? 1 : pool_->threads(); }
+  // Work smaller than this (multiply-adds) stays on the calling thread.
+  int64_t parallel_min_macs() const { return parallel_min_macs_; }
 
  private:
   void Split(const MatmulTask& task);
