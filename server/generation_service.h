@@ -1,7 +1,8 @@
 // The switchserve.v1.Generation service (gRPC callback API). Handlers check
 // the bearer token and the draining state, validate the request, hand it to
 // the GenerationEngine and return; the engine's updates complete the call from
-// the engine thread. No engine work runs on gRPC threads (tokenizing a prompt
+// the engine thread (a stream's messages are serialized and written from the
+// service's WriteQueue thread). No engine work runs on gRPC threads (tokenizing a prompt
 // is the only model-related work done there).
 //
 // Thread-safe.
@@ -21,6 +22,7 @@
 #include "server/metrics/serving_metrics.h"
 #include "server/proto_convert.h"
 #include "server/request_validation.h"
+#include "server/write_queue.h"
 #include "switchserve/v1/generation.grpc.pb.h"
 
 namespace switchserve {
@@ -70,6 +72,7 @@ class GenerationService final : public GenerationServiceBase {
   // Used by the call objects (server/generate_calls.h).
   GenerationEngine* engine() const { return options_.engine; }
   const TokenDescriber& describer() const { return describer_; }
+  WriteQueue& write_queue() { return write_queue_; }
   void CallStarted();
   void CallDone();
   // Counts a Generate* call that ended before the engine accepted it
@@ -85,6 +88,7 @@ class GenerationService final : public GenerationServiceBase {
 
   GenerationServiceOptions options_;
   TokenDescriber describer_;
+  WriteQueue write_queue_;
 
   mutable std::mutex mu_;
   std::condition_variable idle_;
