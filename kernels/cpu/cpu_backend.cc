@@ -25,15 +25,14 @@ class CpuBackend final : public Backend {
       : config_(config),
         weights_(weights),
         num_threads_(options.num_threads > 0 ? options.num_threads : omp_get_max_threads()),
+        isa_(options.generic_kernels ? cpu::KernelIsa::kGeneric : cpu::BestKernelIsa()),
         pool_(num_threads_),
-        runner_(options.generic_kernels ? cpu::KernelIsa::kGeneric : cpu::BestKernelIsa(), &pool_,
-                options.parallel_matmul_min_macs),
+        runner_(isa_, &pool_, options.parallel_matmul_min_macs),
         attention_(config, dispatch, isa_, &runner_, &pool_, options.parallel_attention_min_macs),
         ffn_(config, dispatch, &runner_, &pool_),
         layout_(config) {
-    // Our kernels share the cores out (MatmulRunner, OpenMP); OpenBLAS, left
-    // to attention's query tiles, runs on the calling thread: a second pool of
-    // spinning threads would compete with the first for the same cores.
+    // Our kernels share the cores out (the worker pool); OpenBLAS, unused on
+    // the step's path, must not start a second pool of spinning threads.
     openblas_set_num_threads(1);
   }
 
@@ -190,6 +189,9 @@ absl::Status CpuBackend::Forward(const StepBatch& batch, StepOutput* out) {
   OutputHead(logit_rows_, out->logits.data());
   cpu::Grow(sample_logits_, sample_rows_.size() * vocab);
   OutputHead(sample_rows_, sample_logits_.data());
+  // The rest of the step (sampling) and the engine's work until the next
+  // one run on this thread alone.
+  pool_.Rest();
 
   // The host sampler, on the last token's logits.
   for (const PendingSample& pending : samples_) {

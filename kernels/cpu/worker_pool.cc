@@ -37,8 +37,11 @@ WorkerPool::~WorkerPool() {
   for (std::thread& worker : workers_) worker.join();
 }
 
+void WorkerPool::Rest() { resting_.store(true, std::memory_order_relaxed); }
+
 void WorkerPool::Run(int count, PieceFn fn, const void* context) {
   if (count <= 0) return;
+  resting_.store(false, std::memory_order_relaxed);
   if (workers_.empty() || count == 1) {
     for (int i = 0; i < count; ++i) fn(context, i, 0);
     return;
@@ -90,7 +93,10 @@ void WorkerPool::WorkerLoop(int slot) {
     // stop_ is checked too: a worker that starts after the destructor bumped
     // the generation reads the bumped one as already seen.
     while (Generation(cursor) == seen && !stop_.load(std::memory_order_relaxed)) {
-      if (++polls % 64 != 0 || std::chrono::steady_clock::now() - spin_start < kSpinFor) {
+      const bool poll =
+          !resting_.load(std::memory_order_relaxed) &&
+          (++polls % 64 != 0 || std::chrono::steady_clock::now() - spin_start < kSpinFor);
+      if (poll) {
         Relax();
       } else {
         // Either Run's store of the cursor comes first and the predicate

@@ -33,6 +33,11 @@ class WorkerPool {
 
   int threads() const { return static_cast<int>(workers_.size()) + 1; }
 
+  // No job is coming soon (the backend's step is over): idle workers stop
+  // polling and sleep at once, leaving the cores to the process's other
+  // threads (gRPC, the engine's bookkeeping). The next Run wakes them.
+  void Rest();
+
   // Calls fn(context, i, slot) once for every i in [0, count), on the caller
   // (slot 0) and the workers (slots 1 .. threads - 1: a piece may use
   // per-slot scratch); returns when all calls have returned.
@@ -70,6 +75,7 @@ class WorkerPool {
   std::mutex mutex_;
   std::condition_variable wake_;
   std::atomic<int> sleepers_{0};
+  std::atomic<bool> resting_{false};
   std::atomic<bool> stop_{false};
   std::vector<std::thread> workers_;
 };

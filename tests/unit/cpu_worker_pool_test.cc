@@ -84,5 +84,30 @@ TEST(WorkerPoolTest, SleepingWorkersWakeForTheNextJob) {
   }
 }
 
+TEST(WorkerPoolTest, RestingWorkersStillTakePartInTheNextJob) {
+  WorkerPool pool(2);
+  for (int round = 0; round < 20; ++round) {
+    pool.Rest();
+    if (round % 2 == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    // Piece 0 waits for piece 1: the job finishes only if the resting worker
+    // wakes and takes a piece.
+    std::atomic<bool> second_done{false};
+    std::set<int> slots;
+    std::mutex slots_mutex;
+    pool.Run(2, [&](int i, int slot) {
+      {
+        std::lock_guard<std::mutex> lock(slots_mutex);
+        slots.insert(slot);
+      }
+      if (i == 1) second_done.store(true);
+      if (i == 0) {
+        while (!second_done.load()) std::this_thread::yield();
+      }
+    });
+    EXPECT_TRUE(second_done.load());
+    EXPECT_EQ(slots, (std::set<int>{0, 1})) << "round " << round;
+  }
+}
+
 }  // namespace
 }  // namespace switchserve::cpu
