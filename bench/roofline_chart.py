@@ -21,9 +21,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def label(name):
-    """'BM_DecodeStep/batch:32/context:128/bf16:1/real_time' -> 'decode, batch 32, bf16'."""
+    """'BM_DecodeStep/batch:32/context:128/xl:0/bf16:1/real_time' -> 'decode, batch 32, bf16'.
+
+    XL positions (xl:1) add ', xl' after the weights' dtype."""
     parts = dict(p.split(":", 1) for p in name.split("/")[1:] if ":" in p)
     dtype = "bf16" if parts.get("bf16") == "1" else "f32"
+    if parts.get("xl") == "1":
+        dtype += ", xl"
     if name.startswith("BM_DecodeStep"):
         return f"decode, batch {parts['batch']}, {dtype}"
     if name.startswith("BM_PrefillChunk"):
@@ -64,7 +68,8 @@ def main():
         roof = min(peak, bandwidth * x)
         kind = "decode" if name.startswith("decode") else "prefill"
         ax.scatter([x], [y], marker=markers[kind], s=60, zorder=3,
-                   color="tab:blue" if name.endswith("f32") else "tab:orange")
+                   color="tab:green" if name.endswith("xl")
+                   else "tab:blue" if name.endswith("f32") else "tab:orange")
         # Alternate the labels above and below their points: neighbours overlap less.
         ax.annotate(f"{name}: {y / roof:.0%} of roof", (x, y), textcoords="offset points",
                     xytext=(7, 6 if index % 2 else -11), fontsize=7)
@@ -75,7 +80,8 @@ def main():
     context = report.get("context", {})
     ax.set_title(f"engine_bench, paper's 262M SwitchAll shape, CPU backend\n"
                  f"{context.get('num_cpus', '?')} CPUs at {context.get('mhz_per_cpu', '?')} MHz, "
-                 f"{context.get('date', '')[:16]}; blue f32 weights, orange bf16", fontsize=9)
+                 f"{context.get('date', '')[:16]}; blue f32 weights, orange bf16, "
+                 "green f32 with XL positions", fontsize=9)
     ax.grid(True, which="both", linewidth=0.3)
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()

@@ -26,8 +26,8 @@ struct Model {
 };
 
 // The dtype the weight matrices (projections, experts, embedding, output
-// head) are held in. Norms, biases and routers are always held in f32
-// (ExpectedTensor::held_in_f32).
+// head) are held in. Norms, biases, routers and the XL position projection
+// are always held in f32 (ExpectedTensor::held_in_f32).
 enum class WeightsDtype {
   kAsStored,  // as model.safetensors stores them: no widening of f16 / bf16
   kF32,       // widened (or kept) f32: what the golden vectors are checked in

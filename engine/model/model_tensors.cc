@@ -32,11 +32,12 @@ struct Slot {
 
 const Slot kSlots[] = {
     SWITCHSERVE_MODEL_SLOT(embedding),    SWITCHSERVE_MODEL_SLOT(lm_head),
-    SWITCHSERVE_MODEL_SLOT(final_norm_w), SWITCHSERVE_MODEL_SLOT(final_norm_b),
-    SWITCHSERVE_LAYER_SLOT(attn_norm_w),  SWITCHSERVE_LAYER_SLOT(attn_norm_b),
-    SWITCHSERVE_LAYER_SLOT(attn.q),       SWITCHSERVE_LAYER_SLOT(attn.k),
-    SWITCHSERVE_LAYER_SLOT(attn.v),       SWITCHSERVE_LAYER_SLOT(attn.o),
-    SWITCHSERVE_LAYER_SLOT(attn.sel_v),   SWITCHSERVE_LAYER_SLOT(attn.sel_o),
+    SWITCHSERVE_MODEL_SLOT(lm_head_bias), SWITCHSERVE_MODEL_SLOT(final_norm_w),
+    SWITCHSERVE_MODEL_SLOT(final_norm_b), SWITCHSERVE_LAYER_SLOT(attn_norm_w),
+    SWITCHSERVE_LAYER_SLOT(attn_norm_b),  SWITCHSERVE_LAYER_SLOT(attn.q),
+    SWITCHSERVE_LAYER_SLOT(attn.k),       SWITCHSERVE_LAYER_SLOT(attn.v),
+    SWITCHSERVE_LAYER_SLOT(attn.o),       SWITCHSERVE_LAYER_SLOT(attn.sel_v),
+    SWITCHSERVE_LAYER_SLOT(attn.sel_o),   SWITCHSERVE_LAYER_SLOT(attn.pos_to_pk),
     SWITCHSERVE_LAYER_SLOT(ffn_norm_w),   SWITCHSERVE_LAYER_SLOT(ffn_norm_b),
     SWITCHSERVE_LAYER_SLOT(ffn.router_w), SWITCHSERVE_LAYER_SLOT(ffn.router_b),
     SWITCHSERVE_LAYER_SLOT(ffn.w1),       SWITCHSERVE_LAYER_SLOT(ffn.b1),
@@ -64,10 +65,12 @@ int64_t ExpectedTensor::numel() const {
 std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& config) {
   std::vector<ExpectedTensor> out;
   auto add = [&out](std::string name, std::vector<int64_t> shape, int layer, Selector select) {
-    // Norms, biases and router weights are held in f32 (ExpectedTensor::held_in_f32).
+    // Norms, biases, router weights and the XL position projection (read
+    // once, to tabulate the position keys) are held in f32
+    // (ExpectedTensor::held_in_f32).
     const bool f32 = shape.size() == 1 || name.ends_with(".b1") || name.ends_with(".b2") ||
                      name.ends_with("sel_v") || name.ends_with("sel_o") ||
-                     name.ends_with("router.weight");
+                     name.ends_with("router.weight") || name.ends_with("pos_to_pk");
     out.push_back({std::move(name), std::move(shape), layer, select, f32});
   };
   const int64_t d = config.d_model;
@@ -77,6 +80,9 @@ std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& config) {
   add("embedding.weight", {V, d}, -1, [](ModelWeights& w, int) -> Tensor& { return w.embedding; });
   if (!config.tie_embeddings) {
     add("lm_head.weight", {V, d}, -1, [](ModelWeights& w, int) -> Tensor& { return w.lm_head; });
+  }
+  if (config.output_bias) {
+    add("lm_head.bias", {V}, -1, [](ModelWeights& w, int) -> Tensor& { return w.lm_head_bias; });
   }
   add("final_norm.weight", {d}, -1, [](ModelWeights& w, int) -> Tensor& { return w.final_norm_w; });
   if (layernorm) {
@@ -115,6 +121,10 @@ std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& config) {
       add(p + "attn.v", {G * dh, d}, i, v);
       add(p + "attn.o", {d, H * dh}, i, o);
       add(p + "attn.sel_o", {H, d}, i, sel_o);
+    }
+    if (a.IsXl()) {
+      add(p + "attn.pos_to_pk", {H * dh, d}, i,
+          [](ModelWeights& w, int l) -> Tensor& { return w.layers[l].attn.pos_to_pk; });
     }
     add(p + "ffn_norm.weight", {d}, i,
         [](ModelWeights& w, int l) -> Tensor& { return w.layers[l].ffn_norm_w; });

@@ -114,15 +114,16 @@ namespace {
 
 template <typename Weights, typename Fn>
 void ForEachTensor(Weights& weights, Fn fn) {
-  for (auto* t :
-       {&weights.embedding, &weights.lm_head, &weights.final_norm_w, &weights.final_norm_b}) {
+  for (auto* t : {&weights.embedding, &weights.lm_head, &weights.lm_head_bias,
+                  &weights.final_norm_w, &weights.final_norm_b}) {
     fn(*t);
   }
   for (auto& layer : weights.layers) {
-    for (auto* t : {&layer.attn_norm_w, &layer.attn_norm_b, &layer.attn.q, &layer.attn.k,
-                    &layer.attn.v, &layer.attn.o, &layer.attn.sel_v, &layer.attn.sel_o,
-                    &layer.ffn_norm_w, &layer.ffn_norm_b, &layer.ffn.router_w, &layer.ffn.router_b,
-                    &layer.ffn.w1, &layer.ffn.b1, &layer.ffn.w2, &layer.ffn.b2}) {
+    for (auto* t :
+         {&layer.attn_norm_w, &layer.attn_norm_b, &layer.attn.q, &layer.attn.k, &layer.attn.v,
+          &layer.attn.o, &layer.attn.sel_v, &layer.attn.sel_o, &layer.attn.pos_to_pk,
+          &layer.ffn_norm_w, &layer.ffn_norm_b, &layer.ffn.router_w, &layer.ffn.router_b,
+          &layer.ffn.w1, &layer.ffn.b1, &layer.ffn.w2, &layer.ffn.b2}) {
       fn(*t);
     }
   }

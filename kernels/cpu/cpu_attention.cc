@@ -22,8 +22,8 @@ GateFunction CpuAttention::gate() const {
 }
 
 void CpuAttention::Run(const AttentionWeights& w, const StepBatch& step, const float* xn, float* x,
-                       float* k_cache, float* v_cache, int router_base,
-                       const RoutingRecorder& recorder) {
+                       float* k_cache, float* v_cache, const XlPositionKeys& positions,
+                       int router_base, const RoutingRecorder& recorder) {
   const int T = step.num_tokens();
   const int H = attn_.n_heads, G = attn_.n_kv_heads, dh = attn_.head_dim;
   const int ev = attn_.CachedValuesPerKvHead();
@@ -46,7 +46,8 @@ void CpuAttention::Run(const AttentionWeights& w, const StepBatch& step, const f
     std::memcpy(k_cache + step.cache_rows[t] * krow, k_.data() + t * krow, krow * sizeof(float));
     std::memcpy(v_cache + step.cache_rows[t] * vrow, v_.data() + t * vrow, vrow * sizeof(float));
   }
-  paged_.Run(step, q_.data(), k_cache, v_cache, ev > 1 ? vweight_.data() : nullptr, a_.data());
+  paged_.Run(step, q_.data(), k_cache, v_cache, positions, ev > 1 ? vweight_.data() : nullptr,
+             a_.data());
   ProjectOutput(w, step, xn, x, router_base, recorder);
 }
 

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "absl/status/statusor.h"
 #include "engine/model/model_config.h"
 #include "engine/model/model_weights.h"
 #include "engine/runtime/backend.h"
@@ -29,14 +30,21 @@ struct CpuBackendOptions {
   // Run the portable build of the kernels even where the CPU has AVX2 (tests
   // of that build; it rounds differently, see matmul.h).
   bool generic_kernels = false;
+  // XL positions: the most bytes the position tables (n_layers * n_heads *
+  // max_seq_len * head_dim floats, cpu_xl_positions.h) may take; 0: half of
+  // the machine's physical memory.
+  int64_t max_position_table_bytes = 0;
 };
 
 // `weights` must outlive the backend and match `config` (ValidateWeights).
 // `dispatch` is the capacity policy in force (the model's, or the server's
-// override).
-std::unique_ptr<Backend> CreateCpuBackend(const ModelConfig& config, const ModelWeights& weights,
-                                          const DispatchConfig& dispatch,
-                                          const CpuBackendOptions& options = {});
+// override). With XL positions the position tables are computed here:
+// RESOURCE_EXHAUSTED when they exceed options.max_position_table_bytes or
+// cannot be allocated.
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const ModelConfig& config,
+                                                          const ModelWeights& weights,
+                                                          const DispatchConfig& dispatch,
+                                                          const CpuBackendOptions& options = {});
 
 }  // namespace switchserve
 

@@ -28,7 +28,8 @@ PagedAttention::PagedAttention(const AttentionConfig& attention, KernelIsa isa, 
       scratch_(pool->threads()) {}
 
 void PagedAttention::Run(const StepBatch& step, const float* q, const float* k_cache,
-                         const float* v_cache, const float* value_gates, float* a) {
+                         const float* v_cache, const XlPositionKeys& positions,
+                         const float* value_gates, float* a) {
   pieces_.clear();
   int64_t macs = 0;
   for (int s = 0; s < step.num_sequences(); ++s) {
@@ -36,7 +37,7 @@ void PagedAttention::Run(const StepBatch& step, const float* q, const float* k_c
     const int n = step.num_tokens(s);
     if (n == 0) continue;
     const int64_t keys = static_cast<int64_t>(step.positions[first]) + n;
-    macs += keys * n * heads_ * head_dim_ * (1 + values_per_kv_head_);
+    macs += keys * n * heads_ * head_dim_ * (1 + values_per_kv_head_ + (positions ? 1 : 0));
     for (int h = 0; h < heads_; ++h) {
       for (int i0 = 0; i0 < n; i0 += kQueryTile) {
         pieces_.push_back({s, h, first + i0, std::min(kQueryTile, n - i0)});
@@ -44,7 +45,7 @@ void PagedAttention::Run(const StepBatch& step, const float* q, const float* k_c
     }
   }
   const auto attend = [&](int i, int slot) {
-    AttendTile(step, pieces_[i], q, k_cache, v_cache, value_gates, a, scratch_[slot]);
+    AttendTile(step, pieces_[i], q, k_cache, v_cache, positions, value_gates, a, scratch_[slot]);
   };
   if (pool_->threads() == 1 || macs < parallel_min_macs_) {
     for (int i = 0; i < static_cast<int>(pieces_.size()); ++i) attend(i, 0);
@@ -55,7 +56,8 @@ void PagedAttention::Run(const StepBatch& step, const float* q, const float* k_c
 
 void PagedAttention::AttendTile(const StepBatch& step, const Piece& piece, const float* q,
                                 const float* k_cache, const float* v_cache,
-                                const float* value_gates, float* a, Scratch& scratch) const {
+                                const XlPositionKeys& positions, const float* value_gates, float* a,
+                                Scratch& scratch) const {
   const int H = heads_, G = kv_heads_, dh = head_dim_, ev = values_per_kv_head_;
   const int g = piece.head / (H / G);
   const int rows = piece.rows;
@@ -87,6 +89,25 @@ void PagedAttention::AttendTile(const StepBatch& step, const Piece& piece, const
         scores + r0 * lds + b0,
         lds};
     kernels_->rows_out(args);
+  }
+  if (positions) {
+    // XL: s_j += dot8(q, R_h[i - j]) for the row at position i, its keys
+    // j <= i: the table rows R_h[i], R_h[i - 1], ..., R_h[0], read backwards
+    // (a leading dimension of -dh).
+    for (int r = 0; r < rows; ++r) {
+      const int i = start + r;
+      MatmulArgs args{1,
+                      i + 1,
+                      dh,
+                      q_rows + static_cast<int64_t>(r) * H * dh,
+                      static_cast<int64_t>(H) * dh,
+                      nullptr,
+                      {DType::kF32, positions.At(piece.head, i), -static_cast<int64_t>(dh)},
+                      scores + r * lds,
+                      lds};
+      args.accumulate = true;
+      kernels_->rows_out(args);
+    }
   }
   // e_j = exp(s_j - max) over each row's visible keys, and their sum in key order.
   for (int r = 0; r < rows; ++r) {

@@ -5,6 +5,7 @@
 // head h (KV head g):
 //
 //   s_j  = dot8(q, k_j) for every key j <= p              (matmul.h, rows out)
+//          [XL positions: s_j = s_j + dot8(q, R_h[p - j]), cpu_xl_positions.h]
 //   m    = max_j s_j;  e_j = exp(s_j - m);  sum = e_0 + e_1 + ... + e_p   (in j order)
 //   a    = (chain over j in KV-block order of e_j * v_j)   (matmul.h, rows in)
 //          * (1 / sum)
@@ -28,6 +29,7 @@
 
 #include "engine/model/model_config.h"
 #include "engine/runtime/step_batch.h"
+#include "kernels/cpu/cpu_xl_positions.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/worker_pool.h"
 
@@ -42,11 +44,11 @@ class PagedAttention {
 
   // a[t, h, :] for every token t of `step` and query head h, from q [T, H, dh]
   // (scaled and rotated) and one layer's cache (K [rows, G, dh], V [rows,
-  // G * Ev, dh], the step's keys and values already written).
-  // `value_gates` [T, G, Ev]: the destination routing's kept gates (null
-  // unless Ev > 1).
+  // G * Ev, dh], the step's keys and values already written). `positions`:
+  // the layer's XL position keys (empty with RoPE). `value_gates` [T, G, Ev]:
+  // the destination routing's kept gates (null unless Ev > 1).
   void Run(const StepBatch& step, const float* q, const float* k_cache, const float* v_cache,
-           const float* value_gates, float* a);
+           const XlPositionKeys& positions, const float* value_gates, float* a);
 
  private:
   struct Piece {
@@ -61,7 +63,8 @@ class PagedAttention {
     std::vector<float> chain;   // [tile rows, dh]: one expert's chain (Ev > 1)
   };
   void AttendTile(const StepBatch& step, const Piece& piece, const float* q, const float* k_cache,
-                  const float* v_cache, const float* value_gates, float* a, Scratch& scratch) const;
+                  const float* v_cache, const XlPositionKeys& positions, const float* value_gates,
+                  float* a, Scratch& scratch) const;
   // chain[r] (+)= sum over keys of e[r][j] * v_j for the tile's rows, block by
   // block, each row over its visible keys only.
   void ReduceValues(const StepBatch& step, int sequence, int start, int rows, const float* e,
