@@ -13,6 +13,7 @@
 #include "engine/model/model_config.h"
 #include "engine/model/model_loader.h"
 #include "kernels/backends.h"
+#include "server/dispatch_flags.h"
 
 namespace switchserve {
 
@@ -41,10 +42,8 @@ struct ServerOptions {
   int max_running_requests = 0;
   int max_queue = 0;
   int64_t max_request_bytes = 0;
-  // Overrides of the model's dispatch config; unset: the model's value.
-  std::optional<double> capacity_factor;
-  std::optional<OverflowPolicy> overflow;
-  std::optional<int> min_capacity;
+  // Overrides of the model's dispatch config.
+  DispatchOverrides dispatch;
   double drain_timeout_s = 0;
   TlsOptions tls;
   std::string auth_token_file;  // empty: no authentication
