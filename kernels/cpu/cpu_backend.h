@@ -2,8 +2,9 @@
 // every projection and the grouped expert matmuls (all active experts of a
 // module in one group of products over the rows routed to them) run on our
 // batch-invariant kernels (kernels/cpu/matmul.h), attention over the paged
-// cache vectorised and spread across the machine's cores with OpenMP; the
-// next token sampled on the host by the runtime's sampler
+// cache in one operation order per query (paged_attention.h), the work of
+// both shared out on the backend's worker pool; the next token sampled on
+// the host by the runtime's sampler
 // (engine/runtime/sampler.h). Created through kernels/backends.h.
 #ifndef SWITCHSERVE_KERNELS_CPU_CPU_BACKEND_H_
 #define SWITCHSERVE_KERNELS_CPU_CPU_BACKEND_H_
@@ -21,7 +22,7 @@ namespace switchserve {
 struct CpuBackendOptions {
   int num_threads = 0;  // 0: all cores
   // Steps whose attention needs fewer multiply-adds than this attend on one
-  // thread (waking the OpenMP team costs more than it saves on decode steps).
+  // thread (waking the workers costs more than it saves on small steps).
   // Tests set 0 to exercise the parallel path on tiny models.
   int64_t parallel_attention_min_macs = int64_t{1} << 22;
   // A group of matmuls with fewer multiply-adds runs on one thread. Tests set
