@@ -50,7 +50,7 @@ class WaitingSink : public GenerationSink {
 
 absl::StatusOr<EngineSetup> SetUpEngine(const ServerOptions& options) {
   EngineSetup setup;
-  absl::StatusOr<std::unique_ptr<Model>> model = LoadModel(options.model_dir);
+  absl::StatusOr<std::unique_ptr<Model>> model = LoadModel(options.model_dir, options.load);
   if (!model.ok()) return model.status();
   setup.model = *std::move(model);
   const ModelConfig& config = setup.model->config;

@@ -13,7 +13,9 @@ absl::StatusOr<OfflineSession> OpenOfflineSession() {
   std::string directory = absl::GetFlag(FLAGS_model);
   if (directory.empty()) directory = DefaultModelDirectory();
   OfflineSession session;
-  absl::StatusOr<std::unique_ptr<Model>> model = LoadModel(directory);
+  absl::StatusOr<ModelLoadOptions> load = LoadOptionsFromFlags();
+  if (!load.ok()) return load.status();
+  absl::StatusOr<std::unique_ptr<Model>> model = LoadModel(directory, *load);
   if (!model.ok()) return model.status();
   session.model = *std::move(model);
   absl::StatusOr<DeviceKind> device = ParseDeviceKind(absl::GetFlag(FLAGS_device));

@@ -105,6 +105,9 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   if (!log_format.ok()) return FlagError("log-format", std::string(log_format.status().message()));
   o.log_format = *log_format;
 
+  absl::StatusOr<ModelLoadOptions> load = LoadOptionsFromFlags();
+  if (!load.ok()) return load.status();
+  o.load = *load;
   auto device = ParseDeviceKind(absl::GetFlag(FLAGS_device));
   if (!device.ok()) return FlagError("device", std::string(device.status().message()));
   o.device = *device;

@@ -38,9 +38,26 @@ absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
   return text.str();
 }
 
+// The dtype `e` is held in when the file stores it as `stored`.
+DType HeldDtype(const ExpectedTensor& e, DType stored, WeightsDtype policy) {
+  if (e.held_in_f32) return DType::kF32;
+  switch (policy) {
+    case WeightsDtype::kAsStored:
+      return stored;
+    case WeightsDtype::kF32:
+      return DType::kF32;
+    case WeightsDtype::kBF16:
+      return DType::kBF16;
+    case WeightsDtype::kF16:
+      return DType::kF16;
+  }
+  return stored;
+}
+
 // Fills model->weights from `file`, checking it holds exactly the tensors the
 // config calls for.
-absl::Status LoadWeights(const SafetensorsFile& file, Model* model) {
+absl::Status LoadWeights(const SafetensorsFile& file, const ModelLoadOptions& options,
+                         Model* model) {
   // Every layer has several tensors; refuse before allocating per-layer
   // tables for an absurd n_layers.
   if (static_cast<size_t>(model->config.n_layers) > file.tensors().size()) {
@@ -78,11 +95,9 @@ absl::Status LoadWeights(const SafetensorsFile& file, Model* model) {
                                                      ": expected shape ", ShapeText(e.shape),
                                                      ", found ", ShapeText(info->shape)));
     }
-    absl::StatusOr<std::vector<float>> data = file.ReadAsF32(e.name);
-    if (!data.ok()) return data.status();
-    Tensor& tensor = e.In(model->weights);
-    tensor.shape = e.shape;
-    tensor.data = *std::move(data);
+    const size_t count = info->size_bytes / static_cast<size_t>(DTypeSize(info->dtype));
+    Tensor stored = Tensor::FromBytes(e.shape, info->dtype, info->data, count);
+    e.In(model->weights) = stored.ConvertedTo(HeldDtype(e, info->dtype, options.weights_dtype));
   }
   if (!unexpected.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(file.path(), ": unexpected tensor ",
@@ -117,7 +132,41 @@ absl::Status LoadTokenizer(const std::string& directory, Model* model) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& directory) {
+std::string_view ToString(WeightsDtype dtype) {
+  switch (dtype) {
+    case WeightsDtype::kAsStored:
+      return "auto";
+    case WeightsDtype::kF32:
+      return "f32";
+    case WeightsDtype::kBF16:
+      return "bf16";
+    case WeightsDtype::kF16:
+      return "f16";
+  }
+  return "?";
+}
+
+absl::StatusOr<WeightsDtype> ParseWeightsDtype(std::string_view text) {
+  for (WeightsDtype dtype :
+       {WeightsDtype::kAsStored, WeightsDtype::kF32, WeightsDtype::kBF16, WeightsDtype::kF16}) {
+    if (text == ToString(dtype)) return dtype;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("weights dtype \"", std::string(text), "\": expected auto, f32, bf16 or f16"));
+}
+
+ModelWeights ConvertWeights(const ModelConfig& config, const ModelWeights& weights,
+                            WeightsDtype dtype) {
+  ModelWeights out = weights;
+  for (const ExpectedTensor& e : ExpectedTensors(config)) {
+    Tensor& t = e.In(out);
+    t = t.ConvertedTo(HeldDtype(e, t.dtype(), dtype));
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& directory,
+                                                 const ModelLoadOptions& options) {
   std::error_code error;
   if (!std::filesystem::is_directory(directory, error)) {
     return absl::NotFoundError(absl::StrCat(directory, ": not a model directory"));
@@ -136,7 +185,9 @@ absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& directory) {
     absl::StatusOr<std::unique_ptr<SafetensorsFile>> file =
         SafetensorsFile::Open(JoinPath(directory, "model.safetensors"));
     if (!file.ok()) return file.status();
-    if (absl::Status status = LoadWeights(**file, model.get()); !status.ok()) return status;
+    if (absl::Status status = LoadWeights(**file, options, model.get()); !status.ok()) {
+      return status;
+    }
   }
   if (absl::Status status = LoadTokenizer(directory, model.get()); !status.ok()) return status;
   return model;
@@ -163,8 +214,14 @@ absl::Status WriteModelDirectory(const std::string& directory, const ModelConfig
     if (!out) return absl::InvalidArgumentError(absl::StrCat(config_path, ": write failed"));
   }
   std::vector<TensorToWrite> tensors;
-  for (const ExpectedTensor& e : ExpectedTensors(config)) {
-    tensors.push_back({e.name, e.shape, e.In(weights).ptr(), dtype});
+  std::vector<std::vector<float>> widened;  // values of tensors held in half precision
+  const std::vector<ExpectedTensor> expected = ExpectedTensors(config);
+  widened.reserve(expected.size());
+  for (const ExpectedTensor& e : expected) {
+    const Tensor& t = e.In(weights);
+    const float* values =
+        t.dtype() == DType::kF32 ? t.f32() : widened.emplace_back(t.ToF32()).data();
+    tensors.push_back({e.name, e.shape, values, dtype});
   }
   return WriteSafetensors(JoinPath(directory, "model.safetensors"), tensors);
 }
