@@ -23,7 +23,9 @@ namespace {
 class GenerationApiTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    auto started = ServerProcess::Start();
+    // Steps of at least 5 ms: a crowd of requests stays in the batch long
+    // enough for GetModelInfo to see it (GreedyOutputSameAloneAndAmong32Concurrent).
+    auto started = ServerProcess::Start({"--debug-step-delay-ms", "5"});
     ASSERT_TRUE(started.ok()) << started.status();
     server_ = started->release();
     stub_ = v1::Generation::NewStub(server_->Channel()).release();

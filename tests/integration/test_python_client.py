@@ -192,7 +192,18 @@ def test_health_and_reflection(server):
         assert "grpc.health.v1.Health" in names
 
 
-def test_greedy_same_alone_and_among_32_concurrent(stub):
+def test_greedy_same_alone_and_among_32_concurrent():
+    # Steps of at least 5 ms: the crowd stays in the batch long enough for
+    # GetModelInfo to see it.
+    server = Server("--debug-step-delay-ms", "5")
+    try:
+        with server.channel() as channel:
+            greedy_same_alone_and_among_32_concurrent(pb_grpc.GenerationStub(channel))
+    finally:
+        server.close()
+
+
+def greedy_same_alone_and_among_32_concurrent(stub):
     requests = [text_request(f"python {i * 13}:", 24, ignore_eos=True) for i in range(32)]
     alone = [stub.Generate(r, timeout=60).text for r in requests]
     futures = [stub.Generate.future(r, timeout=120) for r in requests]
