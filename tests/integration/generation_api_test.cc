@@ -1,6 +1,9 @@
 // The Generation API against the real server process: unary and streaming
 // generation, tokenize, model info, health, reflection, batch invariance and
 // every kind of bad input.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -20,7 +23,9 @@ namespace {
 class GenerationApiTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    auto started = ServerProcess::Start();
+    // Steps of at least 5 ms: a crowd of requests stays in the batch long
+    // enough for GetModelInfo to see it (GreedyOutputSameAloneAndAmong32Concurrent).
+    auto started = ServerProcess::Start({"--debug-step-delay-ms", "5"});
     ASSERT_TRUE(started.ok()) << started.status();
     server_ = started->release();
     stub_ = v1::Generation::NewStub(server_->Channel()).release();
@@ -139,6 +144,16 @@ TEST_F(GenerationApiTest, GreedyOutputSameAloneAndAmong32Concurrent) {
     ASSERT_TRUE(stub_->Generate(context.get(), requests[i], &response).ok());
     alone[i] = response.text();
   }
+  // While they run, the engine's snapshot shows how many requests share the
+  // running batch (every running request gets a token in each step).
+  std::atomic<bool> done{false};
+  std::atomic<int> most_running{0};
+  std::thread watcher([&] {
+    while (!done.load()) {
+      most_running = std::max(most_running.load(), GetInfo(*stub_).cache().running_requests());
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
   std::vector<std::thread> threads;
   std::vector<grpc::Status> statuses(kRequests);
   for (int i = 0; i < kRequests; ++i) {
@@ -150,10 +165,13 @@ TEST_F(GenerationApiTest, GreedyOutputSameAloneAndAmong32Concurrent) {
     });
   }
   for (auto& thread : threads) thread.join();
+  done = true;
+  watcher.join();
   for (int i = 0; i < kRequests; ++i) {
     ASSERT_TRUE(statuses[i].ok()) << statuses[i].error_message();
     EXPECT_EQ(together[i], alone[i]) << "request " << i;
   }
+  EXPECT_GE(most_running.load(), 2) << "the concurrent requests never shared the batch";
 }
 
 struct BadInput {

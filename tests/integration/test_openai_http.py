@@ -42,14 +42,14 @@ def free_port():
 class Server:
     """`switchserve serve` with the HTTP API on a free port; SIGKILLed by close()."""
 
-    def __init__(self, *extra_args, scheme="http", metrics=False):
+    def __init__(self, *extra_args, scheme="http", metrics=False, model_dir=MODEL_DIR):
         self.dir = tempfile.mkdtemp(prefix="switchserve_http_")
         self.log_path = os.path.join(self.dir, "server.log")
         self.http_port = free_port()
         self.metrics_port = free_port() if metrics else 0
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(
-                [BINARY, "serve", "--model", MODEL_DIR, "--host", "127.0.0.1", "--port", "0",
+                [BINARY, "serve", "--model", model_dir, "--host", "127.0.0.1", "--port", "0",
                  "--http-port", str(self.http_port), "--metrics-port", str(self.metrics_port),
                  "--threads", "1", "--log-format", "json", *extra_args],
                 stdout=log, stderr=subprocess.STDOUT)
@@ -145,6 +145,34 @@ def test_default_max_tokens_is_openais_16(client):
     completion = client.completions.create(model=MODEL, prompt="x", temperature=0,
                                            extra_body={"ignore_eos": True})
     assert completion.usage.completion_tokens == 16
+
+
+def test_eos_finishes_with_stop_unless_ignored(server, tmp_path):
+    # The test model declares no EOS token; served with one of the tokens of
+    # its greedy continuation as its EOS, a completion ends at that token with
+    # finish_reason "stop", as gRPC ends with FINISH_REASON_EOS.
+    ids = list(grpc_generate(server, "eos test", max_new_tokens=20, temperature=0).token_ids)
+    with open(os.path.join(MODEL_DIR, "config.json")) as f:
+        config = dict(json.load(f), eos_token_id=ids[5])
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "model.safetensors").symlink_to(os.path.join(MODEL_DIR, "model.safetensors"))
+    eos_server = Server(model_dir=str(tmp_path))
+    try:
+        eos_client, ask = eos_server.client(), dict(model=MODEL, prompt="eos test", max_tokens=20,
+                                                     temperature=0)
+        want = grpc_generate(eos_server, "eos test", max_new_tokens=20, temperature=0)
+        assert want.finish_reason == pb.FINISH_REASON_EOS
+        assert list(want.token_ids) == ids[:ids.index(ids[5]) + 1]
+        ended = eos_client.completions.create(**ask)
+        assert ended.choices[0].finish_reason == "stop" and ended.choices[0].text == want.text
+        assert ended.usage.completion_tokens == len(want.token_ids)
+        chunks = [c for c in eos_client.completions.create(**ask, stream=True) if c.choices]
+        assert chunks[-1].choices[0].finish_reason == "stop"
+        ignoring = eos_client.completions.create(**ask, extra_body={"ignore_eos": True})
+        assert ignoring.choices[0].finish_reason == "length"
+        assert ignoring.usage.completion_tokens == 20
+    finally:
+        eos_server.close()
 
 
 def test_stream_ends_with_done_and_equals_unary(server, client):

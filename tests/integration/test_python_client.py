@@ -5,6 +5,7 @@ import concurrent.futures
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -30,12 +31,12 @@ CONTEXT = 64
 class Server:
     """A `switchserve serve` process; stopped (SIGKILL) by close()."""
 
-    def __init__(self, *extra_args):
+    def __init__(self, *extra_args, model=MODEL):
         self.dir = tempfile.mkdtemp(prefix="switchserve_py_")
         self.log_path = os.path.join(self.dir, "server.log")
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(
-                [BINARY, "serve", "--model", MODEL, "--host", "127.0.0.1", "--port", "0",
+                [BINARY, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0",
                  "--metrics-port", "0", "--threads", "1", *extra_args],
                 stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
@@ -123,6 +124,51 @@ def test_stop_string_and_stop_token(stub):
         reference.token_ids[3]) + 1])
 
 
+def model_with_eos(eos_token_id):
+    """The test model with config.json declaring `eos_token_id` (same weights)."""
+    model = tempfile.mkdtemp(prefix="switchserve_eos_")
+    with open(os.path.join(MODEL, "config.json")) as f:
+        config = json.load(f)
+    config["eos_token_id"] = eos_token_id
+    with open(os.path.join(model, "config.json"), "w") as f:
+        json.dump(config, f)
+    os.symlink(os.path.join(MODEL, "model.safetensors"), os.path.join(model, "model.safetensors"))
+    return model
+
+
+def test_eos_ends_generation_unless_ignored(stub):
+    # The test model declares no EOS token: its greedy continuation runs to
+    # the length limit. Served again with one of those tokens as its EOS,
+    # generation ends at that token's first occurrence, with reason EOS.
+    assert stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).eos_token_id == -1
+    reference = stub.Generate(text_request("eos test", 20), timeout=60)
+    assert reference.finish_reason == pb.FINISH_REASON_LENGTH
+    ids = list(reference.token_ids)
+    eos = ids[5]
+    ends_at = ids.index(eos) + 1
+    model = model_with_eos(eos)
+    server = Server(model=model)
+    try:
+        with server.channel() as channel:
+            eos_stub = pb_grpc.GenerationStub(channel)
+            assert eos_stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).eos_token_id == eos
+            ended = eos_stub.Generate(text_request("eos test", 20), timeout=60)
+            assert ended.finish_reason == pb.FINISH_REASON_EOS
+            assert list(ended.token_ids) == ids[:ends_at]
+            assert ended.usage.completion_tokens == ends_at
+            messages = list(eos_stub.GenerateStream(text_request("eos test", 20), timeout=60))
+            assert messages[-1].finished
+            assert messages[-1].finish_reason == pb.FINISH_REASON_EOS
+            assert [t for m in messages for t in m.token_ids] == ids[:ends_at]
+            # ignore_eos: generation goes on past it, to the length limit.
+            ignoring = eos_stub.Generate(text_request("eos test", 20, ignore_eos=True), timeout=60)
+            assert ignoring.finish_reason == pb.FINISH_REASON_LENGTH
+            assert list(ignoring.token_ids) == ids
+    finally:
+        server.close()
+        shutil.rmtree(model)
+
+
 def test_tokenize_and_model_info(stub):
     assert list(stub.Tokenize(pb.TokenizeRequest(text="hé!"), timeout=10).token_ids) == [
         104, 0xC3, 0xA9, 33]
@@ -146,12 +192,31 @@ def test_health_and_reflection(server):
         assert "grpc.health.v1.Health" in names
 
 
-def test_greedy_same_alone_and_among_32_concurrent(stub):
+def test_greedy_same_alone_and_among_32_concurrent():
+    # Steps of at least 5 ms: the crowd stays in the batch long enough for
+    # GetModelInfo to see it.
+    server = Server("--debug-step-delay-ms", "5")
+    try:
+        with server.channel() as channel:
+            greedy_same_alone_and_among_32_concurrent(pb_grpc.GenerationStub(channel))
+    finally:
+        server.close()
+
+
+def greedy_same_alone_and_among_32_concurrent(stub):
     requests = [text_request(f"python {i * 13}:", 24, ignore_eos=True) for i in range(32)]
     alone = [stub.Generate(r, timeout=60).text for r in requests]
     futures = [stub.Generate.future(r, timeout=120) for r in requests]
+    # While they run, the engine's snapshot shows how many requests share the
+    # running batch (every running request gets a token in each step).
+    most_running = 0
+    while not all(f.done() for f in futures):
+        cache = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).cache
+        most_running = max(most_running, cache.running_requests)
+        time.sleep(0.001)
     together = [f.result().text for f in futures]
     assert together == alone
+    assert most_running >= 2, "the concurrent requests never shared the batch"
 
 
 def wait_for_idle_cache(stub):

@@ -52,6 +52,19 @@ def wait_for(what, predicate, timeout_s=30.0, interval_s=0.25):
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last: {last!r})")
 
 
+def eventually(read, want, timeout_s=30.0, interval_s=0.25):
+    """Polls `read()` until it returns `want` or `timeout_s` passes, and returns
+    its last value, for the caller to assert on. Prometheus scrapes each series
+    when it scrapes, not when the engine step that changed it ended: a test
+    waits on every value it asserts, not on one value standing for the rest."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        last = read()
+        if last == want or time.monotonic() >= deadline:
+            return last
+        time.sleep(interval_s)
+
+
 class Prometheus:
     def __init__(self, port):
         self.base = f"http://127.0.0.1:{port}"

@@ -171,6 +171,27 @@ TEST(ExpertDispatchTest, RerouteSkipsExpertsTheTokenAlreadyChose) {
   EXPECT_EQ(a.trace[3].fate, RouteFate::kDropped);
 }
 
+// A token is never rerouted twice to the same expert, even when that expert
+// still has room after the first move.
+TEST(ExpertDispatchTest, RerouteNeverMovesATokenTwiceToTheSameExpert) {
+  // Four experts, two slots each (min_capacity 2). Rank 0: tokens 0 and 1
+  // fill expert 0; token 2's choice 0 moves to 2, its best unchosen free
+  // expert (2 then holds one of its two slots). Rank 1: tokens 0 and 1 fill
+  // expert 1; token 2's choice 1 must not move to 2 again: it goes to 3.
+  const auto z = RankedLogits({{0, 1, 2, 3}, {0, 1, 2, 3}, {0, 1, 2, 3}}, 4);
+  RouterDecision d;
+  RouteTokens(z.data(), 4, 3, 4, 2, GateFunction::kSigmoid, false, &d);
+  ExpertAssignments a;
+  DispatchTokens(d, Capacity(0.01, 2, OverflowPolicy::kReroute), nullptr, &a, nullptr);
+  ASSERT_EQ(a.capacity, 2);
+  EXPECT_EQ(a.trace[4].fate, RouteFate::kRerouted);
+  EXPECT_EQ(a.trace[4].expert, 2);
+  EXPECT_EQ(a.trace[5].fate, RouteFate::kRerouted);
+  EXPECT_EQ(a.trace[5].expert, 3);
+  EXPECT_EQ(a.count(2), 1);
+  EXPECT_EQ(a.count(3), 1);
+}
+
 TEST(ExpertDispatchTest, DroplessKeepsEverything) {
   const auto z = RankedLogits({{1, 0}, {1, 0}, {1, 0}, {1, 0}, {1, 0}}, 2);
   RouterDecision d;

@@ -1,9 +1,11 @@
 #include "engine/runtime/generation_engine.h"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -49,9 +51,18 @@ class CollectingSink : public GenerationSink {
   GenerationUpdate final_;
 };
 
+// Counts the preemptions the engine reports, step by step.
+class PreemptionCounter : public EngineObserver {
+ public:
+  void OnStep(const StepReport& report) override { preempted += report.preempted; }
+  std::atomic<int64_t> preempted{0};
+};
+
 class GenerationEngineTest : public ::testing::Test {
  protected:
-  void Init(int64_t blocks, int64_t max_tokens, int max_running, int max_queue = 1000) {
+  void Init(int64_t blocks, int64_t max_tokens, int max_running, int max_queue = 1000,
+            std::optional<int32_t> eos_token_id = std::nullopt,
+            EngineObserver* observer = nullptr) {
     backend_ = std::make_unique<testing::FakeBackend>(256, 256);
     KvCacheOptions cache;
     cache.block_size = 4;
@@ -64,9 +75,9 @@ class GenerationEngineTest : public ::testing::Test {
     options.scheduler = {max_tokens, max_running};
     options.max_queue = max_queue;
     options.context_length = 256;
-    options.eos_token_id = 10;
+    options.eos_token_id = eos_token_id;
     engine_ = std::make_unique<GenerationEngine>(options, backend_.get(), kv_cache_.get(),
-                                                 tokenizer_.get(), nullptr);
+                                                 tokenizer_.get(), observer);
   }
   std::shared_ptr<CollectingSink> Submit(const std::string& prompt, SamplingParams params) {
     auto sink = std::make_shared<CollectingSink>();
@@ -124,7 +135,8 @@ TEST_F(GenerationEngineTest, GreedyOutputSameAloneAndInCrowdedBatchWithPreemptio
 
   // Together, a small token budget (chunked prefill) and a cache far too small
   // for all of them (preemption by recompute).
-  Init(48, 24, 32);
+  PreemptionCounter preemptions;
+  Init(48, 24, 32, 1000, std::nullopt, &preemptions);
   engine_->Start();
   std::vector<std::shared_ptr<CollectingSink>> sinks;
   for (const auto& p : prompts) sinks.push_back(Submit(p, Greedy(40)));
@@ -136,6 +148,8 @@ TEST_F(GenerationEngineTest, GreedyOutputSameAloneAndInCrowdedBatchWithPreemptio
   EXPECT_GT(backend_->max_sequences_per_step(), 1);
   EXPECT_LE(backend_->max_tokens_per_step(), 24);
   EXPECT_EQ(engine_->Snapshot().used_blocks, 0);
+  engine_->Stop();  // no step runs after this; the observer's count is final
+  EXPECT_GT(preemptions.preempted.load(), 0) << "the crowded run never preempted";
 }
 
 TEST_F(GenerationEngineTest, SeededSamplingIsReproducible) {
@@ -158,7 +172,7 @@ TEST_F(GenerationEngineTest, SeededSamplingIsReproducible) {
   EXPECT_NE(a->ids_, c->ids_);
 }
 
-TEST_F(GenerationEngineTest, StopTokenAndStopStringAndEos) {
+TEST_F(GenerationEngineTest, StopTokenAndStopString) {
   Init(256, 256, 16);
   engine_->Start();
   auto reference = Submit("abc", Greedy(20));
@@ -177,6 +191,38 @@ TEST_F(GenerationEngineTest, StopTokenAndStopStringAndEos) {
   auto by_id = Submit("abc", p);
   EXPECT_EQ(by_id->Wait().finish_reason, FinishReason::kStop);
   EXPECT_EQ(by_id->ids_.size(), text.find(text[3]) + 1);
+}
+
+TEST_F(GenerationEngineTest, EosEndsRequestUnlessIgnored) {
+  // The greedy continuation without an EOS token; then the same with one of
+  // its tokens declared the EOS id.
+  Init(256, 256, 16);
+  engine_->Start();
+  auto reference = Submit("abc", Greedy(20));
+  reference->Wait();
+  const std::vector<int32_t> ids = reference->ids_;
+  ASSERT_EQ(ids.size(), 20u);
+  engine_->Stop();
+
+  const int32_t eos = ids[6];
+  const size_t first_eos = std::find(ids.begin(), ids.end(), eos) - ids.begin();
+  Init(256, 256, 16, 1000, eos);
+  engine_->Start();
+  auto ended = Submit("abc", Greedy(20));
+  const GenerationUpdate& final = ended->Wait();
+  EXPECT_TRUE(final.status.ok());
+  EXPECT_EQ(final.finish_reason, FinishReason::kEos);
+  // The EOS token is the last one sent; its text is not.
+  const std::vector<int32_t> expected(ids.begin(), ids.begin() + first_eos + 1);
+  EXPECT_EQ(ended->ids_, expected);
+  EXPECT_EQ(final.completion_tokens, static_cast<int>(first_eos) + 1);
+  EXPECT_EQ(ended->text_, reference->text_.substr(0, first_eos));
+
+  SamplingParams p = Greedy(20);
+  p.ignore_eos = true;
+  auto ignoring = Submit("abc", p);
+  EXPECT_EQ(ignoring->Wait().finish_reason, FinishReason::kLength);
+  EXPECT_EQ(ignoring->ids_, ids);
 }
 
 TEST_F(GenerationEngineTest, CancelFreesBlocks) {

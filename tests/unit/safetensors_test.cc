@@ -66,22 +66,33 @@ TEST(SafetensorsTest, RoundTripsEveryFloatDtype) {
   }
 }
 
-TEST(SafetensorsTest, NarrowDtypesRoundToNearest) {
+// Written as f16 / bf16 and read back: each value lands on the nearest
+// representable one, ties to the even mantissa. The expected values are worked
+// out by hand (u = the format's unit in the last place at that exponent):
+// truncation, rounding ties away from zero or up would each miss some.
+TEST(SafetensorsTest, NarrowDtypesRoundToNearestEven) {
+  const float h = std::ldexp(1.0f, -10);  // f16 u at [1, 2)
+  const float b = std::ldexp(1.0f, -7);   // bf16 u at [1, 2)
+  const std::vector<float> to_half = {
+      1.0f + 0.75f * h,               // up to 1 + u
+      1.0f + 0.5f * h,                // tie: down to 1 (even)
+      1.0f + 1.5f * h,                // tie: up to 1 + 2u (even)
+      -(2.0f + 0.75f * 2 * h),        // negative, u = 2h at [2, 4)
+      0.75f * std::ldexp(1.0f, -24),  // subnormal: up to the smallest
+  };
+  const std::vector<float> want_half = {1.0f + h, 1.0f, 1.0f + 2 * h, -(2.0f + 2 * h),
+                                        std::ldexp(1.0f, -24)};
+  const std::vector<float> to_bf16 = {1.0f + 0.75f * b, 1.0f + 0.5f * b, 1.0f + 1.5f * b,
+                                      -(3.0f + 0.75f * 2 * b)};
+  const std::vector<float> want_bf16 = {1.0f + b, 1.0f, 1.0f + 2 * b, -(3.0f + 2 * b)};
   const std::string path = testing::MakeTempDir("safetensors_narrow") + "/x.safetensors";
-  const std::vector<float> values = {0.1f, 1.0f / 3.0f, -1000.7f};
-  ASSERT_TRUE(WriteSafetensors(path, {{"h", {3}, values.data(), DType::kF16},
-                                      {"b", {3}, values.data(), DType::kBF16}})
+  ASSERT_TRUE(WriteSafetensors(path, {{"h", {5}, to_half.data(), DType::kF16},
+                                      {"b", {4}, to_bf16.data(), DType::kBF16}})
                   .ok());
   auto file = SafetensorsFile::Open(path);
   ASSERT_TRUE(file.ok()) << file.status();
-  const std::vector<float> h = *(*file)->ReadAsF32("h");
-  const std::vector<float> b = *(*file)->ReadAsF32("b");
-  for (size_t i = 0; i < values.size(); ++i) {
-    EXPECT_EQ(h[i], HalfToFloat(FloatToHalf(values[i])));
-    EXPECT_EQ(b[i], BFloat16ToFloat(FloatToBFloat16(values[i])));
-    EXPECT_NEAR(h[i], values[i], std::abs(values[i]) * 1e-3);
-    EXPECT_NEAR(b[i], values[i], std::abs(values[i]) * 8e-3);
-  }
+  EXPECT_EQ(*(*file)->ReadAsF32("h"), want_half);
+  EXPECT_EQ(*(*file)->ReadAsF32("b"), want_bf16);
 }
 
 TEST(SafetensorsTest, HalfConversionEdgeValues) {

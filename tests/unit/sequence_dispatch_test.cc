@@ -251,6 +251,23 @@ TEST(SequenceDispatchTest, RerouteSkipsOwnChoicesAndEarlierTargets) {
   EXPECT_EQ(a.trace[3].expert, 2);
 }
 
+// The same rule where the first target still has room: C = 2, so only the
+// record of the first move keeps the second one off expert 2.
+TEST(SequenceDispatchTest, RerouteNeverMovesATokenTwiceToTheSameExpert) {
+  // E = 4, k = 2, C = 2 (min_capacity 2). Tokens 0 and 1 fill experts 0 and
+  // 1. Token 2: rank 0 (0 full) -> 2, which keeps one free slot; rank 1
+  // (1 full) -> 3, not 2 again.
+  const auto z = RankedLogits({{0, 1, 2, 3}, {0, 1, 2, 3}, {0, 1, 2, 3}}, 4);
+  RouterDecision d;
+  RouteTokens(z.data(), 4, 3, 4, 2, GateFunction::kSigmoid, false, &d);
+  ExpertAssignments a;
+  DispatchTokens(d, SequenceScope(16, 0.01, 2, OverflowPolicy::kReroute), nullptr, &a, nullptr);
+  ASSERT_EQ(a.capacity, 2);
+  EXPECT_EQ(Fates(a), (std::vector<RouteFate>{kKept, kKept, kKept, kKept, kRerouted, kRerouted}));
+  EXPECT_EQ(a.trace[4].expert, 2);
+  EXPECT_EQ(a.trace[5].expert, 3);
+}
+
 // min_capacity raises C above the factor's share: C = max(2, ceil(0.25 * 4 *
 // 1 / 4)) = 2 per group of 4.
 TEST(SequenceDispatchTest, MinCapacityRaisesTheGroupCapacity) {

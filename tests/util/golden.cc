@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -14,16 +15,44 @@
 namespace switchserve::testing {
 namespace {
 
-absl::StatusOr<std::vector<int32_t>> ReadI32(const SafetensorsFile& file, const std::string& name) {
-  const TensorInfo* info = file.Find(name);
-  if (info == nullptr) return absl::NotFoundError(absl::StrCat(file.path(), ": no ", name));
-  if (info->dtype != DType::kI32) {
-    return absl::InvalidArgumentError(absl::StrCat(file.path(), ": ", name, " is not I32"));
+// Reads golden.safetensors, remembering every key read, so that a key no test
+// consumes (a router the engine's layout forgot, a renamed tensor) is an
+// error rather than silently unchecked.
+class GoldenFile {
+ public:
+  explicit GoldenFile(const SafetensorsFile& file) : file_(file) {}
+
+  absl::StatusOr<std::vector<int32_t>> I32(const std::string& name) {
+    read_.insert(name);
+    const TensorInfo* info = file_.Find(name);
+    if (info == nullptr) return absl::NotFoundError(absl::StrCat(file_.path(), ": no ", name));
+    if (info->dtype != DType::kI32) {
+      return absl::InvalidArgumentError(absl::StrCat(file_.path(), ": ", name, " is not I32"));
+    }
+    std::vector<int32_t> values(info->numel());
+    std::memcpy(values.data(), info->data, values.size() * sizeof(int32_t));
+    return values;
   }
-  std::vector<int32_t> values(info->numel());
-  std::memcpy(values.data(), info->data, values.size() * sizeof(int32_t));
-  return values;
-}
+  absl::StatusOr<std::vector<float>> F32(const std::string& name) {
+    read_.insert(name);
+    return file_.ReadAsF32(name);
+  }
+  // InvalidArgument naming the first key never read.
+  absl::Status AllKeysRead() const {
+    for (const auto& [name, info] : file_.tensors()) {
+      if (!read_.contains(name)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(file_.path(), ": ", name,
+                         " is read by no test (a router or tensor the engine lacks?)"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const SafetensorsFile& file_;
+  std::set<std::string> read_;
+};
 
 template <typename T>
 absl::Status Assign(absl::StatusOr<T> value, T* out) {
@@ -76,10 +105,11 @@ absl::StatusOr<GoldenCase> LoadGolden(const std::string& variant) {
   absl::StatusOr<std::unique_ptr<SafetensorsFile>> file =
       SafetensorsFile::Open(golden.model_dir + "/golden.safetensors");
   if (!file.ok()) return file.status();
+  GoldenFile reader(**file);
   std::vector<int32_t> tokens, seq_lens;
-  absl::Status status = Assign(ReadI32(**file, "tokens"), &tokens);
-  if (status.ok()) status = Assign(ReadI32(**file, "seq_lens"), &seq_lens);
-  if (status.ok()) status = Assign((*file)->ReadAsF32("logits"), &golden.logits);
+  absl::Status status = Assign(reader.I32("tokens"), &tokens);
+  if (status.ok()) status = Assign(reader.I32("seq_lens"), &seq_lens);
+  if (status.ok()) status = Assign(reader.F32("logits"), &golden.logits);
   if (!status.ok()) return status;
   size_t offset = 0;
   for (int32_t len : seq_lens) {
@@ -88,7 +118,7 @@ absl::StatusOr<GoldenCase> LoadGolden(const std::string& variant) {
   }
   if (const TensorInfo* info = (*file)->Find("steps"); info != nullptr) {
     std::vector<int32_t> steps;
-    if (status = Assign(ReadI32(**file, "steps"), &steps); !status.ok()) return status;
+    if (status = Assign(reader.I32("steps"), &steps); !status.ok()) return status;
     if (info->shape.size() != 2 || info->shape[1] != static_cast<int64_t>(seq_lens.size())) {
       return absl::InvalidArgumentError(
           absl::StrCat((*file)->path(), ": steps: expected shape [S, ", seq_lens.size(), "]"));
@@ -109,18 +139,18 @@ absl::StatusOr<GoldenCase> LoadGolden(const std::string& variant) {
         absl::StrCat("stats.", id.layer, ".", std::string(ToString(id.module)), ".", id.head, ".");
     std::vector<int32_t> routed, kept, rerouted, dropped, count;
     std::vector<float> prob_sum, aux;
-    status = Assign(ReadI32(**file, prefix + "routed"), &routed);
-    if (status.ok()) status = Assign(ReadI32(**file, prefix + "kept"), &kept);
-    if (status.ok()) status = Assign(ReadI32(**file, prefix + "rerouted"), &rerouted);
-    if (status.ok()) status = Assign(ReadI32(**file, prefix + "dropped"), &dropped);
-    if (status.ok()) status = Assign(ReadI32(**file, prefix + "tokens"), &count);
-    if (status.ok()) status = Assign((*file)->ReadAsF32(prefix + "prob_sum"), &prob_sum);
-    if (status.ok()) status = Assign((*file)->ReadAsF32(prefix + "aux_loss"), &aux);
+    status = Assign(reader.I32(prefix + "routed"), &routed);
+    if (status.ok()) status = Assign(reader.I32(prefix + "kept"), &kept);
+    if (status.ok()) status = Assign(reader.I32(prefix + "rerouted"), &rerouted);
+    if (status.ok()) status = Assign(reader.I32(prefix + "dropped"), &dropped);
+    if (status.ok()) status = Assign(reader.I32(prefix + "tokens"), &count);
+    if (status.ok()) status = Assign(reader.F32(prefix + "prob_sum"), &prob_sum);
+    if (status.ok()) status = Assign(reader.F32(prefix + "aux_loss"), &aux);
     const std::string route =
         absl::StrCat("route.", id.layer, ".", std::string(ToString(id.module)), ".", id.head, ".");
-    if (status.ok()) status = Assign(ReadI32(**file, route + "expert"), &router.expert);
-    if (status.ok()) status = Assign(ReadI32(**file, route + "fate"), &router.fate);
-    if (status.ok()) status = Assign((*file)->ReadAsF32(route + "gate"), &router.gate);
+    if (status.ok()) status = Assign(reader.I32(route + "expert"), &router.expert);
+    if (status.ok()) status = Assign(reader.I32(route + "fate"), &router.fate);
+    if (status.ok()) status = Assign(reader.F32(route + "gate"), &router.gate);
     if (!status.ok()) return status;
     router.stats.tokens = count.at(0);
     router.stats.routed.assign(routed.begin(), routed.end());
@@ -131,6 +161,9 @@ absl::StatusOr<GoldenCase> LoadGolden(const std::string& variant) {
     router.aux_loss = aux.at(0);
     golden.routers.push_back(std::move(router));
   }
+  // The routers come from the engine's RouterLayout: every one must be in
+  // the file (read above), and every router in the file must be one of them.
+  if (status = reader.AllKeysRead(); !status.ok()) return status;
   return golden;
 }
 
