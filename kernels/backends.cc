@@ -4,6 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/cpu_backend.h"
+#if defined(SWITCHSERVE_HAVE_CUDA_BACKEND)
+#include "kernels/cuda/cuda_backend.h"
+#endif
 
 namespace switchserve {
 
@@ -29,7 +32,11 @@ absl::StatusOr<DeviceKind> ParseDeviceKind(std::string_view text) {
 
 std::vector<DeviceKind> BuiltDevices() {
   // A device backend built into this binary adds itself here, ahead of the CPU.
+#if defined(SWITCHSERVE_HAVE_CUDA_BACKEND)
+  return {DeviceKind::kCuda, DeviceKind::kCpu};
+#else
   return {DeviceKind::kCpu};
+#endif
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(DeviceKind device, const ModelConfig& config,
@@ -41,6 +48,11 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(DeviceKind device, const 
     // machine without a GPU falls back to the CPU).
     absl::Status first_error;
     for (DeviceKind built : BuiltDevices()) {
+#if defined(SWITCHSERVE_HAVE_CUDA_BACKEND)
+      // The CUDA backend on the SIMT executor (test builds) runs only when
+      // asked for by name.
+      if (built == DeviceKind::kCuda && CudaBackendIsEmulated()) continue;
+#endif
       auto backend = CreateBackend(built, config, weights, dispatch, options);
       if (backend.ok()) return backend;
       if (first_error.ok()) first_error = backend.status();
@@ -53,7 +65,12 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(DeviceKind device, const 
       cpu.num_threads = options.num_threads;
       return CreateCpuBackend(config, weights, dispatch, cpu);
     }
-    case DeviceKind::kCuda:  // a CUDA backend's branch goes here, under its build option
+    case DeviceKind::kCuda:
+#if defined(SWITCHSERVE_HAVE_CUDA_BACKEND)
+      return CreateCudaBackend(config, weights, dispatch);
+#else
+      break;
+#endif
     case DeviceKind::kAuto:
       break;
   }

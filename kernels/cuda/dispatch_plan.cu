@@ -146,11 +146,30 @@ __device__ void RerouteFates(const Plan& p, int* load) {
 __global__ void __launch_bounds__(kThreads)
     DispatchPlanKernel(const int32_t* expert, const float* weight, const float* score,
                        int64_t score_ld, const float* prob, int tokens, int top_k, int n_experts,
-                       int64_t capacity, DispatchMode mode, int32_t* trace_expert,
-                       float* trace_gate, uint8_t* trace_fate, int32_t* offsets,
-                       int32_t* slot_token, float* slot_weight, int32_t* counts, double* prob_sum) {
+                       int64_t capacity, DispatchMode mode, int64_t score_router_offset,
+                       const int32_t* counted_tokens, int32_t* trace_expert, float* trace_gate,
+                       uint8_t* trace_fate, int32_t* offsets, int32_t* slot_token,
+                       float* slot_weight, int32_t* counts, double* prob_sum,
+                       int32_t* assign_slot) {
   SIMT_DYNAMIC_SHARED(int, shared);
   const int E = n_experts;
+  // This block's router.
+  const int64_t router = blockIdx.x;
+  const int64_t per_router = static_cast<int64_t>(tokens) * top_k;
+  expert += router * per_router;
+  weight += router * per_router;
+  score += router * score_router_offset;
+  prob += router * tokens * E;
+  trace_expert += router * per_router;
+  trace_gate += router * per_router;
+  trace_fate += router * per_router;
+  offsets += router * (E + 1);
+  slot_token += router * per_router;
+  slot_weight += router * per_router;
+  counts += router * 4 * E;
+  prob_sum += router * E;
+  if (assign_slot != nullptr) assign_slot += router * per_router;
+  const int counted = counted_tokens != nullptr ? *counted_tokens : tokens;
   int* warp_count = shared;             // [kWarps, E]
   int* base = warp_count + kWarps * E;  // [E] running counts of the counting passes
   int* load = base + E;                 // [E] assignments each expert processes
@@ -213,11 +232,13 @@ __global__ void __launch_bounds__(kThreads)
     const int final_expert = processed ? trace_expert[idx] : -1;
     const int pos = ChunkPosition(final_expert, E, warp_count, base);
     if (!valid) continue;
+    const int slot = processed ? offs[final_expert] + pos : -1;
     if (processed) {
-      const int slot = offs[final_expert] + pos;
       slot_token[slot] = t;
       slot_weight[slot] = trace_gate[idx];
     }
+    if (assign_slot != nullptr) assign_slot[idx] = slot;
+    if (t >= counted) continue;
     const int routed_to = expert[idx];
     atomicAdd(&stat[routed_to], 1);
     if (fate == static_cast<uint8_t>(DeviceFate::kKept)) atomicAdd(&stat[E + routed_to], 1);
@@ -232,7 +253,7 @@ __global__ void __launch_bounds__(kThreads)
   // prob_sum in token order, as the CPU adds it.
   for (int x = threadIdx.x; x < E; x += blockDim.x) {
     double sum = 0;
-    for (int t = 0; t < tokens; ++t) sum += prob[static_cast<int64_t>(t) * E + x];
+    for (int t = 0; t < counted; ++t) sum += prob[static_cast<int64_t>(t) * E + x];
     prob_sum[x] = sum;
   }
 }
@@ -242,14 +263,15 @@ __global__ void __launch_bounds__(kThreads)
 cudaError_t LaunchDispatchPlan(const DispatchPlanInput& in, const DispatchPlanOutput& out,
                                cudaStream_t stream) {
   if (in.n_experts < 1 || in.top_k < 1 || in.top_k > in.n_experts || in.tokens < 0 ||
-      in.capacity < 0) {
+      in.capacity < 0 || in.routers < 1) {
     return cudaErrorInvalidValue;
   }
   const size_t shared_bytes = sizeof(int) * (static_cast<size_t>(kWarps + 7) * in.n_experts + 1);
-  return SIMT_LAUNCH(DispatchPlanKernel, dim3(1), dim3(kThreads), shared_bytes, stream, in.expert,
-                     in.weight, in.score, in.score_ld, in.prob, in.tokens, in.top_k, in.n_experts,
-                     in.capacity, in.mode, out.trace_expert, out.trace_gate, out.trace_fate,
-                     out.offsets, out.slot_token, out.slot_weight, out.counts, out.prob_sum);
+  return SIMT_LAUNCH(DispatchPlanKernel, dim3(in.routers), dim3(kThreads), shared_bytes, stream,
+                     in.expert, in.weight, in.score, in.score_ld, in.prob, in.tokens, in.top_k,
+                     in.n_experts, in.capacity, in.mode, in.score_router_offset, in.counted_tokens,
+                     out.trace_expert, out.trace_gate, out.trace_fate, out.offsets, out.slot_token,
+                     out.slot_weight, out.counts, out.prob_sum, out.assign_slot);
 }
 
 }  // namespace switchserve::cuda

@@ -40,18 +40,29 @@ struct DispatchPlanInput {
   int n_experts = 0;
   int64_t capacity = 0;  // C = DispatchConfig::CapacityPerExpert(T, k, E); unused when dropless
   DispatchMode mode = DispatchMode::kDrop;
+  // Several routers of one module (the heads of an attention layer), one block
+  // each: router r reads expert, weight + r * T * k, prob + r * T * E and
+  // score + r * score_router_offset, and writes every output at the same
+  // per-router strides (offsets: E + 1, counts: 4 * E, prob_sum: E).
+  int routers = 1;
+  int64_t score_router_offset = 0;
+  // Device memory, or null for all: only tokens [0, *counted_tokens) enter
+  // counts and prob_sum (the rows after them pad a decode step to its
+  // graph's size).
+  const int32_t* counted_tokens = nullptr;
 };
 
 // Device memory, written by the kernel.
 struct DispatchPlanOutput {
   int32_t* trace_expert = nullptr;  // [T, k] the expert that processes it (the new one if moved)
-  float* trace_gate = nullptr;    // [T, k] its gate weight (dropped: the weight it would have had)
-  uint8_t* trace_fate = nullptr;  // [T, k] DeviceFate
-  int32_t* offsets = nullptr;     // [E + 1] expert e owns slots [offsets[e], offsets[e + 1])
-  int32_t* slot_token = nullptr;  // [T * k] token of each slot
-  float* slot_weight = nullptr;   // [T * k] gate weight of each slot
-  int32_t* counts = nullptr;      // [4, E] routed, kept, rerouted, dropped
-  double* prob_sum = nullptr;     // [E] sum over tokens of prob, in token order
+  float* trace_gate = nullptr;     // [T, k] its gate weight (dropped: the weight it would have had)
+  uint8_t* trace_fate = nullptr;   // [T, k] DeviceFate
+  int32_t* offsets = nullptr;      // [E + 1] expert e owns slots [offsets[e], offsets[e + 1])
+  int32_t* slot_token = nullptr;   // [T * k] token of each slot
+  float* slot_weight = nullptr;    // [T * k] gate weight of each slot
+  int32_t* counts = nullptr;       // [4, E] routed, kept, rerouted, dropped
+  double* prob_sum = nullptr;      // [E] sum over tokens of prob, in token order
+  int32_t* assign_slot = nullptr;  // [T, k] slot of each assignment, -1 if dropped; may be null
 };
 
 cudaError_t LaunchDispatchPlan(const DispatchPlanInput& in, const DispatchPlanOutput& out,

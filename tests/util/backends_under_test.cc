@@ -1,22 +1,51 @@
 #include "tests/util/backends_under_test.h"
 
+#include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
+#if defined(SWITCHSERVE_TEST_CUDA_BACKEND)
+#include "kernels/cuda/cuda_backend.h"
+#endif
 
 namespace switchserve::testing {
+namespace {
+
+#if defined(SWITCHSERVE_TEST_CUDA_BACKEND)
+// The CUDA backend in its f32 parity mode (the goldens' tolerances hold), with
+// short attention segments so that the suites' contexts span several.
+std::unique_ptr<Backend> CudaF32(const ModelConfig& config, const ModelWeights& weights,
+                                 const DispatchConfig& dispatch) {
+  CudaBackendOptions options;
+  options.sixteen_bit_weights = false;
+  options.attention_segment_tokens = 16;
+  absl::StatusOr<std::unique_ptr<Backend>> backend =
+      CreateCudaBackend(config, weights, dispatch, options);
+  if (!backend.ok()) {
+    ADD_FAILURE() << "cannot create the CUDA backend: " << backend.status();
+    return nullptr;
+  }
+  return *std::move(backend);
+}
+#endif
+
+}  // namespace
 
 const std::vector<BackendUnderTest>& BackendsUnderTest() {
-  static const std::vector<BackendUnderTest>* const backends = new std::vector<BackendUnderTest>{
-      {"cpu",
-       [](const ModelConfig& config, const ModelWeights& weights, const DispatchConfig& dispatch) {
-         return CreateCpuBackend(config, weights, dispatch);
-       }},
-      {"cpu_parallel",
-       [](const ModelConfig& config, const ModelWeights& weights, const DispatchConfig& dispatch) {
-         CpuBackendOptions options;
-         options.num_threads = 2;
-         options.parallel_attention_min_macs = 0;
-         return CreateCpuBackend(config, weights, dispatch, options);
-       }},
+  static const std::vector<BackendUnderTest>* const backends = new std::vector<BackendUnderTest> {
+    {"cpu",
+     [](const ModelConfig& config, const ModelWeights& weights, const DispatchConfig& dispatch) {
+       return CreateCpuBackend(config, weights, dispatch);
+     }},
+        {"cpu_parallel",
+         [](const ModelConfig& config, const ModelWeights& weights,
+            const DispatchConfig& dispatch) {
+           CpuBackendOptions options;
+           options.num_threads = 2;
+           options.parallel_attention_min_macs = 0;
+           return CreateCpuBackend(config, weights, dispatch, options);
+         }},
+#if defined(SWITCHSERVE_TEST_CUDA_BACKEND)
+        {"cuda_f32", CudaF32},
+#endif
   };
   return *backends;
 }

@@ -29,7 +29,8 @@ inline void PrintTo(const BackendUnderTest& backend, std::ostream* os) { *os << 
 
 // The CPU backend as it is created by default ("cpu"), and with two threads
 // attending in parallel however small the step ("cpu_parallel"); then every
-// other backend built.
+// other backend built: the CUDA backend in its f32 mode ("cuda_f32"), on the
+// SIMT executor in CI (or on a GPU in the GPU suite).
 const std::vector<BackendUnderTest>& BackendsUnderTest();
 
 }  // namespace switchserve::testing
