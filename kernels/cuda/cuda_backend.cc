@@ -217,6 +217,9 @@ absl::Status CudaBackend::RunStep(const StepBatch& batch, int real_tokens, int b
   if (absl::Status s = io_->Prepare(batch, real_tokens, bucket); !s.ok()) return s;
   if (absl::Status s = GrowWorkspace(); !s.ok()) return s;
   if (absl::Status s = io_->Upload(stream_); !s.ok()) return s;
+  if (options_.forced_routing != nullptr) {
+    if (absl::Status s = UploadForcedRouting(batch); !s.ok()) return s;
+  }
   absl::Status launched;
   if (bucket > 0) {
     launched = graphs_.Run(bucket, io_->epoch() + workspace_epoch_, stream_,
@@ -229,6 +232,49 @@ absl::Status CudaBackend::RunStep(const StepBatch& batch, int real_tokens, int b
     return launched;
   }
   return io_->Download(stream_, io_->collect());
+}
+
+absl::Status CudaBackend::UploadForcedRouting(const StepBatch& batch) {
+  const std::vector<TokenRouting>& forced = *options_.forced_routing;
+  const int T = batch.num_tokens();
+  if (forced.size() != static_cast<size_t>(T)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("forced routing for ", forced.size(), " tokens, the step has ", T));
+  }
+  const int64_t per_token = layout_.choices_per_token();
+  const size_t assignments = static_cast<size_t>(T) * per_token;
+  std::vector<int32_t> expert(assignments);
+  std::vector<float> gate(assignments);
+  std::vector<uint8_t> fate(assignments);
+  for (size_t r = 0; r < layout_.size(); ++r) {
+    const int k = layout_[r].top_k;
+    const int64_t base = io_->trace_offset(static_cast<int>(r));
+    for (int t = 0; t < T; ++t) {
+      if (forced[t].choices.size() != static_cast<size_t>(per_token)) {
+        return absl::InvalidArgumentError(absl::StrCat("forced routing of token ", t, " has ",
+                                                       forced[t].choices.size(), " choices"));
+      }
+      for (int i = 0; i < k; ++i) {
+        const RouteChoice& c = forced[t].choices[layout_.ChoiceOffset(static_cast<int>(r)) + i];
+        const int64_t at = base + static_cast<int64_t>(t) * k + i;
+        expert[at] = c.expert;
+        gate[at] = c.gate;
+        fate[at] = static_cast<uint8_t>(c.fate);
+      }
+    }
+  }
+  const DeviceResults& r = io_->results();
+  SWITCHSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(r.trace_expert, expert.data(), assignments * 4,
+                                                   cudaMemcpyHostToDevice, stream_),
+                                   "forced routing");
+  SWITCHSERVE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(r.trace_gate, gate.data(), assignments * 4, cudaMemcpyHostToDevice, stream_),
+      "forced routing");
+  SWITCHSERVE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(r.trace_fate, fate.data(), assignments, cudaMemcpyHostToDevice, stream_),
+      "forced routing");
+  // The host vectors go out of scope: wait for the copies.
+  return CudaStatus(cudaStreamSynchronize(stream_), "forced routing");
 }
 
 absl::Status CudaBackend::Launches() {

@@ -54,6 +54,8 @@ class CudaBackend final : public Backend {
   // Every launch of the step, after its upload: what a decode graph holds.
   absl::Status Launches();
   absl::Status GrowWorkspace();
+  // Test only (CudaBackendOptions::forced_routing): the step's traces.
+  absl::Status UploadForcedRouting(const StepBatch& batch);
   absl::Status OutputHead();
   absl::Status Sample();
 

@@ -42,7 +42,7 @@ LinearEpilogue Scaled(float alpha) {
 int CudaBackend::MaxExpertRows(int top_k, int n_experts) const {
   const int T = io_->shape().tokens;
   // A router sends each token to an expert at most once.
-  if (dispatch_.Dropless()) return T;
+  if (dispatch_.Dropless() || options_.forced_routing != nullptr) return T;
   const int64_t capacity = dispatch_.CapacityPerExpert(io_->real_tokens(), top_k, n_experts);
   return static_cast<int>(std::min<int64_t>(T, capacity));
 }
@@ -68,7 +68,8 @@ absl::Status CudaBackend::Route(const float* logits, int64_t ld, int routers, in
   in.top_k = top_k;
   in.n_experts = n_experts;
   in.capacity = dropless ? 0 : dispatch_.CapacityPerExpert(io_->real_tokens(), top_k, n_experts);
-  in.mode = dropless                                         ? DispatchMode::kDropless
+  in.mode = options_.forced_routing != nullptr               ? DispatchMode::kForced
+            : dropless                                       ? DispatchMode::kDropless
             : dispatch_.overflow == OverflowPolicy::kReroute ? DispatchMode::kReroute
                                                              : DispatchMode::kDrop;
   in.routers = routers;

@@ -183,7 +183,14 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
 
   // 1. Fates, rank-major (a = r * T + t).
-  if (mode == DispatchMode::kReroute) {
+  if (mode == DispatchMode::kForced) {
+    for (int a = threadIdx.x; a < n_assign; a += blockDim.x) {
+      const int64_t idx = static_cast<int64_t>(a % tokens) * top_k + a / tokens;
+      if (trace_fate[idx] != static_cast<uint8_t>(DeviceFate::kDropped)) {
+        atomicAdd(&load[trace_expert[idx]], 1);  // a count: the order does not matter
+      }
+    }
+  } else if (mode == DispatchMode::kReroute) {
     if (threadIdx.x < kWarp) RerouteFates(p, load);
   } else {
     for (int chunk = 0; chunk < n_assign; chunk += blockDim.x) {
@@ -239,7 +246,12 @@ __global__ void __launch_bounds__(kThreads)
     }
     if (assign_slot != nullptr) assign_slot[idx] = slot;
     if (t >= counted) continue;
-    const int routed_to = expert[idx];
+    // Forced: kept and dropped assignments name the expert they were routed
+    // to; a rerouted one's original choice is taken from this top-k.
+    const int routed_to =
+        mode == DispatchMode::kForced && fate != static_cast<uint8_t>(DeviceFate::kRerouted)
+            ? trace_expert[idx]
+            : expert[idx];
     atomicAdd(&stat[routed_to], 1);
     if (fate == static_cast<uint8_t>(DeviceFate::kKept)) atomicAdd(&stat[E + routed_to], 1);
     if (fate == static_cast<uint8_t>(DeviceFate::kRerouted)) {

@@ -24,7 +24,10 @@
 
 namespace switchserve::cuda {
 
-enum class DispatchMode : int { kDrop, kReroute, kDropless };
+// kForced: the trace outputs already hold every assignment's expert, gate
+// and fate (a test replaying another backend's routing); only the slots and
+// statistics are built from them.
+enum class DispatchMode : int { kDrop, kReroute, kDropless, kForced };
 
 // The fate of an assignment, as the CPU's RouteFate.
 enum class DeviceFate : uint8_t { kKept = 0, kRerouted = 1, kDropped = 2 };
