@@ -67,7 +67,11 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(DeviceKind device, const 
     }
     case DeviceKind::kCuda:
 #if defined(SWITCHSERVE_HAVE_CUDA_BACKEND)
-      return CreateCudaBackend(config, weights, dispatch);
+    {
+      CudaBackendOptions cuda;
+      cuda.sixteen_bit_weights = !options.cuda_f32_weights;
+      return CreateCudaBackend(config, weights, dispatch, cuda);
+    }
 #else
       break;
 #endif
@@ -80,6 +84,25 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(DeviceKind device, const 
   }
   return absl::FailedPreconditionError(absl::StrCat(
       "this build has no ", std::string(ToString(device)), " backend (built: ", built, ")"));
+}
+
+absl::StatusOr<DeviceLimits> MeasureDeviceLimits(DeviceKind device, bool small) {
+  if (device == DeviceKind::kCpu) {
+    return absl::UnimplementedError("the CPU's limits are measured by bench/roofline.h");
+  }
+#if defined(SWITCHSERVE_HAVE_CUDA_BACKEND)
+  if (device == DeviceKind::kCuda) {
+    auto measured = MeasureCudaDeviceLimits(small);
+    if (!measured.ok()) return measured.status();
+    DeviceLimits limits;
+    limits.device = measured->device;
+    limits.copy_gb_per_s = measured->copy_gb_per_s;
+    limits.gemm_tflops = measured->gemm_tflops;
+    return limits;
+  }
+#endif
+  return absl::FailedPreconditionError(
+      absl::StrCat("this build has no ", std::string(ToString(device)), " backend"));
 }
 
 }  // namespace switchserve

@@ -26,6 +26,7 @@
 #ifndef SWITCHSERVE_KERNELS_CUDA_CUDA_BACKEND_H_
 #define SWITCHSERVE_KERNELS_CUDA_CUDA_BACKEND_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -71,6 +72,20 @@ bool CudaBackendIsEmulated();
 // The devices this process can use, as "N device(s): name (sm_XY, M GiB), ..."
 // or why none can be used.
 std::string DescribeCudaDevices();
+
+// Device 0's limits, measured now (benchmarks compare with them): the
+// device-to-device copy bandwidth (bytes read plus written, 1 GiB) and the
+// bf16 GEMM rate of the GEMM wrapper (cuBLAS, 8192^3, f32 accumulation), on
+// random data, best of 5 after a warm-up. `small`: 16 MiB and 256^3 (the
+// emulated build, smoke runs). FAILED_PRECONDITION without a device.
+struct CudaDeviceLimits {
+  std::string device;
+  double copy_gb_per_s = 0;
+  double gemm_tflops = 0;
+  int64_t copy_bytes = 0;
+  int gemm_size = 0;
+};
+absl::StatusOr<CudaDeviceLimits> MeasureCudaDeviceLimits(bool small);
 
 }  // namespace switchserve
 
