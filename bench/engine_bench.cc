@@ -335,6 +335,7 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&rest_argc, rest.data());
   if (benchmark::ReportUnrecognizedArguments(rest_argc, rest.data())) return 2;
   switchserve::RegisterBenchmarks();
+  switchserve::MeasuredLimits();  // before the run: its context records them
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

@@ -57,9 +57,9 @@ def main():
     print("| benchmark | time ms | tokens/s | GB/s | of copy bw | GFLOP/s | of GEMM |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for (kind, model, shape), b in sorted(rows.items()):
-        print(f"| {kind} {model} {shape} | {b['real_time']:.3f} | {b['tokens_per_s']:.1f} "
-              f"| {b['gb_per_s']:.1f} | {b['gb_per_s_of_peak']:.2f} | {b['gflops']:.1f} "
-              f"| {b['gflops_of_peak']:.3f} |")
+        print(f"| {kind} {model} {shape} | {b['real_time']:.4g} | {b['tokens_per_s']:.4g} "
+              f"| {b['gb_per_s']:.4g} | {b['gb_per_s_of_peak']:.3g} | {b['gflops']:.4g} "
+              f"| {b['gflops_of_peak']:.3g} |")
 
     goals = []
 
