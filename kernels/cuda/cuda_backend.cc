@@ -202,7 +202,7 @@ absl::Status CudaBackend::Forward(const StepBatch& batch, StepOutput* out) {
   if (T == 0) return absl::OkStatus();
 
   if (options_.decode_graphs && options_.forced_routing == nullptr &&
-      GraphEligible(batch, dispatch_)) {
+      GraphEligible(batch, dispatch_, config_.max_seq_len)) {
     const int bucket = DecodeBucket(batch.num_sequences());
     PadDecodeStep(batch, bucket, static_cast<int32_t>(num_blocks_), &padded_);
     if (absl::Status s = RunStep(padded_, T, bucket); !s.ok()) return s;

@@ -4,12 +4,10 @@
 #include <cstring>
 
 #include "engine/runtime/sampler.h"
+#include "kernels/cuda/decode_graphs.h"
 
 namespace switchserve::cuda {
 namespace {
-
-// Logprobs a graph step can return per token (the server's limit).
-constexpr int kGraphMaxLogprobs = 20;
 
 template <typename T>
 void Put(char* base, size_t offset, const std::vector<T>& values, size_t capacity) {

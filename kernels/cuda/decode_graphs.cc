@@ -11,12 +11,19 @@ int DecodeBucket(int sequences) {
   return bucket;
 }
 
-bool GraphEligible(const StepBatch& batch, const DispatchConfig& dispatch) {
-  if (!dispatch.Dropless()) return false;
+bool GraphEligible(const StepBatch& batch, const DispatchConfig& dispatch, int max_seq_len) {
+  if (!dispatch.Dropless() || batch.block_size <= 0) return false;
   const int S = batch.num_sequences();
   if (S == 0 || DecodeBucket(S) == 0 || batch.num_tokens() != S) return false;
+  const int max_blocks = (max_seq_len + batch.block_size - 1) / batch.block_size;
   for (int s = 0; s < S; ++s) {
-    if (batch.num_tokens(s) != 1) return false;
+    if (batch.num_tokens(s) != 1 || batch.num_blocks(s) > max_blocks) return false;
+    const SampleRequest& sample = batch.sequences[s].sample;
+    if (sample.params == nullptr) continue;
+    if (sample.params->logprobs > kGraphMaxLogprobs ||
+        static_cast<int64_t>(sample.history.size()) > max_seq_len) {
+      return false;
+    }
   }
   return true;
 }

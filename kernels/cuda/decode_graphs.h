@@ -35,10 +35,15 @@ inline constexpr int kMaxDecodeBucket = 256;
 // kMaxDecodeBucket.
 int DecodeBucket(int sequences);
 
+// Logprobs a graph step can return per token (the server's limit).
+inline constexpr int kGraphMaxLogprobs = 20;
+
 // Whether a graph may run `batch` under `dispatch`: every sequence decodes one
 // token, at most kMaxDecodeBucket of them, and the dispatch is dropless (a
-// capacity would count padding rows).
-bool GraphEligible(const StepBatch& batch, const DispatchConfig& dispatch);
+// capacity would count padding rows); and the step fits the bucket's fixed
+// arrays: block tables of at most ceil(max_seq_len / block_size) blocks,
+// histories of at most max_seq_len ids, at most kGraphMaxLogprobs logprobs.
+bool GraphEligible(const StepBatch& batch, const DispatchConfig& dispatch, int max_seq_len);
 
 // `padded` = `batch`, then sequences up to `bucket` of one token (id 0) at
 // position 0 with block table {scratch_block}, returning nothing.

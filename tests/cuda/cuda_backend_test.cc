@@ -34,27 +34,46 @@ TEST(DecodeGraphsTest, BucketIsTheSmallestPowerOfTwoThatHolds) {
   EXPECT_EQ(cuda::DecodeBucket(0), 0);
 }
 
-TEST(DecodeGraphsTest, OnlyDroplessDecodeStepsRunFromGraphs) {
+TEST(DecodeGraphsTest, OnlyDroplessDecodeStepsThatFitTheBucketRunFromGraphs) {
+  const int max_seq_len = 8;  // 2 blocks of 4
   const std::vector<int32_t> table = {3, 5};
   StepBatch decode;
   decode.Clear(4);
   decode.Add(std::vector<int32_t>{7}, 5, table);
   decode.Add(std::vector<int32_t>{8}, 2, table);
   DispatchConfig dropless;
-  EXPECT_TRUE(cuda::GraphEligible(decode, dropless));
+  EXPECT_TRUE(cuda::GraphEligible(decode, dropless, max_seq_len));
   DispatchConfig capacity;
   capacity.capacity_factor = 1.0;
-  EXPECT_FALSE(cuda::GraphEligible(decode, capacity));
+  EXPECT_FALSE(cuda::GraphEligible(decode, capacity, max_seq_len));
   StepBatch prefill = decode;
   prefill.Add(std::vector<int32_t>{1, 2}, 0, table);
-  EXPECT_FALSE(cuda::GraphEligible(prefill, dropless));
+  EXPECT_FALSE(cuda::GraphEligible(prefill, dropless, max_seq_len));
   StepBatch empty;
   empty.Clear(4);
-  EXPECT_FALSE(cuda::GraphEligible(empty, dropless));
+  EXPECT_FALSE(cuda::GraphEligible(empty, dropless, max_seq_len));
   StepBatch big;
   big.Clear(4);
   for (int s = 0; s <= cuda::kMaxDecodeBucket; ++s) big.Add(std::vector<int32_t>{1}, 0, table);
-  EXPECT_FALSE(cuda::GraphEligible(big, dropless));
+  EXPECT_FALSE(cuda::GraphEligible(big, dropless, max_seq_len));
+  // A block table longer than a context's worth of blocks.
+  StepBatch long_table = decode;
+  long_table.Add(std::vector<int32_t>{1}, 0, std::vector<int32_t>{1, 2, 4});
+  EXPECT_FALSE(cuda::GraphEligible(long_table, dropless, max_seq_len));
+  // More logprobs than a graph step returns; a history longer than a context.
+  SamplingParams many;
+  many.logprobs = cuda::kGraphMaxLogprobs + 1;
+  SamplerRng rng(1);
+  StepBatch logprobs = decode;
+  logprobs.sequences[0].sample = {&many, {}, &rng};
+  EXPECT_FALSE(cuda::GraphEligible(logprobs, dropless, max_seq_len));
+  SamplingParams few;
+  const std::vector<int32_t> history(max_seq_len + 1, 3);
+  StepBatch long_history = decode;
+  long_history.sequences[0].sample = {&few, history, &rng};
+  EXPECT_FALSE(cuda::GraphEligible(long_history, dropless, max_seq_len));
+  long_history.sequences[0].sample.history = absl::MakeConstSpan(history.data(), max_seq_len);
+  EXPECT_TRUE(cuda::GraphEligible(long_history, dropless, max_seq_len));
 }
 
 TEST(DecodeGraphsTest, PaddingRowsWriteTheScratchBlockAndReturnNothing) {
