@@ -53,6 +53,38 @@ struct DispatchPlanInput {
   // counts and prob_sum (the rows after them pad a decode step to its
   // graph's size).
   const int32_t* counted_tokens = nullptr;
+  // Sequence scope when set (see SequenceScope): capacity per sequence and
+  // group, slots in (token, rank) order.
+  const struct SequenceScope* sequence = nullptr;
+};
+
+// The sequence capacity scope (docs/design.md, "Capacity-aware dispatch"):
+// C = `capacity` slots per expert for every aligned group of `group_size`
+// positions of each sequence; a token at a position p with p % group_size == 0
+// starts its sequence's loads from zero, others continue them; within a
+// group, tokens in position order, each token's k choices in rank order,
+// placed as in step scope (kept, else rerouted to the best expert not chosen
+// or moved to by that token that still has room, else dropped). Sequences
+// never share loads, so the step splits into segments (a sequence's tokens
+// from its first or from a group boundary on), placed in parallel, one
+// thread each, each segment's assignments in order. A sequence's loads come
+// in from `carried` (the group of the position before its first token) and
+// go out to `carried_out` (the group of its last token); router r of the
+// launch reads and writes columns column + r * E .. + E of its row.
+// Dropless: everything kept, no loads read or written. Device memory.
+struct SequenceScope {
+  const int32_t* segment_first = nullptr;  // [segments] first token of each
+  const int32_t* segment_count = nullptr;  // [segments] its tokens
+  int segments = 0;
+  int group_size = 1;
+  const int32_t* positions = nullptr;       // [T]
+  const int32_t* token_sequence = nullptr;  // [T]
+  const int32_t* carried = nullptr;         // [S, stride]
+  int32_t* carried_out = nullptr;           // [S, stride]
+  int64_t stride = 0;
+  int64_t column = 0;
+  int32_t* scratch_loads = nullptr;  // [routers, segments, E]
+  uint8_t* scratch_taken = nullptr;  // [routers, segments, E]
 };
 
 // Device memory, written by the kernel.
