@@ -3,9 +3,10 @@
 // of size 128 with sigmoid gates and k=4; random weights) on a backend,
 // reported next to the hardware's limits measured in the same process:
 //
-//   --device=cpu   (default) the CPU backend; decode at batch 1, 8, 32 and a
-//                  512-token prefill; limits: sgemm rate and memory read
-//                  bandwidth (bench/roofline.h).
+//   --device=cpu   (default) the CPU backend, with RoPE (switchall) and with
+//                  the paper's XL relative positions (switchall_xl); decode
+//                  at batch 1, 8, 32 and a 512-token prefill; limits: sgemm
+//                  rate and memory read bandwidth (bench/roofline.h).
 //   --device=cuda  the CUDA backend (16-bit weights, decode steps sampling
 //                  greedily on the device, as the engine runs them); decode at
 //                  batch 1, 8, 64, 256 and a 2048-token prefill, for the
@@ -81,6 +82,7 @@ const BenchModel& Model(const std::string& name) {
     model = std::make_unique<BenchModel>();
     ModelConfig switchall =
         settings().smoke ? testing::TinySwitchAllConfig() : testing::PaperSwitchAllConfig();
+    if (name == "switchall_xl") switchall.attention.position = PositionKind::kXl;
     model->config = name == "dense" ? DenseBaseline(switchall) : switchall;
     model->weights = testing::RandomWeights(model->config, /*seed=*/262);
   }
@@ -125,7 +127,8 @@ struct StepWork {
 };
 
 StepWork MeasureWork(const ModelConfig& config, const StepOutput& out, int64_t new_tokens,
-                     int64_t attended_pairs, int64_t cached_tokens_read, int64_t head_rows) {
+                     int64_t attended_pairs, int64_t cached_tokens_read, int64_t max_context,
+                     int64_t head_rows) {
   const AttentionConfig& a = config.attention;
   const double d = config.d_model, dh = a.head_dim, H = a.n_heads, G = a.n_kv_heads;
   const double E = a.n_experts, F = config.ffn.d_ff, X = config.ffn.n_experts;
@@ -153,9 +156,14 @@ StepWork MeasureWork(const ModelConfig& config, const StepOutput& out, int64_t n
       if (stats.kept[e] > 0) work.bytes += matrix * expert_params;
     }
   }
-  // Attention: q.k and p.v for every (query, key) pair and head.
+  // Attention: q.k and p.v for every (query, key) pair and head; with XL
+  // also q.R[i - j], reading one table row per head and distance.
   work.flops += 4.0 * H * dh * attended_pairs * config.n_layers;
   work.bytes += kv_bytes * 2 * G * dh * cached_tokens_read * config.n_layers;
+  if (a.IsXl()) {
+    work.flops += 2.0 * H * dh * attended_pairs * config.n_layers;
+    work.bytes += 4.0 * H * dh * max_context * config.n_layers;
+  }
   // Output head for the rows it ran on.
   work.flops += 2.0 * config.vocab_size * d * head_rows;
   work.bytes += matrix * config.vocab_size * d;
@@ -245,7 +253,7 @@ void DecodeStep(benchmark::State& state, const std::string& model_name, int batc
   }
   Report(state,
          MeasureWork(model.config, out, batch, static_cast<int64_t>(batch) * (context + 1),
-                     static_cast<int64_t>(batch) * (context + 1), batch),
+                     static_cast<int64_t>(batch) * (context + 1), context + 1, batch),
          batch);
 }
 
@@ -280,14 +288,14 @@ void PrefillChunk(benchmark::State& state, const std::string& model_name, int le
     }
   }
   const int64_t pairs = static_cast<int64_t>(length) * (length + 1) / 2;
-  Report(state, MeasureWork(model.config, out, length, pairs, length, 1), length);
+  Report(state, MeasureWork(model.config, out, length, pairs, length, length, 1), length);
 }
 
 void RegisterBenchmarks() {
   const bool cpu = settings().device == DeviceKind::kCpu;
   const bool smoke = settings().smoke;
   std::vector<std::string> models = {"switchall"};
-  if (!cpu) models.push_back("dense");
+  models.push_back(cpu ? "switchall_xl" : "dense");
   std::vector<int> batches = cpu ? std::vector<int>{1, 8, 32} : std::vector<int>{1, 8, 64, 256};
   int context = 128, prefill = cpu ? 512 : 2048;
   if (smoke) {

@@ -39,7 +39,8 @@ __global__ void __launch_bounds__(kThreads)
                            const int32_t* block_tables, const int32_t* block_offsets,
                            const int32_t* tile_first, const int32_t* tile_count, int heads,
                            int kv_heads, int head_dim, int ev, int block_size, int segment_tokens,
-                           int query_tile, int max_segments, float* partials) {
+                           int query_tile, int max_segments, const float* xl_keys, int xl_positions,
+                           float* partials) {
   SIMT_DYNAMIC_SHARED(float, smem);
   const int group = heads / kv_heads;
   const int dh = head_dim;
@@ -110,6 +111,15 @@ __global__ void __launch_bounds__(kThreads)
       const float* kj = k_blk + static_cast<int64_t>(j) * dh;
       float s = 0.0f;
       for (int d = 0; d < dh; ++d) s = fmaf(qr[d], kj[d], s);
+      if (xl_keys != nullptr) {
+        // + q . R_h[i - j]
+        const int64_t h = static_cast<int64_t>(g) * group + row % group;
+        const int delta = positions[first + row / group] - (kb + j);
+        const float* rel = xl_keys + (h * xl_positions + delta) * dh;
+        float position = 0.0f;
+        for (int d = 0; d < dh; ++d) position = fmaf(qr[d], rel[d], position);
+        s += position;
+      }
       sc[idx] = s;
     }
     __syncthreads();
@@ -208,7 +218,7 @@ cudaError_t LaunchSegments(const AttentionArgs& a, size_t shared_bytes, cudaStre
                      a.value_weights, a.positions, a.token_sequence, a.block_tables,
                      a.block_offsets, a.tile_first, a.tile_count, s.heads, s.kv_heads, s.head_dim,
                      s.values_per_kv_head, s.block_size, s.segment_tokens, a.query_tile,
-                     a.max_segments, a.partials);
+                     a.max_segments, a.xl_keys, a.xl_positions, a.partials);
 }
 
 }  // namespace

@@ -20,6 +20,10 @@
 // Destination value routing: values are cached per expert ([G, E, dh] per
 // token) and the query's gates weight them: the value of key j is
 // sum_e weight[t, g, e] * v[j, g, e].
+//
+// XL relative positions (xl_positions.h): the score of query position i and
+// key position j gains q_h . R_h[i - j], its own fmaf chain over the head
+// dimension, added to the content score.
 #ifndef SWITCHSERVE_KERNELS_CUDA_ATTENTION_H_
 #define SWITCHSERVE_KERNELS_CUDA_ATTENTION_H_
 
@@ -59,6 +63,9 @@ struct AttentionArgs {
   const void* v_cache = nullptr;
   // Destination value routing: [T, G, E] gate weights; null otherwise.
   const float* value_weights = nullptr;
+  // XL positions: this layer's table [H, xl_positions, dh]; null with RoPE.
+  const float* xl_keys = nullptr;
+  int xl_positions = 0;
   // The step (engine/runtime/step_batch.h).
   const int32_t* positions = nullptr;
   const int32_t* token_sequence = nullptr;

@@ -11,6 +11,7 @@
 #include "kernels/cuda/linear.h"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/sampling.h"
+#include "kernels/cuda/xl_positions.h"
 
 namespace switchserve {
 
@@ -125,7 +126,43 @@ absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(const ModelConfig& 
   if (absl::Status s = backend->rope_sin_.Upload(sin_table.data(), sin_table.size() * 4); !s.ok()) {
     return s;
   }
+  if (absl::Status s = backend->TabulateXlPositions(); !s.ok()) return s;
   return std::unique_ptr<Backend>(std::move(backend));
+}
+
+absl::Status CudaBackend::TabulateXlPositions() {
+  const AttentionConfig& attn = config_.attention;
+  if (!attn.IsXl()) return absl::OkStatus();
+  const int H = attn.n_heads, dh = attn.head_dim, d = config_.d_model;
+  const int positions = config_.max_seq_len;
+  // pe(-delta) scaled by dh^-1/4, the CPU backend's formula, in double.
+  std::vector<double> pe(static_cast<size_t>(positions) * d);
+  std::vector<double> frequency(d / 2);
+  for (int m = 0; m < d / 2; ++m) {
+    frequency[m] = std::exp(static_cast<double>(2 * m) * (-std::log(10000.0) / d));
+  }
+  const double scale = std::pow(static_cast<double>(dh), -0.25);
+  for (int delta = 0; delta < positions; ++delta) {
+    const double relative = -static_cast<double>(delta);
+    for (int m = 0; m < d / 2; ++m) {
+      pe[static_cast<size_t>(delta) * d + 2 * m] = scale * std::sin(relative * frequency[m]);
+      pe[static_cast<size_t>(delta) * d + 2 * m + 1] = scale * std::cos(relative * frequency[m]);
+    }
+  }
+  DeviceBuffer device_pe;
+  if (absl::Status s = device_pe.Upload(pe.data(), pe.size() * sizeof(double)); !s.ok()) return s;
+  xl_keys_.clear();
+  xl_keys_.resize(config_.n_layers);
+  for (int l = 0; l < config_.n_layers; ++l) {
+    const size_t bytes = static_cast<size_t>(H) * positions * dh * sizeof(float);
+    if (absl::Status s = xl_keys_[l].Grow(bytes); !s.ok()) return s;
+    SWITCHSERVE_CUDA_RETURN_IF_ERROR(
+        LaunchXlPositionKeys(weights_->layer(l).attn.pos_to_pk, device_pe.as<double>(), H, dh, d,
+                             positions, xl_keys_[l].as<float>(), stream_),
+        "XL position keys");
+  }
+  // device_pe is freed on return: wait for the kernels reading it.
+  return CudaStatus(cudaStreamSynchronize(stream_), "XL position keys");
 }
 
 int64_t CudaBackend::KvBytesPerToken() const {
@@ -319,10 +356,11 @@ absl::Status CudaBackend::OutputHead() {
                      weights_->final_norm_w(), weights_->final_norm_b(), normed, nullptr, stream_),
       "final norm");
   const LinearWeights head = weights_->output_head().Linear(WeightLayout::kNK, d);
-  SWITCHSERVE_CUDA_RETURN_IF_ERROR(
-      LaunchLinear(normed, d, R, d, head, config_.vocab_size, LinearEpilogue{},
-                   io_->results().logits, config_.vocab_size, stream_),
-      "output head");
+  LinearEpilogue bias;
+  bias.bias = weights_->output_bias();  // null without output_bias
+  SWITCHSERVE_CUDA_RETURN_IF_ERROR(LaunchLinear(normed, d, R, d, head, config_.vocab_size, bias,
+                                                io_->results().logits, config_.vocab_size, stream_),
+                                   "output head");
   return absl::OkStatus();
 }
 

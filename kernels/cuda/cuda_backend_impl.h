@@ -57,6 +57,8 @@ class CudaBackend final : public Backend {
   // Test only (CudaBackendOptions::forced_routing): the step's traces.
   absl::Status UploadForcedRouting(const StepBatch& batch);
   absl::Status OutputHead();
+  // XL positions: every layer's table of position keys (xl_positions.h).
+  absl::Status TabulateXlPositions();
   absl::Status Sample();
 
   // cuda_layers.cc
@@ -79,6 +81,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<DeviceWeights> weights_;
   DeviceBuffer rope_cos_, rope_sin_;
+  std::vector<DeviceBuffer> xl_keys_;  // XL positions: per layer [H, max_seq_len, dh]
 
   // KV cache: per layer, K [rows, G, dh] and V [rows, G * Ev, dh]; one block
   // beyond num_blocks_ takes the writes of padding rows.

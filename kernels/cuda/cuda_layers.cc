@@ -217,6 +217,10 @@ absl::Status CudaBackend::Attention(int layer) {
   args.k_cache = rope.k_cache;
   args.v_cache = rope.v_cache;
   args.value_weights = ev > 1 ? ws_.value_weights.as<float>() : nullptr;
+  if (attn.IsXl()) {
+    args.xl_keys = xl_keys_[layer].as<float>();
+    args.xl_positions = config_.max_seq_len;
+  }
   args.positions = step.positions;
   args.token_sequence = step.token_sequence;
   args.block_tables = step.block_tables;

@@ -50,6 +50,7 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Upload(const Model
   }
   SWITCHSERVE_ASSIGN(w->final_norm_w_, floats(weights.final_norm_w));
   SWITCHSERVE_ASSIGN(w->final_norm_b_, floats(weights.final_norm_b));
+  SWITCHSERVE_ASSIGN(w->output_bias_, floats(weights.lm_head_bias));
   w->layers_.resize(config.n_layers);
   for (int l = 0; l < config.n_layers; ++l) {
     const LayerWeights& src = weights.layers[l];
@@ -64,6 +65,7 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Upload(const Model
     SWITCHSERVE_ASSIGN(dst.attn.o, matrix(src.attn.o));
     SWITCHSERVE_ASSIGN(dst.attn.sel_v, floats(src.attn.sel_v));
     SWITCHSERVE_ASSIGN(dst.attn.sel_o, floats(src.attn.sel_o));
+    SWITCHSERVE_ASSIGN(dst.attn.pos_to_pk, floats(src.attn.pos_to_pk));
     SWITCHSERVE_ASSIGN(dst.ffn.router_w, floats(src.ffn.router_w));
     SWITCHSERVE_ASSIGN(dst.ffn.router_b, floats(src.ffn.router_b));
     SWITCHSERVE_ASSIGN(dst.ffn.w1, matrix(src.ffn.w1));

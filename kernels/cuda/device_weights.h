@@ -45,6 +45,7 @@ struct DeviceAttentionWeights {
   DeviceMatrix q, k, v, o;
   const float* sel_v = nullptr;
   const float* sel_o = nullptr;
+  const float* pos_to_pk = nullptr;  // XL positions: [H * dh, d]
 };
 
 struct DeviceFfnWeights {
@@ -76,6 +77,7 @@ class DeviceWeights {
   const DeviceMatrix& output_head() const { return output_head_; }
   const float* final_norm_w() const { return final_norm_w_; }
   const float* final_norm_b() const { return final_norm_b_; }
+  const float* output_bias() const { return output_bias_; }  // [V] or null
   const DeviceLayerWeights& layer(int l) const { return layers_[l]; }
   // Device bytes the weights take.
   int64_t bytes() const { return bytes_; }
@@ -89,6 +91,7 @@ class DeviceWeights {
   DeviceMatrix embedding_, output_head_;
   const float* final_norm_w_ = nullptr;
   const float* final_norm_b_ = nullptr;
+  const float* output_bias_ = nullptr;
   std::vector<DeviceLayerWeights> layers_;
   int64_t bytes_ = 0;
 };

@@ -44,9 +44,15 @@ CudaBackendOptions Cuda16BitOptions() {
 }
 
 BackendUnderTest CpuBackend() {
-  return {"cpu", [](const ModelConfig& config, const ModelWeights& weights,
-                    const DispatchConfig& dispatch) {
-            return CreateCpuBackend(config, weights, dispatch);
+  return {"cpu",
+          [](const ModelConfig& config, const ModelWeights& weights,
+             const DispatchConfig& dispatch) -> std::unique_ptr<Backend> {
+            auto backend = CreateCpuBackend(config, weights, dispatch);
+            if (!backend.ok()) {
+              ADD_FAILURE() << "cannot create the CPU backend: " << backend.status();
+              return nullptr;
+            }
+            return *std::move(backend);
           }};
 }
 

@@ -9,6 +9,15 @@
 namespace switchserve::testing {
 namespace {
 
+// The backend, or a test failure (and null) when it cannot be created.
+std::unique_ptr<Backend> OrFail(absl::StatusOr<std::unique_ptr<Backend>> backend) {
+  if (!backend.ok()) {
+    ADD_FAILURE() << "cannot create the backend: " << backend.status();
+    return nullptr;
+  }
+  return *std::move(backend);
+}
+
 #if defined(SWITCHSERVE_TEST_CUDA_BACKEND)
 // The CUDA backend in its f32 parity mode (the goldens' tolerances hold), with
 // short attention segments so that the suites' contexts span several.
@@ -17,13 +26,7 @@ std::unique_ptr<Backend> CudaF32(const ModelConfig& config, const ModelWeights& 
   CudaBackendOptions options;
   options.sixteen_bit_weights = false;
   options.attention_segment_tokens = 16;
-  absl::StatusOr<std::unique_ptr<Backend>> backend =
-      CreateCudaBackend(config, weights, dispatch, options);
-  if (!backend.ok()) {
-    ADD_FAILURE() << "cannot create the CUDA backend: " << backend.status();
-    return nullptr;
-  }
-  return *std::move(backend);
+  return OrFail(CreateCudaBackend(config, weights, dispatch, options));
 }
 #endif
 
@@ -33,7 +36,7 @@ const std::vector<BackendUnderTest>& BackendsUnderTest() {
   static const std::vector<BackendUnderTest>* const backends = new std::vector<BackendUnderTest> {
     {"cpu",
      [](const ModelConfig& config, const ModelWeights& weights, const DispatchConfig& dispatch) {
-       return CreateCpuBackend(config, weights, dispatch);
+       return OrFail(CreateCpuBackend(config, weights, dispatch));
      }},
         {"cpu_parallel",
          [](const ModelConfig& config, const ModelWeights& weights,
@@ -41,7 +44,7 @@ const std::vector<BackendUnderTest>& BackendsUnderTest() {
            CpuBackendOptions options;
            options.num_threads = 2;
            options.parallel_attention_min_macs = 0;
-           return CreateCpuBackend(config, weights, dispatch, options);
+           return OrFail(CreateCpuBackend(config, weights, dispatch, options));
          }},
 #if defined(SWITCHSERVE_TEST_CUDA_BACKEND)
         {"cuda_f32", CudaF32},
