@@ -1,8 +1,8 @@
 // Paged attention (kernels/cuda/attention.h) against a float64 reference
 // over shuffled block tables: GQA groups, head_dim 112, several key segments,
-// destination value routing, bf16 and f32 caches; and the invariance it is
-// built for: a query's output is bitwise the same attended alone (decode) or
-// inside any prefill tile.
+// destination value routing, XL relative positions, bf16 and f32 caches; and
+// the invariance it is built for: a query's output is bitwise the same
+// attended alone (decode) or inside any prefill tile.
 #include "kernels/cuda/attention.h"
 
 #include <gtest/gtest.h>
@@ -31,6 +31,7 @@ struct Case {
   AttentionShape shape;
   std::vector<int> lengths;  // context length of each sequence after the step
   std::vector<int> chunk;    // tokens of each sequence in the step
+  bool xl = false;           // XL relative positions
 };
 
 struct StepLayout {
@@ -77,10 +78,16 @@ void Tiles(const Case& c, int tile, std::vector<int32_t>* first, std::vector<int
 struct Data {
   std::vector<float> q, k, v, value_weights;  // k, v as the cache holds them (widened)
   std::vector<__nv_bfloat16> k_bf16, v_bf16;
+  std::vector<float> xl_keys;  // [H, positions, dh] when XL
+  int xl_positions = 0;
 };
 
-Data MakeData(const AttentionShape& s, const StepLayout& layout, uint64_t seed) {
+Data MakeData(const AttentionShape& s, const StepLayout& layout, bool xl, uint64_t seed) {
   Data d;
+  if (xl) {
+    d.xl_positions = *std::max_element(layout.positions.begin(), layout.positions.end()) + 1;
+    d.xl_keys = RandomFloats(static_cast<size_t>(s.heads) * d.xl_positions * s.head_dim, seed + 4);
+  }
   const int H = s.heads, G = s.kv_heads, dh = s.head_dim, ev = s.values_per_kv_head;
   d.q = RandomFloats(static_cast<size_t>(layout.tokens) * H * dh, seed, -1.5f, 1.5f);
   d.k = RandomFloats(static_cast<size_t>(layout.rows) * G * dh, seed + 1, -1.5f, 1.5f);
@@ -108,6 +115,7 @@ std::vector<float> Attend(const AttentionShape& s, const Case& c, const StepLayo
   Tiles(c, tile, &first, &count);
   DeviceArray<float> q(data.q),
       weights(data.value_weights.empty() ? std::vector<float>{0} : data.value_weights);
+  DeviceArray<float> xl_keys(data.xl_keys.empty() ? std::vector<float>{0} : data.xl_keys);
   DeviceArray<float> partials(static_cast<size_t>(layout.tokens) * H * (segments + 1) * (dh + 2));
   DeviceArray<float> out(static_cast<size_t>(layout.tokens) * H * dh);
   DeviceArray<int32_t> positions(layout.positions), sequence(layout.token_sequence),
@@ -134,6 +142,10 @@ std::vector<float> Attend(const AttentionShape& s, const Case& c, const StepLayo
   a.k_cache = k_cache;
   a.v_cache = v_cache;
   a.value_weights = data.value_weights.empty() ? nullptr : weights.get();
+  if (!data.xl_keys.empty()) {
+    a.xl_keys = xl_keys.get();
+    a.xl_positions = data.xl_positions;
+  }
   a.positions = positions.get();
   a.token_sequence = sequence.get();
   a.block_tables = tables.get();
@@ -169,6 +181,13 @@ std::vector<double> Reference(const AttentionShape& s, const StepLayout& layout,
         for (int i = 0; i < dh; ++i) {
           sdot += static_cast<double>(d.q[(static_cast<int64_t>(t) * H + h) * dh + i]) *
                   d.k[(row * G + g) * dh + i];
+        }
+        if (!d.xl_keys.empty()) {  // + q . R_h[i - j]
+          const int64_t delta = layout.positions[t] - j;
+          for (int i = 0; i < dh; ++i) {
+            sdot += static_cast<double>(d.q[(static_cast<int64_t>(t) * H + h) * dh + i]) *
+                    d.xl_keys[(h * static_cast<int64_t>(d.xl_positions) + delta) * dh + i];
+          }
         }
         score[j] = sdot;
         top = std::max(top, sdot);
@@ -206,10 +225,12 @@ AttentionShape Shape(int H, int G, int dh, int ev, int B, int segment, CacheType
   return s;
 }
 
-std::string Describe(const AttentionShape& s) {
-  return "H=" + std::to_string(s.heads) + " G=" + std::to_string(s.kv_heads) +
-         " dh=" + std::to_string(s.head_dim) + " Ev=" + std::to_string(s.values_per_kv_head) +
-         " B=" + std::to_string(s.block_size) + " L=" + std::to_string(s.segment_tokens) +
+std::string Describe(const Case& c) {
+  const AttentionShape& s = c.shape;
+  return std::string(c.xl ? "XL " : "") + "H=" + std::to_string(s.heads) +
+         " G=" + std::to_string(s.kv_heads) + " dh=" + std::to_string(s.head_dim) +
+         " Ev=" + std::to_string(s.values_per_kv_head) + " B=" + std::to_string(s.block_size) +
+         " L=" + std::to_string(s.segment_tokens) +
          (s.cache_type == CacheType::kBf16 ? " bf16" : " f32");
 }
 
@@ -220,6 +241,8 @@ const std::vector<Case>& Cases() {
       {Shape(8, 2, 24, 1, 4, 12, CacheType::kF32), {33, 40}, {13, 40}},
       {Shape(2, 2, 16, 4, 4, 16, CacheType::kBf16), {25, 9}, {25, 9}},
       {Shape(4, 1, 256, 1, 8, 16, CacheType::kF32), {20, 3}, {20, 3}},
+      {Shape(4, 2, 12, 1, 4, 8, CacheType::kF32), {30, 11}, {30, 2}, /*xl=*/true},
+      {Shape(3, 3, 20, 2, 4, 16, CacheType::kBf16), {21, 9}, {21, 9}, /*xl=*/true},
   };
   return *cases;
 }
@@ -228,9 +251,9 @@ TEST(SimtAttention, MatchesFloat64OverShuffledBlockTables) {
   SIMT_REQUIRE_DEVICE();
   int n = 0;
   for (const Case& c : Cases()) {
-    SCOPED_TRACE(Describe(c.shape));
+    SCOPED_TRACE(Describe(c));
     const StepLayout layout = Layout(c, 100 + n);
-    const Data data = MakeData(c.shape, layout, 200 + 10 * n++);
+    const Data data = MakeData(c.shape, layout, c.xl, 200 + 10 * n++);
     const std::vector<double> want = Reference(c.shape, layout, data);
     const int tile = cuda::AttentionQueryTile(c.shape, 48 * 1024);
     const std::vector<float> got =
@@ -248,9 +271,9 @@ TEST(SimtAttention, AQuerysOutputDoesNotDependOnItsTile) {
   SIMT_REQUIRE_DEVICE();
   int n = 0;
   for (const Case& c : Cases()) {
-    SCOPED_TRACE(Describe(c.shape));
+    SCOPED_TRACE(Describe(c));
     const StepLayout layout = Layout(c, 300 + n);
-    const Data data = MakeData(c.shape, layout, 400 + 10 * n++);
+    const Data data = MakeData(c.shape, layout, c.xl, 400 + 10 * n++);
     const std::vector<float> alone = Attend(c.shape, c, layout, data, 1);
     for (const int tile : {3, cuda::AttentionQueryTile(c.shape, 48 * 1024)}) {
       const std::vector<float> tiled = Attend(c.shape, c, layout, data, tile);
