@@ -25,6 +25,7 @@
 #include "grpcpp/server_builder.h"
 #include "server/auth.h"
 #include "server/commands.h"
+#include "server/dispatch_flags.h"
 #include "server/engine_setup.h"
 #include "server/generation_service.h"
 #include "server/metrics/engine_metrics_observer.h"
@@ -136,9 +137,8 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
       config.name.empty() ? "(unnamed)" : config.name, model_dir, ArchitectureName(config),
       config.n_layers, config.d_model, config.vocab_size, config.max_seq_len,
       config.tokenizer == TokenizerKind::kByte ? "byte" : "sentencepiece"));
-  Log(absl::StrFormat("dispatch: capacity_factor %g%s, min_capacity %d, overflow %s",
-                      dispatch.capacity_factor, dispatch.Dropless() ? " (dropless)" : "",
-                      dispatch.min_capacity, std::string(ToString(dispatch.overflow))));
+  Log(absl::StrCat("dispatch: ", DescribeDispatch(dispatch)));
+  if (const std::string warning = SharedCapacityWarning(dispatch); !warning.empty()) Log(warning);
   Log(absl::StrFormat("backend %s, threads %s; KV cache %d blocks x %d tokens = %d tokens (%d MiB)",
                       std::string(backend->name()),
                       options.threads == 0 ? "all" : std::to_string(options.threads),

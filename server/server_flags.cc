@@ -8,6 +8,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "server/common_flags.h"
+#include "server/dispatch_flags.h"
 
 // The defaults of every `serve` flag live here, as literals (deployment
 // tooling reads them from this file: tests/deploy/server_facts.py).
@@ -26,15 +27,11 @@ ABSL_FLAG(int, max_queue, 1024,
           "Requests waiting for admission; beyond it calls get RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_request_bytes, 4194304,
           "Largest request message gRPC accepts (RESOURCE_EXHAUSTED beyond)");
-ABSL_FLAG(std::optional<double>, capacity_factor, std::nullopt,
-          "Expert capacity factor; <= 0 dropless; unset: the model's");
-ABSL_FLAG(std::string, overflow, "", "drop | reroute; unset: the model's");
-ABSL_FLAG(std::optional<int>, min_capacity, std::nullopt,
-          "Minimum slots per expert per step; unset: the model's");
 ABSL_FLAG(double, drain_timeout_s, 30,
           "On SIGTERM/SIGINT, how long running calls may take to finish");
 // --model, --device and --threads are shared with the offline subcommands
-// (server/common_flags.h).
+// (server/common_flags.h), and so are the dispatch overrides
+// (server/dispatch_flags.h).
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate chain: the server's, enables TLS (serve); the client's, for mTLS "
           "(health)");
@@ -69,8 +66,6 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.max_running_requests = absl::GetFlag(FLAGS_max_running_requests);
   o.max_queue = absl::GetFlag(FLAGS_max_queue);
   o.max_request_bytes = absl::GetFlag(FLAGS_max_request_bytes);
-  o.capacity_factor = absl::GetFlag(FLAGS_capacity_factor);
-  o.min_capacity = absl::GetFlag(FLAGS_min_capacity);
   o.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
   o.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
   o.tls.key_file = absl::GetFlag(FLAGS_tls_key);
@@ -81,11 +76,9 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   auto device = ParseDeviceKind(absl::GetFlag(FLAGS_device));
   if (!device.ok()) return FlagError("device", std::string(device.status().message()));
   o.device = *device;
-  if (const std::string overflow = absl::GetFlag(FLAGS_overflow); !overflow.empty()) {
-    auto policy = ParseOverflowPolicy(overflow);
-    if (!policy.ok()) return FlagError("overflow", std::string(policy.status().message()));
-    o.overflow = *policy;
-  }
+  absl::StatusOr<DispatchOverrides> dispatch = DispatchOverridesFromFlags();
+  if (!dispatch.ok()) return dispatch.status();
+  o.dispatch = *dispatch;
 
   if (o.host.empty()) return FlagError("host", "must not be empty");
   if (o.port < 0 || o.port > 65535) return FlagError("port", "must be in [0, 65535]");
@@ -103,7 +96,6 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   if (o.max_request_bytes < 1024 || o.max_request_bytes > (int64_t{1} << 31) - 1) {
     return FlagError("max-request-bytes", "must be in [1024, 2^31)");
   }
-  if (o.min_capacity && *o.min_capacity < 0) return FlagError("min-capacity", "must be >= 0");
   if (o.debug_step_delay_ms < 0 || o.debug_step_delay_ms > 10000) {
     return FlagError("debug-step-delay-ms", "must be in [0, 10000]");
   }

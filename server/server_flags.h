@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "engine/model/model_config.h"
 #include "kernels/backends.h"
+#include "server/dispatch_flags.h"
 
 namespace switchserve {
 
@@ -39,10 +40,8 @@ struct ServerOptions {
   int max_running_requests = 0;
   int max_queue = 0;
   int64_t max_request_bytes = 0;
-  // Overrides of the model's dispatch config; unset: the model's value.
-  std::optional<double> capacity_factor;
-  std::optional<OverflowPolicy> overflow;
-  std::optional<int> min_capacity;
+  // Overrides of the model's dispatch config.
+  DispatchOverrides dispatch;
   double drain_timeout_s = 0;
   TlsOptions tls;
   std::string auth_token_file;  // empty: no authentication

@@ -142,6 +142,7 @@ DispatchConfig DispatchFromFlags() {
   dispatch.capacity_factor = absl::GetFlag(FLAGS_capacity_factor);
   dispatch.overflow =
       absl::GetFlag(FLAGS_overflow) == "reroute" ? OverflowPolicy::kReroute : OverflowPolicy::kDrop;
+  dispatch.scope = CapacityScope::kStep;  // a synthetic step shares one capacity
   return dispatch;
 }
 

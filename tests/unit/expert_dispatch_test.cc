@@ -8,11 +8,13 @@
 namespace switchserve {
 namespace {
 
+// Step scope (the sequence scope has its own tests: sequence_dispatch_test.cc).
 DispatchConfig Capacity(double factor, int min_capacity, OverflowPolicy overflow) {
   DispatchConfig d;
   d.capacity_factor = factor;
   d.min_capacity = min_capacity;
   d.overflow = overflow;
+  d.scope = CapacityScope::kStep;
   return d;
 }
 
@@ -85,7 +87,7 @@ TEST(ExpertDispatchTest, RankMajorSecondChoiceCannotStealFirstChoice) {
   ExpertAssignments a;
   RouterStepStats stats;
   stats.Reset(3);
-  DispatchTokens(d, Capacity(0.5, 0, OverflowPolicy::kDrop), &a, &stats);
+  DispatchTokens(d, Capacity(0.5, 0, OverflowPolicy::kDrop), nullptr, &a, &stats);
   EXPECT_EQ(a.capacity, 1);
   for (int e = 0; e < 3; ++e) {
     ASSERT_EQ(a.count(e), 1);
@@ -109,7 +111,7 @@ TEST(ExpertDispatchTest, DropKeepsFirstComersInStepOrder) {
   RouterDecision d;
   RouteTokens(z.data(), 2, 4, 2, 1, GateFunction::kSigmoid, false, &d);
   ExpertAssignments a;
-  DispatchTokens(d, Capacity(0.5, 2, OverflowPolicy::kDrop), &a, nullptr);
+  DispatchTokens(d, Capacity(0.5, 2, OverflowPolicy::kDrop), nullptr, &a, nullptr);
   EXPECT_EQ(a.capacity, 2);
   ASSERT_EQ(a.count(1), 2);
   EXPECT_EQ(a.token[a.begin(1)], 0);
@@ -129,7 +131,7 @@ TEST(ExpertDispatchTest, RerouteToNextBestFreeExpertKeepsWeight) {
   ExpertAssignments a;
   RouterStepStats stats;
   stats.Reset(4);
-  DispatchTokens(d, Capacity(0.5, 1, OverflowPolicy::kReroute), &a, &stats);
+  DispatchTokens(d, Capacity(0.5, 1, OverflowPolicy::kReroute), nullptr, &a, &stats);
   ASSERT_EQ(a.capacity, 1);
   EXPECT_EQ(a.trace[1].fate, RouteFate::kRerouted);
   EXPECT_EQ(a.trace[1].expert, 3);
@@ -159,7 +161,7 @@ TEST(ExpertDispatchTest, RerouteSkipsExpertsTheTokenAlreadyChose) {
   RouterDecision d;
   RouteTokens(z.data(), 3, 2, 3, 2, GateFunction::kSigmoid, false, &d);
   ExpertAssignments a;
-  DispatchTokens(d, Capacity(0.5, 1, OverflowPolicy::kReroute), &a, nullptr);
+  DispatchTokens(d, Capacity(0.5, 1, OverflowPolicy::kReroute), nullptr, &a, nullptr);
   ASSERT_EQ(a.capacity, 1);
   EXPECT_EQ(a.trace[0].fate, RouteFate::kKept);
   EXPECT_EQ(a.trace[2].fate, RouteFate::kRerouted);
@@ -176,7 +178,7 @@ TEST(ExpertDispatchTest, DroplessKeepsEverything) {
   ExpertAssignments a;
   RouterStepStats stats;
   stats.Reset(2);
-  DispatchTokens(d, Capacity(0.0, 1, OverflowPolicy::kDrop), &a, &stats);
+  DispatchTokens(d, Capacity(0.0, 1, OverflowPolicy::kDrop), nullptr, &a, &stats);
   EXPECT_EQ(a.count(0), 5);
   EXPECT_EQ(a.count(1), 5);
   EXPECT_EQ(stats.kept, (std::vector<int64_t>{5, 5}));
@@ -214,7 +216,7 @@ TEST(ExpertDispatchTest, AuxLossBalancedIsOneCollapsedIsE) {
   ExpertAssignments a;
   RouterStepStats stats;
   stats.Reset(4);
-  DispatchTokens(d, Capacity(0.0, 0, OverflowPolicy::kDrop), &a, &stats);
+  DispatchTokens(d, Capacity(0.0, 0, OverflowPolicy::kDrop), nullptr, &a, &stats);
   EXPECT_NEAR(ComputeBalance(stats, 1).aux_loss, 4.0, 1e-6);
 }
 
