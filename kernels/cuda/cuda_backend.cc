@@ -217,6 +217,8 @@ absl::Status CudaBackend::InitKvCache(int64_t num_blocks, int block_size) {
   model.query_tile = query_tile_;
   model.segment_tokens = segment_tokens_;
   model.layout = &layout_;
+  if (dispatch_.scope == CapacityScope::kSequence) model.capacity_group = dispatch_.capacity_group;
+  model.carries_loads = dispatch_.CarriesGroupLoads();
   io_ = std::make_unique<StepIo>(model);
   return absl::OkStatus();
 }
@@ -226,6 +228,9 @@ absl::Status CudaBackend::Forward(const StepBatch& batch, StepOutput* out) {
   if (absl::Status s = ValidateStepBatch(batch, config_.vocab_size, config_.max_seq_len,
                                          num_blocks_, block_size_);
       !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = group_loads_.Gather(batch, dispatch_, layout_.total_experts()); !s.ok()) {
     return s;
   }
   out->samples.clear();
@@ -246,12 +251,16 @@ absl::Status CudaBackend::Forward(const StepBatch& batch, StepOutput* out) {
   } else {
     if (absl::Status s = RunStep(batch, T, 0); !s.ok()) return s;
   }
+  io_->CarriedOut(group_loads_.rows());
+  group_loads_.Commit(batch);
   io_->Fill(batch, out);
   return absl::OkStatus();
 }
 
 absl::Status CudaBackend::RunStep(const StepBatch& batch, int real_tokens, int bucket) {
-  if (absl::Status s = io_->Prepare(batch, real_tokens, bucket); !s.ok()) return s;
+  if (absl::Status s = io_->Prepare(batch, real_tokens, bucket, group_loads_.rows()); !s.ok()) {
+    return s;
+  }
   if (absl::Status s = GrowWorkspace(); !s.ok()) return s;
   if (absl::Status s = io_->Upload(stream_); !s.ok()) return s;
   if (options_.forced_routing != nullptr) {
@@ -422,6 +431,9 @@ absl::Status CudaBackend::GrowWorkspace() {
       {&ws_.head_norm, static_cast<size_t>(shape.head_rows) * d * f},
       {&ws_.sampling,
        static_cast<size_t>(shape.samples) * SamplingScratchBytes(config_.vocab_size)},
+      // Sequence scope: each dispatch segment's loads and reroute marks.
+      {&ws_.dispatch_loads, std::max(routers * E, X) * shape.dispatch_segments * 4},
+      {&ws_.dispatch_taken, std::max(routers * E, X) * shape.dispatch_segments},
   };
   for (const Need& need : needs) {
     bool moved = false;

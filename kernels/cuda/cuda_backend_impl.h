@@ -46,7 +46,7 @@ class CudaBackend final : public Backend {
   struct Workspace {
     DeviceBuffer x, xn, qk, v, a, router_logits, route_expert, route_weight, route_prob;
     DeviceBuffer offsets, slot_token, slot_weight, assign_slot, prod, hidden, partials;
-    DeviceBuffer value_weights, head_in, head_norm, sampling;
+    DeviceBuffer value_weights, head_in, head_norm, sampling, dispatch_loads, dispatch_taken;
   };
 
   // cuda_backend.cc
@@ -96,6 +96,7 @@ class CudaBackend final : public Backend {
   uint64_t workspace_epoch_ = 0;  // counts reallocations of ws_ (decode_graphs.h)
   DecodeGraphs graphs_;
   StepBatch padded_;
+  StepGroupLoads group_loads_;  // the step's carried capacity loads
 };
 
 }  // namespace switchserve::cuda

@@ -43,7 +43,11 @@ int CudaBackend::MaxExpertRows(int top_k, int n_experts) const {
   const int T = io_->shape().tokens;
   // A router sends each token to an expert at most once.
   if (dispatch_.Dropless() || options_.forced_routing != nullptr) return T;
-  const int64_t capacity = dispatch_.CapacityPerExpert(io_->real_tokens(), top_k, n_experts);
+  const int64_t capacity = dispatch_.SlotsPerExpert(io_->real_tokens(), top_k, n_experts);
+  if (dispatch_.scope == CapacityScope::kSequence) {
+    // Up to C per group a segment lies in.
+    return static_cast<int>(std::min<int64_t>(T, io_->MaxSequenceScopeRows(capacity)));
+  }
   return static_cast<int>(std::min<int64_t>(T, capacity));
 }
 
@@ -67,7 +71,7 @@ absl::Status CudaBackend::Route(const float* logits, int64_t ld, int routers, in
   in.tokens = T;
   in.top_k = top_k;
   in.n_experts = n_experts;
-  in.capacity = dropless ? 0 : dispatch_.CapacityPerExpert(io_->real_tokens(), top_k, n_experts);
+  in.capacity = dropless ? 0 : dispatch_.SlotsPerExpert(io_->real_tokens(), top_k, n_experts);
   in.mode = options_.forced_routing != nullptr               ? DispatchMode::kForced
             : dropless                                       ? DispatchMode::kDropless
             : dispatch_.overflow == OverflowPolicy::kReroute ? DispatchMode::kReroute
@@ -75,7 +79,26 @@ absl::Status CudaBackend::Route(const float* logits, int64_t ld, int routers, in
   in.routers = routers;
   in.score_router_offset = n_experts;
   in.counted_tokens = io_->device().counted_tokens;
+  const DeviceStep& step = io_->device();
   const DeviceResults& r = io_->results();
+  SequenceScope sequence;
+  if (step.dispatch_first != nullptr) {
+    // Sequence scope: each sequence against its own groups' loads, carried
+    // in RouterLayout::ExpertOffset columns (none when dropless).
+    sequence.segment_first = step.dispatch_first;
+    sequence.segment_count = step.dispatch_count;
+    sequence.segments = io_->shape().dispatch_segments;
+    sequence.group_size = dispatch_.capacity_group;
+    sequence.positions = step.positions;
+    sequence.token_sequence = step.token_sequence;
+    sequence.carried = step.carried_loads;
+    sequence.carried_out = r.carried_out;
+    sequence.stride = layout_.total_experts();
+    sequence.column = layout_.ExpertOffset(router_index);
+    sequence.scratch_loads = ws_.dispatch_loads.as<int32_t>();
+    sequence.scratch_taken = ws_.dispatch_taken.as<uint8_t>();
+    in.sequence = &sequence;
+  }
   DispatchPlanOutput out;
   out.trace_expert = r.trace_expert + io_->trace_offset(router_index);
   out.trace_gate = r.trace_gate + io_->trace_offset(router_index);

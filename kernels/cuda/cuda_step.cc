@@ -32,7 +32,8 @@ StepIo::StepIo(const StepModel& model) : model_(model) {
   total_choices_ = choice_prefix_.back();
 }
 
-absl::Status StepIo::Prepare(const StepBatch& batch, int real_tokens, int bucket) {
+absl::Status StepIo::Prepare(const StepBatch& batch, int real_tokens, int bucket,
+                             const int32_t* carried) {
   const int T = batch.num_tokens();
   const int S = batch.num_sequences();
   real_tokens_ = real_tokens;
@@ -50,6 +51,27 @@ absl::Status StepIo::Prepare(const StepBatch& batch, int real_tokens, int bucket
     }
   }
   for (int t = 0; t < T; ++t) max_position = std::max(max_position, batch.positions[t]);
+
+  // Dispatch segments of the sequence scope: a new one at each sequence's
+  // first token and wherever a capacity group opens.
+  dispatch_first_.clear();
+  dispatch_count_.clear();
+  if (model_.capacity_group > 0) {
+    for (int t = 0; t < T; ++t) {
+      const int s = batch.token_sequence[t];
+      if (t == batch.token_offsets[s] || batch.positions[t] % model_.capacity_group == 0) {
+        dispatch_first_.push_back(t);
+        dispatch_count_.push_back(0);
+      }
+      ++dispatch_count_.back();
+    }
+  }
+  // The carried rows of the real sequences (a graph step's padding
+  // sequences follow them, at tokens real_tokens and on).
+  carried_rows_ = 0;
+  if (model_.carries_loads && carried != nullptr) {
+    while (carried_rows_ < S && batch.token_offsets[carried_rows_] < real_tokens) ++carried_rows_;
+  }
 
   // Output head rows: those returning logits (step order), then the last
   // token of each sequence that only samples.
@@ -120,6 +142,7 @@ absl::Status StepIo::Prepare(const StepBatch& batch, int real_tokens, int bucket
     shape.max_logprobs = max_logprobs;
     shape.block_entries = static_cast<int64_t>(batch.block_tables.size());
     shape.history = static_cast<int64_t>(history_.size());
+    shape.dispatch_segments = static_cast<int>(dispatch_first_.size());
   } else {
     if (T != bucket || S != bucket || max_logprobs > kGraphMaxLogprobs) {
       return absl::InternalError("graph step: batch does not fit its bucket");
@@ -134,6 +157,8 @@ absl::Status StepIo::Prepare(const StepBatch& batch, int real_tokens, int bucket
     shape.max_logprobs = kGraphMaxLogprobs;
     shape.block_entries = static_cast<int64_t>(bucket) * max_blocks;
     shape.history = static_cast<int64_t>(bucket) * model_.max_seq_len;
+    // One token per sequence: one segment each.
+    shape.dispatch_segments = model_.capacity_group > 0 ? bucket : 0;
     if (static_cast<int64_t>(batch.block_tables.size()) > shape.block_entries ||
         static_cast<int64_t>(history_.size()) > shape.history) {
       return absl::InternalError("graph step: block tables or history exceed the bucket");
@@ -159,7 +184,12 @@ absl::Status StepIo::Prepare(const StepBatch& batch, int real_tokens, int bucket
                o_offsets = in.Add(shape.sequences + 1, 4), o_first = in.Add(shape.tiles, 4),
                o_count = in.Add(shape.tiles, 4), o_head = in.Add(shape.head_rows, 4),
                o_samples = in.Add(shape.samples, sizeof(DeviceSampleParams)),
-               o_history = in.Add(std::max<int64_t>(shape.history, 1), 4), o_counted = in.Add(1, 4);
+               o_history = in.Add(std::max<int64_t>(shape.history, 1), 4), o_counted = in.Add(1, 4),
+               o_dispatch_first = in.Add(shape.dispatch_segments, 4),
+               o_dispatch_count = in.Add(shape.dispatch_segments, 4);
+  const size_t carried_values =
+      model_.carries_loads ? static_cast<size_t>(shape.sequences) * total_experts_ : 0;
+  const size_t o_carried = in.Add(carried_values, 4);
   input_bytes_ = in.bytes();
   if (absl::Status s = staging_.Grow(input_bytes_); !s.ok()) return s;
   bool moved = false;
@@ -179,6 +209,14 @@ absl::Status StepIo::Prepare(const StepBatch& batch, int real_tokens, int bucket
   Put(h, o_history, history_, std::max<int64_t>(shape.history, 1));
   const std::vector<int32_t> counted = {real_tokens};
   Put(h, o_counted, counted, 1);
+  Put(h, o_dispatch_first, dispatch_first_, shape.dispatch_segments);
+  Put(h, o_dispatch_count, dispatch_count_, shape.dispatch_segments);
+  if (carried_values > 0) {
+    // Padding sequences open a group at position 0: their rows are never read.
+    const size_t real_values = static_cast<size_t>(carried_rows_) * total_experts_;
+    std::memset(h + o_carried, 0, carried_values * 4);
+    if (carried != nullptr) std::memcpy(h + o_carried, carried, real_values * 4);
+  }
   char* d = inputs_.as<char>();
   device_.token_ids = reinterpret_cast<const int32_t*>(d + o_tokens);
   device_.positions = reinterpret_cast<const int32_t*>(d + o_positions);
@@ -192,6 +230,13 @@ absl::Status StepIo::Prepare(const StepBatch& batch, int real_tokens, int bucket
   device_.samples = reinterpret_cast<const DeviceSampleParams*>(d + o_samples);
   device_.history = reinterpret_cast<const int32_t*>(d + o_history);
   device_.counted_tokens = reinterpret_cast<const int32_t*>(d + o_counted);
+  const bool sequence_scope = model_.capacity_group > 0;
+  device_.dispatch_first =
+      sequence_scope ? reinterpret_cast<const int32_t*>(d + o_dispatch_first) : nullptr;
+  device_.dispatch_count =
+      sequence_scope ? reinterpret_cast<const int32_t*>(d + o_dispatch_count) : nullptr;
+  device_.carried_loads =
+      carried_values > 0 ? reinterpret_cast<const int32_t*>(d + o_carried) : nullptr;
 
   // The results: samples, statistics, logits rows, traces.
   PackedLayout out;
@@ -201,6 +246,7 @@ absl::Status StepIo::Prepare(const StepBatch& batch, int real_tokens, int bucket
   offset_top_logprobs_ = out.Add(static_cast<size_t>(shape.samples) * shape.max_logprobs, 4);
   offset_prob_sum_ = out.Add(total_experts_, 8);
   offset_counts_ = out.Add(4 * total_experts_, 4);
+  offset_carried_out_ = out.Add(carried_values, 4);  // before the logits: always downloaded
   offset_logits_ = out.Add(static_cast<size_t>(shape.head_rows) * model_.vocab, 4);
   const size_t assignments = static_cast<size_t>(shape.tokens) * total_choices_;
   offset_trace_expert_ = out.Add(assignments, 4);
@@ -221,7 +267,22 @@ absl::Status StepIo::Prepare(const StepBatch& batch, int real_tokens, int bucket
   results_.trace_expert = reinterpret_cast<int32_t*>(r + offset_trace_expert_);
   results_.trace_gate = reinterpret_cast<float*>(r + offset_trace_gate_);
   results_.trace_fate = reinterpret_cast<uint8_t*>(r + offset_trace_fate_);
+  results_.carried_out =
+      carried_values > 0 ? reinterpret_cast<int32_t*>(r + offset_carried_out_) : nullptr;
   return absl::OkStatus();
+}
+
+void StepIo::CarriedOut(int32_t* carried) const {
+  if (carried == nullptr || results_.carried_out == nullptr) return;
+  std::memcpy(carried, results_host_.get() + offset_carried_out_,
+              static_cast<size_t>(carried_rows_) * total_experts_ * 4);
+}
+
+int64_t StepIo::MaxSequenceScopeRows(int64_t capacity) const {
+  if (model_.capacity_group == 0) return shape_.tokens;
+  int64_t rows = 0;
+  for (int32_t count : dispatch_count_) rows += std::min<int64_t>(count, capacity);
+  return rows;
 }
 
 absl::Status StepIo::Upload(cudaStream_t stream) {

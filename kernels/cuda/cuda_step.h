@@ -1,9 +1,10 @@
 // One step of the CUDA backend as the device sees it: the StepBatch packed
 // into one upload (tokens, positions, cache rows, block tables, the query
-// tiles of attention, the rows of the output head, the sampling requests),
+// tiles of attention, the dispatch segments and carried capacity loads of
+// the sequence scope, the rows of the output head, the sampling requests),
 // the sizes every launch of the step is shaped by, and one result buffer
-// (sampled tokens, routing statistics, logits rows, traces) read back in one
-// copy. Internal to the CUDA backend.
+// (sampled tokens, routing statistics, the loads the sequences carry on,
+// logits rows, traces) read back in one copy. Internal to the CUDA backend.
 //
 // Shapes are exact for an eager step. A graph step (a decode step padded to
 // a batch-size bucket, decode_graphs.h) uses shapes that depend on the bucket
@@ -34,6 +35,11 @@ struct StepModel {
   int query_tile = 1;      // attention queries per block
   int segment_tokens = 1;  // attention key segment
   const RouterLayout* layout = nullptr;
+  // Sequence capacity scope: G, the positions of a capacity group (dispatch
+  // segments split a sequence's chunk where a group opens); 0 in step scope.
+  int capacity_group = 0;
+  // Whether sequences carry capacity loads (DispatchConfig::CarriesGroupLoads).
+  bool carries_loads = false;
 };
 
 // The sizes launches are shaped by.
@@ -48,6 +54,7 @@ struct StepShape {
   int max_logprobs = 0;
   int64_t block_entries = 0;
   int64_t history = 0;
+  int dispatch_segments = 0;  // sequence scope: see DeviceStep::dispatch_first
 };
 
 // Device addresses of the uploaded step.
@@ -64,6 +71,14 @@ struct DeviceStep {
   const DeviceSampleParams* samples = nullptr;
   const int32_t* history = nullptr;
   const int32_t* counted_tokens = nullptr;  // [1]: rows [0, n) are real
+  // Sequence scope (dispatch_plan.h, SequenceScope): runs of one sequence's
+  // tokens that start at its first token or where a capacity group opens;
+  // null in step scope.
+  const int32_t* dispatch_first = nullptr;  // [dispatch_segments]
+  const int32_t* dispatch_count = nullptr;
+  // The capacity loads each sequence carries in, [sequences, total experts]
+  // (RouterLayout::ExpertOffset columns); null when none are carried.
+  const int32_t* carried_loads = nullptr;
 };
 
 // Device addresses of the step's results.
@@ -78,6 +93,8 @@ struct DeviceResults {
   int32_t* trace_expert = nullptr;  // per router: [tokens, k]
   float* trace_gate = nullptr;
   uint8_t* trace_fate = nullptr;
+  // The loads each sequence carries out of the step, as carried_loads.
+  int32_t* carried_out = nullptr;
 };
 
 class StepIo {
@@ -88,13 +105,23 @@ class StepIo {
   // non-greedy sampling request from its generator. `bucket` > 0: a decode
   // step padded to `bucket` sequences of one token each (`batch` already
   // padded, its first `real_tokens` rows real); shapes from the bucket alone.
-  absl::Status Prepare(const StepBatch& batch, int real_tokens, int bucket);
+  // `carried` holds the loads the real sequences carry in (the rows of
+  // StepGroupLoads, [sequences, total experts]); null when none are carried.
+  absl::Status Prepare(const StepBatch& batch, int real_tokens, int bucket, const int32_t* carried);
   // Copies the packed inputs to the device (queued on `stream`).
   absl::Status Upload(cudaStream_t stream);
   // Queues the copy of the results back (traces when `traces`), then waits.
   absl::Status Download(cudaStream_t stream, bool traces);
   // Fills `out` from the downloaded results.
   void Fill(const StepBatch& batch, StepOutput* out) const;
+  // Copies the downloaded loads the real sequences carry out into `carried`
+  // (the rows Prepare got, for StepGroupLoads::Commit).
+  void CarriedOut(int32_t* carried) const;
+  // The most rows one expert of a router with `capacity` slots per group can
+  // be given this step: the sum over dispatch segments of min(tokens,
+  // capacity) (a segment lies in one group); the step's tokens in step
+  // scope.
+  int64_t MaxSequenceScopeRows(int64_t capacity) const;
 
   const StepShape& shape() const { return shape_; }
   const DeviceStep& device() const { return device_; }
@@ -122,6 +149,7 @@ class StepIo {
   bool collect_ = false;
   // Host side of the plan.
   std::vector<int32_t> tile_first_, tile_count_;
+  std::vector<int32_t> dispatch_first_, dispatch_count_;
   std::vector<int32_t> head_rows_;  // logit rows first, then sample-only rows, then padding
   int logit_rows_ = 0;
   struct PendingSample {
@@ -143,7 +171,9 @@ class StepIo {
   DeviceResults results_;
   size_t offset_sample_token_ = 0, offset_sample_logprob_ = 0, offset_top_ids_ = 0,
          offset_top_logprobs_ = 0, offset_counts_ = 0, offset_prob_sum_ = 0, offset_logits_ = 0,
-         offset_trace_expert_ = 0, offset_trace_gate_ = 0, offset_trace_fate_ = 0;
+         offset_trace_expert_ = 0, offset_trace_gate_ = 0, offset_trace_fate_ = 0,
+         offset_carried_out_ = 0;
+  int carried_rows_ = 0;  // real sequences whose carried loads come back
   size_t result_bytes_ = 0;
   size_t downloaded_ = 0;
   uint64_t epoch_ = 0;

@@ -12,7 +12,8 @@ int DecodeBucket(int sequences) {
 }
 
 bool GraphEligible(const StepBatch& batch, const DispatchConfig& dispatch, int max_seq_len) {
-  if (!dispatch.Dropless() || batch.block_size <= 0) return false;
+  const bool per_sequence = dispatch.Dropless() || dispatch.scope == CapacityScope::kSequence;
+  if (!per_sequence || batch.block_size <= 0) return false;
   const int S = batch.num_sequences();
   if (S == 0 || DecodeBucket(S) == 0 || batch.num_tokens() != S) return false;
   const int max_blocks = (max_seq_len + batch.block_size - 1) / batch.block_size;

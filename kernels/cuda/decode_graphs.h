@@ -8,8 +8,10 @@
 //
 // Padding rows cannot change a real row: every kernel computes a token from
 // its own data (the isolation property), the dispatch of a padding row can
-// take no slot a real row could want (only dropless dispatch runs from
-// graphs), and the statistics count the first real_tokens rows only.
+// take no slot a real row could want (only dropless dispatch and the
+// sequence scope run from graphs: there a padding sequence opens its own
+// capacity group at position 0, and the capacity per group is fixed by the
+// config), and the statistics count the first real_tokens rows only.
 //
 // Under the SIMT executor there are no graphs: the padded step runs eagerly,
 // so the bucket choice and the padding are tested there; capture and replay
@@ -39,8 +41,9 @@ int DecodeBucket(int sequences);
 inline constexpr int kGraphMaxLogprobs = 20;
 
 // Whether a graph may run `batch` under `dispatch`: every sequence decodes one
-// token, at most kMaxDecodeBucket of them, and the dispatch is dropless (a
-// capacity would count padding rows); and the step fits the bucket's fixed
+// token, at most kMaxDecodeBucket of them, and the dispatch is dropless or
+// per sequence (a capacity of the step scope would count padding rows and
+// change with the step's tokens); and the step fits the bucket's fixed
 // arrays: block tables of at most ceil(max_seq_len / block_size) blocks,
 // histories of at most max_seq_len ids, at most kGraphMaxLogprobs logprobs.
 bool GraphEligible(const StepBatch& batch, const DispatchConfig& dispatch, int max_seq_len);

@@ -34,7 +34,7 @@ TEST(DecodeGraphsTest, BucketIsTheSmallestPowerOfTwoThatHolds) {
   EXPECT_EQ(cuda::DecodeBucket(0), 0);
 }
 
-TEST(DecodeGraphsTest, OnlyDroplessDecodeStepsThatFitTheBucketRunFromGraphs) {
+TEST(DecodeGraphsTest, OnlyPerSequenceDispatchDecodeStepsThatFitTheBucketRunFromGraphs) {
   const int max_seq_len = 8;  // 2 blocks of 4
   const std::vector<int32_t> table = {3, 5};
   StepBatch decode;
@@ -43,9 +43,13 @@ TEST(DecodeGraphsTest, OnlyDroplessDecodeStepsThatFitTheBucketRunFromGraphs) {
   decode.Add(std::vector<int32_t>{8}, 2, table);
   DispatchConfig dropless;
   EXPECT_TRUE(cuda::GraphEligible(decode, dropless, max_seq_len));
-  DispatchConfig capacity;
-  capacity.capacity_factor = 1.0;
-  EXPECT_FALSE(cuda::GraphEligible(decode, capacity, max_seq_len));
+  DispatchConfig step_capacity;
+  step_capacity.capacity_factor = 1.0;
+  step_capacity.scope = CapacityScope::kStep;
+  EXPECT_FALSE(cuda::GraphEligible(decode, step_capacity, max_seq_len));
+  DispatchConfig sequence_capacity = step_capacity;
+  sequence_capacity.scope = CapacityScope::kSequence;
+  EXPECT_TRUE(cuda::GraphEligible(decode, sequence_capacity, max_seq_len));
   StepBatch prefill = decode;
   prefill.Add(std::vector<int32_t>{1, 2}, 0, table);
   EXPECT_FALSE(cuda::GraphEligible(prefill, dropless, max_seq_len));

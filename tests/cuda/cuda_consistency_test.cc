@@ -3,10 +3,12 @@
 // the full pass's logits; a sequence's logits do not change with its
 // neighbours or its row; a decode step padded to its graph bucket returns
 // exactly what the unpadded step returns. In the 16-bit and f32 formats, on
-// every architecture variant (dropless: the step capacity scope shares slots
-// between sequences by definition).
+// every architecture variant, dropless and under the sequence capacity scope
+// with small groups and capacities (the step scope shares slots between
+// sequences by definition).
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -23,10 +25,32 @@ using testing::NamedConfig;
 using testing::RandomTokens;
 using testing::RandomWeights;
 
+// The dispatches under which a sequence's routing is its own: dropless, and
+// the sequence scope with groups of 4 positions and a capacity small enough
+// that assignments overflow (kept in the model's overflow policy).
+std::vector<std::pair<std::string, DispatchConfig>> PerSequenceDispatches(
+    const DispatchConfig& model) {
+  DispatchConfig dropless = model;
+  dropless.capacity_factor = 0;
+  DispatchConfig sequence = model;
+  sequence.scope = CapacityScope::kSequence;
+  sequence.capacity_factor = 0.5;
+  sequence.capacity_group = 4;
+  sequence.min_capacity = 0;
+  return {{"dropless", dropless}, {"sequence scope", sequence}};
+}
+
 // Parameter: (variant, 16-bit weights).
 class CudaConsistencyTest : public ::testing::TestWithParam<std::tuple<NamedConfig, bool>> {
  protected:
   const ModelConfig& config() const { return std::get<0>(GetParam()).config; }
+  // Sequence a alone, then beside b and c, under `dispatch`.
+  void CheckNeighbours(const ModelConfig& config, const ModelWeights& weights,
+                       const DispatchConfig& dispatch, const std::vector<int32_t>& a,
+                       const std::vector<int32_t>& b, const std::vector<int32_t>& c) const;
+  // Decode steps padded to their graph bucket and not, under `dispatch`.
+  void CheckGraphPadding(const ModelConfig& config, const ModelWeights& weights,
+                         const DispatchConfig& dispatch) const;
   testing::BackendUnderTest backend(bool graphs = true) const {
     CudaBackendOptions options =
         std::get<1>(GetParam()) ? testing::Cuda16BitOptions() : testing::CudaF32Options();
@@ -65,15 +89,25 @@ TEST_P(CudaConsistencyTest, DecodeAndChunksGiveTheFullPassBitwise) {
 
 TEST_P(CudaConsistencyTest, NeighboursDoNotChangeASequencesLogits) {
   const ModelConfig& config = this->config();
-  DispatchConfig dropless = config.dispatch;
-  dropless.capacity_factor = 0;
   const ModelWeights weights = RandomWeights(config, 103);
   const int V = config.vocab_size;
   const std::vector<int32_t> a = RandomTokens(12, V, 104), b = RandomTokens(7, V, 105),
                              c = RandomTokens(10, V, 106);
+  for (const auto& [dispatch_name, dispatch] : PerSequenceDispatches(config.dispatch)) {
+    SCOPED_TRACE(dispatch_name);
+    CheckNeighbours(config, weights, dispatch, a, b, c);
+  }
+}
+
+void CudaConsistencyTest::CheckNeighbours(const ModelConfig& config, const ModelWeights& weights,
+                                          const DispatchConfig& dispatch,
+                                          const std::vector<int32_t>& a,
+                                          const std::vector<int32_t>& b,
+                                          const std::vector<int32_t>& c) const {
+  const int V = config.vocab_size;
 
   // a alone: a prefill of 9, then 3 decode steps.
-  BackendHarness alone(backend(), config, weights, dropless);
+  BackendHarness alone(backend(), config, weights, dispatch);
   std::vector<float> want = alone.Run(1, {a.begin(), a.begin() + 9}, 0);
   for (int i = 9; i < 12; ++i) {
     const std::vector<float> row = alone.Run(1, {a[i]}, i);
@@ -83,7 +117,7 @@ TEST_P(CudaConsistencyTest, NeighboursDoNotChangeASequencesLogits) {
   // a among others, at another row each step, in decode graphs and without.
   for (const bool graphs : {true, false}) {
     SCOPED_TRACE(graphs ? "decode graphs" : "eager");
-    BackendHarness busy(backend(graphs), config, weights, dropless);
+    BackendHarness busy(backend(graphs), config, weights, dispatch);
     StepOutput out;
     ASSERT_TRUE(busy.Step({{2, b, 0, LogitsMode::kNone},
                            {1, {a.begin(), a.begin() + 9}, 0, LogitsMode::kAll},
@@ -119,9 +153,15 @@ TEST_P(CudaConsistencyTest, NeighboursDoNotChangeASequencesLogits) {
 // routing: padded to the bucket or not, the same bytes come back.
 TEST_P(CudaConsistencyTest, GraphPaddingChangesNothing) {
   const ModelConfig& config = this->config();
-  DispatchConfig dropless = config.dispatch;
-  dropless.capacity_factor = 0;
   const ModelWeights weights = RandomWeights(config, 107);
+  for (const auto& [dispatch_name, dispatch] : PerSequenceDispatches(config.dispatch)) {
+    SCOPED_TRACE(dispatch_name);
+    CheckGraphPadding(config, weights, dispatch);
+  }
+}
+
+void CudaConsistencyTest::CheckGraphPadding(const ModelConfig& config, const ModelWeights& weights,
+                                            const DispatchConfig& dispatch) const {
   const int V = config.vocab_size;
   SamplingParams hot;
   hot.temperature = 0.8f;
@@ -129,7 +169,7 @@ TEST_P(CudaConsistencyTest, GraphPaddingChangesNothing) {
   hot.logprobs = 2;
   std::vector<std::string> outputs[2];
   for (const bool graphs : {true, false}) {
-    BackendHarness h(backend(graphs), config, weights, dropless);
+    BackendHarness h(backend(graphs), config, weights, dispatch);
     std::vector<SamplerRng> rngs;
     for (int s = 0; s < 5; ++s) rngs.emplace_back(40 + s);
     std::vector<std::vector<int32_t>> prompts;
@@ -138,18 +178,20 @@ TEST_P(CudaConsistencyTest, GraphPaddingChangesNothing) {
     for (int s = 0; s < 5; ++s) prefill.push_back({s, prompts[s], 0, LogitsMode::kNone});
     StepOutput out;
     ASSERT_TRUE(h.Step(prefill, &out).ok());
+    std::vector<int> next(5);
+    for (int s = 0; s < 5; ++s) next[s] = static_cast<int>(prompts[s].size());
     for (int step = 0; step < 3; ++step) {
       const int n = step == 1 ? 3 : 5;
       std::vector<BackendHarness::Chunk> decode;
       for (int s = 0; s < n; ++s) {
-        const int position = static_cast<int>(prompts[s].size()) + step;
-        BackendHarness::Chunk chunk{s, {static_cast<int32_t>((s + step) % V)}, position};
+        BackendHarness::Chunk chunk{s, {static_cast<int32_t>((s + step) % V)}, next[s]++};
         chunk.logits = s % 2 == 0 ? LogitsMode::kLast : LogitsMode::kNone;
         chunk.collect = s == 1;
         chunk.sample = {&hot, prompts[s], &rngs[s]};
         decode.push_back(chunk);
       }
-      ASSERT_TRUE(h.Step(decode, &out).ok());
+      const absl::Status status = h.Step(decode, &out);
+      ASSERT_TRUE(status.ok()) << status;
       ASSERT_EQ(out.samples.size(), static_cast<size_t>(n));
       outputs[graphs ? 0 : 1].push_back(testing::OutputBytes(out));
     }

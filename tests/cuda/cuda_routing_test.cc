@@ -1,6 +1,8 @@
 // The CUDA backend's routing against the CPU backend's on the same model and
 // step: every router's choices and fates and every count bit-identical, gates
-// and probability sums to f32 rounding, for drop, reroute and dropless; with
+// and probability sums to f32 rounding, for drop, reroute and dropless, in
+// the step and the sequence capacity scopes (with capacity groups continued
+// from one step to the next); with
 // exact ties between experts (duplicated router rows, all-zero routers) the
 // tie-breaking too. And replay: the CUDA backend forced to the CPU's choices
 // gives the CPU's logits.
@@ -21,24 +23,45 @@ using testing::NamedConfig;
 using testing::RandomTokens;
 using testing::RandomWeights;
 
-DispatchConfig Dispatch(double capacity_factor, OverflowPolicy overflow) {
+DispatchConfig Dispatch(double capacity_factor, OverflowPolicy overflow,
+                        CapacityScope scope = CapacityScope::kStep, int group = 0) {
   DispatchConfig d;
   d.capacity_factor = capacity_factor;
   d.overflow = overflow;
+  d.scope = scope;
+  if (group > 0) d.capacity_group = group;
   return d;
 }
 
-// One step of two sequences (9 and 7 tokens), every row returned with its
-// routing, on `backend`.
-StepOutput RunStep(const testing::BackendUnderTest& backend, const ModelConfig& config,
-                   const ModelWeights& weights, const DispatchConfig& dispatch) {
+// Two steps of two sequences (9 and 7 tokens: 6 and 3 of them, then the
+// rest), every row returned with its routing, on `backend`.
+std::vector<StepOutput> RunSteps(const testing::BackendUnderTest& backend,
+                                 const ModelConfig& config, const ModelWeights& weights,
+                                 const DispatchConfig& dispatch) {
   BackendHarness h(backend, config, weights, dispatch);
-  StepOutput out;
+  std::vector<StepOutput> out(2);
   const auto a = RandomTokens(9, config.vocab_size, 201);
   const auto b = RandomTokens(7, config.vocab_size, 202);
-  EXPECT_TRUE(
-      h.Step({{1, a, 0, LogitsMode::kAll, true}, {2, b, 0, LogitsMode::kAll, true}}, &out).ok());
+  using Tokens = std::vector<int32_t>;
+  EXPECT_TRUE(h.Step({{1, Tokens(a.begin(), a.begin() + 6), 0, LogitsMode::kAll, true},
+                      {2, Tokens(b.begin(), b.begin() + 3), 0, LogitsMode::kAll, true}},
+                     &out[0])
+                  .ok());
+  EXPECT_TRUE(h.Step({{1, Tokens(a.begin() + 6, a.end()), 6, LogitsMode::kAll, true},
+                      {2, Tokens(b.begin() + 3, b.end()), 3, LogitsMode::kAll, true}},
+                     &out[1])
+                  .ok());
   return out;
+}
+
+void ExpectSameRouting(const StepOutput& cuda, const StepOutput& cpu);
+
+void ExpectSameRouting(const std::vector<StepOutput>& cuda, const std::vector<StepOutput>& cpu) {
+  ASSERT_EQ(cuda.size(), cpu.size());
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "step " << i);
+    ExpectSameRouting(cuda[i], cpu[i]);
+  }
 }
 
 void ExpectSameRouting(const StepOutput& cuda, const StepOutput& cpu) {
@@ -81,8 +104,14 @@ class CudaRoutingTest : public ::testing::TestWithParam<std::tuple<NamedConfig, 
         return Dispatch(0.5, OverflowPolicy::kDrop);
       case 2:
         return Dispatch(0.5, OverflowPolicy::kReroute);
-      default:
+      case 3:
         return Dispatch(1.0, OverflowPolicy::kReroute);
+      case 4:
+        return Dispatch(0.5, OverflowPolicy::kDrop, CapacityScope::kSequence, 4);
+      case 5:
+        return Dispatch(0.5, OverflowPolicy::kReroute, CapacityScope::kSequence, 4);
+      default:
+        return Dispatch(1.0, OverflowPolicy::kReroute, CapacityScope::kSequence, 5);
     }
   }
 };
@@ -90,8 +119,9 @@ class CudaRoutingTest : public ::testing::TestWithParam<std::tuple<NamedConfig, 
 TEST_P(CudaRoutingTest, RoutingIsTheCpuBackends) {
   const ModelWeights weights = RandomWeights(config(), 203);
   const auto cuda = testing::CudaBackendWith(testing::CudaF32Options(), "cuda");
-  const StepOutput got = RunStep(cuda, config(), weights, dispatch());
-  const StepOutput want = RunStep(testing::CpuBackend(), config(), weights, dispatch());
+  const std::vector<StepOutput> got = RunSteps(cuda, config(), weights, dispatch());
+  const std::vector<StepOutput> want =
+      RunSteps(testing::CpuBackend(), config(), weights, dispatch());
   ExpectSameRouting(got, want);
 }
 
@@ -124,19 +154,22 @@ TEST_P(CudaRoutingTest, TiesBreakAsOnTheCpu) {
       }
     }
     const auto cuda = testing::CudaBackendWith(testing::CudaF32Options(), "cuda");
-    const StepOutput got = RunStep(cuda, config(), weights, dispatch());
-    const StepOutput want = RunStep(testing::CpuBackend(), config(), weights, dispatch());
+    const std::vector<StepOutput> got = RunSteps(cuda, config(), weights, dispatch());
+    const std::vector<StepOutput> want =
+        RunSteps(testing::CpuBackend(), config(), weights, dispatch());
     ExpectSameRouting(got, want);
   }
 }
 
 std::string TestName(const ::testing::TestParamInfo<std::tuple<NamedConfig, int>>& info) {
-  static const char* const kPolicies[] = {"dropless", "drop", "reroute", "reroute_cf1"};
+  static const char* const kPolicies[] = {"dropless",          "drop",        "reroute",
+                                          "reroute_cf1",       "seq_drop_g4", "seq_reroute_g4",
+                                          "seq_reroute_cf1_g5"};
   return std::get<0>(info.param).name + "_" + kPolicies[std::get<1>(info.param)];
 }
 INSTANTIATE_TEST_SUITE_P(Variants, CudaRoutingTest,
                          ::testing::Combine(::testing::ValuesIn(testing::RoutedVariantConfigs()),
-                                            ::testing::Range(0, 4)),
+                                            ::testing::Range(0, 7)),
                          TestName);
 
 }  // namespace

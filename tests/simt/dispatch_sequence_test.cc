@@ -4,7 +4,8 @@
 // that continue a carried group and chunks that open one, groups of 1 to 128
 // positions, drop, reroute and dropless, tied logits; traces, slots in
 // (token, rank) order, statistics and the loads each sequence carries out,
-// bit for bit, in every thread order.
+// bit for bit, in every thread order; and against the CPU's DispatchTokens
+// (engine/moe/expert_dispatch.h) in the same scope.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -237,6 +238,36 @@ TEST(SimtSequenceDispatch, MatchesTheScopesRules) {
     EXPECT_EQ(got.counts, want.counts);
     EXPECT_EQ(got.prob_sum, want.prob_sum);
     EXPECT_EQ(got.carried_out, want.carried_out);
+
+    // The CPU backend's dispatch of the same decision.
+    config.scope = CapacityScope::kSequence;
+    config.capacity_group = group;
+    config.overflow = policy == 1 ? OverflowPolicy::kReroute : OverflowPolicy::kDrop;
+    std::vector<int32_t> cpu_loads = step.carried;
+    const SequenceGroups groups{step.token_sequence.data(), step.positions.data(), cpu_loads.data(),
+                                E};
+    ExpertAssignments cpu;
+    RouterStepStats stats;
+    stats.Reset(E);
+    DispatchTokens(d, config, &groups, &cpu, &stats);
+    for (size_t a = 0; a < cpu.trace.size(); ++a) {
+      ASSERT_EQ(got.trace_expert[a], cpu.trace[a].expert) << "assignment " << a;
+      ASSERT_EQ(got.trace_gate[a], cpu.trace[a].gate) << "assignment " << a;
+      ASSERT_EQ(got.trace_fate[a], static_cast<uint8_t>(cpu.trace[a].fate)) << "assignment " << a;
+    }
+    EXPECT_EQ(got.offsets, cpu.offsets);
+    EXPECT_EQ(got.slot_token, cpu.token);
+    EXPECT_EQ(got.slot_weight, cpu.weight);
+    for (int e = 0; e < E; ++e) {
+      EXPECT_EQ(got.counts[e], stats.routed[e]) << "expert " << e;
+      EXPECT_EQ(got.counts[E + e], stats.kept[e]) << "expert " << e;
+      EXPECT_EQ(got.counts[2 * E + e], stats.rerouted[e]) << "expert " << e;
+      EXPECT_EQ(got.counts[3 * E + e], stats.dropped[e]) << "expert " << e;
+    }
+    // Dropless reads and writes no loads.
+    if (policy != 2) {
+      EXPECT_EQ(got.carried_out, cpu_loads);
+    }
   }
 }
 
