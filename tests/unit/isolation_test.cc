@@ -4,8 +4,8 @@
 // (chunked prefill), a KV cache small enough to force preemption, and drop,
 // reroute or dropless dispatch with assignments actually dropped — and equal
 // to the full-pass logprobs `score` computes. Under the step scope the same
-// comparison shows the dependence. Every backend (BackendsUnderTest()), the
-// built-in model.
+// comparison shows the dependence. Every backend (but the CUDA backend on the
+// SIMT executor: EngineScaleBackendsUnderTest()), the built-in model.
 #include <cstring>
 #include <memory>
 #include <ostream>
@@ -292,24 +292,27 @@ std::string TestName(
 // matrix-vector path and every token on the token-by-token attention, whose
 // rounding does not depend on the other rows: batch-invariant with today's
 // kernels.
-INSTANTIATE_TEST_SUITE_P(SmallSteps, IsolationTest,
-                         ::testing::Combine(::testing::ValuesIn(testing::BackendsUnderTest()),
-                                            ::testing::Values(kSmallSteps)),
-                         TestName);
+INSTANTIATE_TEST_SUITE_P(
+    SmallSteps, IsolationTest,
+    ::testing::Combine(::testing::ValuesIn(testing::EngineScaleBackendsUnderTest()),
+                       ::testing::Values(kSmallSteps)),
+    TestName);
 // Longer chunks (matrix-matrix products whose rounding depends on the number
 // of rows, tiled attention for chunks of 8 tokens and more) need kernels whose
 // reduction order does not depend on the batch: disabled until they land.
-INSTANTIATE_TEST_SUITE_P(DISABLED_ChunkedSteps, IsolationTest,
-                         ::testing::Combine(::testing::ValuesIn(testing::BackendsUnderTest()),
-                                            ::testing::Values(kChunkedSteps)),
-                         TestName);
+INSTANTIATE_TEST_SUITE_P(
+    DISABLED_ChunkedSteps, IsolationTest,
+    ::testing::Combine(::testing::ValuesIn(testing::EngineScaleBackendsUnderTest()),
+                       ::testing::Values(kChunkedSteps)),
+    TestName);
 // `score`'s full pass runs a whole sequence as one chunk (matrix-matrix
 // products, tiled attention): equal to the engine's steps only with
 // batch-invariant kernels. Disabled until they land.
-INSTANTIATE_TEST_SUITE_P(DISABLED_AnySteps, FullPassTest,
-                         ::testing::Combine(::testing::ValuesIn(testing::BackendsUnderTest()),
-                                            ::testing::Values(kSmallSteps, kChunkedSteps)),
-                         TestName);
+INSTANTIATE_TEST_SUITE_P(
+    DISABLED_AnySteps, FullPassTest,
+    ::testing::Combine(::testing::ValuesIn(testing::EngineScaleBackendsUnderTest()),
+                       ::testing::Values(kSmallSteps, kChunkedSteps)),
+    TestName);
 
 }  // namespace
 }  // namespace switchserve

@@ -53,4 +53,15 @@ const std::vector<BackendUnderTest>& BackendsUnderTest() {
   return *backends;
 }
 
+std::vector<BackendUnderTest> EngineScaleBackendsUnderTest() {
+  std::vector<BackendUnderTest> backends;
+  for (const BackendUnderTest& backend : BackendsUnderTest()) {
+#if defined(SWITCHSERVE_TEST_CUDA_BACKEND)
+    if (CudaBackendIsEmulated() && backend.name.rfind("cuda", 0) == 0) continue;
+#endif
+    backends.push_back(backend);
+  }
+  return backends;
+}
+
 }  // namespace switchserve::testing

@@ -33,6 +33,13 @@ inline void PrintTo(const BackendUnderTest& backend, std::ostream* os) { *os << 
 // SIMT executor in CI (or on a GPU in the GPU suite).
 const std::vector<BackendUnderTest>& BackendsUnderTest();
 
+// BackendsUnderTest() but the CUDA backend when it runs on the SIMT executor:
+// for engine-level tests over the built-in model (hundreds of steps of 32
+// requests), which the executor runs for around ten minutes each. The CUDA
+// backend's isolation is checked bitwise on small models by
+// tests/cuda/cuda_consistency_test.cc instead.
+std::vector<BackendUnderTest> EngineScaleBackendsUnderTest();
+
 }  // namespace switchserve::testing
 
 #endif  // SWITCHSERVE_TESTS_UTIL_BACKENDS_UNDER_TEST_H_
