@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -24,10 +25,14 @@
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "server/auth.h"
+#include "server/call_gate.h"
 #include "server/commands.h"
 #include "server/dispatch_flags.h"
 #include "server/engine_setup.h"
 #include "server/generation_service.h"
+#include "server/http/http_server.h"
+#include "server/http/openai_service.h"
+#include "server/log.h"
 #include "server/metrics/engine_metrics_observer.h"
 #include "server/metrics/metrics_exposer.h"
 #include "server/metrics/moe_metrics.h"
@@ -38,19 +43,46 @@
 namespace switchserve {
 namespace {
 
-void Log(const std::string& message) {
-  const std::string now =
-      absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone());
-  std::fprintf(stderr, "%s switchserve: %s\n", now.c_str(), message.c_str());
-  std::fflush(stderr);
-}
+void Log(const std::string& message) { LogInfo(message); }
 
 int Fail(const absl::Status& status) {
-  Log(absl::StrCat("error: ", status.ToString()));
+  switchserve::Log(LogLevel::kError, status.ToString());
   return 1;
 }
 
+int Milliseconds(double seconds) { return static_cast<int>(seconds * 1000.0 + 0.5); }
+
+// Connection age and keepalive (docs/deploy.md, "Scaling out").
+void SetConnectionArguments(const ConnectionOptions& c, grpc::ServerBuilder* builder) {
+  if (c.max_connection_age_s > 0) {
+    builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
+                                Milliseconds(c.max_connection_age_s));
+  }
+  if (c.max_connection_age_grace_s > 0) {
+    builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+                                Milliseconds(c.max_connection_age_grace_s));
+  }
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
+                              c.keepalive_time_s > 0 ? Milliseconds(c.keepalive_time_s) : INT_MAX);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, Milliseconds(c.keepalive_timeout_s));
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                              Milliseconds(c.keepalive_min_client_interval_s));
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+}
+
+std::string ConnectionSummary(const ConnectionOptions& c) {
+  auto seconds = [](double s, const char* zero) {
+    return s > 0 ? absl::StrCat(s, " s") : std::string(zero);
+  };
+  return absl::StrCat("connections: max age ", seconds(c.max_connection_age_s, "unlimited"),
+                      " (grace ", seconds(c.max_connection_age_grace_s, "unlimited"),
+                      "), keepalive ", seconds(c.keepalive_time_s, "off"), " (timeout ",
+                      c.keepalive_timeout_s,
+                      " s), client pings every >= ", c.keepalive_min_client_interval_s, " s");
+}
+
 int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
+  SetLogFormat(options.log_format);
   ServerOptions resolved = options;
   if (resolved.model_dir.empty()) resolved.model_dir = DefaultModelDirectory();
   Log(absl::StrCat("loading model from ", resolved.model_dir));
@@ -86,6 +118,13 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
     }
     observer = std::make_unique<EngineMetricsObserver>(serving_metrics.get(), moe_metrics.get(),
                                                        kv_cache.num_blocks());
+    RegisterModelInfo(
+        *registry,
+        {.model = ServedModelName(options.served_model_name, config, model_dir),
+         .device = std::string(backend->name()),
+         .architecture = ArchitectureName(config),
+         .tokenizer = config.tokenizer == TokenizerKind::kByte ? "byte" : "sentencepiece",
+         .context_length = config.max_seq_len});
     auto started = MetricsExposer::Start(options.host, options.metrics_port, collectables);
     if (!started.ok()) return Fail(started.status());
     exposer = std::move(*started);
@@ -104,6 +143,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   auto credentials = MakeServerCredentials(options.tls);
   if (!credentials.ok()) return Fail(credentials.status());
 
+  CallGate gate;
   GenerationServiceOptions service_options;
   service_options.engine = &engine;
   service_options.tokenizer = setup->model->tokenizer.get();
@@ -114,6 +154,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   service_options.limits.context_length = config.max_seq_len;
   service_options.auth = auth.get();
   service_options.metrics = serving_metrics.get();
+  service_options.gate = &gate;
   GenerationService service(service_options);
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -123,10 +164,34 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   const std::string address = ListenAddress(options);
   builder.AddListeningPort(address, *credentials, &bound_port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_request_bytes));
+  SetConnectionArguments(options.connections, &builder);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || bound_port == 0) {
     return Fail(absl::UnavailableError(absl::StrCat("cannot listen on ", address)));
+  }
+  // The OpenAI-compatible HTTP API: same engine, gate, token, TLS and limits.
+  const std::string model_name = ServedModelName(options.served_model_name, config, model_dir);
+  OpenAiService openai({.engine = &engine,
+                        .tokenizer = setup->model->tokenizer.get(),
+                        .limits = service_options.limits,
+                        .model_name = model_name,
+                        .auth = auth.get(),
+                        .metrics = serving_metrics.get(),
+                        .gate = &gate,
+                        .created_unix_s = absl::ToUnixSeconds(absl::Now())});
+  std::unique_ptr<HttpServer> http;
+  if (options.http_port != 0) {
+    auto started = HttpServer::Start(
+        {.host = options.host,
+         .port = options.http_port,
+         .tls = options.tls,
+         .max_body_bytes = options.max_request_bytes,
+         .max_connection_age_s = options.connections.max_connection_age_s,
+         .error_body = OpenAiErrorBody},
+        [&openai](std::shared_ptr<HttpExchange> exchange) { openai.Handle(exchange); });
+    if (!started.ok()) return Fail(started.status());
+    http = std::move(*started);
   }
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   health->SetServingStatus(v1::Generation::service_full_name(), true);
@@ -154,29 +219,37 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
                       : options.tls.client_ca_file.empty() ? "TLS"
                                                            : "mTLS (client certificates required)",
                       auth ? "bearer token required" : "no authentication"));
+  Log(ConnectionSummary(options.connections));
   if (exposer != nullptr) {
     Log(absl::StrCat("metrics on http://", options.host, ":", exposer->port(), "/metrics",
                      moe_metrics ? "" : " (--no-moe-metrics: serving and process only)"));
   } else {
     Log("metrics disabled (--metrics-port 0)");
   }
+  if (http != nullptr) {
+    Log(absl::StrCat("HTTP API on ", options.tls.enabled() ? "https://" : "http://", options.host,
+                     ":", http->port(),
+                     " (OpenAI-compatible: /v1/completions, /v1/models; /health, /ready; model \"",
+                     model_name, "\")"));
+  }
   Log(absl::StrCat("listening on ", options.host, ":", bound_port,
                    " (grpc: switchserve.v1.Generation, grpc.health.v1.Health, reflection)"));
 
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
-  Log(absl::StrCat("received ", strsignal(signal_number), ": draining (", service.calls_in_flight(),
+  Log(absl::StrCat("received ", strsignal(signal_number), ": draining (", gate.calls_in_flight(),
                    " calls running, up to ", options.drain_timeout_s, " s)"));
   health->SetServingStatus(false);
-  service.StartDraining();
+  gate.StartDraining();
   const auto drain_timeout =
       std::chrono::milliseconds(static_cast<int64_t>(options.drain_timeout_s * 1000.0));
-  if (!service.WaitUntilIdle(drain_timeout)) {
-    Log(absl::StrCat("drain timeout: cancelling ", service.calls_in_flight(), " calls"));
+  if (!gate.WaitUntilIdle(drain_timeout)) {
+    Log(absl::StrCat("drain timeout: cancelling ", gate.calls_in_flight(), " calls"));
   }
   engine.Stop();  // ends whatever is left; those calls get UNAVAILABLE
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server->Wait();
+  if (http != nullptr) http->Stop(std::chrono::seconds(2));
   Log("stopped");
   return 0;
 }

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -14,6 +15,9 @@
 // tooling reads them from this file: tests/deploy/server_facts.py).
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on");
 ABSL_FLAG(int, port, 50051, "gRPC port; 0 picks a free port (logged)");
+ABSL_FLAG(int, http_port, 0,
+          "OpenAI-compatible HTTP API port (/v1/completions, /v1/models, /health, /ready); "
+          "0 disables");
 ABSL_FLAG(int, metrics_port, 9090, "Prometheus metrics port (/metrics); 0 disables");
 ABSL_FLAG(bool, no_moe_metrics, false,
           "Export no MoE routing metrics (serving and process metrics only)");
@@ -40,11 +44,28 @@ ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA bundle; clients must present a certificate it signed (mTLS)");
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding the bearer token every Generation call must carry");
+ABSL_FLAG(double, max_connection_age_s, 300,
+          "Ask clients to reconnect (GOAWAY) after a connection is this old, so that new "
+          "replicas get traffic; 0: never");
+ABSL_FLAG(double, max_connection_age_grace_s, 0,
+          "After that GOAWAY, how long running calls may go on before the connection is "
+          "closed; 0: no limit");
+ABSL_FLAG(double, keepalive_time_s, 60,
+          "Send a keepalive ping on a connection idle this long; 0: never");
+ABSL_FLAG(double, keepalive_timeout_s, 20,
+          "Close a connection whose keepalive ping is unanswered for this long");
+ABSL_FLAG(double, keepalive_min_client_interval_s, 10,
+          "Accept client keepalive pings at most this often (also without calls)");
+ABSL_FLAG(std::string, served_model_name, "",
+          "Model name in the HTTP API and metrics; empty: the model's name, else its directory");
+ABSL_FLAG(std::string, log_format, "text", "text | json (one JSON object per line)");
 ABSL_FLAG(int, debug_step_delay_ms, 0,
           "Testing aid: sleep this long in every engine step (0: off)");
 
 namespace switchserve {
 namespace {
+
+constexpr double kMaxDurationS = 2e6;  // int32 milliseconds
 
 absl::Status FlagError(const char* flag, const std::string& problem) {
   return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", problem));
@@ -57,6 +78,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.model_dir = absl::GetFlag(FLAGS_model);
   o.host = absl::GetFlag(FLAGS_host);
   o.port = absl::GetFlag(FLAGS_port);
+  o.http_port = absl::GetFlag(FLAGS_http_port);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.moe_metrics = !absl::GetFlag(FLAGS_no_moe_metrics);
   o.threads = absl::GetFlag(FLAGS_threads);
@@ -72,6 +94,16 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
   o.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   o.debug_step_delay_ms = absl::GetFlag(FLAGS_debug_step_delay_ms);
+  o.connections.max_connection_age_s = absl::GetFlag(FLAGS_max_connection_age_s);
+  o.connections.max_connection_age_grace_s = absl::GetFlag(FLAGS_max_connection_age_grace_s);
+  o.connections.keepalive_time_s = absl::GetFlag(FLAGS_keepalive_time_s);
+  o.connections.keepalive_timeout_s = absl::GetFlag(FLAGS_keepalive_timeout_s);
+  o.connections.keepalive_min_client_interval_s =
+      absl::GetFlag(FLAGS_keepalive_min_client_interval_s);
+  o.served_model_name = absl::GetFlag(FLAGS_served_model_name);
+  auto log_format = ParseLogFormat(absl::GetFlag(FLAGS_log_format));
+  if (!log_format.ok()) return FlagError("log-format", std::string(log_format.status().message()));
+  o.log_format = *log_format;
 
   auto device = ParseDeviceKind(absl::GetFlag(FLAGS_device));
   if (!device.ok()) return FlagError("device", std::string(device.status().message()));
@@ -84,6 +116,25 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   if (o.port < 0 || o.port > 65535) return FlagError("port", "must be in [0, 65535]");
   if (o.metrics_port < 0 || o.metrics_port > 65535) {
     return FlagError("metrics-port", "must be in [0, 65535]");
+  }
+  if (o.http_port < 0 || o.http_port > 65535)
+    return FlagError("http-port", "must be in [0, 65535]");
+  // Durations become int milliseconds for gRPC: at most ~24 days.
+  const struct {
+    const char* flag;
+    double value;
+    double min;
+  } durations[] = {
+      {"max-connection-age-s", o.connections.max_connection_age_s, 0},
+      {"max-connection-age-grace-s", o.connections.max_connection_age_grace_s, 0},
+      {"keepalive-time-s", o.connections.keepalive_time_s, 0},
+      {"keepalive-timeout-s", o.connections.keepalive_timeout_s, 0.001},
+      {"keepalive-min-client-interval-s", o.connections.keepalive_min_client_interval_s, 0},
+  };
+  for (const auto& d : durations) {
+    if (!(d.value >= d.min && d.value <= kMaxDurationS)) {
+      return FlagError(d.flag, absl::StrCat("must be in [", d.min, ", ", kMaxDurationS, "]"));
+    }
   }
   if (o.threads < 0) return FlagError("threads", "must be >= 0");
   if (o.kv_cache_bytes <= 0) return FlagError("kv-cache-bytes", "must be > 0");
@@ -108,6 +159,16 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
     return FlagError("tls-client-ca", "needs --tls-cert and --tls-key");
   }
   return o;
+}
+
+std::string ServedModelName(const std::string& flag_value, const ModelConfig& config,
+                            const std::string& model_dir) {
+  if (!flag_value.empty()) return flag_value;
+  if (!config.name.empty()) return config.name;
+  std::string_view dir = model_dir;
+  while (dir.size() > 1 && dir.back() == '/') dir.remove_suffix(1);
+  const size_t slash = dir.rfind('/');
+  return std::string(slash == std::string_view::npos ? dir : dir.substr(slash + 1));
 }
 
 std::string ListenAddress(const ServerOptions& options) {

@@ -281,7 +281,7 @@ void GenerationEngine::Finish(RequestState* state, GenerationUpdate update, Fini
   scheduler_.Remove(state);
   state->done = true;
   PublishSnapshot();  // a client that saw its request end sees its blocks freed
-  if (observer_ != nullptr) observer_->OnRequestFinished(update);
+  if (observer_ != nullptr) observer_->OnRequestFinished(state->request, update);
   state->request.sink->OnUpdate(std::move(update));
 }
 

@@ -245,3 +245,13 @@ def test_subcommand_help_lists_its_flags_with_defaults(command):
             assert float(shown) == float(default), spelled
     # Nothing else: the flags of other subcommands stay out.
     assert set(listed) == {name.replace("_", "-") for name in expected}
+
+
+def test_every_serve_flag_is_in_the_readme_flag_table():
+    readme = (ROOT / "README.md").read_text()
+    documented = set()
+    for row in re.findall(r"^\| (`--[^|]+)\|", readme, re.M):
+        documented |= set(re.findall(r"`--([\w-]+)`", row))
+    listed = set(listed_defaults(run("serve", "--help").stdout))
+    assert len(listed) >= 20
+    assert listed - documented == set(), "serve flags missing from README's flag table"

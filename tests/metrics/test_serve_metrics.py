@@ -165,9 +165,9 @@ def traffic(served):
             "step_tokens": quiescent_scrape(prom, job),
             "assignments": counters(prom, "switchserve_moe_assignments_total", job),
             "dropped": counters(prom, "switchserve_moe_dropped_total", job),
-            "ok": scalar(prom, f'switchserve_requests_total{{job="{job}",status="OK"}}'),
+            "ok": scalar(prom, f'switchserve_requests_total{{job="{job}",protocol="grpc",status="OK"}}'),
             "invalid": scalar(
-                prom, f'switchserve_requests_total{{job="{job}",status="INVALID_ARGUMENT"}}'
+                prom, f'switchserve_requests_total{{job="{job}",protocol="grpc",status="INVALID_ARGUMENT"}}'
             ),
             "generated": scalar(prom, f'switchserve_generation_tokens_total{{job="{job}"}}'),
         }
@@ -270,8 +270,8 @@ def test_serving_counters(traffic):
     requests = CLIENTS * ROUNDS
     for name in ["drop", "sequence", "dropless", "nomoe"]:
         job = f"serve-{name}"
-        ok = scalar(prom, f'switchserve_requests_total{{job="{job}",status="OK"}}')
-        invalid = scalar(prom, f'switchserve_requests_total{{job="{job}",status="INVALID_ARGUMENT"}}')
+        ok = scalar(prom, f'switchserve_requests_total{{job="{job}",protocol="grpc",status="OK"}}')
+        invalid = scalar(prom, f'switchserve_requests_total{{job="{job}",protocol="grpc",status="INVALID_ARGUMENT"}}')
         generated = scalar(prom, f'switchserve_generation_tokens_total{{job="{job}"}}')
         assert ok - before[name]["ok"] == requests
         assert invalid - before[name]["invalid"] == INVALID_REQUESTS
