@@ -14,13 +14,17 @@ gRPC/reference. The reference runs in float32 with torch.set_num_threads(all
 cores): its fastest fair setting on a CPU. tokens/s = generated tokens / wall
 time, prefill included, for everyone.
 
+--device cuda runs all of them on the GPU: the reference moved to CUDA in
+bfloat16 (--ref-dtype), switchserve with --device cuda (its 16-bit weights);
+--build-dir then names a build with the CUDA backend (bench/gpu_suite.sh).
+
 Also scores a held-out text (default models/heldout.txt, when present) with
 `switchserve score` and with the reference (tools/score_reference.py when the
 tree has it, else the same windowing here: windows of max_seq_len tokens
 overlapping by one token) and prints both perplexities.
 
   /usr/bin/python3 bench/compare_pytorch.py [--model DIR] [--paper]
-      [--prompt-len 16] [--new-tokens 32] [--concurrency 1,8,32]
+      [--prompt-len 16] [--new-tokens 32] [--concurrency 1,8,32] [--device cpu|cuda]
 
 --paper adds the paper-shaped model (d 1024, 18 layers, SwitchHead H 4 E 4
 k 2 dh 112 sigmoid, MoE FFN 32 experts of d_ff 128, sigmoid, k 4, vocab 8000)
@@ -100,11 +104,11 @@ def run_bench(args, target, prompt, new_tokens, concurrency):
 class Server:
     """`switchserve serve --port 0` on loopback; the port comes from its log."""
 
-    def __init__(self, binary, model_dir, threads):
+    def __init__(self, binary, model_dir, threads, device):
         self.log = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(
             [binary, "serve", "--model", model_dir, "--host", "127.0.0.1", "--port", "0",
-             "--metrics-port", "0", "--threads", str(threads)],
+             "--metrics-port", "0", "--threads", str(threads), "--device", device],
             stdout=subprocess.DEVNULL, stderr=self.log, text=True)
         deadline = time.time() + 600
         while time.time() < deadline:
@@ -129,9 +133,10 @@ def compare(args, model_dir, prompt_len, new_tokens, label):
         cfg = json.load(f)
     prompt = prompt_ids(cfg, prompt_len)
     assert prompt_len + new_tokens <= cfg["max_seq_len"], "prompt + new tokens exceed the context"
-    log(f"[{label}] loading the reference (float32); starting switchserve serve")
-    model = load_model(model_dir, torch.float32)
-    server = Server(args.switchserve, model_dir, args.threads)
+    log(f"[{label}] loading the reference ({args.ref_dtype} on {args.ref_device}); "
+        "starting switchserve serve")
+    model = load_model(model_dir, REF_DTYPES[args.ref_dtype]).to(args.ref_device)
+    server = Server(args.switchserve, model_dir, args.threads, args.device)
     rows = {}
     # Level by level, reference then engine then gRPC, so that drifts in a
     # shared machine's load hit the three about alike.
@@ -144,8 +149,8 @@ def compare(args, model_dir, prompt_len, new_tokens, label):
             if level in args.concurrency:
                 log(f"[{label}] engine in-process, concurrency {level}")
                 rows[("engine", level)], _ = run_bench(
-                    args, ["--engine-model", model_dir, "--threads", str(args.threads)], prompt,
-                    new_tokens, level)
+                    args, ["--engine-model", model_dir, "--threads", str(args.threads),
+                           "--device", args.device], prompt, new_tokens, level)
                 log(f"[{label}] gRPC, concurrency {level}")
                 rows[("grpc", level)], _ = run_bench(args, ["--address", server.address], prompt,
                                                      new_tokens, level)
@@ -154,7 +159,8 @@ def compare(args, model_dir, prompt_len, new_tokens, label):
     del model
 
     print(f"\n## {label}: {model_dir}")
-    print(f"prompt {prompt_len} tokens, {new_tokens} new tokens, greedy, ignore_eos, "
+    print(f"device {args.device}, reference {args.ref_dtype} on {args.ref_device}; "
+          f"prompt {prompt_len} tokens, {new_tokens} new tokens, greedy, ignore_eos, "
           f"threads {args.threads}; closed loop, max({args.min_requests}, {args.waves} x "
           f"concurrency) requests per switchserve run\n")
     print("| concurrency / batch | reference tokens/s | engine tokens/s | gRPC tokens/s "
@@ -209,6 +215,9 @@ def score(args, model_dir):
     return rel <= 1e-4
 
 
+REF_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -233,7 +242,16 @@ def main():
     ap.add_argument("--paper-dir", default=os.path.join(tempfile.gettempdir(), "switchserve_paper_f32"))
     ap.add_argument("--paper-prompt-len", type=int, default=32)
     ap.add_argument("--paper-new-tokens", type=int, default=16)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--ref-device", choices=["cpu", "cuda"],
+                    help="where the reference runs (default: --device)")
+    ap.add_argument("--ref-dtype", choices=sorted(REF_DTYPES),
+                    help="the reference's dtype (default: f32 on cpu, bf16 on cuda)")
     args = ap.parse_args()
+    if args.ref_device is None:
+        args.ref_device = args.device
+    if args.ref_dtype is None:
+        args.ref_dtype = "bf16" if args.ref_device == "cuda" else "f32"
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     args.ref_batches = [int(c) for c in args.ref_batches.split(",")]
     args.bench = os.path.join(args.build_dir, "bench", "switchserve-bench")

@@ -1,54 +1,138 @@
-// One decode step and one prefill chunk of the paper's 262M SwitchAll shape
-// (d=1024, 18 layers, SwitchHead H=4 E=4 k=2 dh=112, MoE FFN of 32 experts of
-// size 128 with sigmoid gates and k=4; random weights) on the CPU backend,
-// with RoPE (xl:0) or the paper's XL relative positions (xl:1), the weight
-// matrices held in f32 or bf16 (bf16:1), reported next to this machine's
-// sgemm rate and memory read bandwidth, measured in the same process
-// (bench/roofline.h).
+// Decode steps and a prefill chunk of the paper's 262M SwitchAll shape
+// (d=1024, 18 layers, SwitchHead H=4 E=4 k=2 dh=112, MoE FFN of 32 experts
+// of size 128 with sigmoid gates and k=4; random weights) on a backend,
+// reported next to the hardware's limits measured in the same process:
+//
+//   --device=cpu   (default) the CPU backend, with RoPE (switchall), with the
+//                  weight matrices held in bf16 (switchall_bf16) and with the
+//                  paper's XL relative positions (switchall_xl); decode at
+//                  batch 1, 8, 32 and a 512-token prefill; limits: sgemm rate
+//                  and memory read bandwidth (bench/roofline.h).
+//   --device=cuda  the CUDA backend (16-bit weights, decode steps sampling
+//                  greedily on the device, as the engine runs them); decode at
+//                  batch 1, 8, 64, 256 and a 2048-token prefill, for the
+//                  SwitchAll model and a dense-attention baseline of matched
+//                  parameters (10 dense heads of 112: the same attention
+//                  parameter count within 1%, the same MoE FFN); limits:
+//                  device-to-device copy bandwidth and the cuBLAS bf16 GEMM
+//                  rate (kernels/backends.h, MeasureDeviceLimits).
+//   --smoke        tiny models and short runs: checks the whole benchmark
+//                  end to end (on the emulated CUDA backend too).
 //
 // Counters: tokens_per_s; gflops and gb_per_s achieved (FLOPs of the matmuls
 // and attention actually run; bytes of the weights the step touched, as held
 // - the experts that received tokens - plus the KV cache read); *_of_peak:
 // those as fractions of the measured limits; of_roofline: the time the
 // roofline allows for the step's bytes and FLOPs, max(bytes / bandwidth,
-// FLOPs / sgemm rate), over the measured time; step_gflop, step_gb and the
+// FLOPs / compute rate), over the measured time; step_gflop, step_gb and the
 // machine_* limits, for bench/roofline_chart.py.
 //
 //   build/release/bench/engine_bench --benchmark_counters_tabular=true
 //       --benchmark_out=engine_bench.json --benchmark_out_format=json
 //   /usr/bin/python3 bench/roofline_chart.py engine_bench.json docs/roofline.png
+//   build/cuda-bench/bench/engine_bench --device=cuda --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "bench/roofline.h"
 #include "engine/model/model_loader.h"
 #include "engine/runtime/kv_cache.h"
+#include "engine/runtime/sampler.h"
 #include "kernels/backends.h"
 #include "tests/util/random_model.h"
 
 namespace switchserve {
 namespace {
 
-struct PaperModel {
-  explicit PaperModel(PositionKind position) {
-    config.attention.position = position;
-    weights = testing::RandomWeights(config, /*seed=*/262);
-    bf16 = ConvertWeights(config, weights, WeightsDtype::kBF16);
-  }
-  ModelConfig config = testing::PaperSwitchAllConfig();
+struct Settings {
+  DeviceKind device = DeviceKind::kCpu;
+  bool smoke = false;
+};
+Settings& settings() {
+  static Settings s;
+  return s;
+}
+
+// The dense-attention baseline of `config`: dense multi-head attention with
+// as many heads of the same size as match SwitchHead's attention parameters.
+ModelConfig DenseBaseline(ModelConfig config) {
+  const AttentionConfig& a = config.attention;
+  const double d = config.d_model, dh = a.head_dim;
+  const double switchhead =
+      (a.n_heads + a.n_kv_heads) * dh * d + (a.n_kv_heads + a.n_heads) * a.n_experts * (dh * d + d);
+  const int heads = static_cast<int>(std::lround(switchhead / (4 * dh * d)));
+  config.name = "dense_baseline";
+  config.attention.kind = AttentionKind::kDense;
+  config.attention.n_heads = heads;
+  config.attention.n_kv_heads = heads;
+  config.attention.n_experts = 1;
+  config.attention.top_k = 1;
+  return config;
+}
+
+struct BenchModel {
+  ModelConfig config;
   ModelWeights weights;
-  ModelWeights bf16;
-  const ModelWeights& Held(bool half) const { return half ? bf16 : weights; }
 };
 
-// The paper's shape with RoPE (xl = 0) or XL positions (xl = 1).
-const PaperModel& Paper(int64_t xl) {
-  static const PaperModel* rope = new PaperModel(PositionKind::kRope);
-  if (xl == 0) return *rope;
-  static const PaperModel* relative = new PaperModel(PositionKind::kXl);
-  return *relative;
+const BenchModel& Model(const std::string& name) {
+  static std::map<std::string, std::unique_ptr<BenchModel>>* models =
+      new std::map<std::string, std::unique_ptr<BenchModel>>();
+  std::unique_ptr<BenchModel>& model = (*models)[name];
+  if (model == nullptr) {
+    model = std::make_unique<BenchModel>();
+    ModelConfig switchall =
+        settings().smoke ? testing::TinySwitchAllConfig() : testing::PaperSwitchAllConfig();
+    if (name == "switchall_xl") switchall.attention.position = PositionKind::kXl;
+    model->config = name == "dense" ? DenseBaseline(switchall) : switchall;
+    model->weights = testing::RandomWeights(model->config, /*seed=*/262);
+    if (name == "switchall_bf16") {
+      model->weights = ConvertWeights(model->config, model->weights, WeightsDtype::kBF16);
+    }
+  }
+  return *model;
+}
+
+// The limits the achieved rates are compared with: GB/s and GFLOP/s.
+struct Limits {
+  double gb_per_s = 0;
+  double gflops = 0;
+};
+
+const Limits& MeasuredLimits() {
+  static const Limits* limits = [] {
+    auto* l = new Limits();
+    if (settings().device == DeviceKind::kCpu) {
+      const bench::MachineLimits& m = bench::MeasureMachineLimits();
+      l->gb_per_s = m.read_gb_per_s;
+      l->gflops = m.sgemm_gflops;
+    } else {
+      absl::StatusOr<DeviceLimits> m = MeasureDeviceLimits(settings().device, settings().smoke);
+      if (m.ok()) {
+        l->gb_per_s = m->copy_gb_per_s;
+        l->gflops = m->gemm_tflops * 1e3;
+        benchmark::AddCustomContext("device", m->device);
+        benchmark::AddCustomContext("copy_gb_per_s", std::to_string(m->copy_gb_per_s));
+        benchmark::AddCustomContext("gemm_bf16_tflops", std::to_string(m->gemm_tflops));
+      }
+    }
+    return l;
+  }();
+  return *limits;
+}
+
+// Bytes of one weight matrix element as the backend holds it: the CPU
+// backend as loaded, the CUDA backend in 16 bits.
+double MatrixBytes(const ModelWeights& weights) {
+  if (settings().device != DeviceKind::kCpu) return 2.0;
+  return static_cast<double>(DTypeSize(weights.layers[0].attn.q.dtype()));
 }
 
 // Work one step did, from the routing statistics of that step.
@@ -59,20 +143,24 @@ struct StepWork {
 
 StepWork MeasureWork(const ModelConfig& config, const ModelWeights& weights, const StepOutput& out,
                      int64_t new_tokens, int64_t attended_pairs, int64_t cached_tokens_read,
-                     int64_t max_context) {
-  const double d = config.d_model, dh = config.attention.head_dim;
-  const double H = config.attention.n_heads, G = config.attention.n_kv_heads;
-  const double E = config.attention.n_experts, F = config.ffn.d_ff, X = config.ffn.n_experts;
-  // Bytes per value as held (every layer holds the same dtypes).
-  const LayerWeights& layer = weights.layers[0];
-  const double matrix_bytes = DTypeSize(layer.attn.q.dtype());
-  const double router_bytes = DTypeSize(layer.ffn.router_w.dtype());
+                     int64_t max_context, int64_t head_rows) {
+  const AttentionConfig& a = config.attention;
+  const double d = config.d_model, dh = a.head_dim, H = a.n_heads, G = a.n_kv_heads;
+  const double E = a.n_experts, F = config.ffn.d_ff, X = config.ffn.n_experts;
+  const double matrix = MatrixBytes(weights);
+  const double kv_bytes = settings().device == DeviceKind::kCpu ? 4.0 : 2.0;
   StepWork work;
-  // Per layer, always: q, k projections and the routers.
-  const double projection_params = (H + G) * dh * d;
-  const double router_params = (G * E + H * E) * d + X * d;
-  work.flops += 2 * (projection_params + router_params) * new_tokens * config.n_layers;
-  work.bytes += (matrix_bytes * projection_params + router_bytes * router_params) * config.n_layers;
+  // Per layer, always: q, k projections (matrices) and the routers (f32).
+  const double qk = (H + G) * dh * d;
+  double routers = 0;
+  if (a.IsRouted()) routers += (G + H) * E * d;
+  if (config.ffn.kind == FfnKind::kMoe) routers += X * d;
+  // Dense attention: v and o too; dense FFN: both matrices.
+  double dense = qk;
+  if (!a.IsRouted()) dense += 2 * H * dh * d;
+  if (config.ffn.kind == FfnKind::kDense) dense += 2 * F * d;
+  work.flops += 2 * (dense + routers) * new_tokens * config.n_layers;
+  work.bytes += (matrix * dense + 4 * routers) * config.n_layers;
   const RouterLayout layout(config);
   const std::vector<RouterId>& ids = layout.routers();
   for (size_t r = 0; r < ids.size(); ++r) {
@@ -80,26 +168,25 @@ StepWork MeasureWork(const ModelConfig& config, const ModelWeights& weights, con
     const double expert_params = ids[r].module == MoeModule::kFfn ? 2 * F * d : d * dh;
     for (size_t e = 0; e < stats.kept.size(); ++e) {
       work.flops += 2 * expert_params * stats.kept[e];
-      if (stats.kept[e] > 0) work.bytes += matrix_bytes * expert_params;
+      if (stats.kept[e] > 0) work.bytes += matrix * expert_params;
     }
   }
   // Attention: q.k and p.v for every (query, key) pair and head; with XL
   // also q.R[i - j], reading one table row per head and distance.
   work.flops += 4.0 * H * dh * attended_pairs * config.n_layers;
-  work.bytes += 4.0 * 2 * G * dh * cached_tokens_read * config.n_layers;
-  if (config.attention.IsXl()) {
+  work.bytes += kv_bytes * 2 * G * dh * cached_tokens_read * config.n_layers;
+  if (a.IsXl()) {
     work.flops += 2.0 * H * dh * attended_pairs * config.n_layers;
     work.bytes += 4.0 * H * dh * max_context * config.n_layers;
   }
-  // Output head for the rows returned.
-  const double rows = static_cast<double>(out.logits.size()) / config.vocab_size;
-  work.flops += 2.0 * config.vocab_size * d * rows;
-  work.bytes += DTypeSize(weights.OutputHead().dtype()) * config.vocab_size * d;
+  // Output head for the rows it ran on.
+  work.flops += 2.0 * config.vocab_size * d * head_rows;
+  work.bytes += matrix * config.vocab_size * d;
   return work;
 }
 
 void Report(benchmark::State& state, const StepWork& work, int64_t tokens_per_step) {
-  const bench::MachineLimits& limits = bench::MeasureMachineLimits();
+  const Limits& limits = MeasuredLimits();
   const double steps = static_cast<double>(state.iterations());
   state.counters["tokens_per_s"] =
       benchmark::Counter(tokens_per_step * steps, benchmark::Counter::kIsRate);
@@ -107,30 +194,37 @@ void Report(benchmark::State& state, const StepWork& work, int64_t tokens_per_st
       benchmark::Counter(work.flops * steps / 1e9, benchmark::Counter::kIsRate);
   state.counters["gb_per_s"] =
       benchmark::Counter(work.bytes * steps / 1e9, benchmark::Counter::kIsRate);
-  state.counters["gflops_of_peak"] = benchmark::Counter(
-      work.flops * steps / 1e9 / limits.sgemm_gflops, benchmark::Counter::kIsRate);
-  state.counters["gb_per_s_of_peak"] = benchmark::Counter(
-      work.bytes * steps / 1e9 / limits.read_gb_per_s, benchmark::Counter::kIsRate);
+  state.counters["gflops_of_peak"] =
+      benchmark::Counter(work.flops * steps / 1e9 / limits.gflops, benchmark::Counter::kIsRate);
+  state.counters["gb_per_s_of_peak"] =
+      benchmark::Counter(work.bytes * steps / 1e9 / limits.gb_per_s, benchmark::Counter::kIsRate);
   // The roofline's time for one step over the measured one: 1 / (time per step).
   const double roofline_s =
-      std::max(work.bytes / 1e9 / limits.read_gb_per_s, work.flops / 1e9 / limits.sgemm_gflops);
+      std::max(work.bytes / 1e9 / limits.gb_per_s, work.flops / 1e9 / limits.gflops);
   state.counters["of_roofline"] =
       benchmark::Counter(roofline_s * steps, benchmark::Counter::kIsRate);
   state.counters["step_gflop"] = work.flops / 1e9;
   state.counters["step_gb"] = work.bytes / 1e9;
-  state.counters["machine_sgemm_gflops"] = limits.sgemm_gflops;
-  state.counters["machine_read_gb_per_s"] = limits.read_gb_per_s;
+  state.counters["machine_sgemm_gflops"] = limits.gflops;
+  state.counters["machine_read_gb_per_s"] = limits.gb_per_s;
+}
+
+std::unique_ptr<Backend> NewBackend(const BenchModel& model) {
+  absl::StatusOr<std::unique_ptr<Backend>> backend =
+      CreateBackend(settings().device, model.config, model.weights, model.config.dispatch);
+  return backend.ok() ? *std::move(backend) : nullptr;
 }
 
 // A decode step for `batch` sequences that each hold `context` tokens.
-void BM_DecodeStep(benchmark::State& state) {
-  const int batch = static_cast<int>(state.range(0));
-  const int context = static_cast<int>(state.range(1));
-  const PaperModel& model = Paper(state.range(2));
-  const ModelWeights& weights = model.Held(state.range(3) != 0);
-  bench::MeasureMachineLimits();
-  std::unique_ptr<Backend> backend =
-      *CreateBackend(DeviceKind::kCpu, model.config, weights, model.config.dispatch);
+void DecodeStep(benchmark::State& state, const std::string& model_name, int batch, int context) {
+  const BenchModel& model = Model(model_name);
+  const int vocab = model.config.vocab_size;
+  MeasuredLimits();
+  std::unique_ptr<Backend> backend = NewBackend(model);
+  if (backend == nullptr) {
+    state.SkipWithError("backend creation failed");
+    return;
+  }
   const int block_size = 16;
   KvCacheOptions cache;
   cache.block_size = block_size;
@@ -143,27 +237,37 @@ void BM_DecodeStep(benchmark::State& state) {
   KvBlockAllocator& allocator = (*kv_cache)->allocator();
   StepBatch prefill;
   prefill.Clear(block_size);
+  std::vector<std::vector<int32_t>> prompts(batch);
   for (int s = 0; s < batch; ++s) {
     if (!allocator.Reserve(s, context + 1).ok()) {
       state.SkipWithError("KV reserve failed");
       return;
     }
-    std::vector<int32_t> tokens;
-    for (int i = 0; i < context; ++i) tokens.push_back((s * 131 + i * 7) % 8000);
-    prefill.Add(tokens, 0, allocator.BlockTable(s));
+    for (int i = 0; i < context; ++i) prompts[s].push_back((s * 131 + i * 7) % vocab);
+    prefill.Add(prompts[s], 0, allocator.BlockTable(s));
   }
   StepOutput out;
   if (!backend->Forward(prefill, &out).ok()) {
     state.SkipWithError("prefill failed");
     return;
   }
-  // Every sequence returns its logits, as a decode step of the engine
-  // computes them before sampling.
+  // CPU: every sequence returns its logits (as the engine's step computed
+  // them before sampling moved into the backend; the figures in
+  // docs/performance.md). CUDA: a greedy sample on the device, as the engine
+  // runs a decode step.
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  std::vector<SamplerRng> rngs(batch, SamplerRng(1));
   StepBatch decode;
   decode.Clear(block_size);
   for (int s = 0; s < batch; ++s) {
-    const std::vector<int32_t> token = {(s * 17 + 3) % 8000};
-    decode.Add(token, context, allocator.BlockTable(s)).logits = LogitsMode::kLast;
+    const std::vector<int32_t> token = {(s * 17 + 3) % vocab};
+    StepSequence& sequence = decode.Add(token, context, allocator.BlockTable(s));
+    if (settings().device == DeviceKind::kCpu) {
+      sequence.logits = LogitsMode::kLast;
+    } else {
+      sequence.sample = {&greedy, prompts[s], &rngs[s]};
+    }
   }
   for (auto _ : state) {
     if (!backend->Forward(decode, &out).ok()) {
@@ -172,32 +276,22 @@ void BM_DecodeStep(benchmark::State& state) {
     }
   }
   Report(state,
-         MeasureWork(model.config, weights, out, batch, static_cast<int64_t>(batch) * (context + 1),
-                     static_cast<int64_t>(batch) * (context + 1), context + 1),
+         MeasureWork(model.config, model.weights, out, batch,
+                     static_cast<int64_t>(batch) * (context + 1),
+                     static_cast<int64_t>(batch) * (context + 1), context + 1, batch),
          batch);
 }
-BENCHMARK(BM_DecodeStep)
-    ->ArgNames({"batch", "context", "xl", "bf16"})
-    ->Args({1, 128, 0, 0})
-    ->Args({1, 128, 0, 1})
-    ->Args({1, 128, 1, 0})
-    ->Args({8, 128, 0, 0})
-    ->Args({8, 128, 0, 1})
-    ->Args({8, 128, 1, 0})
-    ->Args({32, 128, 0, 0})
-    ->Args({32, 128, 0, 1})
-    ->Args({32, 128, 1, 0})
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
 
-// A prefill chunk of `chunk` tokens of one new sequence.
-void BM_PrefillChunk(benchmark::State& state) {
-  const int length = static_cast<int>(state.range(0));
-  const PaperModel& model = Paper(state.range(1));
-  const ModelWeights& weights = model.Held(state.range(2) != 0);
-  bench::MeasureMachineLimits();
-  std::unique_ptr<Backend> backend =
-      *CreateBackend(DeviceKind::kCpu, model.config, weights, model.config.dispatch);
+// A prefill chunk of `length` tokens of one new sequence.
+void PrefillChunk(benchmark::State& state, const std::string& model_name, int length) {
+  const BenchModel& model = Model(model_name);
+  const int vocab = model.config.vocab_size;
+  MeasuredLimits();
+  std::unique_ptr<Backend> backend = NewBackend(model);
+  if (backend == nullptr) {
+    state.SkipWithError("backend creation failed");
+    return;
+  }
   KvCacheOptions cache;
   cache.block_size = 16;
   cache.max_tokens = length;
@@ -207,7 +301,7 @@ void BM_PrefillChunk(benchmark::State& state) {
     return;
   }
   std::vector<int32_t> tokens;
-  for (int i = 0; i < length; ++i) tokens.push_back((i * 37 + 11) % 8000);
+  for (int i = 0; i < length; ++i) tokens.push_back((i * 37 + 11) % vocab);
   StepBatch input;
   input.Clear(16);
   input.Add(tokens, 0, (*kv_cache)->allocator().BlockTable(0)).logits = LogitsMode::kLast;
@@ -219,17 +313,69 @@ void BM_PrefillChunk(benchmark::State& state) {
     }
   }
   const int64_t pairs = static_cast<int64_t>(length) * (length + 1) / 2;
-  Report(state, MeasureWork(model.config, weights, out, length, pairs, length, length), length);
+  Report(state, MeasureWork(model.config, model.weights, out, length, pairs, length, length, 1),
+         length);
 }
-BENCHMARK(BM_PrefillChunk)
-    ->ArgNames({"tokens", "xl", "bf16"})
-    ->Args({512, 0, 0})
-    ->Args({512, 0, 1})
-    ->Args({512, 1, 0})
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
+
+void RegisterBenchmarks() {
+  const bool cpu = settings().device == DeviceKind::kCpu;
+  const bool smoke = settings().smoke;
+  std::vector<std::string> models = {"switchall"};
+  if (cpu) {
+    models.push_back("switchall_bf16");
+    models.push_back("switchall_xl");
+  } else {
+    models.push_back("dense");
+  }
+  std::vector<int> batches = cpu ? std::vector<int>{1, 8, 32} : std::vector<int>{1, 8, 64, 256};
+  int context = 128, prefill = cpu ? 512 : 2048;
+  if (smoke) {
+    batches = {1, 8};
+    context = 16;
+    prefill = 32;
+  }
+  for (const std::string& model : models) {
+    for (int batch : batches) {
+      const std::string name = "decode/" + model + "/batch:" + std::to_string(batch) +
+                               "/context:" + std::to_string(context);
+      benchmark::RegisterBenchmark(name.c_str(), DecodeStep, model, batch, context)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
+    }
+    const std::string name = "prefill/" + model + "/tokens:" + std::to_string(prefill);
+    benchmark::RegisterBenchmark(name.c_str(), PrefillChunk, model, prefill)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
+  }
+}
 
 }  // namespace
 }  // namespace switchserve
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  using switchserve::settings;
+  // Our flags first; the rest are Google Benchmark's.
+  std::vector<char*> rest = {argv[0]};
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--smoke") == 0) {
+      settings().smoke = true;
+    } else if (std::strncmp(argv[i], "--device=", 9) == 0) {
+      absl::StatusOr<switchserve::DeviceKind> device = switchserve::ParseDeviceKind(argv[i] + 9);
+      if (!device.ok() || *device == switchserve::DeviceKind::kAuto) {
+        std::fprintf(stderr, "engine_bench: --device: expected cpu or cuda\n");
+        return 2;
+      }
+      settings().device = *device;
+    } else {
+      rest.push_back(argv[i]);
+    }
+  }
+  int rest_argc = static_cast<int>(rest.size());
+  benchmark::Initialize(&rest_argc, rest.data());
+  if (benchmark::ReportUnrecognizedArguments(rest_argc, rest.data())) return 2;
+  switchserve::RegisterBenchmarks();
+  switchserve::MeasuredLimits();  // before the run: its context records them
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

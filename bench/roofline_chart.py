@@ -21,18 +21,20 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def label(name):
-    """'BM_DecodeStep/batch:32/context:128/xl:0/bf16:1/real_time' -> 'decode, batch 32, bf16'.
+    """'decode/switchall_bf16/batch:32/context:128/real_time' -> 'decode, batch 32, bf16'.
 
-    XL positions (xl:1) add ', xl' after the weights' dtype."""
-    parts = dict(p.split(":", 1) for p in name.split("/")[1:] if ":" in p)
-    dtype = "bf16" if parts.get("bf16") == "1" else "f32"
-    if parts.get("xl") == "1":
+    The model switchall_xl (XL positions) adds ', xl' after the weights' dtype."""
+    fields = name.split("/")
+    if len(fields) < 3 or fields[0] not in ("decode", "prefill"):
+        return name
+    kind, model = fields[0], fields[1]
+    parts = dict(p.split(":", 1) for p in fields[2:] if ":" in p)
+    dtype = "bf16" if model.endswith("_bf16") else "f32"
+    if model.endswith("_xl"):
         dtype += ", xl"
-    if name.startswith("BM_DecodeStep"):
+    if kind == "decode":
         return f"decode, batch {parts['batch']}, {dtype}"
-    if name.startswith("BM_PrefillChunk"):
-        return f"prefill {parts['tokens']} tokens, {dtype}"
-    return name
+    return f"prefill {parts['tokens']} tokens, {dtype}"
 
 
 def points(report):

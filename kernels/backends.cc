@@ -4,6 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/cpu_backend.h"
+#if defined(SWITCHSERVE_HAVE_CUDA_BACKEND)
+#include "kernels/cuda/cuda_backend.h"
+#endif
 
 namespace switchserve {
 
@@ -29,7 +32,11 @@ absl::StatusOr<DeviceKind> ParseDeviceKind(std::string_view text) {
 
 std::vector<DeviceKind> BuiltDevices() {
   // A device backend built into this binary adds itself here, ahead of the CPU.
+#if defined(SWITCHSERVE_HAVE_CUDA_BACKEND)
+  return {DeviceKind::kCuda, DeviceKind::kCpu};
+#else
   return {DeviceKind::kCpu};
+#endif
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(DeviceKind device, const ModelConfig& config,
@@ -41,6 +48,11 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(DeviceKind device, const 
     // machine without a GPU falls back to the CPU).
     absl::Status first_error;
     for (DeviceKind built : BuiltDevices()) {
+#if defined(SWITCHSERVE_HAVE_CUDA_BACKEND)
+      // The CUDA backend on the SIMT executor (test builds) runs only when
+      // asked for by name.
+      if (built == DeviceKind::kCuda && CudaBackendIsEmulated()) continue;
+#endif
       auto backend = CreateBackend(built, config, weights, dispatch, options);
       if (backend.ok()) return backend;
       if (first_error.ok()) first_error = backend.status();
@@ -53,7 +65,16 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(DeviceKind device, const 
       cpu.num_threads = options.num_threads;
       return CreateCpuBackend(config, weights, dispatch, cpu);
     }
-    case DeviceKind::kCuda:  // a CUDA backend's branch goes here, under its build option
+    case DeviceKind::kCuda:
+#if defined(SWITCHSERVE_HAVE_CUDA_BACKEND)
+    {
+      CudaBackendOptions cuda;
+      cuda.sixteen_bit_weights = !options.cuda_f32_weights;
+      return CreateCudaBackend(config, weights, dispatch, cuda);
+    }
+#else
+      break;
+#endif
     case DeviceKind::kAuto:
       break;
   }
@@ -63,6 +84,25 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(DeviceKind device, const 
   }
   return absl::FailedPreconditionError(absl::StrCat(
       "this build has no ", std::string(ToString(device)), " backend (built: ", built, ")"));
+}
+
+absl::StatusOr<DeviceLimits> MeasureDeviceLimits(DeviceKind device, bool small) {
+  if (device == DeviceKind::kCpu) {
+    return absl::UnimplementedError("the CPU's limits are measured by bench/roofline.h");
+  }
+#if defined(SWITCHSERVE_HAVE_CUDA_BACKEND)
+  if (device == DeviceKind::kCuda) {
+    auto measured = MeasureCudaDeviceLimits(small);
+    if (!measured.ok()) return measured.status();
+    DeviceLimits limits;
+    limits.device = measured->device;
+    limits.copy_gb_per_s = measured->copy_gb_per_s;
+    limits.gemm_tflops = measured->gemm_tflops;
+    return limits;
+  }
+#endif
+  return absl::FailedPreconditionError(
+      absl::StrCat("this build has no ", std::string(ToString(device)), " backend"));
 }
 
 }  // namespace switchserve

@@ -6,6 +6,7 @@
 #define SWITCHSERVE_KERNELS_BACKENDS_H_
 
 #include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -25,6 +26,8 @@ absl::StatusOr<DeviceKind> ParseDeviceKind(std::string_view text);
 
 struct BackendOptions {
   int num_threads = 0;  // host threads the backend computes with; 0: all cores
+  // CUDA: keep every weight matrix in f32 (the parity mode) instead of 16-bit.
+  bool cuda_f32_weights = false;
 };
 
 // The devices this build has a backend for, most preferred first. Never
@@ -40,6 +43,19 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(DeviceKind device, const 
                                                        const ModelWeights& weights,
                                                        const DispatchConfig& dispatch,
                                                        const BackendOptions& options = {});
+
+// What a device's hardware can do, measured now in this process, for
+// benchmarks to compare with: device-to-device copy bandwidth (bytes read
+// plus written) and the bf16 GEMM rate (cuBLAS). `small`: tiny sizes (smoke
+// runs, the emulated build). FAILED_PRECONDITION for a device this build has
+// no backend for, or without a usable device; UNIMPLEMENTED for the CPU
+// (bench/roofline.h measures it).
+struct DeviceLimits {
+  std::string device;  // the hardware's name
+  double copy_gb_per_s = 0;
+  double gemm_tflops = 0;
+};
+absl::StatusOr<DeviceLimits> MeasureDeviceLimits(DeviceKind device, bool small = false);
 
 }  // namespace switchserve
 

@@ -14,9 +14,15 @@ __device__ __forceinline__ float Sigmoid(float z) { return 1.0f / (1.0f + expf(-
 
 __global__ void __launch_bounds__(kThreads)
     RouteTopKKernel(const float* logits, int64_t ld, int tokens, int n_experts, int top_k,
-                    GateType gate, int renormalize, int32_t* expert, float* weight, float* prob) {
+                    GateType gate, int renormalize, int32_t* expert, float* weight, float* prob,
+                    int64_t router_offset) {
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= tokens) return;  // no barrier in this kernel
+  const int64_t router = blockIdx.y;
+  logits += router * router_offset;
+  expert += router * tokens * top_k;
+  weight += router * tokens * top_k;
+  prob += router * tokens * n_experts;
   const float* z = logits + t * ld;
   int32_t* chosen = expert + static_cast<int64_t>(t) * top_k;
   float* w = weight + static_cast<int64_t>(t) * top_k;
@@ -70,11 +76,13 @@ __global__ void __launch_bounds__(kThreads)
 
 cudaError_t LaunchRouteTopK(const float* logits, int64_t ld, int tokens, int n_experts, int top_k,
                             GateType gate, bool renormalize, int32_t* expert, float* weight,
-                            float* prob, cudaStream_t stream) {
+                            float* prob, cudaStream_t stream, int routers, int64_t router_offset) {
   if (tokens == 0) return cudaSuccess;
+  if (routers < 1) return cudaErrorInvalidValue;
   const int blocks = (tokens + kThreads - 1) / kThreads;
-  return SIMT_LAUNCH(RouteTopKKernel, dim3(blocks), dim3(kThreads), 0, stream, logits, ld, tokens,
-                     n_experts, top_k, gate, renormalize ? 1 : 0, expert, weight, prob);
+  return SIMT_LAUNCH(RouteTopKKernel, dim3(blocks, routers), dim3(kThreads), 0, stream, logits, ld,
+                     tokens, n_experts, top_k, gate, renormalize ? 1 : 0, expert, weight, prob,
+                     router_offset);
 }
 
 }  // namespace switchserve::cuda

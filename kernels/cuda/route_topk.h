@@ -16,10 +16,14 @@ enum class GateType : int { kSoftmax, kSigmoid, kSoftmaxTopK };
 
 // logits: [tokens, n_experts], row stride ld. Outputs (device memory):
 // expert and weight [tokens, top_k] in rank order; prob [tokens, n_experts],
-// P(e | token) for the statistics. One thread per token.
+// P(e | token) for the statistics. One thread per token. With several
+// `routers` (the heads of an attention layer), router r reads the logits from
+// column r * router_offset on and writes expert, weight + r * tokens * top_k
+// and prob + r * tokens * n_experts.
 cudaError_t LaunchRouteTopK(const float* logits, int64_t ld, int tokens, int n_experts, int top_k,
                             GateType gate, bool renormalize, int32_t* expert, float* weight,
-                            float* prob, cudaStream_t stream);
+                            float* prob, cudaStream_t stream, int routers = 1,
+                            int64_t router_offset = 0);
 
 }  // namespace switchserve::cuda
 

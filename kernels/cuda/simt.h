@@ -64,6 +64,13 @@ inline cudaError_t Launch(const char* /*name*/, void (*kernel)(Params...), dim3 
 
 #endif  // __CUDACC__
 
+// `#pragma unroll` for nvcc (g++ does not know it): SIMT_UNROLL before a loop.
+#if defined(__CUDACC__)
+#define SIMT_UNROLL _Pragma("unroll")
+#else
+#define SIMT_UNROLL
+#endif
+
 // A template kernel whose arguments contain a comma is passed in parentheses:
 // SIMT_LAUNCH((Kernel<float, 4>), grid, block, 0, stream, x, y).
 #define SIMT_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \

@@ -177,3 +177,26 @@ def test_cuda_image_takes_the_cuda_runtime_from_nvidia():
     build = _build_stage(stages)
     assert any(i == "COPY" and "--from=cuda-devel" in a for i, a in build[2])
     assert any(shlex.split(a)[0].startswith("PATH=/usr/local/cuda/bin") for i, a in build[2] if i == "ENV")
+
+
+def test_cuda_image_builds_the_cuda_backend_with_a_toolkit_that_has_what_it_calls():
+    """CUDA >= 12.5 (the backend calls cuBLAS's grouped GEMM); nvcc on the
+    build stage's PATH and CUDACXX, so the release preset compiles the CUDA
+    backend into `switchserve`; the runtime stage carries cudart and cuBLAS."""
+    text = (DOCKER_DIR / "Dockerfile.cuda").read_text()
+    version = re.search(r"^ARG CUDA_VERSION=(\d+)\.(\d+)\.\d+$", text, re.M)
+    major_minor = re.search(r"^ARG CUDA_MAJOR_MINOR=(\d+\.\d+)$", text, re.M)
+    assert version and major_minor
+    assert (int(version.group(1)), int(version.group(2))) >= (12, 5)
+    assert major_minor.group(1) == f"{version.group(1)}.{version.group(2)}"
+    stages = _stages("Dockerfile.cuda")
+    build = _build_stage(stages)
+    env = " ".join(a for i, a in build[2] if i == "ENV")
+    assert "CUDACXX=/usr/local/cuda/bin/nvcc" in env
+    assert any("build.sh release switchserve" in r for r in runs(build))
+    cuda_runtime = dict((name, stage) for name, _, stage in stages)["cuda-runtime"]
+    copied = " ".join(runs(("cuda-runtime", None, cuda_runtime)))
+    for library in ("libcudart.so", "libcublas.so", "libcublasLt.so"):
+        assert library in copied
+    final_env = " ".join(a for i, a in stages[-1][2] if i == "ENV")
+    assert f"cuda>={major_minor.group(1)}" in final_env

@@ -192,7 +192,7 @@ std::string TestName(const ::testing::TestParamInfo<BackendUnderTest>& info) {
   return info.param.name;
 }
 INSTANTIATE_TEST_SUITE_P(Backends, AdversarialNeighbourTest,
-                         ::testing::ValuesIn(testing::BackendsUnderTest()), TestName);
+                         ::testing::ValuesIn(testing::EngineScaleBackendsUnderTest()), TestName);
 
 }  // namespace
 }  // namespace switchserve

@@ -4,8 +4,8 @@
 // (chunked prefill), a KV cache small enough to force preemption, and drop,
 // reroute or dropless dispatch with assignments actually dropped — and equal
 // to the full-pass logprobs `score` computes. Under the step scope the same
-// comparison shows the dependence. Every backend (BackendsUnderTest()), the
-// built-in model.
+// comparison shows the dependence. Every backend (but the CUDA backend on the
+// SIMT executor: EngineScaleBackendsUnderTest()), the built-in model.
 #include <cstring>
 #include <memory>
 #include <ostream>
@@ -291,20 +291,23 @@ std::string TestName(
 // Steps of at most 4 tokens, and longer prompt chunks among neighbours: the
 // CPU backend's kernels fix every element's reduction order whatever the
 // step holds (kernels/cpu/matmul.h, paged_attention.h).
-INSTANTIATE_TEST_SUITE_P(SmallSteps, IsolationTest,
-                         ::testing::Combine(::testing::ValuesIn(testing::BackendsUnderTest()),
-                                            ::testing::Values(kSmallSteps)),
-                         TestName);
-INSTANTIATE_TEST_SUITE_P(ChunkedSteps, IsolationTest,
-                         ::testing::Combine(::testing::ValuesIn(testing::BackendsUnderTest()),
-                                            ::testing::Values(kChunkedSteps)),
-                         TestName);
+INSTANTIATE_TEST_SUITE_P(
+    SmallSteps, IsolationTest,
+    ::testing::Combine(::testing::ValuesIn(testing::EngineScaleBackendsUnderTest()),
+                       ::testing::Values(kSmallSteps)),
+    TestName);
+INSTANTIATE_TEST_SUITE_P(
+    ChunkedSteps, IsolationTest,
+    ::testing::Combine(::testing::ValuesIn(testing::EngineScaleBackendsUnderTest()),
+                       ::testing::Values(kChunkedSteps)),
+    TestName);
 // `score`'s full pass runs a whole sequence as one chunk: the engine's steps,
 // however they chunk it, give its logits bit for bit.
-INSTANTIATE_TEST_SUITE_P(AnySteps, FullPassTest,
-                         ::testing::Combine(::testing::ValuesIn(testing::BackendsUnderTest()),
-                                            ::testing::Values(kSmallSteps, kChunkedSteps)),
-                         TestName);
+INSTANTIATE_TEST_SUITE_P(
+    AnySteps, FullPassTest,
+    ::testing::Combine(::testing::ValuesIn(testing::EngineScaleBackendsUnderTest()),
+                       ::testing::Values(kSmallSteps, kChunkedSteps)),
+    TestName);
 
 }  // namespace
 }  // namespace switchserve

@@ -2,6 +2,9 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
+#if defined(SWITCHSERVE_TEST_CUDA_BACKEND)
+#include "kernels/cuda/cuda_backend.h"
+#endif
 
 namespace switchserve::testing {
 namespace {
@@ -15,33 +18,61 @@ std::unique_ptr<Backend> OrFail(absl::StatusOr<std::unique_ptr<Backend>> backend
   return *std::move(backend);
 }
 
+#if defined(SWITCHSERVE_TEST_CUDA_BACKEND)
+// The CUDA backend in its f32 parity mode (the goldens' tolerances hold), with
+// short attention segments so that the suites' contexts span several.
+std::unique_ptr<Backend> CudaF32(const ModelConfig& config, const ModelWeights& weights,
+                                 const DispatchConfig& dispatch) {
+  CudaBackendOptions options;
+  options.sixteen_bit_weights = false;
+  options.attention_segment_tokens = 16;
+  return OrFail(CreateCudaBackend(config, weights, dispatch, options));
+}
+#endif
+
 }  // namespace
 
 const std::vector<BackendUnderTest>& BackendsUnderTest() {
-  static const std::vector<BackendUnderTest>* const backends = new std::vector<BackendUnderTest>{
-      {"cpu",
-       [](const ModelConfig& config, const ModelWeights& weights, const DispatchConfig& dispatch) {
-         return OrFail(CreateCpuBackend(config, weights, dispatch));
-       }},
-      {"cpu_parallel",
-       [](const ModelConfig& config, const ModelWeights& weights, const DispatchConfig& dispatch) {
-         CpuBackendOptions options;
-         options.num_threads = 2;
-         options.parallel_attention_min_macs = 0;
-         options.parallel_matmul_min_macs = 0;
-         return OrFail(CreateCpuBackend(config, weights, dispatch, options));
-       }},
-      {"cpu_generic",
-       [](const ModelConfig& config, const ModelWeights& weights, const DispatchConfig& dispatch) {
-         CpuBackendOptions options;
-         options.num_threads = 2;
-         options.parallel_attention_min_macs = 0;
-         options.parallel_matmul_min_macs = 0;
-         options.generic_kernels = true;
-         return OrFail(CreateCpuBackend(config, weights, dispatch, options));
-       }},
+  static const std::vector<BackendUnderTest>* const backends = new std::vector<BackendUnderTest> {
+    {"cpu",
+     [](const ModelConfig& config, const ModelWeights& weights, const DispatchConfig& dispatch) {
+       return OrFail(CreateCpuBackend(config, weights, dispatch));
+     }},
+        {"cpu_parallel",
+         [](const ModelConfig& config, const ModelWeights& weights,
+            const DispatchConfig& dispatch) {
+           CpuBackendOptions options;
+           options.num_threads = 2;
+           options.parallel_attention_min_macs = 0;
+           options.parallel_matmul_min_macs = 0;
+           return OrFail(CreateCpuBackend(config, weights, dispatch, options));
+         }},
+        {"cpu_generic",
+         [](const ModelConfig& config, const ModelWeights& weights,
+            const DispatchConfig& dispatch) {
+           CpuBackendOptions options;
+           options.num_threads = 2;
+           options.parallel_attention_min_macs = 0;
+           options.parallel_matmul_min_macs = 0;
+           options.generic_kernels = true;
+           return OrFail(CreateCpuBackend(config, weights, dispatch, options));
+         }},
+#if defined(SWITCHSERVE_TEST_CUDA_BACKEND)
+        {"cuda_f32", CudaF32},
+#endif
   };
   return *backends;
+}
+
+std::vector<BackendUnderTest> EngineScaleBackendsUnderTest() {
+  std::vector<BackendUnderTest> backends;
+  for (const BackendUnderTest& backend : BackendsUnderTest()) {
+#if defined(SWITCHSERVE_TEST_CUDA_BACKEND)
+    if (CudaBackendIsEmulated() && backend.name.rfind("cuda", 0) == 0) continue;
+#endif
+    backends.push_back(backend);
+  }
+  return backends;
 }
 
 }  // namespace switchserve::testing

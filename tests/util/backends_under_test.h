@@ -30,8 +30,17 @@ inline void PrintTo(const BackendUnderTest& backend, std::ostream* os) { *os << 
 // The CPU backend as it is created by default ("cpu"), with two threads
 // sharing out every matmul group and attention however small the step
 // ("cpu_parallel"), and the same on the portable build of its kernels
-// ("cpu_generic"); then every other backend built.
+// ("cpu_generic"); then every other backend built: the CUDA backend in its
+// f32 mode ("cuda_f32"), on the SIMT executor in CI (or on a GPU in the GPU
+// suite).
 const std::vector<BackendUnderTest>& BackendsUnderTest();
+
+// BackendsUnderTest() but the CUDA backend when it runs on the SIMT executor:
+// for engine-level tests over the built-in model (hundreds of steps of 32
+// requests), which the executor runs for around ten minutes each. The CUDA
+// backend's isolation is checked bitwise on small models by
+// tests/cuda/cuda_consistency_test.cc instead.
+std::vector<BackendUnderTest> EngineScaleBackendsUnderTest();
 
 }  // namespace switchserve::testing
 

@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Summary of a bench/gpu_suite.sh run: the engine_bench figures as ratios to
+the limits measured in the same run, and the goals of the CUDA backend:
+
+  - batch-1 decode (SwitchAll) >= 60% of the copy bandwidth on the bytes the
+    step touched;
+  - the 2048-token prefill (SwitchAll) >= 50% of the bf16 GEMM rate;
+  - SwitchAll faster per token than the dense-attention baseline of matched
+    parameters, in every benchmark;
+  - >= 10x the PyTorch reference on the same GPU at batch 1 (in-process engine);
+  - gRPC serving >= 0.9x the in-process engine at 32 clients.
+
+  bench/gpu_summary.py --engine-bench OUT/engine_bench.json --compare OUT/compare_pytorch.txt
+"""
+import argparse
+import json
+import re
+import sys
+
+
+def engine_rows(path):
+    with open(path) as f:
+        data = json.load(f)
+    rows = {}
+    for b in data["benchmarks"]:
+        m = re.match(r"(decode|prefill)/(\w+)/(.*?)(/real_time)?$", b["name"])
+        if m:
+            rows[(m.group(1), m.group(2), m.group(3))] = b
+    return data.get("context", {}), rows
+
+
+def compare_rows(path):
+    """{(section, concurrency): (reference, engine, grpc)} from the markdown tables."""
+    rows, section = {}, None
+    with open(path) as f:
+        for line in f:
+            if line.startswith("## "):
+                section = line[3:].split(":")[0].strip()
+            m = re.match(r"\| (\d+) \| ([\d.—]+) \| ([\d.—]+) \| ([\d.—]+) \|", line)
+            if m and section:
+                value = lambda s: None if s == "—" else float(s)  # noqa: E731
+                rows[(section, int(m.group(1)))] = tuple(value(m.group(i)) for i in (2, 3, 4))
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--engine-bench", required=True)
+    ap.add_argument("--compare", required=True)
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args()
+    context, rows = engine_rows(args.engine_bench)
+    print("# switchserve on " + context.get("device", "?") +
+          (" (SMOKE RUN on the SIMT executor: not GPU figures)" if args.smoke else ""))
+    print(f"measured limits: copy {float(context.get('copy_gb_per_s', 0)):.1f} GB/s, "
+          f"bf16 GEMM {float(context.get('gemm_bf16_tflops', 0)):.1f} TFLOP/s\n")
+    print("| benchmark | time ms | tokens/s | GB/s | of copy bw | GFLOP/s | of GEMM |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for (kind, model, shape), b in sorted(rows.items()):
+        print(f"| {kind} {model} {shape} | {b['real_time']:.4g} | {b['tokens_per_s']:.4g} "
+              f"| {b['gb_per_s']:.4g} | {b['gb_per_s_of_peak']:.3g} | {b['gflops']:.4g} "
+              f"| {b['gflops_of_peak']:.3g} |")
+
+    goals = []
+
+    def goal(name, ok, detail):
+        goals.append(ok)
+        print(f"- {'PASS' if ok else 'FAIL'}: {name} ({detail})")
+
+    print("\n## goals")
+    decode1 = [b for (k, m, s), b in rows.items()
+               if k == "decode" and m == "switchall" and s.startswith("batch:1/")]
+    if decode1:
+        r = decode1[0]["gb_per_s_of_peak"]
+        goal("batch-1 decode >= 60% of the bandwidth roofline", r >= 0.6, f"{r:.2f}")
+    prefill = [b for (k, m, s), b in rows.items() if k == "prefill" and m == "switchall"]
+    if prefill:
+        r = prefill[0]["gflops_of_peak"]
+        goal("prefill >= 50% of the GEMM rate", r >= 0.5, f"{r:.3f}")
+    for (kind, model, shape), b in sorted(rows.items()):
+        dense = rows.get((kind, "dense", shape))
+        if model == "switchall" and dense:
+            ratio = b["tokens_per_s"] / dense["tokens_per_s"]
+            goal(f"SwitchAll faster than the dense baseline, {kind} {shape}", ratio > 1,
+                 f"{ratio:.2f}x")
+    compare = compare_rows(args.compare)
+    for (section, c), (ref, eng, rpc) in sorted(compare.items()):
+        if c == 1 and ref and eng:
+            goal(f"{section}: >= 10x the PyTorch reference at batch 1", eng / ref >= 10,
+                 f"{eng / ref:.1f}x")
+        if c == 32 and eng and rpc:
+            goal(f"{section}: gRPC >= 0.9x the in-process engine at 32 clients", rpc / eng >= 0.9,
+                 f"{rpc / eng:.2f}x")
+    print(f"\n{sum(goals)} of {len(goals)} goals met")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

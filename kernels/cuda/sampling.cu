@@ -1,0 +1,339 @@
+// Device sampling: one block per sampling sequence. See sampling.h for the
+// rules; the host sampler (engine/runtime/sampler.cc) is the reference.
+#include <cmath>
+
+#include "kernels/cuda/sampling.h"
+#include "kernels/cuda/simt.h"
+
+namespace switchserve::cuda {
+namespace {
+
+using simt::kFullMask;
+using simt::kWarp;
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / kWarp;
+constexpr int kPenalised = 1;
+constexpr int kSelected = 2;
+constexpr int kListed = 4;
+
+int PaddedVocab(int vocab) {
+  int p = 1;
+  while (p < vocab) p *= 2;
+  return p;
+}
+
+__host__ __device__ __forceinline__ size_t Align8(size_t bytes) { return (bytes + 7) / 8 * 8; }
+
+// Candidate order: higher score first, ties to the lower id; id < 0 is none.
+__device__ __forceinline__ bool Better(float va, int ia, float vb, int ib) {
+  if (ib < 0) return ia >= 0;
+  if (ia < 0) return false;
+  return va > vb || (va == vb && ia < ib);
+}
+
+// The best (value, id) of the block; every thread passes its own and gets the
+// block's. Every thread of the block calls it.
+__device__ void BlockBest(float* value, int* id, float* shared_v, int* shared_i) {
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+    const float ov = __shfl_xor_sync(kFullMask, *value, offset);
+    const int oi = __shfl_xor_sync(kFullMask, *id, offset);
+    if (Better(ov, oi, *value, *id)) {
+      *value = ov;
+      *id = oi;
+    }
+  }
+  if (lane == 0) {
+    shared_v[warp] = *value;
+    shared_i[warp] = *id;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    float v = lane < kWarps ? shared_v[lane] : 0.0f;
+    int i = lane < kWarps ? shared_i[lane] : -1;
+    for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+      const float ov = __shfl_xor_sync(kFullMask, v, offset);
+      const int oi = __shfl_xor_sync(kFullMask, i, offset);
+      if (Better(ov, oi, v, i)) {
+        v = ov;
+        i = oi;
+      }
+    }
+    if (lane == 0) {
+      shared_v[0] = v;
+      shared_i[0] = i;
+    }
+  }
+  __syncthreads();
+  *value = shared_v[0];
+  *id = shared_i[0];
+  __syncthreads();
+}
+
+// Sum over the block in a fixed tree (butterfly per warp, then the warps).
+__device__ double BlockSum(double v, double* shared) {
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(kFullMask, v, offset);
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    double w = lane < kWarps ? shared[lane] : 0.0;
+    for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+      w += __shfl_xor_sync(kFullMask, w, offset);
+    }
+    if (lane == 0) shared[0] = w;
+  }
+  __syncthreads();
+  const double total = shared[0];
+  __syncthreads();
+  return total;
+}
+
+// The smallest `index` any thread passes (n when none does).
+__device__ int BlockMinIndex(int index, int* shared) {
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+    index = min(index, __shfl_xor_sync(kFullMask, index, offset));
+  }
+  if (threadIdx.x % kWarp == 0) shared[threadIdx.x / kWarp] = index;
+  __syncthreads();
+  int best = shared[0];
+  for (int w = 1; w < kWarps; ++w) best = min(best, shared[w]);
+  __syncthreads();
+  return best;
+}
+
+// Sum of values[0, n), each thread adding a contiguous chunk.
+__device__ double ChunkedSum(const double* values, int n, double* shared) {
+  const int chunk = (n + kThreads - 1) / kThreads;
+  const int begin = min(n, static_cast<int>(threadIdx.x) * chunk);
+  const int end = min(n, begin + chunk);
+  double local = 0.0;
+  for (int i = begin; i < end; ++i) local += values[i];
+  return BlockSum(local, shared);
+}
+
+// The first i < n whose running sum of values[0..i] / divisor reaches the
+// threshold (>= threshold, or > threshold when `strict`); n when none does.
+// Running sums: each thread's contiguous chunk after the exclusive prefix of
+// the chunks before it.
+__device__ int FirstCumulative(const double* values, int n, double divisor, double threshold,
+                               bool strict, double* prefix, int* shared_i) {
+  const int chunk = (n + kThreads - 1) / kThreads;
+  const int begin = min(n, static_cast<int>(threadIdx.x) * chunk);
+  const int end = min(n, begin + chunk);
+  double local = 0.0;
+  for (int i = begin; i < end; ++i) local += values[i] / divisor;
+  prefix[threadIdx.x] = local;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double running = 0.0;
+    for (int t = 0; t < kThreads; ++t) {
+      const double here = prefix[t];
+      prefix[t] = running;
+      running += here;
+    }
+  }
+  __syncthreads();
+  double running = prefix[threadIdx.x];
+  int found = n;
+  for (int i = begin; i < end; ++i) {
+    running += values[i] / divisor;
+    if (strict ? threshold < running : running >= threshold) {
+      found = i;
+      break;
+    }
+  }
+  __syncthreads();  // prefix[] is free again
+  return BlockMinIndex(found, shared_i);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    SampleKernel(const float* logits, int64_t logits_ld, int vocab, int padded,
+                 const DeviceSampleParams* params, const int32_t* history, char* scratch,
+                 int64_t scratch_stride, int max_logprobs, int32_t* token_out, float* logprob_out,
+                 int32_t* top_ids, float* top_logprobs) {
+  SIMT_SHARED(float, red_v, kWarps);
+  SIMT_SHARED(int, red_i, kWarps);
+  SIMT_SHARED(double, red_d, kWarps);
+  SIMT_SHARED(double, prefix, kThreads);
+  const int64_t sample = blockIdx.x;
+  const DeviceSampleParams p = params[sample];
+  const float* row = logits + static_cast<int64_t>(p.logits_row) * logits_ld;
+  char* base = scratch + sample * scratch_stride;
+  float* scores = reinterpret_cast<float*>(base);
+  int* flags = reinterpret_cast<int*>(base + Align8(4 * static_cast<size_t>(vocab)));
+  float* keys = reinterpret_cast<float*>(reinterpret_cast<char*>(flags) +
+                                         Align8(4 * static_cast<size_t>(vocab)));
+  int* ids = reinterpret_cast<int*>(reinterpret_cast<char*>(keys) +
+                                    Align8(4 * static_cast<size_t>(padded)));
+  double* probs = reinterpret_cast<double*>(reinterpret_cast<char*>(ids) +
+                                            Align8(4 * static_cast<size_t>(padded)));
+  const int tid = threadIdx.x;
+
+  for (int i = tid; i < vocab; i += kThreads) {
+    scores[i] = row[i];
+    flags[i] = 0;
+  }
+  __syncthreads();
+  if (p.repetition_penalty != 1.0f) {
+    for (int h = p.history_begin + tid; h < p.history_end; h += kThreads) {
+      const int id = history[h];
+      if (id < 0 || id >= vocab) continue;
+      // Each distinct id once, whichever thread claims it.
+      if ((atomicOr(&flags[id], kPenalised) & kPenalised) != 0) continue;
+      const float s = scores[id];
+      scores[id] = s > 0 ? s / p.repetition_penalty : s * p.repetition_penalty;
+    }
+  }
+  __syncthreads();
+
+  // log-softmax normaliser of the raw logits.
+  float top_logit = -INFINITY;
+  int top_id = -1;
+  for (int i = tid; i < vocab; i += kThreads) {
+    if (Better(row[i], i, top_logit, top_id)) {
+      top_logit = row[i];
+      top_id = i;
+    }
+  }
+  BlockBest(&top_logit, &top_id, red_v, red_i);
+  double exp_sum = 0.0;
+  for (int i = tid; i < vocab; i += kThreads)
+    exp_sum += exp(static_cast<double>(row[i] - top_logit));
+  exp_sum = BlockSum(exp_sum, red_d);
+  const float log_norm = top_logit + static_cast<float>(log(exp_sum));
+
+  int chosen;
+  if (p.temperature == 0.0f) {
+    float best = -INFINITY;
+    chosen = -1;
+    for (int i = tid; i < vocab; i += kThreads) {
+      if (Better(scores[i], i, best, chosen)) {
+        best = scores[i];
+        chosen = i;
+      }
+    }
+    BlockBest(&best, &chosen, red_v, red_i);
+  } else {
+    int keep = p.top_k > 0 && p.top_k < vocab ? p.top_k : vocab;
+    if (keep <= kSelectMax) {
+      // The best `keep` candidates in order, one block argmax each.
+      for (int r = 0; r < keep; ++r) {
+        float best = -INFINITY;
+        int id = -1;
+        for (int i = tid; i < vocab; i += kThreads) {
+          if ((flags[i] & kSelected) == 0 && Better(scores[i], i, best, id)) {
+            best = scores[i];
+            id = i;
+          }
+        }
+        BlockBest(&best, &id, red_v, red_i);
+        if (tid == 0) {
+          keys[r] = best;
+          ids[r] = id;
+          flags[id] |= kSelected;
+        }
+        __syncthreads();
+      }
+    } else {
+      // Bitonic sort of the padded vocabulary, best first.
+      for (int i = tid; i < padded; i += kThreads) {
+        keys[i] = i < vocab ? scores[i] : -INFINITY;
+        ids[i] = i < vocab ? i : -1;
+      }
+      __syncthreads();
+      for (int size = 2; size <= padded; size *= 2) {
+        for (int stride = size / 2; stride > 0; stride /= 2) {
+          for (int i = tid; i < padded; i += kThreads) {
+            const int other = i ^ stride;
+            if (other <= i) continue;
+            const bool best_first = (i & size) == 0;
+            const bool swap = best_first ? Better(keys[other], ids[other], keys[i], ids[i])
+                                         : Better(keys[i], ids[i], keys[other], ids[other]);
+            if (swap) {
+              const float kv = keys[i];
+              keys[i] = keys[other];
+              keys[other] = kv;
+              const int iv = ids[i];
+              ids[i] = ids[other];
+              ids[other] = iv;
+            }
+          }
+          __syncthreads();
+        }
+      }
+    }
+    const double best = keys[0];
+    const double inv_t = 1.0 / p.temperature;
+    for (int i = tid; i < keep; i += kThreads) {
+      probs[i] = exp((static_cast<double>(keys[i]) - best) * inv_t);
+    }
+    __syncthreads();
+    if (p.top_p < 1.0f) {
+      const double total = ChunkedSum(probs, keep, red_d);
+      const int at = FirstCumulative(probs, keep, total, p.top_p, false, prefix, red_i);
+      if (at < keep) keep = at + 1;
+    }
+    if (p.min_p > 0.0f) {
+      const double threshold = p.min_p * probs[0];
+      int below = keep;
+      for (int i = 1 + tid; i < keep; i += kThreads) {
+        if (probs[i] < threshold) {
+          below = i;
+          break;
+        }
+      }
+      keep = BlockMinIndex(below, red_i);
+    }
+    const double total = ChunkedSum(probs, keep, red_d);
+    const int at = FirstCumulative(probs, keep, 1.0, p.uniform * total, true, prefix, red_i);
+    chosen = ids[at < keep ? at : keep - 1];
+  }
+
+  if (tid == 0) {
+    token_out[sample] = chosen;
+    logprob_out[sample] = row[chosen] - log_norm;
+  }
+  // The n most likely tokens of the raw logits.
+  const int n = min(p.n_logprobs, min(vocab, max_logprobs));
+  for (int r = 0; r < n; ++r) {
+    float best = -INFINITY;
+    int id = -1;
+    for (int i = tid; i < vocab; i += kThreads) {
+      if ((flags[i] & kListed) == 0 && Better(row[i], i, best, id)) {
+        best = row[i];
+        id = i;
+      }
+    }
+    BlockBest(&best, &id, red_v, red_i);
+    if (tid == 0) {
+      top_ids[sample * max_logprobs + r] = id;
+      top_logprobs[sample * max_logprobs + r] = row[id] - log_norm;
+      flags[id] |= kListed;
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace
+
+size_t SamplingScratchBytes(int vocab) {
+  const size_t v = static_cast<size_t>(vocab);
+  const size_t padded = static_cast<size_t>(PaddedVocab(vocab));
+  return 2 * Align8(4 * v) + 2 * Align8(4 * padded) + 8 * padded;
+}
+
+cudaError_t LaunchSampling(const SamplingArgs& a, cudaStream_t stream) {
+  if (a.vocab < 1 || a.max_logprobs < 0) return cudaErrorInvalidValue;
+  if (a.samples == 0) return cudaSuccess;
+  return SIMT_LAUNCH(SampleKernel, dim3(a.samples), dim3(kThreads), 0, stream, a.logits,
+                     a.logits_ld, a.vocab, PaddedVocab(a.vocab), a.params, a.history,
+                     static_cast<char*>(a.scratch),
+                     static_cast<int64_t>(SamplingScratchBytes(a.vocab)), a.max_logprobs, a.token,
+                     a.logprob, a.top_ids, a.top_logprobs);
+}
+
+}  // namespace switchserve::cuda

@@ -1,0 +1,71 @@
+// The next token of each sampling sequence, picked on the device from its
+// logits row by the host sampler's rules (engine/runtime/sampler.h):
+// repetition penalty over the history (each distinct id once), then greedy
+// argmax (temperature 0; ties to the lower id) or: candidates ordered by
+// penalised score (ties to the lower id), cut to top_k, to the top_p mass and
+// to min_p of the best, weights exp((s - best) / temperature) in double, and
+// the first candidate whose running weight exceeds u * total. The logprob of
+// the token and the n most likely alternatives are log-softmax of the raw
+// logits.
+//
+// u is the request's own uniform draw, made on the host from its generator
+// (one draw per non-greedy token, as the host sampler draws) and uploaded
+// with the step, so generator state never lives on the device. The double
+// sums here are block reductions in a fixed order rather than the host's
+// left-to-right loops: the two pick the same token unless u * total lies
+// within a few ulps of a cumulative boundary.
+//
+// The candidate order comes from repeated block argmax when at most
+// kSelectMax candidates are kept (top_k), otherwise from a block-wide
+// bitonic sort of the whole vocabulary in scratch memory.
+#ifndef SWITCHSERVE_KERNELS_CUDA_SAMPLING_H_
+#define SWITCHSERVE_KERNELS_CUDA_SAMPLING_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace switchserve::cuda {
+
+// One sampling sequence's parameters, as uploaded (plain data).
+struct DeviceSampleParams {
+  double uniform = 0;  // the request's draw in [0, 1); unused when greedy
+  float temperature = 0;
+  float top_p = 1;
+  float min_p = 0;
+  float repetition_penalty = 1;
+  int32_t logits_row = 0;  // row of `logits`
+  int32_t top_k = 0;
+  int32_t n_logprobs = 0;  // <= SamplingArgs::max_logprobs
+  int32_t history_begin = 0;
+  int32_t history_end = 0;  // ids history[begin, end) get the penalty
+  int32_t unused = 0;
+};
+
+inline constexpr int kSelectMax = 64;
+
+// Scratch bytes one sample needs for a vocabulary of `vocab`.
+size_t SamplingScratchBytes(int vocab);
+
+struct SamplingArgs {
+  const float* logits = nullptr;  // [rows, vocab], rows logits_ld floats apart
+  int64_t logits_ld = 0;
+  int vocab = 0;
+  const DeviceSampleParams* params = nullptr;  // [samples]
+  int samples = 0;
+  const int32_t* history = nullptr;
+  void* scratch = nullptr;  // samples * SamplingScratchBytes(vocab) bytes
+  int max_logprobs = 0;
+  // Outputs: [samples], and [samples, max_logprobs] (the first n_logprobs used).
+  int32_t* token = nullptr;
+  float* logprob = nullptr;
+  int32_t* top_ids = nullptr;
+  float* top_logprobs = nullptr;
+};
+
+cudaError_t LaunchSampling(const SamplingArgs& args, cudaStream_t stream);
+
+}  // namespace switchserve::cuda
+
+#endif  // SWITCHSERVE_KERNELS_CUDA_SAMPLING_H_

@@ -1,0 +1,205 @@
+// The CUDA backend as a whole: decode-graph bookkeeping (bucket choice,
+// eligibility, padding rows), sampling of many differently configured
+// requests in one step against the host sampler, and (on the SIMT executor)
+// bitwise-equal steps whatever the thread order.
+#include <string>
+#include <vector>
+
+#include "engine/runtime/sampler.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/decode_graphs.h"
+#include "tests/cuda/cuda_test_util.h"
+#include "tests/util/backend_harness.h"
+#include "tests/util/random_model.h"
+#if defined(SWITCHSERVE_SIMT_EMULATION)
+#include "kernels/cuda/simt_control.h"
+#endif
+
+namespace switchserve {
+namespace {
+
+using testing::BackendHarness;
+using testing::RandomTokens;
+using testing::RandomWeights;
+
+TEST(DecodeGraphsTest, BucketIsTheSmallestPowerOfTwoThatHolds) {
+  EXPECT_EQ(cuda::DecodeBucket(1), 1);
+  EXPECT_EQ(cuda::DecodeBucket(2), 2);
+  EXPECT_EQ(cuda::DecodeBucket(3), 4);
+  EXPECT_EQ(cuda::DecodeBucket(5), 8);
+  EXPECT_EQ(cuda::DecodeBucket(64), 64);
+  EXPECT_EQ(cuda::DecodeBucket(65), 128);
+  EXPECT_EQ(cuda::DecodeBucket(256), 256);
+  EXPECT_EQ(cuda::DecodeBucket(257), 0);
+  EXPECT_EQ(cuda::DecodeBucket(0), 0);
+}
+
+TEST(DecodeGraphsTest, OnlyPerSequenceDispatchDecodeStepsThatFitTheBucketRunFromGraphs) {
+  const int max_seq_len = 8;  // 2 blocks of 4
+  const std::vector<int32_t> table = {3, 5};
+  StepBatch decode;
+  decode.Clear(4);
+  decode.Add(std::vector<int32_t>{7}, 5, table);
+  decode.Add(std::vector<int32_t>{8}, 2, table);
+  DispatchConfig dropless;
+  EXPECT_TRUE(cuda::GraphEligible(decode, dropless, max_seq_len));
+  DispatchConfig step_capacity;
+  step_capacity.capacity_factor = 1.0;
+  step_capacity.scope = CapacityScope::kStep;
+  EXPECT_FALSE(cuda::GraphEligible(decode, step_capacity, max_seq_len));
+  DispatchConfig sequence_capacity = step_capacity;
+  sequence_capacity.scope = CapacityScope::kSequence;
+  EXPECT_TRUE(cuda::GraphEligible(decode, sequence_capacity, max_seq_len));
+  StepBatch prefill = decode;
+  prefill.Add(std::vector<int32_t>{1, 2}, 0, table);
+  EXPECT_FALSE(cuda::GraphEligible(prefill, dropless, max_seq_len));
+  StepBatch empty;
+  empty.Clear(4);
+  EXPECT_FALSE(cuda::GraphEligible(empty, dropless, max_seq_len));
+  StepBatch big;
+  big.Clear(4);
+  for (int s = 0; s <= cuda::kMaxDecodeBucket; ++s) big.Add(std::vector<int32_t>{1}, 0, table);
+  EXPECT_FALSE(cuda::GraphEligible(big, dropless, max_seq_len));
+  // A block table longer than a context's worth of blocks.
+  StepBatch long_table = decode;
+  long_table.Add(std::vector<int32_t>{1}, 0, std::vector<int32_t>{1, 2, 4});
+  EXPECT_FALSE(cuda::GraphEligible(long_table, dropless, max_seq_len));
+  // More logprobs than a graph step returns; a history longer than a context.
+  SamplingParams many;
+  many.logprobs = cuda::kGraphMaxLogprobs + 1;
+  SamplerRng rng(1);
+  StepBatch logprobs = decode;
+  logprobs.sequences[0].sample = {&many, {}, &rng};
+  EXPECT_FALSE(cuda::GraphEligible(logprobs, dropless, max_seq_len));
+  SamplingParams few;
+  const std::vector<int32_t> history(max_seq_len + 1, 3);
+  StepBatch long_history = decode;
+  long_history.sequences[0].sample = {&few, history, &rng};
+  EXPECT_FALSE(cuda::GraphEligible(long_history, dropless, max_seq_len));
+  long_history.sequences[0].sample.history = absl::MakeConstSpan(history.data(), max_seq_len);
+  EXPECT_TRUE(cuda::GraphEligible(long_history, dropless, max_seq_len));
+}
+
+TEST(DecodeGraphsTest, PaddingRowsWriteTheScratchBlockAndReturnNothing) {
+  const std::vector<int32_t> table = {3, 5};
+  StepBatch decode;
+  decode.Clear(4);
+  decode.Add(std::vector<int32_t>{7}, 5, table).logits = LogitsMode::kLast;
+  decode.Add(std::vector<int32_t>{8}, 2, table).collect_routing = true;
+  decode.Add(std::vector<int32_t>{9}, 6, table);
+  StepBatch padded;
+  cuda::PadDecodeStep(decode, cuda::DecodeBucket(3), /*scratch_block=*/64, &padded);
+  ASSERT_EQ(padded.num_sequences(), 4);
+  ASSERT_EQ(padded.num_tokens(), 4);
+  for (int s = 0; s < 3; ++s) {  // the real ones unchanged
+    EXPECT_EQ(padded.token_ids[s], decode.token_ids[s]);
+    EXPECT_EQ(padded.positions[s], decode.positions[s]);
+    EXPECT_EQ(padded.cache_rows[s], decode.cache_rows[s]);
+    EXPECT_EQ(padded.sequences[s].logits, decode.sequences[s].logits);
+  }
+  EXPECT_EQ(padded.positions[3], 0);
+  EXPECT_EQ(padded.cache_rows[3], 64 * 4);  // the scratch block's first row
+  EXPECT_EQ(padded.num_blocks(3), 1);
+  EXPECT_EQ(padded.block_table(3)[0], 64);
+  EXPECT_EQ(padded.sequences[3].logits, LogitsMode::kNone);
+  EXPECT_FALSE(padded.sequences[3].collect_routing);
+  EXPECT_EQ(padded.sequences[3].sample.params, nullptr);
+}
+
+// Sixteen requests, each with its own mix of sampling parameters, in one
+// prefill step and then a decode step (a graph bucket): every token is the
+// host sampler's choice from the returned logits, and each generator advanced
+// by the same draws.
+TEST(CudaBackendTest, EveryRequestSamplesLikeTheHostSampler) {
+  const ModelConfig config = testing::TinySwitchAllConfig();
+  const ModelWeights weights = RandomWeights(config, 301);
+  const int V = config.vocab_size, n = 16;
+  std::vector<SamplingParams> params(n);
+  for (int i = 0; i < n; ++i) {
+    SamplingParams& p = params[i];
+    p.temperature = i % 4 == 0 ? 0.0f : 0.5f + 0.1f * static_cast<float>(i);
+    p.top_k = i % 3 == 0 ? 0 : (i % 3 == 1 ? 5 : V + 1);
+    p.top_p = i % 5 == 0 ? 0.7f : 1.0f;
+    p.min_p = i % 7 == 0 ? 0.05f : 0.0f;
+    p.repetition_penalty = i % 2 == 0 ? 1.0f : 1.5f;
+    p.logprobs = i % 4;
+  }
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < n; ++i) prompts.push_back(RandomTokens(2 + i % 5, V, 310 + i));
+  std::vector<SamplerRng> rngs, expected;
+  for (int i = 0; i < n; ++i) {
+    rngs.emplace_back(900 + i);
+    expected.emplace_back(900 + i);
+  }
+  BackendHarness h(testing::CudaBackendWith(testing::Cuda16BitOptions(), "cuda"), config, weights,
+                   config.dispatch);
+  for (int step = 0; step < 2; ++step) {
+    std::vector<BackendHarness::Chunk> chunks;
+    for (int i = 0; i < n; ++i) {
+      const int length = static_cast<int>(prompts[i].size());
+      BackendHarness::Chunk chunk = step == 0 ? BackendHarness::Chunk{i, prompts[i], 0}
+                                              : BackendHarness::Chunk{i, {prompts[i][0]}, length};
+      chunk.logits = LogitsMode::kLast;
+      chunk.sample = {&params[i], prompts[i], &rngs[i]};
+      chunks.push_back(chunk);
+    }
+    StepOutput out;
+    ASSERT_TRUE(h.Step(chunks, &out).ok());
+    ASSERT_EQ(out.samples.size(), static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      SCOPED_TRACE("step " + std::to_string(step) + " request " + std::to_string(i));
+      const std::vector<float> logits = testing::Slice(out.logits, i, V);
+      const SampleResult want =
+          SampleToken(logits, params[i], prompts[i], params[i].logprobs, expected[i]);
+      EXPECT_EQ(out.samples[i].sequence, i);
+      EXPECT_EQ(out.samples[i].sample.token_id, want.token_id);
+      EXPECT_EQ(out.samples[i].sample.logprob, want.logprob);
+      ASSERT_EQ(out.samples[i].sample.top_logprobs.size(), want.top_logprobs.size());
+      for (size_t j = 0; j < want.top_logprobs.size(); ++j) {
+        EXPECT_EQ(out.samples[i].sample.top_logprobs[j].first, want.top_logprobs[j].first);
+        EXPECT_EQ(out.samples[i].sample.top_logprobs[j].second, want.top_logprobs[j].second);
+      }
+    }
+  }
+  for (int i = 0; i < n; ++i) EXPECT_EQ(rngs[i].Next(), expected[i].Next()) << "request " << i;
+}
+
+#if defined(SWITCHSERVE_SIMT_EMULATION)
+// A mixed step (prefill chunks, decodes, sampling, routing, capacity
+// reroute) run once per thread order of the executor: the same bytes.
+TEST(CudaBackendTest, StepsAreBitwiseEqualInEveryThreadOrder) {
+  const ModelConfig config = testing::SwitchHeadGqaConfig();
+  const ModelWeights weights = RandomWeights(config, 302);
+  const int V = config.vocab_size;
+  DispatchConfig dispatch;
+  dispatch.capacity_factor = 0.75;
+  dispatch.overflow = OverflowPolicy::kReroute;
+  SamplingParams hot;
+  hot.temperature = 0.9f;
+  hot.top_k = 10;
+  hot.logprobs = 3;
+  std::vector<std::string> runs;
+  for (const char* order : {"forward", "reverse", "random:5", "random:6"}) {
+    simt::ThreadOrder parsed;
+    ASSERT_TRUE(simt::ParseThreadOrder(order, &parsed));
+    simt::SetThreadOrder(parsed);
+    BackendHarness h(testing::CudaBackendWith(testing::Cuda16BitOptions(), "cuda"), config, weights,
+                     dispatch);
+    SamplerRng rng(77);
+    const std::vector<int32_t> a = RandomTokens(11, V, 303), b = RandomTokens(5, V, 304);
+    StepOutput first, second;
+    ASSERT_TRUE(
+        h.Step({{1, a, 0, LogitsMode::kAll, true}, {2, b, 0, LogitsMode::kLast}}, &first).ok());
+    ASSERT_TRUE(h.Step({{2, {b[0]}, 5, LogitsMode::kNone, true, {&hot, b, &rng}},
+                        {1, {a[0], a[1]}, 11, LogitsMode::kAll}},
+                       &second)
+                    .ok());
+    runs.push_back(testing::OutputBytes(first) + testing::OutputBytes(second));
+  }
+  simt::SetThreadOrder(simt::ThreadOrder{});
+  for (size_t i = 1; i < runs.size(); ++i) EXPECT_TRUE(runs[i] == runs[0]) << "order " << i;
+}
+#endif
+
+}  // namespace
+}  // namespace switchserve

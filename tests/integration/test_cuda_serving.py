@@ -1,0 +1,160 @@
+"""`switchserve serve --device cuda` end to end.
+
+With the binary whose CUDA backend runs on the SIMT executor
+(SWITCHSERVE_BINARY, built for tests only): a gRPC Generate served by the
+CUDA backend, its model info and Prometheus metrics, against the same request
+on `--device cpu`. The CUDA backend keeps this model's f16 weights as f16 and
+its KV cache in bf16, so greedy tokens are compared while the CPU's top two
+candidates are clearly apart (a near tie may go either way), and logprobs to
+1e-2.
+
+With the GPU binary (SWITCHSERVE_GPU_BINARY, only where nvcc built one):
+`--device cuda` on a machine without a usable GPU exits at once with a clear
+message instead of serving.
+"""
+
+import os
+import re
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+import grpc
+
+import generation_pb2 as pb
+import generation_pb2_grpc as pb_grpc
+
+SOURCE_DIR = os.environ["SWITCHSERVE_SOURCE_DIR"]
+MODEL = os.path.join(SOURCE_DIR, "tests/golden/switchall_f16")
+# Top-two logprob gap below which the two devices may pick differently.
+NEAR_TIE = 0.05
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, binary, *extra_args):
+        self.dir = tempfile.mkdtemp(prefix="switchserve_cuda_")
+        self.log_path = os.path.join(self.dir, "server.log")
+        self.metrics_port = free_port()
+        with open(self.log_path, "w") as log:
+            self.process = subprocess.Popen(
+                [binary, "serve", "--model", MODEL, "--host", "127.0.0.1", "--port", "0",
+                 "--metrics-port", str(self.metrics_port), "--threads", "1", *extra_args],
+                stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            match = re.search(r"listening on 127\.0\.0\.1:(\d+)", self.log())
+            if match:
+                self.address = f"127.0.0.1:{match.group(1)}"
+                return
+            if self.process.poll() is not None:
+                raise RuntimeError("server exited during startup:\n" + self.log())
+            time.sleep(0.02)
+        self.close()
+        raise RuntimeError("server did not start:\n" + self.log())
+
+    def log(self):
+        with open(self.log_path) as f:
+            return f.read()
+
+    def metrics(self):
+        """The scraped counters: {(name, labels): value}."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
+                                    timeout=10) as response:
+            text = response.read().decode()
+        values = {}
+        for line in text.splitlines():
+            match = re.match(r"^(switchserve_moe_\w+)(\{[^}]*\})? (\S+)$", line)
+            if match:
+                values[(match.group(1), match.group(2) or "")] = float(match.group(3))
+        return values
+
+    def close(self):
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def request(text, max_new_tokens):
+    r = pb.GenerateRequest(
+        text=text, sampling=pb.SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0))
+    r.logprobs = 2
+    r.return_routing = True
+    return r
+
+
+def total(metrics, name):
+    return sum(v for (n, _), v in metrics.items() if n == name)
+
+
+def test_serve_device_cuda_on_the_executor_matches_cpu():
+    cuda = Server(os.environ["SWITCHSERVE_BINARY"], "--device", "cuda")
+    cpu = Server(os.environ["SWITCHSERVE_BINARY"], "--device", "cpu")
+    try:
+        assert "backend cuda (emulated)" in cuda.log()
+        with grpc.insecure_channel(cuda.address) as c, grpc.insecure_channel(cpu.address) as p:
+            cuda_stub, cpu_stub = pb_grpc.GenerationStub(c), pb_grpc.GenerationStub(p)
+            info = cuda_stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=60)
+            assert info.device == "cuda (emulated)"
+            assert cpu_stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=60).device == "cpu"
+            before_cuda, before_cpu = cuda.metrics(), cpu.metrics()
+            prompt = "The experts say"
+            got = cuda_stub.Generate(request(prompt, 12), timeout=300)
+            want = cpu_stub.Generate(request(prompt, 12), timeout=60)
+    finally:
+        after_cuda = cuda.metrics() if cuda.process.poll() is None else {}
+        after_cpu = cpu.metrics() if cpu.process.poll() is None else {}
+        cuda.close()
+        cpu.close()
+
+    assert got.usage.prompt_tokens == want.usage.prompt_tokens == len(prompt)
+    assert len(got.token_ids) == 12
+    compared = 0
+    for g, w in zip(got.tokens, want.tokens):
+        assert g.token_id == w.token_id, f"token {compared}"
+        assert abs(g.logprob - w.logprob) < 1e-2
+        assert len(g.top_logprobs) == 2
+        assert len(g.routing.routers) == len(w.routing.routers) > 0
+        compared += 1
+        if w.top_logprobs[0].logprob - w.top_logprobs[1].logprob < NEAR_TIE:
+            break  # the sequences may part here
+    assert compared >= 3
+
+    # The device's routing statistics reach the metrics: every token the
+    # server computed (prompt and generated, one pass each) was routed by
+    # every router, k assignments each, as on the CPU.
+    def rise(after, before, name):
+        return total(after, name) - total(before, name)
+
+    tokens = rise(after_cuda, before_cuda, "switchserve_moe_router_tokens_total")
+    assert tokens > 0
+    assert tokens == rise(after_cpu, before_cpu, "switchserve_moe_router_tokens_total")
+    assert rise(after_cuda, before_cuda, "switchserve_moe_assignments_total") == rise(
+        after_cpu, before_cpu, "switchserve_moe_assignments_total") > 0
+
+
+def test_gpu_binary_refuses_device_cuda_without_a_gpu():
+    binary = os.environ["SWITCHSERVE_GPU_BINARY"]
+    has_gpu = os.path.exists("/dev/nvidia0")
+    process = subprocess.Popen(
+        [binary, "serve", "--model", MODEL, "--host", "127.0.0.1", "--port", "0",
+         "--metrics-port", "0", "--device", "cuda"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        output, _ = process.communicate(timeout=60 if not has_gpu else 5)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        output, _ = process.communicate()
+        assert has_gpu, "--device cuda without a GPU should exit, not serve:\n" + output
+        assert "backend cuda," in output
+        return
+    assert process.returncode not in (0, None) and process.returncode > 0, output
+    assert "--device cuda" in output and "CUDA" in output, output
+    assert "no usable CUDA device" in output or "no CUDA device" in output, output

@@ -1,0 +1,237 @@
+// The batch-invariant linear kernels (kernels/cuda/linear.h) against a
+// float64 reference, for every weight type and layout, dense and grouped by
+// expert; and the property they exist for: a row's result is bitwise the same
+// whatever the number of rows around it and whichever tile shape runs it.
+#include "kernels/cuda/linear.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "tests/simt/simt_test_util.h"
+
+namespace switchserve::simt_test {
+namespace {
+
+using cuda::Activation;
+using cuda::LinearEpilogue;
+using cuda::LinearWeights;
+using cuda::WeightLayout;
+using cuda::WeightType;
+
+// f32 sums of up to a few hundred products of magnitude <= 1.
+constexpr double kTolerance = 2e-5;
+
+double Act(Activation act, double x) {
+  switch (act) {
+    case Activation::kRelu:
+      return x > 0 ? x : 0;
+    case Activation::kGelu:
+      return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
+    case Activation::kSilu:
+      return x / (1 + std::exp(-x));
+    case Activation::kNone:
+      break;
+  }
+  return x;
+}
+
+// Weights of `type` on the device, and the values they hold, widened.
+struct Weights {
+  std::vector<float> values;
+  std::unique_ptr<DeviceArray<float>> f32;
+  std::unique_ptr<DeviceArray<__nv_bfloat16>> bf16;
+  std::unique_ptr<DeviceArray<__half>> f16;
+
+  Weights(const std::vector<float>& w, WeightType type) {
+    switch (type) {
+      case WeightType::kF32:
+        values = w;
+        f32 = std::make_unique<DeviceArray<float>>(w);
+        break;
+      case WeightType::kBf16:
+        bf16 = std::make_unique<DeviceArray<__nv_bfloat16>>(ToBf16(w));
+        values = Widen(ToBf16(w));
+        break;
+      case WeightType::kF16:
+        f16 = std::make_unique<DeviceArray<__half>>(ToHalf(w));
+        values = Widen(ToHalf(w));
+        break;
+    }
+  }
+  const void* data(WeightType type) const {
+    return type == WeightType::kF32    ? static_cast<const void*>(f32->get())
+           : type == WeightType::kBf16 ? static_cast<const void*>(bf16->get())
+                                       : static_cast<const void*>(f16->get());
+  }
+};
+
+// W[n, k] of matrix `mat` as stored in `layout`.
+double At(const std::vector<float>& w, WeightLayout layout, int64_t ld, int64_t stride, int mat,
+          int n, int k) {
+  const int64_t base = mat * stride;
+  return layout == WeightLayout::kNK ? w[base + n * ld + k] : w[base + k * ld + n];
+}
+
+std::string Name(WeightType type, WeightLayout layout) {
+  return std::string(type == WeightType::kF32    ? "f32"
+                     : type == WeightType::kBf16 ? "bf16"
+                                                 : "f16") +
+         (layout == WeightLayout::kNK ? "/NK" : "/KN");
+}
+
+TEST(SimtLinear, DenseMatchesFloat64OnOddShapes) {
+  SIMT_REQUIRE_DEVICE();
+  for (const WeightType type : {WeightType::kF32, WeightType::kBf16, WeightType::kF16}) {
+    for (const WeightLayout layout : {WeightLayout::kNK, WeightLayout::kKN}) {
+      for (const auto& [rows, k, n] :
+           {std::tuple{1, 7, 5}, {3, 112, 33}, {9, 33, 130}, {70, 100, 65}}) {
+        SCOPED_TRACE(Name(type, layout) + " rows=" + std::to_string(rows) +
+                     " k=" + std::to_string(k) + " n=" + std::to_string(n));
+        const int64_t lda = k + 3, ldc = n + 2;
+        const int64_t ldw = (layout == WeightLayout::kNK ? k : n) + 1;
+        const int64_t w_size = (layout == WeightLayout::kNK ? n : k) * ldw;
+        const std::vector<float> a = RandomFloats(rows * lda, rows * 31 + k);
+        const Weights w(RandomFloats(w_size, n * 17 + k), type);
+        const std::vector<float> bias = RandomFloats(n, 5);
+        const std::vector<float> initial = RandomFloats(rows * ldc, 9);
+        for (const bool accumulate : {false, true}) {
+          LinearEpilogue epilogue;
+          epilogue.alpha = 0.75f;
+          epilogue.bias = nullptr;
+          epilogue.accumulate = accumulate;
+          epilogue.activation = accumulate ? Activation::kNone : Activation::kGelu;
+          const std::vector<float> out = InEveryOrder([&] {
+            DeviceArray<float> d_a(a), d_bias(bias), d_out(initial);
+            LinearEpilogue e = epilogue;
+            e.bias = d_bias.get();
+            const LinearWeights lw{w.data(type), type, layout, ldw, 0};
+            EXPECT_EQ(
+                cuda::LaunchLinear(d_a.get(), lda, rows, k, lw, n, e, d_out.get(), ldc, nullptr),
+                cudaSuccess);
+            return d_out.Download();
+          });
+          for (int m = 0; m < rows; ++m) {
+            for (int c = 0; c < ldc; ++c) {
+              const float got = out[m * ldc + c];
+              if (c >= n) {  // padding columns untouched
+                ASSERT_EQ(got, initial[m * ldc + c]);
+                continue;
+              }
+              double sum = 0;
+              for (int i = 0; i < k; ++i) {
+                sum += static_cast<double>(a[m * lda + i]) * At(w.values, layout, ldw, 0, 0, c, i);
+              }
+              double want = 0.75 * sum + bias[c];
+              want = accumulate ? initial[m * ldc + c] + want : Act(Activation::kGelu, want);
+              ASSERT_NEAR(got, want, kTolerance * (1 + std::fabs(want))) << m << "," << c;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Row r of a 1-row, a 7-row (small tiles) and a 70-row (large tiles) product,
+// the row at a different place each time: bitwise equal.
+TEST(SimtLinear, ARowsResultDoesNotDependOnTheBatch) {
+  SIMT_REQUIRE_DEVICE();
+  const int k = 100, n = 40;
+  const std::vector<float> probe = RandomFloats(k, 77);
+  const std::vector<float> w = RandomFloats(static_cast<size_t>(n) * k, 78);
+  DeviceArray<float> d_w(w);
+  const LinearWeights lw{d_w.get(), WeightType::kF32, WeightLayout::kNK, k, 0};
+  auto row_of = [&](int rows, int at) {
+    std::vector<float> a = RandomFloats(static_cast<size_t>(rows) * k, rows);
+    std::copy(probe.begin(), probe.end(), a.begin() + static_cast<int64_t>(at) * k);
+    DeviceArray<float> d_a(a), d_out(static_cast<size_t>(rows) * n);
+    EXPECT_EQ(
+        cuda::LaunchLinear(d_a.get(), k, rows, k, lw, n, LinearEpilogue{}, d_out.get(), n, nullptr),
+        cudaSuccess);
+    const std::vector<float> out = d_out.Download();
+    return std::vector<float>(out.begin() + static_cast<int64_t>(at) * n,
+                              out.begin() + static_cast<int64_t>(at + 1) * n);
+  };
+  const std::vector<float> alone = row_of(1, 0);
+  for (const auto& [rows, at] : {std::pair{7, 3}, {7, 6}, {70, 0}, {70, 65}, {129, 100}}) {
+    const std::vector<float> got = row_of(rows, at);
+    EXPECT_EQ(std::memcmp(got.data(), alone.data(), n * sizeof(float)), 0)
+        << rows << " rows, at " << at;
+  }
+}
+
+// Grouped by expert: two routers (heads) of E = 3 experts, tokens gathered
+// through a_rows, each head reading its own columns of a; and a shared router.
+TEST(SimtLinear, GroupedMatchesFloat64) {
+  SIMT_REQUIRE_DEVICE();
+  const int E = 3, heads = 2, k = 20, n = 9, tokens = 6;
+  const int64_t slot_stride = 12;
+  for (const bool shared : {false, true}) {
+    for (const WeightLayout layout : {WeightLayout::kNK, WeightLayout::kKN}) {
+      SCOPED_TRACE(std::string(shared ? "shared router " : "per-head routers ") +
+                   Name(WeightType::kBf16, layout));
+      // Router r's experts own slots [offsets[r][e], offsets[r][e + 1]).
+      const std::vector<int32_t> offsets = {0, 2, 2, 5, 0, 4, 6, 7};
+      std::vector<int32_t> a_rows(2 * slot_stride, -1);
+      for (int s = 0; s < 5; ++s) a_rows[s] = (s * 5) % tokens;
+      for (int s = 0; s < 7; ++s) a_rows[slot_stride + s] = (s * 2 + 1) % tokens;
+      const int64_t lda = heads * k;
+      const std::vector<float> a = RandomFloats(tokens * lda, 3);
+      const int64_t ldw = layout == WeightLayout::kNK ? k : n;
+      const int64_t stride = static_cast<int64_t>(k) * n;
+      const Weights w(RandomFloats(heads * E * stride, 4), WeightType::kBf16);
+      const std::vector<float> bias = RandomFloats(heads * E * n, 6);
+      const int64_t ldc = n;
+      const std::vector<float> out = InEveryOrder([&] {
+        DeviceArray<float> d_a(a), d_bias(bias), d_out(heads * slot_stride * ldc);
+        DeviceArray<int32_t> d_offsets(offsets), d_rows(a_rows);
+        cuda::GroupedRows rows;
+        rows.offsets = d_offsets.get();
+        rows.a_rows = d_rows.get();
+        rows.slot_stride = slot_stride;
+        rows.max_rows = 4;
+        rows.n_experts = E;
+        rows.heads = heads;
+        rows.shared_router = shared;
+        rows.a_head_cols = k;
+        LinearEpilogue e;
+        e.bias = d_bias.get();
+        e.bias_stride = n;
+        e.activation = Activation::kRelu;
+        const LinearWeights lw{w.data(WeightType::kBf16), WeightType::kBf16, layout, ldw, stride};
+        EXPECT_EQ(
+            cuda::LaunchGroupedLinear(d_a.get(), lda, rows, k, lw, n, e, d_out.get(), ldc, nullptr),
+            cudaSuccess);
+        return d_out.Download();
+      });
+      for (int h = 0; h < heads; ++h) {
+        const int r = shared ? 0 : h;
+        for (int e = 0; e < E; ++e) {
+          for (int s = offsets[r * (E + 1) + e]; s < offsets[r * (E + 1) + e + 1]; ++s) {
+            const int token = a_rows[r * slot_stride + s];
+            for (int c = 0; c < n; ++c) {
+              double sum = 0;
+              for (int i = 0; i < k; ++i) {
+                sum += static_cast<double>(a[token * lda + h * k + i]) *
+                       At(w.values, layout, ldw, stride, h * E + e, c, i);
+              }
+              const double want = Act(Activation::kRelu, sum + bias[(h * E + e) * n + c]);
+              const float got = out[(h * slot_stride + s) * ldc + c];
+              ASSERT_NEAR(got, want, kTolerance * (1 + std::fabs(want)))
+                  << "head " << h << " expert " << e << " slot " << s << " col " << c;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace switchserve::simt_test

@@ -1,0 +1,194 @@
+// Device sampling (kernels/cuda/sampling.h) against the host sampler
+// (engine/runtime/sampler.h): the same token, logprob and alternatives from
+// the same logits, parameters, history and uniform draw, for greedy and
+// temperature sampling with every filter, both candidate paths (selection
+// and full sort), tied logits and a repeated history.
+#include "kernels/cuda/sampling.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "engine/runtime/sampler.h"
+#include "tests/simt/simt_test_util.h"
+
+namespace switchserve::simt_test {
+namespace {
+
+using cuda::DeviceSampleParams;
+
+constexpr int kMaxLogprobs = 5;
+
+struct Request {
+  SamplingParams params;
+  std::vector<int32_t> history;
+  uint64_t seed = 0;
+};
+
+struct Sampled {
+  std::vector<int32_t> token;
+  std::vector<float> logprob;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_logprobs;
+};
+
+// Samples row i of `logits` for request i, all in one launch; the uniform of
+// each non-greedy request is the first draw of its generator.
+Sampled SampleOnDevice(const std::vector<float>& logits, int vocab,
+                       const std::vector<Request>& requests) {
+  const int n = static_cast<int>(requests.size());
+  std::vector<DeviceSampleParams> params(n);
+  std::vector<int32_t> history;
+  for (int i = 0; i < n; ++i) {
+    const SamplingParams& s = requests[i].params;
+    DeviceSampleParams& p = params[i];
+    SamplerRng rng(requests[i].seed);
+    p.uniform = s.temperature == 0.0f ? 0.0 : rng.Uniform();
+    p.temperature = s.temperature;
+    p.top_p = s.top_p;
+    p.min_p = s.min_p;
+    p.repetition_penalty = s.repetition_penalty;
+    p.logits_row = i;
+    p.top_k = s.top_k;
+    p.n_logprobs = s.logprobs;
+    p.history_begin = static_cast<int32_t>(history.size());
+    history.insert(history.end(), requests[i].history.begin(), requests[i].history.end());
+    p.history_end = static_cast<int32_t>(history.size());
+  }
+  if (history.empty()) history.push_back(0);
+  const auto [token, logprob, top_ids, top_logprobs] = InEveryOrder([&] {
+    DeviceArray<float> d_logits(logits), d_logprob(n), d_top_logprobs(n * kMaxLogprobs);
+    DeviceArray<DeviceSampleParams> d_params(params);
+    DeviceArray<int32_t> d_history(history), d_token(n), d_top_ids(n * kMaxLogprobs);
+    DeviceArray<char> scratch(n * cuda::SamplingScratchBytes(vocab));
+    cuda::SamplingArgs a;
+    a.logits = d_logits.get();
+    a.logits_ld = vocab;
+    a.vocab = vocab;
+    a.params = d_params.get();
+    a.samples = n;
+    a.history = d_history.get();
+    a.scratch = scratch.get();
+    a.max_logprobs = kMaxLogprobs;
+    a.token = d_token.get();
+    a.logprob = d_logprob.get();
+    a.top_ids = d_top_ids.get();
+    a.top_logprobs = d_top_logprobs.get();
+    EXPECT_EQ(cuda::LaunchSampling(a, nullptr), cudaSuccess);
+    return std::make_tuple(d_token.Download(), d_logprob.Download(), d_top_ids.Download(),
+                           d_top_logprobs.Download());
+  });
+  return Sampled{token, logprob, top_ids, top_logprobs};
+}
+
+std::vector<float> Logits(int rows, int vocab, bool tied, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::uniform_int_distribution<int> level(-3, 3);
+  std::vector<float> z(static_cast<size_t>(rows) * vocab);
+  for (float& v : z) v = tied ? static_cast<float>(level(rng)) : normal(rng);
+  return z;
+}
+
+// Returns the device's choices after comparing them with the host's.
+Sampled ExpectHostSamplerChoices(const std::vector<float>& logits, int vocab,
+                                 const std::vector<Request>& requests) {
+  const Sampled got = SampleOnDevice(logits, vocab, requests);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const Request& r = requests[i];
+    SCOPED_TRACE("request " + std::to_string(i) + " T=" + std::to_string(r.params.temperature) +
+                 " top_k=" + std::to_string(r.params.top_k) + " top_p=" +
+                 std::to_string(r.params.top_p) + " min_p=" + std::to_string(r.params.min_p) +
+                 " penalty=" + std::to_string(r.params.repetition_penalty));
+    SamplerRng rng(r.seed);
+    const SampleResult want = SampleToken(absl::MakeConstSpan(logits.data() + i * vocab, vocab),
+                                          r.params, r.history, r.params.logprobs, rng);
+    EXPECT_EQ(got.token[i], want.token_id);
+    EXPECT_NEAR(got.logprob[i], want.logprob, 1e-6 * (1 + std::fabs(want.logprob)));
+    EXPECT_EQ(want.top_logprobs.size(), static_cast<size_t>(r.params.logprobs));
+    for (int j = 0; j < r.params.logprobs; ++j) {
+      EXPECT_EQ(got.top_ids[i * kMaxLogprobs + j], want.top_logprobs[j].first) << "rank " << j;
+      EXPECT_NEAR(got.top_logprobs[i * kMaxLogprobs + j], want.top_logprobs[j].second, 1e-5)
+          << "rank " << j;
+    }
+  }
+  return got;
+}
+
+std::vector<Request> Requests(int count, int vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<Request> requests(count);
+  for (int i = 0; i < count; ++i) {
+    Request& r = requests[i];
+    SamplingParams& p = r.params;
+    p.temperature = i % 5 == 0 ? 0.0f : 0.3f + static_cast<float>(rng() % 150) / 100.0f;
+    const int k_choice = static_cast<int>(rng() % 4);
+    p.top_k = k_choice == 0   ? 0
+              : k_choice == 1 ? 1 + static_cast<int>(rng() % 20)
+              : k_choice == 2 ? 65 + static_cast<int>(rng() % 30)
+                              : vocab + 3;
+    p.top_p = rng() % 2 == 0 ? 1.0f : 0.5f + static_cast<float>(rng() % 50) / 100.0f;
+    p.min_p = rng() % 3 == 0 ? static_cast<float>(rng() % 20) / 100.0f : 0.0f;
+    p.repetition_penalty = rng() % 2 == 0 ? 1.0f : 1.1f + static_cast<float>(rng() % 40) / 10.0f;
+    p.logprobs = static_cast<int>(rng() % (kMaxLogprobs + 1));
+    const int history = static_cast<int>(rng() % 40);
+    for (int h = 0; h < history; ++h) r.history.push_back(static_cast<int32_t>(rng() % vocab));
+    if (!r.history.empty()) r.history.push_back(r.history.front());  // a repeated id
+    r.seed = rng();
+  }
+  return requests;
+}
+
+TEST(SimtSampling, PicksWhatTheHostSamplerPicks) {
+  SIMT_REQUIRE_DEVICE();
+  for (const int vocab : {5, 64, 300, 1000}) {
+    for (const bool tied : {false, true}) {
+      SCOPED_TRACE("vocab " + std::to_string(vocab) + (tied ? " tied" : ""));
+      const int n = 24;
+      ExpectHostSamplerChoices(Logits(n, vocab, tied, vocab + (tied ? 1 : 0)), vocab,
+                               Requests(n, vocab, 7 * vocab + tied));
+    }
+  }
+}
+
+// Many draws of one distribution: each seed's token is the host's.
+TEST(SimtSampling, EverySeedDrawsTheHostsToken) {
+  SIMT_REQUIRE_DEVICE();
+  const int vocab = 50, n = 32;
+  const std::vector<float> row = Logits(1, vocab, false, 3);
+  std::vector<float> logits;
+  std::vector<Request> requests(n);
+  for (int i = 0; i < n; ++i) {
+    logits.insert(logits.end(), row.begin(), row.end());
+    requests[i].params.temperature = 1.0f;
+    requests[i].params.top_p = i % 2 == 0 ? 1.0f : 0.9f;
+    requests[i].seed = 1000 + i;
+  }
+  const Sampled got = ExpectHostSamplerChoices(logits, vocab, requests);
+  // Not all the same token: the draws matter.
+  int distinct = 0;
+  std::vector<bool> seen(vocab, false);
+  for (int32_t t : got.token) distinct += seen[t] ? 0 : (seen[t] = true, 1);
+  EXPECT_GT(distinct, 3);
+}
+
+// The penalty moves greedy off a token in the history, once per distinct id.
+TEST(SimtSampling, RepetitionPenaltyAppliesOncePerId) {
+  SIMT_REQUIRE_DEVICE();
+  const int vocab = 8;
+  std::vector<float> logits = {1.0f, 4.0f, 3.9f, -1.0f, 0.0f, 2.0f, 3.0f, 0.5f};
+  Request r;
+  r.params.temperature = 0.0f;
+  r.params.repetition_penalty = 1.02f;  // 4.0 / 1.02 = 3.92 > 3.9; twice would be 3.84
+  r.history = {1, 1, 1, 3};
+  r.params.logprobs = 2;
+  const Sampled got = ExpectHostSamplerChoices(logits, vocab, {r});
+  EXPECT_EQ(got.token[0], 1);
+}
+
+}  // namespace
+}  // namespace switchserve::simt_test
