@@ -2,8 +2,7 @@
 # validation, wire parsing), label `unit`. Included from tests/CMakeLists.txt.
 foreach(test_name request_validation_test wire_format_test)
   add_executable(${test_name} ${CMAKE_CURRENT_LIST_DIR}/${test_name}.cc)
-  # libprotobuf first: see server/CMakeLists.txt (sentencepiece's bundled copy).
-  target_link_libraries(${test_name} PRIVATE protobuf::libprotobuf switchserve_server
-                                             GTest::gtest_main switchserve_warnings)
+  target_link_libraries(${test_name} PRIVATE switchserve_server GTest::gtest_main
+                                             switchserve_warnings)
   gtest_discover_tests(${test_name} PROPERTIES LABELS unit DISCOVERY_TIMEOUT 60)
 endforeach()
