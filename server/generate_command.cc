@@ -3,6 +3,7 @@
 // scheduler, backend sampling, EOS handling and incremental detokenizer), one
 // request at a time; the text is printed as it is released. Greedy by
 // default; --temperature > 0 samples (with --top-k, --top-p, --seed).
+#include <algorithm>
 #include <cstdio>
 #include <future>
 #include <memory>
@@ -85,9 +86,12 @@ int RunGenerateCommand(int argc, char** argv) {
   // A prompt that fills more than the context leaves nothing to generate.
   if (sampling.max_new_tokens > 0 &&
       static_cast<int64_t>(request.prompt.size()) <= config.max_seq_len) {
+    // The cache holds what this request can reach, not a whole context: a
+    // model's max_seq_len alone must not size an allocation.
     KvCacheOptions cache;
     cache.block_size = kBlockSize;
-    cache.max_tokens = config.max_seq_len;  // one full context
+    cache.max_tokens = std::min<int64_t>(
+        config.max_seq_len, static_cast<int64_t>(request.prompt.size()) + sampling.max_new_tokens);
     absl::StatusOr<std::unique_ptr<KvCache>> kv_cache =
         KvCache::Create(session->backend.get(), cache);
     if (!kv_cache.ok()) {

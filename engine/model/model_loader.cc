@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/model/host_memory.h"
 
 namespace switchserve {
 namespace {
@@ -49,6 +50,19 @@ absl::Status LoadWeights(const SafetensorsFile& file, Model* model) {
                                                    model->config.n_layers));
   }
   const std::vector<ExpectedTensor> expected = ExpectedTensors(model->config);
+  // The weights are held as f32: refuse a model that cannot fit before
+  // reading any of it.
+  int64_t weight_bytes = 0;
+  for (const ExpectedTensor& e : expected) {
+    int64_t elements = 1;
+    for (int64_t dim : e.shape) elements = SaturatingMul(elements, dim);
+    weight_bytes = SaturatingAdd(weight_bytes, SaturatingMul(elements, sizeof(float)));
+  }
+  if (absl::Status fits = CheckFitsInHostMemory(
+          weight_bytes, absl::StrCat(file.path(), ": the weights config.json calls for"));
+      !fits.ok()) {
+    return fits;
+  }
   std::set<std::string> expected_names;
   for (const ExpectedTensor& e : expected) expected_names.insert(e.name);
   std::vector<std::string> unexpected;

@@ -23,10 +23,7 @@ CpuAttention::CpuAttention(const ModelConfig& config, const DispatchConfig& disp
       d_(config.d_model),
       num_threads_(std::max(1, num_threads)),
       parallel_min_macs_(parallel_min_macs),
-      max_seq_len_(config.max_seq_len),
-      rope_(config.max_seq_len, config.attention.RotaryDims(), config.attention.rope_base) {
-  scores_.resize(static_cast<size_t>(num_threads_) * max_seq_len_);
-}
+      rope_(config.attention.RotaryDims(), config.attention.rope_base) {}
 
 GateFunction CpuAttention::gate() const {
   return attn_.gate == AttentionGate::kSigmoid ? GateFunction::kSigmoid
@@ -49,6 +46,11 @@ void CpuAttention::Run(const AttentionWeights& w, const StepBatch& step, const f
 
   GemmNT(T, H * dh, d_, scale, xn, d_, w.q.ptr(), d_, 0.0f, q_.data(), H * dh);
   GemmNT(T, G * dh, d_, scale, xn, d_, w.k.ptr(), d_, 0.0f, k_.data(), G * dh);
+  // Scratch follows the positions in use (ValidateStepBatch keeps them below
+  // max_seq_len), not the model's context length.
+  const int positions =
+      T > 0 ? *std::max_element(step.positions.begin(), step.positions.end()) + 1 : 0;
+  rope_.Reserve(positions);
   for (int t = 0; t < T; ++t) {
     rope_.Apply(q_.data() + static_cast<int64_t>(t) * H * dh, H, dh, step.positions[t]);
     rope_.Apply(k_.data() + static_cast<int64_t>(t) * G * dh, G, dh, step.positions[t]);
@@ -146,6 +148,9 @@ void CpuAttention::Attend(const StepBatch& step, const float* k_cache, const flo
   int64_t macs = 0;
   for (int t : loop_tokens_) macs += static_cast<int64_t>(step.positions[t] + 1) * H * dh * ev;
   const bool parallel = num_threads_ > 1 && macs >= parallel_min_macs_;
+  int score_stride = 0;  // one row of scores per thread, as long as the longest context
+  for (int t : loop_tokens_) score_stride = std::max(score_stride, step.positions[t] + 1);
+  Grow(scores_, static_cast<size_t>(num_threads_) * score_stride);
 
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads_) if (parallel)
   for (int64_t item = 0; item < work; ++item) {
@@ -156,7 +161,7 @@ void CpuAttention::Attend(const StepBatch& step, const float* k_cache, const flo
     const int pos = step.positions[t];
     const int32_t* table = step.block_table(c);
     const int bs = step.block_size;
-    float* score = scores_.data() + static_cast<int64_t>(omp_get_thread_num()) * max_seq_len_;
+    float* score = scores_.data() + static_cast<int64_t>(omp_get_thread_num()) * score_stride;
     const float* q = q_.data() + (static_cast<int64_t>(t) * H + h) * dh;
 
     float smax = -INFINITY;

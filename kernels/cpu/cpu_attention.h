@@ -50,7 +50,6 @@ class CpuAttention {
   int d_ = 0;
   int num_threads_ = 1;
   int64_t parallel_min_macs_ = 0;
-  int max_seq_len_ = 0;
   RopeTable rope_;
 
   // Scratch, grown as needed and reused.
@@ -62,7 +61,7 @@ class CpuAttention {
   std::vector<float> vweight_;                  // destination routing: [T, G, E] value gate weights
   std::vector<float> gather_;                   // [T, max(d, dh)]
   std::vector<float> product_;                  // [T, max(d, dh)]
-  std::vector<float> scores_;                   // [threads, max_seq_len]
+  std::vector<float> scores_;                   // [threads, longest context in the step]
   std::vector<int> loop_tokens_;                // tokens attended one by one
   std::vector<float> keys_;                     // [keys, dh] one KV head's keys, contiguous
   std::vector<float> values_;                   // [keys, Ev*dh]

@@ -8,6 +8,7 @@
 #include <new>
 
 #include "absl/strings/str_cat.h"
+#include "engine/model/host_memory.h"
 #include "engine/runtime/kv_cache.h"
 #include "kernels/cpu/cpu_attention.h"
 #include "kernels/cpu/cpu_ffn.h"
@@ -42,6 +43,13 @@ class CpuBackend final : public Backend {
     const int64_t rows = num_blocks * block_size;
     const int64_t krow = static_cast<int64_t>(attn.n_kv_heads) * attn.head_dim;
     const int64_t vrow = krow * attn.CachedValuesPerKvHead();
+    // The cache lives in host memory: refuse what cannot fit rather than
+    // count on the allocator (with overcommit, zero-filling it would).
+    if (absl::Status fits = CheckFitsInHostMemory(SaturatingMul(KvBytesPerToken(), rows),
+                                                  absl::StrCat("KV cache of ", rows, " tokens"));
+        !fits.ok()) {
+      return fits;
+    }
     k_cache_.assign(config_.n_layers, std::vector<float>());
     v_cache_.assign(config_.n_layers, std::vector<float>());
     try {
