@@ -25,6 +25,7 @@
 #include "grpcpp/server_builder.h"
 #include "server/auth.h"
 #include "server/commands.h"
+#include "server/common_flags.h"
 #include "server/engine_setup.h"
 #include "server/generation_service.h"
 #include "server/metrics/engine_metrics_observer.h"
@@ -169,9 +170,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
                    " calls running, up to ", options.drain_timeout_s, " s)"));
   health->SetServingStatus(false);
   service.StartDraining();
-  const auto drain_timeout =
-      std::chrono::milliseconds(static_cast<int64_t>(options.drain_timeout_s * 1000.0));
-  if (!service.WaitUntilIdle(drain_timeout)) {
+  if (!service.WaitUntilIdle(MillisecondsFromSeconds(options.drain_timeout_s))) {
     Log(absl::StrCat("drain timeout: cancelling ", service.calls_in_flight(), " calls"));
   }
   engine.Stop();  // ends whatever is left; those calls get UNAVAILABLE

@@ -1,6 +1,7 @@
 #include "server/server_flags.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -107,7 +108,12 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   if (o.debug_step_delay_ms < 0 || o.debug_step_delay_ms > 10000) {
     return FlagError("debug-step-delay-ms", "must be in [0, 10000]");
   }
-  if (o.drain_timeout_s < 0) return FlagError("drain-timeout-s", "must be >= 0");
+  if (!(o.drain_timeout_s >= 0)) {
+    return FlagError("drain-timeout-s", "must be >= 0 (inf: no limit)");
+  }
+  if (o.capacity_factor && !std::isfinite(*o.capacity_factor)) {
+    return FlagError("capacity-factor", "must be a finite number (<= 0: dropless)");
+  }
   if (o.tls.cert_file.empty() != o.tls.key_file.empty()) {
     return FlagError(o.tls.cert_file.empty() ? "tls-cert" : "tls-key",
                      "--tls-cert and --tls-key go together");

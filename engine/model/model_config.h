@@ -67,8 +67,10 @@ struct DispatchConfig {
   OverflowPolicy overflow = OverflowPolicy::kDrop;
 
   bool Dropless() const { return capacity_factor <= 0.0; }
-  // C = max(min_capacity, ceil(capacity_factor * tokens * k / experts)).
+  // C = max(min_capacity, ceil(capacity_factor * tokens * k / experts)),
+  // saturating at kMaxCapacity (2^62, more than any step's assignments).
   int64_t CapacityPerExpert(int64_t tokens, int k, int experts) const;
+  static constexpr int64_t kMaxCapacity = int64_t{1} << 62;
 };
 
 struct ModelConfig {

@@ -101,3 +101,19 @@ def test_score_refuses_a_context_of_one(tmp_path):
     code, stderr, _ = run_measured("score", "--model", str(model), "--tokens", "73,110,32",
                                    timeout=20)
     assert code == 1 and "max_seq_len 1" in stderr, stderr
+
+
+@pytest.mark.parametrize("flags", [["--temperature", "1e300"], ["--temperature", "nan"],
+                                   ["--temperature", "-1"], ["--top-p", "2"],
+                                   ["--top-p", "nan"], ["--top-k", "-1"]])
+def test_generate_refuses_sampling_flags_out_of_range(flags):
+    code, stderr, _ = run_measured("generate", "--prompt", "In the", *flags, timeout=20)
+    assert code == 2, stderr
+    assert flags[0] in stderr, stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "-1"])
+def test_health_refuses_a_bad_timeout(value):
+    code, stderr, _ = run_measured("health", "--address", "127.0.0.1:1", "--timeout-s", value,
+                                   timeout=20)
+    assert code == 2 and "--timeout-s" in stderr, stderr

@@ -16,8 +16,11 @@
 namespace switchserve::testing {
 namespace {
 
-TEST(LifecycleTest, SigtermDrainsRunningStreamsAndExitsZero) {
-  auto server = ServerProcess::Start({"--debug-step-delay-ms", "25", "--drain-timeout-s", "30"});
+// Starts streams, sends SIGTERM once each has its first message, and checks
+// the drain: `drain_timeout_s` is long enough (or unbounded) for all to finish.
+void ExpectSigtermDrainsRunningStreams(const std::string& drain_timeout_s) {
+  auto server =
+      ServerProcess::Start({"--debug-step-delay-ms", "25", "--drain-timeout-s", drain_timeout_s});
   ASSERT_TRUE(server.ok()) << server.status();
   auto channel = (*server)->Channel();
   auto stub = v1::Generation::NewStub(channel);
@@ -75,6 +78,17 @@ TEST(LifecycleTest, SigtermDrainsRunningStreamsAndExitsZero) {
     EXPECT_TRUE(results[i].last.finished()) << i;
   }
   EXPECT_EQ((*server)->WaitForExit(30), 0) << (*server)->Log();
+}
+
+TEST(LifecycleTest, SigtermDrainsRunningStreamsAndExitsZero) {
+  ExpectSigtermDrainsRunningStreams("30");
+}
+
+// An unbounded grace period waits for the calls; it used to overflow in the
+// conversion to milliseconds and cancel every call at once.
+TEST(LifecycleTest, InfiniteDrainTimeoutLetsRunningStreamsFinish) {
+  ExpectSigtermDrainsRunningStreams("inf");
+  ExpectSigtermDrainsRunningStreams("1e300");
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 # Unit tests of the server pieces that need no process or network (request
 # validation, wire parsing), label `unit`. Included from tests/CMakeLists.txt.
-foreach(test_name request_validation_test wire_format_test)
+foreach(test_name request_validation_test wire_format_test server_flags_test)
   add_executable(${test_name} ${CMAKE_CURRENT_LIST_DIR}/${test_name}.cc)
   target_link_libraries(${test_name} PRIVATE switchserve_server GTest::gtest_main
                                              switchserve_warnings)
