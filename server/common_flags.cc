@@ -8,6 +8,8 @@
 ABSL_FLAG(std::string, model, "", "model directory (default: the built-in model)");
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda | auto");
 ABSL_FLAG(int, threads, 0, "CPU threads for the engine (0: all cores)");
+ABSL_FLAG(bool, allow_non_finite_weights, false,
+          "Load weights holding NaN or infinity (with a warning) instead of refusing the model");
 
 namespace switchserve {
 

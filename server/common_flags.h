@@ -11,6 +11,7 @@
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(int, threads);
+ABSL_DECLARE_FLAG(bool, allow_non_finite_weights);
 
 namespace switchserve {
 

@@ -57,7 +57,9 @@ DispatchConfig DispatchInForce(const ModelConfig& config, const ServerOptions& o
 
 absl::StatusOr<EngineSetup> SetUpEngine(const ServerOptions& options) {
   EngineSetup setup;
-  absl::StatusOr<std::unique_ptr<Model>> model = LoadModel(options.model_dir);
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      LoadModel(options.model_dir,
+                LoadModelOptions{.allow_non_finite_weights = options.allow_non_finite_weights});
   if (!model.ok()) return model.status();
   setup.model = *std::move(model);
   const ModelConfig& config = setup.model->config;

@@ -1,5 +1,7 @@
 #include "server/offline_session.h"
 
+#include <cstdio>
+
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/backends.h"
@@ -12,8 +14,13 @@ absl::StatusOr<OfflineSession> OpenOfflineSession() {
   std::string directory = absl::GetFlag(FLAGS_model);
   if (directory.empty()) directory = DefaultModelDirectory();
   OfflineSession session;
-  absl::StatusOr<std::unique_ptr<Model>> model = LoadModel(directory);
+  absl::StatusOr<std::unique_ptr<Model>> model = LoadModel(
+      directory,
+      LoadModelOptions{.allow_non_finite_weights = absl::GetFlag(FLAGS_allow_non_finite_weights)});
   if (!model.ok()) return model.status();
+  for (const std::string& warning : (*model)->warnings) {
+    std::fprintf(stderr, "warning: %s\n", warning.c_str());
+  }
   session.model = *std::move(model);
   absl::StatusOr<DeviceKind> device = ParseDeviceKind(absl::GetFlag(FLAGS_device));
   if (!device.ok()) {

@@ -56,6 +56,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   Log(absl::StrCat("loading model from ", resolved.model_dir));
   absl::StatusOr<EngineSetup> setup = SetUpEngine(resolved);
   if (!setup.ok()) return Fail(setup.status());
+  for (const std::string& warning : setup->model->warnings) Log(absl::StrCat("warning: ", warning));
   const std::string& model_dir = resolved.model_dir;
   const ModelConfig& config = setup->model->config;
   const DispatchConfig& dispatch = setup->dispatch;

@@ -64,6 +64,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.moe_metrics = !absl::GetFlag(FLAGS_no_moe_metrics);
   o.threads = absl::GetFlag(FLAGS_threads);
+  o.allow_non_finite_weights = absl::GetFlag(FLAGS_allow_non_finite_weights);
   o.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
   o.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
   o.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);

@@ -30,7 +30,8 @@ struct ServerOptions {
   int metrics_port = 0;     // 0 disables
   bool moe_metrics = true;  // false: --no-moe-metrics (serving and process metrics only)
   DeviceKind device = DeviceKind::kCpu;
-  int threads = 0;  // backend threads; 0: all cores
+  int threads = 0;                        // backend threads; 0: all cores
+  bool allow_non_finite_weights = false;  // load NaN/inf weights with a warning
   // KV cache budget. The cache never gets larger than max_running_requests
   // full contexts, so small models do not reserve memory they cannot use.
   int64_t kv_cache_bytes = 0;

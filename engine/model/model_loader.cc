@@ -1,5 +1,6 @@
 #include "engine/model/model_loader.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -39,9 +40,18 @@ absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
   return text.str();
 }
 
+// The first non-finite value of a tensor, or -1.
+int64_t FirstNonFinite(const std::vector<float>& data) {
+  for (size_t i = 0; i < data.size(); ++i) {
+    if (!std::isfinite(data[i])) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
 // Fills model->weights from `file`, checking it holds exactly the tensors the
 // config calls for.
-absl::Status LoadWeights(const SafetensorsFile& file, Model* model) {
+absl::Status LoadWeights(const SafetensorsFile& file, const LoadModelOptions& options,
+                         Model* model) {
   // Every layer has several tensors; refuse before allocating per-layer
   // tables for an absurd n_layers.
   if (static_cast<size_t>(model->config.n_layers) > file.tensors().size()) {
@@ -94,6 +104,16 @@ absl::Status LoadWeights(const SafetensorsFile& file, Model* model) {
     }
     absl::StatusOr<std::vector<float>> data = file.ReadAsF32(e.name);
     if (!data.ok()) return data.status();
+    if (const int64_t bad = FirstNonFinite(*data); bad >= 0) {
+      const std::string problem =
+          absl::StrCat(file.path(), ": tensor ", e.name, " holds non-finite values (element ", bad,
+                       " of ", data->size(), " is ", (*data)[bad], ")");
+      if (!options.allow_non_finite_weights) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(problem, "; --allow-non-finite-weights loads it anyway"));
+      }
+      model->warnings.push_back(problem);
+    }
     Tensor& tensor = e.In(model->weights);
     tensor.shape = e.shape;
     tensor.data = *std::move(data);
@@ -131,7 +151,8 @@ absl::Status LoadTokenizer(const std::string& directory, Model* model) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& directory) {
+absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& directory,
+                                                 const LoadModelOptions& options) {
   std::error_code error;
   if (!std::filesystem::is_directory(directory, error)) {
     return absl::NotFoundError(absl::StrCat(directory, ": not a model directory"));
@@ -150,7 +171,9 @@ absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& directory) {
     absl::StatusOr<std::unique_ptr<SafetensorsFile>> file =
         SafetensorsFile::Open(JoinPath(directory, "model.safetensors"));
     if (!file.ok()) return file.status();
-    if (absl::Status status = LoadWeights(**file, model.get()); !status.ok()) return status;
+    if (absl::Status status = LoadWeights(**file, options, model.get()); !status.ok()) {
+      return status;
+    }
   }
   if (absl::Status status = LoadTokenizer(directory, model.get()); !status.ok()) return status;
   return model;

@@ -23,15 +23,27 @@ struct Model {
   ModelConfig config;
   ModelWeights weights;  // widened to f32
   std::unique_ptr<Tokenizer> tokenizer;
+  // What loading let pass but the operator should hear about (non-finite
+  // weights under LoadModelOptions::allow_non_finite_weights).
+  std::vector<std::string> warnings;
+};
+
+struct LoadModelOptions {
+  // Non-finite weights (NaN, +-inf) are an error naming the tensor; set, they
+  // are loaded and reported in Model::warnings instead.
+  bool allow_non_finite_weights = false;
 };
 
 // Reads <directory>/config.json, <directory>/model.safetensors (every tensor
 // of ExpectedTensors(config), F32/F16/BF16, nothing else; widened to f32) and
 // the tokenizer (<directory>/tokenizer.model for "sentencepiece", whose piece
 // count must not exceed vocab_size). NOT_FOUND when a file is missing,
-// INVALID_ARGUMENT for anything malformed; messages name the file, the key or
-// tensor, and expected vs found.
-absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& directory);
+// INVALID_ARGUMENT for anything malformed (non-finite weights included, unless
+// `options` allow them); messages name the file, the key or tensor, and
+// expected vs found. RESOURCE_EXHAUSTED before reading weights that cannot
+// fit in the host's memory.
+absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& directory,
+                                                 const LoadModelOptions& options = {});
 
 // Checks `weights` against `config` (every tensor present with its expected
 // shape, nothing extra). Used by LoadModel and by code that builds weights in

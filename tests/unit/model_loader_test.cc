@@ -1,7 +1,15 @@
 #include "engine/model/model_loader.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -308,6 +316,52 @@ TEST_F(BrokenModelTest, AbsurdLayerCountIsRefusedEarly) {
   json["n_layers"] = 2000000000;
   std::ofstream(dir_ + "/config.json", std::ios::trunc) << json.dump();
   EXPECT_THAT(LoadError(), HasSubstr("too few for config.json n_layers 2000000000"));
+}
+
+TEST_F(BrokenModelTest, WeightsLargerThanTheHostAreRefusedBeforeReading) {
+  Json json = BaseConfig();
+  json["vocab_size"] = 2000000000;
+  json["d_model"] = 2000000000;
+  std::ofstream(dir_ + "/config.json", std::ios::trunc) << json.dump();
+  auto model = LoadModel(dir_);
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(model.status().message(), HasSubstr("more than this host's memory"));
+}
+
+TEST_F(BrokenModelTest, NonFiniteWeightsAreRefusedUnlessAllowed) {
+  weights_.layers[1].ffn.w1.data[5] = std::numeric_limits<float>::quiet_NaN();
+  weights_.final_norm_w.data[0] = -std::numeric_limits<float>::infinity();
+  Rewrite(Tensors());
+  EXPECT_THAT(LoadError(), HasSubstr("holds non-finite values (element "));
+  EXPECT_THAT(LoadError(), HasSubstr("--allow-non-finite-weights"));
+  auto model = LoadModel(dir_, LoadModelOptions{.allow_non_finite_weights = true});
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_EQ((*model)->warnings.size(), 2u);
+  EXPECT_THAT((*model)->warnings[0] + (*model)->warnings[1],
+              HasSubstr("layers.1.ffn.w1 holds non-finite values (element 5 of"));
+  EXPECT_TRUE(std::isnan((*model)->weights.layers[1].ffn.w1.data[5]));
+  // Half-precision infinities are caught after widening too.
+  std::vector<TensorToWrite> tensors = Tensors();
+  for (TensorToWrite& t : tensors) t.dtype = DType::kBF16;
+  Rewrite(tensors);
+  EXPECT_THAT(LoadError(), HasSubstr("holds non-finite values"));
+}
+
+// A FIFO in place of model.safetensors used to block startup in open(),
+// waiting for a writer.
+TEST_F(BrokenModelTest, FifoIsRefusedWithoutWaiting) {
+  std::filesystem::remove(Safetensors());
+  ASSERT_EQ(mkfifo(Safetensors().c_str(), 0600), 0);
+  auto loaded = std::async(std::launch::async, [&] { return LoadModel(dir_); });
+  if (loaded.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+    // Let the blocked open() return so the test can end, then fail.
+    const int fd = open(Safetensors().c_str(), O_WRONLY | O_NONBLOCK);
+    if (fd >= 0) close(fd);
+    FAIL() << "LoadModel waited on the FIFO";
+  }
+  const auto model = loaded.get();
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(model.status().message(), HasSubstr("model.safetensors: not a regular file"));
 }
 
 TEST(SentencePieceModelTest, MissingOrOversizedTokenizer) {
