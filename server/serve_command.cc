@@ -21,6 +21,7 @@
 #include "engine/runtime/generation_engine.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/impl/server_builder_option.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "server/auth.h"
@@ -45,12 +46,34 @@ void Log(const std::string& message) {
   std::fflush(stderr);
 }
 
+// --noreflection: linking grpc++_reflection registers its plugin with every
+// ServerBuilder; this option takes it out again.
+class WithoutReflection : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    std::erase_if(*plugins, [](const std::unique_ptr<grpc::ServerBuilderPlugin>& plugin) {
+      return dynamic_cast<grpc::reflection::ProtoServerReflectionPlugin*>(plugin.get()) != nullptr;
+    });
+  }
+};
+
 int Fail(const absl::Status& status) {
   Log(absl::StrCat("error: ", status.ToString()));
   return 1;
 }
 
 int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
+  // Credentials and the token first: a typo there is reported in a second,
+  // not after the model has loaded and warmed up.
+  auto credentials = MakeServerCredentials(options.tls);
+  if (!credentials.ok()) return Fail(credentials.status());
+  std::unique_ptr<BearerTokenAuth> auth;
+  if (!options.auth_token_file.empty()) {
+    auto loaded = BearerTokenAuth::FromFile(options.auth_token_file);
+    if (!loaded.ok()) return Fail(loaded.status());
+    auth = std::move(*loaded);
+  }
   ServerOptions resolved = options;
   if (resolved.model_dir.empty()) resolved.model_dir = DefaultModelDirectory();
   Log(absl::StrCat("loading model from ", resolved.model_dir));
@@ -87,7 +110,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
     }
     observer = std::make_unique<EngineMetricsObserver>(serving_metrics.get(), moe_metrics.get(),
                                                        kv_cache.num_blocks());
-    auto started = MetricsExposer::Start(options.host, options.metrics_port, collectables);
+    auto started = MetricsExposer::Start(options.metrics_host, options.metrics_port, collectables);
     if (!started.ok()) return Fail(started.status());
     exposer = std::move(*started);
   }
@@ -95,15 +118,6 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
                           setup->model->tokenizer.get(), observer.get());
   engine.Start();
   if (absl::Status status = WarmUpEngine(engine, config); !status.ok()) return Fail(status);
-
-  std::unique_ptr<BearerTokenAuth> auth;
-  if (!options.auth_token_file.empty()) {
-    auto loaded = BearerTokenAuth::FromFile(options.auth_token_file);
-    if (!loaded.ok()) return Fail(loaded.status());
-    auth = std::move(*loaded);
-  }
-  auto credentials = MakeServerCredentials(options.tls);
-  if (!credentials.ok()) return Fail(credentials.status());
 
   GenerationServiceOptions service_options;
   service_options.engine = &engine;
@@ -125,6 +139,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   builder.AddListeningPort(address, *credentials, &bound_port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_request_bytes));
   builder.RegisterService(&service);
+  if (!options.reflection) builder.SetOption(std::make_unique<WithoutReflection>());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || bound_port == 0) {
     return Fail(absl::UnavailableError(absl::StrCat("cannot listen on ", address)));
@@ -157,13 +172,14 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
                                                            : "mTLS (client certificates required)",
                       auth ? "bearer token required" : "no authentication"));
   if (exposer != nullptr) {
-    Log(absl::StrCat("metrics on http://", options.host, ":", exposer->port(), "/metrics",
+    Log(absl::StrCat("metrics on http://", options.metrics_host, ":", exposer->port(), "/metrics",
                      moe_metrics ? "" : " (--no-moe-metrics: serving and process only)"));
   } else {
     Log("metrics disabled (--metrics-port 0)");
   }
   Log(absl::StrCat("listening on ", options.host, ":", bound_port,
-                   " (grpc: switchserve.v1.Generation, grpc.health.v1.Health, reflection)"));
+                   " (grpc: switchserve.v1.Generation, grpc.health.v1.Health",
+                   options.reflection ? ", reflection)" : ")"));
 
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
@@ -175,7 +191,11 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
     Log(absl::StrCat("drain timeout: cancelling ", service.calls_in_flight(), " calls"));
   }
   engine.Stop();  // ends whatever is left; those calls get UNAVAILABLE
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  // Every Generate call has its final update now; once gRPC has sent their
+  // statuses (each call's OnDone), nothing of ours is running, and the
+  // shutdown need not wait for idle client connections to go away.
+  service.WaitUntilIdle(std::chrono::seconds(2));
+  server->Shutdown(std::chrono::system_clock::now());
   server->Wait();
   Log("stopped");
   return 0;

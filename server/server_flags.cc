@@ -15,6 +15,10 @@
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on");
 ABSL_FLAG(int, port, 50051, "gRPC port; 0 picks a free port (logged)");
 ABSL_FLAG(int, metrics_port, 9090, "Prometheus metrics port (/metrics); 0 disables");
+ABSL_FLAG(std::string, metrics_host, "",
+          "Address the metrics exporter listens on (plain HTTP, no TLS or token); empty: --host");
+ABSL_FLAG(bool, reflection, true,
+          "Serve gRPC reflection (not guarded by the bearer token); --noreflection turns it off");
 ABSL_FLAG(bool, no_moe_metrics, false,
           "Export no MoE routing metrics (serving and process metrics only)");
 ABSL_FLAG(int64_t, kv_cache_bytes, 1073741824,
@@ -62,6 +66,9 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.host = absl::GetFlag(FLAGS_host);
   o.port = absl::GetFlag(FLAGS_port);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  o.metrics_host = absl::GetFlag(FLAGS_metrics_host);
+  if (o.metrics_host.empty()) o.metrics_host = o.host;
+  o.reflection = absl::GetFlag(FLAGS_reflection);
   o.moe_metrics = !absl::GetFlag(FLAGS_no_moe_metrics);
   o.threads = absl::GetFlag(FLAGS_threads);
   o.allow_non_finite_weights = absl::GetFlag(FLAGS_allow_non_finite_weights);

@@ -27,8 +27,10 @@ struct ServerOptions {
   std::string model_dir;  // empty: DefaultModelDirectory()
   std::string host;
   int port = 0;
-  int metrics_port = 0;     // 0 disables
-  bool moe_metrics = true;  // false: --no-moe-metrics (serving and process metrics only)
+  int metrics_port = 0;      // 0 disables
+  std::string metrics_host;  // the exporter's address (--host unless given)
+  bool reflection = true;    // serve grpc.reflection
+  bool moe_metrics = true;   // false: --no-moe-metrics (serving and process metrics only)
   DeviceKind device = DeviceKind::kCpu;
   int threads = 0;                        // backend threads; 0: all cores
   bool allow_non_finite_weights = false;  // load NaN/inf weights with a warning
