@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "server/generate_calls.h"
 #include "server/wire_format.h"
 
@@ -60,6 +61,18 @@ void GenerationService::RecordRejected(absl::StatusCode code) const {
 }
 
 grpc::Status GenerationService::Admit(grpc::CallbackServerContext* context) const {
+  if (options_.max_metadata_bytes > 0) {
+    int64_t bytes = 0;
+    for (const auto& [key, value] : context->client_metadata()) {
+      bytes += static_cast<int64_t>(key.size() + value.size()) + 32;
+    }
+    if (bytes > options_.max_metadata_bytes) {
+      return grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrCat("request metadata of ", bytes, " bytes exceeds --max-metadata-bytes ",
+                       options_.max_metadata_bytes));
+    }
+  }
   if (options_.auth != nullptr) {
     if (grpc::Status status = options_.auth->Check(*context); !status.ok()) return status;
   }

@@ -33,7 +33,10 @@ struct GenerationServiceOptions {
   std::string device;       // the backend's name(): "cpu", "cuda"
   RequestLimits limits;
   const BearerTokenAuth* auth = nullptr;  // null: no token needed
-  ServingMetrics* metrics = nullptr;      // null: no metrics; must outlive the service
+  // Calls whose request metadata is larger (name + value + 32 bytes per
+  // entry, as HPACK counts) get RESOURCE_EXHAUSTED; 0: no limit.
+  int64_t max_metadata_bytes = 0;
+  ServingMetrics* metrics = nullptr;  // null: no metrics; must outlive the service
 };
 
 // Generate, GenerateStream and Tokenize take raw byte buffers so that request

@@ -128,6 +128,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   service_options.limits.vocab_size = config.vocab_size;
   service_options.limits.context_length = config.max_seq_len;
   service_options.auth = auth.get();
+  service_options.max_metadata_bytes = options.max_metadata_bytes;
   service_options.metrics = serving_metrics.get();
   GenerationService service(service_options);
 
@@ -138,6 +139,11 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   const std::string address = ListenAddress(options);
   builder.AddListeningPort(address, *credentials, &bound_port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_request_bytes));
+  // gRPC 1.51 answers headers over this limit by failing every call on the
+  // connection; the service enforces --max-metadata-bytes per call instead,
+  // below it (GenerationService), so an oversized call fails alone.
+  builder.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE,
+                             static_cast<int>(options.TransportMetadataLimit()));
   builder.RegisterService(&service);
   if (!options.reflection) builder.SetOption(std::make_unique<WithoutReflection>());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

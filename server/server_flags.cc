@@ -31,6 +31,8 @@ ABSL_FLAG(int, max_queue, 1024,
           "Requests waiting for admission; beyond it calls get RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_request_bytes, 4194304,
           "Largest request message gRPC accepts (RESOURCE_EXHAUSTED beyond)");
+ABSL_FLAG(int64_t, max_metadata_bytes, 16384,
+          "Largest request metadata (headers) of a call; more is RESOURCE_EXHAUSTED for that call");
 ABSL_FLAG(std::optional<double>, capacity_factor, std::nullopt,
           "Expert capacity factor; <= 0 dropless; unset: the model's");
 ABSL_FLAG(std::string, overflow, "", "drop | reroute; unset: the model's");
@@ -78,6 +80,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.max_running_requests = absl::GetFlag(FLAGS_max_running_requests);
   o.max_queue = absl::GetFlag(FLAGS_max_queue);
   o.max_request_bytes = absl::GetFlag(FLAGS_max_request_bytes);
+  o.max_metadata_bytes = absl::GetFlag(FLAGS_max_metadata_bytes);
   o.capacity_factor = absl::GetFlag(FLAGS_capacity_factor);
   o.min_capacity = absl::GetFlag(FLAGS_min_capacity);
   o.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
@@ -111,6 +114,9 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   if (o.max_queue < 1) return FlagError("max-queue", "must be >= 1");
   if (o.max_request_bytes < 1024 || o.max_request_bytes > (int64_t{1} << 31) - 1) {
     return FlagError("max-request-bytes", "must be in [1024, 2^31)");
+  }
+  if (o.max_metadata_bytes < 1024 || o.max_metadata_bytes > (int64_t{1} << 20)) {
+    return FlagError("max-metadata-bytes", "must be in [1024, 1048576]");
   }
   if (o.min_capacity && *o.min_capacity < 0) return FlagError("min-capacity", "must be >= 0");
   if (o.debug_step_delay_ms < 0 || o.debug_step_delay_ms > 10000) {

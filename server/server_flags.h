@@ -4,6 +4,7 @@
 #ifndef SWITCHSERVE_SERVER_SERVER_FLAGS_H_
 #define SWITCHSERVE_SERVER_SERVER_FLAGS_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -42,6 +43,14 @@ struct ServerOptions {
   int max_running_requests = 0;
   int max_queue = 0;
   int64_t max_request_bytes = 0;
+  // Request metadata of one call, counted as HPACK does (name + value + 32
+  // bytes per entry). The service refuses a call above it; the transport
+  // itself accepts up to TransportMetadataLimit() and closes the whole
+  // connection beyond that (gRPC 1.51), failing every call on it.
+  int64_t max_metadata_bytes = 0;
+  int64_t TransportMetadataLimit() const {
+    return std::max<int64_t>(int64_t{1} << 20, 4 * max_metadata_bytes);
+  }
   // Overrides of the model's dispatch config; unset: the model's value.
   std::optional<double> capacity_factor;
   std::optional<OverflowPolicy> overflow;

@@ -13,6 +13,7 @@
 
 ABSL_DECLARE_FLAG(double, drain_timeout_s);
 ABSL_DECLARE_FLAG(std::optional<double>, capacity_factor);
+ABSL_DECLARE_FLAG(int64_t, max_metadata_bytes);
 
 namespace switchserve {
 namespace {
@@ -56,6 +57,23 @@ TEST(ServerFlagsTest, CapacityFactorMustBeFinite) {
     EXPECT_NE(options.status().message().find("--capacity-factor"), std::string::npos);
   }
   absl::SetFlag(&FLAGS_capacity_factor, std::nullopt);
+}
+
+TEST(ServerFlagsTest, MetadataLimitIsBoundedAndBelowTheTransportLimit) {
+  for (int64_t bytes : {int64_t{1023}, int64_t{1 << 20} + 1, int64_t{-1}}) {
+    absl::SetFlag(&FLAGS_max_metadata_bytes, bytes);
+    EXPECT_EQ(ServerOptionsFromFlags().status().code(), absl::StatusCode::kInvalidArgument)
+        << bytes;
+  }
+  for (int64_t bytes : {int64_t{1024}, int64_t{16384}, int64_t{1 << 20}}) {
+    absl::SetFlag(&FLAGS_max_metadata_bytes, bytes);
+    const auto options = ServerOptionsFromFlags();
+    ASSERT_TRUE(options.ok()) << options.status();
+    // The service's check must come first, so an oversized call fails alone.
+    EXPECT_GE(options->TransportMetadataLimit(), 4 * bytes);
+    EXPECT_LE(options->TransportMetadataLimit(), std::numeric_limits<int>::max());
+  }
+  absl::SetFlag(&FLAGS_max_metadata_bytes, 16384);
 }
 
 }  // namespace
