@@ -34,20 +34,20 @@ class EngineRequestHandle {
     std::lock_guard<std::mutex> lock(mu_);
     if (!id.ok()) return id.status();
     id_ = *id;
-    if (cancel_requested_) engine_->Cancel(*id_);
+    if (cancel_requested_ != CancelCause::kNone) engine_->Cancel(*id_, cancel_requested_);
     return absl::OkStatus();
   }
-  void Cancel() {
+  void Cancel(CancelCause cause) {
     std::lock_guard<std::mutex> lock(mu_);
-    cancel_requested_ = true;
-    if (id_) engine_->Cancel(*id_);
+    if (cancel_requested_ == CancelCause::kNone) cancel_requested_ = cause;
+    if (id_) engine_->Cancel(*id_, cause);
   }
 
  private:
   std::mutex mu_;
   GenerationEngine* engine_ = nullptr;
   std::optional<RequestId> id_;
-  bool cancel_requested_ = false;
+  CancelCause cancel_requested_ = CancelCause::kNone;
 };
 
 class UnaryGenerateCall : public grpc::ServerUnaryReactor {
@@ -80,11 +80,12 @@ class UnaryGenerateCall : public grpc::ServerUnaryReactor {
     message_.set_finish_reason(ToProto(update.finish_reason));
     FillUsageAndTiming(update, message_.mutable_usage(), message_.mutable_timing());
     *response_ = SerializeMessage(message_);
-    Finish(update.finish_reason == FinishReason::kCancelled ? CancelledCallStatus(context_)
-                                                            : grpc::Status::OK);
+    Finish(update.finish_reason == FinishReason::kCancelled
+               ? CancelledCallStatus(update.cancel_cause)
+               : grpc::Status::OK);
   }
 
-  void OnCancel() override { handle_.Cancel(); }
+  void OnCancel() override { handle_.Cancel(CancelCauseOf(*context_)); }
   void OnDone() override {
     service_->CallDone();
     delete this;
@@ -141,7 +142,7 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
           pending_.set_finish_reason(ToProto(update.finish_reason));
           FillUsageAndTiming(update, pending_.mutable_usage(), pending_.mutable_timing());
           final_status_ = update.finish_reason == FinishReason::kCancelled
-                              ? CancelledCallStatus(context_)
+                              ? CancelledCallStatus(update.cancel_cause)
                               : grpc::Status::OK;
         }
       }
@@ -153,7 +154,7 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
 
   void OnWriteDone(bool ok) override {
     // While writing_ is set the call cannot finish, so `this` stays valid.
-    if (!ok) handle_.Cancel();
+    if (!ok) handle_.Cancel(CancelCause::kClient);  // the client is gone
     {
       std::lock_guard<std::mutex> lock(mu_);
       writing_ = false;
@@ -161,7 +162,7 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     }
     Pump();
   }
-  void OnCancel() override { handle_.Cancel(); }
+  void OnCancel() override { handle_.Cancel(CancelCauseOf(*context_)); }
   void OnDone() override {
     service_->CallDone();
     ReleaseSide(&grpc_done_);
@@ -225,13 +226,23 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
 
 }  // namespace
 
-grpc::Status CancelledCallStatus(grpc::CallbackServerContext* context) {
-  if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
-  if (context->deadline() <= std::chrono::system_clock::now()) {
-    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded");
+CancelCause CancelCauseOf(const grpc::CallbackServerContext& context) {
+  return context.deadline() <= std::chrono::system_clock::now() ? CancelCause::kDeadline
+                                                                : CancelCause::kClient;
+}
+
+grpc::Status CancelledCallStatus(CancelCause cause) {
+  switch (cause) {
+    case CancelCause::kDeadline:
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded");
+    case CancelCause::kShutdown:
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "the server stopped before the request finished");
+    case CancelCause::kClient:
+    case CancelCause::kNone:
+      break;
   }
-  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                      "the server stopped before the request finished");
+  return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
 }
 
 grpc::ServerUnaryReactor* StartUnaryGenerate(GenerationService* service,

@@ -31,7 +31,7 @@ struct GenerationEngine::RequestState : Sequence {
   SamplerRng rng;
   IncrementalDetokenizer detokenizer;
   int generated = 0;
-  bool cancelled = false;
+  CancelCause cancelled = CancelCause::kNone;  // set: leaves at the next step
   bool done = false;
   std::optional<Clock::time_point> first_scheduled;
   std::optional<Clock::time_point> first_token;
@@ -78,9 +78,9 @@ absl::StatusOr<RequestId> GenerationEngine::Submit(GenerationRequest request) {
   return id;
 }
 
-void GenerationEngine::Cancel(RequestId id) {
+void GenerationEngine::Cancel(RequestId id, CancelCause cause) {
   std::lock_guard<std::mutex> lock(mu_);
-  cancel_inbox_.push_back(id);
+  cancel_inbox_.emplace_back(id, cause);
   wake_.notify_one();
 }
 
@@ -95,7 +95,9 @@ void GenerationEngine::Stop() {
   } else {
     TakeInbox();  // never started: still owe every accepted request its end
     for (auto& state : active_) {
-      if (!state->done) Finish(state.get(), {}, FinishReason::kCancelled, absl::OkStatus());
+      if (!state->done) {
+        Finish(state.get(), {}, FinishReason::kCancelled, absl::OkStatus(), CancelCause::kShutdown);
+      }
     }
     active_.clear();
   }
@@ -113,7 +115,9 @@ void GenerationEngine::Loop() {
     PublishSnapshot();
   }
   for (auto& state : active_) {
-    if (!state->done) Finish(state.get(), {}, FinishReason::kCancelled, absl::OkStatus());
+    if (!state->done) {
+      Finish(state.get(), {}, FinishReason::kCancelled, absl::OkStatus(), CancelCause::kShutdown);
+    }
   }
   active_.clear();
   PublishSnapshot();
@@ -121,7 +125,7 @@ void GenerationEngine::Loop() {
 
 bool GenerationEngine::TakeInbox() {
   std::deque<std::pair<RequestId, GenerationRequest>> inbox;
-  std::vector<RequestId> cancels;
+  std::vector<std::pair<RequestId, CancelCause>> cancels;
   bool keep_running;
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -138,9 +142,9 @@ bool GenerationEngine::TakeInbox() {
     scheduler_.Add(state.get());
     active_.push_back(std::move(state));
   }
-  for (RequestId id : cancels) {
+  for (const auto& [id, cause] : cancels) {
     for (auto& state : active_) {
-      if (state->id == id) state->cancelled = true;
+      if (state->id == id && state->cancelled == CancelCause::kNone) state->cancelled = cause;
     }
   }
   // Submit counts waiting requests from the snapshot: publish before the
@@ -153,8 +157,10 @@ void GenerationEngine::DropCancelledAndExpired() {
   const Clock::time_point now = Clock::now();
   for (auto& state : active_) {
     const auto& deadline = state->request.deadline;
-    if (state->cancelled || (deadline && now >= *deadline)) {
-      Finish(state.get(), {}, FinishReason::kCancelled, absl::OkStatus());
+    if (state->cancelled != CancelCause::kNone) {
+      Finish(state.get(), {}, FinishReason::kCancelled, absl::OkStatus(), state->cancelled);
+    } else if (deadline && now >= *deadline) {
+      Finish(state.get(), {}, FinishReason::kCancelled, absl::OkStatus(), CancelCause::kDeadline);
     }
   }
   std::erase_if(active_, [](const auto& state) { return state->done; });
@@ -262,11 +268,12 @@ void GenerationEngine::RunStep() {
 }
 
 void GenerationEngine::Finish(RequestState* state, GenerationUpdate update, FinishReason reason,
-                              absl::Status status) {
+                              absl::Status status, CancelCause cause) {
   const Clock::time_point now = Clock::now();
   if (status.ok()) update.text += state->detokenizer.Finish();
   update.finished = true;
   update.finish_reason = reason;
+  update.cancel_cause = reason == FinishReason::kCancelled ? cause : CancelCause::kNone;
   update.status = std::move(status);
   update.prompt_tokens = static_cast<int>(state->request.prompt.size());
   update.completion_tokens = state->generated;

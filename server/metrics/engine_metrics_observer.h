@@ -24,10 +24,11 @@ class EngineMetricsObserver : public EngineObserver {
   EngineMetricsObserver(ServingMetrics* serving, MoeMetrics* moe, int64_t total_kv_blocks);
 
   void OnStep(const StepReport& report) override;
-  // Counts the request by status: OK (finished by length, stop or EOS),
-  // CANCELLED (cancelled by the client or past its deadline) or the engine
-  // error's code. Requests rejected before reaching the engine are counted
-  // by the gRPC service (ServingMetrics::RecordFinished).
+  // Counts the request by the status its client sees: OK (finished by
+  // length, stop or EOS), CANCELLED (cancelled by the client),
+  // DEADLINE_EXCEEDED (past its deadline), UNAVAILABLE (ended by the server's
+  // shutdown) or the engine error's code. Requests rejected before reaching
+  // the engine are counted by the gRPC service (ServingMetrics::RecordFinished).
   void OnRequestFinished(const GenerationUpdate& final_update) override;
 
  private:
