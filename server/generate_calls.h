@@ -26,8 +26,9 @@ grpc::ServerUnaryReactor* StartUnaryGenerate(GenerationService* service,
 grpc::ServerWriteReactor<grpc::ByteBuffer>* StartStreamingGenerate(
     GenerationService* service, grpc::CallbackServerContext* context, GenerationRequest request);
 
-// Why gRPC cancelled a call (OnCancel): its deadline passed, or the client
-// cancelled it or went away.
+// Why gRPC cancelled a call (OnCancel): its deadline passed (or is less than
+// 100 ms away: the client's own clock ends it first), or the client cancelled
+// it or went away.
 CancelCause CancelCauseOf(const grpc::CallbackServerContext& context);
 
 // The status a call ends with when its request finished with kCancelled, as

@@ -24,6 +24,15 @@ class FailedStream : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   void OnDone() override { delete this; }
 };
 
+// The status a refused call's client sees: a call cancelled (or past its
+// deadline) in flight reaches the handler without its message (Prepare's
+// CANCELLED), and its client sees the cancellation, not a validation error.
+absl::StatusCode RejectionSeenByClient(grpc::CallbackServerContext& context,
+                                       absl::StatusCode code) {
+  if (code != absl::StatusCode::kCancelled && !context.IsCancelled()) return code;
+  return static_cast<absl::StatusCode>(CancelledCallStatus(CancelCauseOf(context)).error_code());
+}
+
 }  // namespace
 
 GenerationService::GenerationService(const GenerationServiceOptions& options) : options_(options) {
@@ -86,6 +95,9 @@ grpc::Status GenerationService::Admit(grpc::CallbackServerContext* context) cons
 
 absl::StatusOr<GenerationRequest> GenerationService::Prepare(grpc::CallbackServerContext* context,
                                                              const grpc::ByteBuffer& buffer) const {
+  // No message at all (an empty one is valid): the client cancelled, or its
+  // deadline passed, before the request arrived.
+  if (!buffer.Valid()) return absl::CancelledError("the call ended before its request arrived");
   v1::GenerateRequest request;
   if (absl::Status status = ParseMessage(buffer, &request); !status.ok()) return status;
   auto prepared = ValidateGenerateRequest(request, *options_.tokenizer, options_.limits);
@@ -107,7 +119,7 @@ grpc::ServerUnaryReactor* GenerationService::Generate(grpc::CallbackServerContex
   }
   auto prepared = Prepare(context, *request);
   if (!prepared.ok()) {
-    RecordRejected(prepared.status().code());
+    RecordRejected(RejectionSeenByClient(*context, prepared.status().code()));
     return FinishNow(context, ToGrpcStatus(prepared.status()));
   }
   return StartUnaryGenerate(this, context, std::move(*prepared), response);
@@ -121,7 +133,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationService::GenerateStream(
   }
   auto prepared = Prepare(context, *request);
   if (!prepared.ok()) {
-    RecordRejected(prepared.status().code());
+    RecordRejected(RejectionSeenByClient(*context, prepared.status().code()));
     return new FailedStream(ToGrpcStatus(prepared.status()));
   }
   return StartStreamingGenerate(this, context, std::move(*prepared));

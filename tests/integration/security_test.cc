@@ -1,10 +1,6 @@
 // TLS, mutual TLS and bearer-token authentication of the real server, with
 // certificates generated for the test.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <fstream>
 #include <memory>
@@ -151,42 +147,6 @@ TEST(SecurityTest, CredentialProblemsAreReportedBeforeTheModelLoads) {
   }
 }
 
-// A TCP port free on `host` right now.
-int FreePort(const char* host) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  inet_pton(AF_INET, host, &address.sin_addr);
-  socklen_t length = sizeof address;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    close(fd);
-    return 0;
-  }
-  close(fd);
-  return ntohs(address.sin_port);
-}
-
-// GET http://host:port/metrics; the response, or "" when nothing listens.
-std::string HttpGetMetrics(const char* host, int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(port);
-  inet_pton(AF_INET, host, &address.sin_addr);
-  std::string response;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0) {
-    const std::string request = "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n";
-    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
-      char buffer[4096];
-      ssize_t n;
-      while ((n = read(fd, buffer, sizeof buffer)) > 0) response.append(buffer, n);
-    }
-  }
-  close(fd);
-  return response;
-}
-
 // The parts not guarded by the bearer token can be narrowed: reflection
 // switched off, the plain-HTTP metrics exporter bound to another address.
 TEST(SecurityTest, ReflectionCanBeOffAndMetricsOnTheirOwnAddress) {
@@ -195,9 +155,9 @@ TEST(SecurityTest, ReflectionCanBeOffAndMetricsOnTheirOwnAddress) {
   auto server = ServerProcess::Start({"--noreflection", "--metrics-host", "127.0.0.2",
                                       "--metrics-port", std::to_string(metrics_port)});
   ASSERT_TRUE(server.ok()) << server.status();
-  EXPECT_NE(HttpGetMetrics("127.0.0.2", metrics_port).find("switchserve_requests_total"),
+  EXPECT_NE(HttpGet("127.0.0.2", metrics_port, "/metrics").find("switchserve_requests_total"),
             std::string::npos);
-  EXPECT_EQ(HttpGetMetrics("127.0.0.1", metrics_port), "");
+  EXPECT_EQ(HttpGet("127.0.0.1", metrics_port, "/metrics"), "");
 
   auto reflection = grpc::reflection::v1alpha::ServerReflection::NewStub((*server)->Channel());
   auto context = ContextWithDeadline(10);
