@@ -270,7 +270,12 @@ void GenerationEngine::RunStep() {
 void GenerationEngine::Finish(RequestState* state, GenerationUpdate update, FinishReason reason,
                               absl::Status status, CancelCause cause) {
   const Clock::time_point now = Clock::now();
-  if (status.ok()) update.text += state->detokenizer.Finish();
+  if (status.ok()) {
+    bool stopped = false;
+    update.text += state->detokenizer.Finish(&stopped);
+    // The final replacement character completed a stop string.
+    if (stopped && reason == FinishReason::kLength) reason = FinishReason::kStop;
+  }
   update.finished = true;
   update.finish_reason = reason;
   update.cancel_cause = reason == FinishReason::kCancelled ? cause : CancelCause::kNone;
