@@ -1,8 +1,9 @@
 // One decode step and one prefill chunk of the paper's 262M SwitchAll shape
 // (d=1024, 18 layers, SwitchHead H=4 E=4 k=2 dh=112, MoE FFN of 32 experts of
 // size 128 with sigmoid gates and k=4; random weights) on the CPU backend,
-// reported next to this machine's sgemm rate and memory read bandwidth,
-// measured in the same process (bench/roofline.h).
+// with RoPE (xl:0) or the paper's XL relative positions (xl:1), reported next
+// to this machine's sgemm rate and memory read bandwidth, measured in the
+// same process (bench/roofline.h).
 //
 // Counters: tokens_per_s; gflops and gb_per_s achieved (FLOPs of the matmuls
 // and attention actually run; bytes of the weights the step touched - the
@@ -23,13 +24,20 @@ namespace switchserve {
 namespace {
 
 struct PaperModel {
+  explicit PaperModel(PositionKind position) {
+    config.attention.position = position;
+    weights = testing::RandomWeights(config, /*seed=*/262);
+  }
   ModelConfig config = testing::PaperSwitchAllConfig();
-  ModelWeights weights = testing::RandomWeights(config, /*seed=*/262);
+  ModelWeights weights;
 };
 
-const PaperModel& Paper() {
-  static const PaperModel* model = new PaperModel();
-  return *model;
+// The paper's shape with RoPE (xl = 0) or XL positions (xl = 1).
+const PaperModel& Paper(int64_t xl) {
+  static const PaperModel* rope = new PaperModel(PositionKind::kRope);
+  if (xl == 0) return *rope;
+  static const PaperModel* relative = new PaperModel(PositionKind::kXl);
+  return *relative;
 }
 
 // Work one step did, from the routing statistics of that step.
@@ -39,7 +47,7 @@ struct StepWork {
 };
 
 StepWork MeasureWork(const ModelConfig& config, const StepOutput& out, int64_t new_tokens,
-                     int64_t attended_pairs, int64_t cached_tokens_read) {
+                     int64_t attended_pairs, int64_t cached_tokens_read, int64_t max_context) {
   const double d = config.d_model, dh = config.attention.head_dim;
   const double H = config.attention.n_heads, G = config.attention.n_kv_heads;
   const double E = config.attention.n_experts, F = config.ffn.d_ff, X = config.ffn.n_experts;
@@ -58,9 +66,14 @@ StepWork MeasureWork(const ModelConfig& config, const StepOutput& out, int64_t n
       if (stats.kept[e] > 0) work.bytes += 4 * expert_params;
     }
   }
-  // Attention: q.k and p.v for every (query, key) pair and head.
+  // Attention: q.k and p.v for every (query, key) pair and head; with XL
+  // also q.R[i - j], reading one table row per head and distance.
   work.flops += 4.0 * H * dh * attended_pairs * config.n_layers;
   work.bytes += 4.0 * 2 * G * dh * cached_tokens_read * config.n_layers;
+  if (config.attention.IsXl()) {
+    work.flops += 2.0 * H * dh * attended_pairs * config.n_layers;
+    work.bytes += 4.0 * H * dh * max_context * config.n_layers;
+  }
   // Output head for the rows returned.
   const double rows = static_cast<double>(out.logits.size()) / config.vocab_size;
   work.flops += 2.0 * config.vocab_size * d * rows;
@@ -87,7 +100,7 @@ void Report(benchmark::State& state, const StepWork& work, int64_t tokens_per_st
 void BM_DecodeStep(benchmark::State& state) {
   const int batch = static_cast<int>(state.range(0));
   const int context = static_cast<int>(state.range(1));
-  const PaperModel& model = Paper();
+  const PaperModel& model = Paper(state.range(2));
   bench::MeasureMachineLimits();
   std::unique_ptr<Backend> backend =
       *CreateBackend(DeviceKind::kCpu, model.config, model.weights, model.config.dispatch);
@@ -133,21 +146,24 @@ void BM_DecodeStep(benchmark::State& state) {
   }
   Report(state,
          MeasureWork(model.config, out, batch, static_cast<int64_t>(batch) * (context + 1),
-                     static_cast<int64_t>(batch) * (context + 1)),
+                     static_cast<int64_t>(batch) * (context + 1), context + 1),
          batch);
 }
 BENCHMARK(BM_DecodeStep)
-    ->ArgNames({"batch", "context"})
-    ->Args({1, 128})
-    ->Args({8, 128})
-    ->Args({32, 128})
+    ->ArgNames({"batch", "context", "xl"})
+    ->Args({1, 128, 0})
+    ->Args({1, 128, 1})
+    ->Args({8, 128, 0})
+    ->Args({8, 128, 1})
+    ->Args({32, 128, 0})
+    ->Args({32, 128, 1})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
 // A prefill chunk of `chunk` tokens of one new sequence.
 void BM_PrefillChunk(benchmark::State& state) {
   const int length = static_cast<int>(state.range(0));
-  const PaperModel& model = Paper();
+  const PaperModel& model = Paper(state.range(1));
   bench::MeasureMachineLimits();
   std::unique_ptr<Backend> backend =
       *CreateBackend(DeviceKind::kCpu, model.config, model.weights, model.config.dispatch);
@@ -172,11 +188,12 @@ void BM_PrefillChunk(benchmark::State& state) {
     }
   }
   const int64_t pairs = static_cast<int64_t>(length) * (length + 1) / 2;
-  Report(state, MeasureWork(model.config, out, length, pairs, length), length);
+  Report(state, MeasureWork(model.config, out, length, pairs, length, length), length);
 }
 BENCHMARK(BM_PrefillChunk)
-    ->ArgName("tokens")
-    ->Arg(512)
+    ->ArgNames({"tokens", "xl"})
+    ->Args({512, 0})
+    ->Args({512, 1})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -8,6 +8,7 @@
 namespace switchserve {
 
 int AttentionConfig::RotaryDims() const {
+  if (position == PositionKind::kXl) return 0;
   int dims = static_cast<int>(std::floor(rotate_fraction * head_dim));
   return dims - dims % 2;
 }

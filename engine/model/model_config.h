@@ -18,6 +18,10 @@ enum class TokenizerKind { kByte, kSentencePiece };
 enum class AttentionKind { kSwitchHead, kDense };
 enum class AttentionGate { kSigmoid, kSoftmaxTopK };
 enum class ValueRouting { kSource, kDestination };
+// How attention sees token positions: RoPE on q and k, or Transformer-XL
+// relative position keys (a learned pos_to_pk per layer applied to a fixed
+// sinusoid of j - i; docs/model-format.md).
+enum class PositionKind { kRope, kXl };
 enum class FfnKind { kMoe, kDense };
 enum class FfnGate { kSoftmax, kSigmoid };
 enum class Activation { kRelu, kGelu, kSilu };
@@ -33,11 +37,14 @@ struct AttentionConfig {
   AttentionGate gate = AttentionGate::kSigmoid;
   bool shared_router = false;
   ValueRouting value_routing = ValueRouting::kSource;
-  double rotate_fraction = 0.5;
-  double rope_base = 10000.0;
+  PositionKind position = PositionKind::kRope;
+  double rotate_fraction = 0.5;  // rope only
+  double rope_base = 10000.0;    // rope only
 
-  // Channels of each head that RoPE rotates: floor(rotate_fraction*dh), even.
+  // Channels of each head that RoPE rotates: floor(rotate_fraction*dh), even;
+  // 0 with XL positions (no RoPE).
   int RotaryDims() const;
+  bool IsXl() const { return position == PositionKind::kXl; }
   // True for SwitchHead with E > 1 (routed V and O projections).
   bool IsRouted() const { return kind == AttentionKind::kSwitchHead && n_experts > 1; }
   // Value vectors cached per KV head: E with destination routing, else 1.
@@ -82,6 +89,7 @@ struct ModelConfig {
   NormKind norm = NormKind::kLayerNorm;
   double norm_eps = 1e-5;
   bool tie_embeddings = true;
+  bool output_bias = false;  // the output head adds lm_head.bias [V]
   TokenizerKind tokenizer = TokenizerKind::kByte;
   std::optional<int> bos_token_id;
   std::optional<int> eos_token_id;
@@ -95,13 +103,16 @@ struct ModelConfig {
 // Unknown keys are errors. For a dense attention or FFN, n_experts and top_k
 // may only be given as 1 and router_bias only as false; the switchhead/moe-only
 // enums and flags (gate, shared_router, ...) are accepted and have no effect.
+// With attention.position "xl", rotate_fraction and rope_base are errors and
+// d_model must be even.
 absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text,
                                              std::string_view file_name);
 
 // The inverse of ParseModelConfig: config.json text with every key spelled
 // out. Keys that do not apply to the module type (n_experts and top_k of a
-// dense attention or FFN, router_bias of a dense FFN) are left out, so such
-// fields come back as their defaults. Used by WriteModelDirectory.
+// dense attention or FFN, router_bias of a dense FFN, rotate_fraction and
+// rope_base with XL positions) are left out, so such fields come back as
+// their defaults. Used by WriteModelDirectory.
 std::string ModelConfigToJson(const ModelConfig& config);
 
 // Names used in logs, flags and metrics.

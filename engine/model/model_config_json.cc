@@ -187,6 +187,8 @@ const std::vector<std::pair<std::string, AttentionGate>> kAttentionGateNames = {
     {"sigmoid", AttentionGate::kSigmoid}, {"softmax_topk", AttentionGate::kSoftmaxTopK}};
 const std::vector<std::pair<std::string, ValueRouting>> kValueRoutingNames = {
     {"source", ValueRouting::kSource}, {"destination", ValueRouting::kDestination}};
+const std::vector<std::pair<std::string, PositionKind>> kPositionNames = {
+    {"rope", PositionKind::kRope}, {"xl", PositionKind::kXl}};
 const std::vector<std::pair<std::string, FfnKind>> kFfnNames = {{"moe", FfnKind::kMoe},
                                                                 {"dense", FfnKind::kDense}};
 const std::vector<std::pair<std::string, FfnGate>> kFfnGateNames = {{"softmax", FfnGate::kSoftmax},
@@ -250,6 +252,17 @@ absl::Status ParseAttention(ObjectReader& reader, AttentionConfig* attn) {
   RETURN_IF_ERROR(reader.Bool("shared_router", false, &attn->shared_router));
   RETURN_IF_ERROR(reader.Enum<ValueRouting>("value_routing", ValueRouting::kSource,
                                             kValueRoutingNames, &attn->value_routing));
+  RETURN_IF_ERROR(
+      reader.Enum<PositionKind>("position", PositionKind::kRope, kPositionNames, &attn->position));
+  if (attn->position == PositionKind::kXl) {
+    for (const char* rope_key : {"rotate_fraction", "rope_base"}) {
+      if (reader.Has(rope_key)) {
+        return reader.Error(rope_key,
+                            "applies to position \"rope\" only, not \"xl\" (no RoPE there)");
+      }
+    }
+    return reader.Finish();
+  }
   RETURN_IF_ERROR(reader.Number(
       "rotate_fraction", 0.5, [](double f) { return f >= 0.0 && f <= 1.0; }, "a number in [0, 1]",
       &attn->rotate_fraction));
@@ -324,6 +337,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text,
   RETURN_IF_ERROR(top.Number(
       "norm_eps", 1e-5, [](double e) { return e > 0.0; }, "a number > 0", &config.norm_eps));
   RETURN_IF_ERROR(top.Bool("tie_embeddings", true, &config.tie_embeddings));
+  RETURN_IF_ERROR(top.Bool("output_bias", false, &config.output_bias));
   RETURN_IF_ERROR(TokenId(top, "bos_token_id", config.vocab_size, &config.bos_token_id));
   RETURN_IF_ERROR(TokenId(top, "eos_token_id", config.vocab_size, &config.eos_token_id));
 
@@ -331,6 +345,11 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text,
   if (!attention.ok()) return attention.status();
   ObjectReader attention_reader(**attention, file, "attention.");
   RETURN_IF_ERROR(ParseAttention(attention_reader, &config.attention));
+  if (config.attention.IsXl() && config.d_model % 2 != 0) {
+    return top.Error("d_model", absl::StrCat("attention.position \"xl\" needs an even d_model "
+                                             "(sin/cos pairs of width d_model), found ",
+                                             config.d_model));
+  }
 
   absl::StatusOr<const Json*> ffn = top.Object("ffn", /*required=*/true);
   if (!ffn.ok()) return ffn.status();
@@ -361,8 +380,11 @@ std::string ModelConfigToJson(const ModelConfig& config) {
   attention["gate"] = NameOf(kAttentionGateNames, a.gate);
   attention["shared_router"] = a.shared_router;
   attention["value_routing"] = NameOf(kValueRoutingNames, a.value_routing);
-  attention["rotate_fraction"] = a.rotate_fraction;
-  attention["rope_base"] = a.rope_base;
+  attention["position"] = NameOf(kPositionNames, a.position);
+  if (!a.IsXl()) {
+    attention["rotate_fraction"] = a.rotate_fraction;
+    attention["rope_base"] = a.rope_base;
+  }
 
   Json ffn = {{"type", NameOf(kFfnNames, f.kind)}, {"d_ff", f.d_ff}};
   if (f.kind == FfnKind::kMoe) {
@@ -385,6 +407,7 @@ std::string ModelConfigToJson(const ModelConfig& config) {
       {"norm", NameOf(kNormNames, config.norm)},
       {"norm_eps", config.norm_eps},
       {"tie_embeddings", config.tie_embeddings},
+      {"output_bias", config.output_bias},
       {"tokenizer", NameOf(kTokenizerNames, config.tokenizer)},
       {"bos_token_id", config.bos_token_id ? Json(*config.bos_token_id) : Json(nullptr)},
       {"eos_token_id", config.eos_token_id ? Json(*config.eos_token_id) : Json(nullptr)},

@@ -32,11 +32,12 @@ struct Slot {
 
 const Slot kSlots[] = {
     SWITCHSERVE_MODEL_SLOT(embedding),    SWITCHSERVE_MODEL_SLOT(lm_head),
-    SWITCHSERVE_MODEL_SLOT(final_norm_w), SWITCHSERVE_MODEL_SLOT(final_norm_b),
-    SWITCHSERVE_LAYER_SLOT(attn_norm_w),  SWITCHSERVE_LAYER_SLOT(attn_norm_b),
-    SWITCHSERVE_LAYER_SLOT(attn.q),       SWITCHSERVE_LAYER_SLOT(attn.k),
-    SWITCHSERVE_LAYER_SLOT(attn.v),       SWITCHSERVE_LAYER_SLOT(attn.o),
-    SWITCHSERVE_LAYER_SLOT(attn.sel_v),   SWITCHSERVE_LAYER_SLOT(attn.sel_o),
+    SWITCHSERVE_MODEL_SLOT(lm_head_bias), SWITCHSERVE_MODEL_SLOT(final_norm_w),
+    SWITCHSERVE_MODEL_SLOT(final_norm_b), SWITCHSERVE_LAYER_SLOT(attn_norm_w),
+    SWITCHSERVE_LAYER_SLOT(attn_norm_b),  SWITCHSERVE_LAYER_SLOT(attn.q),
+    SWITCHSERVE_LAYER_SLOT(attn.k),       SWITCHSERVE_LAYER_SLOT(attn.v),
+    SWITCHSERVE_LAYER_SLOT(attn.o),       SWITCHSERVE_LAYER_SLOT(attn.sel_v),
+    SWITCHSERVE_LAYER_SLOT(attn.sel_o),   SWITCHSERVE_LAYER_SLOT(attn.pos_to_pk),
     SWITCHSERVE_LAYER_SLOT(ffn_norm_w),   SWITCHSERVE_LAYER_SLOT(ffn_norm_b),
     SWITCHSERVE_LAYER_SLOT(ffn.router_w), SWITCHSERVE_LAYER_SLOT(ffn.router_b),
     SWITCHSERVE_LAYER_SLOT(ffn.w1),       SWITCHSERVE_LAYER_SLOT(ffn.b1),
@@ -73,6 +74,9 @@ std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& config) {
   add("embedding.weight", {V, d}, -1, [](ModelWeights& w, int) -> Tensor& { return w.embedding; });
   if (!config.tie_embeddings) {
     add("lm_head.weight", {V, d}, -1, [](ModelWeights& w, int) -> Tensor& { return w.lm_head; });
+  }
+  if (config.output_bias) {
+    add("lm_head.bias", {V}, -1, [](ModelWeights& w, int) -> Tensor& { return w.lm_head_bias; });
   }
   add("final_norm.weight", {d}, -1, [](ModelWeights& w, int) -> Tensor& { return w.final_norm_w; });
   if (layernorm) {
@@ -111,6 +115,10 @@ std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& config) {
       add(p + "attn.v", {G * dh, d}, i, v);
       add(p + "attn.o", {d, H * dh}, i, o);
       add(p + "attn.sel_o", {H, d}, i, sel_o);
+    }
+    if (a.IsXl()) {
+      add(p + "attn.pos_to_pk", {H * dh, d}, i,
+          [](ModelWeights& w, int l) -> Tensor& { return w.layers[l].attn.pos_to_pk; });
     }
     add(p + "ffn_norm.weight", {d}, i,
         [](ModelWeights& w, int l) -> Tensor& { return w.layers[l].ffn_norm_w; });

@@ -31,6 +31,9 @@ struct AttentionWeights {
   Tensor o;      // routed: [H*E, dh, d]; E = 1 and dense: [d, H*dh]
   Tensor sel_v;  // routed: [G*E, d] or [E, d] shared; else empty
   Tensor sel_o;  // routed: [H*E, d] or [E, d] shared; E = 1: [H, d]; dense: empty
+  // XL positions: [H*dh, d], rows h*dh..(h+1)*dh map the sinusoid to query
+  // head h's position key; empty with RoPE.
+  Tensor pos_to_pk;
 };
 
 struct FfnWeights {
@@ -54,8 +57,9 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
-  Tensor embedding;  // [V, d]
-  Tensor lm_head;    // [V, d]; empty when tied (use embedding)
+  Tensor embedding;     // [V, d]
+  Tensor lm_head;       // [V, d]; empty when tied (use embedding)
+  Tensor lm_head_bias;  // [V] with output_bias (tied or not); else empty
   Tensor final_norm_w;
   Tensor final_norm_b;
   std::vector<LayerWeights> layers;

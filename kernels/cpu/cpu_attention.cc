@@ -31,8 +31,8 @@ GateFunction CpuAttention::gate() const {
 }
 
 void CpuAttention::Run(const AttentionWeights& w, const StepBatch& step, const float* xn, float* x,
-                       float* k_cache, float* v_cache, int router_base,
-                       const RoutingRecorder& recorder) {
+                       float* k_cache, float* v_cache, const XlPositionKeys& positions,
+                       int router_base, const RoutingRecorder& recorder) {
   const int T = step.num_tokens();
   const int H = attn_.n_heads, G = attn_.n_kv_heads, dh = attn_.head_dim;
   const int ev = attn_.CachedValuesPerKvHead();
@@ -64,7 +64,7 @@ void CpuAttention::Run(const AttentionWeights& w, const StepBatch& step, const f
     std::memcpy(k_cache + step.cache_rows[t] * krow, k_.data() + t * krow, krow * sizeof(float));
     std::memcpy(v_cache + step.cache_rows[t] * vrow, v_.data() + t * vrow, vrow * sizeof(float));
   }
-  Attend(step, k_cache, v_cache);
+  Attend(step, k_cache, v_cache, positions);
   ProjectOutput(w, step, xn, x, router_base, recorder);
 }
 
@@ -122,7 +122,8 @@ void CpuAttention::ComputeValues(const AttentionWeights& w, const StepBatch& ste
   }
 }
 
-void CpuAttention::Attend(const StepBatch& step, const float* k_cache, const float* v_cache) {
+void CpuAttention::Attend(const StepBatch& step, const float* k_cache, const float* v_cache,
+                          const XlPositionKeys& positions) {
   const int H = attn_.n_heads, G = attn_.n_kv_heads, dh = attn_.head_dim;
   const int ev = attn_.CachedValuesPerKvHead();
   const int group = H / G;
@@ -136,7 +137,7 @@ void CpuAttention::Attend(const StepBatch& step, const float* k_cache, const flo
     const int t = step.token_offsets[c];
     const int n = step.num_tokens(c);
     if (n >= kTiledMinTokens) {
-      AttendChunkTiled(step, c, t, n, k_cache, v_cache);
+      AttendChunkTiled(step, c, t, n, k_cache, v_cache, positions);
     } else {
       for (int i = 0; i < n; ++i) loop_tokens_.push_back(t + i);
     }
@@ -163,6 +164,8 @@ void CpuAttention::Attend(const StepBatch& step, const float* k_cache, const flo
     const int bs = step.block_size;
     float* score = scores_.data() + static_cast<int64_t>(omp_get_thread_num()) * score_stride;
     const float* q = q_.data() + (static_cast<int64_t>(t) * H + h) * dh;
+    // XL: R_h[pos - j] for key j (cpu_xl_positions.h).
+    const float* rel = positions ? positions.At(h, pos) : nullptr;
 
     float smax = -INFINITY;
     for (int j = 0; j <= pos; ++j) {
@@ -171,6 +174,7 @@ void CpuAttention::Attend(const StepBatch& step, const float* k_cache, const flo
       float s = 0;
 #pragma omp simd reduction(+ : s)
       for (int i = 0; i < dh; ++i) s += q[i] * kj[i];
+      if (rel != nullptr) s += XlPositionDot(q, rel - static_cast<int64_t>(j) * dh, dh);
       score[j] = s;
       smax = std::max(smax, s);
     }
@@ -204,7 +208,8 @@ void CpuAttention::Attend(const StepBatch& step, const float* k_cache, const flo
 }
 
 void CpuAttention::AttendChunkTiled(const StepBatch& step, int c, int t0, int n,
-                                    const float* k_cache, const float* v_cache) {
+                                    const float* k_cache, const float* v_cache,
+                                    const XlPositionKeys& positions) {
   const int H = attn_.n_heads, G = attn_.n_kv_heads, dh = attn_.head_dim;
   const int ev = attn_.CachedValuesPerKvHead();
   const int group = H / G;
@@ -237,6 +242,14 @@ void CpuAttention::AttendChunkTiled(const StepBatch& step, int c, int t0, int n,
         for (int r = 0; r < rows; ++r) {
           float* sr = score + static_cast<int64_t>(r) * span;
           const int visible = start + i0 + r + 1;  // causal
+          if (positions) {
+            // XL: + q . R_h[i - j], i = visible - 1 (cpu_xl_positions.h).
+            const float* q = q_.data() + (static_cast<int64_t>(t0 + i0 + r) * H + h) * dh;
+            const float* rel = positions.At(h, visible - 1);
+            for (int j = 0; j < visible; ++j) {
+              sr[j] += XlPositionDot(q, rel - static_cast<int64_t>(j) * dh, dh);
+            }
+          }
           float smax = -INFINITY;
           for (int j = 0; j < visible; ++j) smax = std::max(smax, sr[j]);
           float sum = 0;

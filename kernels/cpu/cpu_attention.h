@@ -1,8 +1,9 @@
 // One attention layer of the CPU backend over the paged KV cache: SwitchHead
 // (routed V and O, E > 1; or E = 1 with per-head output gates) and dense
-// multi-head attention, each optionally with grouped K/V heads. The math is
-// docs/design.md's; the storage layout of one layer's cache is
-//   K: [cache rows, G, dh]          (after RoPE, scaled by dh^-1/4)
+// multi-head attention, each optionally with grouped K/V heads, with RoPE or
+// XL relative positions (cpu_xl_positions.h). The math is docs/design.md's
+// and docs/model-format.md's; the storage layout of one layer's cache is
+//   K: [cache rows, G, dh]          (after RoPE if any, scaled by dh^-1/4)
 //   V: [cache rows, G * Ev, dh]     (Ev = E with destination value routing, else 1)
 // with cache row = block * block_size + position % block_size.
 //
@@ -18,6 +19,7 @@
 #include "engine/runtime/step_batch.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/cpu_step.h"
+#include "kernels/cpu/cpu_xl_positions.h"
 
 namespace switchserve::cpu {
 
@@ -29,18 +31,21 @@ class CpuAttention {
   // x[T, d] += Attn(xn[T, d]) for the step. Writes the step's keys and values
   // to `k_cache` / `v_cache` (this layer's) before attending. Value routers are
   // recorded at router indices [router_base, router_base + ValueRouterHeads()),
-  // output routers right after them (routed attention only).
+  // output routers right after them (routed attention only). `positions`:
+  // this layer's XL position keys (empty with RoPE).
   void Run(const AttentionWeights& w, const StepBatch& step, const float* xn, float* x,
-           float* k_cache, float* v_cache, int router_base, const RoutingRecorder& recorder);
+           float* k_cache, float* v_cache, const XlPositionKeys& positions, int router_base,
+           const RoutingRecorder& recorder);
 
  private:
   void ComputeValues(const AttentionWeights& w, const StepBatch& step, const float* xn,
                      int router_base, const RoutingRecorder& recorder);
-  void Attend(const StepBatch& step, const float* k_cache, const float* v_cache);
+  void Attend(const StepBatch& step, const float* k_cache, const float* v_cache,
+              const XlPositionKeys& positions);
   // Attention of the `n` tokens of chunk `c` (step tokens [t0, t0 + n)) as
   // GEMMs over query tiles against the sequence's keys gathered contiguously.
   void AttendChunkTiled(const StepBatch& step, int c, int t0, int n, const float* k_cache,
-                        const float* v_cache);
+                        const float* v_cache, const XlPositionKeys& positions);
   void ProjectOutput(const AttentionWeights& w, const StepBatch& step, const float* xn, float* x,
                      int router_base, const RoutingRecorder& recorder);
   GateFunction gate() const;

@@ -2,10 +2,12 @@
 
 #include <cblas.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <new>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "engine/model/host_memory.h"
@@ -14,6 +16,7 @@
 #include "kernels/cpu/cpu_ffn.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/cpu_step.h"
+#include "kernels/cpu/cpu_xl_positions.h"
 
 namespace switchserve {
 namespace {
@@ -21,9 +24,10 @@ namespace {
 class CpuBackend final : public Backend {
  public:
   CpuBackend(const ModelConfig& config, const ModelWeights& weights, const DispatchConfig& dispatch,
-             const CpuBackendOptions& options)
+             const CpuBackendOptions& options, cpu::XlPositionTable positions)
       : config_(config),
         weights_(weights),
+        positions_(std::move(positions)),
         num_threads_(options.num_threads > 0 ? options.num_threads : omp_get_max_threads()),
         attention_(config, dispatch, num_threads_, options.parallel_attention_min_macs),
         ffn_(config, dispatch),
@@ -85,6 +89,7 @@ class CpuBackend final : public Backend {
 
   const ModelConfig config_;
   const ModelWeights& weights_;
+  const cpu::XlPositionTable positions_;  // empty with RoPE
   int num_threads_;
   cpu::CpuAttention attention_;
   cpu::CpuFfn ffn_;
@@ -154,7 +159,7 @@ absl::Status CpuBackend::Forward(const StepBatch& batch, StepOutput* out) {
     cpu::NormRows(config_.norm, eps, x_.data(), T, d, lw.attn_norm_w.ptr(),
                   cpu::OrNull(lw.attn_norm_b), xn_.data());
     attention_.Run(lw.attn, batch, xn_.data(), x_.data(), k_cache_[l].data(), v_cache_[l].data(),
-                   layout_.AttentionBase(l), recorder);
+                   positions_.Layer(l), layout_.AttentionBase(l), recorder);
     cpu::NormRows(config_.norm, eps, x_.data(), T, d, lw.ffn_norm_w.ptr(),
                   cpu::OrNull(lw.ffn_norm_b), xn_.data());
     ffn_.Run(lw.ffn, T, xn_.data(), x_.data(), layout_.FfnRouter(l), recorder);
@@ -227,6 +232,8 @@ void CpuBackend::OutputHead(const std::vector<int>& rows, float* logits) {
   }
   cpu::GemmNT(n, config_.vocab_size, d, 1.0f, xn_.data(), d, weights_.OutputHead().ptr(), d, 0.0f,
               logits, config_.vocab_size);
+  cpu::AddBiasRows(logits, n, config_.vocab_size, config_.vocab_size,
+                   cpu::OrNull(weights_.lm_head_bias));
 }
 
 void CpuBackend::AppendRouting(int token, TokenRouting* routing) const {
@@ -241,10 +248,18 @@ void CpuBackend::AppendRouting(int token, TokenRouting* routing) const {
 
 }  // namespace
 
-std::unique_ptr<Backend> CreateCpuBackend(const ModelConfig& config, const ModelWeights& weights,
-                                          const DispatchConfig& dispatch,
-                                          const CpuBackendOptions& options) {
-  return std::make_unique<CpuBackend>(config, weights, dispatch, options);
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const ModelConfig& config,
+                                                          const ModelWeights& weights,
+                                                          const DispatchConfig& dispatch,
+                                                          const CpuBackendOptions& options) {
+  int64_t max_table_bytes = options.max_position_table_bytes;
+  if (max_table_bytes <= 0) {
+    max_table_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE) / 2;
+  }
+  absl::StatusOr<cpu::XlPositionTable> positions =
+      cpu::XlPositionTable::Create(config, weights, max_table_bytes);
+  if (!positions.ok()) return positions.status();
+  return std::make_unique<CpuBackend>(config, weights, dispatch, options, *std::move(positions));
 }
 
 }  // namespace switchserve

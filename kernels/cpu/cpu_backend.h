@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "absl/status/statusor.h"
 #include "engine/model/model_config.h"
 #include "engine/model/model_weights.h"
 #include "engine/runtime/backend.h"
@@ -22,14 +23,21 @@ struct CpuBackendOptions {
   // thread (waking the OpenMP team costs more than it saves on decode steps).
   // Tests set 0 to exercise the parallel path on tiny models.
   int64_t parallel_attention_min_macs = int64_t{1} << 22;
+  // XL positions: the most bytes the position tables (n_layers * n_heads *
+  // max_seq_len * head_dim floats, cpu_xl_positions.h) may take; 0: half of
+  // the machine's physical memory.
+  int64_t max_position_table_bytes = 0;
 };
 
 // `weights` must outlive the backend and match `config` (ValidateWeights).
 // `dispatch` is the capacity policy in force (the model's, or the server's
-// override).
-std::unique_ptr<Backend> CreateCpuBackend(const ModelConfig& config, const ModelWeights& weights,
-                                          const DispatchConfig& dispatch,
-                                          const CpuBackendOptions& options = {});
+// override). With XL positions the position tables are computed here:
+// RESOURCE_EXHAUSTED when they exceed options.max_position_table_bytes or
+// cannot be allocated.
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const ModelConfig& config,
+                                                          const ModelWeights& weights,
+                                                          const DispatchConfig& dispatch,
+                                                          const CpuBackendOptions& options = {});
 
 }  // namespace switchserve
 

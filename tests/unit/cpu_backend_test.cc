@@ -24,7 +24,10 @@ using Harness = testing::BackendHarness;
 TEST(CpuBackendTest, CacheSetupAndRoutingRows) {
   const ModelConfig config = testing::SwitchHeadDestinationConfig();
   const ModelWeights weights = RandomWeights(config, 3);
-  std::unique_ptr<Backend> backend = CreateCpuBackend(config, weights, config.dispatch);
+  absl::StatusOr<std::unique_ptr<Backend>> created =
+      CreateCpuBackend(config, weights, config.dispatch);
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<Backend> backend = *std::move(created);
   EXPECT_EQ(backend->name(), "cpu");
   EXPECT_EQ(backend->KvBytesPerToken(), KvBytesPerToken(config, 4));
   const std::vector<int32_t> table = {0};
@@ -42,7 +45,7 @@ TEST(CpuBackendTest, CacheSetupAndRoutingRows) {
   // Only chunks that collect routing get a trace; one choice per router rank.
   const testing::BackendUnderTest cpu = {
       "cpu", [](const ModelConfig& c, const ModelWeights& w, const DispatchConfig& d) {
-        return CreateCpuBackend(c, w, d);
+        return *CreateCpuBackend(c, w, d);
       }};
   Harness h(cpu, config, weights, config.dispatch);
   ASSERT_TRUE(

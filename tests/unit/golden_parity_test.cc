@@ -1,18 +1,23 @@
 // Every backend (BackendsUnderTest()) against the Python reference's golden
-// vectors (tools/reference/make_goldens.py, computed in float64).
+// vectors (tools/reference/make_goldens.py, computed in float64): all
+// sequences in one step, the variant's chunk schedule replayed step by step,
+// and (dropless) each sequence decoded alone.
 //
 // Tolerances: logits, gate values and probability sums within a relative
 // error of 1e-4 (max |ours - golden| / max |golden|, f32 arithmetic against a
 // float64 reference); routing decisions, capacity counts and the routing trace
 // exactly (the goldens are generated with every routing margin > 1e-3, so f32
 // rounding cannot flip a decision).
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/model/model_loader.h"
+#include "engine/moe/router_layout.h"
 #include "engine/runtime/kv_cache.h"
 #include "engine/runtime/sequence_runner.h"
 #include "gtest/gtest.h"
@@ -38,14 +43,76 @@ double RelativeError(const float* ours, const float* golden, size_t n) {
 
 TEST(GoldenSetTest, CoversEveryVariant) {
   const std::vector<std::string> variants = testing::ListGoldenVariants();
-  for (const char* required :
-       {"switchhead_sigmoid", "switchhead_e1", "switchhead_softmax_topk",
-        "switchhead_shared_router", "switchhead_gqa", "switchhead_dest_values", "dense_mha",
-        "dense_gqa", "switch_ffn_top1_drop", "switch_ffn_top2_drop", "switch_ffn_top1_reroute",
-        "switch_ffn_top2_reroute", "switch_ffn_dropless_renorm", "sigma_moe", "switchall_capacity",
-        "switchall_bf16", "switchall_f16"}) {
+  for (const char* required : {"switchhead_sigmoid",
+                               "switchhead_e1",
+                               "switchhead_softmax_topk",
+                               "switchhead_shared_router",
+                               "switchhead_gqa",
+                               "switchhead_dest_values",
+                               "dense_mha",
+                               "dense_gqa",
+                               "switch_ffn_top1_drop",
+                               "switch_ffn_top2_drop",
+                               "switch_ffn_top1_reroute",
+                               "switch_ffn_top2_reroute",
+                               "switch_ffn_dropless_renorm",
+                               "sigma_moe",
+                               "switchall_capacity",
+                               "switchall_bf16",
+                               "switchall_f16",
+                               "xl_switchhead",
+                               "xl_switchhead_e1",
+                               "xl_switchall_sigma",
+                               "xl_dense_gqa",
+                               "xl_shared_dest",
+                               "xl_long"}) {
     EXPECT_NE(std::find(variants.begin(), variants.end(), required), variants.end())
         << "missing golden variant " << required;
+  }
+  // Every XL variant comes with a chunk schedule.
+  const std::vector<std::string> scheduled = testing::ListScheduledGoldenVariants();
+  for (const char* required : {"xl_switchhead", "xl_switchhead_e1", "xl_switchall_sigma",
+                               "xl_dense_gqa", "xl_shared_dest", "xl_long"}) {
+    EXPECT_NE(std::find(scheduled.begin(), scheduled.end(), required), scheduled.end())
+        << "no chunk schedule in golden variant " << required;
+  }
+}
+
+// Per router: the counts exactly, probability sums and aux loss to the
+// tolerance; per token (step order) and rank: expert and fate exactly, the
+// gate to the tolerance.
+void ExpectRoutingMatches(const GoldenCase& golden, const StepRoutingStats& stats,
+                          const std::vector<TokenRouting>& routing) {
+  ASSERT_EQ(stats.routers.size(), golden.routers.size());
+  size_t choice_offset = 0;
+  for (size_t r = 0; r < golden.routers.size(); ++r) {
+    const testing::GoldenRouter& want = golden.routers[r];
+    const RouterStepStats& got = stats.routers[r];
+    SCOPED_TRACE(absl::StrCat("layer ", want.id.layer, " ", std::string(ToString(want.id.module)),
+                              " head ", want.id.head));
+    EXPECT_EQ(got.tokens, want.stats.tokens);
+    EXPECT_EQ(got.routed, want.stats.routed);
+    EXPECT_EQ(got.kept, want.stats.kept);
+    EXPECT_EQ(got.rerouted, want.stats.rerouted);
+    EXPECT_EQ(got.dropped, want.stats.dropped);
+    ASSERT_EQ(got.prob_sum.size(), want.stats.prob_sum.size());
+    for (size_t e = 0; e < got.prob_sum.size(); ++e) {
+      EXPECT_NEAR(got.prob_sum[e], want.stats.prob_sum[e],
+                  kRelativeTolerance * std::max(1.0, std::abs(want.stats.prob_sum[e])));
+    }
+    EXPECT_NEAR(ComputeBalance(got, want.id.top_k).aux_loss, want.aux_loss,
+                kRelativeTolerance * want.aux_loss);
+    const int k = want.id.top_k;
+    for (size_t t = 0; t < routing.size(); ++t) {
+      ASSERT_GE(routing[t].choices.size(), choice_offset + k) << "token " << t;
+      for (int i = 0; i < k; ++i) {
+        const RouteChoice& choice = routing[t].choices[choice_offset + i];
+        EXPECT_EQ(choice.expert, want.expert[t * k + i]) << "token " << t << " rank " << i;
+        EXPECT_EQ(static_cast<int>(choice.fate), want.fate[t * k + i]) << "token " << t;
+        EXPECT_NEAR(choice.gate, want.gate[t * k + i], kRelativeTolerance) << "token " << t;
+      }
+    }
+    choice_offset += k;
   }
 }
 
@@ -93,39 +160,80 @@ TEST_P(GoldenParityTest, OneStepMatchesReference) {
   ASSERT_EQ(output.logits.size(), golden_.logits.size());
   EXPECT_LE(RelativeError(output.logits.data(), golden_.logits.data(), golden_.logits.size()),
             kRelativeTolerance);
+  ASSERT_EQ(output.routing.size(), golden_.logits.size() / vocab);
+  ExpectRoutingMatches(golden_, output.stats, output.routing);
+}
 
-  ASSERT_EQ(output.stats.routers.size(), golden_.routers.size());
-  const size_t total_tokens = golden_.logits.size() / vocab;
-  ASSERT_EQ(output.routing.size(), total_tokens);
-  size_t choice_offset = 0;
-  for (size_t r = 0; r < golden_.routers.size(); ++r) {
-    const testing::GoldenRouter& want = golden_.routers[r];
-    const RouterStepStats& got = output.stats.routers[r];
-    SCOPED_TRACE(absl::StrCat("layer ", want.id.layer, " ", std::string(ToString(want.id.module)),
-                              " head ", want.id.head));
-    EXPECT_EQ(got.tokens, want.stats.tokens);
-    EXPECT_EQ(got.routed, want.stats.routed);
-    EXPECT_EQ(got.kept, want.stats.kept);
-    EXPECT_EQ(got.rerouted, want.stats.rerouted);
-    EXPECT_EQ(got.dropped, want.stats.dropped);
-    ASSERT_EQ(got.prob_sum.size(), want.stats.prob_sum.size());
-    for (size_t e = 0; e < got.prob_sum.size(); ++e) {
-      EXPECT_NEAR(got.prob_sum[e], want.stats.prob_sum[e],
-                  kRelativeTolerance * std::max(1.0, std::abs(want.stats.prob_sum[e])));
-    }
-    EXPECT_NEAR(ComputeBalance(got, want.id.top_k).aux_loss, want.aux_loss,
-                kRelativeTolerance * want.aux_loss);
-    const int k = want.id.top_k;
-    for (size_t t = 0; t < total_tokens; ++t) {
-      for (int i = 0; i < k; ++i) {
-        const RouteChoice& choice = output.routing[t].choices[choice_offset + i];
-        EXPECT_EQ(choice.expert, want.expert[t * k + i]) << "token " << t << " rank " << i;
-        EXPECT_EQ(static_cast<int>(choice.fate), want.fate[t * k + i]) << "token " << t;
-        EXPECT_NEAR(choice.gate, want.gate[t * k + i], kRelativeTolerance) << "token " << t;
-      }
-    }
-    choice_offset += k;
+// The variant's chunk schedule (golden `steps`) replayed step by step through
+// the paged cache, each step holding the chunks the schedule gives it: every
+// token's logits and routing are the reference's, and the steps' statistics
+// add up to the reference's.
+using GoldenScheduleTest = GoldenParityTest;
+
+TEST_P(GoldenScheduleTest, ReplayedScheduleMatchesReference) {
+  ASSERT_FALSE(golden_.steps.empty());
+  const int vocab = model_->config.vocab_size;
+  const size_t num_sequences = golden_.sequences.size();
+  std::unique_ptr<Backend> backend = NewBackend();
+  KvCacheOptions options;
+  options.block_size = 16;
+  options.max_tokens = 64 * 16;
+  absl::StatusOr<std::unique_ptr<KvCache>> kv_cache = KvCache::Create(backend.get(), options);
+  ASSERT_TRUE(kv_cache.ok()) << kv_cache.status();
+  KvBlockAllocator& allocator = (*kv_cache)->allocator();
+
+  // Row of each sequence's first token in the golden (step) order.
+  std::vector<size_t> first_row(num_sequences, 0);
+  for (size_t b = 1; b < num_sequences; ++b) {
+    first_row[b] = first_row[b - 1] + golden_.sequences[b - 1].size();
   }
+  const size_t total_tokens = golden_.logits.size() / vocab;
+  std::vector<float> logits(golden_.logits.size(), NAN);
+  std::vector<TokenRouting> routing(total_tokens);
+  StepRoutingStats stats;
+  stats.Reset(RouterLayout(model_->config).routers());
+  std::vector<int32_t> done(num_sequences, 0);
+  for (size_t s = 0; s < golden_.steps.size(); ++s) {
+    SCOPED_TRACE(absl::StrCat("step ", s));
+    ASSERT_EQ(golden_.steps[s].size(), num_sequences);
+    StepBatch batch;
+    batch.Clear(allocator.block_size());
+    std::vector<size_t> members;
+    for (size_t b = 0; b < num_sequences; ++b) {
+      const int32_t n = golden_.steps[s][b];
+      if (n == 0) continue;
+      const std::vector<int32_t>& tokens = golden_.sequences[b];
+      ASSERT_LE(done[b] + n, static_cast<int32_t>(tokens.size()));
+      ASSERT_TRUE(allocator.Reserve(b, done[b] + n).ok());
+      StepSequence& sequence =
+          batch.Add(std::vector<int32_t>(tokens.begin() + done[b], tokens.begin() + done[b] + n),
+                    done[b], allocator.BlockTable(b));
+      sequence.logits = LogitsMode::kAll;
+      sequence.collect_routing = true;
+      members.push_back(b);
+    }
+    StepOutput output;
+    ASSERT_TRUE(backend->Forward(batch, &output).ok());
+    size_t row = 0;
+    for (size_t b : members) {
+      for (int32_t i = 0; i < golden_.steps[s][b]; ++i, ++row) {
+        const size_t token = first_row[b] + done[b] + i;
+        ASSERT_LT(row, output.routing.size());
+        ASSERT_EQ(output.row_position[row], done[b] + i);
+        std::copy(output.logits.begin() + row * vocab, output.logits.begin() + (row + 1) * vocab,
+                  logits.begin() + token * vocab);
+        routing[token] = output.routing[row];
+      }
+      done[b] += golden_.steps[s][b];
+    }
+    ASSERT_EQ(row, output.routing.size());
+    stats.Add(output.stats);
+  }
+  for (size_t b = 0; b < num_sequences; ++b) {
+    ASSERT_EQ(done[b], static_cast<int32_t>(golden_.sequences[b].size())) << "sequence " << b;
+  }
+  EXPECT_LE(RelativeError(logits.data(), golden_.logits.data(), logits.size()), kRelativeTolerance);
+  ExpectRoutingMatches(golden_, stats, routing);
 }
 
 // Without capacity limits a sequence's logits do not depend on the batch:
@@ -161,6 +269,11 @@ INSTANTIATE_TEST_SUITE_P(Backends, GoldenParityTest,
                          ::testing::Combine(::testing::ValuesIn(testing::BackendsUnderTest()),
                                             ::testing::ValuesIn(testing::ListGoldenVariants())),
                          TestName);
+INSTANTIATE_TEST_SUITE_P(
+    Backends, GoldenScheduleTest,
+    ::testing::Combine(::testing::ValuesIn(testing::BackendsUnderTest()),
+                       ::testing::ValuesIn(testing::ListScheduledGoldenVariants())),
+    TestName);
 INSTANTIATE_TEST_SUITE_P(
     Backends, GoldenDroplessTest,
     ::testing::Combine(::testing::ValuesIn(testing::BackendsUnderTest()),

@@ -24,13 +24,14 @@ constexpr char kFullConfig[] = R"({
   "norm": "layernorm",
   "norm_eps": 1e-5,
   "tie_embeddings": true,
+  "output_bias": false,
   "tokenizer": "byte",
   "bos_token_id": null,
   "eos_token_id": null,
   "attention": {
     "type": "switchhead", "n_heads": 4, "n_kv_heads": 4, "head_dim": 16, "n_experts": 4,
     "top_k": 2, "gate": "sigmoid", "shared_router": false, "value_routing": "source",
-    "rotate_fraction": 0.5, "rope_base": 10000.0
+    "position": "rope", "rotate_fraction": 0.5, "rope_base": 10000.0
   },
   "ffn": {
     "type": "moe", "d_ff": 128, "n_experts": 8, "top_k": 2, "gate": "softmax",
@@ -62,6 +63,7 @@ TEST(ModelConfigTest, ParsesTheDocumentedExample) {
   EXPECT_EQ(config->norm, NormKind::kLayerNorm);
   EXPECT_DOUBLE_EQ(config->norm_eps, 1e-5);
   EXPECT_TRUE(config->tie_embeddings);
+  EXPECT_FALSE(config->output_bias);
   EXPECT_EQ(config->tokenizer, TokenizerKind::kByte);
   EXPECT_FALSE(config->bos_token_id.has_value());
   EXPECT_EQ(config->attention.kind, AttentionKind::kSwitchHead);
@@ -69,6 +71,7 @@ TEST(ModelConfigTest, ParsesTheDocumentedExample) {
   EXPECT_EQ(config->attention.head_dim, 16);
   EXPECT_EQ(config->attention.n_experts, 4);
   EXPECT_EQ(config->attention.top_k, 2);
+  EXPECT_EQ(config->attention.position, PositionKind::kRope);
   EXPECT_EQ(config->attention.RotaryDims(), 8);
   EXPECT_EQ(config->ffn.kind, FfnKind::kMoe);
   EXPECT_EQ(config->ffn.n_experts, 8);
@@ -85,12 +88,14 @@ TEST(ModelConfigTest, OmittedKeysTakeTheirDefaults) {
   EXPECT_EQ(config->name, "");
   EXPECT_DOUBLE_EQ(config->norm_eps, 1e-5);
   EXPECT_TRUE(config->tie_embeddings);
+  EXPECT_FALSE(config->output_bias);
   EXPECT_FALSE(config->eos_token_id.has_value());
   EXPECT_EQ(config->attention.n_kv_heads, 2);  // defaults to n_heads
   EXPECT_EQ(config->attention.top_k, 1);
   EXPECT_EQ(config->attention.gate, AttentionGate::kSigmoid);
   EXPECT_FALSE(config->attention.shared_router);
   EXPECT_EQ(config->attention.value_routing, ValueRouting::kSource);
+  EXPECT_EQ(config->attention.position, PositionKind::kRope);
   EXPECT_DOUBLE_EQ(config->attention.rotate_fraction, 0.5);
   EXPECT_DOUBLE_EQ(config->attention.rope_base, 10000.0);
   EXPECT_EQ(config->ffn.kind, FfnKind::kDense);
@@ -146,6 +151,61 @@ TEST(ModelConfigTest, ParsesVariants) {
   EXPECT_FALSE(config->attention.IsRouted());
 }
 
+// The XL form: no RoPE keys, every attention type, an output bias.
+TEST(ModelConfigTest, ParsesXlPositionsAndOutputBias) {
+  Json json = Json::parse(kFullConfig);
+  json["attention"].erase("rotate_fraction");
+  json["attention"].erase("rope_base");
+  json["attention"]["position"] = "xl";
+  json["attention"]["head_dim"] = 12;  // != d_model / n_heads
+  json["output_bias"] = true;
+  auto config = Parse(json.dump());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->attention.position, PositionKind::kXl);
+  EXPECT_TRUE(config->attention.IsXl());
+  EXPECT_EQ(config->attention.RotaryDims(), 0);
+  EXPECT_TRUE(config->output_bias);
+  // What ModelConfigToJson writes for it parses back (no rope keys written).
+  const Json written = Json::parse(ModelConfigToJson(*config));
+  EXPECT_EQ(written["attention"]["position"], "xl");
+  EXPECT_FALSE(written["attention"].contains("rotate_fraction"));
+  EXPECT_FALSE(written["attention"].contains("rope_base"));
+  EXPECT_EQ(written["output_bias"], true);
+
+  json["attention"] = {
+      {"type", "dense"}, {"n_heads", 4}, {"n_kv_heads", 2}, {"head_dim", 6}, {"position", "xl"}};
+  json["tie_embeddings"] = false;
+  config = Parse(json.dump());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->attention.IsXl());
+  EXPECT_EQ(config->attention.kind, AttentionKind::kDense);
+  EXPECT_FALSE(config->tie_embeddings);
+  EXPECT_TRUE(config->output_bias);
+}
+
+TEST(ModelConfigTest, XlRefusesRopeKeysAndOddWidth) {
+  Json json = Json::parse(kFullConfig);
+  json["attention"]["position"] = "xl";
+  json["attention"].erase("rope_base");
+  EXPECT_THAT(Parse(json.dump()).status().message(),
+              HasSubstr("config.json: attention.rotate_fraction: applies to position \"rope\" "
+                        "only, not \"xl\""));
+  json["attention"].erase("rotate_fraction");
+  json["attention"]["rope_base"] = 500.0;
+  EXPECT_THAT(Parse(json.dump()).status().message(),
+              HasSubstr("config.json: attention.rope_base: applies to position \"rope\" only"));
+  json["attention"].erase("rope_base");
+  ASSERT_TRUE(Parse(json.dump()).ok()) << Parse(json.dump()).status();
+  json["d_model"] = 63;
+  auto odd = Parse(json.dump());
+  EXPECT_EQ(odd.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(odd.status().message(),
+              HasSubstr("config.json: d_model: attention.position \"xl\" needs an even d_model "
+                        "(sin/cos pairs of width d_model), found 63"));
+  json["attention"]["position"] = "rope";  // RoPE has no such constraint
+  EXPECT_TRUE(Parse(json.dump()).ok()) << Parse(json.dump()).status();
+}
+
 void ExpectSameConfig(const ModelConfig& a, const ModelConfig& b) {
   // Compared through the canonical JSON plus a few fields spelled out, so a
   // field that ModelConfigToJson forgot would still show up.
@@ -154,6 +214,8 @@ void ExpectSameConfig(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(a.norm_eps, b.norm_eps);
   EXPECT_EQ(a.bos_token_id, b.bos_token_id);
   EXPECT_EQ(a.attention.rotate_fraction, b.attention.rotate_fraction);
+  EXPECT_EQ(a.attention.position, b.attention.position);
+  EXPECT_EQ(a.output_bias, b.output_bias);
   EXPECT_EQ(a.attention.n_experts, b.attention.n_experts);
   EXPECT_EQ(a.ffn.top_k, b.ffn.top_k);
   EXPECT_EQ(a.dispatch.capacity_factor, b.dispatch.capacity_factor);
@@ -166,8 +228,11 @@ TEST(ModelConfigTest, JsonRoundTrip) {
   odd["eos_token_id"] = 255;
   odd["attention"]["rotate_fraction"] = 0.1;
   odd["dispatch"]["capacity_factor"] = -1.0;
+  Json xl = Json::parse(kMinimalConfig);
+  xl["attention"]["position"] = "xl";
+  xl["output_bias"] = true;
   for (const std::string& text :
-       {std::string(kFullConfig), std::string(kMinimalConfig), odd.dump()}) {
+       {std::string(kFullConfig), std::string(kMinimalConfig), odd.dump(), xl.dump()}) {
     auto config = Parse(text);
     ASSERT_TRUE(config.ok()) << config.status();
     auto again = Parse(ModelConfigToJson(*config));
@@ -227,6 +292,9 @@ TEST(ModelConfigTest, RejectsBadValues) {
       {"/attention/rotate_fraction", 1.5,
        "attention.rotate_fraction: expected a number in [0, 1], found 1.5"},
       {"/attention/rope_base", -1, "attention.rope_base: expected a number > 0, found -1"},
+      {"/attention/position", "alibi",
+       "config.json: attention.position: expected one of \"rope\", \"xl\", found \"alibi\""},
+      {"/output_bias", "yes", "config.json: output_bias: expected true or false, found \"yes\""},
       {"/attention/n_head", 4, "config.json: attention.n_head: unknown key"},
       {"/ffn", kRemove, "config.json: ffn: required key is missing"},
       {"/ffn/type", "switch", "ffn.type: expected one of \"moe\", \"dense\""},

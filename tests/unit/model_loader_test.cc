@@ -69,6 +69,16 @@ std::vector<std::pair<std::string, Json>> Variants() {
   spm["bos_token_id"] = 1;
   spm["eos_token_id"] = 2;
   variants.emplace_back("sentencepiece", spm);
+  Json xl = BaseConfig();
+  xl["attention"]["position"] = "xl";
+  xl["attention"]["head_dim"] = 6;
+  xl["output_bias"] = true;
+  variants.emplace_back("xl_output_bias_tied", xl);
+  Json xl_dense = dense;
+  xl_dense["attention"]["position"] = "xl";
+  xl_dense["tie_embeddings"] = false;
+  xl_dense["output_bias"] = true;
+  variants.emplace_back("xl_dense_output_bias_untied", xl_dense);
   return variants;
 }
 
@@ -155,6 +165,22 @@ TEST(ModelLoaderTest, ExpectedTensorsFollowTheFormatTable) {
   EXPECT_EQ(shapes["layers.0.attn.o"], (Shape{32, 32}));
   EXPECT_EQ(shapes["layers.0.attn.sel_o"], (Shape{4, 32}));
   EXPECT_EQ(shapes.count("layers.0.attn.sel_v"), 0u);
+  EXPECT_EQ(shapes.count("layers.0.attn.pos_to_pk"), 0u);  // RoPE
+
+  // XL: pos_to_pk per query head (GQA too); lm_head.bias with a tied head.
+  Json xl = BaseConfig();
+  xl["attention"]["position"] = "xl";
+  xl["attention"]["n_kv_heads"] = 2;
+  xl["attention"]["head_dim"] = 6;
+  xl["output_bias"] = true;
+  shapes.clear();
+  for (const ExpectedTensor& e : ExpectedTensors(ParseOrDie(xl))) shapes[e.name] = e.shape;
+  EXPECT_EQ(shapes["layers.0.attn.pos_to_pk"], (Shape{24, 32}));
+  EXPECT_EQ(shapes["layers.1.attn.pos_to_pk"], (Shape{24, 32}));
+  EXPECT_EQ(shapes["layers.1.attn.k.weight"], (Shape{12, 32}));
+  EXPECT_EQ(shapes["lm_head.bias"], (Shape{260}));
+  EXPECT_EQ(shapes.count("lm_head.weight"), 0u);
+  EXPECT_EQ(shapes.size(), 4u + 2 * 16u);  // + lm_head.bias; + pos_to_pk per layer
 }
 
 // A valid model directory, plus helpers to rewrite its safetensors file.
@@ -420,6 +446,34 @@ TEST(ValidateWeightsTest, ReportsEveryKindOfMismatch) {
   w = good;
   w.lm_head = w.embedding;
   EXPECT_THAT(ValidateWeights(config, w).message(), HasSubstr("unexpected tensor lm_head"));
+
+  // XL position keys and the output bias only where the config calls for them.
+  w = good;
+  w.layers[1].attn.pos_to_pk = w.layers[1].attn.q;
+  EXPECT_THAT(ValidateWeights(config, w).message(),
+              HasSubstr("unexpected tensor layers.1.attn.pos_to_pk (shape [32, 32])"));
+  w = good;
+  w.lm_head_bias = {{260}, std::vector<float>(260, 0.0f)};
+  EXPECT_THAT(ValidateWeights(config, w).message(),
+              HasSubstr("unexpected tensor lm_head_bias (shape [260])"));
+  Json xl_json = BaseConfig();
+  xl_json["attention"]["position"] = "xl";
+  xl_json["output_bias"] = true;
+  const ModelConfig xl = ParseOrDie(xl_json);
+  const ModelWeights xl_good = testing::RandomWeights(xl, 5);
+  ASSERT_TRUE(ValidateWeights(xl, xl_good).ok()) << ValidateWeights(xl, xl_good);
+  w = xl_good;
+  w.layers[0].attn.pos_to_pk.data.clear();
+  EXPECT_THAT(ValidateWeights(xl, w).message(),
+              HasSubstr("missing tensor layers.0.attn.pos_to_pk (expected shape [32, 32])"));
+  w = xl_good;
+  w.layers[1].attn.pos_to_pk.shape = {16, 64};
+  EXPECT_THAT(ValidateWeights(xl, w).message(),
+              HasSubstr("tensor layers.1.attn.pos_to_pk: expected shape [32, 32], found [16, 64]"));
+  w = xl_good;
+  w.lm_head_bias.data.clear();
+  EXPECT_THAT(ValidateWeights(xl, w).message(),
+              HasSubstr("missing tensor lm_head.bias (expected shape [260])"));
 
   // WriteModelDirectory refuses invalid weights and non-float dtypes.
   const std::string dir = testing::MakeTempDir("validate_write");

@@ -55,6 +55,16 @@ std::vector<std::string> ListGoldenVariants(bool dropless_only) {
   return names;
 }
 
+std::vector<std::string> ListScheduledGoldenVariants() {
+  std::vector<std::string> names;
+  for (const std::string& name : ListGoldenVariants()) {
+    absl::StatusOr<std::unique_ptr<SafetensorsFile>> file =
+        SafetensorsFile::Open(SourcePath("tests/golden/" + name + "/golden.safetensors"));
+    if (file.ok() && (*file)->Find("steps") != nullptr) names.push_back(name);
+  }
+  return names;
+}
+
 absl::StatusOr<GoldenCase> LoadGolden(const std::string& variant) {
   GoldenCase golden;
   golden.name = variant;
@@ -71,6 +81,18 @@ absl::StatusOr<GoldenCase> LoadGolden(const std::string& variant) {
   for (int32_t len : seq_lens) {
     golden.sequences.emplace_back(tokens.begin() + offset, tokens.begin() + offset + len);
     offset += len;
+  }
+  if (const TensorInfo* info = (*file)->Find("steps"); info != nullptr) {
+    std::vector<int32_t> steps;
+    if (status = Assign(ReadI32(**file, "steps"), &steps); !status.ok()) return status;
+    if (info->shape.size() != 2 || info->shape[1] != static_cast<int64_t>(seq_lens.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat((*file)->path(), ": steps: expected shape [S, ", seq_lens.size(), "]"));
+    }
+    for (int64_t s = 0; s < info->shape[0]; ++s) {
+      golden.steps.emplace_back(steps.begin() + s * info->shape[1],
+                                steps.begin() + (s + 1) * info->shape[1]);
+    }
   }
 
   absl::StatusOr<std::unique_ptr<Model>> model = LoadModel(golden.model_dir);

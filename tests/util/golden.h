@@ -28,6 +28,9 @@ struct GoldenCase {
   std::string name;
   std::string model_dir;
   std::vector<std::vector<int32_t>> sequences;
+  // The chunk schedule, when the variant has one: steps[s][b] = tokens of
+  // sequence b computed in engine step s (0: not in it), in position order.
+  std::vector<std::vector<int32_t>> steps;
   std::vector<float> logits;          // [total tokens, vocab], step order
   std::vector<GoldenRouter> routers;  // RouterLayout order
 };
@@ -35,6 +38,8 @@ struct GoldenCase {
 // Variant names (directory names under tests/golden), sorted; with
 // `dropless_only`, those whose config has no capacity limit.
 std::vector<std::string> ListGoldenVariants(bool dropless_only = false);
+// Those with a chunk schedule (`steps` in golden.safetensors), sorted.
+std::vector<std::string> ListScheduledGoldenVariants();
 absl::StatusOr<GoldenCase> LoadGolden(const std::string& variant);
 
 }  // namespace switchserve::testing

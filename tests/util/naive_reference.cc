@@ -63,6 +63,7 @@ Route TopK(const Vec& z, int k, bool softmax_topk) {
 }
 
 void Rope(const ModelConfig& c, double* v, int pos) {
+  if (c.attention.position == PositionKind::kXl) return;  // no RoPE with XL positions
   const int n_rot = c.attention.RotaryDims(), half = n_rot / 2;
   for (int i = 0; i < half; ++i) {
     const double angle = pos * std::pow(c.attention.rope_base, -2.0 * i / n_rot);
@@ -70,6 +71,19 @@ void Rope(const ModelConfig& c, double* v, int pos) {
     v[i] = a * std::cos(angle) - b * std::sin(angle);
     v[i + half] = b * std::cos(angle) + a * std::sin(angle);
   }
+}
+
+// XL: r_h(p) = pos_to_pk[h*dh : (h+1)*dh] . (dh^-1/4 * pe(p)), pe the
+// interleaved sin/cos sinusoid of width d, base 10000; all of head h's keys.
+Vec XlPositionKey(const ModelConfig& c, const AttentionWeights& w, int h, int p) {
+  const int d = c.d_model, dh = c.attention.head_dim;
+  Vec pe(d);
+  for (int m = 0; m < d / 2; ++m) {
+    const double angle = p * std::pow(10000.0, -2.0 * m / d);
+    pe[2 * m] = std::sin(angle) * std::pow(dh, -0.25);
+    pe[2 * m + 1] = std::cos(angle) * std::pow(dh, -0.25);
+  }
+  return MatVec(w.pos_to_pk.ptr() + static_cast<int64_t>(h) * dh * d, dh, d, pe);
 }
 
 double Act(Activation act, double v) {
@@ -141,6 +155,10 @@ std::vector<Vec> NaiveAttention(const ModelConfig& c, const AttentionWeights& w,
       for (int j = 0; j <= t; ++j) {
         p[j] = 0;
         for (int i = 0; i < dh; ++i) p[j] += q[t][h * dh + i] * kk[j][g * dh + i];
+        if (a.IsXl()) {  // + q_t . r_h(j - t)
+          const Vec r = XlPositionKey(c, w, h, j - t);
+          for (int i = 0; i < dh; ++i) p[j] += q[t][h * dh + i] * r[i];
+        }
         mx = std::max(mx, p[j]);
       }
       for (int j = 0; j <= t; ++j) sum += (p[j] = std::exp(p[j] - mx));
@@ -269,8 +287,9 @@ std::vector<float> NaiveLogits(const ModelConfig& c, const ModelWeights& w,
   }
   std::vector<float> logits;
   for (int t = 0; t < T; ++t) {
-    const Vec l = MatVec(w.OutputHead().ptr(), c.vocab_size, d,
-                         Norm(c, x[t], w.final_norm_w, w.final_norm_b));
+    Vec l = MatVec(w.OutputHead().ptr(), c.vocab_size, d,
+                   Norm(c, x[t], w.final_norm_w, w.final_norm_b));
+    for (int v = 0; v < c.vocab_size && c.output_bias; ++v) l[v] += w.lm_head_bias.data[v];
     logits.insert(logits.end(), l.begin(), l.end());
   }
   return logits;

@@ -1,6 +1,7 @@
 // A naive reference of the model's forward pass, written straight from the
-// math in docs/design.md: one sequence, float64, no paging, no BLAS, no
-// batching. Every backend is checked against it (backend_reference_test) on
+// math in docs/design.md (XL positions: docs/model-format.md): one sequence,
+// float64, no paging, no BLAS, no batching, no tables (XL position keys are
+// computed for each query and key). Every backend is checked against it (backend_reference_test) on
 // every architecture variant, besides the Python reference's goldens.
 #ifndef SWITCHSERVE_TESTS_UTIL_NAIVE_REFERENCE_H_
 #define SWITCHSERVE_TESTS_UTIL_NAIVE_REFERENCE_H_

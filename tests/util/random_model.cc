@@ -149,6 +149,50 @@ ModelConfig DenseGqaConfig() {
   return c;
 }
 
+ModelConfig XlSwitchAllConfig() {
+  ModelConfig c = Base();
+  c.attention.position = PositionKind::kXl;
+  c.attention.n_heads = 3;
+  c.attention.n_kv_heads = 3;
+  c.attention.head_dim = 12;
+  c.attention.n_experts = 5;
+  c.attention.top_k = 3;
+  c.ffn.gate = FfnGate::kSigmoid;
+  c.ffn.activation = Activation::kRelu;
+  c.ffn.bias = false;
+  c.output_bias = true;
+  return c;
+}
+
+ModelConfig XlSingleExpertConfig() {
+  ModelConfig c = SwitchHeadSingleExpertConfig();
+  c.attention.position = PositionKind::kXl;
+  c.attention.n_heads = 2;
+  c.attention.n_kv_heads = 2;
+  c.attention.head_dim = 20;
+  c.norm = NormKind::kRmsNorm;
+  c.tie_embeddings = false;
+  c.output_bias = true;
+  return c;
+}
+
+ModelConfig XlDenseGqaConfig() {
+  ModelConfig c = DenseGqaConfig();
+  c.attention.position = PositionKind::kXl;
+  c.attention.head_dim = 6;
+  c.ffn.top_k = 1;
+  c.ffn.renormalize = false;
+  return c;
+}
+
+ModelConfig XlSharedDestinationConfig() {
+  ModelConfig c = SwitchHeadDestinationConfig();
+  c.attention.position = PositionKind::kXl;
+  c.attention.shared_router = true;
+  c.attention.gate = AttentionGate::kSoftmaxTopK;
+  return c;
+}
+
 ModelConfig PaperSwitchAllConfig() {
   ModelConfig c;
   c.name = "paper-262m-switchall";
@@ -182,7 +226,11 @@ std::vector<NamedConfig> AllVariantConfigs() {
           {"Destination", SwitchHeadDestinationConfig()},
           {"SingleExpert", SwitchHeadSingleExpertConfig()},
           {"DenseMha", DenseMhaConfig()},
-          {"DenseGqa", DenseGqaConfig()}};
+          {"DenseGqa", DenseGqaConfig()},
+          {"XlSwitchAll", XlSwitchAllConfig()},
+          {"XlSingleExpert", XlSingleExpertConfig()},
+          {"XlDenseGqa", XlDenseGqaConfig()},
+          {"XlSharedDestination", XlSharedDestinationConfig()}};
 }
 
 std::vector<NamedConfig> RoutedVariantConfigs() {

@@ -28,6 +28,11 @@ ModelConfig SwitchHeadDestinationConfig();   // destination value routing, G=2
 ModelConfig SwitchHeadSingleExpertConfig();  // E=1 (dense V/O, per-head output gate), dense FFN
 ModelConfig DenseMhaConfig();                // dense attention, dense FFN (relu), untied
 ModelConfig DenseGqaConfig();                // dense attention G=2, MoE FFN top-2 renormalised silu
+// XL relative positions (no RoPE), each with a head size other than d/H:
+ModelConfig XlSwitchAllConfig();     // H=3, dh=12, E=5, k=3; sigmoid MoE FFN; output bias (tied)
+ModelConfig XlSingleExpertConfig();  // E=1, H=2, dh=20, rmsnorm, dense FFN; output bias (untied)
+ModelConfig XlDenseGqaConfig();      // dense attention G=2 of H=4, dh=6, MoE FFN top-1
+ModelConfig XlSharedDestinationConfig();  // shared router, destination values, G=2, softmax_topk
 
 // The paper's 262M SwitchAll shape (Csordas et al.): d = 1024, 18 layers,
 // SwitchHead H = 4, E = 4, k = 2, dh = 112, sigmoid gates; MoE FFN of 32
