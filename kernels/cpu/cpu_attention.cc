@@ -48,9 +48,9 @@ void CpuAttention::Run(const AttentionWeights& w, const StepBatch& step, const f
   GemmNT(T, G * dh, d_, scale, xn, d_, w.k.ptr(), d_, 0.0f, k_.data(), G * dh);
   // Scratch follows the positions in use (ValidateStepBatch keeps them below
   // max_seq_len), not the model's context length.
-  const int positions =
+  const int used_positions =
       T > 0 ? *std::max_element(step.positions.begin(), step.positions.end()) + 1 : 0;
-  rope_.Reserve(positions);
+  rope_.Reserve(used_positions);
   for (int t = 0; t < T; ++t) {
     rope_.Apply(q_.data() + static_cast<int64_t>(t) * H * dh, H, dh, step.positions[t]);
     rope_.Apply(k_.data() + static_cast<int64_t>(t) * G * dh, G, dh, step.positions[t]);

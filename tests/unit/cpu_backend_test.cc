@@ -68,7 +68,10 @@ TEST(CpuBackendTest, ContextLengthAllocatesNothingAtCreation) {
   ModelConfig config = testing::TinySwitchAllConfig();
   const ModelWeights weights = RandomWeights(config, 5);
   config.max_seq_len = std::numeric_limits<int32_t>::max();
-  std::unique_ptr<Backend> backend = CreateCpuBackend(config, weights, config.dispatch);
+  absl::StatusOr<std::unique_ptr<Backend>> created =
+      CreateCpuBackend(config, weights, config.dispatch);
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<Backend> backend = *std::move(created);
   ASSERT_TRUE(backend->InitKvCache(2, 4).ok());
   const std::vector<int32_t> table = {0, 1};
   StepBatch batch;
@@ -82,7 +85,10 @@ TEST(CpuBackendTest, ContextLengthAllocatesNothingAtCreation) {
 TEST(CpuBackendTest, KvCacheLargerThanTheHostIsRefused) {
   const ModelConfig config = testing::TinySwitchAllConfig();
   const ModelWeights weights = RandomWeights(config, 5);
-  std::unique_ptr<Backend> backend = CreateCpuBackend(config, weights, config.dispatch);
+  absl::StatusOr<std::unique_ptr<Backend>> created =
+      CreateCpuBackend(config, weights, config.dispatch);
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<Backend> backend = *std::move(created);
   const int64_t rows = HostMemoryBytes() / backend->KvBytesPerToken() + 1;
   const absl::Status status = backend->InitKvCache(rows, 1);
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
