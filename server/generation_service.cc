@@ -9,19 +9,38 @@
 namespace switchserve {
 namespace {
 
-// A unary reactor that finishes at once with `status`.
-grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context,
-                                    const grpc::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(status);
-  return reactor;
-}
+// A unary call answered at once with `status`. It counts as in flight until
+// gRPC has sent the answer, so that shutdown waits for it instead of
+// cancelling it (its client would see CANCELLED instead of the answer).
+class FinishedCall : public grpc::ServerUnaryReactor {
+ public:
+  FinishedCall(GenerationService* service, const grpc::Status& status) : service_(service) {
+    service_->CallStarted();
+    Finish(status);
+  }
+  void OnDone() override {
+    service_->CallDone();
+    delete this;
+  }
 
-// A streaming reactor that finishes at once with `status`.
+ private:
+  GenerationService* service_;
+};
+
+// A streaming call that fails at once with `status`, counted the same way.
 class FailedStream : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  explicit FailedStream(const grpc::Status& status) { Finish(status); }
-  void OnDone() override { delete this; }
+  FailedStream(GenerationService* service, const grpc::Status& status) : service_(service) {
+    service_->CallStarted();
+    Finish(status);
+  }
+  void OnDone() override {
+    service_->CallDone();
+    delete this;
+  }
+
+ private:
+  GenerationService* service_;
 };
 
 // The status a refused call's client sees: a call cancelled (or past its
@@ -115,12 +134,12 @@ grpc::ServerUnaryReactor* GenerationService::Generate(grpc::CallbackServerContex
                                                       grpc::ByteBuffer* response) {
   if (grpc::Status status = Admit(context); !status.ok()) {
     RecordRejected(static_cast<absl::StatusCode>(status.error_code()));
-    return FinishNow(context, status);
+    return new FinishedCall(this, status);
   }
   auto prepared = Prepare(context, *request);
   if (!prepared.ok()) {
     RecordRejected(RejectionSeenByClient(*context, prepared.status().code()));
-    return FinishNow(context, ToGrpcStatus(prepared.status()));
+    return new FinishedCall(this, ToGrpcStatus(prepared.status()));
   }
   return StartUnaryGenerate(this, context, std::move(*prepared), response);
 }
@@ -129,12 +148,12 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationService::GenerateStream(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
   if (grpc::Status status = Admit(context); !status.ok()) {
     RecordRejected(static_cast<absl::StatusCode>(status.error_code()));
-    return new FailedStream(status);
+    return new FailedStream(this, status);
   }
   auto prepared = Prepare(context, *request);
   if (!prepared.ok()) {
     RecordRejected(RejectionSeenByClient(*context, prepared.status().code()));
-    return new FailedStream(ToGrpcStatus(prepared.status()));
+    return new FailedStream(this, ToGrpcStatus(prepared.status()));
   }
   return StartStreamingGenerate(this, context, std::move(*prepared));
 }
@@ -142,26 +161,26 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationService::GenerateStream(
 grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContext* context,
                                                       const grpc::ByteBuffer* request_buffer,
                                                       grpc::ByteBuffer* response_buffer) {
-  if (grpc::Status status = Admit(context); !status.ok()) return FinishNow(context, status);
+  if (grpc::Status status = Admit(context); !status.ok()) return new FinishedCall(this, status);
   v1::TokenizeRequest request;
   if (absl::Status status = ParseMessage(*request_buffer, &request); !status.ok()) {
-    return FinishNow(context, ToGrpcStatus(status));
+    return new FinishedCall(this, ToGrpcStatus(status));
   }
   auto ids = options_.tokenizer->Encode(request.text());
-  if (!ids.ok()) return FinishNow(context, ToGrpcStatus(ids.status()));
+  if (!ids.ok()) return new FinishedCall(this, ToGrpcStatus(ids.status()));
   v1::TokenizeResponse response;
   response.mutable_token_ids()->Add(ids->begin(), ids->end());
   *response_buffer = SerializeMessage(response);
-  return FinishNow(context, grpc::Status::OK);
+  return new FinishedCall(this, grpc::Status::OK);
 }
 
 grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerContext* context,
                                                           const v1::GetModelInfoRequest*,
                                                           v1::ModelInfo* response) {
-  if (grpc::Status status = Admit(context); !status.ok()) return FinishNow(context, status);
+  if (grpc::Status status = Admit(context); !status.ok()) return new FinishedCall(this, status);
   FillModelInfo(*options_.config, options_.dispatch, options_.device, options_.engine->Snapshot(),
                 response);
-  return FinishNow(context, grpc::Status::OK);
+  return new FinishedCall(this, grpc::Status::OK);
 }
 
 }  // namespace switchserve

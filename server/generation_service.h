@@ -53,8 +53,8 @@ class GenerationService final : public GenerationServiceBase {
 
   // From now on every new call gets UNAVAILABLE; calls already running go on.
   void StartDraining();
-  // Blocks until no Generate / GenerateStream call is running, or `timeout`
-  // passed. Returns true when idle.
+  // Blocks until no call is running (generating, or an answer not yet sent),
+  // or `timeout` passed. Returns true when idle.
   bool WaitUntilIdle(std::chrono::milliseconds timeout);
   int calls_in_flight() const;
 
