@@ -15,14 +15,15 @@ source "$(dirname "$0")/apt-packages.sh"
 
 runtime_packages=(
   libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623 libopenblas0-pthread
-  libsentencepiece0 libgomp1 libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 ca-certificates
+  libsentencepiece0 libgomp1 libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libssl3
+  ca-certificates
 )
 build_packages=(
   build-essential cmake ninja-build ccache pkg-config git clang-format
   libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   libabsl-dev prometheus-cpp-dev libopenblas-dev nlohmann-json3-dev
   libsentencepiece-dev sentencepiece libgtest-dev libgmock-dev libbenchmark-dev
-  libboost-context-dev
+  libboost-context-dev libboost-dev libssl-dev
   python3 python3-numpy python3-grpcio python3-protobuf python3-pytest python3-yaml openssl prometheus
 )
 

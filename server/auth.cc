@@ -117,11 +117,20 @@ absl::StatusOr<std::unique_ptr<BearerTokenAuth>> BearerTokenAuth::FromFile(
 grpc::Status BearerTokenAuth::Check(const grpc::CallbackServerContext& context) const {
   const auto& metadata = context.client_metadata();
   const auto it = metadata.find("authorization");
-  if (it == metadata.end()) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "missing `authorization: Bearer <token>` metadata");
+  const absl::Status status =
+      CheckAuthorization(it == metadata.end() ? std::nullopt
+                                              : std::optional<std::string_view>(std::string_view(
+                                                    it->second.data(), it->second.size())));
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(status.message()));
+}
+
+absl::Status BearerTokenAuth::CheckAuthorization(
+    std::optional<std::string_view> authorization) const {
+  if (!authorization) {
+    return absl::UnauthenticatedError("missing `authorization: Bearer <token>` metadata");
   }
-  const std::string_view value(it->second.data(), it->second.size());
+  const std::string_view value = *authorization;
   // `Bearer <token>`: the scheme is case-insensitive (RFC 7235 section 2.1),
   // followed by one or more spaces.
   constexpr std::string_view kScheme = "bearer";
@@ -139,8 +148,8 @@ grpc::Status BearerTokenAuth::Check(const grpc::CallbackServerContext& context) 
     const char c = i < credentials.size() ? credentials[i] : 0;
     diff |= static_cast<unsigned char>(c ^ token_[i]);
   }
-  if (diff != 0) return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "invalid bearer token");
-  return grpc::Status::OK;
+  if (diff != 0) return absl::UnauthenticatedError("invalid bearer token");
+  return absl::OkStatus();
 }
 
 }  // namespace switchserve

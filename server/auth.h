@@ -6,7 +6,9 @@
 #define SWITCHSERVE_SERVER_AUTH_H_
 
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "grpcpp/security/server_credentials.h"
@@ -39,6 +41,9 @@ class BearerTokenAuth {
   // OK, or UNAUTHENTICATED when the call's metadata has no or a wrong token.
   // The scheme is matched case-insensitively (`Bearer`, `bearer`, ...).
   grpc::Status Check(const grpc::CallbackServerContext& context) const;
+  // The same check of an `authorization` value (an HTTP header); nullopt:
+  // none was sent.
+  absl::Status CheckAuthorization(std::optional<std::string_view> authorization) const;
 
  private:
   std::string token_;

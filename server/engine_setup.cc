@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/backends.h"
+#include "server/dispatch_flags.h"
 
 namespace switchserve {
 namespace {
@@ -45,14 +46,6 @@ class WaitingSink : public GenerationSink {
   std::promise<GenerationUpdate> done_;
 };
 
-DispatchConfig DispatchInForce(const ModelConfig& config, const ServerOptions& options) {
-  DispatchConfig dispatch = config.dispatch;
-  if (options.capacity_factor) dispatch.capacity_factor = *options.capacity_factor;
-  if (options.min_capacity) dispatch.min_capacity = *options.min_capacity;
-  if (options.overflow) dispatch.overflow = *options.overflow;
-  return dispatch;
-}
-
 }  // namespace
 
 absl::StatusOr<EngineSetup> SetUpEngine(const ServerOptions& options) {
@@ -63,7 +56,10 @@ absl::StatusOr<EngineSetup> SetUpEngine(const ServerOptions& options) {
   if (!model.ok()) return model.status();
   setup.model = *std::move(model);
   const ModelConfig& config = setup.model->config;
-  setup.dispatch = DispatchInForce(config, options);
+  absl::StatusOr<DispatchConfig> dispatch =
+      ApplyDispatchOverrides(config.dispatch, options.dispatch);
+  if (!dispatch.ok()) return dispatch.status();
+  setup.dispatch = *dispatch;
 
   absl::StatusOr<std::unique_ptr<Backend>> backend =
       CreateBackend(options.device, config, setup.model->weights, setup.dispatch,

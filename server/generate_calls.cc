@@ -5,6 +5,8 @@
 #include <optional>
 #include <utility>
 
+#include "server/access_log.h"
+#include "server/engine_request_handle.h"
 #include "server/generation_service.h"
 #include "server/proto_convert.h"
 #include "server/wire_format.h"
@@ -13,6 +15,17 @@ namespace switchserve {
 namespace {
 
 // Forwards the engine's updates to a call object that outlives the request.
+// What the access log says about a call, before it ends.
+AccessRecord CallAccessRecord(const grpc::CallbackServerContext& context,
+                              const GenerationRequest& request, const char* method) {
+  AccessRecord record;
+  record.request_id = request.origin.request_id;
+  record.protocol = "grpc";
+  record.method = method;
+  record.peer = context.peer();
+  return record;
+}
+
 template <typename Call>
 class CallSink : public GenerationSink {
  public:
@@ -23,38 +36,15 @@ class CallSink : public GenerationSink {
   Call* call_;
 };
 
-// Submission and cancellation shared by both calls. Cancel may arrive (from
-// a gRPC thread) before the engine accepted the request; it is then
-// forwarded right after submission.
-class EngineRequestHandle {
- public:
-  absl::Status Submit(GenerationEngine* engine, GenerationRequest request) {
-    engine_ = engine;
-    auto id = engine->Submit(std::move(request));
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!id.ok()) return id.status();
-    id_ = *id;
-    if (cancel_requested_ != CancelCause::kNone) engine_->Cancel(*id_, cancel_requested_);
-    return absl::OkStatus();
-  }
-  void Cancel(CancelCause cause) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (cancel_requested_ == CancelCause::kNone) cancel_requested_ = cause;
-    if (id_) engine_->Cancel(*id_, cause);
-  }
-
- private:
-  std::mutex mu_;
-  GenerationEngine* engine_ = nullptr;
-  std::optional<RequestId> id_;
-  CancelCause cancel_requested_ = CancelCause::kNone;
-};
-
 class UnaryGenerateCall : public grpc::ServerUnaryReactor {
  public:
   UnaryGenerateCall(GenerationService* service, grpc::CallbackServerContext* context,
-                    grpc::ByteBuffer* response, SamplingParams params)
-      : service_(service), context_(context), response_(response), params_(std::move(params)) {
+                    grpc::ByteBuffer* response, const GenerationRequest& request)
+      : service_(service),
+        context_(context),
+        response_(response),
+        params_(request.sampling),
+        access_(CallAccessRecord(*context, request, "Generate")) {
     service_->CallStarted();
   }
 
@@ -62,7 +52,8 @@ class UnaryGenerateCall : public grpc::ServerUnaryReactor {
     request.sink = std::make_shared<CallSink<UnaryGenerateCall>>(this);
     absl::Status status = handle_.Submit(service_->engine(), std::move(request));
     if (!status.ok()) {
-      service_->RecordRejected(status.code());
+      access_.status = status.code();
+      service_->FinishRejected(access_);
       Finish(ToGrpcStatus(status));
     }
   }
@@ -73,16 +64,22 @@ class UnaryGenerateCall : public grpc::ServerUnaryReactor {
     AppendTokens(update, params_, service_->describer(), message_.mutable_token_ids(),
                  message_.mutable_tokens());
     if (!update.finished) return;
+    FillFromFinalUpdate(update, &access_);
     if (!update.status.ok()) {
+      access_.status = update.status.code();
+      LogAccess(access_);
       Finish(ToGrpcStatus(update.status));
       return;
     }
     message_.set_finish_reason(ToProto(update.finish_reason));
     FillUsageAndTiming(update, message_.mutable_usage(), message_.mutable_timing());
     *response_ = SerializeMessage(message_);
-    Finish(update.finish_reason == FinishReason::kCancelled
-               ? CancelledCallStatus(update.cancel_cause)
-               : grpc::Status::OK);
+    const grpc::Status status = update.finish_reason == FinishReason::kCancelled
+                                    ? CancelledCallStatus(update.cancel_cause)
+                                    : grpc::Status::OK;
+    access_.status = static_cast<absl::StatusCode>(status.error_code());
+    LogAccess(access_);
+    Finish(status);
   }
 
   void OnCancel() override { handle_.Cancel(CancelCauseOf(*context_)); }
@@ -97,6 +94,7 @@ class UnaryGenerateCall : public grpc::ServerUnaryReactor {
   grpc::ByteBuffer* response_;
   v1::GenerateResponse message_;  // built up by the updates
   SamplingParams params_;
+  AccessRecord access_;
   EngineRequestHandle handle_;
 };
 
@@ -106,8 +104,11 @@ class UnaryGenerateCall : public grpc::ServerUnaryReactor {
 class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   StreamingGenerateCall(GenerationService* service, grpc::CallbackServerContext* context,
-                        SamplingParams params)
-      : service_(service), context_(context), params_(std::move(params)) {
+                        const GenerationRequest& request)
+      : service_(service),
+        context_(context),
+        params_(request.sampling),
+        access_(CallAccessRecord(*context, request, "GenerateStream")) {
     service_->CallStarted();
   }
 
@@ -115,9 +116,10 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     request.sink = std::make_shared<CallSink<StreamingGenerateCall>>(this);
     absl::Status status = handle_.Submit(service_->engine(), std::move(request));
     if (!status.ok()) {
-      service_->RecordRejected(status.code());
       {
         std::lock_guard<std::mutex> lock(mu_);
+        access_.status = status.code();
+        rejected_ = true;
         finished_ = true;
         engine_done_ = true;  // the engine never saw it
         final_status_ = ToGrpcStatus(status);
@@ -130,6 +132,7 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
   void OnEngineUpdate(GenerationUpdate update) {
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (update.finished) FillFromFinalUpdate(update, &access_);
       if (!update.status.ok()) {
         final_status_ = ToGrpcStatus(update.status);
       } else {
@@ -187,10 +190,21 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
         finish_called_ = true;
         status = final_status_;
         action = kFinish;
+        // A broken stream ends CANCELLED whatever the engine said.
+        access_.status = broken_ ? absl::StatusCode::kCancelled
+                                 : static_cast<absl::StatusCode>(status.error_code());
       }
     }
     if (action == kWrite) StartWrite(&in_flight_);
-    if (action == kFinish) Finish(status);
+    if (action == kFinish) {
+      // access_ is no longer written once finish_called_ is set.
+      if (rejected_) {
+        service_->FinishRejected(access_);
+      } else {
+        LogAccess(access_);
+      }
+      Finish(status);
+    }
   }
 
   // The call is deleted once both gRPC (OnDone) and the engine (its final
@@ -212,6 +226,8 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
   EngineRequestHandle handle_;
 
   std::mutex mu_;
+  AccessRecord access_;
+  bool rejected_ = false;  // the engine refused the request (it never ran)
   bool engine_done_ = false;
   bool grpc_done_ = false;
   v1::GenerateStreamResponse pending_;  // merged updates not yet written
@@ -254,14 +270,14 @@ grpc::ServerUnaryReactor* StartUnaryGenerate(GenerationService* service,
                                              grpc::CallbackServerContext* context,
                                              GenerationRequest request,
                                              grpc::ByteBuffer* response) {
-  auto* call = new UnaryGenerateCall(service, context, response, request.sampling);
+  auto* call = new UnaryGenerateCall(service, context, response, request);
   call->Start(std::move(request));
   return call;
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* StartStreamingGenerate(
     GenerationService* service, grpc::CallbackServerContext* context, GenerationRequest request) {
-  auto* call = new StreamingGenerateCall(service, context, request.sampling);
+  auto* call = new StreamingGenerateCall(service, context, request);
   call->Start(std::move(request));
   return call;
 }

@@ -1,5 +1,8 @@
 #include "server/generation_service.h"
 
+#include <optional>
+#include <string>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -55,37 +58,16 @@ absl::StatusCode RejectionSeenByClient(grpc::CallbackServerContext& context,
 }  // namespace
 
 GenerationService::GenerationService(const GenerationServiceOptions& options) : options_(options) {
+  if (options_.gate == nullptr) options_.gate = &own_gate_;
   describer_.tokenizer = options.tokenizer;
   describer_.layout = RouterLayout(*options.config);
 }
 
-void GenerationService::StartDraining() {
-  std::lock_guard<std::mutex> lock(mu_);
-  draining_ = true;
-}
-
-bool GenerationService::WaitUntilIdle(std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  return idle_.wait_for(lock, timeout, [&] { return in_flight_ == 0; });
-}
-
-int GenerationService::calls_in_flight() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return in_flight_;
-}
-
-void GenerationService::CallStarted() {
-  std::lock_guard<std::mutex> lock(mu_);
-  ++in_flight_;
-}
-
-void GenerationService::CallDone() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (--in_flight_ == 0) idle_.notify_all();
-}
-
-void GenerationService::RecordRejected(absl::StatusCode code) const {
-  if (options_.metrics != nullptr) options_.metrics->RecordFinished({.status = code});
+void GenerationService::FinishRejected(const AccessRecord& record) const {
+  if (options_.metrics != nullptr) {
+    options_.metrics->RecordFinished({.protocol = RequestProtocol::kGrpc, .status = record.status});
+  }
+  LogAccess(record);
 }
 
 grpc::Status GenerationService::Admit(grpc::CallbackServerContext* context) const {
@@ -104,8 +86,7 @@ grpc::Status GenerationService::Admit(grpc::CallbackServerContext* context) cons
   if (options_.auth != nullptr) {
     if (grpc::Status status = options_.auth->Check(*context); !status.ok()) return status;
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  if (draining_) {
+  if (options_.gate->draining()) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                         "the server is shutting down; retry on another replica");
   }
@@ -129,32 +110,49 @@ absl::StatusOr<GenerationRequest> GenerationService::Prepare(grpc::CallbackServe
   return prepared;
 }
 
+absl::StatusOr<GenerationRequest> GenerationService::AdmitGenerate(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer& request,
+    const char* method) const {
+  const auto& metadata = context->client_metadata();
+  const auto sent_id = metadata.find(std::string(kRequestIdHeader));
+  std::string request_id = AcceptOrMakeRequestId(
+      sent_id == metadata.end() ? std::nullopt
+                                : std::optional<std::string_view>(std::string_view(
+                                      sent_id->second.data(), sent_id->second.size())));
+  context->AddInitialMetadata(std::string(kRequestIdHeader), request_id);
+  absl::StatusOr<GenerationRequest> prepared;
+  if (grpc::Status status = Admit(context); !status.ok()) {
+    prepared =
+        absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+  } else {
+    prepared = Prepare(context, request);
+  }
+  if (!prepared.ok()) {
+    AccessRecord record;
+    record.request_id = std::move(request_id);
+    record.protocol = "grpc";
+    record.method = method;
+    record.peer = context->peer();
+    record.status = RejectionSeenByClient(*context, prepared.status().code());
+    FinishRejected(record);
+    return prepared.status();
+  }
+  prepared->origin = {.request_id = std::move(request_id), .protocol = "grpc"};
+  return prepared;
+}
+
 grpc::ServerUnaryReactor* GenerationService::Generate(grpc::CallbackServerContext* context,
                                                       const grpc::ByteBuffer* request,
                                                       grpc::ByteBuffer* response) {
-  if (grpc::Status status = Admit(context); !status.ok()) {
-    RecordRejected(static_cast<absl::StatusCode>(status.error_code()));
-    return new FinishedCall(this, status);
-  }
-  auto prepared = Prepare(context, *request);
-  if (!prepared.ok()) {
-    RecordRejected(RejectionSeenByClient(*context, prepared.status().code()));
-    return new FinishedCall(this, ToGrpcStatus(prepared.status()));
-  }
+  auto prepared = AdmitGenerate(context, *request, "Generate");
+  if (!prepared.ok()) return new FinishedCall(this, ToGrpcStatus(prepared.status()));
   return StartUnaryGenerate(this, context, std::move(*prepared), response);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationService::GenerateStream(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
-  if (grpc::Status status = Admit(context); !status.ok()) {
-    RecordRejected(static_cast<absl::StatusCode>(status.error_code()));
-    return new FailedStream(this, status);
-  }
-  auto prepared = Prepare(context, *request);
-  if (!prepared.ok()) {
-    RecordRejected(RejectionSeenByClient(*context, prepared.status().code()));
-    return new FailedStream(this, ToGrpcStatus(prepared.status()));
-  }
+  auto prepared = AdmitGenerate(context, *request, "GenerateStream");
+  if (!prepared.ok()) return new FailedStream(this, ToGrpcStatus(prepared.status()));
   return StartStreamingGenerate(this, context, std::move(*prepared));
 }
 

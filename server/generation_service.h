@@ -8,16 +8,14 @@
 #ifndef SWITCHSERVE_SERVER_GENERATION_SERVICE_H_
 #define SWITCHSERVE_SERVER_GENERATION_SERVICE_H_
 
-#include <chrono>
-#include <condition_variable>
-#include <mutex>
-#include <optional>
 #include <string>
 
 #include "engine/model/model_config.h"
 #include "engine/runtime/generation_engine.h"
 #include "engine/text/tokenizer.h"
+#include "server/access_log.h"
 #include "server/auth.h"
+#include "server/call_gate.h"
 #include "server/metrics/serving_metrics.h"
 #include "server/proto_convert.h"
 #include "server/request_validation.h"
@@ -37,6 +35,7 @@ struct GenerationServiceOptions {
   // entry, as HPACK counts) get RESOURCE_EXHAUSTED; 0: no limit.
   int64_t max_metadata_bytes = 0;
   ServingMetrics* metrics = nullptr;  // null: no metrics; must outlive the service
+  CallGate* gate = nullptr;           // drain state shared with HTTP; null: the service's own
 };
 
 // Generate, GenerateStream and Tokenize take raw byte buffers so that request
@@ -51,12 +50,9 @@ class GenerationService final : public GenerationServiceBase {
  public:
   explicit GenerationService(const GenerationServiceOptions& options);
 
-  // From now on every new call gets UNAVAILABLE; calls already running go on.
-  void StartDraining();
-  // Blocks until no call is running (generating, or an answer not yet sent),
-  // or `timeout` passed. Returns true when idle.
-  bool WaitUntilIdle(std::chrono::milliseconds timeout);
-  int calls_in_flight() const;
+  // Draining (the gate's StartDraining): every new call gets UNAVAILABLE;
+  // calls already running go on. Every call counts in the gate's
+  // calls_in_flight() until its answer is sent.
 
   grpc::ServerUnaryReactor* Generate(grpc::CallbackServerContext* context,
                                      const grpc::ByteBuffer* request,
@@ -73,11 +69,11 @@ class GenerationService final : public GenerationServiceBase {
   // Used by the call objects (server/generate_calls.h).
   GenerationEngine* engine() const { return options_.engine; }
   const TokenDescriber& describer() const { return describer_; }
-  void CallStarted();
-  void CallDone();
-  // Counts a Generate* call that ended before the engine accepted it
-  // (the engine's observer counts the others).
-  void RecordRejected(absl::StatusCode code) const;
+  void CallStarted() { options_.gate->CallStarted(); }
+  void CallDone() { options_.gate->CallDone(); }
+  // Counts and logs a Generate* call that ended before the engine accepted
+  // it (the engine's observer counts the others; their calls log them).
+  void FinishRejected(const AccessRecord& record) const;
 
  private:
   // Auth and draining checks shared by every method; then validation for
@@ -85,14 +81,15 @@ class GenerationService final : public GenerationServiceBase {
   grpc::Status Admit(grpc::CallbackServerContext* context) const;
   absl::StatusOr<GenerationRequest> Prepare(grpc::CallbackServerContext* context,
                                             const grpc::ByteBuffer& request) const;
+  // Admit and Prepare for Generate*, under the call's request id (taken
+  // from or added to its metadata). On error the call is counted and logged.
+  absl::StatusOr<GenerationRequest> AdmitGenerate(grpc::CallbackServerContext* context,
+                                                  const grpc::ByteBuffer& request,
+                                                  const char* method) const;
 
   GenerationServiceOptions options_;
   TokenDescriber describer_;
-
-  mutable std::mutex mu_;
-  std::condition_variable idle_;
-  bool draining_ = false;
-  int in_flight_ = 0;
+  CallGate own_gate_;  // when options.gate is null
 };
 
 }  // namespace switchserve

@@ -7,6 +7,7 @@
 #include "kernels/backends.h"
 #include "server/commands.h"
 #include "server/common_flags.h"
+#include "server/dispatch_flags.h"
 
 namespace switchserve {
 
@@ -26,9 +27,15 @@ absl::StatusOr<OfflineSession> OpenOfflineSession() {
   if (!device.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--device: ", device.status().message()));
   }
-  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend(
-      *device, session.model->config, session.model->weights, session.model->config.dispatch,
-      BackendOptions{.num_threads = absl::GetFlag(FLAGS_threads)});
+  absl::StatusOr<DispatchOverrides> overrides = DispatchOverridesFromFlags();
+  if (!overrides.ok()) return overrides.status();
+  absl::StatusOr<DispatchConfig> dispatch =
+      ApplyDispatchOverrides(session.model->config.dispatch, *overrides);
+  if (!dispatch.ok()) return dispatch.status();
+  session.dispatch = *dispatch;
+  absl::StatusOr<std::unique_ptr<Backend>> backend =
+      CreateBackend(*device, session.model->config, session.model->weights, session.dispatch,
+                    BackendOptions{.num_threads = absl::GetFlag(FLAGS_threads)});
   if (!backend.ok()) {
     return absl::Status(backend.status().code(),
                         absl::StrCat("--device ", std::string(ToString(*device)), ": ",

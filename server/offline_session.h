@@ -1,5 +1,6 @@
-// A model and a backend, set up from the command line's --model, --device
-// and --threads: what the offline subcommands (generate, score) run on.
+// A model and a backend, set up from the command line's --model, --device,
+// --threads and dispatch overrides (server/dispatch_flags.h): what the
+// offline subcommands (generate, score) run on.
 #ifndef SWITCHSERVE_SERVER_OFFLINE_SESSION_H_
 #define SWITCHSERVE_SERVER_OFFLINE_SESSION_H_
 
@@ -14,9 +15,11 @@ namespace switchserve {
 struct OfflineSession {
   std::unique_ptr<Model> model;
   std::unique_ptr<Backend> backend;  // its KV cache not yet initialised
+  DispatchConfig dispatch;           // the backend's: the model's with the flags' overrides
 };
 
-// Loads --model (or the built-in model) and creates the --device backend.
+// Loads --model (or the built-in model) and creates the --device backend
+// under the model's dispatch with the flags' overrides.
 absl::StatusOr<OfflineSession> OpenOfflineSession();
 
 }  // namespace switchserve

@@ -136,6 +136,8 @@ void FillModelInfo(const ModelConfig& config, const DispatchConfig& dispatch,
   d->set_capacity_factor(dispatch.capacity_factor);
   d->set_min_capacity(dispatch.min_capacity);
   d->set_overflow(std::string(ToString(dispatch.overflow)));
+  d->set_capacity_scope(std::string(ToString(dispatch.scope)));
+  d->set_capacity_group(dispatch.scope == CapacityScope::kSequence ? dispatch.capacity_group : 0);
   v1::CacheInfo* cache = info->mutable_cache();
   cache->set_block_size(snapshot.block_size);
   cache->set_total_blocks(snapshot.total_blocks);

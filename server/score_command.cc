@@ -5,7 +5,10 @@
 //
 // Texts longer than the context are scored in windows of max_seq_len tokens
 // that overlap by one token, so every token but the first is predicted once
-// (from at most max_seq_len - 1 tokens of context).
+// (from at most max_seq_len - 1 tokens of context). Each window is a fresh
+// sequence. For a model with routers it also prints the share of routed
+// assignments the dispatch dropped and rerouted, per module (attn_v, attn_o,
+// ffn), over every window.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -18,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "engine/model/npy.h"
+#include "engine/moe/router_layout.h"
 #include "engine/runtime/sequence_runner.h"
 #include "server/offline_session.h"
 
@@ -48,6 +52,26 @@ double NegativeLogLikelihood(const float* logits, int32_t vocab, int32_t target)
   double sum = 0;
   for (int32_t i = 0; i < vocab; ++i) sum += std::exp(logits[i] - max_logit);
   return std::log(sum) + max_logit - logits[target];
+}
+
+// "dropped_attn_v: 0.020190" ... and "rerouted_...": shares of the routed
+// assignments of each module, summed over its routers.
+void PrintDispatchShares(const RouterLayout& layout, const StepRoutingStats& stats) {
+  if (layout.empty() || stats.routers.size() != layout.size()) return;
+  for (MoeModule module : {MoeModule::kAttnV, MoeModule::kAttnO, MoeModule::kFfn}) {
+    int64_t routed = 0, dropped = 0, rerouted = 0;
+    for (size_t r = 0; r < layout.size(); ++r) {
+      if (layout[r].module != module) continue;
+      for (int64_t n : stats.routers[r].routed) routed += n;
+      for (int64_t n : stats.routers[r].dropped) dropped += n;
+      for (int64_t n : stats.routers[r].rerouted) rerouted += n;
+    }
+    if (routed == 0) continue;
+    const std::string name(ToString(module));
+    std::printf("dropped_%s: %.6f\nrerouted_%s: %.6f\n", name.c_str(),
+                static_cast<double>(dropped) / routed, name.c_str(),
+                static_cast<double>(rerouted) / routed);
+  }
 }
 
 int Fail(const absl::Status& status) {
@@ -109,10 +133,11 @@ int RunScoreCommand(int argc, char** argv) {
   const int32_t vocab = config.vocab_size;
   double nll_sum = 0;
   std::vector<float> all_logits;
+  StepRoutingStats routing;
   for (int64_t start = 0; start + 1 < n; start += config.max_seq_len - 1) {
     const int64_t end = std::min<int64_t>(n, start + config.max_seq_len);
     absl::StatusOr<std::vector<float>> logits = (*runner)->Append(
-        0, absl::MakeConstSpan(tokens).subspan(start, end - start), /*all_logits=*/true);
+        0, absl::MakeConstSpan(tokens).subspan(start, end - start), /*all_logits=*/true, &routing);
     if (!logits.ok()) return Fail(logits.status());
     (*runner)->Release(0);
     for (int64_t i = start; i + 1 < end; ++i) {
@@ -129,6 +154,7 @@ int RunScoreCommand(int argc, char** argv) {
   if (predicted_bytes > 0) {
     std::printf("bits_per_byte: %.6f\n", nll_sum / std::log(2.0) / predicted_bytes);
   }
+  PrintDispatchShares(RouterLayout(config), routing);
   if (!dump_path.empty()) {
     absl::Status status = WriteNpyF32(dump_path, {n, vocab}, all_logits);
     if (!status.ok()) return Fail(status);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -25,10 +26,15 @@
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "server/auth.h"
+#include "server/call_gate.h"
 #include "server/commands.h"
 #include "server/common_flags.h"
+#include "server/dispatch_flags.h"
 #include "server/engine_setup.h"
 #include "server/generation_service.h"
+#include "server/http/http_server.h"
+#include "server/http/openai_service.h"
+#include "server/log.h"
 #include "server/metrics/engine_metrics_observer.h"
 #include "server/metrics/metrics_exposer.h"
 #include "server/metrics/moe_metrics.h"
@@ -39,12 +45,7 @@
 namespace switchserve {
 namespace {
 
-void Log(const std::string& message) {
-  const std::string now =
-      absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone());
-  std::fprintf(stderr, "%s switchserve: %s\n", now.c_str(), message.c_str());
-  std::fflush(stderr);
-}
+void Log(const std::string& message) { LogInfo(message); }
 
 // --noreflection: linking grpc++_reflection registers its plugin with every
 // ServerBuilder; this option takes it out again.
@@ -59,11 +60,43 @@ class WithoutReflection : public grpc::ServerBuilderOption {
 };
 
 int Fail(const absl::Status& status) {
-  Log(absl::StrCat("error: ", status.ToString()));
+  switchserve::Log(LogLevel::kError, status.ToString());
   return 1;
 }
 
+int Milliseconds(double seconds) { return static_cast<int>(seconds * 1000.0 + 0.5); }
+
+// Connection age and keepalive (docs/deploy.md, "Scaling out").
+void SetConnectionArguments(const ConnectionOptions& c, grpc::ServerBuilder* builder) {
+  if (c.max_connection_age_s > 0) {
+    builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
+                                Milliseconds(c.max_connection_age_s));
+  }
+  if (c.max_connection_age_grace_s > 0) {
+    builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+                                Milliseconds(c.max_connection_age_grace_s));
+  }
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
+                              c.keepalive_time_s > 0 ? Milliseconds(c.keepalive_time_s) : INT_MAX);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, Milliseconds(c.keepalive_timeout_s));
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                              Milliseconds(c.keepalive_min_client_interval_s));
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+}
+
+std::string ConnectionSummary(const ConnectionOptions& c) {
+  auto seconds = [](double s, const char* zero) {
+    return s > 0 ? absl::StrCat(s, " s") : std::string(zero);
+  };
+  return absl::StrCat("connections: max age ", seconds(c.max_connection_age_s, "unlimited"),
+                      " (grace ", seconds(c.max_connection_age_grace_s, "unlimited"),
+                      "), keepalive ", seconds(c.keepalive_time_s, "off"), " (timeout ",
+                      c.keepalive_timeout_s,
+                      " s), client pings every >= ", c.keepalive_min_client_interval_s, " s");
+}
+
 int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
+  SetLogFormat(options.log_format);
   // Credentials and the token first: a typo there is reported in a second,
   // not after the model has loaded and warmed up.
   auto credentials = MakeServerCredentials(options.tls);
@@ -110,6 +143,13 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
     }
     observer = std::make_unique<EngineMetricsObserver>(serving_metrics.get(), moe_metrics.get(),
                                                        kv_cache.num_blocks());
+    RegisterModelInfo(
+        *registry,
+        {.model = ServedModelName(options.served_model_name, config, model_dir),
+         .device = std::string(backend->name()),
+         .architecture = ArchitectureName(config),
+         .tokenizer = config.tokenizer == TokenizerKind::kByte ? "byte" : "sentencepiece",
+         .context_length = config.max_seq_len});
     auto started = MetricsExposer::Start(options.metrics_host, options.metrics_port, collectables);
     if (!started.ok()) return Fail(started.status());
     exposer = std::move(*started);
@@ -119,6 +159,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   engine.Start();
   if (absl::Status status = WarmUpEngine(engine, config); !status.ok()) return Fail(status);
 
+  CallGate gate;
   GenerationServiceOptions service_options;
   service_options.engine = &engine;
   service_options.tokenizer = setup->model->tokenizer.get();
@@ -130,6 +171,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   service_options.auth = auth.get();
   service_options.max_metadata_bytes = options.max_metadata_bytes;
   service_options.metrics = serving_metrics.get();
+  service_options.gate = &gate;
   GenerationService service(service_options);
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -144,11 +186,35 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   // below it (GenerationService), so an oversized call fails alone.
   builder.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE,
                              static_cast<int>(options.TransportMetadataLimit()));
+  SetConnectionArguments(options.connections, &builder);
   builder.RegisterService(&service);
   if (!options.reflection) builder.SetOption(std::make_unique<WithoutReflection>());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || bound_port == 0) {
     return Fail(absl::UnavailableError(absl::StrCat("cannot listen on ", address)));
+  }
+  // The OpenAI-compatible HTTP API: same engine, gate, token, TLS and limits.
+  const std::string model_name = ServedModelName(options.served_model_name, config, model_dir);
+  OpenAiService openai({.engine = &engine,
+                        .tokenizer = setup->model->tokenizer.get(),
+                        .limits = service_options.limits,
+                        .model_name = model_name,
+                        .auth = auth.get(),
+                        .metrics = serving_metrics.get(),
+                        .gate = &gate,
+                        .created_unix_s = absl::ToUnixSeconds(absl::Now())});
+  std::unique_ptr<HttpServer> http;
+  if (options.http_port != 0) {
+    auto started = HttpServer::Start(
+        {.host = options.host,
+         .port = options.http_port,
+         .tls = options.tls,
+         .max_body_bytes = options.max_request_bytes,
+         .max_connection_age_s = options.connections.max_connection_age_s,
+         .error_body = OpenAiErrorBody},
+        [&openai](std::shared_ptr<HttpExchange> exchange) { openai.Handle(exchange); });
+    if (!started.ok()) return Fail(started.status());
+    http = std::move(*started);
   }
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   health->SetServingStatus(v1::Generation::service_full_name(), true);
@@ -159,9 +225,8 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
       config.name.empty() ? "(unnamed)" : config.name, model_dir, ArchitectureName(config),
       config.n_layers, config.d_model, config.vocab_size, config.max_seq_len,
       config.tokenizer == TokenizerKind::kByte ? "byte" : "sentencepiece"));
-  Log(absl::StrFormat("dispatch: capacity_factor %g%s, min_capacity %d, overflow %s",
-                      dispatch.capacity_factor, dispatch.Dropless() ? " (dropless)" : "",
-                      dispatch.min_capacity, std::string(ToString(dispatch.overflow))));
+  Log(absl::StrCat("dispatch: ", DescribeDispatch(dispatch)));
+  if (const std::string warning = SharedCapacityWarning(dispatch); !warning.empty()) Log(warning);
   Log(absl::StrFormat("backend %s, threads %s; KV cache %d blocks x %d tokens = %d tokens (%d MiB)",
                       std::string(backend->name()),
                       options.threads == 0 ? "all" : std::to_string(options.threads),
@@ -177,11 +242,18 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
                       : options.tls.client_ca_file.empty() ? "TLS"
                                                            : "mTLS (client certificates required)",
                       auth ? "bearer token required" : "no authentication"));
+  Log(ConnectionSummary(options.connections));
   if (exposer != nullptr) {
     Log(absl::StrCat("metrics on http://", options.metrics_host, ":", exposer->port(), "/metrics",
                      moe_metrics ? "" : " (--no-moe-metrics: serving and process only)"));
   } else {
     Log("metrics disabled (--metrics-port 0)");
+  }
+  if (http != nullptr) {
+    Log(absl::StrCat("HTTP API on ", options.tls.enabled() ? "https://" : "http://", options.host,
+                     ":", http->port(),
+                     " (OpenAI-compatible: /v1/completions, /v1/models; /health, /ready; model \"",
+                     model_name, "\")"));
   }
   Log(absl::StrCat("listening on ", options.host, ":", bound_port,
                    " (grpc: switchserve.v1.Generation, grpc.health.v1.Health",
@@ -189,20 +261,21 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
 
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
-  Log(absl::StrCat("received ", strsignal(signal_number), ": draining (", service.calls_in_flight(),
+  Log(absl::StrCat("received ", strsignal(signal_number), ": draining (", gate.calls_in_flight(),
                    " calls running, up to ", options.drain_timeout_s, " s)"));
   health->SetServingStatus(false);
-  service.StartDraining();
-  if (!service.WaitUntilIdle(MillisecondsFromSeconds(options.drain_timeout_s))) {
-    Log(absl::StrCat("drain timeout: cancelling ", service.calls_in_flight(), " calls"));
+  gate.StartDraining();
+  if (!gate.WaitUntilIdle(MillisecondsFromSeconds(options.drain_timeout_s))) {
+    Log(absl::StrCat("drain timeout: cancelling ", gate.calls_in_flight(), " calls"));
   }
   engine.Stop();  // ends whatever is left; those calls get UNAVAILABLE
   // Every Generate call has its final update now; once gRPC has sent their
   // statuses (each call's OnDone), nothing of ours is running, and the
   // shutdown need not wait for idle client connections to go away.
-  service.WaitUntilIdle(std::chrono::seconds(2));
+  gate.WaitUntilIdle(std::chrono::seconds(2));
   server->Shutdown(std::chrono::system_clock::now());
   server->Wait();
+  if (http != nullptr) http->Stop(std::chrono::seconds(2));
   Log("stopped");
   return 0;
 }

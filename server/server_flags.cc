@@ -5,15 +5,20 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "server/common_flags.h"
+#include "server/dispatch_flags.h"
 
 // The defaults of every `serve` flag live here, as literals (deployment
 // tooling reads them from this file: tests/deploy/server_facts.py).
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on");
 ABSL_FLAG(int, port, 50051, "gRPC port; 0 picks a free port (logged)");
+ABSL_FLAG(int, http_port, 0,
+          "OpenAI-compatible HTTP API port (/v1/completions, /v1/models, /health, /ready); "
+          "0 disables");
 ABSL_FLAG(int, metrics_port, 9090, "Prometheus metrics port (/metrics); 0 disables");
 ABSL_FLAG(std::string, metrics_host, "",
           "Address the metrics exporter listens on (plain HTTP, no TLS or token); empty: --host");
@@ -33,15 +38,11 @@ ABSL_FLAG(int64_t, max_request_bytes, 4194304,
           "Largest request message gRPC accepts (RESOURCE_EXHAUSTED beyond)");
 ABSL_FLAG(int64_t, max_metadata_bytes, 16384,
           "Largest request metadata (headers) of a call; more is RESOURCE_EXHAUSTED for that call");
-ABSL_FLAG(std::optional<double>, capacity_factor, std::nullopt,
-          "Expert capacity factor; <= 0 dropless; unset: the model's");
-ABSL_FLAG(std::string, overflow, "", "drop | reroute; unset: the model's");
-ABSL_FLAG(std::optional<int>, min_capacity, std::nullopt,
-          "Minimum slots per expert per step; unset: the model's");
 ABSL_FLAG(double, drain_timeout_s, 30,
           "On SIGTERM/SIGINT, how long running calls may take to finish");
 // --model, --device and --threads are shared with the offline subcommands
-// (server/common_flags.h).
+// (server/common_flags.h), and so are the dispatch overrides
+// (server/dispatch_flags.h).
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate chain: the server's, enables TLS (serve); the client's, for mTLS "
           "(health)");
@@ -50,11 +51,28 @@ ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA bundle; clients must present a certificate it signed (mTLS)");
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding the bearer token every Generation call must carry");
+ABSL_FLAG(double, max_connection_age_s, 300,
+          "Ask clients to reconnect (GOAWAY) after a connection is this old, so that new "
+          "replicas get traffic; 0: never");
+ABSL_FLAG(double, max_connection_age_grace_s, 0,
+          "After that GOAWAY, how long running calls may go on before the connection is "
+          "closed; 0: no limit");
+ABSL_FLAG(double, keepalive_time_s, 60,
+          "Send a keepalive ping on a connection idle this long; 0: never");
+ABSL_FLAG(double, keepalive_timeout_s, 20,
+          "Close a connection whose keepalive ping is unanswered for this long");
+ABSL_FLAG(double, keepalive_min_client_interval_s, 10,
+          "Accept client keepalive pings at most this often (also without calls)");
+ABSL_FLAG(std::string, served_model_name, "",
+          "Model name in the HTTP API and metrics; empty: the model's name, else its directory");
+ABSL_FLAG(std::string, log_format, "text", "text | json (one JSON object per line)");
 ABSL_FLAG(int, debug_step_delay_ms, 0,
           "Testing aid: sleep this long in every engine step (0: off)");
 
 namespace switchserve {
 namespace {
+
+constexpr double kMaxDurationS = 2e6;  // int32 milliseconds
 
 absl::Status FlagError(const char* flag, const std::string& problem) {
   return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", problem));
@@ -67,6 +85,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.model_dir = absl::GetFlag(FLAGS_model);
   o.host = absl::GetFlag(FLAGS_host);
   o.port = absl::GetFlag(FLAGS_port);
+  o.http_port = absl::GetFlag(FLAGS_http_port);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   if (o.metrics_host.empty()) o.metrics_host = o.host;
@@ -81,28 +100,53 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.max_queue = absl::GetFlag(FLAGS_max_queue);
   o.max_request_bytes = absl::GetFlag(FLAGS_max_request_bytes);
   o.max_metadata_bytes = absl::GetFlag(FLAGS_max_metadata_bytes);
-  o.capacity_factor = absl::GetFlag(FLAGS_capacity_factor);
-  o.min_capacity = absl::GetFlag(FLAGS_min_capacity);
   o.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
   o.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
   o.tls.key_file = absl::GetFlag(FLAGS_tls_key);
   o.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
   o.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   o.debug_step_delay_ms = absl::GetFlag(FLAGS_debug_step_delay_ms);
+  o.connections.max_connection_age_s = absl::GetFlag(FLAGS_max_connection_age_s);
+  o.connections.max_connection_age_grace_s = absl::GetFlag(FLAGS_max_connection_age_grace_s);
+  o.connections.keepalive_time_s = absl::GetFlag(FLAGS_keepalive_time_s);
+  o.connections.keepalive_timeout_s = absl::GetFlag(FLAGS_keepalive_timeout_s);
+  o.connections.keepalive_min_client_interval_s =
+      absl::GetFlag(FLAGS_keepalive_min_client_interval_s);
+  o.served_model_name = absl::GetFlag(FLAGS_served_model_name);
+  auto log_format = ParseLogFormat(absl::GetFlag(FLAGS_log_format));
+  if (!log_format.ok()) return FlagError("log-format", std::string(log_format.status().message()));
+  o.log_format = *log_format;
 
   auto device = ParseDeviceKind(absl::GetFlag(FLAGS_device));
   if (!device.ok()) return FlagError("device", std::string(device.status().message()));
   o.device = *device;
-  if (const std::string overflow = absl::GetFlag(FLAGS_overflow); !overflow.empty()) {
-    auto policy = ParseOverflowPolicy(overflow);
-    if (!policy.ok()) return FlagError("overflow", std::string(policy.status().message()));
-    o.overflow = *policy;
-  }
+  absl::StatusOr<DispatchOverrides> dispatch = DispatchOverridesFromFlags();
+  if (!dispatch.ok()) return dispatch.status();
+  o.dispatch = *dispatch;
 
   if (o.host.empty()) return FlagError("host", "must not be empty");
   if (o.port < 0 || o.port > 65535) return FlagError("port", "must be in [0, 65535]");
   if (o.metrics_port < 0 || o.metrics_port > 65535) {
     return FlagError("metrics-port", "must be in [0, 65535]");
+  }
+  if (o.http_port < 0 || o.http_port > 65535)
+    return FlagError("http-port", "must be in [0, 65535]");
+  // Durations become int milliseconds for gRPC: at most ~24 days.
+  const struct {
+    const char* flag;
+    double value;
+    double min;
+  } durations[] = {
+      {"max-connection-age-s", o.connections.max_connection_age_s, 0},
+      {"max-connection-age-grace-s", o.connections.max_connection_age_grace_s, 0},
+      {"keepalive-time-s", o.connections.keepalive_time_s, 0},
+      {"keepalive-timeout-s", o.connections.keepalive_timeout_s, 0.001},
+      {"keepalive-min-client-interval-s", o.connections.keepalive_min_client_interval_s, 0},
+  };
+  for (const auto& d : durations) {
+    if (!(d.value >= d.min && d.value <= kMaxDurationS)) {
+      return FlagError(d.flag, absl::StrCat("must be in [", d.min, ", ", kMaxDurationS, "]"));
+    }
   }
   if (o.threads < 0) return FlagError("threads", "must be >= 0");
   if (o.kv_cache_bytes <= 0) return FlagError("kv-cache-bytes", "must be > 0");
@@ -118,15 +162,11 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   if (o.max_metadata_bytes < 1024 || o.max_metadata_bytes > (int64_t{1} << 20)) {
     return FlagError("max-metadata-bytes", "must be in [1024, 1048576]");
   }
-  if (o.min_capacity && *o.min_capacity < 0) return FlagError("min-capacity", "must be >= 0");
   if (o.debug_step_delay_ms < 0 || o.debug_step_delay_ms > 10000) {
     return FlagError("debug-step-delay-ms", "must be in [0, 10000]");
   }
   if (!(o.drain_timeout_s >= 0)) {
     return FlagError("drain-timeout-s", "must be >= 0 (inf: no limit)");
-  }
-  if (o.capacity_factor && !std::isfinite(*o.capacity_factor)) {
-    return FlagError("capacity-factor", "must be a finite number (<= 0: dropless)");
   }
   if (o.tls.cert_file.empty() != o.tls.key_file.empty()) {
     return FlagError(o.tls.cert_file.empty() ? "tls-cert" : "tls-key",
@@ -136,6 +176,16 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
     return FlagError("tls-client-ca", "needs --tls-cert and --tls-key");
   }
   return o;
+}
+
+std::string ServedModelName(const std::string& flag_value, const ModelConfig& config,
+                            const std::string& model_dir) {
+  if (!flag_value.empty()) return flag_value;
+  if (!config.name.empty()) return config.name;
+  std::string_view dir = model_dir;
+  while (dir.size() > 1 && dir.back() == '/') dir.remove_suffix(1);
+  const size_t slash = dir.rfind('/');
+  return std::string(slash == std::string_view::npos ? dir : dir.substr(slash + 1));
 }
 
 std::string ListenAddress(const ServerOptions& options) {

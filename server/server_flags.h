@@ -13,6 +13,8 @@
 #include "absl/status/statusor.h"
 #include "engine/model/model_config.h"
 #include "kernels/backends.h"
+#include "server/dispatch_flags.h"
+#include "server/log.h"
 
 namespace switchserve {
 
@@ -24,10 +26,29 @@ struct TlsOptions {
   bool enabled() const { return !cert_file.empty(); }
 };
 
+// gRPC connection management (GRPC_ARG_MAX_CONNECTION_AGE_MS and the
+// keepalive arguments). 0 means "no limit" / "off" where the flag says so.
+struct ConnectionOptions {
+  // A connection older than this is told to go away (GOAWAY; gRPC adds +-10%
+  // jitter) so that clients reconnect and re-resolve, and find new replicas.
+  // 0: never. HTTP keep-alive connections close after their first response
+  // past this age.
+  double max_connection_age_s = 0;
+  // After the GOAWAY, how long calls still running on the old connection may
+  // take before it is closed under them. 0: no limit (they always finish).
+  double max_connection_age_grace_s = 0;
+  double keepalive_time_s = 0;     // ping an idle-looking client this often; 0: never
+  double keepalive_timeout_s = 0;  // close the connection when a ping is unanswered this long
+  // Accept client keepalive pings this often (more often: GOAWAY
+  // too_many_pings), also on connections without calls.
+  double keepalive_min_client_interval_s = 0;
+};
+
 struct ServerOptions {
   std::string model_dir;  // empty: DefaultModelDirectory()
   std::string host;
   int port = 0;
+  int http_port = 0;         // OpenAI-compatible HTTP API; 0 disables
   int metrics_port = 0;      // 0 disables
   std::string metrics_host;  // the exporter's address (--host unless given)
   bool reflection = true;    // serve grpc.reflection
@@ -51,13 +72,14 @@ struct ServerOptions {
   int64_t TransportMetadataLimit() const {
     return std::max<int64_t>(int64_t{1} << 20, 4 * max_metadata_bytes);
   }
-  // Overrides of the model's dispatch config; unset: the model's value.
-  std::optional<double> capacity_factor;
-  std::optional<OverflowPolicy> overflow;
-  std::optional<int> min_capacity;
+  // Overrides of the model's dispatch config.
+  DispatchOverrides dispatch;
   double drain_timeout_s = 0;
   TlsOptions tls;
   std::string auth_token_file;  // empty: no authentication
+  ConnectionOptions connections;
+  std::string served_model_name;  // empty: the model's name, else its directory's
+  LogFormat log_format = LogFormat::kText;
   // Testing aid: every engine step takes at least this long, so tests can
   // observe requests in flight (drain, cancellation) with tiny models.
   int debug_step_delay_ms = 0;
@@ -66,6 +88,11 @@ struct ServerOptions {
 // Reads and validates the `serve` flags (after absl::ParseCommandLine).
 // INVALID_ARGUMENT names the flag.
 absl::StatusOr<ServerOptions> ServerOptionsFromFlags();
+
+// The name clients and metrics know the model by: --served-model-name, else
+// the config's `name`, else the model directory's last component.
+std::string ServedModelName(const std::string& flag_value, const ModelConfig& config,
+                            const std::string& model_dir);
 
 // "host:port" as gRPC wants it (IPv6 hosts bracketed).
 std::string ListenAddress(const ServerOptions& options);

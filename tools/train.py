@@ -60,7 +60,8 @@ CONFIGS = {
     }, ffn={
         "type": "moe", "d_ff": 28, "n_experts": 16, "top_k": 4, "gate": "sigmoid",
         "renormalize": False, "activation": "gelu", "bias": True, "router_bias": False,
-    }, dispatch={"capacity_factor": 1.25, "min_capacity": 4, "overflow": "drop"}),
+    }, dispatch={"capacity_factor": 2.0, "min_capacity": 4, "overflow": "drop",
+                 "capacity_scope": "sequence", "capacity_group": 128}),
     "dense": dict(_COMMON, name="kjv-dense-baseline", attention={
         "type": "dense", "n_heads": 4, "n_kv_heads": 4, "head_dim": 32,
         "rotate_fraction": 0.5, "rope_base": 10000.0,

@@ -3,6 +3,7 @@
 //
 //   switchserve-bench --address HOST:PORT --mode closed --concurrency 16 --requests 500
 //   switchserve-bench --address HOST:PORT --mode open --rate 20 --requests 500
+//   switchserve-bench --http-address IP:PORT --concurrency 16 --requests 500
 //   switchserve-bench --engine-model DIR --threads 2 --concurrency 16 --requests 500
 //
 // Closed loop keeps `concurrency` streaming requests in flight; open loop sends
@@ -30,6 +31,7 @@
 #include "absl/strings/str_split.h"
 #include "bench/load/engine_transport.h"
 #include "bench/load/grpc_transport.h"
+#include "bench/load/http_transport.h"
 #include "bench/load/load_generator.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -40,6 +42,8 @@
 #include "server/server_flags.h"
 
 ABSL_FLAG(std::string, address, "127.0.0.1:50051", "server HOST:PORT");
+ABSL_FLAG(std::string, http_address, "",
+          "IP:PORT of the server's HTTP API: send streaming /v1/completions instead of gRPC");
 ABSL_FLAG(std::string, engine_model, "",
           "model directory: run the load through an in-process engine instead of gRPC");
 ABSL_FLAG(std::string, mode, "closed", "closed (fixed concurrency) | open (Poisson arrivals)");
@@ -120,6 +124,20 @@ int RunOverGrpc(const v1::GenerateRequest& request, const LoadOptions& load,
   return std::printf("%s", RunLoad(transport, load).report.c_str()) < 0;
 }
 
+int RunOverHttp(const v1::GenerateRequest& request, const LoadOptions& load,
+                std::string* transport_name) {
+  const std::string address = absl::GetFlag(FLAGS_http_address);
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port)) {
+    return Usage("--http-address: want IP:PORT, found \"" + address + "\"");
+  }
+  HttpTransport transport(address.substr(0, colon), port, request, BearerToken(),
+                          absl::GetFlag(FLAGS_timeout_s));
+  *transport_name = "http " + address + " (OpenAI /v1/completions, stream)";
+  return std::printf("%s", RunLoad(transport, load).report.c_str()) < 0;
+}
+
 int RunInProcess(const v1::GenerateRequest& request, const LoadOptions& load,
                  std::string* transport_name) {
   absl::StatusOr<ServerOptions> options = ServerOptionsFromFlags();
@@ -177,9 +195,10 @@ int Run() {
                                      : absl::StrCat("rate ", load.rate_per_s, "/s").c_str(),
       load.requests, prompt.c_str(), absl::GetFlag(FLAGS_max_new_tokens));
   std::string transport;
-  const int rc = absl::GetFlag(FLAGS_engine_model).empty()
-                     ? RunOverGrpc(*request, load, &transport)
-                     : RunInProcess(*request, load, &transport);
+  const int rc =
+      !absl::GetFlag(FLAGS_engine_model).empty()   ? RunInProcess(*request, load, &transport)
+      : !absl::GetFlag(FLAGS_http_address).empty() ? RunOverHttp(*request, load, &transport)
+                                                   : RunOverGrpc(*request, load, &transport);
   if (rc == 0) std::printf("transport: %s\n", transport.c_str());
   return rc;
 }
@@ -189,7 +208,8 @@ int Run() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "switchserve-bench {--address HOST:PORT | --engine-model DIR [--threads N]} "
+      "switchserve-bench {--address HOST:PORT | --http-address IP:PORT | --engine-model DIR "
+      "[--threads N]} "
       "[--mode closed --concurrency N | --mode open --rate R] --requests N");
   switchserve::NormalizeFlagNames(argc, argv);
   absl::ParseCommandLine(argc, argv);

@@ -38,4 +38,21 @@ absl::StatusOr<OverflowPolicy> ParseOverflowPolicy(std::string_view text) {
       "overflow policy: expected \"drop\" or \"reroute\", found \"", std::string(text), "\""));
 }
 
+std::string_view ToString(CapacityScope scope) {
+  switch (scope) {
+    case CapacityScope::kSequence:
+      return "sequence";
+    case CapacityScope::kStep:
+      return "step";
+  }
+  return "?";
+}
+
+absl::StatusOr<CapacityScope> ParseCapacityScope(std::string_view text) {
+  if (text == "sequence") return CapacityScope::kSequence;
+  if (text == "step") return CapacityScope::kStep;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "capacity scope: expected \"sequence\" or \"step\", found \"", std::string(text), "\""));
+}
+
 }  // namespace switchserve

@@ -26,6 +26,10 @@ enum class FfnKind { kMoe, kDense };
 enum class FfnGate { kSoftmax, kSigmoid };
 enum class Activation { kRelu, kGelu, kSilu };
 enum class OverflowPolicy { kDrop, kReroute };
+// Which assignments share an expert's capacity (docs/design.md, "Capacity-aware
+// dispatch"): each sequence's aligned groups of capacity_group positions, or
+// the whole engine step.
+enum class CapacityScope { kSequence, kStep };
 
 struct AttentionConfig {
   AttentionKind kind = AttentionKind::kSwitchHead;
@@ -68,16 +72,32 @@ struct FfnConfig {
   bool router_bias = false;
 };
 
+inline constexpr int kDefaultCapacityGroup = 128;
+
 struct DispatchConfig {
   double capacity_factor = 0.0;  // <= 0: dropless
   int min_capacity = 0;
   OverflowPolicy overflow = OverflowPolicy::kDrop;
+  CapacityScope scope = CapacityScope::kSequence;
+  // G: positions per capacity group of a sequence (>= 1); sequence scope only.
+  int capacity_group = kDefaultCapacityGroup;
 
   bool Dropless() const { return capacity_factor <= 0.0; }
+  // Whether a sequence carries per-expert loads from step to step: sequence
+  // scope with a capacity limit.
+  bool CarriesGroupLoads() const { return scope == CapacityScope::kSequence && !Dropless(); }
   // C = max(min_capacity, ceil(capacity_factor * tokens * k / experts)),
-  // saturating at kMaxCapacity (2^62, more than any step's assignments).
+  // computed in double as capacity_factor * tokens * k / experts and
+  // saturating at kMaxCapacity (2^62, more than any step's or group's
+  // assignments).
   int64_t CapacityPerExpert(int64_t tokens, int k, int experts) const;
   static constexpr int64_t kMaxCapacity = int64_t{1} << 62;
+  // The slots per expert one router has for a group (sequence scope: tokens =
+  // capacity_group) or for a step of `step_tokens` tokens (step scope).
+  int64_t SlotsPerExpert(int64_t step_tokens, int k, int experts) const {
+    return CapacityPerExpert(scope == CapacityScope::kSequence ? capacity_group : step_tokens, k,
+                             experts);
+  }
 };
 
 struct ModelConfig {
@@ -118,6 +138,8 @@ std::string ModelConfigToJson(const ModelConfig& config);
 // Names used in logs, flags and metrics.
 std::string_view ToString(OverflowPolicy policy);
 absl::StatusOr<OverflowPolicy> ParseOverflowPolicy(std::string_view text);
+std::string_view ToString(CapacityScope scope);  // "sequence", "step"
+absl::StatusOr<CapacityScope> ParseCapacityScope(std::string_view text);
 
 }  // namespace switchserve
 

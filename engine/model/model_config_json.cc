@@ -197,6 +197,8 @@ const std::vector<std::pair<std::string, Activation>> kActivationNames = {
     {"relu", Activation::kRelu}, {"gelu", Activation::kGelu}, {"silu", Activation::kSilu}};
 const std::vector<std::pair<std::string, OverflowPolicy>> kOverflowNames = {
     {"drop", OverflowPolicy::kDrop}, {"reroute", OverflowPolicy::kReroute}};
+const std::vector<std::pair<std::string, CapacityScope>> kScopeNames = {
+    {"sequence", CapacityScope::kSequence}, {"step", CapacityScope::kStep}};
 
 template <typename E>
 std::string NameOf(const std::vector<std::pair<std::string, E>>& names, E value) {
@@ -302,6 +304,13 @@ absl::Status ParseDispatch(ObjectReader& reader, DispatchConfig* dispatch) {
   RETURN_IF_ERROR(reader.Int("min_capacity", 0, kMaxInt, 0, &dispatch->min_capacity));
   RETURN_IF_ERROR(reader.Enum<OverflowPolicy>("overflow", OverflowPolicy::kDrop, kOverflowNames,
                                               &dispatch->overflow));
+  RETURN_IF_ERROR(reader.Enum<CapacityScope>("capacity_scope", CapacityScope::kSequence,
+                                             kScopeNames, &dispatch->scope));
+  if (dispatch->scope == CapacityScope::kStep && reader.Has("capacity_group")) {
+    return reader.Error("capacity_group", "applies to capacity_scope \"sequence\" only");
+  }
+  RETURN_IF_ERROR(
+      reader.Int("capacity_group", 1, kMaxInt, kDefaultCapacityGroup, &dispatch->capacity_group));
   return reader.Finish();
 }
 
@@ -397,6 +406,13 @@ std::string ModelConfigToJson(const ModelConfig& config) {
   ffn["activation"] = NameOf(kActivationNames, f.activation);
   ffn["bias"] = f.bias;
 
+  const DispatchConfig& d = config.dispatch;
+  Json dispatch = {{"capacity_factor", d.capacity_factor},
+                   {"min_capacity", d.min_capacity},
+                   {"overflow", NameOf(kOverflowNames, d.overflow)},
+                   {"capacity_scope", NameOf(kScopeNames, d.scope)}};
+  if (d.scope == CapacityScope::kSequence) dispatch["capacity_group"] = d.capacity_group;
+
   Json document = {
       {"format_version", 1},
       {"name", config.name},
@@ -413,10 +429,7 @@ std::string ModelConfigToJson(const ModelConfig& config) {
       {"eos_token_id", config.eos_token_id ? Json(*config.eos_token_id) : Json(nullptr)},
       {"attention", std::move(attention)},
       {"ffn", std::move(ffn)},
-      {"dispatch",
-       {{"capacity_factor", config.dispatch.capacity_factor},
-        {"min_capacity", config.dispatch.min_capacity},
-        {"overflow", NameOf(kOverflowNames, config.dispatch.overflow)}}},
+      {"dispatch", std::move(dispatch)},
   };
   // A name built in code may hold invalid UTF-8: replace it rather than throw.
   return document.dump(2, ' ', /*ensure_ascii=*/false, Json::error_handler_t::replace) + "\n";

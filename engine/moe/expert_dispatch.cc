@@ -90,13 +90,97 @@ void RouteTokens(const float* logits, int64_t ld, int tokens, int n_experts, int
   }
 }
 
+namespace {
+
+// Decides the fate of assignment a (token t, its rank-r choice) against
+// `load`, as the header describes. `taken` is the token's [E] set of experts
+// chosen or moved to (reroute only).
+void Place(const RouterDecision& decision, int t, int r, int64_t capacity, bool reroute,
+           int32_t* load, uint8_t* taken, RouteChoice* choice) {
+  const int E = decision.n_experts;
+  const size_t a = static_cast<size_t>(t) * decision.top_k + r;
+  const int e = decision.expert[a];
+  choice->expert = e;
+  choice->gate = decision.weight[a];
+  if (load[e] < capacity) {
+    choice->fate = RouteFate::kKept;
+    ++load[e];
+    return;
+  }
+  if (reroute) {
+    const float* score = decision.score.data() + static_cast<size_t>(t) * E;
+    const int target =
+        BestExpert(score, E, [&](int x) { return taken[x] != 0 || load[x] >= capacity; });
+    if (target >= 0) {
+      taken[target] = 1;
+      choice->expert = target;
+      choice->fate = RouteFate::kRerouted;
+      ++load[target];
+      return;
+    }
+  }
+  choice->fate = RouteFate::kDropped;  // keeps the weight it would have had
+}
+
+// Marks token t's k choices in its [E] `taken` row.
+void MarkChosen(const RouterDecision& decision, int t, uint8_t* taken) {
+  const int32_t* chosen = decision.expert.data() + static_cast<size_t>(t) * decision.top_k;
+  for (int r = 0; r < decision.top_k; ++r) taken[chosen[r]] = 1;
+}
+
+void FillStepScope(const RouterDecision& decision, int64_t capacity, bool reroute,
+                   ExpertAssignments* out) {
+  const int T = decision.tokens, E = decision.n_experts, K = decision.top_k;
+  std::vector<int32_t>& load = out->load_scratch;
+  load.assign(E, 0);
+  std::vector<uint8_t>& taken = out->taken_scratch;  // [T, E]
+  if (reroute) {
+    taken.assign(static_cast<size_t>(T) * E, 0);
+    for (int t = 0; t < T; ++t) MarkChosen(decision, t, taken.data() + static_cast<size_t>(t) * E);
+  }
+  for (int r = 0; r < K; ++r) {
+    for (int t = 0; t < T; ++t) {
+      Place(decision, t, r, capacity, reroute, load.data(),
+            reroute ? taken.data() + static_cast<size_t>(t) * E : nullptr,
+            &out->trace[static_cast<size_t>(t) * K + r]);
+    }
+  }
+}
+
+void FillSequenceScope(const RouterDecision& decision, int group_size, int64_t capacity,
+                       bool reroute, const SequenceGroups* groups, ExpertAssignments* out) {
+  const int T = decision.tokens, E = decision.n_experts, K = decision.top_k;
+  std::vector<uint8_t>& taken = out->taken_scratch;  // [E], the current token's
+  taken.assign(E, 0);
+  std::vector<int32_t>& own_loads = out->load_scratch;  // groups == null: one sequence
+  if (groups == nullptr) own_loads.assign(E, 0);
+  for (int t = 0; t < T; ++t) {
+    const int32_t position = groups != nullptr ? groups->positions[t] : t;
+    int32_t* load = groups != nullptr
+                        ? groups->loads + groups->token_sequence[t] * groups->loads_stride
+                        : own_loads.data();
+    if (position % group_size == 0) std::fill(load, load + E, 0);
+    if (reroute) {
+      std::fill(taken.begin(), taken.end(), 0);
+      MarkChosen(decision, t, taken.data());
+    }
+    for (int r = 0; r < K; ++r) {
+      Place(decision, t, r, capacity, reroute, load, taken.data(),
+            &out->trace[static_cast<size_t>(t) * K + r]);
+    }
+  }
+}
+
+}  // namespace
+
 void DispatchTokens(const RouterDecision& decision, const DispatchConfig& dispatch,
-                    ExpertAssignments* out, RouterStepStats* stats) {
+                    const SequenceGroups* groups, ExpertAssignments* out, RouterStepStats* stats) {
   const int T = decision.tokens;
   const int E = decision.n_experts;
   const int K = decision.top_k;
   const bool dropless = dispatch.Dropless();
-  const int64_t capacity = dropless ? 0 : dispatch.CapacityPerExpert(T, K, E);
+  const bool sequence_scope = dispatch.scope == CapacityScope::kSequence;
+  const int64_t capacity = dropless ? 0 : dispatch.SlotsPerExpert(T, K, E);
   const bool reroute = dispatch.overflow == OverflowPolicy::kReroute;
 
   out->n_experts = E;
@@ -104,58 +188,41 @@ void DispatchTokens(const RouterDecision& decision, const DispatchConfig& dispat
   out->trace.assign(static_cast<size_t>(T) * K, RouteChoice{});
   out->offsets.assign(E + 1, 0);
 
-  // Pass 1: decide every assignment's fate in rank-major, step order.
-  std::vector<int64_t>& load = out->load_scratch;
-  load.assign(E, 0);
-  std::vector<uint8_t>& taken = out->taken_scratch;  // [T, E]: experts chosen or moved to
-  if (reroute && !dropless) {
-    taken.assign(static_cast<size_t>(T) * E, 0);
-    for (size_t i = 0; i < decision.expert.size(); ++i) {
-      taken[(i / K) * E + decision.expert[i]] = 1;
+  // Pass 1: every assignment's fate.
+  if (dropless) {
+    for (size_t a = 0; a < out->trace.size(); ++a) {
+      out->trace[a] = {decision.expert[a], decision.weight[a], RouteFate::kKept};
     }
-  }
-  for (int r = 0; r < K; ++r) {
-    for (int t = 0; t < T; ++t) {
-      const size_t a = static_cast<size_t>(t) * K + r;
-      const int e = decision.expert[a];
-      RouteChoice& choice = out->trace[a];
-      choice.expert = e;
-      choice.gate = decision.weight[a];
-      if (dropless || load[e] < capacity) {
-        choice.fate = RouteFate::kKept;
-        ++load[e];
-        continue;
-      }
-      int target = -1;
-      if (reroute) {
-        uint8_t* mine = taken.data() + static_cast<size_t>(t) * E;
-        const float* score = decision.score.data() + static_cast<size_t>(t) * E;
-        target = BestExpert(score, E, [&](int x) { return mine[x] != 0 || load[x] >= capacity; });
-        if (target >= 0) mine[target] = 1;
-      }
-      if (target >= 0) {
-        choice.expert = target;
-        choice.fate = RouteFate::kRerouted;
-        ++load[target];
-      } else {
-        choice.fate = RouteFate::kDropped;  // keeps the weight it would have had
-      }
-    }
+  } else if (sequence_scope) {
+    FillSequenceScope(decision, dispatch.capacity_group, capacity, reroute, groups, out);
+  } else {
+    FillStepScope(decision, capacity, reroute, out);
   }
 
-  // Pass 2: bucket the kept assignments by expert, keeping slot (fill) order.
-  for (int e = 0; e < E; ++e) out->offsets[e + 1] = out->offsets[e] + static_cast<int32_t>(load[e]);
+  // Pass 2: bucket the kept assignments by expert, in fill order.
+  std::vector<int32_t>& cursor = out->cursor_scratch;
+  cursor.assign(E, 0);
+  for (const RouteChoice& choice : out->trace) {
+    if (choice.fate != RouteFate::kDropped) ++cursor[choice.expert];
+  }
+  for (int e = 0; e < E; ++e) out->offsets[e + 1] = out->offsets[e] + cursor[e];
   out->token.resize(out->offsets[E]);
   out->weight.resize(out->offsets[E]);
-  std::vector<int32_t>& cursor = out->cursor_scratch;
   cursor.assign(out->offsets.begin(), out->offsets.end() - 1);
-  for (int r = 0; r < K; ++r) {
+  auto bucket = [&](int t, int r) {
+    const RouteChoice& choice = out->trace[static_cast<size_t>(t) * K + r];
+    if (choice.fate == RouteFate::kDropped) return;
+    const int32_t slot = cursor[choice.expert]++;
+    out->token[slot] = t;
+    out->weight[slot] = choice.gate;
+  };
+  if (sequence_scope) {
     for (int t = 0; t < T; ++t) {
-      const RouteChoice& choice = out->trace[static_cast<size_t>(t) * K + r];
-      if (choice.fate == RouteFate::kDropped) continue;
-      const int32_t slot = cursor[choice.expert]++;
-      out->token[slot] = t;
-      out->weight[slot] = choice.gate;
+      for (int r = 0; r < K; ++r) bucket(t, r);
+    }
+  } else {
+    for (int r = 0; r < K; ++r) {
+      for (int t = 0; t < T; ++t) bucket(t, r);
     }
   }
 

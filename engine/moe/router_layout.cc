@@ -34,6 +34,8 @@ RouterLayout::RouterLayout(const ModelConfig& config) {
   for (const RouterId& id : routers_) {
     choice_offset_.push_back(choices_per_token_);
     choices_per_token_ += id.top_k;
+    expert_offset_.push_back(total_experts_);
+    total_experts_ += id.n_experts;
   }
 }
 

@@ -59,12 +59,20 @@ class RouterLayout {
   // Choices in one token's TokenRouting: the sum of every router's top_k.
   int choices_per_token() const { return choices_per_token_; }
 
+  // Where router `index`'s n_experts per-expert values start in a row that
+  // holds every router's (a sequence's carried capacity loads).
+  int ExpertOffset(int index) const { return expert_offset_[index]; }
+  // The sum of every router's n_experts.
+  int total_experts() const { return total_experts_; }
+
  private:
   std::vector<RouterId> routers_;
   std::vector<int> attention_base_;  // [n_layers]
   std::vector<int> ffn_router_;      // [n_layers]
   std::vector<int> choice_offset_;   // [routers]
+  std::vector<int> expert_offset_;   // [routers]
   int choices_per_token_ = 0;
+  int total_experts_ = 0;
 };
 
 }  // namespace switchserve

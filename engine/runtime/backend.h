@@ -64,10 +64,12 @@ class Backend {
   // Called once, by KvCache, before Forward. INVALID_ARGUMENT for
   // non-positive sizes, RESOURCE_EXHAUSTED when the storage cannot be had.
   virtual absl::Status InitKvCache(int64_t num_blocks, int block_size) = 0;
-  // Runs one step: appends each sequence's K/V to the cache and fills `out`.
-  // Malformed input (ValidateStepBatch) is INVALID_ARGUMENT and leaves the
-  // cache unchanged for every sequence of the step; FAILED_PRECONDITION
-  // before InitKvCache.
+  // Runs one step: appends each sequence's K/V to the cache, advances each
+  // sequence's carried capacity loads (StepSequence::group_loads, through
+  // StepGroupLoads) and fills `out`. Malformed input (ValidateStepBatch,
+  // StepGroupLoads::Gather) is INVALID_ARGUMENT and leaves the cache and the
+  // carried loads unchanged for every sequence of the step;
+  // FAILED_PRECONDITION before InitKvCache.
   virtual absl::Status Forward(const StepBatch& batch, StepOutput* out) = 0;
 };
 

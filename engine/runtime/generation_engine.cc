@@ -30,6 +30,9 @@ struct GenerationEngine::RequestState : Sequence {
   GenerationRequest request;
   SamplerRng rng;
   IncrementalDetokenizer detokenizer;
+  // Its capacity groups' loads under the sequence scope; rebuilt from
+  // position 0 when a preempted request is recomputed.
+  GroupLoads group_loads;
   int generated = 0;
   CancelCause cancelled = CancelCause::kNone;  // set: leaves at the next step
   bool done = false;
@@ -188,6 +191,7 @@ void GenerationEngine::RunStep() {
     StepSequence& sequence =
         batch_.Add(absl::MakeConstSpan(chunk.sequence->tokens).subspan(chunk.start, chunk.length),
                    static_cast<int32_t>(chunk.start), allocator_.BlockTable(chunk.sequence->id));
+    sequence.group_loads = &state->group_loads;
     if (chunk.samples) {
       const SamplingParams& params = state->request.sampling;
       sequence.sample = {&params, chunk.sequence->tokens, &state->rng};
@@ -289,7 +293,7 @@ void GenerationEngine::Finish(RequestState* state, GenerationUpdate update, Fini
   scheduler_.Remove(state);
   state->done = true;
   PublishSnapshot();  // a client that saw its request end sees its blocks freed
-  if (observer_ != nullptr) observer_->OnRequestFinished(update);
+  if (observer_ != nullptr) observer_->OnRequestFinished(state->request, update);
   state->request.sink->OnUpdate(std::move(update));
 }
 

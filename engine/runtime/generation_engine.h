@@ -62,7 +62,12 @@ class EngineObserver {
  public:
   virtual ~EngineObserver() = default;
   virtual void OnStep(const StepReport& report) = 0;
-  virtual void OnRequestFinished(const GenerationUpdate& final_update) { (void)final_update; }
+  // `request` is the request as submitted (its origin, prompt, sampling).
+  virtual void OnRequestFinished(const GenerationRequest& request,
+                                 const GenerationUpdate& final_update) {
+    (void)request;
+    (void)final_update;
+  }
 };
 
 struct EngineSnapshot {

@@ -80,6 +80,13 @@ class GenerationSink {
   virtual void OnUpdate(GenerationUpdate update) = 0;
 };
 
+// Who sent a request, for logs and metrics; the engine only passes it on (to
+// EngineObserver::OnRequestFinished).
+struct RequestOrigin {
+  std::string request_id;
+  std::string protocol;  // "grpc", "http"; empty: in-process (generate, benchmarks)
+};
+
 struct GenerationRequest {
   std::vector<int32_t> prompt;  // non-empty, every id in the vocabulary
   SamplingParams sampling;
@@ -87,6 +94,7 @@ struct GenerationRequest {
   // The request leaves the batch (FinishReason::kCancelled) once this passes.
   std::optional<Clock::time_point> deadline;
   std::shared_ptr<GenerationSink> sink;
+  RequestOrigin origin;
 };
 
 }  // namespace switchserve

@@ -31,8 +31,8 @@ SequenceRunner::SequenceRunner(Backend* backend, const ModelConfig& config,
       allocator_(kv_cache_->allocator()) {}
 
 int64_t SequenceRunner::Length(SequenceId id) const {
-  auto it = lengths_.find(id);
-  return it == lengths_.end() ? 0 : it->second;
+  auto it = sequences_.find(id);
+  return it == sequences_.end() ? 0 : it->second.length;
 }
 
 absl::StatusOr<std::vector<float>> SequenceRunner::Append(SequenceId id,
@@ -49,6 +49,7 @@ absl::StatusOr<std::vector<float>> SequenceRunner::Append(SequenceId id,
   absl::Status status = allocator_.Reserve(id, length + static_cast<int64_t>(tokens.size()));
   if (!status.ok()) return status;
 
+  Entry& entry = sequences_[id];
   std::vector<float> logits;
   StepBatch batch;
   StepOutput output;
@@ -57,6 +58,7 @@ absl::StatusOr<std::vector<float>> SequenceRunner::Append(SequenceId id,
     batch.Clear(allocator_.block_size());
     StepSequence& sequence = batch.Add(tokens.subspan(begin, end - begin),
                                        static_cast<int32_t>(length), allocator_.BlockTable(id));
+    sequence.group_loads = &entry.group_loads;
     const bool last = end == tokens.size();
     sequence.logits =
         all_logits ? LogitsMode::kAll : (last ? LogitsMode::kLast : LogitsMode::kNone);
@@ -71,14 +73,14 @@ absl::StatusOr<std::vector<float>> SequenceRunner::Append(SequenceId id,
       }
     }
     length += static_cast<int64_t>(end - begin);
-    lengths_[id] = length;
+    entry.length = length;
   }
   return logits;
 }
 
 void SequenceRunner::Release(SequenceId id) {
   allocator_.Free(id);
-  lengths_.erase(id);
+  sequences_.erase(id);
 }
 
 }  // namespace switchserve

@@ -1,6 +1,9 @@
 // Runs sequences through a Backend one at a time, without a scheduler: the
 // offline `score` command and tests use it. It owns the backend's KvCache,
-// sized for `max_tokens`.
+// sized for `max_tokens`. Each sequence carries its capacity group loads
+// (GroupLoads) from chunk to chunk and from one Append to the next, as the
+// engine's requests do, so a sequence appended in pieces routes as in one
+// pass.
 //
 // Not thread-safe.
 #ifndef SWITCHSERVE_ENGINE_RUNTIME_SEQUENCE_RUNNER_H_
@@ -53,7 +56,11 @@ class SequenceRunner {
   SequenceRunnerOptions options_;
   std::unique_ptr<KvCache> kv_cache_;
   KvBlockAllocator& allocator_;  // kv_cache_'s
-  std::unordered_map<SequenceId, int64_t> lengths_;
+  struct Entry {
+    int64_t length = 0;
+    GroupLoads group_loads;
+  };
+  std::unordered_map<SequenceId, Entry> sequences_;
 };
 
 }  // namespace switchserve

@@ -1,5 +1,6 @@
 #include "engine/runtime/step_batch.h"
 
+#include <algorithm>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -91,6 +92,52 @@ absl::Status ValidateStepBatch(const StepBatch& batch, int vocab_size, int max_s
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status StepGroupLoads::Gather(const StepBatch& batch, const DispatchConfig& dispatch,
+                                    int width) {
+  rows_.clear();
+  width_ = width;
+  if (!dispatch.CarriesGroupLoads() || width == 0) return absl::OkStatus();
+  const int S = batch.num_sequences();
+  const int group = dispatch.capacity_group;
+  for (int s = 0; s < S; ++s) {
+    const int32_t start = batch.start_positions[s];
+    if (start % group == 0) continue;  // opens a group: nothing carried
+    const GroupLoads* carried = batch.sequences[s].group_loads;
+    auto where = [&] {
+      return absl::StrCat("sequences[", s, "]: the chunk at position ", start,
+                          " continues a capacity group of ", group, " positions but ");
+    };
+    if (carried == nullptr) return absl::InvalidArgumentError(where() + "carries no group loads");
+    if (carried->next_position != start) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where(), "its group loads end at position ", carried->next_position));
+    }
+    if (carried->loads.size() != static_cast<size_t>(width)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where(), "its group loads hold ", carried->loads.size(), " counts, not ", width));
+    }
+  }
+  rows_.assign(static_cast<size_t>(S) * width, 0);
+  for (int s = 0; s < S; ++s) {
+    const GroupLoads* carried = batch.sequences[s].group_loads;
+    if (batch.start_positions[s] % group == 0 || carried == nullptr) continue;
+    std::copy(carried->loads.begin(), carried->loads.end(),
+              rows_.begin() + static_cast<int64_t>(s) * width);
+  }
+  return absl::OkStatus();
+}
+
+void StepGroupLoads::Commit(const StepBatch& batch) const {
+  if (rows_.empty()) return;
+  for (int s = 0; s < batch.num_sequences(); ++s) {
+    GroupLoads* carried = batch.sequences[s].group_loads;
+    if (carried == nullptr) continue;
+    const auto row = rows_.begin() + static_cast<int64_t>(s) * width_;
+    carried->loads.assign(row, row + width_);
+    carried->next_position = batch.start_positions[s] + batch.num_tokens(s);
+  }
 }
 
 }  // namespace switchserve

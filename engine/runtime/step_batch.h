@@ -26,6 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "engine/model/model_config.h"
 #include "engine/runtime/request.h"
 
 namespace switchserve {
@@ -46,13 +47,31 @@ struct SampleRequest {
   SamplerRng* rng = nullptr;
 };
 
-// What the step returns for one sequence. (Per-sequence state that a backend
-// reads and updates during the step belongs here too.)
+// What a sequence carries from step to step under the sequence capacity scope
+// (DispatchConfig::CarriesGroupLoads): for every router of the model, in
+// RouterLayout order (RouterLayout::ExpertOffset), the per-expert loads of the
+// capacity group holding the last position dispatched so far. The owner of
+// the sequence keeps it (the engine's request, a SequenceRunner entry) and
+// frees it with the sequence; the backend reads and updates it during the
+// step. Recompute after preemption needs nothing: it restarts at position 0,
+// which opens a group.
+struct GroupLoads {
+  int64_t next_position = 0;   // positions dispatched so far
+  std::vector<int32_t> loads;  // [RouterLayout::total_experts()]; empty before the first step
+};
+
+// What the step returns for one sequence, and the per-sequence state the
+// backend reads and updates during the step.
 struct StepSequence {
   LogitsMode logits = LogitsMode::kNone;  // rows of StepOutput::logits
   // The returned rows and the sampled token carry the token's routing.
   bool collect_routing = false;
   SampleRequest sample;  // set: StepOutput::samples has the sequence's next token
+  // The sequence's carried loads (not owned). Null: it carries none, so under
+  // a dispatch that carries loads its chunk must open a capacity group
+  // (start position % capacity_group == 0); that is enough for a one-step
+  // pass over whole sequences.
+  GroupLoads* group_loads = nullptr;
 };
 
 struct StepBatch {
@@ -97,6 +116,32 @@ struct StepBatch {
 // size other than the cache's, or a sample without a generator.
 absl::Status ValidateStepBatch(const StepBatch& batch, int vocab_size, int max_seq_len,
                                int64_t num_blocks, int block_size);
+
+// The carried loads of one step, gathered flat for the dispatch: row s
+// ([S, width], width = RouterLayout::total_experts()) is sequence s's
+// GroupLoads::loads, or zeros where its chunk opens a group. A backend
+// gathers before the step (one upload for a device), passes each router its
+// columns (engine/moe/expert_dispatch.h, SequenceGroups), and commits after
+// it. Under a dispatch that carries no loads (step scope, dropless) every
+// call is a no-op and rows() is empty.
+class StepGroupLoads {
+ public:
+  // INVALID_ARGUMENT, naming the sequence, when a chunk that continues a
+  // capacity group has no GroupLoads, or loads of another width, or loads
+  // that stop at another position than the chunk's start. Changes nothing
+  // on error.
+  absl::Status Gather(const StepBatch& batch, const DispatchConfig& dispatch, int width);
+  // [S, width]; null when the dispatch carries no loads.
+  int32_t* rows() { return rows_.empty() ? nullptr : rows_.data(); }
+  int width() const { return width_; }
+  // Writes each row back to its sequence's GroupLoads (sequences with one),
+  // which then ends at the chunk's last position.
+  void Commit(const StepBatch& batch) const;
+
+ private:
+  std::vector<int32_t> rows_;
+  int width_ = 0;
+};
 
 }  // namespace switchserve
 

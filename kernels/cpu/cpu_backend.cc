@@ -31,6 +31,7 @@ class CpuBackend final : public Backend {
         num_threads_(options.num_threads > 0 ? options.num_threads : omp_get_max_threads()),
         attention_(config, dispatch, num_threads_, options.parallel_attention_min_macs),
         ffn_(config, dispatch),
+        dispatch_(dispatch),
         layout_(config) {
     if (options.num_threads > 0) openblas_set_num_threads(options.num_threads);
   }
@@ -93,7 +94,9 @@ class CpuBackend final : public Backend {
   int num_threads_;
   cpu::CpuAttention attention_;
   cpu::CpuFfn ffn_;
+  DispatchConfig dispatch_;
   RouterLayout layout_;
+  StepGroupLoads group_loads_;
 
   int64_t num_blocks_ = 0;
   int block_size_ = 0;
@@ -122,6 +125,9 @@ absl::Status CpuBackend::Forward(const StepBatch& batch, StepOutput* out) {
       !s.ok()) {
     return s;
   }
+  if (absl::Status s = group_loads_.Gather(batch, dispatch_, layout_.total_experts()); !s.ok()) {
+    return s;
+  }
   const int T = batch.num_tokens();
   const int S = batch.num_sequences();
   const int d = config_.d_model;
@@ -140,6 +146,11 @@ absl::Status CpuBackend::Forward(const StepBatch& batch, StepOutput* out) {
   for (const StepSequence& sequence : batch.sequences) collect |= sequence.collect_routing;
   cpu::RoutingRecorder recorder;
   recorder.stats = &out->stats;
+  recorder.token_sequence = batch.token_sequence.data();
+  recorder.positions = batch.positions.data();
+  recorder.group_loads = group_loads_.rows();
+  recorder.loads_width = group_loads_.width();
+  recorder.layout = &layout_;
   if (collect) {
     traces_.resize(layout_.size());
     recorder.traces = &traces_;
@@ -164,6 +175,7 @@ absl::Status CpuBackend::Forward(const StepBatch& batch, StepOutput* out) {
                   cpu::OrNull(lw.ffn_norm_b), xn_.data());
     ffn_.Run(lw.ffn, T, xn_.data(), x_.data(), layout_.FfnRouter(l), recorder);
   }
+  group_loads_.Commit(batch);
 
   // The output head runs on the rows that return logits (in step order) and
   // on the last token of each sampling sequence that returns none.

@@ -1,6 +1,7 @@
 #include "server/metrics/engine_metrics_observer.h"
 
 #include <cstdio>
+#include <optional>
 #include <string>
 
 namespace switchserve {
@@ -32,8 +33,14 @@ void EngineMetricsObserver::OnStep(const StepReport& report) {
        .preemptions = report.preempted});
 }
 
-void EngineMetricsObserver::OnRequestFinished(const GenerationUpdate& final_update) {
+void EngineMetricsObserver::OnRequestFinished(const GenerationRequest& request,
+                                              const GenerationUpdate& final_update) {
+  // Requests from clients only: the server's own warm-up has no protocol.
+  const std::optional<RequestProtocol> protocol = ParseRequestProtocol(request.origin.protocol);
+  if (!protocol) return;
   FinishedRequestSample sample;
+  sample.protocol = *protocol;
+  FinishedBy finished_by = FinishedBy::kError;
   if (!final_update.status.ok()) {
     sample.status = final_update.status.code();
   } else if (final_update.finish_reason == FinishReason::kCancelled) {
@@ -51,8 +58,12 @@ void EngineMetricsObserver::OnRequestFinished(const GenerationUpdate& final_upda
         sample.status = absl::StatusCode::kCancelled;
         break;
     }
+    finished_by = FinishedBy::kCancelled;
   } else {
     sample.status = absl::StatusCode::kOk;
+    finished_by = final_update.finish_reason == FinishReason::kLength ? FinishedBy::kLength
+                  : final_update.finish_reason == FinishReason::kEos  ? FinishedBy::kEos
+                                                                      : FinishedBy::kStop;
   }
   sample.e2e_seconds = final_update.total_ms / 1e3;
   sample.generated_tokens = final_update.completion_tokens;
@@ -62,6 +73,8 @@ void EngineMetricsObserver::OnRequestFinished(const GenerationUpdate& final_upda
     serving_->RecordFirstToken(final_update.time_to_first_token_ms / 1e3);
   }
   serving_->RecordFinished(sample);
+  serving_->RecordEngineFinished(finished_by, final_update.prompt_tokens,
+                                 final_update.completion_tokens);
 }
 
 }  // namespace switchserve

@@ -24,16 +24,74 @@ prometheus::Gauge& NewGauge(prometheus::Registry& registry, const char* name, co
   return prometheus::BuildGauge().Name(name).Help(help).Register(registry).Add({});
 }
 
+const char* ProtocolName(RequestProtocol protocol) {
+  return protocol == RequestProtocol::kHttp ? "http" : "grpc";
+}
+
+const char* FinishedByName(FinishedBy reason) {
+  switch (reason) {
+    case FinishedBy::kLength:
+      return "length";
+    case FinishedBy::kStop:
+      return "stop";
+    case FinishedBy::kEos:
+      return "eos";
+    case FinishedBy::kCancelled:
+      return "cancelled";
+    case FinishedBy::kError:
+      return "error";
+  }
+  return "error";
+}
+
+// 1, 2, 5, 10, 20, 50, ... 100000: token counts of prompts and generations.
+Histogram::BucketBoundaries LengthBuckets() {
+  Histogram::BucketBoundaries buckets;
+  for (double decade = 1; decade <= 1e5; decade *= 10) {
+    for (double step : {1.0, 2.0, 5.0}) {
+      if (decade * step <= 1e5) buckets.push_back(decade * step);
+    }
+  }
+  return buckets;
+}
+
 }  // namespace
+
+std::optional<RequestProtocol> ParseRequestProtocol(std::string_view name) {
+  if (name == "grpc") return RequestProtocol::kGrpc;
+  if (name == "http") return RequestProtocol::kHttp;
+  return std::nullopt;
+}
 
 ServingMetrics::ServingMetrics(prometheus::Registry& registry) {
   auto& requests = prometheus::BuildCounter()
                        .Name("switchserve_requests_total")
-                       .Help("Finished requests by final gRPC status code.")
+                       .Help(
+                           "Finished requests by protocol and final status code (gRPC's "
+                           "canonical codes, for HTTP requests too).")
                        .Register(registry);
-  for (size_t i = 0; i < kStatusCodes.size(); ++i) {
-    requests_[i] = &requests.Add({{"status", absl::StatusCodeToString(kStatusCodes[i])}});
+  for (size_t p = 0; p < kProtocols.size(); ++p) {
+    for (size_t i = 0; i < kStatusCodes.size(); ++i) {
+      requests_[p][i] = &requests.Add({{"protocol", ProtocolName(kProtocols[p])},
+                                       {"status", absl::StatusCodeToString(kStatusCodes[i])}});
+    }
   }
+  auto& reasons = prometheus::BuildCounter()
+                      .Name("switchserve_request_finish_reason_total")
+                      .Help(
+                          "Requests the engine ended, by why: length, stop (a stop string "
+                          "or stop token), eos, cancelled (client, deadline or shutdown), "
+                          "error.")
+                      .Register(registry);
+  for (size_t i = 0; i < kFinishReasons.size(); ++i) {
+    finish_reasons_[i] = &reasons.Add({{"reason", FinishedByName(kFinishReasons[i])}});
+  }
+  prompt_length_ =
+      &NewHistogram(registry, "switchserve_request_prompt_tokens",
+                    "Prompt length of each request the engine ran, in tokens.", LengthBuckets());
+  generation_length_ =
+      &NewHistogram(registry, "switchserve_request_generation_tokens",
+                    "Tokens generated for each request the engine ran.", LengthBuckets());
   prompt_tokens_ = &NewCounter(registry, "switchserve_prompt_tokens_total",
                                "Prompt tokens prefilled (recomputed ones after a preemption "
                                "count again).");
@@ -86,7 +144,8 @@ void ServingMetrics::RecordFinished(const FinishedRequestSample& request) {
   for (size_t i = 0; i < kStatusCodes.size(); ++i) {
     if (kStatusCodes[i] == request.status) index = i;
   }
-  requests_[index]->Increment();
+  const size_t protocol = request.protocol == RequestProtocol::kHttp ? 1 : 0;
+  requests_[protocol][index]->Increment();
   if (request.generated_tokens > 0) {
     generation_tokens_->Increment(static_cast<double>(request.generated_tokens));
   }
@@ -99,9 +158,31 @@ void ServingMetrics::RecordFinished(const FinishedRequestSample& request) {
   }
 }
 
+void ServingMetrics::RecordEngineFinished(FinishedBy reason, int64_t prompt_tokens,
+                                          int64_t generated_tokens) {
+  for (size_t i = 0; i < kFinishReasons.size(); ++i) {
+    if (kFinishReasons[i] == reason) finish_reasons_[i]->Increment();
+  }
+  prompt_length_->Observe(static_cast<double>(prompt_tokens));
+  generation_length_->Observe(static_cast<double>(generated_tokens));
+}
+
 void ServingMetrics::SetQueueDepth(int64_t running, int64_t waiting) {
   running_->Set(static_cast<double>(running));
   waiting_->Set(static_cast<double>(waiting));
+}
+
+void RegisterModelInfo(prometheus::Registry& registry, const ModelInfoLabels& info) {
+  prometheus::BuildGauge()
+      .Name("switchserve_model_info")
+      .Help("The served model (always 1; the labels say which model, on which device).")
+      .Register(registry)
+      .Add({{"model", info.model},
+            {"device", info.device},
+            {"architecture", info.architecture},
+            {"tokenizer", info.tokenizer},
+            {"context_length", std::to_string(info.context_length)}})
+      .Set(1);
 }
 
 }  // namespace switchserve

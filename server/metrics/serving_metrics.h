@@ -1,8 +1,9 @@
 // Prometheus metrics of request serving, named like vLLM's and TGI's so their
-// users find them: requests by final status, running / waiting requests, KV
-// cache usage, prompt and generated tokens, and histograms of time to first
-// token, time per output token, end-to-end latency, queue time, step duration
-// and tokens per step (docs/metrics.md lists every series).
+// users find them: requests by protocol and final status, finish reasons,
+// running / waiting requests, KV cache usage, prompt and generated tokens, and
+// histograms of prompt and generation length, time to first token, time per
+// output token, end-to-end latency, queue time, step duration and tokens per
+// step; and the model info gauge (docs/metrics.md lists every series).
 //
 // The scheduler calls RecordStep once per engine step and the Record*
 // request methods once per request event (never per token), so the histogram
@@ -14,6 +15,9 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "prometheus/counter.h"
@@ -35,9 +39,20 @@ struct ServingStepSample {
   int64_t preemptions = 0;          // sequences preempted (recompute) in this step
 };
 
+// The protocols a request can arrive by (the `protocol` label).
+enum class RequestProtocol { kGrpc, kHttp };
+
+// "grpc" / "http"; nullopt for any other text.
+std::optional<RequestProtocol> ParseRequestProtocol(std::string_view name);
+
+// Why the engine ended a request (the `reason` label of
+// switchserve_request_finish_reason_total).
+enum class FinishedBy { kLength, kStop, kEos, kCancelled, kError };
+
 // A request that finished, successfully or not. Every one is counted by
-// status; only OK ones are observed in the latency histograms.
+// protocol and status; only OK ones are observed in the latency histograms.
 struct FinishedRequestSample {
+  RequestProtocol protocol = RequestProtocol::kGrpc;
   absl::StatusCode status = absl::StatusCode::kOk;
   double e2e_seconds = 0;  // arrival to the last response
   // From the first to the last generated token (for time per output token);
@@ -63,11 +78,19 @@ class ServingMetrics {
   // A request's first token was produced, `seconds` after arrival.
   void RecordFirstToken(double seconds);
   void RecordFinished(const FinishedRequestSample& request);
+  // A request the engine ran ended: why, and how long its prompt and
+  // generation were (requests rejected before the engine are not counted).
+  void RecordEngineFinished(FinishedBy reason, int64_t prompt_tokens, int64_t generated_tokens);
   // Queue depths outside a step (a request rejected or cancelled while idle).
   void SetQueueDepth(int64_t running, int64_t waiting);
 
   // The status codes that have their own series; any other code counts as
   // UNKNOWN.
+  static constexpr std::array<RequestProtocol, 2> kProtocols = {RequestProtocol::kGrpc,
+                                                                RequestProtocol::kHttp};
+  static constexpr std::array<FinishedBy, 5> kFinishReasons = {
+      FinishedBy::kLength, FinishedBy::kStop, FinishedBy::kEos, FinishedBy::kCancelled,
+      FinishedBy::kError};
   static constexpr std::array<absl::StatusCode, 10> kStatusCodes = {
       absl::StatusCode::kOk,
       absl::StatusCode::kCancelled,
@@ -82,7 +105,11 @@ class ServingMetrics {
   };
 
  private:
-  std::array<prometheus::Counter*, kStatusCodes.size()> requests_{};
+  // [protocol][status]
+  std::array<std::array<prometheus::Counter*, kStatusCodes.size()>, kProtocols.size()> requests_{};
+  std::array<prometheus::Counter*, kFinishReasons.size()> finish_reasons_{};
+  prometheus::Histogram* prompt_length_ = nullptr;
+  prometheus::Histogram* generation_length_ = nullptr;
   prometheus::Counter* prompt_tokens_ = nullptr;
   prometheus::Counter* generation_tokens_ = nullptr;
   prometheus::Counter* preemptions_ = nullptr;
@@ -96,6 +123,18 @@ class ServingMetrics {
   prometheus::Histogram* step_duration_ = nullptr;
   prometheus::Histogram* step_tokens_ = nullptr;
 };
+
+// What `switchserve_model_info` says about the served model: a gauge at 1
+// whose labels carry the facts (like vLLM's cache_config_info), so queries
+// can join on them.
+struct ModelInfoLabels {
+  std::string model;         // the served model name
+  std::string device;        // the backend's name(): "cpu", "cuda"
+  std::string architecture;  // "switchall", "switchhead", "switch", "dense"
+  std::string tokenizer;     // "byte", "sentencepiece"
+  int context_length = 0;
+};
+void RegisterModelInfo(prometheus::Registry& registry, const ModelInfoLabels& info);
 
 }  // namespace switchserve
 

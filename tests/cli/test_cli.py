@@ -3,8 +3,9 @@
 `switchserve score --dump-logits` is how anyone outside the project checks the
 engine: its logits must match the reference's for every golden model
 (relative error <= 1e-4, f32 engine vs float64 reference). Only sequence 0 of
-each golden step is scored, alone, so only dropless variants apply (with a
-capacity limit a sequence's routing depends on the batch it ran in).
+each golden step is scored, alone, so only variants whose results do not
+depend on the batch apply: dropless, or capacity counted per sequence (under
+the step capacity scope a sequence's routing depends on the batch it ran in).
 """
 import json
 import os
@@ -24,11 +25,12 @@ BINARY = os.environ["SWITCHSERVE_BINARY"]
 GOLDEN = ROOT / "tests" / "golden"
 
 
-def dropless_variants():
+def batch_independent_variants():
     names = []
     for d in sorted(GOLDEN.iterdir()):
-        config = json.loads((d / "config.json").read_text())
-        if config.get("dispatch", {}).get("capacity_factor", 0) <= 0:
+        dispatch = json.loads((d / "config.json").read_text()).get("dispatch", {})
+        if dispatch.get("capacity_factor", 0) <= 0 or \
+                dispatch.get("capacity_scope", "sequence") == "sequence":
             names.append(d.name)
     return names
 
@@ -40,11 +42,13 @@ def run(*args, check=True):
     return result
 
 
-def test_dropless_variants_exist():
-    assert len(dropless_variants()) >= 10
+def test_batch_independent_variants_exist():
+    variants = batch_independent_variants()
+    assert len(variants) >= 16
+    assert "seq_switchall_drop_g8" in variants and "switchall_capacity" not in variants
 
 
-@pytest.mark.parametrize("variant", dropless_variants())
+@pytest.mark.parametrize("variant", batch_independent_variants())
 def test_dump_logits_matches_reference(variant, tmp_path):
     golden = safetensors_io.load_file(str(GOLDEN / variant / "golden.safetensors"))
     n = int(golden["seq_lens"][0])
@@ -95,6 +99,31 @@ def test_bad_input_is_reported_not_crashed(tmp_path):
     assert out_of_vocab.returncode == 1 and "999" in out_of_vocab.stderr
     no_prompt = run("generate", "--model", str(GOLDEN / "dense_mha"), check=False)
     assert no_prompt.returncode == 2
+    bad_scope = run("score", "--model", str(GOLDEN / "dense_mha"), "--tokens", "1,2",
+                    "--capacity-scope", "batch", check=False)
+    assert bad_scope.returncode == 1 and "--capacity-scope" in bad_scope.stderr
+    # switchall_capacity's dispatch is the step scope: a group makes no sense there.
+    group_for_step = run("score", "--model", str(GOLDEN / "switchall_capacity"), "--tokens",
+                         "1,2", "--capacity-group", "8", check=False)
+    assert group_for_step.returncode == 1 and "--capacity-group" in group_for_step.stderr
+
+
+def test_score_applies_the_dispatch_flags(tmp_path):
+    # The sequence-scope golden scored with its own dispatch drops
+    # assignments; dropless, nothing; the flags change what score computes.
+    tokens = ",".join(str(32 + (i * 37) % 90) for i in range(48))
+    model = str(GOLDEN / "seq_switchall_drop_g8")
+    own = dict(line.split(": ", 1) for line in
+               run("score", "--model", model, "--tokens", tokens).stdout.splitlines())
+    dropless = dict(line.split(": ", 1) for line in
+                    run("score", "--model", model, "--tokens", tokens,
+                        "--capacity-factor", "0").stdout.splitlines())
+    assert float(own["dropped_ffn"]) > 0 and float(dropless["dropped_ffn"]) == 0
+    assert own["mean_nll"] != dropless["mean_nll"]
+    rerouted = dict(line.split(": ", 1) for line in
+                    run("score", "--model", model, "--tokens", tokens,
+                        "--overflow", "reroute").stdout.splitlines())
+    assert float(rerouted["rerouted_attn_v"]) > 0
 
 
 DEFAULT_MODEL = ROOT / "models" / "default"
@@ -118,12 +147,18 @@ def model_variant(tmp_path, name, **config_changes):
     return model, config
 
 
-def test_greedy_generate_picks_the_most_likely_token_at_every_step(tmp_path):
+@pytest.mark.parametrize("dispatch", [
+    {"capacity_factor": 0},
+    {"capacity_factor": 1.0, "min_capacity": 0, "overflow": "drop", "capacity_scope": "sequence",
+     "capacity_group": 16},
+], ids=["dropless", "sequence_g16_drop"])
+def test_greedy_generate_picks_the_most_likely_token_at_every_step(tmp_path, dispatch):
     # generate runs the serving engine (scheduler, backend sampling) one token
     # per step; score runs the sequence runner over the whole text at once.
-    # Dropless, the logits do not depend on the steps: greedy generation must
-    # pick the argmax of score's logits at every generated position.
-    model, _ = model_variant(tmp_path, "dropless", dispatch={"capacity_factor": 0})
+    # Dropless or with capacity counted per sequence, the routing does not
+    # depend on the steps: greedy generation must pick the argmax of score's
+    # logits at every generated position.
+    model, _ = model_variant(tmp_path, "variant", dispatch=dispatch)
     for prompt in ["In the beginning", "And God said"]:
         result = run("generate", "--model", str(model), "--prompt", prompt,
                      "--max-new-tokens", "24")
@@ -162,9 +197,9 @@ SERVER = ROOT / "server"
 # The sources whose flags each subcommand reads: ABSL_FLAG definitions and
 # ABSL_DECLARE_FLAG declarations.
 COMMAND_FLAG_SOURCES = {
-    "serve": ["server_flags.cc", "common_flags.h"],
-    "generate": ["generate_command.cc", "common_flags.h"],
-    "score": ["score_command.cc", "common_flags.h"],
+    "serve": ["server_flags.cc", "common_flags.h", "dispatch_flags.h"],
+    "generate": ["generate_command.cc", "common_flags.h", "dispatch_flags.h"],
+    "score": ["score_command.cc", "common_flags.h", "dispatch_flags.h"],
     "health": ["health_command.cc"],
 }
 _DEFINED = re.compile(r"ABSL_FLAG\(\s*[^,]+?\s*,\s*(\w+)\s*,\s*(.+?)\s*,\s*\"", re.S)
@@ -210,3 +245,13 @@ def test_subcommand_help_lists_its_flags_with_defaults(command):
             assert float(shown) == float(default), spelled
     # Nothing else: the flags of other subcommands stay out.
     assert set(listed) == {name.replace("_", "-") for name in expected}
+
+
+def test_every_serve_flag_is_in_the_readme_flag_table():
+    readme = (ROOT / "README.md").read_text()
+    documented = set()
+    for row in re.findall(r"^\| (`--[^|]+)\|", readme, re.M):
+        documented |= set(re.findall(r"`--([\w-]+)`", row))
+    listed = set(listed_defaults(run("serve", "--help").stdout))
+    assert len(listed) >= 20
+    assert listed - documented == set(), "serve flags missing from README's flag table"

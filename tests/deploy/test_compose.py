@@ -75,7 +75,8 @@ def test_server_service_flags_ports_and_image(compose, name):
     assert flags["device"] == device
     assert flags["model"] == server_facts.IMAGE_MODEL_DIR
     container_ports = {c for _, c in _ports(service)}
-    assert container_ports == {server_facts.grpc_port(), server_facts.metrics_port()}
+    assert container_ports == {server_facts.grpc_port(), int(flags["http_port"]),
+                               server_facts.metrics_port()}
 
 
 def test_gpu_service_reserves_an_nvidia_gpu(compose):

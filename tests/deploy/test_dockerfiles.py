@@ -140,7 +140,8 @@ def test_final_stage_carries_the_built_in_model_and_serves_it(name):
     assert int(flags["metrics_port"]) == server_facts.metrics_port()
     assert flags["device"] == ("cuda" if name.endswith(".cuda") else "cpu")
     exposed = {int(p) for i, a in final[2] if i == "EXPOSE" for p in a.split()}
-    assert exposed == {server_facts.grpc_port(), server_facts.metrics_port()}
+    assert exposed == {server_facts.grpc_port(), int(flags["http_port"]),
+                       server_facts.metrics_port()}
 
 
 def test_built_in_model_is_in_the_source_tree_when_present():

@@ -92,6 +92,8 @@ def test_server_flags_and_ports_agree_with_the_server(variant):
     assert int(flags["kv_cache_bytes"]) > 0
     assert container_port(container, "grpc") == server_facts.grpc_port()
     assert container_port(container, "metrics") == server_facts.metrics_port()
+    assert int(flags["http_port"]) == container_port(container, "http")
+    assert float(flags["max_connection_age_s"]) > 0  # new pods get traffic
     # Every $(VAR) in args names a variable the container defines.
     env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
     assert not [a for a in container["args"] if "$(" in expand_env(a, env)]
@@ -225,16 +227,19 @@ def test_services_reach_the_server_ports(variant):
     container = server_container(_deployment(variant))
     services = {s["metadata"]["name"]: s for s in objects_of_kind(objects, "Service")}
     assert set(services) == {"switchserve", "switchserve-headless"}
-    expected = {"grpc": server_facts.grpc_port(), "metrics": server_facts.metrics_port()}
+    # The HTTP API is off by default; the Deployment turns it on.
+    expected = {"grpc": server_facts.grpc_port(), "metrics": server_facts.metrics_port(),
+                "http": int(container_flags(container)["http_port"])}
     for name, service in services.items():
         assert labels_match(service["spec"]["selector"], _pod_labels(variant)), name
         for port in service["spec"]["ports"]:
             assert port["port"] == expected[port["name"]], (name, port)
             assert container_port(container, port["targetPort"]) == expected[port["name"]]
-    assert {p["name"] for p in services["switchserve"]["spec"]["ports"]} == {"grpc", "metrics"}
+    assert {p["name"] for p in services["switchserve"]["spec"]["ports"]} == {
+        "grpc", "http", "metrics"}
     headless = services["switchserve-headless"]["spec"]
     assert headless["clusterIP"] == "None"
-    assert [p["name"] for p in headless["ports"]] == ["grpc"]
+    assert [p["name"] for p in headless["ports"]] == ["grpc", "http"]
     assert headless.get("publishNotReadyAddresses", False) is False
 
 
@@ -281,7 +286,7 @@ def test_pdb_keeps_a_pod_serving(variant):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_network_policy_admits_clients_to_grpc_and_prometheus_to_metrics(variant):
+def test_network_policy_admits_clients_to_grpc_and_http_and_prometheus_to_metrics(variant):
     policy = one(render_overlay(variant), "NetworkPolicy")
     container = server_container(_deployment(variant))
     spec = policy["spec"]
@@ -294,10 +299,13 @@ def test_network_policy_admits_clients_to_grpc_and_prometheus_to_metrics(variant
         for port in rule["ports"]:
             number = port["port"] if isinstance(port["port"], int) else container_port(container, port["port"])
             by_port.setdefault(number, []).extend(rule["from"])
-    assert set(by_port) == {server_facts.grpc_port(), server_facts.metrics_port()}
-    clients = by_port[server_facts.grpc_port()]
-    assert clients and all(p.get("podSelector", {}).get("matchLabels") == {"switchserve.io/client": "true"}
-                           for p in clients)
+    http_port = int(container_flags(container)["http_port"])
+    assert set(by_port) == {server_facts.grpc_port(), http_port, server_facts.metrics_port()}
+    for api_port in (server_facts.grpc_port(), http_port):
+        clients = by_port[api_port]
+        assert clients and all(
+            p.get("podSelector", {}).get("matchLabels") == {"switchserve.io/client": "true"}
+            for p in clients)
     scrapers = by_port[server_facts.metrics_port()]
     assert scrapers and all(
         p.get("podSelector", {}).get("matchLabels", {}).get("app.kubernetes.io/name") == "prometheus"

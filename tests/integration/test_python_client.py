@@ -2,6 +2,7 @@
 server process on a free loopback port (the port is read from its log)."""
 
 import concurrent.futures
+import json
 import os
 import re
 import signal
@@ -345,3 +346,108 @@ def test_sigterm_drains_running_streams():
         assert server.process.wait(timeout=30) == 0
     finally:
         server.close()
+
+
+def access_lines(server):
+    """The access-log lines (JSON form) the server wrote so far."""
+    lines = []
+    for line in server.log().splitlines():
+        if line.startswith("{"):
+            record = json.loads(line)
+            if record["msg"] == "request":
+                lines.append(record)
+    return lines
+
+
+def wait_for_access_line(server, request_id, timeout_s=30):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for record in access_lines(server):
+            if record["request_id"] == request_id:
+                return record
+        time.sleep(0.02)
+    raise AssertionError(f"no access-log line for {request_id}:\n{server.log()}")
+
+
+def test_request_id_is_returned_and_logged_in_text_form(server, stub):
+    _, call = stub.Generate.with_call(text_request("trace me", 3), timeout=60,
+                                      metadata=[("x-request-id", "trace-42")])
+    assert ("x-request-id", "trace-42") in call.initial_metadata()
+    _, call = stub.Generate.with_call(text_request("trace me", 2), timeout=60)
+    made = dict(call.initial_metadata())["x-request-id"]
+    assert re.fullmatch(r"[0-9a-f]{32}", made)
+    deadline = time.monotonic() + 30
+    while "request_id=trace-42" not in server.log() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    line = next(l for l in server.log().splitlines() if "request_id=trace-42" in l)
+    assert re.search(r"switchserve: request request_id=trace-42 protocol=grpc method=Generate "
+                     r"peer=\S+ status=OK prompt_tokens=8 completion_tokens=3 queue_ms=[\d.]+ "
+                     r"ttft_ms=[\d.]+ total_ms=[\d.]+ finish_reason=length$", line), line
+    assert f"request_id={made} " in server.log()
+
+
+def test_access_log_in_json_form_covers_every_ending():
+    server = Server("--log-format", "json", "--debug-step-delay-ms", "5")
+    try:
+        # Every line, not only the access log, is one JSON object.
+        for line in server.log().splitlines():
+            assert set(json.loads(line)) >= {"time", "level", "msg"}, line
+        with server.channel() as channel:
+            stub = pb_grpc.GenerationStub(channel)
+            stub.Generate(text_request("json ok", 4), timeout=60, metadata=[("x-request-id", "ok-1")])
+            with pytest.raises(grpc.RpcError):
+                stub.Generate(pb.GenerateRequest(text=""), timeout=60,
+                              metadata=[("x-request-id", "bad-1")])
+            stream = stub.GenerateStream(text_request("json cancel", 40, ignore_eos=True),
+                                         timeout=60, metadata=[("x-request-id", "gone-1")])
+            next(stream)
+            stream.cancel()
+            messages = list(stub.GenerateStream(text_request("json stream", 5, stop=["@@"]),
+                                                timeout=60, metadata=[("x-request-id", "s-1")]))
+        ok = wait_for_access_line(server, "ok-1")
+        assert ok["protocol"] == "grpc" and ok["method"] == "Generate" and ok["status"] == "OK"
+        assert ok["prompt_tokens"] == 7 and ok["completion_tokens"] == 4
+        assert ok["finish_reason"] == "length"
+        assert ok["total_ms"] >= ok["ttft_ms"] >= ok["queue_ms"] >= 0
+        assert ok["peer"].startswith("ipv4:127.0.0.1:")
+        bad = wait_for_access_line(server, "bad-1")
+        assert bad["status"] == "INVALID_ARGUMENT" and bad["completion_tokens"] == 0
+        assert bad["finish_reason"] == ""
+        gone = wait_for_access_line(server, "gone-1")
+        assert gone["method"] == "GenerateStream" and gone["status"] == "CANCELLED"
+        assert gone["finish_reason"] == "cancelled" and gone["completion_tokens"] < 40
+        streamed = wait_for_access_line(server, "s-1")
+        assert streamed["status"] == "OK" and streamed["completion_tokens"] == sum(
+            len(m.token_ids) for m in messages)
+        # Exactly one line per request.
+        ids = [r["request_id"] for r in access_lines(server)]
+        for request_id in ("ok-1", "bad-1", "gone-1", "s-1"):
+            assert ids.count(request_id) == 1, ids
+    finally:
+        server.close()
+
+
+def peers_seen(max_age_args, calls, interval_s):
+    """Makes `calls` calls, `interval_s` apart, over one channel; returns the
+    client address (ip:port) the server logged for each."""
+    server = Server("--log-format", "json", *max_age_args)
+    try:
+        with server.channel() as channel:
+            stub = pb_grpc.GenerationStub(channel)
+            for i in range(calls):
+                stub.Generate(text_request("age", 1), timeout=30,
+                              metadata=[("x-request-id", f"age-{i}")])
+                time.sleep(interval_s)
+        return [wait_for_access_line(server, f"age-{i}")["peer"] for i in range(calls)]
+    finally:
+        server.close()
+
+
+def test_max_connection_age_moves_a_long_lived_channel_to_new_connections():
+    # One channel, calls over 3 s: with a 0.5 s maximum age the server sends
+    # GOAWAY and the channel reconnects (a new client port) several times.
+    peers = peers_seen(["--max-connection-age-s", "0.5"], calls=30, interval_s=0.1)
+    assert len(set(peers)) >= 3, peers
+    # Without a maximum age the same channel keeps its one connection.
+    peers = peers_seen(["--max-connection-age-s", "0"], calls=30, interval_s=0.1)
+    assert len(set(peers)) == 1, peers

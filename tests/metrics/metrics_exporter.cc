@@ -97,11 +97,18 @@ class SimulatedScheduler {
       }
       const bool cancelled = std::uniform_int_distribution<int>(0, 399)(rng_) == 0;
       if (cancelled || request.generated >= request.target_tokens) {
+        // Every third request comes over HTTP; the stop reasons alternate.
         serving_->RecordFinished(
-            {.status = cancelled ? absl::StatusCode::kCancelled : absl::StatusCode::kOk,
+            {.protocol =
+                 request.target_tokens % 3 == 0 ? RequestProtocol::kHttp : RequestProtocol::kGrpc,
+             .status = cancelled ? absl::StatusCode::kCancelled : absl::StatusCode::kOk,
              .e2e_seconds = Seconds(now - request.arrival),
              .decode_seconds = Seconds(now - request.first_token),
              .generated_tokens = request.generated});
+        serving_->RecordEngineFinished(cancelled                        ? FinishedBy::kCancelled
+                                       : request.target_tokens % 2 == 0 ? FinishedBy::kLength
+                                                                        : FinishedBy::kStop,
+                                       request.prompt_tokens, request.generated);
       } else {
         kv_tokens += request.prompt_tokens + request.generated;
         still_running.push_back(request);
@@ -142,6 +149,7 @@ DispatchConfig DispatchFromFlags() {
   dispatch.capacity_factor = absl::GetFlag(FLAGS_capacity_factor);
   dispatch.overflow =
       absl::GetFlag(FLAGS_overflow) == "reroute" ? OverflowPolicy::kReroute : OverflowPolicy::kDrop;
+  dispatch.scope = CapacityScope::kStep;  // a synthetic step shares one capacity
   return dispatch;
 }
 
@@ -278,6 +286,11 @@ int Main() {
     collectables.push_back(moe);
   }
   ServingMetrics serving(*registry);
+  RegisterModelInfo(*registry, {.model = model,
+                                .device = "cpu",
+                                .architecture = "switchall",
+                                .tokenizer = "byte",
+                                .context_length = config.max_seq_len});
   MoeMetrics* moe_ptr = moe.get();
 
   const std::string mode = absl::GetFlag(FLAGS_mode);

@@ -29,6 +29,7 @@ LabelMap ExpertLabels(const RouterId& id, int e) {
 DispatchConfig Capacity(double factor) {
   DispatchConfig dispatch;
   dispatch.capacity_factor = factor;
+  dispatch.scope = CapacityScope::kStep;  // the synthetic steps share one capacity
   return dispatch;
 }
 

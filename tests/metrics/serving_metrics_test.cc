@@ -23,17 +23,67 @@ const prometheus::ClientMetric::Histogram& HistogramOf(const RegistryReader& rea
   return metric == nullptr ? empty : metric->histogram;
 }
 
-TEST(ServingMetricsTest, EveryStatusHasASeriesAtZero) {
+TEST(ServingMetricsTest, EveryProtocolStatusAndFinishReasonHasASeriesAtZero) {
   prometheus::Registry registry;
   ServingMetrics metrics(registry);
   RegistryReader reader(registry);
-  for (const char* status :
-       {"OK", "CANCELLED", "DEADLINE_EXCEEDED", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED",
-        "UNAVAILABLE", "UNAUTHENTICATED", "FAILED_PRECONDITION", "INTERNAL", "UNKNOWN"}) {
-    EXPECT_EQ(reader.Counter("switchserve_requests_total", {{"status", status}}), 0.0) << status;
+  for (const char* protocol : {"grpc", "http"}) {
+    for (const char* status :
+         {"OK", "CANCELLED", "DEADLINE_EXCEEDED", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED",
+          "UNAVAILABLE", "UNAUTHENTICATED", "FAILED_PRECONDITION", "INTERNAL", "UNKNOWN"}) {
+      EXPECT_EQ(reader.Counter("switchserve_requests_total",
+                               {{"protocol", protocol}, {"status", status}}),
+                0.0)
+          << protocol << " " << status;
+    }
+  }
+  for (const char* reason : {"length", "stop", "eos", "cancelled", "error"}) {
+    EXPECT_EQ(reader.Counter("switchserve_request_finish_reason_total", {{"reason", reason}}), 0.0)
+        << reason;
   }
   EXPECT_EQ(reader.Gauge("switchserve_requests_waiting", {}), 0.0);
-  EXPECT_EQ(reader.AllExposedSeries(), 111u);  // docs/metrics.md
+  EXPECT_EQ(reader.AllExposedSeries(), 164u);  // docs/metrics.md
+}
+
+TEST(ServingMetricsTest, EngineFinishedRequestsCountReasonsAndLengths) {
+  prometheus::Registry registry;
+  ServingMetrics metrics(registry);
+  metrics.RecordEngineFinished(FinishedBy::kLength, 7, 16);
+  metrics.RecordEngineFinished(FinishedBy::kStop, 120, 3);
+  metrics.RecordEngineFinished(FinishedBy::kStop, 1, 0);
+  RegistryReader reader(registry);
+  EXPECT_EQ(reader.Counter("switchserve_request_finish_reason_total", {{"reason", "length"}}), 1.0);
+  EXPECT_EQ(reader.Counter("switchserve_request_finish_reason_total", {{"reason", "stop"}}), 2.0);
+  EXPECT_EQ(reader.Counter("switchserve_request_finish_reason_total", {{"reason", "eos"}}), 0.0);
+  const auto& prompt = HistogramOf(reader, "switchserve_request_prompt_tokens");
+  EXPECT_EQ(prompt.sample_count, 3u);
+  EXPECT_EQ(prompt.sample_sum, 128.0);
+  // 7 lies in (5, 10], 120 in (100, 200], 1 in [0, 1].
+  for (const auto& bucket : prompt.bucket) {
+    const uint64_t want =
+        (bucket.upper_bound >= 1) + (bucket.upper_bound >= 7) + (bucket.upper_bound >= 120);
+    EXPECT_EQ(bucket.cumulative_count, want) << bucket.upper_bound;
+  }
+  const auto& generation = HistogramOf(reader, "switchserve_request_generation_tokens");
+  EXPECT_EQ(generation.sample_count, 3u);
+  EXPECT_EQ(generation.sample_sum, 19.0);
+}
+
+TEST(ServingMetricsTest, ModelInfoIsOneWithTheModelInItsLabels) {
+  prometheus::Registry registry;
+  RegisterModelInfo(registry, {.model = "bible",
+                               .device = "cpu",
+                               .architecture = "switchall",
+                               .tokenizer = "byte",
+                               .context_length = 256});
+  RegistryReader reader(registry);
+  EXPECT_EQ(reader.Gauge("switchserve_model_info", {{"model", "bible"},
+                                                    {"device", "cpu"},
+                                                    {"architecture", "switchall"},
+                                                    {"tokenizer", "byte"},
+                                                    {"context_length", "256"}}),
+            1.0);
+  EXPECT_EQ(reader.AllExposedSeries(), 1u);
 }
 
 TEST(ServingMetricsTest, StepsUpdateTokensQueueAndKvUsage) {
@@ -66,7 +116,7 @@ TEST(ServingMetricsTest, StepsUpdateTokensQueueAndKvUsage) {
   EXPECT_EQ(tokens.sample_sum, 108.0);
 }
 
-TEST(ServingMetricsTest, RequestsCountByStatusAndOnlyOkOnesAreTimed) {
+TEST(ServingMetricsTest, RequestsCountByProtocolAndStatusAndOnlyOkOnesAreTimed) {
   prometheus::Registry registry;
   ServingMetrics metrics(registry);
   metrics.RecordQueueTime(0.003);
@@ -75,12 +125,24 @@ TEST(ServingMetricsTest, RequestsCountByStatusAndOnlyOkOnesAreTimed) {
                           .e2e_seconds = 1.2,
                           .decode_seconds = 1.0,
                           .generated_tokens = 11});
-  metrics.RecordFinished({.status = absl::StatusCode::kResourceExhausted, .e2e_seconds = 0.001});
+  metrics.RecordFinished({.protocol = RequestProtocol::kHttp,
+                          .status = absl::StatusCode::kResourceExhausted,
+                          .e2e_seconds = 0.001});
   metrics.RecordFinished({.status = absl::StatusCode::kDataLoss});  // counted as UNKNOWN
   RegistryReader reader(registry);
-  EXPECT_EQ(reader.Counter("switchserve_requests_total", {{"status", "OK"}}), 1.0);
-  EXPECT_EQ(reader.Counter("switchserve_requests_total", {{"status", "RESOURCE_EXHAUSTED"}}), 1.0);
-  EXPECT_EQ(reader.Counter("switchserve_requests_total", {{"status", "UNKNOWN"}}), 1.0);
+  using Labels = testing::LabelMap;
+  EXPECT_EQ(
+      reader.Counter("switchserve_requests_total", Labels{{"protocol", "grpc"}, {"status", "OK"}}),
+      1.0);
+  EXPECT_EQ(reader.Counter("switchserve_requests_total",
+                           Labels{{"protocol", "http"}, {"status", "RESOURCE_EXHAUSTED"}}),
+            1.0);
+  EXPECT_EQ(reader.Counter("switchserve_requests_total",
+                           Labels{{"protocol", "grpc"}, {"status", "RESOURCE_EXHAUSTED"}}),
+            0.0);
+  EXPECT_EQ(reader.Counter("switchserve_requests_total",
+                           Labels{{"protocol", "grpc"}, {"status", "UNKNOWN"}}),
+            1.0);
   EXPECT_EQ(reader.Counter("switchserve_generation_tokens_total", {}), 11.0);
   const auto& e2e = HistogramOf(reader, "switchserve_e2e_request_latency_seconds");
   EXPECT_EQ(e2e.sample_count, 1u);
@@ -102,6 +164,8 @@ TEST(EngineMetricsObserverTest, CancelledRequestsCountAsTheClientSawThem) {
   prometheus::Registry registry;
   ServingMetrics metrics(registry);
   EngineMetricsObserver observer(&metrics, nullptr, 16);
+  GenerationRequest request;
+  request.origin.protocol = "grpc";
   const std::pair<CancelCause, int> causes[] = {
       {CancelCause::kClient, 1}, {CancelCause::kDeadline, 2}, {CancelCause::kShutdown, 3}};
   for (const auto& [cause, times] : causes) {
@@ -110,18 +174,25 @@ TEST(EngineMetricsObserverTest, CancelledRequestsCountAsTheClientSawThem) {
       update.finished = true;
       update.finish_reason = FinishReason::kCancelled;
       update.cancel_cause = cause;
-      observer.OnRequestFinished(update);
+      observer.OnRequestFinished(request, update);
     }
   }
   GenerationUpdate done;
   done.finished = true;
   done.finish_reason = FinishReason::kLength;
-  observer.OnRequestFinished(done);
+  observer.OnRequestFinished(request, done);
   RegistryReader reader(registry);
-  EXPECT_EQ(reader.Counter("switchserve_requests_total", {{"status", "CANCELLED"}}), 1.0);
-  EXPECT_EQ(reader.Counter("switchserve_requests_total", {{"status", "DEADLINE_EXCEEDED"}}), 2.0);
-  EXPECT_EQ(reader.Counter("switchserve_requests_total", {{"status", "UNAVAILABLE"}}), 3.0);
-  EXPECT_EQ(reader.Counter("switchserve_requests_total", {{"status", "OK"}}), 1.0);
+  EXPECT_EQ(
+      reader.Counter("switchserve_requests_total", {{"protocol", "grpc"}, {"status", "CANCELLED"}}),
+      1.0);
+  EXPECT_EQ(reader.Counter("switchserve_requests_total",
+                           {{"protocol", "grpc"}, {"status", "DEADLINE_EXCEEDED"}}),
+            2.0);
+  EXPECT_EQ(reader.Counter("switchserve_requests_total",
+                           {{"protocol", "grpc"}, {"status", "UNAVAILABLE"}}),
+            3.0);
+  EXPECT_EQ(reader.Counter("switchserve_requests_total", {{"protocol", "grpc"}, {"status", "OK"}}),
+            1.0);
 }
 
 // The alert rules and dashboard select buckets by their `le` text, e.g.

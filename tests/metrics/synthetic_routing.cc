@@ -55,7 +55,7 @@ StepRoutingStats SyntheticRouting::Step(int tokens, const DispatchConfig& dispat
         id.module == MoeModule::kFfn ? GateFunction::kSoftmax : GateFunction::kSigmoid;
     RouteTokens(logits_.data(), id.n_experts, tokens, id.n_experts, id.top_k, gate,
                 /*renormalize=*/false, &decision);
-    DispatchTokens(decision, dispatch, &assignments, &stats.routers[r]);
+    DispatchTokens(decision, dispatch, /*groups=*/nullptr, &assignments, &stats.routers[r]);
   }
   return stats;
 }

@@ -1,10 +1,12 @@
 """The metrics of `switchserve serve` itself, scraped by a real Prometheus.
 
-Three servers of the SwitchAll golden model (tests/golden/switchall_capacity:
+Four servers of the SwitchAll golden model (tests/golden/switchall_capacity:
 2 layers, 4 heads / 2 KV heads x 4 experts, an 8-expert FFN, capacity factor
-1 with overflow=drop):
+1 with overflow=drop, step capacity scope):
 
   drop      as the model says: tokens are dropped
+  sequence  --capacity-scope sequence --capacity-group 4: capacity per
+            request, in groups of 4 positions; tokens are dropped
   dropless  --capacity-factor 0
   nomoe     --no-moe-metrics
 
@@ -106,6 +108,9 @@ def served(tmp_path_factory):
     servers = {}
     try:
         servers["drop"] = Server(binary, "drop", [], tmp)
+        servers["sequence"] = Server(
+            binary, "sequence", ["--capacity-scope=sequence", "--capacity-group=4"], tmp
+        )
         servers["dropless"] = Server(binary, "dropless", ["--capacity-factor=0"], tmp)
         servers["nomoe"] = Server(binary, "nomoe", ["--no-moe-metrics"], tmp)
         targets = {f"serve-{name}": s.metrics_port for name, s in servers.items()}
@@ -160,9 +165,9 @@ def traffic(served):
             "step_tokens": quiescent_scrape(prom, job),
             "assignments": counters(prom, "switchserve_moe_assignments_total", job),
             "dropped": counters(prom, "switchserve_moe_dropped_total", job),
-            "ok": scalar(prom, f'switchserve_requests_total{{job="{job}",status="OK"}}'),
+            "ok": scalar(prom, f'switchserve_requests_total{{job="{job}",protocol="grpc",status="OK"}}'),
             "invalid": scalar(
-                prom, f'switchserve_requests_total{{job="{job}",status="INVALID_ARGUMENT"}}'
+                prom, f'switchserve_requests_total{{job="{job}",protocol="grpc",status="INVALID_ARGUMENT"}}'
             ),
             "generated": scalar(prom, f'switchserve_generation_tokens_total{{job="{job}"}}'),
         }
@@ -225,18 +230,19 @@ def delta(after, before):
     return {k: after[k] - before.get(k, 0.0) for k in after}
 
 
-def test_drops_rise_by_exactly_what_the_engine_reported(traffic):
+@pytest.mark.parametrize("name", ["drop", "sequence"])
+def test_drops_rise_by_exactly_what_the_engine_reported(traffic, name):
     _, before, after, seen = traffic
-    dropped = delta(after["drop"]["dropped"], before["drop"]["dropped"])
+    dropped = delta(after[name]["dropped"], before[name]["dropped"])
     engine = {k: 0.0 for k in dropped}
-    for (key, fate), n in seen["drop"]["fates"].items():
+    for (key, fate), n in seen[name]["fates"].items():
         if fate == "dropped":
             engine[key] += n
     assert dropped == engine
     assert sum(dropped.values()) > 0, "capacity factor 1 should drop some assignments"
     # overflow=drop: every assignment is where the router sent it.
-    assignments = delta(after["drop"]["assignments"], before["drop"]["assignments"])
-    assert assignments == {k: float(seen["drop"]["choices"].get(k, 0)) for k in assignments}
+    assignments = delta(after[name]["assignments"], before[name]["assignments"])
+    assert assignments == {k: float(seen[name]["choices"].get(k, 0)) for k in assignments}
 
 
 def test_dropless_drops_nothing(traffic):
@@ -251,7 +257,7 @@ def test_dropless_drops_nothing(traffic):
 
 def test_every_router_saw_every_token(traffic):
     prom, before, after, seen = traffic
-    for name in ["drop", "dropless"]:
+    for name in ["drop", "sequence", "dropless"]:
         job = f"serve-{name}"
         step_tokens = scalar(prom, f'switchserve_step_tokens_sum{{job="{job}"}}')
         routers = after[name]["router_tokens"]
@@ -262,10 +268,10 @@ def test_every_router_saw_every_token(traffic):
 def test_serving_counters(traffic):
     prom, before, _, seen = traffic
     requests = CLIENTS * ROUNDS
-    for name in ["drop", "dropless", "nomoe"]:
+    for name in ["drop", "sequence", "dropless", "nomoe"]:
         job = f"serve-{name}"
-        ok = scalar(prom, f'switchserve_requests_total{{job="{job}",status="OK"}}')
-        invalid = scalar(prom, f'switchserve_requests_total{{job="{job}",status="INVALID_ARGUMENT"}}')
+        ok = scalar(prom, f'switchserve_requests_total{{job="{job}",protocol="grpc",status="OK"}}')
+        invalid = scalar(prom, f'switchserve_requests_total{{job="{job}",protocol="grpc",status="INVALID_ARGUMENT"}}')
         generated = scalar(prom, f'switchserve_generation_tokens_total{{job="{job}"}}')
         assert ok - before[name]["ok"] == requests
         assert invalid - before[name]["invalid"] == INVALID_REQUESTS

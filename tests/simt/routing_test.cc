@@ -165,7 +165,7 @@ void ExpectSamePlan(const RouterDecision& cpu, const RouterDecision& device,
   ExpertAssignments want;
   RouterStepStats stats;
   stats.Reset(cpu.n_experts);
-  DispatchTokens(cpu, config, &want, &stats);
+  DispatchTokens(cpu, config, /*groups=*/nullptr, &want, &stats);
   const PlanResult got = PlanOnDevice(device, config);
   const int E = cpu.n_experts;
   for (size_t a = 0; a < want.trace.size(); ++a) {
@@ -197,6 +197,7 @@ DispatchConfig Config(double capacity_factor, OverflowPolicy overflow, int min_c
   config.capacity_factor = capacity_factor;
   config.overflow = overflow;
   config.min_capacity = min_capacity;
+  config.scope = CapacityScope::kStep;  // the device plan's scope
   return config;
 }
 

@@ -122,10 +122,17 @@ TEST_P(BackendRoutedTest, CapacityStatsAreConsistent) {
   const std::vector<RouterId> routers = RouterLayout(config).routers();
   ASSERT_FALSE(routers.empty());
   const ModelWeights weights = RandomWeights(config, 5);
-  for (OverflowPolicy policy : {OverflowPolicy::kDrop, OverflowPolicy::kReroute}) {
+  for (const auto& [scope, policy] :
+       {std::pair(CapacityScope::kStep, OverflowPolicy::kDrop),
+        std::pair(CapacityScope::kStep, OverflowPolicy::kReroute),
+        std::pair(CapacityScope::kSequence, OverflowPolicy::kDrop),
+        std::pair(CapacityScope::kSequence, OverflowPolicy::kReroute)}) {
+    SCOPED_TRACE(std::string(ToString(scope)) + " " + std::string(ToString(policy)));
     DispatchConfig dispatch;
     dispatch.capacity_factor = 0.5;
     dispatch.overflow = policy;
+    dispatch.scope = scope;
+    dispatch.capacity_group = 4;  // sequences of 9 and 7 tokens: 3 + 2 groups
     Harness h(backend(), config, weights, dispatch);
     StepOutput out;
     const auto a = RandomTokens(9, config.vocab_size, 31);
@@ -135,7 +142,7 @@ TEST_P(BackendRoutedTest, CapacityStatsAreConsistent) {
     const int T = 16;
     ASSERT_EQ(out.stats.routers.size(), routers.size());
     ASSERT_EQ(out.routing.size(), static_cast<size_t>(T));
-    int64_t dropped_total = 0;
+    int64_t overflowed_total = 0;
     for (size_t r = 0; r < routers.size(); ++r) {
       const RouterStepStats& s = out.stats.routers[r];
       const int E = routers[r].n_experts, k = routers[r].top_k;
@@ -154,7 +161,11 @@ TEST_P(BackendRoutedTest, CapacityStatsAreConsistent) {
           if (ch.fate != RouteFate::kDropped) ++kept_trace[ch.expert];
         }
       }
-      const int64_t capacity = dispatch.CapacityPerExpert(T, k, E);
+      // The slots an expert has in this step: C for the step, or C for each
+      // of the sequences' 5 groups.
+      const int64_t capacity = scope == CapacityScope::kStep
+                                   ? dispatch.CapacityPerExpert(T, k, E)
+                                   : 5 * dispatch.CapacityPerExpert(4, k, E);
       int64_t routed = 0, kept = 0, dropped = 0, rerouted = 0;
       double prob = 0;
       for (int e = 0; e < E; ++e) {
@@ -175,9 +186,11 @@ TEST_P(BackendRoutedTest, CapacityStatsAreConsistent) {
         EXPECT_EQ(rerouted, 0);
       }
       EXPECT_NEAR(prob, T, 1e-3);
-      dropped_total += dropped;
+      overflowed_total += dropped + rerouted;
     }
-    EXPECT_GT(dropped_total, 0) << "capacity 0.5 should drop something";
+    // Drops, or reroutes where another expert has room (top-1 with reroute
+    // can absorb every overflow).
+    EXPECT_GT(overflowed_total, 0) << "capacity 0.5 should overflow something";
   }
 }
 
@@ -232,6 +245,72 @@ TEST_P(BackendTest, BadInputIsRejectedAndCacheUntouched) {
   const std::vector<float> want = clean.Run(1, {prompt[0]}, 6);
   const std::vector<float> got = probed.Run(1, {prompt[0]}, 6);
   EXPECT_EQ(got, want);
+}
+
+// (d') Under the sequence capacity scope a chunk that continues a capacity
+// group must carry that group's loads, ending where the chunk starts, of the
+// model's width: anything else is rejected with the cache and the loads
+// untouched; a chunk that opens a group needs none.
+TEST_P(BackendRoutedTest, CarriedGroupLoadsAreValidated) {
+  const ModelConfig& config = this->config();
+  const ModelWeights weights = RandomWeights(config, 13);
+  DispatchConfig dispatch;
+  dispatch.scope = CapacityScope::kSequence;
+  dispatch.capacity_group = 4;
+  dispatch.capacity_factor = 0.5;
+  const auto prompt = RandomTokens(6, config.vocab_size, 51);
+  const auto more = RandomTokens(2, config.vocab_size, 52);
+
+  Harness clean(backend(), config, weights, dispatch);
+  clean.Run(1, prompt, 0);
+  const std::vector<float> want = clean.Run(1, more, 6);
+
+  Harness probed(backend(), config, weights, dispatch);
+  KvBlockAllocator& alloc = probed.alloc();
+  ASSERT_TRUE(alloc.Reserve(1, 8).ok());
+  GroupLoads loads;
+  StepBatch first;
+  first.Clear(kBlockSize);
+  first.Add(prompt, 0, alloc.BlockTable(1)).group_loads = &loads;
+  StepOutput out;
+  ASSERT_TRUE(probed.backend().Forward(first, &out).ok());
+  EXPECT_EQ(loads.next_position, 6);
+  const size_t width = static_cast<size_t>(RouterLayout(config).total_experts());
+  ASSERT_EQ(loads.loads.size(), width);
+  const GroupLoads carried = loads;
+
+  GroupLoads stale = loads;
+  stale.next_position = 5;
+  GroupLoads narrow = loads;
+  narrow.loads.pop_back();
+  for (GroupLoads* bad : {static_cast<GroupLoads*>(nullptr), &stale, &narrow}) {
+    StepBatch batch;
+    batch.Clear(kBlockSize);
+    batch.Add(more, 6, alloc.BlockTable(1)).group_loads = bad;
+    const absl::Status status = probed.backend().Forward(batch, &out);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_NE(status.message().find("sequences[0]"), std::string_view::npos) << status;
+    EXPECT_NE(status.message().find("capacity group"), std::string_view::npos) << status;
+  }
+  EXPECT_EQ(stale.next_position, 5);
+  EXPECT_EQ(loads.next_position, carried.next_position);
+  EXPECT_EQ(loads.loads, carried.loads);
+
+  StepBatch good;
+  good.Clear(kBlockSize);
+  StepSequence& sequence = good.Add(more, 6, alloc.BlockTable(1));
+  sequence.group_loads = &loads;
+  sequence.logits = LogitsMode::kAll;
+  ASSERT_TRUE(probed.backend().Forward(good, &out).ok());
+  EXPECT_EQ(out.logits, want);
+  EXPECT_EQ(loads.next_position, 8);
+
+  // Position 8 opens a group: no loads needed.
+  ASSERT_TRUE(alloc.Reserve(1, 9).ok());
+  StepBatch opening;
+  opening.Clear(kBlockSize);
+  opening.Add({more[0]}, 8, alloc.BlockTable(1));
+  EXPECT_TRUE(probed.backend().Forward(opening, &out).ok());
 }
 
 // (e) Each sampling sequence's next token is what the host sampler draws from

@@ -9,11 +9,13 @@
 namespace switchserve {
 namespace {
 
+// Step scope (the sequence scope has its own tests: sequence_dispatch_test.cc).
 DispatchConfig Capacity(double factor, int min_capacity, OverflowPolicy overflow) {
   DispatchConfig d;
   d.capacity_factor = factor;
   d.min_capacity = min_capacity;
   d.overflow = overflow;
+  d.scope = CapacityScope::kStep;
   return d;
 }
 
@@ -86,7 +88,7 @@ TEST(ExpertDispatchTest, RankMajorSecondChoiceCannotStealFirstChoice) {
   ExpertAssignments a;
   RouterStepStats stats;
   stats.Reset(3);
-  DispatchTokens(d, Capacity(0.5, 0, OverflowPolicy::kDrop), &a, &stats);
+  DispatchTokens(d, Capacity(0.5, 0, OverflowPolicy::kDrop), nullptr, &a, &stats);
   EXPECT_EQ(a.capacity, 1);
   for (int e = 0; e < 3; ++e) {
     ASSERT_EQ(a.count(e), 1);
@@ -110,7 +112,7 @@ TEST(ExpertDispatchTest, DropKeepsFirstComersInStepOrder) {
   RouterDecision d;
   RouteTokens(z.data(), 2, 4, 2, 1, GateFunction::kSigmoid, false, &d);
   ExpertAssignments a;
-  DispatchTokens(d, Capacity(0.5, 2, OverflowPolicy::kDrop), &a, nullptr);
+  DispatchTokens(d, Capacity(0.5, 2, OverflowPolicy::kDrop), nullptr, &a, nullptr);
   EXPECT_EQ(a.capacity, 2);
   ASSERT_EQ(a.count(1), 2);
   EXPECT_EQ(a.token[a.begin(1)], 0);
@@ -130,7 +132,7 @@ TEST(ExpertDispatchTest, RerouteToNextBestFreeExpertKeepsWeight) {
   ExpertAssignments a;
   RouterStepStats stats;
   stats.Reset(4);
-  DispatchTokens(d, Capacity(0.5, 1, OverflowPolicy::kReroute), &a, &stats);
+  DispatchTokens(d, Capacity(0.5, 1, OverflowPolicy::kReroute), nullptr, &a, &stats);
   ASSERT_EQ(a.capacity, 1);
   EXPECT_EQ(a.trace[1].fate, RouteFate::kRerouted);
   EXPECT_EQ(a.trace[1].expert, 3);
@@ -160,7 +162,7 @@ TEST(ExpertDispatchTest, RerouteSkipsExpertsTheTokenAlreadyChose) {
   RouterDecision d;
   RouteTokens(z.data(), 3, 2, 3, 2, GateFunction::kSigmoid, false, &d);
   ExpertAssignments a;
-  DispatchTokens(d, Capacity(0.5, 1, OverflowPolicy::kReroute), &a, nullptr);
+  DispatchTokens(d, Capacity(0.5, 1, OverflowPolicy::kReroute), nullptr, &a, nullptr);
   ASSERT_EQ(a.capacity, 1);
   EXPECT_EQ(a.trace[0].fate, RouteFate::kKept);
   EXPECT_EQ(a.trace[2].fate, RouteFate::kRerouted);
@@ -177,7 +179,7 @@ TEST(ExpertDispatchTest, DroplessKeepsEverything) {
   ExpertAssignments a;
   RouterStepStats stats;
   stats.Reset(2);
-  DispatchTokens(d, Capacity(0.0, 1, OverflowPolicy::kDrop), &a, &stats);
+  DispatchTokens(d, Capacity(0.0, 1, OverflowPolicy::kDrop), nullptr, &a, &stats);
   EXPECT_EQ(a.count(0), 5);
   EXPECT_EQ(a.count(1), 5);
   EXPECT_EQ(stats.kept, (std::vector<int64_t>{5, 5}));
@@ -187,22 +189,30 @@ TEST(ExpertDispatchTest, DroplessKeepsEverything) {
 // A capacity factor whose slots leave int64 means room for everything: it
 // saturates instead of wrapping to a negative count (which min_capacity then
 // replaced, dropping more than a factor of 1.25 does).
+// In both capacity scopes: the slots of a step (step) and of a group
+// (sequence) saturate instead of leaving int64, and everything is kept.
 TEST(ExpertDispatchTest, HugeCapacityFactorSaturatesAndKeepsEverything) {
-  for (double factor : {1e18, 1e300, std::numeric_limits<double>::infinity(),
-                        std::numeric_limits<double>::quiet_NaN()}) {
-    EXPECT_EQ(Capacity(factor, 1, OverflowPolicy::kDrop).CapacityPerExpert(1 << 20, 4, 2),
-              DispatchConfig::kMaxCapacity)
-        << factor;
+  for (CapacityScope scope : {CapacityScope::kStep, CapacityScope::kSequence}) {
+    for (double factor : {1e18, 1e300, std::numeric_limits<double>::infinity(),
+                          std::numeric_limits<double>::quiet_NaN()}) {
+      DispatchConfig dispatch = Capacity(factor, 1, OverflowPolicy::kDrop);
+      dispatch.scope = scope;
+      dispatch.capacity_group = std::numeric_limits<int>::max();
+      EXPECT_EQ(dispatch.CapacityPerExpert(1 << 20, 4, 2), DispatchConfig::kMaxCapacity) << factor;
+      EXPECT_EQ(dispatch.SlotsPerExpert(1 << 20, 4, 2), DispatchConfig::kMaxCapacity) << factor;
+    }
+    const auto z = RankedLogits({{1, 0}, {1, 0}, {1, 0}, {1, 0}, {1, 0}}, 2);
+    RouterDecision d;
+    RouteTokens(z.data(), 2, 5, 2, 1, GateFunction::kSigmoid, false, &d);
+    RouterStepStats stats;
+    stats.Reset(2);
+    ExpertAssignments a;
+    DispatchConfig dispatch = Capacity(1e300, 1, OverflowPolicy::kDrop);
+    dispatch.scope = scope;
+    DispatchTokens(d, dispatch, nullptr, &a, &stats);
+    EXPECT_EQ(a.count(1), 5) << static_cast<int>(scope);
+    EXPECT_EQ(stats.dropped, (std::vector<int64_t>{0, 0})) << static_cast<int>(scope);
   }
-  const auto z = RankedLogits({{1, 0}, {1, 0}, {1, 0}, {1, 0}, {1, 0}}, 2);
-  RouterDecision d;
-  RouteTokens(z.data(), 2, 5, 2, 1, GateFunction::kSigmoid, false, &d);
-  RouterStepStats stats;
-  stats.Reset(2);
-  ExpertAssignments a;
-  DispatchTokens(d, Capacity(1e300, 1, OverflowPolicy::kDrop), &a, &stats);
-  EXPECT_EQ(a.count(1), 5);
-  EXPECT_EQ(stats.dropped, (std::vector<int64_t>{0, 0}));
 }
 
 TEST(ExpertDispatchTest, AuxLossBalancedIsOneCollapsedIsE) {
@@ -236,7 +246,7 @@ TEST(ExpertDispatchTest, AuxLossBalancedIsOneCollapsedIsE) {
   ExpertAssignments a;
   RouterStepStats stats;
   stats.Reset(4);
-  DispatchTokens(d, Capacity(0.0, 0, OverflowPolicy::kDrop), &a, &stats);
+  DispatchTokens(d, Capacity(0.0, 0, OverflowPolicy::kDrop), nullptr, &a, &stats);
   EXPECT_NEAR(ComputeBalance(stats, 1).aux_loss, 4.0, 1e-6);
 }
 

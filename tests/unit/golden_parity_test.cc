@@ -1,7 +1,9 @@
 // Every backend (BackendsUnderTest()) against the Python reference's golden
 // vectors (tools/reference/make_goldens.py, computed in float64): all
 // sequences in one step, the variant's chunk schedule replayed step by step,
-// and (dropless) each sequence decoded alone.
+// and, where the results cannot depend on the batching (dropless, or the
+// sequence capacity scope), each sequence decoded alone and every sequence run
+// in uneven chunks.
 //
 // Tolerances: logits, gate values and probability sums within a relative
 // error of 1e-4 (max |ours - golden| / max |golden|, f32 arithmetic against a
@@ -65,14 +67,21 @@ TEST(GoldenSetTest, CoversEveryVariant) {
                                "xl_switchall_sigma",
                                "xl_dense_gqa",
                                "xl_shared_dest",
-                               "xl_long"}) {
+                               "xl_long",
+                               "seq_ffn_top2_drop_g4",
+                               "seq_ffn_top1_reroute_g10",
+                               "seq_switchall_drop_g8",
+                               "seq_switchall_reroute_g16",
+                               "seq_switchall_chunked_g5",
+                               "seq_default_scope"}) {
     EXPECT_NE(std::find(variants.begin(), variants.end(), required), variants.end())
         << "missing golden variant " << required;
   }
   // Every XL variant comes with a chunk schedule.
   const std::vector<std::string> scheduled = testing::ListScheduledGoldenVariants();
-  for (const char* required : {"xl_switchhead", "xl_switchhead_e1", "xl_switchall_sigma",
-                               "xl_dense_gqa", "xl_shared_dest", "xl_long"}) {
+  for (const char* required :
+       {"xl_switchhead", "xl_switchhead_e1", "xl_switchall_sigma", "xl_dense_gqa", "xl_shared_dest",
+        "xl_long", "seq_switchall_chunked_g5"}) {
     EXPECT_NE(std::find(scheduled.begin(), scheduled.end(), required), scheduled.end())
         << "no chunk schedule in golden variant " << required;
   }
@@ -165,9 +174,10 @@ TEST_P(GoldenParityTest, OneStepMatchesReference) {
 }
 
 // The variant's chunk schedule (golden `steps`) replayed step by step through
-// the paged cache, each step holding the chunks the schedule gives it: every
-// token's logits and routing are the reference's, and the steps' statistics
-// add up to the reference's.
+// the paged cache, each step holding the chunks the schedule gives it and each
+// sequence carrying its capacity group loads: every token's logits and
+// routing are the reference's, and the steps' statistics add up to the
+// reference's.
 using GoldenScheduleTest = GoldenParityTest;
 
 TEST_P(GoldenScheduleTest, ReplayedScheduleMatchesReference) {
@@ -193,6 +203,7 @@ TEST_P(GoldenScheduleTest, ReplayedScheduleMatchesReference) {
   StepRoutingStats stats;
   stats.Reset(RouterLayout(model_->config).routers());
   std::vector<int32_t> done(num_sequences, 0);
+  std::vector<GroupLoads> group_loads(num_sequences);
   for (size_t s = 0; s < golden_.steps.size(); ++s) {
     SCOPED_TRACE(absl::StrCat("step ", s));
     ASSERT_EQ(golden_.steps[s].size(), num_sequences);
@@ -210,6 +221,7 @@ TEST_P(GoldenScheduleTest, ReplayedScheduleMatchesReference) {
                     done[b], allocator.BlockTable(b));
       sequence.logits = LogitsMode::kAll;
       sequence.collect_routing = true;
+      sequence.group_loads = &group_loads[b];
       members.push_back(b);
     }
     StepOutput output;
@@ -236,13 +248,14 @@ TEST_P(GoldenScheduleTest, ReplayedScheduleMatchesReference) {
   ExpectRoutingMatches(golden_, stats, routing);
 }
 
-// Without capacity limits a sequence's logits do not depend on the batch:
-// decoding each sequence alone, one token at a time through the paged cache,
-// reproduces the reference's batched logits.
-using GoldenDroplessTest = GoldenParityTest;
+// Variants whose results cannot depend on the batching (dropless, or the
+// sequence capacity scope).
+using GoldenBatchIndependentTest = GoldenParityTest;
 
-TEST_P(GoldenDroplessTest, DecodeAloneMatchesReference) {
-  ASSERT_TRUE(model_->config.dispatch.Dropless());
+// Decoding each sequence alone, one token at a time through the paged cache
+// (carrying its capacity group loads), reproduces the reference's batched
+// logits.
+TEST_P(GoldenBatchIndependentTest, DecodeAloneMatchesReference) {
   const int vocab = model_->config.vocab_size;
   size_t row = 0;
   for (size_t s = 0; s < golden_.sequences.size(); ++s) {
@@ -261,6 +274,62 @@ TEST_P(GoldenDroplessTest, DecodeAloneMatchesReference) {
   }
 }
 
+// Every sequence in uneven chunks of 1 to 4 tokens, side by side in shared
+// steps, through a cache of 4-token blocks, each sequence carrying its
+// capacity group loads: every logit and routing decision equals the one-step
+// golden's, and the steps' statistics add up to its statistics.
+TEST_P(GoldenBatchIndependentTest, UnevenChunksMatchReference) {
+  const int vocab = model_->config.vocab_size;
+  const size_t B = golden_.sequences.size();
+  std::unique_ptr<Backend> backend = NewBackend();
+  KvCacheOptions options;
+  options.block_size = 4;
+  options.max_tokens = 1024 * 4;
+  absl::StatusOr<std::unique_ptr<KvCache>> kv_cache = KvCache::Create(backend.get(), options);
+  ASSERT_TRUE(kv_cache.ok()) << kv_cache.status();
+  KvBlockAllocator& allocator = (*kv_cache)->allocator();
+
+  std::vector<size_t> first_row(B, 0);  // golden row of each sequence's position 0
+  for (size_t b = 1; b < B; ++b) first_row[b] = first_row[b - 1] + golden_.sequences[b - 1].size();
+  std::vector<float> logits(golden_.logits.size(), NAN);
+  std::vector<TokenRouting> routing(golden_.logits.size() / vocab);
+  StepRoutingStats stats;
+  stats.Reset(RouterLayout(model_->config).routers());
+  std::vector<GroupLoads> group_loads(B);
+  std::vector<int32_t> done(B, 0);
+  for (int step = 0;; ++step) {
+    StepBatch batch;
+    batch.Clear(allocator.block_size());
+    std::vector<size_t> members;  // golden sequence of each batch entry
+    for (size_t b = 0; b < B; ++b) {
+      const int32_t left = static_cast<int32_t>(golden_.sequences[b].size()) - done[b];
+      const int32_t n = std::min(left, 1 + static_cast<int32_t>((step + b) % 4));
+      if (n == 0) continue;
+      ASSERT_TRUE(allocator.Reserve(b, done[b] + n).ok());
+      StepSequence& sequence =
+          batch.Add(absl::MakeConstSpan(golden_.sequences[b]).subspan(done[b], n), done[b],
+                    allocator.BlockTable(b));
+      sequence.logits = LogitsMode::kAll;
+      sequence.collect_routing = true;
+      sequence.group_loads = &group_loads[b];
+      members.push_back(b);
+    }
+    if (members.empty()) break;
+    StepOutput output;
+    ASSERT_TRUE(backend->Forward(batch, &output).ok());
+    for (size_t r = 0; r < output.row_sequence.size(); ++r) {
+      const size_t b = members[output.row_sequence[r]];
+      const size_t row = first_row[b] + output.row_position[r];
+      std::copy_n(output.logits.begin() + r * vocab, vocab, logits.begin() + row * vocab);
+      routing[row] = output.routing[r];
+    }
+    stats.Add(output.stats);
+    for (size_t m = 0; m < members.size(); ++m) done[members[m]] += batch.num_tokens(m);
+  }
+  EXPECT_LE(RelativeError(logits.data(), golden_.logits.data(), logits.size()), kRelativeTolerance);
+  ExpectRoutingMatches(golden_, stats, routing);
+}
+
 std::string TestName(
     const ::testing::TestParamInfo<std::tuple<testing::BackendUnderTest, std::string>>& info) {
   return std::get<0>(info.param).name + "_" + std::get<1>(info.param);
@@ -274,11 +343,11 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::ValuesIn(testing::BackendsUnderTest()),
                        ::testing::ValuesIn(testing::ListScheduledGoldenVariants())),
     TestName);
-INSTANTIATE_TEST_SUITE_P(
-    Backends, GoldenDroplessTest,
-    ::testing::Combine(::testing::ValuesIn(testing::BackendsUnderTest()),
-                       ::testing::ValuesIn(testing::ListGoldenVariants(/*dropless_only=*/true))),
-    TestName);
+INSTANTIATE_TEST_SUITE_P(Backends, GoldenBatchIndependentTest,
+                         ::testing::Combine(::testing::ValuesIn(testing::BackendsUnderTest()),
+                                            ::testing::ValuesIn(testing::ListGoldenVariants(
+                                                testing::GoldenFilter::kBatchIndependent))),
+                         TestName);
 
 }  // namespace
 }  // namespace switchserve

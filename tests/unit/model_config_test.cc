@@ -108,6 +108,34 @@ TEST(ModelConfigTest, OmittedKeysTakeTheirDefaults) {
   EXPECT_TRUE(config->dispatch.Dropless());
   EXPECT_EQ(config->dispatch.min_capacity, 0);
   EXPECT_EQ(config->dispatch.overflow, OverflowPolicy::kDrop);
+  EXPECT_EQ(config->dispatch.scope, CapacityScope::kSequence);
+  EXPECT_EQ(config->dispatch.capacity_group, 128);
+}
+
+TEST(ModelConfigTest, ParsesCapacityScopeAndGroup) {
+  Json json = Json::parse(kFullConfig);
+  json["dispatch"]["capacity_group"] = 16;
+  auto config = Parse(json.dump());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->dispatch.scope, CapacityScope::kSequence);
+  EXPECT_EQ(config->dispatch.capacity_group, 16);
+  EXPECT_TRUE(config->dispatch.CarriesGroupLoads());
+  // Sequence scope: C counts G positions, not the step's tokens.
+  EXPECT_EQ(config->dispatch.SlotsPerExpert(1000, 2, 8), 5);  // max(4, ceil(1.25*16*2/8))
+
+  json["dispatch"].erase("capacity_group");
+  json["dispatch"]["capacity_scope"] = "step";
+  config = Parse(json.dump());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->dispatch.scope, CapacityScope::kStep);
+  EXPECT_FALSE(config->dispatch.CarriesGroupLoads());
+  EXPECT_EQ(config->dispatch.SlotsPerExpert(1000, 2, 8), 313);  // ceil(1.25*1000*2/8)
+
+  json["dispatch"]["capacity_scope"] = "sequence";
+  json["dispatch"]["capacity_factor"] = 0;  // dropless: nothing to carry
+  config = Parse(json.dump());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_FALSE(config->dispatch.CarriesGroupLoads());
 }
 
 TEST(ModelConfigTest, ParsesVariants) {
@@ -219,6 +247,8 @@ void ExpectSameConfig(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(a.attention.n_experts, b.attention.n_experts);
   EXPECT_EQ(a.ffn.top_k, b.ffn.top_k);
   EXPECT_EQ(a.dispatch.capacity_factor, b.dispatch.capacity_factor);
+  EXPECT_EQ(a.dispatch.scope, b.dispatch.scope);
+  EXPECT_EQ(a.dispatch.capacity_group, b.dispatch.capacity_group);
 }
 
 TEST(ModelConfigTest, JsonRoundTrip) {
@@ -228,11 +258,14 @@ TEST(ModelConfigTest, JsonRoundTrip) {
   odd["eos_token_id"] = 255;
   odd["attention"]["rotate_fraction"] = 0.1;
   odd["dispatch"]["capacity_factor"] = -1.0;
+  odd["dispatch"]["capacity_group"] = 7;
+  Json step = Json::parse(kFullConfig);
+  step["dispatch"]["capacity_scope"] = "step";
   Json xl = Json::parse(kMinimalConfig);
   xl["attention"]["position"] = "xl";
   xl["output_bias"] = true;
-  for (const std::string& text :
-       {std::string(kFullConfig), std::string(kMinimalConfig), odd.dump(), xl.dump()}) {
+  for (const std::string& text : {std::string(kFullConfig), std::string(kMinimalConfig), odd.dump(),
+                                  step.dump(), xl.dump()}) {
     auto config = Parse(text);
     ASSERT_TRUE(config.ok()) << config.status();
     auto again = Parse(ModelConfigToJson(*config));
@@ -311,6 +344,10 @@ TEST(ModelConfigTest, RejectsBadValues) {
       {"/dispatch/min_capacity", -1, "dispatch.min_capacity: expected an integer >= 0, found -1"},
       {"/dispatch/overflow", "queue", "dispatch.overflow: expected one of \"drop\", \"reroute\""},
       {"/dispatch/capacity", 1, "config.json: dispatch.capacity: unknown key"},
+      {"/dispatch/capacity_scope", "batch",
+       "dispatch.capacity_scope: expected one of \"sequence\", \"step\", found \"batch\""},
+      {"/dispatch/capacity_group", 0, "dispatch.capacity_group: expected an integer >= 1, found 0"},
+      {"/dispatch/capacity_group", 2.5, "dispatch.capacity_group: expected an integer >= 1"},
       {"/n_layer", 2, "config.json: n_layer: unknown key"},
   };
   for (const BadCase& c : cases) {
@@ -378,6 +415,22 @@ TEST(ModelConfigTest, DeeplyNestedValueDoesNotCrash) {
   EXPECT_THAT(config.status().message(),
               HasSubstr("vocab_size: expected an integer >= 256 (tokenizer \"byte\" needs the 256 "
                         "byte ids), found an array of 1 elements"));
+}
+
+TEST(ModelConfigTest, CapacityGroupOnlyWithSequenceScope) {
+  Json json = Json::parse(kFullConfig);
+  json["dispatch"]["capacity_scope"] = "step";
+  json["dispatch"]["capacity_group"] = 64;
+  EXPECT_THAT(Parse(json.dump()).status().message(),
+              HasSubstr("config.json: dispatch.capacity_group: applies to capacity_scope "
+                        "\"sequence\" only"));
+}
+
+TEST(ModelConfigTest, CapacityScopeNames) {
+  EXPECT_EQ(*ParseCapacityScope("step"), CapacityScope::kStep);
+  EXPECT_EQ(*ParseCapacityScope("sequence"), CapacityScope::kSequence);
+  EXPECT_EQ(ToString(CapacityScope::kSequence), "sequence");
+  EXPECT_THAT(ParseCapacityScope("global").status().message(), HasSubstr("found \"global\""));
 }
 
 TEST(ModelConfigTest, OverflowPolicyNames) {

@@ -38,11 +38,10 @@ TEST_P(NaiveReferenceTest, MatchesGoldenLogits) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Goldens, NaiveReferenceTest,
-                         ::testing::ValuesIn(testing::ListGoldenVariants(/*dropless_only=*/true)),
-                         [](const ::testing::TestParamInfo<std::string>& variant) {
-                           return variant.param;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Goldens, NaiveReferenceTest,
+    ::testing::ValuesIn(testing::ListGoldenVariants(testing::GoldenFilter::kDropless)),
+    [](const ::testing::TestParamInfo<std::string>& variant) { return variant.param; });
 
 }  // namespace
 }  // namespace switchserve

@@ -52,6 +52,7 @@ absl::Status BackendHarness::Step(const std::vector<Chunk>& chunks, StepOutput* 
     sequence.logits = c.logits;
     sequence.collect_routing = c.collect;
     sequence.sample = c.sample;
+    sequence.group_loads = &group_loads_[c.seq];
   }
   return backend_->Forward(batch, out);
 }

@@ -4,6 +4,7 @@
 #define SWITCHSERVE_TESTS_UTIL_BACKEND_HARNESS_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -26,7 +27,8 @@ std::vector<float> Slice(const std::vector<float>& v, size_t row, size_t width);
 
 // A backend made by `backend` with a KV cache of kHarnessNumBlocks blocks of
 // kHarnessBlockSize tokens; a few blocks are held by a dummy sequence so real
-// ones get scattered ids.
+// ones get scattered ids. Each sequence carries its capacity group loads
+// from step to step, as the engine's requests do.
 class BackendHarness {
  public:
   BackendHarness(const BackendUnderTest& backend, const ModelConfig& config,
@@ -51,6 +53,7 @@ class BackendHarness {
  private:
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<KvCache> kv_cache_;
+  std::map<SequenceId, GroupLoads> group_loads_;
 };
 
 }  // namespace switchserve::testing

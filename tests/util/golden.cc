@@ -34,7 +34,7 @@ absl::Status Assign(absl::StatusOr<T> value, T* out) {
 
 }  // namespace
 
-std::vector<std::string> ListGoldenVariants(bool dropless_only) {
+std::vector<std::string> ListGoldenVariants(GoldenFilter filter) {
   std::vector<std::string> names;
   const std::filesystem::path root = SourcePath("tests/golden");
   if (!std::filesystem::exists(root)) return names;
@@ -42,12 +42,16 @@ std::vector<std::string> ListGoldenVariants(bool dropless_only) {
     if (!entry.is_directory() || !std::filesystem::exists(entry.path() / "golden.safetensors")) {
       continue;
     }
-    if (dropless_only) {
+    if (filter != GoldenFilter::kAll) {
       std::ifstream in(entry.path() / "config.json");
       std::stringstream text;
       text << in.rdbuf();
       absl::StatusOr<ModelConfig> config = ParseModelConfig(text.str(), "config.json");
-      if (!config.ok() || !config->dispatch.Dropless()) continue;
+      if (!config.ok()) continue;
+      const DispatchConfig& dispatch = config->dispatch;
+      const bool independent = dispatch.Dropless() || (filter == GoldenFilter::kBatchIndependent &&
+                                                       dispatch.scope == CapacityScope::kSequence);
+      if (!independent) continue;
     }
     names.push_back(entry.path().filename().string());
   }

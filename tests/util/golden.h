@@ -35,9 +35,14 @@ struct GoldenCase {
   std::vector<GoldenRouter> routers;  // RouterLayout order
 };
 
-// Variant names (directory names under tests/golden), sorted; with
-// `dropless_only`, those whose config has no capacity limit.
-std::vector<std::string> ListGoldenVariants(bool dropless_only = false);
+enum class GoldenFilter {
+  kAll,
+  kDropless,          // no capacity limit
+  kBatchIndependent,  // results cannot depend on the batching: dropless or the sequence scope
+};
+// Variant names (directory names under tests/golden), sorted, that `filter`
+// admits.
+std::vector<std::string> ListGoldenVariants(GoldenFilter filter = GoldenFilter::kAll);
 // Those with a chunk schedule (`steps` in golden.safetensors), sorted.
 std::vector<std::string> ListScheduledGoldenVariants();
 absl::StatusOr<GoldenCase> LoadGolden(const std::string& variant);

@@ -10,8 +10,9 @@ A variant with a chunk schedule (`steps`) is also run step by step through the
 KV cache; its results must equal the one-step run's (routing exactly, logits
 to 1e-12), and the schedule is stored for the engine to replay.
 
-Variants that use config keys the C++ engine does not parse yet
-(ENGINE_LACKS_SCOPE) are written to tests/golden-pending/ instead.
+Every variant's config.json is what the C++ engine parses (tests/golden/);
+the --pending-out folder is for variants of format features the engine does
+not parse yet (none now: it stays empty).
 
 Usage: /usr/bin/python3 tools/reference/make_goldens.py [--out tests/golden]
            [--pending-out tests/golden-pending] [--only NAME]
@@ -33,15 +34,11 @@ from safetensors_io import save_file  # noqa: E402
 
 SEQ_LENS = [7, 12, 5]
 MIN_LOGIT_GAP = 1e-3
-# What the C++ engine's config parser does not accept yet (it rejects unknown
-# keys) or reads differently: dispatch.capacity_scope / capacity_group (it has
-# only the step scope, so a finite capacity without an explicit "step" means
-# something else to it). A variant needing them is written to the pending
-# folder, so that the engine's golden tests keep passing; from the variants
-# written to tests/golden/, capacity_scope "step" (which only restates the
-# engine's behaviour) is left out. Set to False once the engine parses them,
-# and regenerate. (attention.position and output_bias are parsed.)
-ENGINE_LACKS_SCOPE = True
+# Every key of every variant is parsed by the C++ engine (capacity_scope /
+# capacity_group, attention.position, output_bias), so every variant is
+# written to tests/golden/ with its config.json as given. A future format
+# feature the engine does not parse yet would be kept out of tests/golden/ by
+# engine_config (returning None sends a variant to the pending folder).
 BASE = {"format_version": 1, "vocab_size": 256, "d_model": 32, "n_layers": 2,
         "max_seq_len": 64, "norm": "layernorm", "norm_eps": 1e-5,
         "tie_embeddings": True, "tokenizer": "byte"}
@@ -290,16 +287,8 @@ def golden_tensors(v, flat_tokens, logits, routes):
 
 
 def engine_config(cfg):
-    """(config.json for tests/golden/, or None: pending, see ENGINE_LACKS_SCOPE)."""
-    if not ENGINE_LACKS_SCOPE:
-        return cfg
-    from reference_model import parse_config
-    d = parse_config(cfg)["dispatch"]
-    if d["capacity_factor"] > 0 and d["capacity_scope"] != "step":
-        return None
-    out = copy.deepcopy(cfg)
-    out.get("dispatch", {}).pop("capacity_scope", None)
-    return out
+    """(config.json for tests/golden/, or None: the pending folder)."""
+    return cfg
 
 
 def main():

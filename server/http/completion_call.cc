@@ -1,0 +1,260 @@
+#include "server/http/completion_call.h"
+
+#include <algorithm>
+#include <ctime>
+#include <mutex>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "server/engine_request_handle.h"
+#include "server/http/openai_protocol.h"
+
+namespace switchserve {
+namespace {
+
+using Json = nlohmann::json;
+
+std::string Dump(const Json& json) {
+  return json.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+std::string Event(const Json& json) { return absl::StrCat("data: ", Dump(json), "\n\n"); }
+
+class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
+ public:
+  CompletionCall(const CompletionCallContext& context, std::shared_ptr<HttpExchange> exchange,
+                 CompletionOptions options, int num_prompts, AccessRecord access)
+      : context_(context),
+        exchange_(std::move(exchange)),
+        options_(options),
+        created_(static_cast<int64_t>(std::time(nullptr))),
+        access_(std::move(access)) {
+    for (int i = 0; i < num_prompts; ++i) choices_.push_back(std::make_unique<Choice>());
+  }
+
+  void Start(std::vector<GenerationRequest> prompts) {
+    context_.gate->CallStarted();
+    bool done = false;
+    {
+      // Held while submitting: updates of early prompts wait until every
+      // prompt is in and the stream has started.
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        prompts[i].sink = std::make_shared<Sink>(shared_from_this(), static_cast<int>(i));
+        absl::Status status = choices_[i]->handle.Submit(context_.engine, std::move(prompts[i]));
+        if (!status.ok()) {
+          // Those already submitted are cancelled; their final updates end
+          // the call.
+          rejected_ = true;
+          remaining_ = static_cast<int>(i);
+          for (size_t j = 0; j < i; ++j) choices_[j]->handle.Cancel();
+          RejectLocked(status);
+          done = remaining_ == 0;
+          break;
+        }
+        ++remaining_;
+      }
+      if (!rejected_ && options_.stream) {
+        HttpResponse head;
+        head.content_type = "text/event-stream";
+        head.headers = {{"cache-control", "no-cache"}, {"x-request-id", access_.request_id}};
+        exchange_->StartStream(std::move(head));
+      }
+    }
+    if (done) context_.gate->CallDone();
+    if (rejected_) return;
+    std::weak_ptr<CompletionCall> weak = weak_from_this();
+    exchange_->OnClientGone([weak] {
+      if (auto call = weak.lock()) call->ClientGone();
+    });
+  }
+
+ private:
+  struct Choice {
+    EngineRequestHandle handle;
+    std::string text;                        // unary: everything so far
+    std::vector<GeneratedTokenInfo> tokens;  // unary with logprobs
+    int64_t text_offset = 0;                 // characters of token text so far
+    std::optional<GenerationUpdate> final_update;
+  };
+
+  class Sink : public GenerationSink {
+   public:
+    Sink(std::shared_ptr<CompletionCall> call, int index) : call_(std::move(call)), index_(index) {}
+    void OnUpdate(GenerationUpdate update) override { call_->OnUpdate(index_, std::move(update)); }
+
+   private:
+    std::shared_ptr<CompletionCall> call_;
+    int index_;
+  };
+
+  // Engine thread.
+  void OnUpdate(int index, GenerationUpdate update) {
+    bool done = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      Choice& choice = *choices_[index];
+      if (!rejected_ && !gone_) {
+        if (options_.stream) {
+          StreamUpdateLocked(index, update);
+        } else {
+          choice.text += update.text;
+          if (options_.logprobs >= 0) {
+            std::move(update.tokens.begin(), update.tokens.end(),
+                      std::back_inserter(choice.tokens));
+          }
+        }
+      }
+      if (update.finished) {
+        update.tokens.clear();
+        choice.final_update = std::move(update);
+        done = --remaining_ == 0;
+        if (done && !rejected_) FinishLocked();
+      }
+    }
+    if (done) context_.gate->CallDone();
+  }
+
+  // An HTTP thread: the client disconnected.
+  void ClientGone() {
+    std::lock_guard<std::mutex> lock(mu_);
+    gone_ = true;
+    for (auto& choice : choices_) choice->handle.Cancel();
+  }
+
+  Json Chunk(Json choices) const {
+    Json chunk = {{"id", absl::StrCat("cmpl-", access_.request_id)},
+                  {"object", "text_completion"},
+                  {"created", created_},
+                  {"model", context_.model_name},
+                  {"choices", std::move(choices)}};
+    if (options_.include_usage) chunk["usage"] = nullptr;
+    return chunk;
+  }
+
+  void StreamUpdateLocked(int index, const GenerationUpdate& update) {
+    if (!update.status.ok() || update.finish_reason == FinishReason::kCancelled) return;
+    if (update.text.empty() && update.tokens.empty() && !update.finished) return;
+    Json choice = {
+        {"index", index}, {"text", update.text}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+    if (options_.logprobs >= 0 && !update.tokens.empty()) {
+      choice["logprobs"] = LogprobsObject(*context_.tokenizer, update.tokens, options_.logprobs,
+                                          &choices_[index]->text_offset);
+    }
+    if (update.finished) choice["finish_reason"] = OpenAiFinishReason(update.finish_reason);
+    exchange_->Write(Event(Chunk(Json::array({std::move(choice)}))));
+  }
+
+  // Every prompt has finished: the response (or its end), the access log.
+  void FinishLocked() {
+    absl::Status failure;
+    bool cancelled = false;
+    int prompt_tokens = 0, completion_tokens = 0;
+    for (const auto& choice : choices_) {
+      const GenerationUpdate& last = *choice->final_update;
+      if (!last.status.ok() && failure.ok()) failure = last.status;
+      cancelled |= last.finish_reason == FinishReason::kCancelled;
+      prompt_tokens += last.prompt_tokens;
+      completion_tokens += last.completion_tokens;
+      access_.queue_ms = std::max(access_.queue_ms, last.queue_ms);
+      access_.time_to_first_token_ms =
+          std::max(access_.time_to_first_token_ms, last.time_to_first_token_ms);
+      access_.total_ms = std::max(access_.total_ms, last.total_ms);
+    }
+    access_.prompt_tokens = prompt_tokens;
+    access_.completion_tokens = completion_tokens;
+    access_.finish_reason = choices_[0]->final_update->finish_reason;
+    if (failure.ok() && cancelled && !gone_) {
+      // Cancelled by the server: the drain timeout passed.
+      failure = absl::UnavailableError("the server stopped before the request finished");
+    }
+    const Json usage = {{"prompt_tokens", prompt_tokens},
+                        {"completion_tokens", completion_tokens},
+                        {"total_tokens", prompt_tokens + completion_tokens}};
+    if (gone_) {
+      access_.status = absl::StatusCode::kCancelled;
+      access_.http_status = HttpStatusFor(absl::StatusCode::kCancelled);
+    } else if (options_.stream) {
+      access_.status = failure.code();
+      access_.http_status = 200;  // sent with the stream's head
+      if (!failure.ok()) exchange_->Write(Event(MakeApiError(failure).body));
+      if (failure.ok() && options_.include_usage) {
+        Json last = Chunk(Json::array());
+        last["usage"] = usage;
+        exchange_->Write(Event(last));
+      }
+      exchange_->Write("data: [DONE]\n\n");
+      exchange_->End();
+    } else if (!failure.ok()) {
+      RespondErrorLocked(failure);
+    } else {
+      Json choices = Json::array();
+      for (size_t i = 0; i < choices_.size(); ++i) {
+        Choice& choice = *choices_[i];
+        Json logprobs = nullptr;
+        if (options_.logprobs >= 0) {
+          logprobs = LogprobsObject(*context_.tokenizer, choice.tokens, options_.logprobs,
+                                    &choice.text_offset);
+        }
+        choices.push_back(
+            {{"index", i},
+             {"text", std::move(choice.text)},
+             {"logprobs", std::move(logprobs)},
+             {"finish_reason", OpenAiFinishReason(choice.final_update->finish_reason)}});
+      }
+      Json body = Chunk(std::move(choices));
+      body["usage"] = usage;
+      access_.status = absl::StatusCode::kOk;
+      access_.http_status = 200;
+      exchange_->Respond(
+          {.status = 200, .headers = {{"x-request-id", access_.request_id}}, .body = Dump(body)});
+    }
+    LogAccess(access_);
+  }
+
+  void RespondErrorLocked(const absl::Status& status) {
+    ApiError error = MakeApiError(status);
+    access_.status = status.code();
+    access_.http_status = error.http_status;
+    exchange_->Respond({.status = error.http_status,
+                        .headers = {{"x-request-id", access_.request_id}},
+                        .body = Dump(error.body)});
+  }
+
+  // The engine refused a prompt: answered now, counted here (the engine
+  // never saw the request, its observer does not count it).
+  void RejectLocked(const absl::Status& status) {
+    RespondErrorLocked(status);
+    if (context_.metrics != nullptr) {
+      context_.metrics->RecordFinished(
+          {.protocol = RequestProtocol::kHttp, .status = status.code()});
+    }
+    LogAccess(access_);
+  }
+
+  const CompletionCallContext context_;
+  const std::shared_ptr<HttpExchange> exchange_;
+  const CompletionOptions options_;
+  const int64_t created_;
+
+  std::mutex mu_;
+  AccessRecord access_;
+  std::vector<std::unique_ptr<Choice>> choices_;
+  int remaining_ = 0;      // submitted prompts without their final update
+  bool rejected_ = false;  // answered with the engine's refusal
+  bool gone_ = false;      // the client disconnected
+};
+
+}  // namespace
+
+void StartCompletionCall(const CompletionCallContext& context,
+                         std::shared_ptr<HttpExchange> exchange, CompletionOptions options,
+                         std::vector<GenerationRequest> prompts, AccessRecord access) {
+  auto call = std::make_shared<CompletionCall>(context, std::move(exchange), options,
+                                               static_cast<int>(prompts.size()), std::move(access));
+  call->Start(std::move(prompts));
+}
+
+}  // namespace switchserve

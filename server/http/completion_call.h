@@ -1,0 +1,47 @@
+// One /v1/completions request in flight: its prompts' engine requests (one
+// choice each) and the response they build, unary JSON or server-sent
+// events. The engine's updates arrive on the engine thread, a disconnect on
+// an HTTP thread; the call answers through its HttpExchange and ends with one
+// access-log line.
+#ifndef SWITCHSERVE_SERVER_HTTP_COMPLETION_CALL_H_
+#define SWITCHSERVE_SERVER_HTTP_COMPLETION_CALL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/runtime/generation_engine.h"
+#include "engine/text/tokenizer.h"
+#include "server/access_log.h"
+#include "server/call_gate.h"
+#include "server/http/http_server.h"
+#include "server/metrics/serving_metrics.h"
+
+namespace switchserve {
+
+struct CompletionCallContext {
+  GenerationEngine* engine = nullptr;
+  const Tokenizer* tokenizer = nullptr;
+  ServingMetrics* metrics = nullptr;  // may be null
+  CallGate* gate = nullptr;
+  std::string model_name;
+};
+
+struct CompletionOptions {
+  bool stream = false;
+  bool include_usage = false;
+  int logprobs = -1;  // < 0: no logprobs object
+};
+
+// Submits `prompts` (validated; origin and arrival set) and answers the
+// exchange when they finish. Counts itself in the gate until then. When the
+// engine refuses a prompt (full queue, stopping) the others are cancelled
+// and the client gets the engine's error (429, 503).
+void StartCompletionCall(const CompletionCallContext& context,
+                         std::shared_ptr<HttpExchange> exchange, CompletionOptions options,
+                         std::vector<GenerationRequest> prompts, AccessRecord access);
+
+}  // namespace switchserve
+
+#endif  // SWITCHSERVE_SERVER_HTTP_COMPLETION_CALL_H_

@@ -1,0 +1,548 @@
+#include "server/http/http_server.h"
+
+#include <algorithm>
+#include <atomic>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
+#include <condition_variable>
+#include <deque>
+#include <list>
+#include <mutex>
+#include <thread>
+#include <type_traits>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+
+namespace switchserve {
+namespace {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace net = boost::asio;
+namespace ssl = net::ssl;
+using tcp = net::ip::tcp;
+using SteadyClock = std::chrono::steady_clock;
+
+std::chrono::milliseconds Milliseconds(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
+}
+
+std::string PeerName(const tcp::endpoint& endpoint) {
+  const net::ip::address address = endpoint.address();
+  if (address.is_v4()) return absl::StrCat("ipv4:", address.to_string(), ":", endpoint.port());
+  return absl::StrCat("ipv6:[", address.to_string(), "]:", endpoint.port());
+}
+
+// What a connection is asked to send, in order.
+struct OutPiece {
+  enum Kind { kFull, kHead, kChunk, kEnd };
+  OutPiece(Kind k, HttpResponse r, std::string d)
+      : kind(k), response(std::move(r)), data(std::move(d)) {}
+  Kind kind;
+  HttpResponse response;  // kFull, kHead
+  std::string data;       // kChunk
+};
+
+// The part of a connection an exchange talks to.
+class SessionBase {
+ public:
+  virtual ~SessionBase() = default;
+  // Queues `piece` for the connection (from any thread).
+  virtual void Send(OutPiece piece) = 0;
+  // From any thread: close the connection if it has no request in progress
+  // (or in any case, with `force`).
+  virtual void Shutdown(bool force) = 0;
+};
+
+class ExchangeImpl : public HttpExchange {
+ public:
+  ExchangeImpl(HttpRequest request, std::weak_ptr<SessionBase> session)
+      : request_(std::move(request)), session_(std::move(session)) {}
+
+  const HttpRequest& request() const override { return request_; }
+  void Respond(HttpResponse response) override {
+    Send(OutPiece(OutPiece::kFull, std::move(response), {}));
+  }
+  void StartStream(HttpResponse head) override {
+    Send(OutPiece(OutPiece::kHead, std::move(head), {}));
+  }
+  void Write(std::string data) override {
+    if (!data.empty()) Send(OutPiece(OutPiece::kChunk, {}, std::move(data)));
+  }
+  void End() override { Send(OutPiece(OutPiece::kEnd, {}, {})); }
+  void OnClientGone(std::function<void()> on_gone) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!gone_) {
+        on_gone_ = std::move(on_gone);
+        return;
+      }
+    }
+    on_gone();
+  }
+
+  // The connection's side, on its strand.
+  void MarkGone() {
+    std::function<void()> on_gone;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (gone_ || complete_) return;
+      gone_ = true;
+      on_gone.swap(on_gone_);
+    }
+    if (on_gone) on_gone();
+  }
+  void MarkComplete() {
+    std::lock_guard<std::mutex> lock(mu_);
+    complete_ = true;
+    on_gone_ = nullptr;
+  }
+
+ private:
+  void Send(OutPiece piece) {
+    if (auto session = session_.lock()) session->Send(std::move(piece));
+  }
+
+  const HttpRequest request_;
+  const std::weak_ptr<SessionBase> session_;
+  std::mutex mu_;
+  bool gone_ = false;
+  bool complete_ = false;
+  std::function<void()> on_gone_;
+};
+
+}  // namespace
+
+std::optional<std::string_view> HttpRequest::Header(std::string_view lower_case_name) const {
+  for (const auto& [name, value] : headers) {
+    if (name == lower_case_name) return value;
+  }
+  return std::nullopt;
+}
+
+std::string_view HttpRequest::Path() const {
+  std::string_view path = target;
+  return path.substr(0, path.find('?'));
+}
+
+// Everything the listener and the connections share. The io_context is the
+// last member, so it is destroyed first: the connections its pending
+// handlers still hold end while the rest of the state is alive.
+struct HttpServerState {
+  HttpServerOptions options;
+  HttpHandler handler;
+  std::optional<ssl::context> tls;
+  std::atomic<bool> stopping{false};
+  std::atomic<int> port{0};
+
+  std::mutex mu;
+  std::condition_variable sessions_changed;
+  std::list<std::weak_ptr<SessionBase>> sessions;
+  int live_sessions = 0;
+  bool stopped = false;
+  std::vector<std::thread> threads;
+
+  net::io_context ioc;
+  std::optional<tcp::acceptor> acceptor;  // used on `acceptor_strand` only
+  std::optional<net::strand<net::io_context::executor_type>> acceptor_strand;
+
+  std::string ErrorBody(int status, const std::string& message) const {
+    return options.error_body ? options.error_body(status, message) : message;
+  }
+  void Accept();
+};
+
+namespace {
+
+template <class Stream>
+class Session : public SessionBase, public std::enable_shared_from_this<Session<Stream>> {
+ public:
+  static constexpr bool kTls = !std::is_same_v<Stream, beast::tcp_stream>;
+
+  Session(HttpServerState* state, Stream stream, std::string peer)
+      : state_(state), stream_(std::move(stream)), peer_(std::move(peer)) {}
+  ~Session() override {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    --state_->live_sessions;
+    state_->sessions_changed.notify_all();
+  }
+
+  void Run() {
+    beast::error_code ec;
+    Lowest().socket().non_blocking(true, ec);  // for the peek in OnReadable
+    // Stream events are small writes: without this, Nagle's algorithm holds
+    // each one back until the client's (delayed) ACK of the previous one.
+    Lowest().socket().set_option(tcp::no_delay(true), ec);
+    if constexpr (kTls) {
+      Lowest().expires_after(Milliseconds(state_->options.idle_timeout_s));
+      stream_.async_handshake(ssl::stream_base::server,
+                              [self = this->shared_from_this()](beast::error_code error) {
+                                if (error) return self->Close();
+                                self->ReadRequest();
+                              });
+    } else {
+      net::dispatch(stream_.get_executor(),
+                    [self = this->shared_from_this()] { self->ReadRequest(); });
+    }
+  }
+
+  void Send(OutPiece piece) override {
+    net::post(stream_.get_executor(),
+              [self = this->shared_from_this(), piece = std::move(piece)]() mutable {
+                if (self->closed_ || self->exchange_ == nullptr) return;
+                self->pending_.push_back(std::move(piece));
+                self->WriteNext();
+              });
+  }
+
+  void Shutdown(bool force) override {
+    net::post(stream_.get_executor(), [self = this->shared_from_this(), force] {
+      if (force || self->exchange_ == nullptr) self->Close();
+    });
+  }
+
+ private:
+  beast::tcp_stream& Lowest() { return beast::get_lowest_layer(stream_); }
+
+  void ReadRequest() {
+    if (closed_) return;
+    if (state_->stopping) return Close();
+    parser_.emplace();
+    parser_->body_limit(static_cast<uint64_t>(state_->options.max_body_bytes));
+    Lowest().expires_after(Milliseconds(state_->options.idle_timeout_s));
+    http::async_read_header(
+        stream_, buffer_, *parser_,
+        [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
+  }
+
+  void OnHeader(beast::error_code ec) {
+    if (ec) return OnReadError(ec);
+    const auto expect = parser_->get()[http::field::expect];
+    if (!beast::iequals(expect, "100-continue")) return ReadBody();
+    // curl sends `Expect: 100-continue` with larger bodies and waits for it.
+    auto go_on = std::make_shared<http::response<http::empty_body>>(http::status::continue_,
+                                                                    parser_->get().version());
+    http::async_write(stream_, *go_on,
+                      [self = this->shared_from_this(), go_on](beast::error_code error, size_t) {
+                        if (error) return self->Close();
+                        self->ReadBody();
+                      });
+  }
+
+  void ReadBody() {
+    http::async_read(
+        stream_, buffer_, *parser_,
+        [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnRequest(ec); });
+  }
+
+  void OnReadError(beast::error_code ec) {
+    if (ec == http::error::body_limit) {
+      return RespondAndClose(
+          413, absl::StrCat("the request body is larger than ", state_->options.max_body_bytes,
+                            " bytes (--max-request-bytes)"));
+    }
+    const bool malformed =
+        ec.category() == http::make_error_code(http::error::bad_target).category() &&
+        ec != http::error::end_of_stream && ec != http::error::partial_message;
+    if (malformed) {
+      return RespondAndClose(400, absl::StrCat("malformed HTTP request: ", ec.message()));
+    }
+    Close();  // the client closed, timed out or reset the connection
+  }
+
+  void OnRequest(beast::error_code ec) {
+    if (ec) return OnReadError(ec);
+    Lowest().expires_never();
+    http::request<http::string_body> message = parser_->release();
+    HttpRequest request;
+    request.method = std::string(message.method_string());
+    request.target = std::string(message.target());
+    for (const auto& field : message) {
+      request.headers.emplace_back(absl::AsciiStrToLower(std::string(field.name_string())),
+                                   std::string(field.value()));
+    }
+    request.body = std::move(message.body());
+    request.peer = peer_;
+    const double max_age_s = state_->options.max_connection_age_s;
+    keep_alive_ = message.keep_alive() && !state_->stopping &&
+                  (max_age_s <= 0 || SteadyClock::now() - opened_ < Milliseconds(max_age_s));
+    exchange_ = std::make_shared<ExchangeImpl>(std::move(request), this->weak_from_this());
+    WatchForDisconnect();
+    state_->handler(exchange_);
+  }
+
+  // Answers without the handler (malformed request, body too large).
+  void RespondAndClose(int status, const std::string& message) {
+    keep_alive_ = false;
+    exchange_ = std::make_shared<ExchangeImpl>(HttpRequest{}, this->weak_from_this());
+    HttpResponse response;
+    response.status = status;
+    response.body = state_->ErrorBody(status, message);
+    pending_.emplace_back(OutPiece::kFull, std::move(response), std::string());
+    WriteNext();
+  }
+
+  // A readable socket while a response is pending means the client closed
+  // (or sent its next request early: then this stops watching, and a failed
+  // write still notices a disconnect).
+  void WatchForDisconnect() {
+    Lowest().socket().async_wait(tcp::socket::wait_read,
+                                 [self = this->shared_from_this(), generation = watch_generation_](
+                                     beast::error_code ec) { self->OnReadable(ec, generation); });
+  }
+
+  void OnReadable(beast::error_code ec, uint64_t generation) {
+    if (generation != watch_generation_ || closed_ || exchange_ == nullptr) return;
+    if (ec) return ClientGone();
+    unsigned char first = 0;
+    beast::error_code peek_error;
+    const size_t n =
+        Lowest().socket().receive(net::buffer(&first, 1), tcp::socket::message_peek, peek_error);
+    if (peek_error == net::error::would_block || peek_error == net::error::try_again) {
+      return WatchForDisconnect();
+    }
+    constexpr unsigned char kTlsAlertRecord = 0x15;  // e.g. close_notify
+    if (peek_error || n == 0 || (kTls && first == kTlsAlertRecord)) ClientGone();
+  }
+
+  void ClientGone() {
+    if (exchange_ != nullptr) {
+      std::shared_ptr<ExchangeImpl> exchange = exchange_;
+      exchange->MarkGone();
+    }
+    Close();
+  }
+
+  template <class Body>
+  void SetHead(const HttpResponse& from, http::response<Body>* to) const {
+    to->version(11);
+    to->result(static_cast<unsigned>(from.status));
+    to->set(http::field::server, "switchserve");
+    to->set(http::field::content_type, from.content_type);
+    for (const auto& [name, value] : from.headers) to->set(name, value);
+    to->keep_alive(keep_alive_);
+  }
+
+  void WriteNext() {
+    if (writing_ || closed_ || pending_.empty()) return;
+    OutPiece piece = std::move(pending_.front());
+    pending_.pop_front();
+    writing_ = true;
+    Lowest().expires_after(Milliseconds(state_->options.idle_timeout_s));
+    auto done = [self = this->shared_from_this(),
+                 last = piece.kind == OutPiece::kFull || piece.kind == OutPiece::kEnd](
+                    beast::error_code ec, size_t) { self->OnWritten(ec, last); };
+    switch (piece.kind) {
+      case OutPiece::kFull:
+        full_.emplace();
+        SetHead(piece.response, &*full_);
+        full_->body() = std::move(piece.response.body);
+        full_->prepare_payload();
+        http::async_write(stream_, *full_, std::move(done));
+        return;
+      case OutPiece::kHead:
+        head_.emplace();
+        SetHead(piece.response, &*head_);
+        head_->chunked(true);
+        head_serializer_.emplace(*head_);
+        http::async_write_header(stream_, *head_serializer_, std::move(done));
+        return;
+      case OutPiece::kChunk:
+        // Chunks queued while the previous write ran go out as one.
+        chunk_ = std::move(piece.data);
+        while (!pending_.empty() && pending_.front().kind == OutPiece::kChunk) {
+          chunk_ += pending_.front().data;
+          pending_.pop_front();
+        }
+        net::async_write(stream_, http::make_chunk(net::buffer(chunk_)), std::move(done));
+        return;
+      case OutPiece::kEnd:
+        net::async_write(stream_, http::make_chunk_last(), std::move(done));
+        return;
+    }
+  }
+
+  void OnWritten(beast::error_code ec, bool last) {
+    writing_ = false;
+    if (closed_) return;
+    Lowest().expires_never();
+    if (ec) return ClientGone();
+    if (!last) return WriteNext();
+    // The response is complete.
+    exchange_->MarkComplete();
+    exchange_.reset();
+    pending_.clear();
+    ++watch_generation_;
+    beast::error_code ignored;
+    Lowest().socket().cancel(ignored);  // the disconnect watch
+    full_.reset();
+    head_serializer_.reset();
+    head_.reset();
+    if (!keep_alive_) return Close();
+    ReadRequest();
+  }
+
+  void Close() {
+    if (closed_) return;
+    closed_ = true;
+    pending_.clear();
+    beast::error_code ignored;
+    Lowest().socket().shutdown(tcp::socket::shutdown_both, ignored);
+    Lowest().close();
+  }
+
+  HttpServerState* const state_;
+  Stream stream_;
+  const std::string peer_;
+  const SteadyClock::time_point opened_ = SteadyClock::now();
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  std::shared_ptr<ExchangeImpl> exchange_;  // the request being answered
+  bool keep_alive_ = false;
+  bool closed_ = false;
+  uint64_t watch_generation_ = 0;
+  std::deque<OutPiece> pending_;
+  bool writing_ = false;
+  // What the write in flight reads from.
+  std::optional<http::response<http::string_body>> full_;
+  std::optional<http::response<http::empty_body>> head_;
+  std::optional<http::response_serializer<http::empty_body>> head_serializer_;
+  std::string chunk_;
+};
+
+template <class Stream>
+void StartSession(HttpServerState* state, Stream stream, std::string peer) {
+  auto session = std::make_shared<Session<Stream>>(state, std::move(stream), std::move(peer));
+  {
+    std::lock_guard<std::mutex> lock(state->mu);
+    state->sessions.remove_if([](const std::weak_ptr<SessionBase>& s) { return s.expired(); });
+    state->sessions.push_back(session);
+    ++state->live_sessions;
+  }
+  session->Run();
+}
+
+}  // namespace
+
+void HttpServerState::Accept() {
+  acceptor->async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
+    if (ec == net::error::operation_aborted || !acceptor->is_open()) return;
+    if (!ec && !stopping) {
+      beast::error_code peer_error;
+      std::string peer = PeerName(socket.remote_endpoint(peer_error));
+      if (tls) {
+        StartSession(this, beast::ssl_stream<beast::tcp_stream>(std::move(socket), *tls),
+                     std::move(peer));
+      } else {
+        StartSession(this, beast::tcp_stream(std::move(socket)), std::move(peer));
+      }
+    }
+    Accept();
+  });
+}
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions& options,
+                                                              HttpHandler handler) {
+  auto state = std::make_unique<HttpServerState>();
+  state->options = options;
+  state->handler = std::move(handler);
+  beast::error_code ec;
+  if (options.tls.enabled()) {
+    state->tls.emplace(ssl::context::tls_server);
+    ssl::context& tls = *state->tls;
+    tls.set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 |
+                        ssl::context::no_sslv3 | ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1,
+                    ec);
+    if (tls.use_certificate_chain_file(options.tls.cert_file, ec); ec) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(options.tls.cert_file, ": cannot use the certificate: ", ec.message()));
+    }
+    if (tls.use_private_key_file(options.tls.key_file, ssl::context::pem, ec); ec) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(options.tls.key_file, ": cannot use the private key: ", ec.message()));
+    }
+    if (!options.tls.client_ca_file.empty()) {
+      if (tls.load_verify_file(options.tls.client_ca_file, ec); ec) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(options.tls.client_ca_file, ": cannot use the CA bundle: ", ec.message()));
+      }
+      tls.set_verify_mode(ssl::verify_peer | ssl::verify_fail_if_no_peer_cert);
+    }
+  }
+  const net::ip::address address = net::ip::make_address(options.host, ec);
+  if (ec) return absl::InvalidArgumentError(absl::StrCat("bad --host \"", options.host, "\""));
+  const tcp::endpoint endpoint(address, static_cast<unsigned short>(options.port));
+  state->acceptor_strand.emplace(net::make_strand(state->ioc));
+  state->acceptor.emplace(*state->acceptor_strand);
+  tcp::acceptor& acceptor = *state->acceptor;
+  auto cannot_listen = [&](const char* what) {
+    return absl::UnavailableError(absl::StrCat("HTTP: cannot listen on ", options.host, ":",
+                                               options.port, " (", what, ": ", ec.message(), ")"));
+  };
+  if (acceptor.open(endpoint.protocol(), ec); ec) return cannot_listen("open");
+  if (acceptor.set_option(net::socket_base::reuse_address(true), ec); ec) {
+    return cannot_listen("SO_REUSEADDR");
+  }
+  if (acceptor.bind(endpoint, ec); ec) return cannot_listen("bind");
+  if (acceptor.listen(net::socket_base::max_listen_connections, ec); ec) {
+    return cannot_listen("listen");
+  }
+  state->port = acceptor.local_endpoint().port();
+  net::dispatch(*state->acceptor_strand, [s = state.get()] { s->Accept(); });
+  for (int i = 0; i < std::max(1, options.threads); ++i) {
+    state->threads.emplace_back([s = state.get()] { s->ioc.run(); });
+  }
+  return std::unique_ptr<HttpServer>(new HttpServer(std::move(state)));
+}
+
+HttpServer::HttpServer(std::unique_ptr<HttpServerState> state) : state_(std::move(state)) {}
+
+HttpServer::~HttpServer() { Stop(std::chrono::milliseconds(0)); }
+
+int HttpServer::port() const { return state_->port; }
+
+void HttpServer::Stop(std::chrono::milliseconds timeout) {
+  HttpServerState& state = *state_;
+  std::vector<std::shared_ptr<SessionBase>> sessions;
+  {
+    std::lock_guard<std::mutex> lock(state.mu);
+    if (state.stopped) return;
+    state.stopped = true;
+    for (const auto& weak : state.sessions) {
+      if (auto session = weak.lock()) sessions.push_back(std::move(session));
+    }
+  }
+  state.stopping = true;
+  net::dispatch(*state.acceptor_strand, [&state] {
+    beast::error_code ignored;
+    state.acceptor->close(ignored);
+  });
+  for (const auto& session : sessions) session->Shutdown(/*force=*/false);
+  sessions.clear();  // the sessions' own handlers keep them alive
+  {
+    std::unique_lock<std::mutex> lock(state.mu);
+    state.sessions_changed.wait_for(lock, timeout, [&] { return state.live_sessions == 0; });
+    for (const auto& weak : state.sessions) {
+      if (auto session = weak.lock()) sessions.push_back(std::move(session));
+    }
+  }
+  for (const auto& session : sessions) session->Shutdown(/*force=*/true);
+  sessions.clear();
+  {
+    std::unique_lock<std::mutex> lock(state.mu);
+    state.sessions_changed.wait_for(lock, std::chrono::seconds(1),
+                                    [&] { return state.live_sessions == 0; });
+  }
+  state.ioc.stop();
+  for (std::thread& thread : state.threads) thread.join();
+  state.threads.clear();
+}
+
+}  // namespace switchserve

@@ -1,0 +1,120 @@
+// A small asynchronous HTTP/1.1 server for the OpenAI-compatible API:
+// Boost.Beast over Boost.Asio, plaintext or TLS (the gRPC side's certificate,
+// key and client CA). A few I/O threads serve every connection; handlers run
+// on them and must not block: they hand work on (to the engine) and answer
+// later from any thread through the HttpExchange.
+//
+// Connections are HTTP/1.1 keep-alive. A request body larger than
+// max_body_bytes is answered 413; a malformed request 400; both close the
+// connection. While a response is pending the server watches the socket, so a
+// client that disconnects is noticed at once (HttpExchange::OnClientGone),
+// not only at the next write.
+#ifndef SWITCHSERVE_SERVER_HTTP_HTTP_SERVER_H_
+#define SWITCHSERVE_SERVER_HTTP_HTTP_SERVER_H_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/server_flags.h"
+
+namespace switchserve {
+
+struct HttpRequest {
+  std::string method;                                        // "GET", "POST", ...
+  std::string target;                                        // the path and query as sent
+  std::vector<std::pair<std::string, std::string>> headers;  // names lower-case
+  std::string body;
+  std::string peer;  // "ipv4:1.2.3.4:5678", as gRPC writes peers
+
+  // The first header named `lower_case_name`, or nullopt.
+  std::optional<std::string_view> Header(std::string_view lower_case_name) const;
+  // The target without its query string.
+  std::string_view Path() const;
+};
+
+struct HttpResponse {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::vector<std::pair<std::string, std::string>> headers;  // extra headers
+  std::string body;                                          // ignored for StartStream
+};
+
+// One request being answered. The handler (or whoever it hands the exchange
+// to) answers exactly once: Respond(), or StartStream(), any number of
+// Write()s and End(). These methods may be called from any thread, return at
+// once and are carried out in order on the connection; after the client is
+// gone they do nothing. An exchange must not be used after HttpServer::Stop
+// returned.
+class HttpExchange {
+ public:
+  virtual ~HttpExchange() = default;
+  virtual const HttpRequest& request() const = 0;
+
+  virtual void Respond(HttpResponse response) = 0;
+  // A chunked response (server-sent events): status and headers now, the
+  // body as it is written.
+  virtual void StartStream(HttpResponse head) = 0;
+  virtual void Write(std::string data) = 0;
+  virtual void End() = 0;
+
+  // `on_gone` runs once, on an I/O thread, if the client disconnects (or a
+  // write to it fails) before the response is complete; at once when that
+  // already happened. Set it at most once.
+  virtual void OnClientGone(std::function<void()> on_gone) = 0;
+};
+
+using HttpHandler = std::function<void(std::shared_ptr<HttpExchange>)>;
+
+struct HttpServerState;  // http_server.cc
+
+struct HttpServerOptions {
+  std::string host;
+  int port = 0;  // 0: a free port (port() says which)
+  TlsOptions tls;
+  int64_t max_body_bytes = 4 << 20;
+  int threads = 2;
+  // Keep-alive connections close after their first response past this age
+  // (0: no limit), so clients reconnect and spread over new replicas.
+  double max_connection_age_s = 0;
+  // A connection waiting this long for (the rest of) a request is closed;
+  // also bounds each write to a client that stopped reading.
+  double idle_timeout_s = 60;
+  // The body of the error responses the server itself sends (400 for a
+  // malformed request, 413 for a body over the limit). Default: the message.
+  std::function<std::string(int status, const std::string& message)> error_body;
+};
+
+class HttpServer {
+ public:
+  // Binds, listens and starts the I/O threads. UNAVAILABLE when the address
+  // cannot be bound, INVALID_ARGUMENT / NOT_FOUND for TLS files.
+  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(const HttpServerOptions& options,
+                                                           HttpHandler handler);
+  ~HttpServer();  // Stop(0)
+
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  int port() const;
+
+  // Stops accepting, closes idle connections, lets responses in progress
+  // finish for up to `timeout`, then closes every connection and joins the
+  // I/O threads. Idempotent.
+  void Stop(std::chrono::milliseconds timeout);
+
+ private:
+  explicit HttpServer(std::unique_ptr<HttpServerState> state);
+  std::unique_ptr<HttpServerState> state_;
+};
+
+}  // namespace switchserve
+
+#endif  // SWITCHSERVE_SERVER_HTTP_HTTP_SERVER_H_

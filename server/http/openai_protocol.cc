@@ -1,0 +1,420 @@
+#include "server/http/openai_protocol.h"
+
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "engine/text/detokenizer.h"
+
+namespace switchserve {
+namespace {
+
+using Json = nlohmann::json;
+
+absl::Status Invalid(std::string_view param, const std::string& problem) {
+  return absl::InvalidArgumentError(absl::StrCat(std::string(param), ": ", problem));
+}
+
+// Fields a client may send, beyond which every other field is refused.
+// Supported: model, prompt, max_tokens, temperature, top_p, n (= 1), stream,
+// stream_options, logprobs, stop, seed, user; and vLLM's sampling extensions
+// top_k, min_p, repetition_penalty, ignore_eos, stop_token_ids. Accepted
+// only at their neutral value: echo, best_of, presence_penalty,
+// frequency_penalty, logit_bias, suffix.
+bool Known(const std::string& key) {
+  static const char* const kKnown[] = {"model",
+                                       "prompt",
+                                       "max_tokens",
+                                       "temperature",
+                                       "top_p",
+                                       "n",
+                                       "stream",
+                                       "stream_options",
+                                       "logprobs",
+                                       "stop",
+                                       "seed",
+                                       "user",
+                                       "top_k",
+                                       "min_p",
+                                       "repetition_penalty",
+                                       "ignore_eos",
+                                       "stop_token_ids",
+                                       "echo",
+                                       "best_of",
+                                       "presence_penalty",
+                                       "frequency_penalty",
+                                       "logit_bias",
+                                       "suffix"};
+  for (const char* known : kKnown) {
+    if (key == known) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<int64_t> Integer(const Json& value, std::string_view param) {
+  if (value.is_number_unsigned()) {
+    const uint64_t u = value.get<uint64_t>();
+    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return Invalid(param, "is out of range");
+    }
+    return static_cast<int64_t>(u);
+  }
+  if (value.is_number_integer()) return value.get<int64_t>();
+  return Invalid(param, absl::StrCat("must be an integer, found ", value.dump()));
+}
+
+absl::StatusOr<double> Number(const Json& value, std::string_view param) {
+  if (!value.is_number())
+    return Invalid(param, absl::StrCat("must be a number, found ", value.dump()));
+  return value.get<double>();
+}
+
+absl::StatusOr<bool> Boolean(const Json& value, std::string_view param) {
+  if (!value.is_boolean()) {
+    return Invalid(param, absl::StrCat("must be true or false, found ", value.dump()));
+  }
+  return value.get<bool>();
+}
+
+// A token-id prompt: integers that fit int32 (the vocabulary is checked by
+// the validation).
+absl::StatusOr<v1::TokenIds> TokenIdList(const Json& list, std::string_view param) {
+  v1::TokenIds ids;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const Json& id = list[i];
+    if (!id.is_number_integer() || id.get<int64_t>() < std::numeric_limits<int32_t>::min() ||
+        id.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      return Invalid(param, absl::StrCat("token ids must be integers, found ", id.dump()));
+    }
+    ids.add_ids(static_cast<int32_t>(id.get<int64_t>()));
+  }
+  return ids;
+}
+
+// `prompt`: a string, a list of token ids, or a list of either (several
+// prompts).
+absl::Status ParsePrompts(const Json& prompt, std::vector<v1::GenerateRequest>* out) {
+  auto add_text = [&](const Json& text) { out->emplace_back().set_text(text.get<std::string>()); };
+  if (prompt.is_string()) {
+    add_text(prompt);
+    return absl::OkStatus();
+  }
+  if (!prompt.is_array()) {
+    return Invalid("prompt", "must be a string, a list of token ids, or a list of those");
+  }
+  if (prompt.empty()) return Invalid("prompt", "the list is empty");
+  if (prompt[0].is_number()) {
+    auto ids = TokenIdList(prompt, "prompt");
+    if (!ids.ok()) return ids.status();
+    *out->emplace_back().mutable_token_ids() = std::move(*ids);
+    return absl::OkStatus();
+  }
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    const std::string param = absl::StrCat("prompt[", i, "]");
+    if (prompt[i].is_string()) {
+      add_text(prompt[i]);
+    } else if (prompt[i].is_array()) {
+      auto ids = TokenIdList(prompt[i], param);
+      if (!ids.ok()) return ids.status();
+      *out->emplace_back().mutable_token_ids() = std::move(*ids);
+    } else {
+      return Invalid(param, "must be a string or a list of token ids");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseStop(const Json& stop, v1::SamplingParams* sampling) {
+  if (stop.is_string()) {
+    sampling->add_stop(stop.get<std::string>());
+    return absl::OkStatus();
+  }
+  if (!stop.is_array()) return Invalid("stop", "must be a string or a list of strings");
+  for (const Json& s : stop) {
+    if (!s.is_string()) return Invalid("stop", "must be a string or a list of strings");
+    sampling->add_stop(s.get<std::string>());
+  }
+  return absl::OkStatus();
+}
+
+// Sets the sampling fields; every value is range-checked later by
+// ValidateGenerateRequest.
+absl::Status ParseField(const std::string& key, const Json& value, CompletionRequest* request,
+                        v1::SamplingParams* sampling, int* logprobs) {
+  if (key == "model") {
+    if (!value.is_string()) return Invalid("model", "must be a string");
+    request->model = value.get<std::string>();
+  } else if (key == "max_tokens") {
+    auto n = Integer(value, key);
+    if (!n.ok()) return n.status();
+    if (*n < 1 || *n > std::numeric_limits<int32_t>::max()) {
+      return Invalid(key, absl::StrCat("must be >= 1, found ", *n));
+    }
+    sampling->set_max_new_tokens(static_cast<int32_t>(*n));
+  } else if (key == "temperature" || key == "top_p" || key == "min_p" ||
+             key == "repetition_penalty") {
+    auto x = Number(value, key);
+    if (!x.ok()) return x.status();
+    const float f = static_cast<float>(*x);
+    if (key == "temperature") sampling->set_temperature(f);
+    if (key == "top_p") sampling->set_top_p(f);
+    if (key == "min_p") sampling->set_min_p(f);
+    if (key == "repetition_penalty") sampling->set_repetition_penalty(f);
+  } else if (key == "top_k") {
+    auto k = Integer(value, key);
+    if (!k.ok()) return k.status();
+    // vLLM spells "off" -1; 0 means the same here.
+    if (*k < -1 || *k > std::numeric_limits<int32_t>::max()) {
+      return Invalid(key, absl::StrCat("must be >= -1 (-1 or 0: off), found ", *k));
+    }
+    sampling->set_top_k(*k == -1 ? 0 : static_cast<int32_t>(*k));
+  } else if (key == "n" || key == "best_of") {
+    auto n = Integer(value, key);
+    if (!n.ok()) return n.status();
+    if (*n != 1) {
+      return Invalid(key, absl::StrCat("only 1 is supported, found ", *n,
+                                       " (send the prompt several times with different seeds)"));
+    }
+  } else if (key == "stream") {
+    auto b = Boolean(value, key);
+    if (!b.ok()) return b.status();
+    request->stream = *b;
+  } else if (key == "stream_options") {
+    if (!value.is_object()) return Invalid(key, "must be an object");
+    for (const auto& [option, option_value] : value.items()) {
+      if (option != "include_usage") {
+        return Invalid(absl::StrCat("stream_options.", option), "unknown option");
+      }
+      auto b = Boolean(option_value, "stream_options.include_usage");
+      if (!b.ok()) return b.status();
+      request->include_usage = *b;
+    }
+  } else if (key == "logprobs") {
+    auto n = Integer(value, key);
+    if (!n.ok()) return n.status();
+    if (*n < 0 || *n > std::numeric_limits<int32_t>::max()) {
+      return Invalid(key, absl::StrCat("must be >= 0, found ", *n));
+    }
+    *logprobs = static_cast<int>(*n);
+    request->logprobs = *logprobs;
+  } else if (key == "stop") {
+    return ParseStop(value, sampling);
+  } else if (key == "seed") {
+    if (value.is_number_unsigned()) {
+      sampling->set_seed(value.get<uint64_t>());
+    } else if (value.is_number_integer()) {
+      sampling->set_seed(static_cast<uint64_t>(value.get<int64_t>()));
+    } else {
+      return Invalid(key, absl::StrCat("must be an integer, found ", value.dump()));
+    }
+  } else if (key == "user") {
+    if (!value.is_string()) return Invalid(key, "must be a string");
+  } else if (key == "ignore_eos") {
+    auto b = Boolean(value, key);
+    if (!b.ok()) return b.status();
+    sampling->set_ignore_eos(*b);
+  } else if (key == "stop_token_ids") {
+    if (!value.is_array()) return Invalid(key, "must be a list of token ids");
+    auto ids = TokenIdList(value, key);
+    if (!ids.ok()) return ids.status();
+    sampling->mutable_stop_token_ids()->Add(ids->ids().begin(), ids->ids().end());
+  } else if (key == "echo") {
+    auto b = Boolean(value, key);
+    if (!b.ok()) return b.status();
+    if (*b) return Invalid(key, "is not supported (the prompt is not repeated in the response)");
+  } else if (key == "presence_penalty" || key == "frequency_penalty") {
+    auto x = Number(value, key);
+    if (!x.ok()) return x.status();
+    if (*x != 0) {
+      return Invalid(key,
+                     "is not supported (only 0); repetition_penalty is: it divides the "
+                     "logits of tokens already in the sequence");
+    }
+  } else if (key == "logit_bias") {
+    if (!value.is_object() || !value.empty()) return Invalid(key, "is not supported");
+  } else if (key == "suffix") {
+    if (!value.is_string() || !value.get<std::string>().empty()) {
+      return Invalid(key, "is not supported");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The request parameter a validation field belongs to.
+std::string ParamOf(std::string_view field) {
+  if (field == "text" || field == "token_ids" || field == "prompt") return "prompt";
+  if (field == "sampling.max_new_tokens") return "max_tokens";
+  constexpr std::string_view kSampling = "sampling.";
+  if (field.substr(0, kSampling.size()) == kSampling) {
+    return std::string(field.substr(kSampling.size()));
+  }
+  return std::string(field);
+}
+
+std::string Lower(std::string_view text) { return absl::AsciiStrToLower(std::string(text)); }
+
+const char* ErrorType(int http_status) {
+  switch (http_status) {
+    case 401:
+      return "authentication_error";
+    case 403:
+      return "permission_error";
+    case 404:
+      return "not_found_error";
+    case 429:
+      return "rate_limit_error";
+    case 503:
+      return "service_unavailable_error";
+    default:
+      return http_status < 500 ? "invalid_request_error" : "server_error";
+  }
+}
+
+// Characters (code points) in UTF-8 text.
+int64_t CharacterCount(std::string_view text) {
+  int64_t n = 0;
+  for (const char c : text) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  return n;
+}
+
+}  // namespace
+
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body) {
+  const Json json = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded()) return Invalid("body", "is not valid JSON");
+  if (!json.is_object()) return Invalid("body", "must be a JSON object");
+  CompletionRequest request;
+  v1::SamplingParams sampling;
+  int logprobs = 0;
+  for (const auto& [key, value] : json.items()) {
+    if (!Known(key)) {
+      return Invalid(key,
+                     "unrecognized request argument (docs/serving.md lists the supported "
+                     "ones)");
+    }
+    if (value.is_null() || key == "prompt") continue;  // null: the default
+    if (absl::Status status = ParseField(key, value, &request, &sampling, &logprobs);
+        !status.ok()) {
+      return status;
+    }
+  }
+  const auto prompt = json.find("prompt");
+  if (prompt == json.end() || prompt->is_null()) return Invalid("prompt", "is required");
+  if (absl::Status status = ParsePrompts(*prompt, &request.prompts); !status.ok()) return status;
+  if (request.include_usage && !request.stream) {
+    return Invalid("stream_options", "is only allowed with \"stream\": true");
+  }
+  if (!sampling.has_max_new_tokens()) sampling.set_max_new_tokens(kDefaultMaxTokens);
+  for (v1::GenerateRequest& one : request.prompts) {
+    *one.mutable_sampling() = sampling;
+    one.set_logprobs(logprobs);
+  }
+  return request;
+}
+
+absl::Status ToApiError(const absl::Status& status, int prompt_index, int prompt_count) {
+  if (status.code() != absl::StatusCode::kInvalidArgument) return status;
+  const std::string message(status.message());
+  const size_t colon = message.find(": ");
+  if (colon == std::string::npos) return status;
+  std::string param = ParamOf(message.substr(0, colon));
+  if (param == "prompt" && prompt_count > 1) param = absl::StrCat("prompt[", prompt_index, "]");
+  return absl::InvalidArgumentError(absl::StrCat(
+      param, ": ",
+      absl::StrReplaceAll(message.substr(colon + 2), {{"max_new_tokens", "max_tokens"}})));
+}
+
+int HttpStatusFor(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kOk:
+      return 200;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+      return 400;
+    case absl::StatusCode::kUnauthenticated:
+      return 401;
+    case absl::StatusCode::kPermissionDenied:
+      return 403;
+    case absl::StatusCode::kNotFound:
+      return 404;
+    case absl::StatusCode::kResourceExhausted:
+      return 429;
+    case absl::StatusCode::kCancelled:
+      return 499;  // the client went away (nginx's convention); it never reads this
+    case absl::StatusCode::kUnimplemented:
+      return 501;
+    case absl::StatusCode::kUnavailable:
+      return 503;
+    case absl::StatusCode::kDeadlineExceeded:
+      return 504;
+    default:
+      return 500;
+  }
+}
+
+ApiError MakeApiError(const absl::Status& status) {
+  ApiError error;
+  error.http_status = HttpStatusFor(status.code());
+  const std::string message(status.message());
+  Json param = nullptr;
+  // "<param>: ..." where param is a field name (no spaces).
+  if (const size_t colon = message.find(": ");
+      colon != std::string::npos && colon > 0 && message.find(' ') > colon &&
+      status.code() == absl::StatusCode::kInvalidArgument) {
+    param = message.substr(0, colon);
+  }
+  error.body = {{"error",
+                 {{"message", message},
+                  {"type", ErrorType(error.http_status)},
+                  {"param", param},
+                  {"code", Lower(absl::StatusCodeToString(status.code()))}}}};
+  return error;
+}
+
+const char* OpenAiFinishReason(FinishReason reason) {
+  return reason == FinishReason::kLength ? "length" : "stop";
+}
+
+std::string TokenString(const Tokenizer& tokenizer, int32_t id) {
+  const int32_t ids[1] = {id};
+  const std::string bytes = tokenizer.Decode(ids);
+  if (IsValidUtf8(bytes)) return bytes;
+  std::string escaped = "bytes:";
+  for (const char c : bytes) {
+    absl::StrAppend(&escaped, "\\x", absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2));
+  }
+  return escaped;
+}
+
+Json LogprobsObject(const Tokenizer& tokenizer, const std::vector<GeneratedTokenInfo>& tokens,
+                    int top_n, int64_t* first_offset) {
+  Json strings = Json::array(), logprobs = Json::array(), tops = Json::array(),
+       offsets = Json::array();
+  for (const GeneratedTokenInfo& token : tokens) {
+    offsets.push_back(*first_offset);
+    // The token's share of the text: bytes that are no UTF-8 on their own
+    // count as the U+FFFD each becomes.
+    const int32_t ids[1] = {token.token_id};
+    std::string text;
+    AppendSanitizedUtf8(tokenizer.Decode(ids), true, &text);
+    *first_offset += CharacterCount(text);
+    strings.push_back(TokenString(tokenizer, token.token_id));
+    logprobs.push_back(token.logprob);
+    Json top = Json::object();
+    for (size_t i = 0; i < token.top_logprobs.size() && static_cast<int>(i) < top_n; ++i) {
+      const auto& [id, logprob] = token.top_logprobs[i];
+      top.emplace(TokenString(tokenizer, id), logprob);
+    }
+    tops.push_back(std::move(top));
+  }
+  return {{"tokens", std::move(strings)},
+          {"token_logprobs", std::move(logprobs)},
+          {"top_logprobs", std::move(tops)},
+          {"text_offset", std::move(offsets)}};
+}
+
+}  // namespace switchserve

@@ -1,0 +1,74 @@
+// The OpenAI-compatible completions API as data: parsing a /v1/completions
+// body into switchserve.v1 GenerateRequests (then checked by the same
+// ValidateGenerateRequest as gRPC calls), and writing responses, stream
+// chunks and errors in OpenAI's JSON shapes. Pure functions; no I/O.
+//
+// docs/serving.md ("OpenAI-compatible HTTP API") lists every field: which
+// are supported, which are refused (400 naming the field) and the defaults.
+#ifndef SWITCHSERVE_SERVER_HTTP_OPENAI_PROTOCOL_H_
+#define SWITCHSERVE_SERVER_HTTP_OPENAI_PROTOCOL_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/runtime/request.h"
+#include "engine/text/tokenizer.h"
+#include "nlohmann/json.hpp"
+#include "switchserve/v1/generation.pb.h"
+
+namespace switchserve {
+
+// OpenAI's default for /v1/completions (vLLM's too), not gRPC's 256.
+inline constexpr int kDefaultMaxTokens = 16;
+
+// A parsed /v1/completions request: one GenerateRequest per prompt (same
+// sampling for all), not yet validated.
+struct CompletionRequest {
+  std::string model;  // as sent; empty when absent
+  std::vector<v1::GenerateRequest> prompts;
+  bool stream = false;
+  bool include_usage = false;   // stream_options.include_usage
+  std::optional<int> logprobs;  // unset: no logprobs in the response
+};
+
+// INVALID_ARGUMENT with a message "<param>: <problem>" for anything
+// malformed, refused or unknown.
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body);
+
+// Turns a ValidateGenerateRequest error into the API's terms: the field
+// (`sampling.max_new_tokens`, `text`, ...) becomes the request parameter
+// (`max_tokens`, `prompt`, ...), with `prompt[i]` for the i-th of several
+// prompts. Other statuses pass unchanged.
+absl::Status ToApiError(const absl::Status& status, int prompt_index, int prompt_count);
+
+// An error response: the HTTP status for `status`'s code and the body
+// {"error": {"message", "type", "param", "code"}}, `param` taken from a
+// message of the form "<param>: ...". OK is not an error.
+struct ApiError {
+  int http_status = 500;
+  nlohmann::json body;
+};
+ApiError MakeApiError(const absl::Status& status);
+int HttpStatusFor(absl::StatusCode code);
+
+// "stop" (stop string or token, EOS) or "length".
+const char* OpenAiFinishReason(FinishReason reason);
+
+// A token as the logprobs object names it: its text, or "bytes:\xNN..."
+// when its bytes are not valid UTF-8 on their own (byte-level models).
+std::string TokenString(const Tokenizer& tokenizer, int32_t id);
+
+// The legacy completions `logprobs` object of some generated tokens;
+// `text_offset` counts characters from `first_offset`, which is advanced.
+nlohmann::json LogprobsObject(const Tokenizer& tokenizer,
+                              const std::vector<GeneratedTokenInfo>& tokens, int top_n,
+                              int64_t* first_offset);
+
+}  // namespace switchserve
+
+#endif  // SWITCHSERVE_SERVER_HTTP_OPENAI_PROTOCOL_H_

@@ -1,0 +1,159 @@
+#include "server/http/openai_service.h"
+
+#include <chrono>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "server/access_log.h"
+#include "server/http/completion_call.h"
+#include "server/http/openai_protocol.h"
+
+namespace switchserve {
+namespace {
+
+using Json = nlohmann::json;
+
+HttpResponse JsonResponse(int status, const Json& body) {
+  HttpResponse response;
+  response.status = status;
+  response.body = body.dump(-1, ' ', false, Json::error_handler_t::replace);
+  return response;
+}
+
+HttpResponse ErrorResponse(const absl::Status& status) {
+  const ApiError error = MakeApiError(status);
+  return JsonResponse(error.http_status, error.body);
+}
+
+}  // namespace
+
+std::string OpenAiErrorBody(int http_status, const std::string& message) {
+  const absl::StatusCode code = http_status == 413 ? absl::StatusCode::kResourceExhausted
+                                                   : absl::StatusCode::kInvalidArgument;
+  ApiError error = MakeApiError(absl::Status(code, message));
+  error.body["error"]["type"] = "invalid_request_error";
+  return error.body.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+void OpenAiService::Handle(const std::shared_ptr<HttpExchange>& exchange) const {
+  const HttpRequest& request = exchange->request();
+  const std::string path(request.Path());
+  const bool get = request.method == "GET" || request.method == "HEAD";
+  auto wrong_method = [&](const char* allowed) {
+    HttpResponse response = ErrorResponse(absl::InvalidArgumentError(
+        absl::StrCat(request.method, " ", path, ": method not allowed (", allowed, ")")));
+    response.status = 405;
+    response.headers.emplace_back("allow", allowed);
+    exchange->Respond(std::move(response));
+  };
+
+  if (path == "/health") {
+    if (!get) return wrong_method("GET");
+    return exchange->Respond(JsonResponse(200, {{"status", "ok"}}));
+  }
+  if (path == "/ready") {
+    if (!get) return wrong_method("GET");
+    const bool draining = options_.gate->draining();
+    return exchange->Respond(
+        JsonResponse(draining ? 503 : 200, {{"status", draining ? "draining" : "ready"}}));
+  }
+  if (path.rfind("/v1/", 0) != 0) {
+    return exchange->Respond(
+        ErrorResponse(absl::NotFoundError(absl::StrCat(path, ": no such endpoint"))));
+  }
+  if (options_.auth != nullptr) {
+    if (absl::Status status = options_.auth->CheckAuthorization(request.Header("authorization"));
+        !status.ok()) {
+      // The gRPC message speaks of metadata; HTTP clients send a header.
+      return exchange->Respond(ErrorResponse(
+          absl::UnauthenticatedError(status.message() == "invalid bearer token"
+                                         ? "invalid bearer token"
+                                         : "missing `Authorization: Bearer <token>` header")));
+    }
+  }
+  if (path == "/v1/completions") {
+    if (request.method != "POST") return wrong_method("POST");
+    return Completions(exchange);
+  }
+  const Json model = {{"id", options_.model_name},
+                      {"object", "model"},
+                      {"created", options_.created_unix_s},
+                      {"owned_by", "switchserve"},
+                      {"max_model_len", options_.limits.context_length}};
+  if (path == "/v1/models") {
+    if (!get) return wrong_method("GET");
+    return exchange->Respond(
+        JsonResponse(200, {{"object", "list"}, {"data", Json::array({model})}}));
+  }
+  if (path.rfind("/v1/models/", 0) == 0) {
+    if (!get) return wrong_method("GET");
+    if (path.substr(11) == options_.model_name) return exchange->Respond(JsonResponse(200, model));
+    return exchange->Respond(ErrorResponse(absl::NotFoundError(
+        absl::StrCat("the model `", path.substr(11), "` does not exist; this server serves `",
+                     options_.model_name, "`"))));
+  }
+  if (path == "/v1/chat/completions") {
+    return exchange->Respond(ErrorResponse(absl::NotFoundError(
+        "/v1/chat/completions is not served: the model has no chat template (it is a plain "
+        "language model); send the text to /v1/completions")));
+  }
+  exchange->Respond(ErrorResponse(absl::NotFoundError(absl::StrCat(path, ": no such endpoint"))));
+}
+
+void OpenAiService::Completions(const std::shared_ptr<HttpExchange>& exchange) const {
+  const HttpRequest& request = exchange->request();
+  AccessRecord access;
+  access.request_id = AcceptOrMakeRequestId(request.Header(kRequestIdHeader));
+  access.protocol = "http";
+  access.method = "POST /v1/completions";
+  access.peer = request.peer;
+  auto reject = [&](const absl::Status& status) {
+    HttpResponse response = ErrorResponse(status);
+    response.headers.emplace_back("x-request-id", access.request_id);
+    access.status = status.code();
+    access.http_status = response.status;
+    if (options_.metrics != nullptr) {
+      options_.metrics->RecordFinished(
+          {.protocol = RequestProtocol::kHttp, .status = status.code()});
+    }
+    LogAccess(access);
+    exchange->Respond(std::move(response));
+  };
+
+  if (options_.gate->draining()) {
+    return reject(absl::UnavailableError("the server is shutting down; retry on another replica"));
+  }
+  auto parsed = ParseCompletionRequest(request.body);
+  if (!parsed.ok()) return reject(parsed.status());
+  if (!parsed->model.empty() && parsed->model != options_.model_name) {
+    return reject(absl::NotFoundError(absl::StrCat("model: `", parsed->model,
+                                                   "` does not exist; this server serves `",
+                                                   options_.model_name, "`")));
+  }
+  const int count = static_cast<int>(parsed->prompts.size());
+  std::vector<GenerationRequest> prompts;
+  prompts.reserve(count);
+  const auto arrival = Clock::now();
+  for (int i = 0; i < count; ++i) {
+    auto prepared =
+        ValidateGenerateRequest(parsed->prompts[i], *options_.tokenizer, options_.limits);
+    if (!prepared.ok()) return reject(ToApiError(prepared.status(), i, count));
+    prepared->arrival = arrival;
+    prepared->origin = {.request_id = access.request_id, .protocol = "http"};
+    prompts.push_back(std::move(*prepared));
+  }
+  CompletionOptions options;
+  options.stream = parsed->stream;
+  options.include_usage = parsed->include_usage;
+  options.logprobs = parsed->logprobs.value_or(-1);
+  StartCompletionCall({.engine = options_.engine,
+                       .tokenizer = options_.tokenizer,
+                       .metrics = options_.metrics,
+                       .gate = options_.gate,
+                       .model_name = options_.model_name},
+                      exchange, options, std::move(prompts), std::move(access));
+}
+
+}  // namespace switchserve

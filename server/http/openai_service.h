@@ -1,0 +1,61 @@
+// The OpenAI-compatible HTTP API on top of the engine (docs/serving.md):
+// POST /v1/completions (unary or server-sent events), GET /v1/models and
+// /v1/models/{id}, GET /health (the process serves) and /ready (the model is
+// loaded and the server is not draining). /v1/chat/completions is refused:
+// the models have no chat template.
+//
+// Like the gRPC service, a handler authenticates (the same bearer token),
+// checks the drain state, validates (the same ValidateGenerateRequest),
+// hands the prompts to the engine and returns; the engine's updates complete
+// the response from the engine thread. A client that disconnects cancels its
+// engine requests. Requests are counted in the same metrics (protocol="http")
+// and end with one access-log line.
+//
+// Thread-safe; Handle runs on the HTTP server's I/O threads.
+#ifndef SWITCHSERVE_SERVER_HTTP_OPENAI_SERVICE_H_
+#define SWITCHSERVE_SERVER_HTTP_OPENAI_SERVICE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "engine/runtime/generation_engine.h"
+#include "engine/text/tokenizer.h"
+#include "server/auth.h"
+#include "server/call_gate.h"
+#include "server/http/http_server.h"
+#include "server/metrics/serving_metrics.h"
+#include "server/request_validation.h"
+
+namespace switchserve {
+
+struct OpenAiServiceOptions {
+  GenerationEngine* engine = nullptr;  // everything here must outlive the service
+  const Tokenizer* tokenizer = nullptr;
+  RequestLimits limits;
+  std::string model_name;                 // the served model name (`model`)
+  const BearerTokenAuth* auth = nullptr;  // null: no token needed
+  ServingMetrics* metrics = nullptr;      // null: no metrics
+  CallGate* gate = nullptr;               // shared with the gRPC service
+  int64_t created_unix_s = 0;             // the model's `created` (server start)
+};
+
+class OpenAiService {
+ public:
+  explicit OpenAiService(const OpenAiServiceOptions& options) : options_(options) {}
+
+  void Handle(const std::shared_ptr<HttpExchange>& exchange) const;
+
+ private:
+  void Completions(const std::shared_ptr<HttpExchange>& exchange) const;
+
+  OpenAiServiceOptions options_;
+};
+
+// The body the HTTP server writes for its own errors (400, 413), in the
+// API's error shape.
+std::string OpenAiErrorBody(int http_status, const std::string& message);
+
+}  // namespace switchserve
+
+#endif  // SWITCHSERVE_SERVER_HTTP_OPENAI_SERVICE_H_

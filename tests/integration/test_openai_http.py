@@ -1,0 +1,571 @@
+"""The OpenAI-compatible HTTP API (--http-port) against the real server
+process, driven by the official `openai` Python client and by curl, and
+compared with the gRPC API (the same engine must give the same tokens).
+
+Runs on build/venv (scripts/install-test-tools.sh: Debian's python3 with
+grpcio, plus the pinned `openai` client)."""
+
+import concurrent.futures
+import json
+import os
+import re
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.request
+
+import grpc
+import httpx
+import openai
+import pytest
+
+import generation_pb2 as pb
+import generation_pb2_grpc as pb_grpc
+
+BINARY = os.environ["SWITCHSERVE_BINARY"]
+SOURCE_DIR = os.environ["SWITCHSERVE_SOURCE_DIR"]
+MODEL_DIR = os.path.join(SOURCE_DIR, "tests/golden/switchall_f16")
+MODEL = "switchall_f16"  # its config's name: the served model name
+CONTEXT = 64
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`switchserve serve` with the HTTP API on a free port; SIGKILLed by close()."""
+
+    def __init__(self, *extra_args, scheme="http", metrics=False):
+        self.dir = tempfile.mkdtemp(prefix="switchserve_http_")
+        self.log_path = os.path.join(self.dir, "server.log")
+        self.http_port = free_port()
+        self.metrics_port = free_port() if metrics else 0
+        with open(self.log_path, "w") as log:
+            self.process = subprocess.Popen(
+                [BINARY, "serve", "--model", MODEL_DIR, "--host", "127.0.0.1", "--port", "0",
+                 "--http-port", str(self.http_port), "--metrics-port", str(self.metrics_port),
+                 "--threads", "1", "--log-format", "json", *extra_args],
+                stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            match = re.search(r"listening on 127\.0\.0\.1:(\d+)", self.log())
+            if match:
+                self.grpc_address = f"127.0.0.1:{match.group(1)}"
+                self.url = f"{scheme}://127.0.0.1:{self.http_port}"
+                return
+            if self.process.poll() is not None:
+                raise RuntimeError("server exited during startup:\n" + self.log())
+            time.sleep(0.02)
+        self.close()
+        raise RuntimeError("server did not start:\n" + self.log())
+
+    def log(self):
+        with open(self.log_path) as f:
+            return f.read()
+
+    def client(self, **kwargs):
+        kwargs.setdefault("api_key", "unused")
+        # No retries: the tests look at every status the server answers.
+        return openai.OpenAI(base_url=self.url + "/v1", max_retries=0, timeout=60, **kwargs)
+
+    def grpc_stub(self):
+        return pb_grpc.GenerationStub(grpc.insecure_channel(self.grpc_address))
+
+    def access_line(self, request_id, timeout_s=30):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for line in self.log().splitlines():
+                record = json.loads(line)
+                if record["msg"] == "request" and record["request_id"] == request_id:
+                    return record
+            time.sleep(0.02)
+        raise AssertionError(f"no access-log line for {request_id}:\n{self.log()}")
+
+    def close(self):
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server()
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return server.client()
+
+
+def curl(*args, check=True):
+    result = subprocess.run(["curl", "-sS", *args], capture_output=True, text=True, timeout=60)
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+def grpc_generate(server, text, **sampling):
+    request = pb.GenerateRequest(text=text, sampling=pb.SamplingParams(**sampling))
+    return server.grpc_stub().Generate(request, timeout=60)
+
+
+def test_models_health_and_ready(server, client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
+    assert json.loads(curl(server.url + "/health").stdout) == {"status": "ok"}
+    assert json.loads(curl(server.url + "/ready").stdout) == {"status": "ready"}
+
+
+def test_completion_is_the_grpc_completion(server, client):
+    completion = client.completions.create(model=MODEL, prompt="And God said", max_tokens=12,
+                                           temperature=0)
+    expected = grpc_generate(server, "And God said", max_new_tokens=12, temperature=0)
+    assert completion.object == "text_completion" and completion.model == MODEL
+    assert len(completion.choices) == 1
+    choice = completion.choices[0]
+    assert choice.text == expected.text and choice.index == 0
+    assert choice.finish_reason == "length"
+    assert completion.usage.prompt_tokens == 12 and completion.usage.completion_tokens == 12
+    assert completion.usage.total_tokens == 24
+    assert completion.id.startswith("cmpl-")
+
+
+def test_default_max_tokens_is_openais_16(client):
+    completion = client.completions.create(model=MODEL, prompt="x", temperature=0,
+                                           extra_body={"ignore_eos": True})
+    assert completion.usage.completion_tokens == 16
+
+
+def test_stream_ends_with_done_and_equals_unary(server, client):
+    kwargs = dict(model=MODEL, prompt="The experts say", max_tokens=20, temperature=0.9, seed=5)
+    unary = client.completions.create(**kwargs)
+    chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True},
+                                            **kwargs))
+    text_chunks = [c for c in chunks if c.choices]
+    assert len(text_chunks) >= 2
+    assert "".join(c.choices[0].text for c in text_chunks) == unary.choices[0].text
+    assert [c.choices[0].finish_reason for c in text_chunks[:-1]] == [None] * (len(text_chunks) - 1)
+    assert text_chunks[-1].choices[0].finish_reason == unary.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == \
+        unary.usage.completion_tokens
+    # The raw stream: server-sent events, the last one `data: [DONE]`.
+    raw = curl("-N", server.url + "/v1/completions", "-H", "content-type: application/json",
+               "-d", json.dumps({**kwargs, "stream": True})).stdout
+    events = [e for e in raw.split("\n\n") if e]
+    assert all(e.startswith("data: ") for e in events)
+    assert events[-1] == "data: [DONE]"
+    assert "".join(json.loads(e[6:])["choices"][0]["text"] for e in events[:-1]) == \
+        unary.choices[0].text
+
+
+def test_stop_string(server, client):
+    reference = client.completions.create(model=MODEL, prompt="stop test", max_tokens=20,
+                                          temperature=0, extra_body={"ignore_eos": True})
+    text = reference.choices[0].text
+    stop = text[6:8]
+    stopped = client.completions.create(model=MODEL, prompt="stop test", max_tokens=20,
+                                        temperature=0, stop=[stop])
+    assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.choices[0].text == text[:text.find(stop)]
+    streamed = client.completions.create(model=MODEL, prompt="stop test", max_tokens=20,
+                                         temperature=0, stop=stop, stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == stopped.choices[0].text
+
+
+def test_seed_reproducibility(client):
+    def sample(seed):
+        return client.completions.create(model=MODEL, prompt="In the beginning", max_tokens=24,
+                                         temperature=3.0, seed=seed,
+                                         extra_body={"ignore_eos": True}).choices[0].text
+    assert sample(1234) == sample(1234)
+    assert len({sample(s) for s in range(5)}) > 1  # the seed matters
+
+
+def test_logprobs_are_the_grpc_logprobs(server, client):
+    completion = client.completions.create(model=MODEL, prompt="Hello there", max_tokens=6,
+                                           temperature=0, logprobs=3)
+    logprobs = completion.choices[0].logprobs
+    request = pb.GenerateRequest(text="Hello there", logprobs=3,
+                                 sampling=pb.SamplingParams(max_new_tokens=6, temperature=0))
+    expected = server.grpc_stub().Generate(request, timeout=60)
+    assert len(logprobs.tokens) == len(expected.tokens) == 6
+    assert logprobs.token_logprobs == pytest.approx([t.logprob for t in expected.tokens],
+                                                    rel=1e-6)
+    for top, token in zip(logprobs.top_logprobs, expected.tokens):
+        assert len(top) <= 3
+        assert sorted(top.values(), reverse=True) == pytest.approx(
+            [t.logprob for t in token.top_logprobs][:len(top)], rel=1e-6)
+    assert logprobs.text_offset[0] == 0
+    assert logprobs.text_offset == sorted(logprobs.text_offset)
+    no_logprobs = client.completions.create(model=MODEL, prompt="Hello there", max_tokens=6,
+                                            temperature=0)
+    assert no_logprobs.choices[0].logprobs is None
+
+
+def test_token_prompt_and_batch_of_prompts(client):
+    one = client.completions.create(model=MODEL, prompt="hi", max_tokens=5, temperature=0)
+    by_ids = client.completions.create(model=MODEL, prompt=[104, 105], max_tokens=5,
+                                       temperature=0)
+    assert by_ids.choices[0].text == one.choices[0].text
+    two = client.completions.create(model=MODEL, prompt="yo", max_tokens=5, temperature=0)
+    batch = client.completions.create(model=MODEL, prompt=["hi", "yo"], max_tokens=5,
+                                      temperature=0)
+    assert [c.index for c in batch.choices] == [0, 1]
+    assert [c.text for c in batch.choices] == [one.choices[0].text, two.choices[0].text]
+    assert batch.usage.prompt_tokens == 4 and batch.usage.completion_tokens == 10
+    streamed = {}
+    for chunk in client.completions.create(model=MODEL, prompt=[[104, 105], "yo"], max_tokens=5,
+                                           temperature=0, stream=True):
+        for choice in chunk.choices:
+            streamed[choice.index] = streamed.get(choice.index, "") + choice.text
+    assert streamed == {0: one.choices[0].text, 1: two.choices[0].text}
+
+
+BAD_BODIES = [
+    ("max_tokens over context", {"prompt": "x", "max_tokens": 64}, "max_tokens"),
+    ("max_tokens zero", {"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ("max_tokens not integer", {"prompt": "x", "max_tokens": 2.5}, "max_tokens"),
+    ("negative temperature", {"prompt": "x", "temperature": -1}, "temperature"),
+    ("temperature string", {"prompt": "x", "temperature": "hot"}, "temperature"),
+    ("top_p above one", {"prompt": "x", "top_p": 1.5}, "top_p"),
+    ("n above one", {"prompt": "x", "n": 2}, "n"),
+    ("best_of", {"prompt": "x", "best_of": 3}, "best_of"),
+    ("echo", {"prompt": "x", "echo": True}, "echo"),
+    ("presence penalty", {"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+    ("logit bias", {"prompt": "x", "logit_bias": {"1": 5}}, "logit_bias"),
+    ("suffix", {"prompt": "x", "suffix": "end"}, "suffix"),
+    ("too many logprobs", {"prompt": "x", "logprobs": 50}, "logprobs"),
+    ("too many stops", {"prompt": "x", "stop": [str(i) for i in range(17)]}, "stop"),
+    ("stop not string", {"prompt": "x", "stop": 5}, "stop"),
+    ("no prompt", {"max_tokens": 3}, "prompt"),
+    ("empty prompt", {"prompt": ""}, "prompt"),
+    ("prompt longer than context", {"prompt": "a" * 80}, "prompt"),
+    ("token outside vocabulary", {"prompt": [1, 256]}, "prompt"),
+    ("bad second prompt", {"prompt": ["ok", ""]}, "prompt[1]"),
+    ("unknown field", {"prompt": "x", "frobnicate": 1}, "frobnicate"),
+    ("stream_options without stream", {"prompt": "x", "stream_options": {"include_usage": True}},
+     "stream_options"),
+    ("stop token outside vocabulary", {"prompt": "x", "stop_token_ids": [999]},
+     "stop_token_ids"),
+]
+
+
+@pytest.mark.parametrize("name,body,param", BAD_BODIES, ids=[b[0] for b in BAD_BODIES])
+def test_bad_field_is_400_naming_the_param(server, client, name, body, param):
+    # The client's raw post: some of these fields are not in its signature.
+    with pytest.raises(openai.BadRequestError) as error:
+        client.post("/completions", body={"model": MODEL, **body}, cast_to=httpx.Response)
+    assert error.value.status_code == 400
+    details = error.value.body
+    assert details["param"] == param, details
+    assert details["message"].startswith(param + ": "), details
+    assert details["type"] == "invalid_request_error" and details["code"] == "invalid_argument"
+    # The server keeps serving.
+    assert client.completions.create(model=MODEL, prompt="ok", max_tokens=2).usage.total_tokens
+
+
+def test_malformed_and_misrouted_requests(server):
+    result = curl("-i", server.url + "/v1/completions", "-d", "{not json")
+    assert result.stdout.startswith("HTTP/1.1 400")
+    assert json.loads(result.stdout.split("\n\n", 1)[1])["error"]["param"] == "body"
+    result = curl("-i", server.url + "/v1/completions")  # GET
+    assert result.stdout.startswith("HTTP/1.1 405") and "allow: post" in result.stdout.lower()
+    result = curl("-i", server.url + "/v1/chat/completions", "-d", "{}")
+    assert result.stdout.startswith("HTTP/1.1 404") and "chat template" in result.stdout
+    result = curl("-i", server.url + "/v1/completions", "-d",
+                  json.dumps({"model": "gpt-4", "prompt": "x"}))
+    assert result.stdout.startswith("HTTP/1.1 404") and "model" in result.stdout
+    assert curl("-i", server.url + "/nowhere").stdout.startswith("HTTP/1.1 404")
+    # Over --max-request-bytes (4 MiB): 413, before the body is read.
+    big = os.path.join(server.dir, "big.json")
+    with open(big, "w") as f:
+        f.write(json.dumps({"prompt": "x" * (5 << 20)}))
+    result = curl("-i", server.url + "/v1/completions", "--data-binary", "@" + big)
+    assert result.stdout.startswith("HTTP/1.1 413"), result.stdout[:200]
+
+
+def test_request_id_header_and_access_log(server):
+    result = curl("-i", server.url + "/v1/completions", "-H", "x-request-id: curl-77", "-d",
+                  json.dumps({"prompt": "hello", "max_tokens": 3, "temperature": 0}))
+    assert result.stdout.startswith("HTTP/1.1 200")
+    assert "x-request-id: curl-77" in result.stdout.lower()
+    record = server.access_line("curl-77")
+    assert record["protocol"] == "http" and record["method"] == "POST /v1/completions"
+    assert record["status"] == "OK" and record["http_status"] == 200
+    assert record["prompt_tokens"] == 5 and record["completion_tokens"] == 3
+    assert record["finish_reason"] == "length" and record["peer"].startswith("ipv4:127.0.0.1:")
+    result = curl("-i", server.url + "/v1/completions", "-H", "x-request-id: curl-78", "-d",
+                  json.dumps({"prompt": "hello", "top_p": 9}))
+    assert "x-request-id: curl-78" in result.stdout.lower()
+    record = server.access_line("curl-78")
+    assert record["status"] == "INVALID_ARGUMENT" and record["http_status"] == 400
+
+
+def test_curl_sends_expect_100_continue_for_larger_bodies(server):
+    # curl asks `Expect: 100-continue` for bodies over 1 KiB and waits up to
+    # a second for the go-ahead; the server must give it at once.
+    body = json.dumps({"prompt": "hi", "max_tokens": 2, "user": "u" * 2000})
+    started = time.monotonic()
+    result = curl("-i", "-H", "Expect: 100-continue", server.url + "/v1/completions", "-d", body)
+    assert "HTTP/1.1 100 Continue" in result.stdout
+    assert "HTTP/1.1 200" in result.stdout
+    assert time.monotonic() - started < 0.9
+
+
+def test_bearer_token():
+    token_file = os.path.join(tempfile.mkdtemp(prefix="switchserve_token_"), "token")
+    with open(token_file, "w") as f:
+        f.write("http-token\n")
+    server = Server("--auth-token-file", token_file)
+    try:
+        for key in ("nope", ""):
+            with pytest.raises(openai.AuthenticationError) as error:
+                server.client(api_key=key).completions.create(model=MODEL, prompt="x",
+                                                              max_tokens=2)
+            assert error.value.status_code == 401
+            assert error.value.body["code"] == "unauthenticated"
+        result = curl("-i", server.url + "/v1/models")
+        assert result.stdout.startswith("HTTP/1.1 401")
+        good = server.client(api_key="http-token")
+        assert good.completions.create(model=MODEL, prompt="x", max_tokens=2).usage
+        assert [m.id for m in good.models.list().data] == [MODEL]
+        # Probes need no token.
+        assert curl(server.url + "/health").stdout and curl(server.url + "/ready").stdout
+    finally:
+        server.close()
+
+
+def wait_until(what, predicate, timeout_s=30):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def cache(server):
+    return server.grpc_stub().GetModelInfo(pb.GetModelInfoRequest(), timeout=10).cache
+
+
+def test_full_queue_is_429():
+    server = Server("--max-running-requests", "1", "--max-queue", "1",
+                    "--debug-step-delay-ms", "20")
+    try:
+        client = server.client()
+        running = client.completions.create(model=MODEL, prompt="long", max_tokens=40,
+                                            stream=True, extra_body={"ignore_eos": True})
+        next(running)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(lambda: client.completions.create(
+                model=MODEL, prompt="wait", max_tokens=3))
+            wait_until("a waiting request", lambda: cache(server).waiting_requests == 1)
+            with pytest.raises(openai.RateLimitError) as error:
+                client.completions.create(model=MODEL, prompt="too many", max_tokens=3)
+            assert error.value.status_code == 429
+            assert error.value.body["code"] == "resource_exhausted"
+            assert waiting.result(timeout=60).usage.completion_tokens == 3
+        assert sum(len(c.choices[0].text) >= 0 for c in running) >= 1
+        # The server keeps serving.
+        assert client.completions.create(model=MODEL, prompt="ok", max_tokens=2).usage
+    finally:
+        server.close()
+
+
+def test_disconnect_cancels_the_request():
+    server = Server("--debug-step-delay-ms", "50")
+    try:
+        body = json.dumps({"prompt": "gone", "max_tokens": 60, "ignore_eos": True,
+                           "stream": True}).encode()
+        for stream in (True, False):
+            request_id = f"gone-{stream}"
+            payload = json.loads(body)
+            payload["stream"] = stream
+            data = json.dumps(payload).encode()
+            with socket.create_connection(("127.0.0.1", server.http_port)) as s:
+                s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                          b"Content-Type: application/json\r\nx-request-id: " +
+                          request_id.encode() + b"\r\nContent-Length: " +
+                          str(len(data)).encode() + b"\r\n\r\n" + data)
+                if stream:
+                    assert s.recv(4096).startswith(b"HTTP/1.1 200")
+                wait_until("the request running", lambda: cache(server).running_requests == 1)
+            started = time.monotonic()
+            # 60 tokens take 3 s at 50 ms a step; the disconnect ends it at once.
+            wait_until("the request cancelled",
+                       lambda: cache(server).running_requests == 0 and
+                       cache(server).used_blocks == 0, timeout_s=1.5)
+            assert time.monotonic() - started < 1.5
+            record = server.access_line(request_id)
+            assert record["status"] == "CANCELLED" and record["finish_reason"] == "cancelled"
+            assert record["completion_tokens"] < 60
+    finally:
+        server.close()
+
+
+def test_sigterm_drain_finishes_running_streams_and_answers_503():
+    server = Server("--debug-step-delay-ms", "25")
+    try:
+        client = server.client()
+        stream = client.completions.create(model=MODEL, prompt="drain", max_tokens=40,
+                                           stream=True, extra_body={"ignore_eos": True})
+        first = next(stream)
+        server.process.send_signal(signal.SIGTERM)
+        wait_until("not ready", lambda: curl(server.url + "/ready", check=False).stdout ==
+                   '{"status":"draining"}')
+        with pytest.raises(openai.APIStatusError) as error:
+            client.completions.create(model=MODEL, prompt="late", max_tokens=2)
+        assert error.value.status_code == 503
+        assert error.value.body["code"] == "unavailable"
+        rest = list(stream)
+        text = first.choices[0].text + "".join(c.choices[0].text for c in rest)
+        assert rest[-1].choices[0].finish_reason == "length"
+        assert len(text) > 0
+        assert server.process.wait(timeout=30) == 0
+    finally:
+        server.close()
+
+
+def test_tls_with_the_grpc_certificate():
+    directory = tempfile.mkdtemp(prefix="switchserve_certs_")
+    subprocess.run([os.path.join(SOURCE_DIR, "tests/integration/make_test_certs.sh"), directory],
+                   check=True)
+    path = lambda name: os.path.join(directory, name)
+    server = Server("--tls-cert", path("server.pem"), "--tls-key", path("server.key"),
+                    scheme="https")
+    try:
+        client = server.client(
+            http_client=httpx.Client(verify=ssl.create_default_context(cafile=path("ca.pem"))))
+        assert client.completions.create(model=MODEL, prompt="tls", max_tokens=3).usage
+        raw = curl("--cacert", path("ca.pem"), "-N", server.url + "/v1/completions", "-d",
+                   json.dumps({"prompt": "tls", "max_tokens": 3, "stream": True})).stdout
+        assert raw.endswith("data: [DONE]\n\n")
+        # Plain HTTP to the TLS port does not get through.
+        assert curl(f"http://127.0.0.1:{server.http_port}/health", check=False).returncode != 0
+    finally:
+        server.close()
+
+
+def test_http_requests_in_the_metrics():
+    server = Server(metrics=True)
+    try:
+        client = server.client()
+        for _ in range(2):
+            client.completions.create(model=MODEL, prompt="count me", max_tokens=4,
+                                      extra_body={"ignore_eos": True})
+        first = grpc_generate(server, "stop", max_new_tokens=1, temperature=0).token_ids[0]
+        stopped = client.completions.create(model=MODEL, prompt="stop", max_tokens=30,
+                                            temperature=0, extra_body={"stop_token_ids": [first]})
+        assert stopped.choices[0].finish_reason == "stop"
+        with pytest.raises(openai.BadRequestError):
+            client.completions.create(model=MODEL, prompt="x", top_p=7)
+        grpc_generate(server, "grpc", max_new_tokens=2)
+        text = urllib.request.urlopen(
+            f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
+        value = lambda series: float(re.search(re.escape(series) + r" (\S+)", text).group(1))
+        assert value('switchserve_requests_total{protocol="http",status="OK"}') == 3
+        assert value('switchserve_requests_total{protocol="http",status="INVALID_ARGUMENT"}') == 1
+        assert value('switchserve_requests_total{protocol="grpc",status="OK"}') == 2
+        assert value('switchserve_request_finish_reason_total{reason="length"}') == 4
+        assert value('switchserve_request_finish_reason_total{reason="stop"}') == 1
+        assert value("switchserve_request_generation_tokens_sum") == 4 + 4 + 1 + 1 + 2
+        assert value("switchserve_request_prompt_tokens_count") == 5
+        assert re.search(r'switchserve_model_info\{.*model="switchall_f16".*\} 1', text)
+        assert 'device="cpu"' in re.search(r"switchserve_model_info\{.*\}", text).group(0)
+    finally:
+        server.close()
+
+
+def test_keep_alive_connections_close_after_the_maximum_age():
+    def peers(max_age):
+        server = Server("--max-connection-age-s", max_age)
+        try:
+            seen, closes = [], 0
+            with httpx.Client(base_url=server.url) as http:  # one keep-alive pool
+                for i in range(12):
+                    response = http.post("/v1/completions", headers={"x-request-id": f"ka-{i}"},
+                                         json={"prompt": "ka", "max_tokens": 1})
+                    assert response.status_code == 200
+                    closes += response.headers.get("connection") == "close"
+                    time.sleep(0.1)
+            return [server.access_line(f"ka-{i}")["peer"] for i in range(12)], closes
+        finally:
+            server.close()
+
+    seen, closes = peers("0.3")
+    assert len(set(seen)) >= 2 and closes >= 1, seen
+    seen, closes = peers("0")
+    assert len(set(seen)) == 1 and closes == 0, seen
+
+
+def test_32_concurrent_streams_half_disconnecting_free_their_blocks():
+    # 10 ms steps: the 53 tokens a disconnected stream leaves take over half
+    # a second, far longer than the client takes to close.
+    server = Server("--debug-step-delay-ms", "10")
+    try:
+        def one(i):
+            body = {"prompt": f"m{i}", "max_tokens": 56, "temperature": 0.8, "seed": i,
+                    "ignore_eos": True, "stream": True}
+            events = 0
+            with httpx.Client(base_url=server.url, timeout=120) as http:
+                with http.stream("POST", "/v1/completions", json=body) as response:
+                    assert response.status_code == 200
+                    for line in response.iter_lines():
+                        if not line.startswith("data: "):
+                            continue
+                        if line == "data: [DONE]":
+                            return events, True
+                        events += 1
+                        if i % 2 == 0 and events == 3:
+                            return events, False  # leaves the stream: disconnects
+            return events, False
+
+        with concurrent.futures.ThreadPoolExecutor(32) as pool:
+            results = list(pool.map(one, range(32)))
+        assert results[1::2] == [(56, True)] * 16  # one event per token, then [DONE]
+        assert results[0::2] == [(3, False)] * 16
+        wait_until("every block free", lambda: cache(server).used_blocks == 0 and
+                   cache(server).running_requests == 0 and cache(server).waiting_requests == 0)
+
+        def access_records():
+            records = [json.loads(l) for l in server.log().splitlines()]
+            return [r for r in records if r["msg"] == "request"]
+        wait_until("32 access-log lines", lambda: len(access_records()) == 32)
+        cancelled = [r for r in access_records() if r["status"] == "CANCELLED"]
+        assert len(cancelled) == 16
+        assert all(r["completion_tokens"] < 56 for r in cancelled)
+    finally:
+        server.close()
+
+
+@pytest.mark.bench
+def test_load_generator_over_http():
+    """switchserve-bench --http-address (ctest bench_http_smoke, where the
+    benchmarks are built) completes every request, one token per event."""
+    server = Server()
+    try:
+        result = subprocess.run(
+            [os.environ["SWITCHSERVE_BENCH"], "--http-address", f"127.0.0.1:{server.http_port}",
+             "--requests", "8", "--concurrency", "4", "--max-new-tokens", "5"],
+            capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert "requests: 8 ok, 0 failed" in result.stdout, result.stdout
+        rates = re.search(r"throughput: ([\d.]+) requests/s, ([\d.]+) tokens/s", result.stdout)
+        # The transport counted 5 tokens (events) per request.
+        assert float(rates.group(2)) / float(rates.group(1)) == pytest.approx(5, rel=1e-3)
+        records = [json.loads(l) for l in server.log().splitlines()]
+        tokens = [r["completion_tokens"] for r in records if r["msg"] == "request"]
+        assert tokens == [5] * 8
+    finally:
+        server.close()

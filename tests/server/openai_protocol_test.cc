@@ -1,0 +1,162 @@
+#include "server/http/openai_protocol.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "engine/text/tokenizer.h"
+
+namespace switchserve {
+namespace {
+
+TEST(OpenAiProtocolTest, ParsesTheSupportedFieldsIntoGenerateRequests) {
+  auto parsed = ParseCompletionRequest(R"({
+      "model": "m", "prompt": ["a", [1, 2]], "max_tokens": 7, "temperature": 0.5,
+      "top_p": 0.9, "n": 1, "stream": true, "stream_options": {"include_usage": true},
+      "logprobs": 2, "stop": "\n", "seed": -1, "user": "u", "top_k": -1, "min_p": 0.1,
+      "repetition_penalty": 1.2, "ignore_eos": true, "stop_token_ids": [3],
+      "echo": false, "best_of": null, "presence_penalty": 0, "frequency_penalty": 0.0,
+      "logit_bias": {}, "suffix": null})");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->model, "m");
+  EXPECT_TRUE(parsed->stream);
+  EXPECT_TRUE(parsed->include_usage);
+  EXPECT_EQ(parsed->logprobs, 2);
+  ASSERT_EQ(parsed->prompts.size(), 2u);
+  EXPECT_EQ(parsed->prompts[0].text(), "a");
+  EXPECT_EQ(parsed->prompts[1].token_ids().ids_size(), 2);
+  for (const auto& prompt : parsed->prompts) {
+    const v1::SamplingParams& s = prompt.sampling();
+    EXPECT_EQ(s.max_new_tokens(), 7);
+    EXPECT_FLOAT_EQ(s.temperature(), 0.5f);
+    EXPECT_FLOAT_EQ(s.top_p(), 0.9f);
+    EXPECT_EQ(s.top_k(), 0);  // vLLM's -1: off
+    EXPECT_FLOAT_EQ(s.min_p(), 0.1f);
+    EXPECT_FLOAT_EQ(s.repetition_penalty(), 1.2f);
+    EXPECT_EQ(s.seed(), ~uint64_t{0});  // -1 as the unsigned seed
+    ASSERT_EQ(s.stop_size(), 1);
+    EXPECT_EQ(s.stop(0), "\n");
+    EXPECT_TRUE(s.ignore_eos());
+    EXPECT_EQ(s.stop_token_ids_size(), 1);
+    EXPECT_EQ(prompt.logprobs(), 2);
+  }
+}
+
+TEST(OpenAiProtocolTest, DefaultsFollowOpenAi) {
+  auto parsed = ParseCompletionRequest(R"({"prompt": "x", "temperature": null})");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_FALSE(parsed->stream);
+  EXPECT_FALSE(parsed->logprobs.has_value());
+  ASSERT_EQ(parsed->prompts.size(), 1u);
+  EXPECT_EQ(parsed->prompts[0].sampling().max_new_tokens(), kDefaultMaxTokens);
+  EXPECT_FALSE(parsed->prompts[0].sampling().has_temperature());
+  EXPECT_FALSE(parsed->prompts[0].sampling().has_seed());
+}
+
+TEST(OpenAiProtocolTest, RefusalsNameTheParameter) {
+  const struct {
+    const char* body;
+    const char* param;
+  } cases[] = {
+      {"[1]", "body"},
+      {"{", "body"},
+      {R"({"max_tokens": 3})", "prompt"},
+      {R"({"prompt": 5})", "prompt"},
+      {R"({"prompt": []})", "prompt"},
+      {R"({"prompt": [1, 5000000000]})", "prompt"},
+      {R"({"prompt": ["a", 3]})", "prompt[1]"},
+      {R"({"prompt": "x", "n": 2})", "n"},
+      {R"({"prompt": "x", "echo": true})", "echo"},
+      {R"({"prompt": "x", "suffix": "s"})", "suffix"},
+      {R"({"prompt": "x", "logit_bias": {"5": 1}})", "logit_bias"},
+      {R"({"prompt": "x", "frequency_penalty": 1})", "frequency_penalty"},
+      {R"({"prompt": "x", "max_tokens": "9"})", "max_tokens"},
+      {R"({"prompt": "x", "max_tokens": 0})", "max_tokens"},
+      {R"({"prompt": "x", "stream": 1})", "stream"},
+      {R"({"prompt": "x", "stream_options": {"continuous_usage_stats": true}})",
+       "stream_options.continuous_usage_stats"},
+      {R"({"prompt": "x", "stream_options": {"include_usage": true}})", "stream_options"},
+      {R"({"prompt": "x", "top_k": -2})", "top_k"},
+      {R"({"prompt": "x", "seed": 1.5})", "seed"},
+      {R"({"prompt": "x", "stop": [1]})", "stop"},
+      {R"({"prompt": "x", "tools": []})", "tools"},
+  };
+  for (const auto& c : cases) {
+    auto parsed = ParseCompletionRequest(c.body);
+    ASSERT_FALSE(parsed.ok()) << c.body;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << c.body;
+    const std::string message(parsed.status().message());
+    EXPECT_EQ(message.substr(0, message.find(": ")), c.param) << c.body << " -> " << message;
+    const ApiError error = MakeApiError(parsed.status());
+    EXPECT_EQ(error.http_status, 400);
+    EXPECT_EQ(error.body["error"]["param"], c.param) << message;
+    EXPECT_EQ(error.body["error"]["type"], "invalid_request_error");
+    EXPECT_EQ(error.body["error"]["code"], "invalid_argument");
+  }
+}
+
+TEST(OpenAiProtocolTest, ValidationFieldsBecomeRequestParameters) {
+  auto mapped = [](const char* message, int index = 0, int count = 1) {
+    return std::string(ToApiError(absl::InvalidArgumentError(message), index, count).message());
+  };
+  EXPECT_EQ(mapped("sampling.max_new_tokens: 90 with a prompt of 3 tokens exceeds"),
+            "max_tokens: 90 with a prompt of 3 tokens exceeds");
+  EXPECT_EQ(mapped("sampling.top_p: must be in (0, 1], found 2"),
+            "top_p: must be in (0, 1], found 2");
+  EXPECT_EQ(mapped("text: the prompt is empty"), "prompt: the prompt is empty");
+  EXPECT_EQ(mapped("token_ids: ids[1] = 300 is outside", 2, 3),
+            "prompt[2]: ids[1] = 300 is outside");
+  EXPECT_EQ(mapped("text: the prompt has 80 tokens (prompt + max_new_tokens must fit)"),
+            "prompt: the prompt has 80 tokens (prompt + max_tokens must fit)");
+  EXPECT_EQ(mapped("logprobs: must be in [0, 20], found 50"),
+            "logprobs: must be in [0, 20], found 50");
+  // Other codes pass unchanged.
+  EXPECT_EQ(ToApiError(absl::ResourceExhaustedError("queue: full"), 0, 1).code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+TEST(OpenAiProtocolTest, StatusCodesAndErrorTypes) {
+  const struct {
+    absl::Status status;
+    int http;
+    const char* type;
+  } cases[] = {
+      {absl::UnauthenticatedError("invalid bearer token"), 401, "authentication_error"},
+      {absl::NotFoundError("model: `x` does not exist"), 404, "not_found_error"},
+      {absl::ResourceExhaustedError("the queue is full"), 429, "rate_limit_error"},
+      {absl::UnavailableError("draining"), 503, "service_unavailable_error"},
+      {absl::InternalError("backend: boom"), 500, "server_error"},
+  };
+  for (const auto& c : cases) {
+    const ApiError error = MakeApiError(c.status);
+    EXPECT_EQ(error.http_status, c.http) << c.status;
+    EXPECT_EQ(error.body["error"]["type"], c.type) << c.status;
+    EXPECT_EQ(error.body["error"]["message"], std::string(c.status.message()));
+    EXPECT_TRUE(error.body["error"]["param"].is_null()) << c.status;  // only for 400s
+  }
+}
+
+TEST(OpenAiProtocolTest, TokenStringsOfByteTokens) {
+  const auto tokenizer = CreateByteTokenizer();
+  EXPECT_EQ(TokenString(*tokenizer, 'a'), "a");
+  EXPECT_EQ(TokenString(*tokenizer, 0xC3), "bytes:\\xc3");
+  int64_t offset = 5;
+  std::vector<GeneratedTokenInfo> tokens(3);
+  tokens[0].token_id = 'h';
+  tokens[0].logprob = -0.5f;
+  tokens[0].top_logprobs = {{'h', -0.5f}, {'j', -1.5f}};
+  tokens[1].token_id = 0xC3;
+  tokens[1].logprob = -2.0f;
+  tokens[1].top_logprobs = {{0xC3, -2.0f}};
+  tokens[2].token_id = 'i';
+  tokens[2].logprob = -0.25f;
+  const nlohmann::json logprobs = LogprobsObject(*tokenizer, tokens, 1, &offset);
+  EXPECT_EQ(logprobs["tokens"], nlohmann::json({"h", "bytes:\\xc3", "i"}));
+  EXPECT_EQ(logprobs["token_logprobs"], nlohmann::json({-0.5, -2.0, -0.25}));
+  EXPECT_EQ(logprobs["text_offset"], nlohmann::json({5, 6, 7}));  // the stray byte is one U+FFFD
+  EXPECT_EQ(offset, 8);
+  EXPECT_EQ(logprobs["top_logprobs"][0], nlohmann::json({{"h", -0.5}}));  // top 1 of 2
+}
+
+}  // namespace
+}  // namespace switchserve

@@ -1,0 +1,161 @@
+#include "tests/util/engine_runs.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+
+#include "engine/runtime/generation_engine.h"
+#include "engine/runtime/kv_cache.h"
+#include "engine/runtime/sequence_runner.h"
+#include "gtest/gtest.h"
+
+namespace switchserve::testing {
+namespace {
+
+class OutcomeSink : public GenerationSink {
+ public:
+  void OnUpdate(GenerationUpdate update) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (GeneratedTokenInfo& token : update.tokens) outcome_.tokens.push_back(std::move(token));
+    if (update.finished) {
+      outcome_.status = update.status;
+      outcome_.finish_reason = update.finish_reason;
+      done_ = true;
+      cv_.notify_all();
+    }
+  }
+  RequestOutcome Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_; });
+    return outcome_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  RequestOutcome outcome_;
+};
+
+class TotalsObserver : public EngineObserver {
+ public:
+  explicit TotalsObserver(EngineRunTotals* totals) : totals_(totals) {}
+  void OnStep(const StepReport& report) override {
+    ++totals_->steps;
+    totals_->preemptions += report.preempted;
+    totals_->prefill_tokens += report.prefill_tokens;
+    totals_->max_sequences_per_step =
+        std::max(totals_->max_sequences_per_step, report.num_sequences);
+    if (report.routing == nullptr) return;
+    for (const RouterStepStats& router : report.routing->routers) {
+      for (int64_t n : router.dropped) totals_->dropped += n;
+      for (int64_t n : router.rerouted) totals_->rerouted += n;
+    }
+  }
+
+ private:
+  EngineRunTotals* totals_;
+};
+
+}  // namespace
+
+std::vector<RequestOutcome> RunEngine(const BackendUnderTest& backend, const Model& model,
+                                      const EngineRunConfig& config,
+                                      const std::vector<TestRequest>& requests,
+                                      EngineRunTotals* totals) {
+  std::unique_ptr<Backend> engine_backend =
+      backend.create(model.config, model.weights, config.dispatch);
+  KvCacheOptions cache;
+  cache.block_size = config.block_size;
+  cache.max_tokens = config.kv_cache_tokens;
+  absl::StatusOr<std::unique_ptr<KvCache>> kv_cache = KvCache::Create(engine_backend.get(), cache);
+  EXPECT_TRUE(kv_cache.ok()) << kv_cache.status();
+  if (!kv_cache.ok()) return {};
+  EngineOptions options;
+  options.scheduler.max_batch_tokens = config.max_batch_tokens;
+  options.scheduler.max_running_requests = config.max_running_requests;
+  options.context_length = model.config.max_seq_len;
+  options.eos_token_id = model.config.eos_token_id;
+  EngineRunTotals local;
+  TotalsObserver observer(totals != nullptr ? totals : &local);
+  GenerationEngine engine(options, engine_backend.get(), kv_cache->get(), model.tokenizer.get(),
+                          &observer);
+  std::vector<std::shared_ptr<OutcomeSink>> sinks;
+  for (const TestRequest& r : requests) {
+    GenerationRequest request;
+    request.prompt = r.prompt;
+    request.sampling = r.sampling;
+    request.sink = sinks.emplace_back(std::make_shared<OutcomeSink>());
+    absl::StatusOr<RequestId> id = engine.Submit(std::move(request));
+    EXPECT_TRUE(id.ok()) << id.status();
+  }
+  engine.Start();
+  std::vector<RequestOutcome> outcomes;
+  for (const auto& sink : sinks) outcomes.push_back(sink->Wait());
+  engine.Stop();
+  return outcomes;
+}
+
+std::vector<float> FullPassLogits(const BackendUnderTest& backend, const Model& model,
+                                  const DispatchConfig& dispatch,
+                                  const std::vector<int32_t>& tokens) {
+  std::unique_ptr<Backend> runner_backend = backend.create(model.config, model.weights, dispatch);
+  absl::StatusOr<std::unique_ptr<SequenceRunner>> runner =
+      SequenceRunner::Create(runner_backend.get(), model.config);
+  EXPECT_TRUE(runner.ok()) << runner.status();
+  if (!runner.ok()) return {};
+  absl::StatusOr<std::vector<float>> logits = (*runner)->Append(0, tokens, /*all_logits=*/true);
+  EXPECT_TRUE(logits.ok()) << logits.status();
+  return logits.ok() ? *std::move(logits) : std::vector<float>();
+}
+
+std::vector<TokenRouting> PromptRouting(const BackendUnderTest& backend, const Model& model,
+                                        const DispatchConfig& dispatch,
+                                        const std::vector<int32_t>& tokens) {
+  std::unique_ptr<Backend> step_backend = backend.create(model.config, model.weights, dispatch);
+  KvCacheOptions cache;
+  cache.max_tokens = static_cast<int64_t>(tokens.size());
+  absl::StatusOr<std::unique_ptr<KvCache>> kv_cache = KvCache::Create(step_backend.get(), cache);
+  EXPECT_TRUE(kv_cache.ok()) << kv_cache.status();
+  if (!kv_cache.ok()) return {};
+  KvBlockAllocator& allocator = (*kv_cache)->allocator();
+  EXPECT_TRUE(allocator.Reserve(0, static_cast<int64_t>(tokens.size())).ok());
+  StepBatch batch;
+  batch.Clear(allocator.block_size());
+  StepSequence& sequence = batch.Add(tokens, 0, allocator.BlockTable(0));
+  sequence.logits = LogitsMode::kAll;
+  sequence.collect_routing = true;
+  StepOutput out;
+  const absl::Status status = step_backend->Forward(batch, &out);
+  EXPECT_TRUE(status.ok()) << status;
+  return out.routing;
+}
+
+FateCounts CountFates(const std::vector<GeneratedTokenInfo>& tokens) {
+  FateCounts counts;
+  for (const GeneratedTokenInfo& token : tokens) {
+    for (const RouteChoice& choice : token.routing.choices) {
+      switch (choice.fate) {
+        case RouteFate::kKept:
+          ++counts.kept;
+          break;
+        case RouteFate::kRerouted:
+          ++counts.rerouted;
+          break;
+        case RouteFate::kDropped:
+          ++counts.dropped;
+          break;
+      }
+    }
+  }
+  return counts;
+}
+
+std::vector<int32_t> ByteTokens(const std::string& text) {
+  std::vector<int32_t> ids;
+  for (unsigned char c : text) ids.push_back(c);
+  return ids;
+}
+
+}  // namespace switchserve::testing
