@@ -8,7 +8,8 @@
 #   - clang-14 and its runtime libraries (libFuzzer, sanitizers), for the fuzz
 #     targets (tests/fuzz, the `fuzz` preset);
 #   - python3 with pytest, PyYAML and torch (Debian; the CLI tests compare with
-#     the PyTorch reference in tools/reference), and a venv at build/venv
+#     the PyTorch reference in tools/reference) and matplotlib (Debian; the
+#     benchmarks' roofline chart, bench/roofline_chart.py), and a venv at build/venv
 #     (--system-site-packages, from /usr/bin/python3) holding the PyPI package
 #     kubernetes-validate, whose wheel carries the Kubernetes JSON schemas
 #     (1.25 ... 1.37) so validation works offline, and the official `openai`
@@ -24,8 +25,8 @@ venv=build/venv
 
 source "$(dirname "$0")/apt-packages.sh"
 
-packages=(python3 python3-venv python3-pip python3-pytest python3-yaml python3-torch prometheus curl
-          clang-14 libclang-rt-14-dev)
+packages=(python3 python3-venv python3-pip python3-pytest python3-yaml python3-torch
+          python3-matplotlib prometheus curl clang-14 libclang-rt-14-dev)
 if ! { command -v kubectl >/dev/null && kubectl kustomize --help >/dev/null 2>&1; }; then
   packages+=(kubernetes-client)
 fi

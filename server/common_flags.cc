@@ -4,14 +4,29 @@
 #include <cstdint>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 
 ABSL_FLAG(std::string, model, "", "model directory (default: the built-in model)");
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda | auto");
 ABSL_FLAG(int, threads, 0, "CPU threads for the engine (0: all cores)");
+ABSL_FLAG(std::string, weights_dtype, "auto",
+          "auto (as model.safetensors stores them) | f32 | bf16 | f16: the dtype the weight "
+          "matrices are held and computed from");
 ABSL_FLAG(bool, allow_non_finite_weights, false,
           "Load weights holding NaN or infinity (with a warning) instead of refusing the model");
 
 namespace switchserve {
+
+absl::StatusOr<ModelLoadOptions> LoadOptionsFromFlags() {
+  absl::StatusOr<WeightsDtype> dtype = ParseWeightsDtype(absl::GetFlag(FLAGS_weights_dtype));
+  if (!dtype.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--weights-dtype: ", dtype.status().message()));
+  }
+  ModelLoadOptions options;
+  options.weights_dtype = *dtype;
+  options.allow_non_finite_weights = absl::GetFlag(FLAGS_allow_non_finite_weights);
+  return options;
+}
 
 std::chrono::milliseconds MillisecondsFromSeconds(double seconds) {
   // NaN compares false: it becomes 0, like a negative value.

@@ -7,10 +7,20 @@
 #include <string>
 
 #include "absl/flags/declare.h"
+#include "absl/status/statusor.h"
+#include "engine/model/model_loader.h"
+
+namespace switchserve {
+
+// --weights-dtype and --allow-non-finite-weights, parsed; INVALID_ARGUMENT names the flag.
+absl::StatusOr<ModelLoadOptions> LoadOptionsFromFlags();
+
+}  // namespace switchserve
 
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(int, threads);
+ABSL_DECLARE_FLAG(std::string, weights_dtype);
 ABSL_DECLARE_FLAG(bool, allow_non_finite_weights);
 
 namespace switchserve {

@@ -50,9 +50,7 @@ class WaitingSink : public GenerationSink {
 
 absl::StatusOr<EngineSetup> SetUpEngine(const ServerOptions& options) {
   EngineSetup setup;
-  absl::StatusOr<std::unique_ptr<Model>> model =
-      LoadModel(options.model_dir,
-                LoadModelOptions{.allow_non_finite_weights = options.allow_non_finite_weights});
+  absl::StatusOr<std::unique_ptr<Model>> model = LoadModel(options.model_dir, options.load);
   if (!model.ok()) return model.status();
   setup.model = *std::move(model);
   const ModelConfig& config = setup.model->config;

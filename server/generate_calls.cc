@@ -98,10 +98,13 @@ class UnaryGenerateCall : public grpc::ServerUnaryReactor {
   EngineRequestHandle handle_;
 };
 
-// Streams updates as they come. While a write is in flight, further updates
+// Streams updates as they come. The engine thread merges each update into the
+// pending message and posts the call to the service's WriteQueue, whose thread
+// serializes and starts the write; while a write is in flight, further updates
 // are merged into the next message, so a slow reader gets fewer, larger
 // messages instead of an unbounded queue.
-class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
+                              public QueuedWrite {
  public:
   StreamingGenerateCall(GenerationService* service, grpc::CallbackServerContext* context,
                         const GenerationRequest& request)
@@ -121,15 +124,16 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
         access_.status = status.code();
         rejected_ = true;
         finished_ = true;
-        engine_done_ = true;  // the engine never saw it
         final_status_ = ToGrpcStatus(status);
       }
       Pump();
+      Release();  // the engine never saw it
     }
   }
 
   // Engine thread.
   void OnEngineUpdate(GenerationUpdate update) {
+    bool post = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (update.finished) FillFromFinalUpdate(update, &access_);
@@ -150,9 +154,26 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
         }
       }
       finished_ = update.finished;
+      // A write in flight picks the update up when it completes; a posted
+      // call has not run yet and will.
+      if (!writing_ && !finish_called_ && !posted_) {
+        posted_ = true;
+        ++holds_;
+        post = true;
+      }
+    }
+    if (post) service_->write_queue().Post(this);
+    if (update.finished) Release();
+  }
+
+  // WriteQueue thread.
+  void RunQueuedWrite() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      posted_ = false;
     }
     Pump();
-    if (update.finished) ReleaseSide(&engine_done_);
+    Release();
   }
 
   void OnWriteDone(bool ok) override {
@@ -168,24 +189,31 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
   void OnCancel() override { handle_.Cancel(CancelCauseOf(*context_)); }
   void OnDone() override {
     service_->CallDone();
-    ReleaseSide(&grpc_done_);
+    Release();
   }
 
  private:
-  // Starts the next write, or finishes once everything is written. gRPC
-  // methods are called outside the lock.
+  // Starts the next write (the last one together with the call's end), or
+  // finishes once everything is written. The message is serialized and gRPC
+  // is called outside the lock, so the engine thread never waits for them.
   void Pump() {
-    enum { kNothing, kWrite, kFinish } action = kNothing;
+    enum { kNothing, kWrite, kWriteAndFinish, kFinish } action = kNothing;
     grpc::Status status;
+    v1::GenerateStreamResponse message;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (writing_ || finish_called_) return;
       if (has_pending_ && !broken_) {
-        in_flight_ = SerializeMessage(pending_);
-        pending_.Clear();
+        message.Swap(&pending_);
         has_pending_ = false;
         writing_ = true;
         action = kWrite;
+        if (finished_) {
+          finish_called_ = true;
+          status = final_status_;
+          action = kWriteAndFinish;
+          access_.status = static_cast<absl::StatusCode>(status.error_code());
+        }
       } else if (finished_) {
         finish_called_ = true;
         status = final_status_;
@@ -195,27 +223,29 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
                                  : static_cast<absl::StatusCode>(status.error_code());
       }
     }
-    if (action == kWrite) StartWrite(&in_flight_);
-    if (action == kFinish) {
+    if (action == kWrite || action == kWriteAndFinish) in_flight_ = SerializeMessage(message);
+    if (action == kWriteAndFinish || action == kFinish) {
       // access_ is no longer written once finish_called_ is set.
       if (rejected_) {
         service_->FinishRejected(access_);
       } else {
         LogAccess(access_);
       }
-      Finish(status);
     }
+    if (action == kWrite) StartWrite(&in_flight_);
+    if (action == kWriteAndFinish) StartWriteAndFinish(&in_flight_, grpc::WriteOptions(), status);
+    if (action == kFinish) Finish(status);
   }
 
-  // The call is deleted once both gRPC (OnDone) and the engine (its final
-  // update has returned) are done with it: the engine thread may still be in
-  // OnEngineUpdate when a gRPC thread finishes the call.
-  void ReleaseSide(bool* side) {
+  // The call is deleted once gRPC (OnDone), the engine (its final update has
+  // returned) and every posted write are done with it: the engine thread may
+  // still be in OnEngineUpdate, and the queue may still hold the call, when a
+  // gRPC thread finishes it.
+  void Release() {
     bool delete_now;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      *side = true;
-      delete_now = engine_done_ && grpc_done_;
+      delete_now = --holds_ == 0;
     }
     if (delete_now) delete this;
   }
@@ -226,14 +256,14 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
   EngineRequestHandle handle_;
 
   std::mutex mu_;
+  int holds_ = 2;  // gRPC and the engine, plus one per posted write
   AccessRecord access_;
-  bool rejected_ = false;  // the engine refused the request (it never ran)
-  bool engine_done_ = false;
-  bool grpc_done_ = false;
+  bool rejected_ = false;               // the engine refused the request (it never ran)
   v1::GenerateStreamResponse pending_;  // merged updates not yet written
   grpc::ByteBuffer in_flight_;          // the message being written
   bool has_pending_ = false;
   bool writing_ = false;
+  bool posted_ = false;  // in the write queue, not run yet
   bool broken_ = false;  // a write failed: the client is gone
   bool finished_ = false;
   bool finish_called_ = false;

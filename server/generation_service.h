@@ -1,7 +1,8 @@
 // The switchserve.v1.Generation service (gRPC callback API). Handlers check
 // the bearer token and the draining state, validate the request, hand it to
 // the GenerationEngine and return; the engine's updates complete the call from
-// the engine thread. No engine work runs on gRPC threads (tokenizing a prompt
+// the engine thread (a stream's messages are serialized and written from the
+// service's WriteQueue thread). No engine work runs on gRPC threads (tokenizing a prompt
 // is the only model-related work done there).
 //
 // Thread-safe.
@@ -19,6 +20,7 @@
 #include "server/metrics/serving_metrics.h"
 #include "server/proto_convert.h"
 #include "server/request_validation.h"
+#include "server/write_queue.h"
 #include "switchserve/v1/generation.grpc.pb.h"
 
 namespace switchserve {
@@ -69,6 +71,7 @@ class GenerationService final : public GenerationServiceBase {
   // Used by the call objects (server/generate_calls.h).
   GenerationEngine* engine() const { return options_.engine; }
   const TokenDescriber& describer() const { return describer_; }
+  WriteQueue& write_queue() { return write_queue_; }
   void CallStarted() { options_.gate->CallStarted(); }
   void CallDone() { options_.gate->CallDone(); }
   // Counts and logs a Generate* call that ended before the engine accepted
@@ -90,6 +93,7 @@ class GenerationService final : public GenerationServiceBase {
   GenerationServiceOptions options_;
   TokenDescriber describer_;
   CallGate own_gate_;  // when options.gate is null
+  WriteQueue write_queue_;
 };
 
 }  // namespace switchserve

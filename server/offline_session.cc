@@ -15,9 +15,9 @@ absl::StatusOr<OfflineSession> OpenOfflineSession() {
   std::string directory = absl::GetFlag(FLAGS_model);
   if (directory.empty()) directory = DefaultModelDirectory();
   OfflineSession session;
-  absl::StatusOr<std::unique_ptr<Model>> model = LoadModel(
-      directory,
-      LoadModelOptions{.allow_non_finite_weights = absl::GetFlag(FLAGS_allow_non_finite_weights)});
+  absl::StatusOr<ModelLoadOptions> load = LoadOptionsFromFlags();
+  if (!load.ok()) return load.status();
+  absl::StatusOr<std::unique_ptr<Model>> model = LoadModel(directory, *load);
   if (!model.ok()) return model.status();
   for (const std::string& warning : (*model)->warnings) {
     std::fprintf(stderr, "warning: %s\n", warning.c_str());

@@ -92,7 +92,6 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.reflection = absl::GetFlag(FLAGS_reflection);
   o.moe_metrics = !absl::GetFlag(FLAGS_no_moe_metrics);
   o.threads = absl::GetFlag(FLAGS_threads);
-  o.allow_non_finite_weights = absl::GetFlag(FLAGS_allow_non_finite_weights);
   o.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
   o.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
   o.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
@@ -117,6 +116,9 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   if (!log_format.ok()) return FlagError("log-format", std::string(log_format.status().message()));
   o.log_format = *log_format;
 
+  absl::StatusOr<ModelLoadOptions> load = LoadOptionsFromFlags();
+  if (!load.ok()) return load.status();
+  o.load = *load;
   auto device = ParseDeviceKind(absl::GetFlag(FLAGS_device));
   if (!device.ok()) return FlagError("device", std::string(device.status().message()));
   o.device = *device;

@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/model/model_config.h"
+#include "engine/model/model_loader.h"
 #include "kernels/backends.h"
 #include "server/dispatch_flags.h"
 #include "server/log.h"
@@ -54,8 +55,8 @@ struct ServerOptions {
   bool reflection = true;    // serve grpc.reflection
   bool moe_metrics = true;   // false: --no-moe-metrics (serving and process metrics only)
   DeviceKind device = DeviceKind::kCpu;
-  int threads = 0;                        // backend threads; 0: all cores
-  bool allow_non_finite_weights = false;  // load NaN/inf weights with a warning
+  int threads = 0;        // backend threads; 0: all cores
+  ModelLoadOptions load;  // --weights-dtype, --allow-non-finite-weights
   // KV cache budget. The cache never gets larger than max_running_requests
   // full contexts, so small models do not reserve memory they cannot use.
   int64_t kv_cache_bytes = 0;

@@ -40,17 +40,49 @@ absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
   return text.str();
 }
 
-// The first non-finite value of a tensor, or -1.
-int64_t FirstNonFinite(const std::vector<float>& data) {
-  for (size_t i = 0; i < data.size(); ++i) {
-    if (!std::isfinite(data[i])) return static_cast<int64_t>(i);
+// The dtype `e` is held in when the file stores it as `stored`.
+DType HeldDtype(const ExpectedTensor& e, DType stored, WeightsDtype policy) {
+  if (e.held_in_f32) return DType::kF32;
+  switch (policy) {
+    case WeightsDtype::kAsStored:
+      return stored;
+    case WeightsDtype::kF32:
+      return DType::kF32;
+    case WeightsDtype::kBF16:
+      return DType::kBF16;
+    case WeightsDtype::kF16:
+      return DType::kF16;
   }
-  return -1;
+  return stored;
+}
+
+// The first non-finite value of a tensor (any dtype), or -1. Half-precision
+// values are checked on their bits: all exponent bits set is inf or NaN.
+int64_t FirstNonFinite(const Tensor& t) {
+  const int64_t n = t.size();
+  switch (t.dtype()) {
+    case DType::kBF16:
+    case DType::kF16: {
+      const uint16_t exponent = t.dtype() == DType::kBF16 ? 0x7f80 : 0x7c00;
+      const uint16_t* bits = t.half();
+      for (int64_t i = 0; i < n; ++i) {
+        if ((bits[i] & exponent) == exponent) return i;
+      }
+      return -1;
+    }
+    default: {
+      const float* values = t.f32();
+      for (int64_t i = 0; i < n; ++i) {
+        if (!std::isfinite(values[i])) return i;
+      }
+      return -1;
+    }
+  }
 }
 
 // Fills model->weights from `file`, checking it holds exactly the tensors the
 // config calls for.
-absl::Status LoadWeights(const SafetensorsFile& file, const LoadModelOptions& options,
+absl::Status LoadWeights(const SafetensorsFile& file, const ModelLoadOptions& options,
                          Model* model) {
   // Every layer has several tensors; refuse before allocating per-layer
   // tables for an absurd n_layers.
@@ -60,13 +92,20 @@ absl::Status LoadWeights(const SafetensorsFile& file, const LoadModelOptions& op
                                                    model->config.n_layers));
   }
   const std::vector<ExpectedTensor> expected = ExpectedTensors(model->config);
-  // The weights are held as f32: refuse a model that cannot fit before
-  // reading any of it.
+  // Refuse a model whose weights, as they will be held (options.weights_dtype),
+  // cannot fit before reading any of them. A tensor the file lacks or stores
+  // in another dtype is counted as f32 (it is refused below anyway).
   int64_t weight_bytes = 0;
   for (const ExpectedTensor& e : expected) {
     int64_t elements = 1;
     for (int64_t dim : e.shape) elements = SaturatingMul(elements, dim);
-    weight_bytes = SaturatingAdd(weight_bytes, SaturatingMul(elements, sizeof(float)));
+    const TensorInfo* info = file.Find(e.name);
+    const bool known =
+        info != nullptr &&
+        (info->dtype == DType::kF32 || info->dtype == DType::kF16 || info->dtype == DType::kBF16);
+    const int64_t size =
+        known ? DTypeSize(HeldDtype(e, info->dtype, options.weights_dtype)) : sizeof(float);
+    weight_bytes = SaturatingAdd(weight_bytes, SaturatingMul(elements, size));
   }
   if (absl::Status fits = CheckFitsInHostMemory(
           weight_bytes, absl::StrCat(file.path(), ": the weights config.json calls for"));
@@ -102,21 +141,29 @@ absl::Status LoadWeights(const SafetensorsFile& file, const LoadModelOptions& op
                                                      ": expected shape ", ShapeText(e.shape),
                                                      ", found ", ShapeText(info->shape)));
     }
-    absl::StatusOr<std::vector<float>> data = file.ReadAsF32(e.name);
-    if (!data.ok()) return data.status();
-    if (const int64_t bad = FirstNonFinite(*data); bad >= 0) {
-      const std::string problem =
+    const size_t count = info->size_bytes / static_cast<size_t>(DTypeSize(info->dtype));
+    Tensor stored = Tensor::FromBytes(e.shape, info->dtype, info->data, count);
+    Tensor held = stored.ConvertedTo(HeldDtype(e, info->dtype, options.weights_dtype));
+    // Checked as stored (a NaN in any dtype) and as held: narrowing to f16
+    // turns values beyond 65504 into infinities.
+    const bool bad_as_stored = FirstNonFinite(stored) >= 0;
+    if (const int64_t bad = FirstNonFinite(bad_as_stored ? stored : held); bad >= 0) {
+      const Tensor& t = bad_as_stored ? stored : held;
+      std::string problem =
           absl::StrCat(file.path(), ": tensor ", e.name, " holds non-finite values (element ", bad,
-                       " of ", data->size(), " is ", (*data)[bad], ")");
+                       " of ", t.size(), " is ", t.At(bad), ")");
+      if (!bad_as_stored) {
+        problem = absl::StrCat(problem, " once held as ", std::string(ToString(t.dtype())),
+                               " (--weights-dtype ", std::string(ToString(options.weights_dtype)),
+                               "; stored ", stored.At(bad), ")");
+      }
       if (!options.allow_non_finite_weights) {
         return absl::InvalidArgumentError(
             absl::StrCat(problem, "; --allow-non-finite-weights loads it anyway"));
       }
-      model->warnings.push_back(problem);
+      model->warnings.push_back(std::move(problem));
     }
-    Tensor& tensor = e.In(model->weights);
-    tensor.shape = e.shape;
-    tensor.data = *std::move(data);
+    e.In(model->weights) = std::move(held);
   }
   if (!unexpected.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(file.path(), ": unexpected tensor ",
@@ -151,8 +198,41 @@ absl::Status LoadTokenizer(const std::string& directory, Model* model) {
 
 }  // namespace
 
+std::string_view ToString(WeightsDtype dtype) {
+  switch (dtype) {
+    case WeightsDtype::kAsStored:
+      return "auto";
+    case WeightsDtype::kF32:
+      return "f32";
+    case WeightsDtype::kBF16:
+      return "bf16";
+    case WeightsDtype::kF16:
+      return "f16";
+  }
+  return "?";
+}
+
+absl::StatusOr<WeightsDtype> ParseWeightsDtype(std::string_view text) {
+  for (WeightsDtype dtype :
+       {WeightsDtype::kAsStored, WeightsDtype::kF32, WeightsDtype::kBF16, WeightsDtype::kF16}) {
+    if (text == ToString(dtype)) return dtype;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("weights dtype \"", std::string(text), "\": expected auto, f32, bf16 or f16"));
+}
+
+ModelWeights ConvertWeights(const ModelConfig& config, const ModelWeights& weights,
+                            WeightsDtype dtype) {
+  ModelWeights out = weights;
+  for (const ExpectedTensor& e : ExpectedTensors(config)) {
+    Tensor& t = e.In(out);
+    t = t.ConvertedTo(HeldDtype(e, t.dtype(), dtype));
+  }
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& directory,
-                                                 const LoadModelOptions& options) {
+                                                 const ModelLoadOptions& options) {
   std::error_code error;
   if (!std::filesystem::is_directory(directory, error)) {
     return absl::NotFoundError(absl::StrCat(directory, ": not a model directory"));
@@ -200,8 +280,14 @@ absl::Status WriteModelDirectory(const std::string& directory, const ModelConfig
     if (!out) return absl::InvalidArgumentError(absl::StrCat(config_path, ": write failed"));
   }
   std::vector<TensorToWrite> tensors;
-  for (const ExpectedTensor& e : ExpectedTensors(config)) {
-    tensors.push_back({e.name, e.shape, e.In(weights).ptr(), dtype});
+  std::vector<std::vector<float>> widened;  // values of tensors held in half precision
+  const std::vector<ExpectedTensor> expected = ExpectedTensors(config);
+  widened.reserve(expected.size());
+  for (const ExpectedTensor& e : expected) {
+    const Tensor& t = e.In(weights);
+    const float* values =
+        t.dtype() == DType::kF32 ? t.f32() : widened.emplace_back(t.ToF32()).data();
+    tensors.push_back({e.name, e.shape, values, dtype});
   }
   return WriteSafetensors(JoinPath(directory, "model.safetensors"), tensors);
 }

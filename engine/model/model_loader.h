@@ -21,29 +21,49 @@ namespace switchserve {
 struct Model {
   std::string directory;
   ModelConfig config;
-  ModelWeights weights;  // widened to f32
+  ModelWeights weights;  // held as ModelLoadOptions says
   std::unique_ptr<Tokenizer> tokenizer;
   // What loading let pass but the operator should hear about (non-finite
-  // weights under LoadModelOptions::allow_non_finite_weights).
+  // weights under ModelLoadOptions::allow_non_finite_weights).
   std::vector<std::string> warnings;
 };
 
-struct LoadModelOptions {
-  // Non-finite weights (NaN, +-inf) are an error naming the tensor; set, they
-  // are loaded and reported in Model::warnings instead.
+// The dtype the weight matrices (projections, experts, embedding, output
+// head) are held in. Norms, biases, routers and the XL position projection
+// are always held in f32 (ExpectedTensor::held_in_f32).
+enum class WeightsDtype {
+  kAsStored,  // as model.safetensors stores them: no widening of f16 / bf16
+  kF32,       // widened (or kept) f32: what the golden vectors are checked in
+  kBF16,      // narrowed to bf16 (round to nearest even) where stored wider
+  kF16,
+};
+// "auto", "f32", "bf16", "f16".
+std::string_view ToString(WeightsDtype dtype);
+// The inverse of ToString; INVALID_ARGUMENT names the accepted values.
+absl::StatusOr<WeightsDtype> ParseWeightsDtype(std::string_view text);
+
+struct ModelLoadOptions {
+  WeightsDtype weights_dtype = WeightsDtype::kAsStored;
+  // Non-finite weights (NaN, +-inf, as stored or once converted) are an error
+  // naming the tensor; set, they are loaded and reported in Model::warnings.
   bool allow_non_finite_weights = false;
 };
 
 // Reads <directory>/config.json, <directory>/model.safetensors (every tensor
-// of ExpectedTensors(config), F32/F16/BF16, nothing else; widened to f32) and
-// the tokenizer (<directory>/tokenizer.model for "sentencepiece", whose piece
-// count must not exceed vocab_size). NOT_FOUND when a file is missing,
-// INVALID_ARGUMENT for anything malformed (non-finite weights included, unless
-// `options` allow them); messages name the file, the key or tensor, and
-// expected vs found. RESOURCE_EXHAUSTED before reading weights that cannot
-// fit in the host's memory.
+// of ExpectedTensors(config), F32/F16/BF16, nothing else; held as `options`
+// says) and the tokenizer (<directory>/tokenizer.model for "sentencepiece",
+// whose piece count must not exceed vocab_size). NOT_FOUND when a file is
+// missing, INVALID_ARGUMENT for anything malformed (non-finite weights, as
+// stored or as held, included, unless `options` allow them); messages name the
+// file, the key or tensor, and expected vs found. RESOURCE_EXHAUSTED before
+// reading weights that, as held, cannot fit in the host's memory.
 absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& directory,
-                                                 const LoadModelOptions& options = {});
+                                                 const ModelLoadOptions& options = {});
+
+// `weights` with every matrix (not held_in_f32) converted as `dtype` says,
+// for weights built in memory (tests, benchmarks). kAsStored changes nothing.
+ModelWeights ConvertWeights(const ModelConfig& config, const ModelWeights& weights,
+                            WeightsDtype dtype);
 
 // Checks `weights` against `config` (every tensor present with its expected
 // shape, nothing extra). Used by LoadModel and by code that builds weights in
@@ -57,6 +77,11 @@ struct ExpectedTensor {
   std::vector<int64_t> shape;
   int layer = -1;  // index into ModelWeights::layers; -1 for model-level tensors
   Tensor& (*select)(ModelWeights& weights, int layer) = nullptr;
+  // Norms, biases and router weights: held in f32 whatever the file stores
+  // (they are small, and routing decisions are made in f32). The projection
+  // and expert matrices, the embedding and the output head are held in the
+  // weights dtype (ModelLoadOptions).
+  bool held_in_f32 = false;
 
   // The matching tensor. `weights.layers` must have more than `layer` entries.
   Tensor& In(ModelWeights& weights) const { return select(weights, layer); }
@@ -74,9 +99,9 @@ std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& config);
 
 // Writes a model directory that LoadModel reads back: config.json
 // (ModelConfigToJson) and model.safetensors with every expected tensor stored
-// as `dtype` (F32, F16 or BF16; narrowing rounds to nearest even). Validates
-// `weights` first. Creates `directory` if needed. Does not write
-// tokenizer.model: a SentencePiece model must be copied there by the caller.
+// as `dtype` (F32, F16 or BF16; narrowing rounds to nearest even; weights held
+// in half precision are widened first). Validates `weights` first. Creates `directory` if needed.
+// Does not write tokenizer.model: a SentencePiece model must be copied there by the caller.
 absl::Status WriteModelDirectory(const std::string& directory, const ModelConfig& config,
                                  const ModelWeights& weights, DType dtype);
 

@@ -65,7 +65,13 @@ int64_t ExpectedTensor::numel() const {
 std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& config) {
   std::vector<ExpectedTensor> out;
   auto add = [&out](std::string name, std::vector<int64_t> shape, int layer, Selector select) {
-    out.push_back({std::move(name), std::move(shape), layer, select});
+    // Norms, biases, router weights and the XL position projection (read
+    // once, to tabulate the position keys) are held in f32
+    // (ExpectedTensor::held_in_f32).
+    const bool f32 = shape.size() == 1 || name.ends_with(".b1") || name.ends_with(".b2") ||
+                     name.ends_with("sel_v") || name.ends_with("sel_o") ||
+                     name.ends_with("router.weight") || name.ends_with("pos_to_pk");
+    out.push_back({std::move(name), std::move(shape), layer, select, f32});
   };
   const int64_t d = config.d_model;
   const int64_t V = config.vocab_size;
@@ -165,15 +171,25 @@ absl::Status ValidateWeights(const ModelConfig& config, const ModelWeights& weig
       return absl::InvalidArgumentError(absl::StrCat("weights: missing tensor ", e.name,
                                                      " (expected shape ", ShapeText(e.shape), ")"));
     }
-    if (t.shape != e.shape) {
+    if (t.shape() != e.shape) {
       return absl::InvalidArgumentError(absl::StrCat("weights: tensor ", e.name,
                                                      ": expected shape ", ShapeText(e.shape),
-                                                     ", found ", ShapeText(t.shape)));
+                                                     ", found ", ShapeText(t.shape())));
     }
-    if (static_cast<int64_t>(t.data.size()) != e.numel()) {
+    if (t.size() != e.numel()) {
       return absl::InvalidArgumentError(absl::StrCat("weights: tensor ", e.name, ": shape ",
                                                      ShapeText(e.shape), " needs ", e.numel(),
-                                                     " values, found ", t.data.size()));
+                                                     " values, found ", t.size()));
+    }
+    if (e.held_in_f32 && t.dtype() != DType::kF32) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "weights: tensor ", e.name, ": expected F32 (",
+          "norms, biases and routers are held in f32), found ", std::string(ToString(t.dtype()))));
+    }
+    if (t.dtype() != DType::kF32 && t.dtype() != DType::kBF16 && t.dtype() != DType::kF16) {
+      return absl::InvalidArgumentError(absl::StrCat("weights: tensor ", e.name,
+                                                     ": expected F32, BF16 or F16, found ",
+                                                     std::string(ToString(t.dtype()))));
     }
   }
   ModelWeights& mutable_weights = const_cast<ModelWeights&>(weights);  // selectors are non-const
@@ -184,7 +200,7 @@ absl::Status ValidateWeights(const ModelConfig& config, const ModelWeights& weig
       if (expected.count(&t) == 0 && !t.empty()) {
         return absl::InvalidArgumentError(absl::StrCat(
             "weights: unexpected tensor ", slot.per_layer ? absl::StrCat("layers.", i, ".") : "",
-            slot.field, " (shape ", ShapeText(t.shape), "): the config does not call for it"));
+            slot.field, " (shape ", ShapeText(t.shape()), "): the config does not call for it"));
       }
     }
   }

@@ -1,27 +1,68 @@
-// Model weights in f32, laid out exactly as the tensors in model.safetensors
-// (docs/model-format.md). Owned by ModelWeights; backends read them and may
-// copy them to their own memory (the CUDA backend converts to bf16).
+// Model weights, laid out exactly as the tensors in model.safetensors
+// (docs/model-format.md), each stored as f32, bf16 or f16 (Tensor::dtype).
+// Owned by ModelWeights; backends read them in place, widening half-precision
+// values as they compute, or copy them to their own memory (a GPU's).
 #ifndef SWITCHSERVE_ENGINE_MODEL_MODEL_WEIGHTS_H_
 #define SWITCHSERVE_ENGINE_MODEL_MODEL_WEIGHTS_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/model/dtype.h"
 #include "engine/model/model_config.h"
 
 namespace switchserve {
 
-// A dense f32 tensor. Empty `data` means the tensor is absent (for example a
-// bias the config does not call for).
-struct Tensor {
-  std::vector<int64_t> shape;
-  std::vector<float> data;
+// A dense row-major tensor of F32, BF16 or F16 values. A tensor without values
+// is absent (for example a bias the config does not call for). The typed
+// accessors check the dtype: f32() of a BF16 tensor aborts.
+class Tensor {
+ public:
+  Tensor() = default;
+  // `values` must hold the product of `shape` values.
+  static Tensor F32(std::vector<int64_t> shape, std::vector<float> values);
+  // Raw 16-bit values (`dtype` BF16 or F16).
+  static Tensor Half(std::vector<int64_t> shape, DType dtype, std::vector<uint16_t> bits);
+  // `count` values of `dtype` (F32, BF16, F16) copied from little-endian bytes
+  // at `data`, which may be unaligned.
+  static Tensor FromBytes(std::vector<int64_t> shape, DType dtype, const std::byte* data,
+                          size_t count);
 
-  bool empty() const { return data.empty(); }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  DType dtype() const { return dtype_; }
+  bool empty() const { return f32_.empty() && half_.empty(); }
+  // Values stored (0 when absent).
+  int64_t size() const {
+    return static_cast<int64_t>(dtype_ == DType::kF32 ? f32_.size() : half_.size());
+  }
+  // The product of the shape (0 for an empty shape).
   int64_t numel() const;
-  const float* ptr() const { return data.data(); }
+  int64_t bytes() const { return size() * DTypeSize(dtype_); }
+
+  const float* f32() const;      // dtype F32
+  float* mutable_f32();          // dtype F32
+  const uint16_t* half() const;  // dtype BF16 or F16: the raw bits
+  const void* raw() const;       // any dtype
+  // Value i widened to f32.
+  float At(int64_t i) const;
+  // Every value widened to f32.
+  std::vector<float> ToF32() const;
+  // The same values stored as `dtype` (F32, BF16, F16; narrowing rounds to
+  // nearest even). An absent tensor stays absent.
+  Tensor ConvertedTo(DType dtype) const;
+
+  // Mutations for code that builds weights in memory (tests, benchmarks).
+  void Clear();
+  std::vector<int64_t>& mutable_shape() { return shape_; }
+
+ private:
+  std::vector<int64_t> shape_;
+  DType dtype_ = DType::kF32;
+  std::vector<float> f32_;      // dtype F32
+  std::vector<uint16_t> half_;  // dtype BF16 / F16
 };
 
 struct AttentionWeights {
@@ -66,6 +107,8 @@ struct ModelWeights {
 
   const Tensor& OutputHead() const { return lm_head.empty() ? embedding : lm_head; }
   int64_t ParameterCount() const;
+  // Bytes of every tensor as stored.
+  int64_t Bytes() const;
 };
 
 }  // namespace switchserve

@@ -132,36 +132,6 @@ absl::Status ParseEntry(const std::string& where, const nlohmann::json& entry, u
 
 }  // namespace
 
-std::string_view ToString(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return "F32";
-    case DType::kF16:
-      return "F16";
-    case DType::kBF16:
-      return "BF16";
-    case DType::kI32:
-      return "I32";
-    case DType::kI64:
-      return "I64";
-  }
-  return "?";
-}
-
-int DTypeSize(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-    case DType::kI32:
-      return 4;
-    case DType::kF16:
-    case DType::kBF16:
-      return 2;
-    case DType::kI64:
-      return 8;
-  }
-  return 0;
-}
-
 int64_t TensorInfo::numel() const {
   int64_t n = 1;  // a scalar (shape []) has one element
   for (int64_t dim : shape) n *= dim;
@@ -403,60 +373,6 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorT
     return absl::InvalidArgumentError(absl::StrCat(path, ": write failed: ", reason));
   }
   return absl::OkStatus();
-}
-
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  const uint32_t exponent = (h >> 10) & 0x1f;
-  const uint32_t mantissa = h & 0x3ff;
-  if (exponent == 0) {
-    // Zero or subnormal: mantissa * 2^-24, exact in f32.
-    const float magnitude = std::ldexp(static_cast<float>(mantissa), -24);
-    return sign ? -magnitude : magnitude;
-  }
-  if (exponent == 0x1f) {  // inf or nan (payload kept)
-    return std::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));
-  }
-  return std::bit_cast<float>(sign | ((exponent + 112) << 23) | (mantissa << 13));
-}
-
-float BFloat16ToFloat(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
-
-uint16_t FloatToHalf(float f) {
-  const uint32_t bits = std::bit_cast<uint32_t>(f);
-  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000);
-  const uint32_t magnitude = bits & 0x7fffffff;
-  if (magnitude >= 0x7f800000) {  // inf, or nan (made quiet, top payload bits kept)
-    if (magnitude == 0x7f800000) return sign | 0x7c00;
-    return sign | 0x7e00 | static_cast<uint16_t>((magnitude >> 13) & 0x3ff);
-  }
-  // 65520 is halfway between 65504 (largest half) and 65536; ties go to the
-  // even neighbour, which is infinity.
-  if (magnitude >= 0x477ff000) return sign | 0x7c00;
-  if (magnitude < 0x38800000) {                // below 2^-14: half subnormal (units of 2^-24)
-    if (magnitude <= 0x33000000) return sign;  // <= 2^-25 rounds to zero (tie to even)
-    const uint32_t exponent = magnitude >> 23;
-    const uint32_t mantissa = (magnitude & 0x7fffff) | 0x800000;
-    const uint32_t shift = 126 - exponent;  // 14..24
-    uint32_t result = mantissa >> shift;
-    const uint32_t rest = mantissa & ((1u << shift) - 1);
-    const uint32_t halfway = 1u << (shift - 1);
-    if (rest > halfway || (rest == halfway && (result & 1))) ++result;
-    return sign | static_cast<uint16_t>(result);  // may carry into the smallest normal
-  }
-  uint32_t result = ((magnitude >> 23) - 112) << 10 | ((magnitude >> 13) & 0x3ff);
-  const uint32_t rest = magnitude & 0x1fff;
-  if (rest > 0x1000 || (rest == 0x1000 && (result & 1))) ++result;  // carry may bump the exponent
-  return sign | static_cast<uint16_t>(result);
-}
-
-uint16_t FloatToBFloat16(float f) {
-  const uint32_t bits = std::bit_cast<uint32_t>(f);
-  if ((bits & 0x7fffffff) > 0x7f800000) {  // nan: keep sign, force quiet
-    return static_cast<uint16_t>((bits >> 16) | 0x0040);
-  }
-  const uint32_t rounding = 0x7fff + ((bits >> 16) & 1);
-  return static_cast<uint16_t>((bits + rounding) >> 16);
 }
 
 }  // namespace switchserve

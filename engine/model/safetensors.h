@@ -13,12 +13,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/model/dtype.h"
 
 namespace switchserve {
-
-enum class DType { kF32, kF16, kBF16, kI32, kI64 };
-std::string_view ToString(DType dtype);  // "F32", "F16", ...
-int DTypeSize(DType dtype);
 
 struct TensorInfo {
   DType dtype = DType::kF32;
@@ -67,12 +64,6 @@ struct TensorToWrite {
   DType dtype = DType::kF32;
 };
 absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors);
-
-// f16 / bf16 conversions (round to nearest even).
-float HalfToFloat(uint16_t h);
-float BFloat16ToFloat(uint16_t b);
-uint16_t FloatToHalf(float f);
-uint16_t FloatToBFloat16(float f);
 
 }  // namespace switchserve
 

@@ -7,8 +7,8 @@
 //   V: [cache rows, G * Ev, dh]     (Ev = E with destination value routing, else 1)
 // with cache row = block * block_size + position % block_size.
 //
-// Not thread-safe: owns scratch buffers reused across calls; uses OpenMP and
-// OpenBLAS threads internally.
+// Not thread-safe: owns scratch buffers reused across calls; shares its work
+// out on the backend's worker pool.
 #ifndef SWITCHSERVE_KERNELS_CPU_CPU_ATTENTION_H_
 #define SWITCHSERVE_KERNELS_CPU_CPU_ATTENTION_H_
 
@@ -20,13 +20,18 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/cpu_step.h"
 #include "kernels/cpu/cpu_xl_positions.h"
+#include "kernels/cpu/matmul_runner.h"
+#include "kernels/cpu/paged_attention.h"
 
 namespace switchserve::cpu {
 
 class CpuAttention {
  public:
-  CpuAttention(const ModelConfig& config, const DispatchConfig& dispatch, int num_threads,
-               int64_t parallel_min_macs);
+  // `runner` (the projections' matmuls) and `pool` must outlive this layer.
+  // Steps whose attention proper needs fewer multiply-adds than
+  // `parallel_min_macs` attend on the calling thread.
+  CpuAttention(const ModelConfig& config, const DispatchConfig& dispatch, KernelIsa isa,
+               MatmulRunner* runner, WorkerPool* pool, int64_t parallel_min_macs);
 
   // x[T, d] += Attn(xn[T, d]) for the step. Writes the step's keys and values
   // to `k_cache` / `v_cache` (this layer's) before attending. Value routers are
@@ -38,40 +43,33 @@ class CpuAttention {
            const RoutingRecorder& recorder);
 
  private:
+  // q, k, the router logits and (unrouted) v: the products of xn.
+  void ProjectInputs(const AttentionWeights& w, const StepBatch& step, const float* xn);
   void ComputeValues(const AttentionWeights& w, const StepBatch& step, const float* xn,
                      int router_base, const RoutingRecorder& recorder);
-  void Attend(const StepBatch& step, const float* k_cache, const float* v_cache,
-              const XlPositionKeys& positions);
-  // Attention of the `n` tokens of chunk `c` (step tokens [t0, t0 + n)) as
-  // GEMMs over query tiles against the sequence's keys gathered contiguously.
-  void AttendChunkTiled(const StepBatch& step, int c, int t0, int n, const float* k_cache,
-                        const float* v_cache, const XlPositionKeys& positions);
   void ProjectOutput(const AttentionWeights& w, const StepBatch& step, const float* xn, float* x,
                      int router_base, const RoutingRecorder& recorder);
   GateFunction gate() const;
 
   AttentionConfig attn_;
   DispatchConfig dispatch_;
+  MatmulRunner* runner_;
+  WorkerPool* pool_;
   int d_ = 0;
-  int num_threads_ = 1;
-  int64_t parallel_min_macs_ = 0;
   RopeTable rope_;
+  PagedAttention paged_;
 
   // Scratch, grown as needed and reused.
-  std::vector<float> q_;                        // [T, H*dh]
-  std::vector<float> k_;                        // [T, G*dh]
-  std::vector<float> v_;                        // [T, G*Ev*dh]
-  std::vector<float> a_;                        // [T, H*dh] attention output
-  std::vector<float> logits_;                   // [T, routers*E]
-  std::vector<float> vweight_;                  // destination routing: [T, G, E] value gate weights
-  std::vector<float> gather_;                   // [T, max(d, dh)]
-  std::vector<float> product_;                  // [T, max(d, dh)]
-  std::vector<float> scores_;                   // [threads, longest context in the step]
-  std::vector<int> loop_tokens_;                // tokens attended one by one
-  std::vector<float> keys_;                     // [keys, dh] one KV head's keys, contiguous
-  std::vector<float> values_;                   // [keys, Ev*dh]
-  std::vector<float> tile_scores_;              // [tile, keys]
-  std::vector<float> tile_out_;                 // [tile, dh]
+  std::vector<float> q_;              // [T, H*dh]
+  std::vector<float> k_;              // [T, G*dh]
+  std::vector<float> v_;              // [T, G*Ev*dh]
+  std::vector<float> a_;              // [T, H*dh] attention output
+  std::vector<float> value_logits_;   // [T, value routers*E]
+  std::vector<float> output_logits_;  // [T, output routers*E] (E = 1: [T, H])
+  std::vector<float> vweight_;        // destination routing: [T, G, E] value gate weights
+  std::vector<float> product_;        // [routed slots, max(d, dh)] expert outputs
+  std::vector<MatmulTask> tasks_;
+  std::vector<ExpertOutputs> outputs_;
   std::vector<ExpertAssignments> assignments_;  // per router head
   RouterDecision decision_;
 };

@@ -17,6 +17,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/cpu_step.h"
 #include "kernels/cpu/cpu_xl_positions.h"
+#include "kernels/cpu/matmul_runner.h"
 
 namespace switchserve {
 namespace {
@@ -29,11 +30,16 @@ class CpuBackend final : public Backend {
         weights_(weights),
         positions_(std::move(positions)),
         num_threads_(options.num_threads > 0 ? options.num_threads : omp_get_max_threads()),
-        attention_(config, dispatch, num_threads_, options.parallel_attention_min_macs),
-        ffn_(config, dispatch),
+        isa_(options.generic_kernels ? cpu::KernelIsa::kGeneric : cpu::BestKernelIsa()),
+        pool_(num_threads_),
+        runner_(isa_, &pool_, options.parallel_matmul_min_macs),
+        attention_(config, dispatch, isa_, &runner_, &pool_, options.parallel_attention_min_macs),
+        ffn_(config, dispatch, &runner_, &pool_),
         dispatch_(dispatch),
         layout_(config) {
-    if (options.num_threads > 0) openblas_set_num_threads(options.num_threads);
+    // Our kernels share the cores out (the worker pool); OpenBLAS, unused on
+    // the step's path, must not start a second pool of spinning threads.
+    openblas_set_num_threads(1);
   }
 
   std::string_view name() const override { return "cpu"; }
@@ -92,6 +98,9 @@ class CpuBackend final : public Backend {
   const ModelWeights& weights_;
   const cpu::XlPositionTable positions_;  // empty with RoPE
   int num_threads_;
+  cpu::KernelIsa isa_;
+  cpu::WorkerPool pool_;
+  cpu::MatmulRunner runner_;
   cpu::CpuAttention attention_;
   cpu::CpuFfn ffn_;
   DispatchConfig dispatch_;
@@ -160,19 +169,18 @@ absl::Status CpuBackend::Forward(const StepBatch& batch, StepOutput* out) {
   cpu::Grow(x_, static_cast<size_t>(T) * d);
   cpu::Grow(xn_, static_cast<size_t>(T) * d);
   for (int t = 0; t < T; ++t) {
-    std::memcpy(x_.data() + static_cast<int64_t>(t) * d,
-                weights_.embedding.ptr() + static_cast<int64_t>(batch.token_ids[t]) * d,
-                d * sizeof(float));
+    cpu::WidenValues(weights_.embedding, static_cast<int64_t>(batch.token_ids[t]) * d, d,
+                     x_.data() + static_cast<int64_t>(t) * d);
   }
 
   for (int l = 0; l < config_.n_layers; ++l) {
     const LayerWeights& lw = weights_.layers[l];
-    cpu::NormRows(config_.norm, eps, x_.data(), T, d, lw.attn_norm_w.ptr(),
-                  cpu::OrNull(lw.attn_norm_b), xn_.data());
+    cpu::NormRows(config_.norm, eps, x_.data(), T, d, lw.attn_norm_w.f32(),
+                  cpu::F32OrNull(lw.attn_norm_b), xn_.data());
     attention_.Run(lw.attn, batch, xn_.data(), x_.data(), k_cache_[l].data(), v_cache_[l].data(),
                    positions_.Layer(l), layout_.AttentionBase(l), recorder);
-    cpu::NormRows(config_.norm, eps, x_.data(), T, d, lw.ffn_norm_w.ptr(),
-                  cpu::OrNull(lw.ffn_norm_b), xn_.data());
+    cpu::NormRows(config_.norm, eps, x_.data(), T, d, lw.ffn_norm_w.f32(),
+                  cpu::F32OrNull(lw.ffn_norm_b), xn_.data());
     ffn_.Run(lw.ffn, T, xn_.data(), x_.data(), layout_.FfnRouter(l), recorder);
   }
   group_loads_.Commit(batch);
@@ -206,6 +214,9 @@ absl::Status CpuBackend::Forward(const StepBatch& batch, StepOutput* out) {
   OutputHead(logit_rows_, out->logits.data());
   cpu::Grow(sample_logits_, sample_rows_.size() * vocab);
   OutputHead(sample_rows_, sample_logits_.data());
+  // The rest of the step (sampling) and the engine's work until the next
+  // one run on this thread alone.
+  pool_.Rest();
 
   // The host sampler, on the last token's logits.
   for (const PendingSample& pending : samples_) {
@@ -239,13 +250,14 @@ void CpuBackend::OutputHead(const std::vector<int>& rows, float* logits) {
   if (n == 0) return;
   for (int r = 0; r < n; ++r) {
     cpu::NormRows(config_.norm, static_cast<float>(config_.norm_eps),
-                  x_.data() + static_cast<int64_t>(rows[r]) * d, 1, d, weights_.final_norm_w.ptr(),
-                  cpu::OrNull(weights_.final_norm_b), xn_.data() + static_cast<int64_t>(r) * d);
+                  x_.data() + static_cast<int64_t>(rows[r]) * d, 1, d, weights_.final_norm_w.f32(),
+                  cpu::F32OrNull(weights_.final_norm_b), xn_.data() + static_cast<int64_t>(r) * d);
   }
-  cpu::GemmNT(n, config_.vocab_size, d, 1.0f, xn_.data(), d, weights_.OutputHead().ptr(), d, 0.0f,
-              logits, config_.vocab_size);
-  cpu::AddBiasRows(logits, n, config_.vocab_size, config_.vocab_size,
-                   cpu::OrNull(weights_.lm_head_bias));
+  const int vocab = config_.vocab_size;
+  runner_.Run(cpu::WeightLayout::kRowsOut,
+              {n, vocab, d, xn_.data(), d, nullptr, cpu::MatrixOf(weights_.OutputHead(), d), logits,
+               vocab});
+  cpu::AddBiasRows(logits, n, vocab, vocab, cpu::F32OrNull(weights_.lm_head_bias));
 }
 
 void CpuBackend::AppendRouting(int token, TokenRouting* routing) const {

@@ -1,9 +1,11 @@
-// The CPU implementation of Backend: f32 weights, OpenBLAS sgemm for every
-// projection and for the grouped expert matmuls (tokens gathered per expert,
-// one GEMM per active expert), attention over the paged cache vectorised and
-// spread across the machine's cores with OpenMP; the next token sampled on
-// the host by the runtime's sampler (engine/runtime/sampler.h). Created
-// through kernels/backends.h.
+// The CPU implementation of Backend: weights used as held (f32, bf16 or f16),
+// every projection and the grouped expert matmuls (all active experts of a
+// module in one group of products over the rows routed to them) run on our
+// batch-invariant kernels (kernels/cpu/matmul.h), attention over the paged
+// cache in one operation order per query (paged_attention.h), the work of
+// both shared out on the backend's worker pool; the next token sampled on
+// the host by the runtime's sampler
+// (engine/runtime/sampler.h). Created through kernels/backends.h.
 #ifndef SWITCHSERVE_KERNELS_CPU_CPU_BACKEND_H_
 #define SWITCHSERVE_KERNELS_CPU_CPU_BACKEND_H_
 
@@ -20,9 +22,15 @@ namespace switchserve {
 struct CpuBackendOptions {
   int num_threads = 0;  // 0: all cores
   // Steps whose attention needs fewer multiply-adds than this attend on one
-  // thread (waking the OpenMP team costs more than it saves on decode steps).
+  // thread (waking the workers costs more than it saves on small steps).
   // Tests set 0 to exercise the parallel path on tiny models.
   int64_t parallel_attention_min_macs = int64_t{1} << 22;
+  // A group of matmuls with fewer multiply-adds runs on one thread. Tests set
+  // 0 to exercise the split across threads on tiny models.
+  int64_t parallel_matmul_min_macs = int64_t{1} << 17;
+  // Run the portable build of the kernels even where the CPU has AVX2 (tests
+  // of that build; it rounds differently, see matmul.h).
+  bool generic_kernels = false;
   // XL positions: the most bytes the position tables (n_layers * n_heads *
   // max_seq_len * head_dim floats, cpu_xl_positions.h) may take; 0: this
   // host's memory (HostMemoryBytes, as for the KV cache and the weights).

@@ -1,7 +1,8 @@
 // The feed-forward layer of the CPU backend: dense, or MoE (Switch / sigma-MoE)
-// with capacity-aware dispatch and grouped expert matmuls (the tokens routed
-// to an expert gathered, one GEMM pair per active expert, scaled by their gate
-// and scattered back).
+// with capacity-aware dispatch and grouped expert matmuls: each active expert
+// reads the rows its router sent it in place, all experts' products of one
+// matrix run as one group on the backend's threads, and each token's kept
+// outputs are added back, scaled by their gates, in expert order.
 //
 // Not thread-safe: owns scratch buffers reused across calls.
 #ifndef SWITCHSERVE_KERNELS_CPU_CPU_FFN_H_
@@ -11,13 +12,17 @@
 
 #include "engine/model/model_config.h"
 #include "engine/model/model_weights.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/cpu_step.h"
+#include "kernels/cpu/matmul_runner.h"
 
 namespace switchserve::cpu {
 
 class CpuFfn {
  public:
-  CpuFfn(const ModelConfig& config, const DispatchConfig& dispatch);
+  // `runner` and `pool` must outlive this layer.
+  CpuFfn(const ModelConfig& config, const DispatchConfig& dispatch, MatmulRunner* runner,
+         WorkerPool* pool);
 
   // x[T, d] += FFN(xn[T, d]). The MoE router is recorded at `router_index`.
   void Run(const FfnWeights& w, int tokens, const float* xn, float* x, int router_index,
@@ -27,11 +32,14 @@ class CpuFfn {
   FfnConfig ffn_;
   DispatchConfig dispatch_;
   int d_ = 0;
+  MatmulRunner* runner_;
+  WorkerPool* pool_;
 
   std::vector<float> logits_;   // [T, X]
-  std::vector<float> gather_;   // [T, d]
-  std::vector<float> hidden_;   // [T, F]
-  std::vector<float> product_;  // [T, d]
+  std::vector<float> hidden_;   // [slots, F] (dense: [T, F])
+  std::vector<float> product_;  // [slots, d]
+  std::vector<MatmulTask> tasks_;
+  std::vector<ExpertOutputs> outputs_;
   RouterDecision decision_;
   ExpertAssignments assignments_;
 };

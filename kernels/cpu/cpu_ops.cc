@@ -49,6 +49,20 @@ void GemmNN(int m, int n, int k, float alpha, const float* a, int lda, const flo
   Gemm(/*b_transposed=*/false, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+void WidenValues(const Tensor& t, int64_t offset, int count, float* out) {
+  switch (t.dtype()) {
+    case DType::kBF16:
+      for (int i = 0; i < count; ++i) out[i] = BFloat16ToFloat(t.half()[offset + i]);
+      return;
+    case DType::kF16:
+      for (int i = 0; i < count; ++i) out[i] = HalfToFloat(t.half()[offset + i]);
+      return;
+    default:
+      std::memcpy(out, t.f32() + offset, count * sizeof(float));
+      return;
+  }
+}
+
 void NormRows(NormKind kind, float eps, const float* x, int rows, int d, const float* weight,
               const float* bias, float* out) {
   for (int r = 0; r < rows; ++r) {
@@ -133,24 +147,37 @@ void RopeTable::Apply(float* x, int heads, int head_dim, int position) const {
   }
 }
 
-void GatherExpertRows(const ExpertAssignments& assignments, int e, const float* src,
-                      int64_t src_stride, int width, float* dst) {
-  for (int s = assignments.begin(e); s < assignments.end(e); ++s) {
-    std::memcpy(dst, src + static_cast<int64_t>(assignments.token[s]) * src_stride,
-                width * sizeof(float));
-    dst += width;
-  }
-}
-
-void ScatterAddExpertRows(const ExpertAssignments& assignments, int e, const float* product,
-                          int width, float* dst, int64_t dst_stride) {
-  for (int s = assignments.begin(e); s < assignments.end(e); ++s) {
-    const float wt = assignments.weight[s];
-    float* row = dst + static_cast<int64_t>(assignments.token[s]) * dst_stride;
+void AddExpertOutputs(const std::vector<ExpertOutputs>& groups, int width, int tokens,
+                      WorkerPool* pool, int64_t parallel_min_values) {
+  // Each piece owns a range of token rows and walks every slot, adding those
+  // of its tokens: a row's additions come in the same order in every piece.
+  const auto add_range = [&](int t_begin, int t_end) {
+    for (const ExpertOutputs& group : groups) {
+      const ExpertAssignments& as = *group.assignments;
+      for (int e = 0; e < as.n_experts; ++e) {
+        for (int s = as.begin(e); s < as.end(e); ++s) {
+          const int t = as.token[s];
+          if (t < t_begin || t >= t_end) continue;
+          const float wt = as.weight[s];
+          const float* product = group.product + static_cast<int64_t>(s) * width;
+          float* row = group.dst + t * group.dst_stride;
 #pragma omp simd
-    for (int c = 0; c < width; ++c) row[c] += wt * product[c];
-    product += width;
+          for (int c = 0; c < width; ++c) row[c] += wt * product[c];
+        }
+      }
+    }
+  };
+  int64_t slots = 0;
+  for (const ExpertOutputs& group : groups) slots += group.assignments->offsets.back();
+  if (pool->threads() == 1 || slots * width < parallel_min_values || tokens < 2) {
+    add_range(0, tokens);
+    return;
   }
+  const int pieces = std::min(tokens, 4 * pool->threads());
+  pool->Run(pieces, [&](int i, int) {
+    add_range(static_cast<int>(static_cast<int64_t>(tokens) * i / pieces),
+              static_cast<int>(static_cast<int64_t>(tokens) * (i + 1) / pieces));
+  });
 }
 
 }  // namespace switchserve::cpu

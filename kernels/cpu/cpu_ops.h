@@ -1,6 +1,8 @@
 // Elementwise and row-wise building blocks of the CPU backend: OpenBLAS GEMM
-// wrappers (row-major f32), norms, activations, RoPE. Internal to the CPU
-// backend; no state beyond the RoPE table, no allocation per call.
+// wrappers (row-major f32, for attention over the cache), norms, activations,
+// RoPE, the gather and scatter of expert rows. Internal to the CPU backend; no
+// state beyond the RoPE table, no allocation per call. Every function works
+// row by row: a row's result never depends on the other rows.
 #ifndef SWITCHSERVE_KERNELS_CPU_CPU_OPS_H_
 #define SWITCHSERVE_KERNELS_CPU_CPU_OPS_H_
 
@@ -10,6 +12,7 @@
 #include "engine/model/model_config.h"
 #include "engine/model/model_weights.h"
 #include "engine/moe/expert_dispatch.h"
+#include "kernels/cpu/worker_pool.h"
 
 namespace switchserve::cpu {
 
@@ -21,11 +24,14 @@ void Grow(std::vector<T>& buffer, size_t n) {
   if (buffer.size() < n) buffer.resize(n);
 }
 
-// The tensor's data from `offset` on, or null for an absent tensor (a bias
-// the config does not call for).
-inline const float* OrNull(const Tensor& t, int64_t offset = 0) {
-  return t.empty() ? nullptr : t.ptr() + offset;
+// The f32 tensor's values from `offset` on, or null for an absent tensor (a
+// bias the config does not call for).
+inline const float* F32OrNull(const Tensor& t, int64_t offset = 0) {
+  return t.empty() ? nullptr : t.f32() + offset;
 }
+
+// out[0, count) = elements [offset, offset + count) of `t`, widened to f32.
+void WidenValues(const Tensor& t, int64_t offset, int count, float* out);
 
 // C[m, n] = alpha * A[m, k] * B[n, k]^T + beta * C (B in nn.Linear layout).
 void GemmNT(int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
@@ -44,14 +50,22 @@ void AddBiasRows(float* x, int rows, int n, int ld, const float* bias);
 void ApplyActivation(Activation act, float* x, int64_t n);
 float Sigmoid(float z);
 
-// Grouped expert matmuls: copies the `width`-float rows of expert e's tokens
-// (row of token t at src + t * src_stride) into dst, contiguously, in slot order.
-void GatherExpertRows(const ExpertAssignments& assignments, int e, const float* src,
-                      int64_t src_stride, int width, float* dst);
-// The other way: the row of token t at dst + t * dst_stride += the slot's gate
-// weight * the slot's row of `product` (contiguous, `width` floats each).
-void ScatterAddExpertRows(const ExpertAssignments& assignments, int e, const float* product,
-                          int width, float* dst, int64_t dst_stride);
+// One router's expert outputs, for AddExpertOutputs: its assignments, the
+// product rows of its slots (slot s at product + s * width) and the rows of
+// its tokens (token t at dst + t * dst_stride).
+struct ExpertOutputs {
+  const ExpertAssignments* assignments;
+  const float* product;
+  float* dst;
+  int64_t dst_stride;
+};
+// For every token row: += each of its slots' gate weight * product row, in
+// `groups` order, within a group by expert then slot, one multiply and one
+// add per element. Token rows are shared out on `pool` when there are at
+// least `parallel_min_values` products to add; the order of the additions
+// into a row never changes.
+void AddExpertOutputs(const std::vector<ExpertOutputs>& groups, int width, int tokens,
+                      WorkerPool* pool, int64_t parallel_min_values);
 
 // Rotate-half RoPE on the first n_rot channels of a head vector, cos/sin
 // tabulated for positions [0, positions()). The table grows with the

@@ -67,8 +67,8 @@ absl::StatusOr<XlPositionTable> XlPositionTable::Create(const ModelConfig& confi
   }
   const double scale = std::pow(static_cast<double>(dh), -0.25);
   for (int l = 0; l < config.n_layers; ++l) {
-    const Tensor& p = weights.layers[l].attn.pos_to_pk;  // [H*dh, d]
-    std::copy(p.data.begin(), p.data.end(), pos_to_pk.begin());
+    const Tensor& p = weights.layers[l].attn.pos_to_pk;  // [H*dh, d], held in f32
+    std::copy(p.f32(), p.f32() + p.size(), pos_to_pk.begin());
     float* out = table.layers_[l].data();
     for (int first = 0; first < positions; first += kDistanceBlock) {
       const int n = std::min(kDistanceBlock, positions - first);

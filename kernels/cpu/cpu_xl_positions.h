@@ -16,10 +16,10 @@
 // R_h[i], R_h[i - 1], ..., R_h[0] for keys j = 0, 1, ..., i: one head's table
 // is contiguous.
 //
-// The position term q . R_h[i - j] is XlPositionDot, whose reduction order
-// depends only on dh: every attention path (token loop, query tiles) calls it
-// for every (i, j), so the term is bitwise the same however the sequence is
-// chunked and whatever else is in the step. Internal to the CPU backend.
+// The position term q . R_h[i - j] is a dot8 of matmul.h, added to the
+// score's q . k_j in the one operation order of paged_attention.h: bitwise
+// the same however the sequence is chunked and whatever else is in the step.
+// Internal to the CPU backend.
 #ifndef SWITCHSERVE_KERNELS_CPU_CPU_XL_POSITIONS_H_
 #define SWITCHSERVE_KERNELS_CPU_CPU_XL_POSITIONS_H_
 
@@ -74,19 +74,6 @@ class XlPositionTable {
   int head_dim_ = 0;
   std::vector<std::vector<float>> layers_;
 };
-
-// q . r over `dh` channels in a fixed order: channel c is accumulated into
-// partial sum c % 8 (in channel order), and the eight partial sums are added
-// pairwise, ((0+1)+(2+3))+((4+5)+(6+7)). The order depends on dh only.
-inline float XlPositionDot(const float* q, const float* r, int dh) {
-  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int c = 0;
-  for (; c + 8 <= dh; c += 8) {
-    for (int l = 0; l < 8; ++l) lane[l] += q[c + l] * r[c + l];
-  }
-  for (int l = 0; c < dh; ++c, ++l) lane[l] += q[c] * r[c];
-  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-}
 
 }  // namespace switchserve::cpu
 

@@ -7,8 +7,8 @@ metrics show that requests were preempted and assignments dropped. Under
 --capacity-scope step the same traffic changes it, and the server warns at
 startup.
 
-Steps of at most 4 tokens (--max-batch-tokens 4): batch-invariant with
-today's CPU kernels (tests/unit/isolation_test.cc says why)."""
+Steps of at most 4 tokens (--max-batch-tokens 4): many steps, many
+preemptions (tests/unit/isolation_test.cc also runs longer prompt chunks)."""
 
 import concurrent.futures
 import os

@@ -133,7 +133,7 @@ bool SameOutput(const RequestOutcome& a, const RequestOutcome& b) {
 class AdversarialNeighbourTest : public ::testing::TestWithParam<BackendUnderTest> {
  protected:
   // The victim alone, and after the crowd, under `dispatch`. Steps of at most
-  // 4 tokens (batch-invariant with today's CPU kernels; see isolation_test).
+  // 4 tokens: many steps for the crowd to share with the victim.
   std::pair<RequestOutcome, RequestOutcome> AloneAndAttacked(const DispatchConfig& dispatch,
                                                              unsigned char byte) const {
     EngineRunConfig config;

@@ -109,9 +109,9 @@ inline void PrintTo(const EngineShape& shape, std::ostream* os) { *os << shape.n
 
 // Steps of at most 4 tokens, 32 blocks of 4 tokens.
 const EngineShape kSmallSteps = {"small_steps", 4, 128, 3};
-// Steps of up to 24 tokens (prefill chunks long enough for the tiled
-// attention), 96 blocks of 4 tokens.
-const EngineShape kChunkedSteps = {"chunked_steps", 24, 384, 9};
+// Steps of up to 24 tokens (prompt chunks of many rows, several query rows
+// per attention tile), 64 blocks of 4 tokens.
+const EngineShape kChunkedSteps = {"chunked_steps", 24, 256, 6};
 
 EngineRunConfig Tight(const EngineShape& shape, const DispatchConfig& dispatch) {
   EngineRunConfig config;
@@ -288,25 +288,20 @@ std::string TestName(
     const ::testing::TestParamInfo<std::tuple<BackendUnderTest, EngineShape>>& info) {
   return std::get<0>(info.param).name + "_" + std::get<1>(info.param).name;
 }
-// Steps of at most 4 tokens keep every matmul of the CPU backend on its
-// matrix-vector path and every token on the token-by-token attention, whose
-// rounding does not depend on the other rows: batch-invariant with today's
-// kernels.
+// Steps of at most 4 tokens, and longer prompt chunks among neighbours: the
+// CPU backend's kernels fix every element's reduction order whatever the
+// step holds (kernels/cpu/matmul.h, paged_attention.h).
 INSTANTIATE_TEST_SUITE_P(SmallSteps, IsolationTest,
                          ::testing::Combine(::testing::ValuesIn(testing::BackendsUnderTest()),
                                             ::testing::Values(kSmallSteps)),
                          TestName);
-// Longer chunks (matrix-matrix products whose rounding depends on the number
-// of rows, tiled attention for chunks of 8 tokens and more) need kernels whose
-// reduction order does not depend on the batch: disabled until they land.
-INSTANTIATE_TEST_SUITE_P(DISABLED_ChunkedSteps, IsolationTest,
+INSTANTIATE_TEST_SUITE_P(ChunkedSteps, IsolationTest,
                          ::testing::Combine(::testing::ValuesIn(testing::BackendsUnderTest()),
                                             ::testing::Values(kChunkedSteps)),
                          TestName);
-// `score`'s full pass runs a whole sequence as one chunk (matrix-matrix
-// products, tiled attention): equal to the engine's steps only with
-// batch-invariant kernels. Disabled until they land.
-INSTANTIATE_TEST_SUITE_P(DISABLED_AnySteps, FullPassTest,
+// `score`'s full pass runs a whole sequence as one chunk: the engine's steps,
+// however they chunk it, give its logits bit for bit.
+INSTANTIATE_TEST_SUITE_P(AnySteps, FullPassTest,
                          ::testing::Combine(::testing::ValuesIn(testing::BackendsUnderTest()),
                                             ::testing::Values(kSmallSteps, kChunkedSteps)),
                          TestName);

@@ -115,10 +115,12 @@ TEST(ModelLoaderTest, WrittenModelsLoadBackIdentical) {
       for (const ExpectedTensor& e : ExpectedTensors(config)) {
         const Tensor& original = e.In(weights);
         const Tensor& loaded = e.In((*model)->weights);
-        ASSERT_EQ(loaded.shape, original.shape) << e.name;
-        ASSERT_EQ(loaded.data.size(), original.data.size()) << e.name;
-        for (size_t i = 0; i < original.data.size(); ++i) {
-          ASSERT_EQ(loaded.data[i], Narrowed(original.data[i], dtype)) << e.name << "[" << i << "]";
+        ASSERT_EQ(loaded.shape(), original.shape()) << e.name;
+        ASSERT_EQ(loaded.size(), original.size()) << e.name;
+        // Held as stored, except norms, biases and routers: widened to f32.
+        EXPECT_EQ(loaded.dtype(), e.held_in_f32 ? DType::kF32 : dtype) << e.name;
+        for (int64_t i = 0; i < original.size(); ++i) {
+          ASSERT_EQ(loaded.At(i), Narrowed(original.At(i), dtype)) << e.name << "[" << i << "]";
         }
       }
       ASSERT_NE((*model)->tokenizer, nullptr);
@@ -126,6 +128,57 @@ TEST(ModelLoaderTest, WrittenModelsLoadBackIdentical) {
                 config.tokenizer == TokenizerKind::kByte ? "byte" : "sentencepiece");
     }
   }
+}
+
+// --weights-dtype: matrices converted at load (or kept as stored), norms,
+// biases and routers always f32.
+TEST(ModelLoaderTest, WeightsDtypeConvertsMatricesOnly) {
+  const ModelConfig config = ParseOrDie(BaseConfig());
+  const ModelWeights weights = testing::RandomWeights(config, 7);
+  for (DType stored : {DType::kF32, DType::kBF16}) {
+    const std::string dir = testing::MakeTempDir("loader_dtype");
+    ASSERT_TRUE(WriteModelDirectory(dir, config, weights, stored).ok());
+    for (WeightsDtype held :
+         {WeightsDtype::kAsStored, WeightsDtype::kF32, WeightsDtype::kBF16, WeightsDtype::kF16}) {
+      SCOPED_TRACE(std::string(ToString(stored)) + " file held as " + std::string(ToString(held)));
+      ModelLoadOptions options;
+      options.weights_dtype = held;
+      auto model = LoadModel(dir, options);
+      ASSERT_TRUE(model.ok()) << model.status();
+      ASSERT_TRUE(ValidateWeights(config, (*model)->weights).ok());
+      const DType matrix_dtype = held == WeightsDtype::kAsStored ? stored
+                                 : held == WeightsDtype::kF32    ? DType::kF32
+                                 : held == WeightsDtype::kBF16   ? DType::kBF16
+                                                                 : DType::kF16;
+      int matrices = 0;
+      for (const ExpectedTensor& e : ExpectedTensors(config)) {
+        const Tensor& loaded = e.In((*model)->weights);
+        const DType want = e.held_in_f32 ? DType::kF32 : matrix_dtype;
+        matrices += e.held_in_f32 ? 0 : 1;
+        ASSERT_EQ(loaded.dtype(), want) << e.name;
+        const Tensor& original = e.In(weights);
+        for (int64_t i = 0; i < original.size(); i += 7) {
+          const float in_file = Narrowed(original.At(i), stored);
+          const float want_value = e.held_in_f32 ? in_file : Narrowed(in_file, want);
+          ASSERT_EQ(loaded.At(i), want_value) << e.name << "[" << i << "]";
+        }
+      }
+      EXPECT_GT(matrices, 0);
+      EXPECT_EQ((*model)->weights.layers[0].ffn.router_w.dtype(), DType::kF32);
+      EXPECT_EQ((*model)->weights.layers[0].attn.sel_v.dtype(), DType::kF32);
+    }
+  }
+}
+
+TEST(ModelLoaderTest, WeightsDtypeNamesParseBack) {
+  for (WeightsDtype dtype :
+       {WeightsDtype::kAsStored, WeightsDtype::kF32, WeightsDtype::kBF16, WeightsDtype::kF16}) {
+    EXPECT_EQ(*ParseWeightsDtype(ToString(dtype)), dtype);
+  }
+  const absl::StatusOr<WeightsDtype> bad = ParseWeightsDtype("fp32");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("expected auto, f32, bf16 or f16"));
 }
 
 TEST(ModelLoaderTest, ExpectedTensorsFollowTheFormatTable) {
@@ -197,7 +250,7 @@ class BrokenModelTest : public ::testing::Test {
   std::vector<TensorToWrite> Tensors() const {
     std::vector<TensorToWrite> tensors;
     for (const ExpectedTensor& e : ExpectedTensors(config_)) {
-      tensors.push_back({e.name, e.shape, e.In(weights_).ptr(), DType::kF32});
+      tensors.push_back({e.name, e.shape, e.In(weights_).f32(), DType::kF32});
     }
     return tensors;
   }
@@ -246,7 +299,7 @@ TEST_F(BrokenModelTest, ExtraTensor) {
   EXPECT_THAT(LoadError(), HasSubstr("model.safetensors: unexpected tensor lm_head.bias [260]"));
   // A tensor that only another config calls for is just as unexpected.
   tensors.pop_back();
-  tensors.push_back({"lm_head.weight", {260, 32}, weights_.embedding.ptr(), DType::kF32});
+  tensors.push_back({"lm_head.weight", {260, 32}, weights_.embedding.f32(), DType::kF32});
   Rewrite(tensors);
   EXPECT_THAT(LoadError(), HasSubstr("unexpected tensor lm_head.weight [260, 32]"));
 }
@@ -294,7 +347,8 @@ TEST_F(BrokenModelTest, MixedDtypesAreFine) {
   Rewrite(tensors);
   auto model = LoadModel(dir_);
   ASSERT_TRUE(model.ok()) << model.status();
-  EXPECT_EQ((*model)->weights.embedding.data, weights_.embedding.data);  // index 0: F32
+  EXPECT_EQ((*model)->weights.embedding.dtype(), DType::kF32);  // index 0: F32
+  EXPECT_EQ((*model)->weights.embedding.ToF32(), weights_.embedding.ToF32());
 }
 
 TEST_F(BrokenModelTest, TruncatedSafetensors) {
@@ -355,22 +409,50 @@ TEST_F(BrokenModelTest, WeightsLargerThanTheHostAreRefusedBeforeReading) {
 }
 
 TEST_F(BrokenModelTest, NonFiniteWeightsAreRefusedUnlessAllowed) {
-  weights_.layers[1].ffn.w1.data[5] = std::numeric_limits<float>::quiet_NaN();
-  weights_.final_norm_w.data[0] = -std::numeric_limits<float>::infinity();
+  weights_.layers[1].ffn.w1.mutable_f32()[5] = std::numeric_limits<float>::quiet_NaN();
+  weights_.final_norm_w.mutable_f32()[0] = -std::numeric_limits<float>::infinity();
   Rewrite(Tensors());
   EXPECT_THAT(LoadError(), HasSubstr("holds non-finite values (element "));
   EXPECT_THAT(LoadError(), HasSubstr("--allow-non-finite-weights"));
-  auto model = LoadModel(dir_, LoadModelOptions{.allow_non_finite_weights = true});
+  auto model = LoadModel(dir_, ModelLoadOptions{.allow_non_finite_weights = true});
   ASSERT_TRUE(model.ok()) << model.status();
   ASSERT_EQ((*model)->warnings.size(), 2u);
   EXPECT_THAT((*model)->warnings[0] + (*model)->warnings[1],
               HasSubstr("layers.1.ffn.w1 holds non-finite values (element 5 of"));
-  EXPECT_TRUE(std::isnan((*model)->weights.layers[1].ffn.w1.data[5]));
-  // Half-precision infinities are caught after widening too.
-  std::vector<TensorToWrite> tensors = Tensors();
-  for (TensorToWrite& t : tensors) t.dtype = DType::kBF16;
-  Rewrite(tensors);
-  EXPECT_THAT(LoadError(), HasSubstr("holds non-finite values"));
+  EXPECT_TRUE(std::isnan((*model)->weights.layers[1].ffn.w1.At(5)));
+}
+
+// Weights stored as bf16 or f16 are checked as stored, whatever dtype they
+// are held in, and naming the tensor.
+TEST_F(BrokenModelTest, NonFiniteHalfPrecisionWeightsAreRefused) {
+  weights_.layers[1].ffn.w1.mutable_f32()[5] = std::numeric_limits<float>::quiet_NaN();
+  for (DType stored : {DType::kBF16, DType::kF16}) {
+    std::vector<TensorToWrite> tensors = Tensors();
+    for (TensorToWrite& t : tensors) t.dtype = stored;
+    Rewrite(tensors);
+    for (WeightsDtype held : {WeightsDtype::kAsStored, WeightsDtype::kF32, WeightsDtype::kBF16}) {
+      SCOPED_TRACE(std::string(ToString(stored)) + " held as " + std::string(ToString(held)));
+      auto model = LoadModel(dir_, ModelLoadOptions{.weights_dtype = held});
+      ASSERT_FALSE(model.ok());
+      EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_THAT(model.status().message(),
+                  HasSubstr("tensor layers.1.ffn.w1 holds non-finite values (element 5 of"));
+    }
+  }
+}
+
+// Narrowing to f16 turns finite f32 values beyond 65504 into infinities:
+// refused once held, not as stored.
+TEST_F(BrokenModelTest, WeightsOverflowingF16AreRefusedWhenHeldAsF16) {
+  weights_.layers[0].attn.q.mutable_f32()[2] = 1e6f;
+  Rewrite(Tensors());
+  ASSERT_TRUE(LoadModel(dir_).ok());
+  ASSERT_TRUE(LoadModel(dir_, ModelLoadOptions{.weights_dtype = WeightsDtype::kBF16}).ok());
+  auto model = LoadModel(dir_, ModelLoadOptions{.weights_dtype = WeightsDtype::kF16});
+  ASSERT_FALSE(model.ok());
+  EXPECT_THAT(model.status().message(),
+              HasSubstr("tensor layers.0.attn.q.weight holds non-finite values (element 2 of"));
+  EXPECT_THAT(model.status().message(), HasSubstr("once held as F16"));
 }
 
 // A FIFO in place of model.safetensors used to block startup in open(),
@@ -424,24 +506,29 @@ TEST(ValidateWeightsTest, ReportsEveryKindOfMismatch) {
               HasSubstr("expected 2 layers (n_layers), found 1"));
 
   w = good;
-  w.layers[1].attn.q.data.clear();
+  w.layers[1].attn.q.Clear();
   EXPECT_THAT(ValidateWeights(config, w).message(),
               HasSubstr("missing tensor layers.1.attn.q.weight (expected shape [32, 32])"));
 
   w = good;
-  w.layers[0].attn.v.shape = {16, 8, 32};
+  w.layers[0].attn.v.mutable_shape() = {16, 8, 32};
   EXPECT_THAT(ValidateWeights(config, w).message(),
               HasSubstr("tensor layers.0.attn.v: expected shape [16, 32, 8], found [16, 8, 32]"));
 
   w = good;
-  w.final_norm_b.data.pop_back();
+  w.final_norm_b = Tensor::F32({32}, std::vector<float>(31, 0.0f));
   EXPECT_THAT(ValidateWeights(config, w).message(),
               HasSubstr("tensor final_norm.bias: shape [32] needs 32 values, found 31"));
 
   w = good;
-  w.layers[1].ffn.router_b = {{3}, {0.0f, 0.0f, 0.0f}};
+  w.layers[1].ffn.router_b = Tensor::F32({3}, {0.0f, 0.0f, 0.0f});
   EXPECT_THAT(ValidateWeights(config, w).message(),
               HasSubstr("unexpected tensor layers.1.ffn.router_b (shape [3])"));
+
+  w = good;
+  w.layers[0].ffn.router_w = w.layers[0].ffn.router_w.ConvertedTo(DType::kBF16);
+  EXPECT_THAT(ValidateWeights(config, w).message(),
+              HasSubstr("tensor layers.0.ffn.router.weight: expected F32"));
 
   w = good;
   w.lm_head = w.embedding;
@@ -453,7 +540,7 @@ TEST(ValidateWeightsTest, ReportsEveryKindOfMismatch) {
   EXPECT_THAT(ValidateWeights(config, w).message(),
               HasSubstr("unexpected tensor layers.1.attn.pos_to_pk (shape [32, 32])"));
   w = good;
-  w.lm_head_bias = {{260}, std::vector<float>(260, 0.0f)};
+  w.lm_head_bias = Tensor::F32({260}, std::vector<float>(260, 0.0f));
   EXPECT_THAT(ValidateWeights(config, w).message(),
               HasSubstr("unexpected tensor lm_head_bias (shape [260])"));
   Json xl_json = BaseConfig();
@@ -463,15 +550,15 @@ TEST(ValidateWeightsTest, ReportsEveryKindOfMismatch) {
   const ModelWeights xl_good = testing::RandomWeights(xl, 5);
   ASSERT_TRUE(ValidateWeights(xl, xl_good).ok()) << ValidateWeights(xl, xl_good);
   w = xl_good;
-  w.layers[0].attn.pos_to_pk.data.clear();
+  w.layers[0].attn.pos_to_pk.Clear();
   EXPECT_THAT(ValidateWeights(xl, w).message(),
               HasSubstr("missing tensor layers.0.attn.pos_to_pk (expected shape [32, 32])"));
   w = xl_good;
-  w.layers[1].attn.pos_to_pk.shape = {16, 64};
+  w.layers[1].attn.pos_to_pk = Tensor::F32({16, 64}, w.layers[1].attn.pos_to_pk.ToF32());
   EXPECT_THAT(ValidateWeights(xl, w).message(),
               HasSubstr("tensor layers.1.attn.pos_to_pk: expected shape [32, 32], found [16, 64]"));
   w = xl_good;
-  w.lm_head_bias.data.clear();
+  w.lm_head_bias.Clear();
   EXPECT_THAT(ValidateWeights(xl, w).message(),
               HasSubstr("missing tensor lm_head.bias (expected shape [260])"));
 

@@ -28,6 +28,16 @@ const std::vector<BackendUnderTest>& BackendsUnderTest() {
          CpuBackendOptions options;
          options.num_threads = 2;
          options.parallel_attention_min_macs = 0;
+         options.parallel_matmul_min_macs = 0;
+         return OrFail(CreateCpuBackend(config, weights, dispatch, options));
+       }},
+      {"cpu_generic",
+       [](const ModelConfig& config, const ModelWeights& weights, const DispatchConfig& dispatch) {
+         CpuBackendOptions options;
+         options.num_threads = 2;
+         options.parallel_attention_min_macs = 0;
+         options.parallel_matmul_min_macs = 0;
+         options.generic_kernels = true;
          return OrFail(CreateCpuBackend(config, weights, dispatch, options));
        }},
   };

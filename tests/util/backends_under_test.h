@@ -27,9 +27,10 @@ struct BackendUnderTest {
 };
 inline void PrintTo(const BackendUnderTest& backend, std::ostream* os) { *os << backend.name; }
 
-// The CPU backend as it is created by default ("cpu"), and with two threads
-// attending in parallel however small the step ("cpu_parallel"); then every
-// other backend built.
+// The CPU backend as it is created by default ("cpu"), with two threads
+// sharing out every matmul group and attention however small the step
+// ("cpu_parallel"), and the same on the portable build of its kernels
+// ("cpu_generic"); then every other backend built.
 const std::vector<BackendUnderTest>& BackendsUnderTest();
 
 }  // namespace switchserve::testing

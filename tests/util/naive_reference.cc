@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "engine/model/model_loader.h"
 #include "gtest/gtest.h"
 
 namespace switchserve::testing {
@@ -22,7 +23,8 @@ Vec Norm(const ModelConfig& c, const Vec& x, const Tensor& w, const Tensor& b) {
   var /= d;
   Vec out(d);
   for (int i = 0; i < d; ++i) {
-    out[i] = (x[i] - mean) / std::sqrt(var + c.norm_eps) * w.data[i] + (b.empty() ? 0 : b.data[i]);
+    out[i] =
+        (x[i] - mean) / std::sqrt(var + c.norm_eps) * w.f32()[i] + (b.empty() ? 0 : b.f32()[i]);
   }
   return out;
 }
@@ -83,7 +85,7 @@ Vec XlPositionKey(const ModelConfig& c, const AttentionWeights& w, int h, int p)
     pe[2 * m] = std::sin(angle) * std::pow(dh, -0.25);
     pe[2 * m + 1] = std::cos(angle) * std::pow(dh, -0.25);
   }
-  return MatVec(w.pos_to_pk.ptr() + static_cast<int64_t>(h) * dh * d, dh, d, pe);
+  return MatVec(w.pos_to_pk.f32() + static_cast<int64_t>(h) * dh * d, dh, d, pe);
 }
 
 double Act(Activation act, double v) {
@@ -111,8 +113,8 @@ std::vector<Vec> NaiveAttention(const ModelConfig& c, const AttentionWeights& w,
   std::vector<std::vector<std::vector<Vec>>> values(T);
   std::vector<std::vector<Route>> vroute(T);  // per token, per KV head
   for (int t = 0; t < T; ++t) {
-    q[t] = MatVec(w.q.ptr(), H * dh, d, xs[t]);
-    kk[t] = MatVec(w.k.ptr(), G * dh, d, xs[t]);
+    q[t] = MatVec(w.q.f32(), H * dh, d, xs[t]);
+    kk[t] = MatVec(w.k.f32(), G * dh, d, xs[t]);
     for (double& v : q[t]) v *= s;
     for (double& v : kk[t]) v *= s;
     for (int h = 0; h < H; ++h) Rope(c, q[t].data() + h * dh, t);
@@ -121,16 +123,16 @@ std::vector<Vec> NaiveAttention(const ModelConfig& c, const AttentionWeights& w,
     vroute[t].resize(G);
     for (int g = 0; g < G; ++g) {
       if (!routed) {
-        values[t][g].push_back(MatVec(w.v.ptr() + g * dh * d, dh, d, xs[t]));
+        values[t][g].push_back(MatVec(w.v.f32() + g * dh * d, dh, d, xs[t]));
         continue;
       }
       const int r = a.shared_router ? 0 : g;
       vroute[t][g] = forced != nullptr
                          ? forced->Get(layer, MoeModule::kAttnV, r, t)
-                         : TopK(MatVec(w.sel_v.ptr() + r * E * d, E, d, xs[t]), k, softmax_topk);
+                         : TopK(MatVec(w.sel_v.f32() + r * E * d, E, d, xs[t]), k, softmax_topk);
       std::vector<Vec> per_expert(E);
       for (int e = 0; e < E; ++e) {
-        per_expert[e] = VecMat(xs[t], w.v.ptr() + (g * E + e) * d * dh, d, dh);
+        per_expert[e] = VecMat(xs[t], w.v.f32() + (g * E + e) * d * dh, d, dh);
       }
       if (destination) {
         values[t][g] = per_expert;
@@ -178,20 +180,20 @@ std::vector<Vec> NaiveAttention(const ModelConfig& c, const AttentionWeights& w,
       Vec cat;
       for (int h = 0; h < H; ++h) {
         const double gate = a.kind == AttentionKind::kSwitchHead
-                                ? Sig(MatVec(w.sel_o.ptr() + h * d, 1, d, xs[t])[0])
+                                ? Sig(MatVec(w.sel_o.f32() + h * d, 1, d, xs[t])[0])
                                 : 1.0;
         for (double v : heads[h]) cat.push_back(gate * v);
       }
-      ys[t] = MatVec(w.o.ptr(), d, H * dh, cat);
+      ys[t] = MatVec(w.o.f32(), d, H * dh, cat);
       continue;
     }
     for (int h = 0; h < H; ++h) {
       const int r = a.shared_router ? 0 : h;
       const Route route =
           forced != nullptr ? forced->Get(layer, MoeModule::kAttnO, r, t)
-                            : TopK(MatVec(w.sel_o.ptr() + r * E * d, E, d, xs[t]), k, softmax_topk);
+                            : TopK(MatVec(w.sel_o.f32() + r * E * d, E, d, xs[t]), k, softmax_topk);
       for (size_t i = 0; i < route.experts.size(); ++i) {
-        const Vec y = VecMat(heads[h], w.o.ptr() + (h * E + route.experts[i]) * dh * d, dh, d);
+        const Vec y = VecMat(heads[h], w.o.f32() + (h * E + route.experts[i]) * dh * d, dh, d);
         for (int x = 0; x < d; ++x) ys[t][x] += route.weights[i] * y[x];
       }
     }
@@ -201,11 +203,11 @@ std::vector<Vec> NaiveAttention(const ModelConfig& c, const AttentionWeights& w,
 
 Vec NaiveExpert(const ModelConfig& c, const FfnWeights& w, int e, const Vec& x) {
   const int d = c.d_model, F = c.ffn.d_ff;
-  Vec h = MatVec(w.w1.ptr() + e * F * d, F, d, x);
+  Vec h = MatVec(w.w1.f32() + e * F * d, F, d, x);
   for (int i = 0; i < F; ++i)
-    h[i] = Act(c.ffn.activation, h[i] + (w.b1.empty() ? 0 : w.b1.data[e * F + i]));
-  Vec y = MatVec(w.w2.ptr() + e * d * F, d, F, h);
-  for (int i = 0; i < d; ++i) y[i] += w.b2.empty() ? 0 : w.b2.data[e * d + i];
+    h[i] = Act(c.ffn.activation, h[i] + (w.b1.empty() ? 0 : w.b1.f32()[e * F + i]));
+  Vec y = MatVec(w.w2.f32() + e * d * F, d, F, h);
+  for (int i = 0; i < d; ++i) y[i] += w.b2.empty() ? 0 : w.b2.f32()[e * d + i];
   return y;
 }
 
@@ -222,10 +224,10 @@ Vec NaiveFfn(const ModelConfig& c, const FfnWeights& w, const Vec& x, int layer,
     }
     return y;
   }
-  Vec z = MatVec(w.router_w.ptr(), f.n_experts, c.d_model, x);
+  Vec z = MatVec(w.router_w.f32(), f.n_experts, c.d_model, x);
   Vec p(f.n_experts);
   for (int e = 0; e < f.n_experts; ++e) {
-    z[e] += w.router_b.empty() ? 0 : w.router_b.data[e];
+    z[e] += w.router_b.empty() ? 0 : w.router_b.f32()[e];
   }
   const double mx = *std::max_element(z.begin(), z.end());
   double sum = 0;
@@ -266,12 +268,15 @@ Route ForcedRoutes::Get(int layer, MoeModule module, int head, int token) const 
   return r;
 }
 
-std::vector<float> NaiveLogits(const ModelConfig& c, const ModelWeights& w,
+std::vector<float> NaiveLogits(const ModelConfig& c, const ModelWeights& held,
                                const std::vector<int32_t>& tokens, const ForcedRoutes* forced) {
+  // Half-precision weights widen exactly: the reference computes with the
+  // same values in float64.
+  const ModelWeights w = ConvertWeights(c, held, WeightsDtype::kF32);
   const int T = static_cast<int>(tokens.size()), d = c.d_model;
   std::vector<Vec> x(T);
   for (int t = 0; t < T; ++t) {
-    x[t].assign(w.embedding.ptr() + tokens[t] * d, w.embedding.ptr() + (tokens[t] + 1) * d);
+    x[t].assign(w.embedding.f32() + tokens[t] * d, w.embedding.f32() + (tokens[t] + 1) * d);
   }
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& layer = w.layers[l];
@@ -287,9 +292,9 @@ std::vector<float> NaiveLogits(const ModelConfig& c, const ModelWeights& w,
   }
   std::vector<float> logits;
   for (int t = 0; t < T; ++t) {
-    Vec l = MatVec(w.OutputHead().ptr(), c.vocab_size, d,
+    Vec l = MatVec(w.OutputHead().f32(), c.vocab_size, d,
                    Norm(c, x[t], w.final_norm_w, w.final_norm_b));
-    for (int v = 0; v < c.vocab_size && c.output_bias; ++v) l[v] += w.lm_head_bias.data[v];
+    for (int v = 0; v < c.vocab_size && c.output_bias; ++v) l[v] += w.lm_head_bias.f32()[v];
     logits.insert(logits.end(), l.begin(), l.end());
   }
   return logits;

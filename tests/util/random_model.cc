@@ -45,9 +45,8 @@ ModelWeights RandomWeights(const ModelConfig& config, uint64_t seed) {
   ModelWeights weights;
   weights.layers.resize(config.n_layers);
   for (const ExpectedTensor& expected : ExpectedTensors(config)) {
-    Tensor& tensor = expected.In(weights);
-    tensor.shape = expected.shape;
-    tensor.data.resize(expected.numel());
+    const std::vector<int64_t>& shape = expected.shape;
+    std::vector<float> values(expected.numel());
     const std::string& name = expected.name;
     const auto ends_with = [&name](const std::string& suffix) {
       return name.size() >= suffix.size() &&
@@ -65,17 +64,17 @@ ModelWeights RandomWeights(const ModelConfig& config, uint64_t seed) {
       if (ends_with(".weight")) offset = 1.0f;
     } else if (ends_with("router.bias")) {
       bound = 0.5;
-    } else if (tensor.shape.size() == 1 || ends_with(".bias") || ends_with(".b1") ||
-               ends_with(".b2")) {
+    } else if (shape.size() == 1 || ends_with(".bias") || ends_with(".b1") || ends_with(".b2")) {
       bound = 0.1;
     } else {
-      const bool middle = tensor.shape.size() == 3 && (ends_with("attn.v") || ends_with("attn.o"));
-      const int64_t fan_in = middle ? tensor.shape[1] : tensor.shape.back();
+      const bool middle = shape.size() == 3 && (ends_with("attn.v") || ends_with("attn.o"));
+      const int64_t fan_in = middle ? shape[1] : shape.back();
       bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
     }
     std::uniform_real_distribution<float> dist(static_cast<float>(-bound),
                                                static_cast<float>(bound));
-    for (float& v : tensor.data) v = offset + dist(rng);
+    for (float& v : values) v = offset + dist(rng);
+    expected.In(weights) = Tensor::F32(shape, std::move(values));
   }
   return weights;
 }

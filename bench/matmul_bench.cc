@@ -1,0 +1,110 @@
+// The CPU backend's matmul kernels (kernels/cpu/matmul.h) on the shapes of the
+// paper's 262M SwitchAll model, against OpenBLAS on the same f32 problems
+// (sgemv for a few rows, as the backend called it, sgemm above), one thread.
+// What batch invariance costs at the kernel level, and what half-precision
+// weights save.
+//
+// Counters: gflops (2 m n k per call), gb_per_s (weight bytes read per call;
+// the weights are larger than the caches only for the output head, so the
+// others measure the kernel, not DRAM).
+//
+//   build/release/bench/matmul_bench --benchmark_counters_tabular=true
+#include <benchmark/benchmark.h>
+#include <cblas.h>
+
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/matmul_runner.h"
+
+namespace switchserve::cpu {
+namespace {
+
+enum Op { kOurs = 0, kOpenBlas = 1 };
+
+struct Problem {
+  Tensor w;
+  std::vector<float> a, c;
+};
+
+Problem MakeProblem(int m, int n, int k, DType dtype) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> w(static_cast<size_t>(n) * k);
+  for (float& x : w) x = dist(rng);
+  Problem p;
+  p.w = Tensor::F32({n, k}, std::move(w)).ConvertedTo(dtype);
+  p.a.resize(static_cast<size_t>(m) * k);
+  for (float& x : p.a) x = dist(rng);
+  p.c.resize(static_cast<size_t>(m) * n);
+  return p;
+}
+
+// Args: m, n, k, layout (0 rows out, 1 rows in), dtype (0 f32, 1 bf16), op.
+void BM_Matmul(benchmark::State& state) {
+  const int m = static_cast<int>(state.range(0)), n = static_cast<int>(state.range(1)),
+            k = static_cast<int>(state.range(2));
+  const bool rows_in = state.range(3) == 1;
+  const DType dtype = state.range(4) == 1 ? DType::kBF16 : DType::kF32;
+  const bool blas = state.range(5) == kOpenBlas;
+  if (blas && dtype != DType::kF32) {
+    state.SkipWithError("OpenBLAS runs f32 weights only");
+    return;
+  }
+  openblas_set_num_threads(1);
+  Problem p = MakeProblem(m, n, k, dtype);
+  const MatmulKernels& kernels = KernelsFor(BestKernelIsa());
+  // rows in: W is [k, n] (the same bytes, read as k rows of n).
+  const MatmulArgs args{m,          n, k, p.a.data(), k, nullptr, MatrixOf(p.w, rows_in ? n : k),
+                        p.c.data(), n};
+  for (auto _ : state) {
+    if (!blas) {
+      (rows_in ? kernels.rows_in : kernels.rows_out)(args);
+    } else if (m <= 4) {
+      for (int r = 0; r < m; ++r) {
+        if (rows_in) {
+          cblas_sgemv(CblasRowMajor, CblasTrans, k, n, 1.0f, p.w.f32(), n, p.a.data() + r * k, 1,
+                      0.0f, p.c.data() + r * n, 1);
+        } else {
+          cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.0f, p.w.f32(), k, p.a.data() + r * k, 1,
+                      0.0f, p.c.data() + r * n, 1);
+        }
+      }
+    } else {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, rows_in ? CblasNoTrans : CblasTrans, m, n, k, 1.0f,
+                  p.a.data(), k, p.w.f32(), rows_in ? n : k, 0.0f, p.c.data(), n);
+    }
+    benchmark::DoNotOptimize(p.c.data());
+  }
+  const double calls = static_cast<double>(state.iterations());
+  state.counters["gflops"] =
+      benchmark::Counter(2.0 * m * n * k * calls / 1e9, benchmark::Counter::kIsRate);
+  state.counters["gb_per_s"] = benchmark::Counter(static_cast<double>(p.w.bytes()) * calls / 1e9,
+                                                  benchmark::Counter::kIsRate);
+}
+
+void Shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"m", "n", "k", "rows_in", "bf16", "blas"});
+  struct Shape {
+    int n, k, rows_in;
+  };
+  // q projection, FFN expert up and down, SwitchHead value and output experts,
+  // the output head.
+  const Shape shapes[] = {{448, 1024, 0}, {128, 1024, 0}, {1024, 128, 0},
+                          {112, 1024, 1}, {1024, 112, 1}, {8000, 1024, 0}};
+  for (const Shape& s : shapes) {
+    for (int m : {1, 4, 32, 256}) {
+      if (s.n == 8000 && m > 32) continue;
+      b->Args({m, s.n, s.k, s.rows_in, 0, kOurs});
+      b->Args({m, s.n, s.k, s.rows_in, 1, kOurs});
+      b->Args({m, s.n, s.k, s.rows_in, 0, kOpenBlas});
+    }
+  }
+}
+BENCHMARK(BM_Matmul)->Apply(Shapes)->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+}  // namespace switchserve::cpu
+
+BENCHMARK_MAIN();

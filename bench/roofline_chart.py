@@ -1,0 +1,96 @@
+#!/usr/bin/python3
+"""The roofline chart of engine_bench: every measured step (decode at each
+batch, prefill; f32 and bf16 weights) at its arithmetic intensity (FLOPs per
+byte of weights and cache it read) and achieved GFLOP/s, under the two roofs
+measured in the same run: the memory read bandwidth and the sgemm rate.
+
+  build/release/bench/engine_bench --benchmark_out=engine_bench.json \\
+      --benchmark_out_format=json [--benchmark_repetitions=3]
+  /usr/bin/python3 bench/roofline_chart.py engine_bench.json docs/roofline.png
+
+With repetitions, the median of each benchmark is plotted.
+"""
+import argparse
+import json
+import statistics
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def label(name):
+    """'BM_DecodeStep/batch:32/context:128/xl:0/bf16:1/real_time' -> 'decode, batch 32, bf16'.
+
+    XL positions (xl:1) add ', xl' after the weights' dtype."""
+    parts = dict(p.split(":", 1) for p in name.split("/")[1:] if ":" in p)
+    dtype = "bf16" if parts.get("bf16") == "1" else "f32"
+    if parts.get("xl") == "1":
+        dtype += ", xl"
+    if name.startswith("BM_DecodeStep"):
+        return f"decode, batch {parts['batch']}, {dtype}"
+    if name.startswith("BM_PrefillChunk"):
+        return f"prefill {parts['tokens']} tokens, {dtype}"
+    return name
+
+
+def points(report):
+    """{label: benchmark entry}, the median aggregate when there are repetitions."""
+    runs = report["benchmarks"]
+    medians = [b for b in runs if b.get("aggregate_name") == "median"]
+    chosen = medians if medians else [b for b in runs if b.get("run_type") != "aggregate"]
+    return {label(b["run_name"] if "run_name" in b else b["name"]): b for b in chosen}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("benchmark_json")
+    ap.add_argument("png")
+    args = ap.parse_args()
+    with open(args.benchmark_json) as f:
+        report = json.load(f)
+    measured = points(report)
+    peak = statistics.median(b["machine_sgemm_gflops"] for b in measured.values())
+    bandwidth = statistics.median(b["machine_read_gb_per_s"] for b in measured.values())
+
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    intensities = [b["step_gflop"] / b["step_gb"] for b in measured.values()]
+    lo, hi = min(intensities + [peak / bandwidth]) / 3, max(intensities + [peak / bandwidth]) * 3
+    xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+    ax.plot(xs, [min(peak, bandwidth * x) for x in xs], color="black", linewidth=1.5,
+            label=f"roofline: read {bandwidth:.1f} GB/s, sgemm {peak:.1f} GFLOP/s")
+    markers = {"decode": "o", "prefill": "s"}
+    for index, (name, b) in enumerate(sorted(measured.items())):
+        x = b["step_gflop"] / b["step_gb"]
+        y = b["gflops"]
+        roof = min(peak, bandwidth * x)
+        kind = "decode" if name.startswith("decode") else "prefill"
+        ax.scatter([x], [y], marker=markers[kind], s=60, zorder=3,
+                   color="tab:green" if name.endswith("xl")
+                   else "tab:blue" if name.endswith("f32") else "tab:orange")
+        # Alternate the labels above and below their points: neighbours overlap less.
+        ax.annotate(f"{name}: {y / roof:.0%} of roof", (x, y), textcoords="offset points",
+                    xytext=(7, 6 if index % 2 else -11), fontsize=7)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOPs per byte of weights and KV cache read)")
+    ax.set_ylabel("achieved GFLOP/s")
+    context = report.get("context", {})
+    ax.set_title(f"engine_bench, paper's 262M SwitchAll shape, CPU backend\n"
+                 f"{context.get('num_cpus', '?')} CPUs at {context.get('mhz_per_cpu', '?')} MHz, "
+                 f"{context.get('date', '')[:16]}; blue f32 weights, orange bf16, "
+                 "green f32 with XL positions", fontsize=9)
+    ax.grid(True, which="both", linewidth=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(args.png, dpi=120)
+    for name, b in sorted(measured.items()):
+        x = b["step_gflop"] / b["step_gb"]
+        print(f"{name}: {x:.2f} FLOP/B, {b['gflops']:.1f} GFLOP/s, "
+              f"{b['gflops'] / min(peak, bandwidth * x):.0%} of roof")
+
+
+if __name__ == "__main__":
+    main()

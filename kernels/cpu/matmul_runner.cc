@@ -1,0 +1,75 @@
+#include "kernels/cpu/matmul_runner.h"
+
+#include <algorithm>
+
+namespace switchserve::cpu {
+namespace {
+
+// Piece boundaries fall on multiples of these columns (whole register tiles:
+// three weight rows for kRowsOut, eight vectors of eight for kRowsIn) and rows.
+constexpr int kRowsOutColumnStep = 24;
+constexpr int kRowsInColumnStep = 64;
+constexpr int kRowStep = 64;
+// Aim for this many pieces per thread, so that uneven pieces even out.
+constexpr int kPiecesPerThread = 4;
+constexpr int64_t kMinPieceMacs = 1 << 15;
+
+int64_t Macs(const MatmulArgs& args) { return static_cast<int64_t>(args.m) * args.n * args.k; }
+
+void RunOne(const MatmulKernels& kernels, const MatmulTask& task) {
+  (task.layout == WeightLayout::kRowsOut ? kernels.rows_out : kernels.rows_in)(task.args);
+}
+
+}  // namespace
+
+MatmulRunner::MatmulRunner(KernelIsa isa, WorkerPool* pool, int64_t parallel_min_macs)
+    : kernels_(&KernelsFor(isa)), pool_(pool), parallel_min_macs_(parallel_min_macs) {}
+
+void MatmulRunner::Run(WeightLayout layout, const MatmulArgs& args) {
+  single_.resize(1);
+  single_[0] = {layout, args};
+  Run(single_);
+}
+
+void MatmulRunner::Run(const std::vector<MatmulTask>& tasks) {
+  int64_t macs = 0;
+  for (const MatmulTask& task : tasks) macs += Macs(task.args);
+  const int threads = this->threads();
+  if (threads == 1 || macs < parallel_min_macs_) {
+    for (const MatmulTask& task : tasks) RunOne(*kernels_, task);
+    return;
+  }
+  pieces_.clear();
+  const int64_t target = std::max(kMinPieceMacs, macs / (kPiecesPerThread * threads));
+  for (const MatmulTask& task : tasks) {
+    if (task.args.m <= 0 || task.args.n <= 0) continue;
+    const MatmulArgs& g = task.args;
+    const int step = task.layout == WeightLayout::kRowsOut ? kRowsOutColumnStep : kRowsInColumnStep;
+    const int row_step = g.m > kRowStep ? kRowStep : g.m;
+    // Columns per piece: enough for `target` multiply-adds over row_step rows.
+    const int64_t per_column = static_cast<int64_t>(row_step) * std::max(1, g.k);
+    int64_t columns = (target + per_column - 1) / per_column;
+    columns = (columns + step - 1) / step * step;
+    const int width = static_cast<int>(std::min<int64_t>(columns, g.n));
+    for (int i0 = 0; i0 < g.m; i0 += row_step) {
+      for (int j0 = 0; j0 < g.n; j0 += width) {
+        MatmulTask piece = task;
+        MatmulArgs& p = piece.args;
+        p.m = std::min(row_step, g.m - i0);
+        p.n = std::min(width, g.n - j0);
+        if (g.a_rows != nullptr) {
+          p.a_rows = g.a_rows + i0;
+        } else {
+          p.a = g.a + i0 * g.lda;
+        }
+        p.c = g.c + i0 * g.ldc + j0;
+        p.w = task.layout == WeightLayout::kRowsOut ? g.w.At(j0, 0) : g.w.At(0, j0);
+        pieces_.push_back(piece);
+      }
+    }
+  }
+  pool_->Run(static_cast<int>(pieces_.size()),
+             [this](int i, int) { RunOne(*kernels_, pieces_[i]); });
+}
+
+}  // namespace switchserve::cpu

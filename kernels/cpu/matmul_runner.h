@@ -1,0 +1,57 @@
+// Runs a group of matrix products (matmul.h) on the backend's threads: every
+// product of the group is cut into pieces of output rows and columns, and the
+// pieces of all of them are shared out in one parallel region, so that a
+// module's many small products (one per active expert) keep every core busy
+// without one region per product. Work is never split over k, so no element's
+// operations depend on the thread count or on the other products.
+//
+// Not thread-safe: owns the list of pieces, reused across calls.
+#ifndef SWITCHSERVE_KERNELS_CPU_MATMUL_RUNNER_H_
+#define SWITCHSERVE_KERNELS_CPU_MATMUL_RUNNER_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/worker_pool.h"
+
+namespace switchserve::cpu {
+
+// Which product of matmul.h: the weight matrix's rows are outputs ([n, k],
+// nn.Linear) or inputs ([k, n]).
+enum class WeightLayout { kRowsOut, kRowsIn };
+
+struct MatmulTask {
+  WeightLayout layout = WeightLayout::kRowsOut;
+  MatmulArgs args;
+};
+
+class MatmulRunner {
+ public:
+  // `pool` (null: the calling thread alone) must outlive the runner.
+  // `parallel_min_macs`: a group with fewer multiply-adds runs on the calling
+  // thread (sharing it out costs more than it saves).
+  MatmulRunner(KernelIsa isa, WorkerPool* pool, int64_t parallel_min_macs = int64_t{1} << 17);
+
+  // Computes every task (their outputs must not overlap).
+  void Run(const std::vector<MatmulTask>& tasks);
+  void Run(WeightLayout layout, const MatmulArgs& args);
+
+  const MatmulKernels& kernels() const { return *kernels_; }
+  int threads() const { return pool_ == nullptr ? 1 : pool_->threads(); }
+  // Work smaller than this (multiply-adds) stays on the calling thread.
+  int64_t parallel_min_macs() const { return parallel_min_macs_; }
+
+ private:
+  void Split(const MatmulTask& task);
+
+  const MatmulKernels* kernels_;
+  WorkerPool* pool_;
+  int64_t parallel_min_macs_;
+  std::vector<MatmulTask> pieces_;
+  std::vector<MatmulTask> single_;
+};
+
+}  // namespace switchserve::cpu
+
+#endif  // SWITCHSERVE_KERNELS_CPU_MATMUL_RUNNER_H_

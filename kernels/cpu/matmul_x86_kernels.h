@@ -1,0 +1,356 @@
+// The x86 kernels of matmul.h, written once and compiled twice: by
+// matmul_avx2.cc (16 vector registers) and matmul_avx512.cc (AVX-512VL: 32
+// registers, larger register tiles). Both builds use the same 8-lane AVX
+// operations in the same order for every element, so they give the same bits;
+// only the tiling differs.
+//
+// Included by those files only, after their target pragma and after they
+// define, in namespace switchserve::cpu::{anonymous}, `struct Tiles` with
+//   kOutRows x kOutCols   register tile of MatmulRowsOut (accumulators)
+//   kOneRowOutCols        its width when a single row is computed (decode)
+//   kInRows x kInVectors  register tile of MatmulRowsIn (vectors of 8 columns)
+//   kOneRowInVectors      its width for a single row.
+// Everything here has internal linkage. No include guard: each including file
+// compiles its own copy.
+//
+// Half-precision weights are widened in registers (bf16: a 16-bit shift;
+// f16: vcvtph2ps), or, when many rows reuse them, a tile at a time into a
+// thread-local f32 buffer: widening is exact, so both give the same bits.
+
+#include <immintrin.h>
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "kernels/cpu/matmul.h"
+
+namespace switchserve::cpu {
+namespace {
+
+// Rows of `a` processed against one tile of weights before moving on, so that
+// they stay in the L2 cache.
+constexpr int kRowBlock = 64;
+
+template <DType WT>
+constexpr int ElementBytes() {
+  return WT == DType::kF32 ? 4 : 2;
+}
+
+template <DType WT>
+inline __m256 Load8(const void* base, int64_t index) {
+  if constexpr (WT == DType::kF32) {
+    return _mm256_loadu_ps(static_cast<const float*>(base) + index);
+  } else {
+    const __m128i h = _mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + index));
+    if constexpr (WT == DType::kBF16) {
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    } else {
+      return _mm256_cvtph_ps(h);
+    }
+  }
+}
+
+// The first `count` (< 8) elements from `index` on, the other lanes zero.
+template <DType WT>
+inline __m256 LoadPartial8(const void* base, int64_t index, int count) {
+  alignas(32) unsigned char buffer[32] = {};
+  std::memcpy(buffer, static_cast<const char*>(base) + index * ElementBytes<WT>(),
+              count * ElementBytes<WT>());
+  return Load8<WT>(buffer, 0);
+}
+
+// The dot8 sums of four accumulators, [r0, r1, r2, r3], each
+// ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)) of its own lanes.
+inline __m128 Reduce4x8(__m256 v0, __m256 v1, __m256 v2, __m256 v3) {
+  const __m128 s0 = _mm_add_ps(_mm256_castps256_ps128(v0), _mm256_extractf128_ps(v0, 1));
+  const __m128 s1 = _mm_add_ps(_mm256_castps256_ps128(v1), _mm256_extractf128_ps(v1, 1));
+  const __m128 s2 = _mm_add_ps(_mm256_castps256_ps128(v2), _mm256_extractf128_ps(v2, 1));
+  const __m128 s3 = _mm_add_ps(_mm256_castps256_ps128(v3), _mm256_extractf128_ps(v3, 1));
+  return _mm_hadd_ps(_mm_hadd_ps(s0, s1), _mm_hadd_ps(s2, s3));
+}
+
+inline float FmaScalar(float a, float b, float c) {
+  return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
+}
+
+// ---- MatmulRowsOut ----
+
+// c[i][j] = alpha * dot8(a row i, w row j) (+ c[i][j] when accumulating) for
+// an MR x NR tile.
+template <DType WT, int MR, int NR>
+void DotTile(const float* const* a, const void* w, int64_t ldw, int k, float* c, int64_t ldc,
+             float alpha, bool accumulate) {
+  __m256 acc[MR][NR];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
+  }
+  const int k8 = k & ~7;
+  for (int p = 0; p < k8; p += 8) {
+    __m256 wv[NR];
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) wv[j] = Load8<WT>(w, j * ldw + p);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m256 av = _mm256_loadu_ps(a[i] + p);
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(av, wv[j], acc[i][j]);
+    }
+  }
+  if (k8 < k) {
+    const int rest = k - k8;
+    __m256 wv[NR];
+    for (int j = 0; j < NR; ++j) wv[j] = LoadPartial8<WT>(w, j * ldw + k8, rest);
+    for (int i = 0; i < MR; ++i) {
+      const __m256 av = LoadPartial8<DType::kF32>(a[i], k8, rest);
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(av, wv[j], acc[i][j]);
+    }
+  }
+  // Elementwise, so the vector and scalar stores compute the same bits.
+  const __m256 zero = _mm256_setzero_ps();
+  const __m128 alpha4 = _mm_set1_ps(alpha);
+  for (int i = 0; i < MR; ++i) {
+    float* row = c + i * ldc;
+    for (int j0 = 0; j0 < NR; j0 += 4) {
+      const auto at = [&](int j) { return j < NR ? acc[i][j] : zero; };
+      __m128 r = _mm_mul_ps(alpha4, Reduce4x8(at(j0), at(j0 + 1), at(j0 + 2), at(j0 + 3)));
+      if (j0 + 4 <= NR) {
+        if (accumulate) r = _mm_add_ps(_mm_loadu_ps(row + j0), r);
+        _mm_storeu_ps(row + j0, r);
+      } else {
+        alignas(16) float sums[4];
+        _mm_store_ps(sums, r);
+        for (int j = j0; j < NR; ++j) row[j] = accumulate ? row[j] + sums[j - j0] : sums[j - j0];
+      }
+    }
+  }
+}
+
+using DotTileFn = void (*)(const float* const*, const void*, int64_t, int, float*, int64_t, float,
+                           bool);
+
+// kTable[mr - 1][nr - 1] = DotTile<WT, mr, nr>.
+template <DType WT, int MR, int NR>
+struct DotTiles {
+  template <int... I>
+  static constexpr auto Make(std::integer_sequence<int, I...>) {
+    return std::array<DotTileFn, MR * NR>{&DotTile<WT, I / NR + 1, I % NR + 1>...};
+  }
+  static constexpr std::array<DotTileFn, MR* NR> kTable =
+      Make(std::make_integer_sequence<int, MR * NR>());
+  static DotTileFn For(int mr, int nr) { return kTable[(mr - 1) * NR + (nr - 1)]; }
+};
+
+// Thread-local f32 copy of a tile of weights.
+std::vector<float>& WidenBuffer() {
+  thread_local std::vector<float> buffer;
+  return buffer;
+}
+
+template <DType WT>
+void WidenRows(const void* w, int64_t ldw, int rows, int k, float* out) {
+  for (int r = 0; r < rows; ++r) {
+    int p = 0;
+    for (; p + 8 <= k; p += 8) _mm256_storeu_ps(out + r * k + p, Load8<WT>(w, r * ldw + p));
+    if (p < k) {
+      alignas(32) float rest[8];
+      _mm256_store_ps(rest, LoadPartial8<WT>(w, r * ldw + p, k - p));
+      std::memcpy(out + r * k + p, rest, (k - p) * sizeof(float));
+    }
+  }
+}
+
+template <DType WT>
+void RowsOutOneRow(const MatmulArgs& g) {
+  constexpr int kCols = Tiles::kOneRowOutCols;
+  const float* a[1] = {RowOfA(g, 0)};
+  for (int j0 = 0; j0 < g.n; j0 += kCols) {
+    const int nr = g.n - j0 < kCols ? g.n - j0 : kCols;
+    DotTiles<WT, 1, kCols>::For(1, nr)(a, g.w.At(j0, 0).data, g.w.ld, g.k, g.c + j0, g.ldc, g.alpha,
+                                       g.accumulate);
+  }
+}
+
+template <DType WT>
+void RowsOut(const MatmulArgs& g) {
+  if (g.m == 1) return RowsOutOneRow<WT>(g);
+  constexpr int MR = Tiles::kOutRows, NR = Tiles::kOutCols;
+  const int64_t ldw = g.w.ld;
+  // Many rows reuse each weight tile: widen it once (exact) rather than in
+  // every register tile.
+  const bool widen = WT != DType::kF32 && g.m > MR;
+  std::vector<float>& wide = WidenBuffer();
+  if (widen && wide.size() < static_cast<size_t>(NR) * g.k) wide.resize(NR * g.k);
+  for (int i_block = 0; i_block < g.m; i_block += kRowBlock) {
+    const int i_end = g.m < i_block + kRowBlock ? g.m : i_block + kRowBlock;
+    for (int j0 = 0; j0 < g.n; j0 += NR) {
+      const int nr = g.n - j0 < NR ? g.n - j0 : NR;
+      const void* w = g.w.At(j0, 0).data;
+      if (widen) WidenRows<WT>(w, ldw, nr, g.k, wide.data());
+      for (int i0 = i_block; i0 < i_end; i0 += MR) {
+        const int mr = i_end - i0 < MR ? i_end - i0 : MR;
+        const float* a[MR];
+        for (int i = 0; i < mr; ++i) a[i] = RowOfA(g, i0 + i);
+        float* c = g.c + i0 * g.ldc + j0;
+        if (widen) {
+          DotTiles<DType::kF32, MR, NR>::For(mr, nr)(a, wide.data(), g.k, g.k, c, g.ldc, g.alpha,
+                                                     g.accumulate);
+        } else {
+          DotTiles<WT, MR, NR>::For(mr, nr)(a, w, ldw, g.k, c, g.ldc, g.alpha, g.accumulate);
+        }
+      }
+    }
+  }
+}
+
+// ---- MatmulRowsIn ----
+
+// c[i][0 .. 8 NV) = fma chain over p of a[i][p] * w[p][...], MR rows.
+template <DType WT, int MR, int NV>
+void ChainTile(const float* const* a, const void* w, int64_t ldw, int k, float* c, int64_t ldc,
+               bool accumulate) {
+  __m256 acc[MR][NV];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      acc[i][v] = accumulate ? _mm256_loadu_ps(c + i * ldc + 8 * v) : _mm256_setzero_ps();
+    }
+  }
+  for (int p = 0; p < k; ++p) {
+    __m256 wv[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) wv[v] = Load8<WT>(w, p * ldw + 8 * v);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m256 ab = _mm256_broadcast_ss(a[i] + p);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[i][v] = _mm256_fmadd_ps(ab, wv[v], acc[i][v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) _mm256_storeu_ps(c + i * ldc + 8 * v, acc[i][v]);
+  }
+}
+
+using ChainTileFn = void (*)(const float* const*, const void*, int64_t, int, float*, int64_t, bool);
+
+template <DType WT, int MR, int NV>
+struct ChainTiles {
+  template <int... I>
+  static constexpr auto Make(std::integer_sequence<int, I...>) {
+    return std::array<ChainTileFn, MR * NV>{&ChainTile<WT, I / NV + 1, I % NV + 1>...};
+  }
+  static constexpr std::array<ChainTileFn, MR* NV> kTable =
+      Make(std::make_integer_sequence<int, MR * NV>());
+  static ChainTileFn For(int mr, int nv) { return kTable[(mr - 1) * NV + (nv - 1)]; }
+};
+
+// The columns past the last full vector, one scalar chain each: the same
+// fused multiply-adds as a vector lane.
+template <DType WT>
+void ChainColumnsScalar(const MatmulArgs& g, int j_begin) {
+  for (int i = 0; i < g.m; ++i) {
+    const float* a = RowOfA(g, i);
+    float* c = g.c + i * g.ldc;
+    for (int j = j_begin; j < g.n; ++j) {
+      float acc = g.accumulate ? c[j] : 0.0f;
+      for (int p = 0; p < g.k; ++p) {
+        float wv;
+        if constexpr (WT == DType::kF32) {
+          wv = static_cast<const float*>(g.w.data)[p * g.w.ld + j];
+        } else {
+          wv = _mm256_cvtss_f32(LoadPartial8<WT>(g.w.data, p * g.w.ld + j, 1));
+        }
+        acc = FmaScalar(a[p], wv, acc);
+      }
+      c[j] = acc;
+    }
+  }
+}
+
+// Copies (widening exactly) columns [j0, j0 + 8 nv) of w's k rows into
+// out[k][8 nv]: one contiguous panel instead of k strided pieces.
+template <DType WT>
+void PackPanel(const void* w, int64_t ldw, int k, int j0, int nv, float* out) {
+  for (int p = 0; p < k; ++p) {
+    for (int v = 0; v < nv; ++v) {
+      _mm256_storeu_ps(out + (p * nv + v) * 8, Load8<WT>(w, p * ldw + j0 + 8 * v));
+    }
+  }
+}
+
+template <DType WT>
+void RowsIn(const MatmulArgs& g) {
+  const int n8 = g.n & ~7;
+  const int vectors = n8 / 8;
+  if (g.m == 1) {
+    constexpr int NV = Tiles::kOneRowInVectors;
+    const float* a[1] = {RowOfA(g, 0)};
+    for (int v0 = 0; v0 < vectors; v0 += NV) {
+      const int nv = vectors - v0 < NV ? vectors - v0 : NV;
+      ChainTiles<WT, 1, NV>::For(1, nv)(a, g.w.At(0, 8 * v0).data, g.w.ld, g.k, g.c + 8 * v0, g.ldc,
+                                        g.accumulate);
+    }
+  } else {
+    constexpr int MR = Tiles::kInRows, NV = Tiles::kInVectors;
+    // Many rows reuse each panel of weights: pack it contiguously (and
+    // widened) once.
+    const bool pack = g.m > MR;
+    std::vector<float>& panel = WidenBuffer();
+    if (pack && panel.size() < static_cast<size_t>(8 * NV) * g.k) panel.resize(8 * NV * g.k);
+    for (int i_block = 0; i_block < g.m; i_block += kRowBlock) {
+      const int i_end = g.m < i_block + kRowBlock ? g.m : i_block + kRowBlock;
+      for (int v0 = 0; v0 < vectors; v0 += NV) {
+        const int nv = vectors - v0 < NV ? vectors - v0 : NV;
+        if (pack) PackPanel<WT>(g.w.data, g.w.ld, g.k, 8 * v0, nv, panel.data());
+        for (int i0 = i_block; i0 < i_end; i0 += MR) {
+          const int mr = i_end - i0 < MR ? i_end - i0 : MR;
+          const float* a[MR];
+          for (int i = 0; i < mr; ++i) a[i] = RowOfA(g, i0 + i);
+          float* c = g.c + i0 * g.ldc + 8 * v0;
+          if (pack) {
+            ChainTiles<DType::kF32, MR, NV>::For(mr, nv)(a, panel.data(), 8 * nv, g.k, c, g.ldc,
+                                                         g.accumulate);
+          } else {
+            ChainTiles<WT, MR, NV>::For(mr, nv)(a, g.w.At(0, 8 * v0).data, g.w.ld, g.k, c, g.ldc,
+                                                g.accumulate);
+          }
+        }
+      }
+    }
+  }
+  if (n8 < g.n) ChainColumnsScalar<WT>(g, n8);
+}
+
+template <void (*F32)(const MatmulArgs&), void (*BF16)(const MatmulArgs&),
+          void (*F16)(const MatmulArgs&)>
+void ByDtype(const MatmulArgs& g) {
+  if (g.m <= 0 || g.n <= 0) return;
+  switch (g.w.dtype) {
+    case DType::kBF16:
+      return BF16(g);
+    case DType::kF16:
+      return F16(g);
+    default:
+      return F32(g);
+  }
+}
+
+const MatmulKernels& X86Kernels() {
+  static constexpr MatmulKernels kKernels = {
+      &ByDtype<RowsOut<DType::kF32>, RowsOut<DType::kBF16>, RowsOut<DType::kF16>>,
+      &ByDtype<RowsIn<DType::kF32>, RowsIn<DType::kBF16>, RowsIn<DType::kF16>>,
+  };
+  return kKernels;
+}
+
+}  // namespace
+}  // namespace switchserve::cpu

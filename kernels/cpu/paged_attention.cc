@@ -1,0 +1,185 @@
+#include "kernels/cpu/paged_attention.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace switchserve::cpu {
+namespace {
+
+// Query rows per tile: a tile's scores ([tile, keys] floats) stay in L2.
+constexpr int kQueryTile = 64;
+
+template <typename T>
+void Grow(std::vector<T>& buffer, size_t n) {
+  if (buffer.size() < n) buffer.resize(n);
+}
+
+}  // namespace
+
+PagedAttention::PagedAttention(const AttentionConfig& attention, KernelIsa isa, WorkerPool* pool,
+                               int64_t parallel_min_macs)
+    : heads_(attention.n_heads),
+      kv_heads_(attention.n_kv_heads),
+      head_dim_(attention.head_dim),
+      values_per_kv_head_(attention.CachedValuesPerKvHead()),
+      kernels_(&KernelsFor(isa)),
+      pool_(pool),
+      parallel_min_macs_(parallel_min_macs),
+      scratch_(pool->threads()) {}
+
+void PagedAttention::Run(const StepBatch& step, const float* q, const float* k_cache,
+                         const float* v_cache, const XlPositionKeys& positions,
+                         const float* value_gates, float* a) {
+  pieces_.clear();
+  int64_t macs = 0;
+  for (int s = 0; s < step.num_sequences(); ++s) {
+    const int first = step.token_offsets[s];
+    const int n = step.num_tokens(s);
+    if (n == 0) continue;
+    const int64_t keys = static_cast<int64_t>(step.positions[first]) + n;
+    macs += keys * n * heads_ * head_dim_ * (1 + values_per_kv_head_ + (positions ? 1 : 0));
+    for (int h = 0; h < heads_; ++h) {
+      for (int i0 = 0; i0 < n; i0 += kQueryTile) {
+        pieces_.push_back({s, h, first + i0, std::min(kQueryTile, n - i0)});
+      }
+    }
+  }
+  const auto attend = [&](int i, int slot) {
+    AttendTile(step, pieces_[i], q, k_cache, v_cache, positions, value_gates, a, scratch_[slot]);
+  };
+  if (pool_->threads() == 1 || macs < parallel_min_macs_) {
+    for (int i = 0; i < static_cast<int>(pieces_.size()); ++i) attend(i, 0);
+  } else {
+    pool_->Run(static_cast<int>(pieces_.size()), attend);
+  }
+}
+
+void PagedAttention::AttendTile(const StepBatch& step, const Piece& piece, const float* q,
+                                const float* k_cache, const float* v_cache,
+                                const XlPositionKeys& positions, const float* value_gates, float* a,
+                                Scratch& scratch) const {
+  const int H = heads_, G = kv_heads_, dh = head_dim_, ev = values_per_kv_head_;
+  const int g = piece.head / (H / G);
+  const int rows = piece.rows;
+  const int start = step.positions[piece.first];  // the tile's positions are start, start + 1, ...
+  const int keys = start + rows;                  // its last row sees keys [0, keys)
+  const int bs = step.block_size;
+  const int32_t* table = step.block_table(piece.sequence);
+  const int64_t krow = static_cast<int64_t>(G) * dh;
+  const int64_t lds = keys;
+  Grow(scratch.scores, static_cast<size_t>(rows) * lds);
+  Grow(scratch.sums, rows);
+  float* scores = scratch.scores.data();
+
+  // Scores, KV block by KV block, for the rows that see any key of it (keys
+  // past a row's horizon are computed and never read).
+  const float* q_rows = q + (static_cast<int64_t>(piece.first) * H + piece.head) * dh;
+  for (int b0 = 0; b0 < keys; b0 += bs) {
+    const int r0 = std::max(0, b0 - start);
+    MatmulArgs args{
+        rows - r0,
+        std::min(bs, keys - b0),
+        dh,
+        q_rows + static_cast<int64_t>(r0) * H * dh,
+        static_cast<int64_t>(H) * dh,
+        nullptr,
+        {DType::kF32,
+         k_cache + static_cast<int64_t>(table[b0 / bs]) * bs * krow + static_cast<int64_t>(g) * dh,
+         krow},
+        scores + r0 * lds + b0,
+        lds};
+    kernels_->rows_out(args);
+  }
+  if (positions) {
+    // XL: s_j += dot8(q, R_h[i - j]) for the row at position i, its keys
+    // j <= i: the table rows R_h[i], R_h[i - 1], ..., R_h[0], read backwards
+    // (a leading dimension of -dh).
+    for (int r = 0; r < rows; ++r) {
+      const int i = start + r;
+      MatmulArgs args{1,
+                      i + 1,
+                      dh,
+                      q_rows + static_cast<int64_t>(r) * H * dh,
+                      static_cast<int64_t>(H) * dh,
+                      nullptr,
+                      {DType::kF32, positions.At(piece.head, i), -static_cast<int64_t>(dh)},
+                      scores + r * lds,
+                      lds};
+      args.accumulate = true;
+      kernels_->rows_out(args);
+    }
+  }
+  // e_j = exp(s_j - max) over each row's visible keys, and their sum in key order.
+  for (int r = 0; r < rows; ++r) {
+    float* e = scores + r * lds;
+    const int visible = start + r + 1;
+    float smax = -INFINITY;
+    for (int j = 0; j < visible; ++j) smax = std::max(smax, e[j]);
+    float sum = 0.0f;
+    for (int j = 0; j < visible; ++j) {
+      e[j] = std::exp(e[j] - smax);
+      sum += e[j];
+    }
+    scratch.sums[r] = sum;
+  }
+
+  float* out = a + (static_cast<int64_t>(piece.first) * H + piece.head) * dh;
+  const int64_t ldo = static_cast<int64_t>(H) * dh;
+  if (ev == 1) {
+    ReduceValues(step, piece.sequence, start, rows, scores, lds, v_cache,
+                 static_cast<int64_t>(g) * dh, out, ldo);
+    for (int r = 0; r < rows; ++r) {
+      const float inv = 1.0f / scratch.sums[r];
+      float* o = out + r * ldo;
+      for (int i = 0; i < dh; ++i) o[i] *= inv;
+    }
+    return;
+  }
+  // Destination value routing: each expert's chain, weighted by the query's gate.
+  Grow(scratch.chain, static_cast<size_t>(rows) * dh);
+  for (int r = 0; r < rows; ++r) std::fill(out + r * ldo, out + r * ldo + dh, 0.0f);
+  for (int e = 0; e < ev; ++e) {
+    ReduceValues(step, piece.sequence, start, rows, scores, lds, v_cache,
+                 static_cast<int64_t>(g * ev + e) * dh, scratch.chain.data(), dh);
+    for (int r = 0; r < rows; ++r) {
+      const float gate = value_gates[(static_cast<int64_t>(piece.first + r) * G + g) * ev + e];
+      if (gate == 0.0f) continue;
+      const float c = gate * (1.0f / scratch.sums[r]);
+      const float* chain = scratch.chain.data() + r * dh;
+      float* o = out + r * ldo;
+      for (int i = 0; i < dh; ++i) o[i] = o[i] + c * chain[i];
+    }
+  }
+}
+
+void PagedAttention::ReduceValues(const StepBatch& step, int sequence, int start, int rows,
+                                  const float* e, int64_t lde, const float* v_cache,
+                                  int64_t v_offset, float* out, int64_t ldo) const {
+  const int dh = head_dim_;
+  const int bs = step.block_size;
+  const int keys = start + rows;
+  const int32_t* table = step.block_table(sequence);
+  const int64_t vrow = static_cast<int64_t>(kv_heads_) * values_per_kv_head_ * dh;
+  for (int b0 = 0; b0 < keys; b0 += bs) {
+    const int n = std::min(bs, keys - b0);
+    const WeightMatrix values{
+        DType::kF32, v_cache + static_cast<int64_t>(table[b0 / bs]) * bs * vrow + v_offset, vrow};
+    // Row r sees keys [0, start + r]: all of this block from r_full on.
+    const int r_first = std::max(0, b0 - start);
+    const int r_full = std::min(rows, std::max(0, b0 + n - 1 - start));
+    for (int r = r_first; r < r_full; ++r) {  // horizons inside the block: alone
+      MatmulArgs args{
+          1, dh, start + r - b0 + 1, e + r * lde + b0, lde, nullptr, values, out + r * ldo, ldo};
+      args.accumulate = b0 > 0;
+      kernels_->rows_in(args);
+    }
+    if (r_full < rows) {
+      MatmulArgs args{rows - r_full,      dh, n, e + r_full * lde + b0, lde, nullptr, values,
+                      out + r_full * ldo, ldo};
+      args.accumulate = b0 > 0;
+      kernels_->rows_in(args);
+    }
+  }
+}
+
+}  // namespace switchserve::cpu

@@ -1,0 +1,84 @@
+// Causal attention of a step's queries over the paged KV cache, with one
+// operation order per (query, head) whatever the step holds: a decode token,
+// a prefill chunk of any length, or the same token in a different chunk or
+// batch gets the same bits. For the query at position p of a sequence and
+// head h (KV head g):
+//
+//   s_j  = dot8(q, k_j) for every key j <= p              (matmul.h, rows out)
+//          [XL positions: s_j = s_j + dot8(q, R_h[p - j]), cpu_xl_positions.h]
+//   m    = max_j s_j;  e_j = exp(s_j - m);  sum = e_0 + e_1 + ... + e_p   (in j order)
+//   a    = (chain over j in KV-block order of e_j * v_j)   (matmul.h, rows in)
+//          * (1 / sum)
+//
+// With destination value routing (Ev = E values cached per KV head) the
+// query's kept value gates w_e weight the experts' chains:
+//   a = sum over e with w_e != 0, ascending, of (w_e * (1 / sum)) * chain_e.
+//
+// A chunk's queries attend in tiles of consecutive positions: all rows of a
+// tile that see a whole KV block reduce it in one product; the rows whose
+// causal horizon ends inside a block reduce their visible part alone (a
+// rows-in chain over p ranges gives the same bits as one call over their
+// union). Work is shared out over (sequence, head, query tile).
+//
+// Not thread-safe: owns per-thread scratch, reused across calls.
+#ifndef SWITCHSERVE_KERNELS_CPU_PAGED_ATTENTION_H_
+#define SWITCHSERVE_KERNELS_CPU_PAGED_ATTENTION_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/model/model_config.h"
+#include "engine/runtime/step_batch.h"
+#include "kernels/cpu/cpu_xl_positions.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/worker_pool.h"
+
+namespace switchserve::cpu {
+
+class PagedAttention {
+ public:
+  // `pool` must outlive this. Steps whose attention needs fewer multiply-adds
+  // than `parallel_min_macs` run on the calling thread.
+  PagedAttention(const AttentionConfig& attention, KernelIsa isa, WorkerPool* pool,
+                 int64_t parallel_min_macs);
+
+  // a[t, h, :] for every token t of `step` and query head h, from q [T, H, dh]
+  // (scaled and rotated) and one layer's cache (K [rows, G, dh], V [rows,
+  // G * Ev, dh], the step's keys and values already written). `positions`:
+  // the layer's XL position keys (empty with RoPE). `value_gates` [T, G, Ev]:
+  // the destination routing's kept gates (null unless Ev > 1).
+  void Run(const StepBatch& step, const float* q, const float* k_cache, const float* v_cache,
+           const XlPositionKeys& positions, const float* value_gates, float* a);
+
+ private:
+  struct Piece {
+    int sequence;
+    int head;
+    int first;  // first token of the tile (step order)
+    int rows;   // tokens in the tile
+  };
+  struct Scratch {
+    std::vector<float> scores;  // [tile rows, keys]: s, then e
+    std::vector<float> sums;    // [tile rows]
+    std::vector<float> chain;   // [tile rows, dh]: one expert's chain (Ev > 1)
+  };
+  void AttendTile(const StepBatch& step, const Piece& piece, const float* q, const float* k_cache,
+                  const float* v_cache, const XlPositionKeys& positions, const float* value_gates,
+                  float* a, Scratch& scratch) const;
+  // chain[r] (+)= sum over keys of e[r][j] * v_j for the tile's rows, block by
+  // block, each row over its visible keys only.
+  void ReduceValues(const StepBatch& step, int sequence, int start, int rows, const float* e,
+                    int64_t lde, const float* v_cache, int64_t v_offset, float* out,
+                    int64_t ldo) const;
+
+  int heads_, kv_heads_, head_dim_, values_per_kv_head_;
+  const MatmulKernels* kernels_;
+  WorkerPool* pool_;
+  int64_t parallel_min_macs_;
+  std::vector<Piece> pieces_;
+  std::vector<Scratch> scratch_;  // per pool slot
+};
+
+}  // namespace switchserve::cpu
+
+#endif  // SWITCHSERVE_KERNELS_CPU_PAGED_ATTENTION_H_

@@ -1,0 +1,120 @@
+#include "kernels/cpu/worker_pool.h"
+
+#include <chrono>
+
+namespace switchserve::cpu {
+namespace {
+
+// How long an idle worker polls for the next job before it sleeps: longer
+// than the gaps between the parallel parts of a step, short enough not to
+// hold a core the engine's other threads (gRPC) could use between steps.
+constexpr std::chrono::microseconds kSpinFor(50);
+
+inline void Relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+constexpr uint64_t Generation(uint64_t cursor) { return cursor >> 32; }
+constexpr uint32_t Index(uint64_t cursor) { return static_cast<uint32_t>(cursor); }
+
+}  // namespace
+
+WorkerPool::WorkerPool(int threads) {
+  for (int slot = 1; slot < threads; ++slot) {
+    workers_.emplace_back([this, slot] { WorkerLoop(slot); });
+  }
+}
+
+WorkerPool::~WorkerPool() {
+  stop_.store(true);
+  cursor_.fetch_add(uint64_t{1} << 32);  // a new generation ends every worker's wait
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    wake_.notify_all();
+  }
+  for (std::thread& worker : workers_) worker.join();
+}
+
+void WorkerPool::Rest() { resting_.store(true, std::memory_order_relaxed); }
+
+void WorkerPool::Run(int count, PieceFn fn, const void* context) {
+  if (count <= 0) return;
+  resting_.store(false, std::memory_order_relaxed);
+  if (workers_.empty() || count == 1) {
+    for (int i = 0; i < count; ++i) fn(context, i, 0);
+    return;
+  }
+  const uint64_t generation = Generation(cursor_.load(std::memory_order_relaxed)) + 1;
+  Job& job = jobs_[generation & 1];
+  job.fn.store(fn, std::memory_order_relaxed);
+  job.context.store(context, std::memory_order_relaxed);
+  job.count.store(count, std::memory_order_relaxed);
+  job.done.store(0, std::memory_order_relaxed);
+  cursor_.store(generation << 32);  // publishes the job (seq_cst: see WorkerLoop)
+  if (sleepers_.load() > 0) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    wake_.notify_all();
+  }
+  TakePieces(generation << 32, 0);
+  // Only pieces a worker has taken can still be running.
+  while (job.done.load(std::memory_order_acquire) < count) Relax();
+}
+
+void WorkerPool::TakePieces(uint64_t cursor, int slot) {
+  const uint64_t generation = Generation(cursor);
+  Job& job = jobs_[generation & 1];
+  // Read under `cursor`'s generation: if the job changed since, the exchange
+  // below fails and nothing read here is used.
+  const int count = job.count.load(std::memory_order_relaxed);
+  while (Index(cursor) < static_cast<uint32_t>(count)) {
+    if (!cursor_.compare_exchange_weak(cursor, cursor + 1, std::memory_order_acq_rel,
+                                       std::memory_order_acquire)) {
+      if (Generation(cursor) != generation) return;
+      continue;
+    }
+    job.fn.load(std::memory_order_relaxed)(job.context.load(std::memory_order_relaxed),
+                                           static_cast<int>(Index(cursor)), slot);
+    job.done.fetch_add(1, std::memory_order_release);
+    cursor = cursor_.load(std::memory_order_acquire);
+    if (Generation(cursor) != generation) return;
+  }
+}
+
+void WorkerPool::WorkerLoop(int slot) {
+  // Generation 0 has no job: a worker that starts late must still take part
+  // in the first one, so it does not read the current generation as seen.
+  uint64_t seen = 0;
+  for (;;) {
+    uint64_t cursor = cursor_.load(std::memory_order_acquire);
+    auto spin_start = std::chrono::steady_clock::now();
+    int polls = 0;
+    // stop_ is checked too: a worker that starts after the destructor bumped
+    // the generation reads the bumped one as already seen.
+    while (Generation(cursor) == seen && !stop_.load(std::memory_order_relaxed)) {
+      const bool poll =
+          !resting_.load(std::memory_order_relaxed) &&
+          (++polls % 64 != 0 || std::chrono::steady_clock::now() - spin_start < kSpinFor);
+      if (poll) {
+        Relax();
+      } else {
+        // Either Run's store of the cursor comes first and the predicate
+        // holds at once, or our increment does and Run sees a sleeper to
+        // wake (both seq_cst); the wake is sent under the mutex, so it cannot
+        // fall between the predicate and the wait.
+        std::unique_lock<std::mutex> lock(mutex_);
+        sleepers_.fetch_add(1);
+        wake_.wait(lock, [&] { return Generation(cursor_.load()) != seen || stop_.load(); });
+        sleepers_.fetch_sub(1);
+        spin_start = std::chrono::steady_clock::now();
+      }
+      cursor = cursor_.load(std::memory_order_acquire);
+    }
+    if (stop_.load()) return;
+    seen = Generation(cursor);
+    TakePieces(cursor, slot);
+  }
+}
+
+}  // namespace switchserve::cpu

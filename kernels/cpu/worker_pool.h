@@ -1,0 +1,85 @@
+// The CPU backend's threads: the calling thread plus `threads - 1` workers
+// that take numbered pieces of one job from a shared counter.
+//
+// Why not an OpenMP parallel region: a region ends in a barrier that waits
+// for every thread of the team, also one the OS has not scheduled yet. On a
+// machine whose cores are shared (other processes, a container's CPU quota)
+// each of the ~100 regions of a decode step can then wait a scheduler time
+// slice. Here the caller takes pieces too and waits only for pieces already
+// taken: a worker that wakes late finds the job done and takes nothing.
+//
+// Which thread runs a piece never changes what it computes (each piece owns
+// its outputs). Run is called by one thread at a time (the backend is not
+// thread-safe); workers spin briefly for the next job, then sleep.
+#ifndef SWITCHSERVE_KERNELS_CPU_WORKER_POOL_H_
+#define SWITCHSERVE_KERNELS_CPU_WORKER_POOL_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace switchserve::cpu {
+
+class WorkerPool {
+ public:
+  // `threads` >= 1 counts the caller: threads - 1 workers are started.
+  explicit WorkerPool(int threads);
+  ~WorkerPool();
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+
+  int threads() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // No job is coming soon (the backend's step is over): idle workers stop
+  // polling and sleep at once, leaving the cores to the process's other
+  // threads (gRPC, the engine's bookkeeping). The next Run wakes them.
+  void Rest();
+
+  // Calls fn(context, i, slot) once for every i in [0, count), on the caller
+  // (slot 0) and the workers (slots 1 .. threads - 1: a piece may use
+  // per-slot scratch); returns when all calls have returned.
+  using PieceFn = void (*)(const void* context, int piece, int slot);
+  void Run(int count, PieceFn fn, const void* context);
+
+  // The same with any callable taking (piece, slot).
+  template <typename Fn>
+  void Run(int count, const Fn& fn) {
+    Run(
+        count, [](const void* c, int i, int slot) { (*static_cast<const Fn*>(c))(i, slot); }, &fn);
+  }
+
+ private:
+  // A job's description; two alternate so that the next job can be written
+  // while a late worker may still read the previous one (the cursor's
+  // generation tells it the data went stale).
+  struct Job {
+    std::atomic<PieceFn> fn{nullptr};
+    std::atomic<const void*> context{nullptr};
+    std::atomic<int> count{0};
+    std::atomic<int> done{0};
+  };
+
+  void WorkerLoop(int slot);
+  // Takes and runs pieces of the job of `cursor` while any are left. Returns
+  // when the job's pieces are all taken or a newer job was published.
+  void TakePieces(uint64_t cursor, int slot);
+
+  // generation << 32 | next piece index: one atomic, so a piece is taken only
+  // from the job it was read for.
+  std::atomic<uint64_t> cursor_{0};
+  Job jobs_[2];
+  // Idle workers sleep on wake_ (a job or stop ends their sleep).
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::atomic<int> sleepers_{0};
+  std::atomic<bool> resting_{false};
+  std::atomic<bool> stop_{false};
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace switchserve::cpu
+
+#endif  // SWITCHSERVE_KERNELS_CPU_WORKER_POOL_H_

@@ -1,0 +1,298 @@
+// The CPU backend's matmul kernels (kernels/cpu/matmul.h): every output
+// element follows the documented operation order, so a row's result is the
+// same bits whatever rows, row order, columns, threads or k ranges surround it.
+// Run for every kernel build this CPU supports, every weight dtype and both
+// weight layouts.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/matmul_runner.h"
+
+namespace switchserve::cpu {
+namespace {
+
+struct Shape {
+  int m, n, k;
+};
+
+// Sizes that cross every tile edge of the kernels: register tiles of 4 rows x
+// 3 weight rows or 3 vectors, vectors of 8, blocks of 64 rows, k not a
+// multiple of 8.
+const Shape kShapes[] = {
+    {1, 1, 1},    {1, 13, 7},   {1, 72, 100}, {2, 5, 8},   {3, 24, 13},
+    {4, 31, 16},  {5, 40, 33},  {7, 3, 257},  {9, 17, 64}, {64, 26, 24},
+    {65, 9, 130}, {70, 49, 41}, {131, 8, 96}, {33, 72, 1}, {6, 200, 112},
+};
+
+using Param = std::tuple<KernelIsa, DType, WeightLayout>;
+
+std::vector<KernelIsa> SupportedIsas() {
+  std::vector<KernelIsa> out = {KernelIsa::kGeneric};
+  if (CpuSupports(KernelIsa::kAvx2)) out.push_back(KernelIsa::kAvx2);
+  if (CpuSupports(KernelIsa::kAvx512)) out.push_back(KernelIsa::kAvx512);
+  return out;
+}
+
+// Random values, with a few exact zeros and sign changes among them.
+std::vector<float> RandomValues(size_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  for (size_t i = 0; i < n; i += 17) v[i] = 0.0f;
+  return v;
+}
+
+class Weights {
+ public:
+  Weights(DType dtype, int rows, int cols, std::mt19937& rng)
+      : tensor_(Tensor::F32({rows, cols}, RandomValues(static_cast<size_t>(rows) * cols, rng))
+                    .ConvertedTo(dtype)),
+        cols_(cols) {}
+  WeightMatrix matrix() const { return MatrixOf(tensor_, cols_); }
+  float At(int r, int c) const { return tensor_.At(static_cast<int64_t>(r) * cols_ + c); }
+
+ private:
+  Tensor tensor_;
+  int cols_;
+};
+
+// matmul.h's documented order, one element at a time, in plain scalar code:
+// with std::fma (exactly rounded) where the build fuses, else a multiply then
+// an add.
+float ReferenceElement(WeightLayout layout, bool fused, const float* a, const Weights& w, int j,
+                       int k, float alpha, float c_before, bool accumulate) {
+  if (layout == WeightLayout::kRowsOut) {
+    float lane[8] = {};
+    for (int p0 = 0; p0 < k; p0 += 8) {
+      for (int l = 0; l < 8; ++l) {
+        const int p = p0 + l;
+        const float x = p < k ? a[p] : 0.0f, y = p < k ? w.At(j, p) : 0.0f;
+        lane[l] = fused ? std::fma(x, y, lane[l]) : lane[l] + x * y;
+      }
+    }
+    const float r = alpha * (((lane[0] + lane[4]) + (lane[1] + lane[5])) +
+                             ((lane[2] + lane[6]) + (lane[3] + lane[7])));
+    return accumulate ? c_before + r : r;
+  }
+  float acc = accumulate ? c_before : 0.0f;
+  for (int p = 0; p < k; ++p) {
+    acc = fused ? std::fma(a[p], w.At(p, j), acc) : acc + a[p] * w.At(p, j);
+  }
+  return acc;
+}
+
+class MatmulKernelTest : public ::testing::TestWithParam<Param> {
+ protected:
+  KernelIsa isa() const { return std::get<0>(GetParam()); }
+  DType dtype() const { return std::get<1>(GetParam()); }
+  WeightLayout layout() const { return std::get<2>(GetParam()); }
+  bool fused() const { return isa() != KernelIsa::kGeneric; }
+
+  void Call(const MatmulArgs& args) const {
+    const MatmulKernels& kernels = KernelsFor(isa());
+    (layout() == WeightLayout::kRowsOut ? kernels.rows_out : kernels.rows_in)(args);
+  }
+  // Weights of shape [n, k] (rows out) or [k, n] (rows in).
+  Weights MakeWeights(const Shape& s, std::mt19937& rng) const {
+    return layout() == WeightLayout::kRowsOut ? Weights(dtype(), s.n, s.k, rng)
+                                              : Weights(dtype(), s.k, s.n, rng);
+  }
+  // The weights of output columns [j0, ...).
+  WeightMatrix Columns(const Weights& w, int j0) const {
+    return layout() == WeightLayout::kRowsOut ? w.matrix().At(j0, 0) : w.matrix().At(0, j0);
+  }
+};
+
+TEST_P(MatmulKernelTest, EveryElementFollowsTheDocumentedOrder) {
+  std::mt19937 rng(1);
+  for (const Shape& s : kShapes) {
+    SCOPED_TRACE(::testing::Message() << "m " << s.m << " n " << s.n << " k " << s.k);
+    const std::vector<float> a = RandomValues(static_cast<size_t>(s.m) * s.k, rng);
+    const Weights w = MakeWeights(s, rng);
+    for (bool accumulate : {false, true}) {
+      const float alpha = layout() == WeightLayout::kRowsOut ? 0.37f : 1.0f;
+      const std::vector<float> before = RandomValues(static_cast<size_t>(s.m) * s.n, rng);
+      std::vector<float> c = before;
+      MatmulArgs args{s.m, s.n, s.k, a.data(), s.k, nullptr, w.matrix(), c.data(), s.n};
+      args.alpha = alpha;
+      args.accumulate = accumulate;
+      Call(args);
+      int mismatches = 0;
+      for (int i = 0; i < s.m; ++i) {
+        for (int j = 0; j < s.n; ++j) {
+          const float want = ReferenceElement(layout(), fused(), a.data() + i * s.k, w, j, s.k,
+                                              alpha, before[i * s.n + j], accumulate);
+          const float got = c[i * s.n + j];
+          if (std::memcmp(&want, &got, sizeof(float)) != 0 && ++mismatches <= 3) {
+            ADD_FAILURE() << "element (" << i << ", " << j << "): " << got << " != " << want
+                          << (accumulate ? " (accumulating)" : "");
+          }
+        }
+      }
+      EXPECT_EQ(mismatches, 0);
+    }
+  }
+}
+
+TEST_P(MatmulKernelTest, CloseToDoublePrecision) {
+  std::mt19937 rng(2);
+  for (const Shape& s : kShapes) {
+    const std::vector<float> a = RandomValues(static_cast<size_t>(s.m) * s.k, rng);
+    const Weights w = MakeWeights(s, rng);
+    std::vector<float> c(static_cast<size_t>(s.m) * s.n, NAN);
+    Call({s.m, s.n, s.k, a.data(), s.k, nullptr, w.matrix(), c.data(), s.n});
+    for (int i = 0; i < s.m; ++i) {
+      for (int j = 0; j < s.n; ++j) {
+        double want = 0, scale = 0;
+        for (int p = 0; p < s.k; ++p) {
+          const double wv = layout() == WeightLayout::kRowsOut ? w.At(j, p) : w.At(p, j);
+          want += static_cast<double>(a[i * s.k + p]) * wv;
+          scale += std::abs(static_cast<double>(a[i * s.k + p]) * wv);
+        }
+        // |error| <= k u sum |a w| (u = 2^-24) for any summation order.
+        ASSERT_NEAR(c[i * s.n + j], want, (s.k + 2) * 6e-8 * scale + 1e-30)
+            << "m " << s.m << " n " << s.n << " k " << s.k << " element " << i << ", " << j;
+      }
+    }
+  }
+}
+
+// The heart of batch invariance: a row computed with any other rows, at any
+// place, in any column range, gives the same bits.
+TEST_P(MatmulKernelTest, RowResultIndependentOfBatchPlaceAndColumns) {
+  std::mt19937 rng(3);
+  for (const Shape& s : kShapes) {
+    SCOPED_TRACE(::testing::Message() << "m " << s.m << " n " << s.n << " k " << s.k);
+    const std::vector<float> a = RandomValues(static_cast<size_t>(s.m) * s.k, rng);
+    const Weights w = MakeWeights(s, rng);
+    std::vector<float> full(static_cast<size_t>(s.m) * s.n);
+    Call({s.m, s.n, s.k, a.data(), s.k, nullptr, w.matrix(), full.data(), s.n});
+
+    // Rows in consecutive batches of random sizes.
+    std::vector<float> pieces(full.size(), NAN);
+    for (int i0 = 0; i0 < s.m;) {
+      const int rows = std::min(s.m - i0, 1 + static_cast<int>(rng() % 9));
+      Call({rows, s.n, s.k, a.data() + i0 * s.k, s.k, nullptr, w.matrix(), pieces.data() + i0 * s.n,
+            s.n});
+      i0 += rows;
+    }
+    EXPECT_EQ(0, std::memcmp(pieces.data(), full.data(), full.size() * sizeof(float)))
+        << "rows computed in smaller batches differ";
+
+    // Rows in a random order through a_rows, each landing at its place.
+    std::vector<int32_t> order(s.m);
+    for (int i = 0; i < s.m; ++i) order[i] = i;
+    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<float> shuffled(full.size(), NAN);
+    Call({s.m, s.n, s.k, a.data(), s.k, order.data(), w.matrix(), shuffled.data(), s.n});
+    for (int i = 0; i < s.m; ++i) {
+      EXPECT_EQ(0, std::memcmp(shuffled.data() + i * s.n, full.data() + order[i] * s.n,
+                               s.n * sizeof(float)))
+          << "row " << order[i] << " read through a_rows at place " << i;
+    }
+
+    // Each row alone, in column ranges of random widths.
+    std::vector<float> alone(full.size(), NAN);
+    for (int i = 0; i < s.m; ++i) {
+      for (int j0 = 0; j0 < s.n;) {
+        const int cols = std::min(s.n - j0, 1 + static_cast<int>(rng() % 20));
+        Call({1, cols, s.k, a.data() + i * s.k, s.k, nullptr, Columns(w, j0),
+              alone.data() + i * s.n + j0, s.n});
+        j0 += cols;
+      }
+    }
+    EXPECT_EQ(0, std::memcmp(alone.data(), full.data(), full.size() * sizeof(float)))
+        << "rows computed alone in column ranges differ";
+  }
+}
+
+TEST_P(MatmulKernelTest, AccumulatingOverKRangesEqualsOneCall) {
+  if (layout() != WeightLayout::kRowsIn) return;  // the rows-in contract only
+  std::mt19937 rng(4);
+  for (const Shape& s : kShapes) {
+    if (s.k < 2) continue;
+    const std::vector<float> a = RandomValues(static_cast<size_t>(s.m) * s.k, rng);
+    const Weights w = MakeWeights(s, rng);
+    std::vector<float> whole(static_cast<size_t>(s.m) * s.n);
+    Call({s.m, s.n, s.k, a.data(), s.k, nullptr, w.matrix(), whole.data(), s.n});
+    std::vector<float> split(whole.size(), NAN);
+    for (int p0 = 0; p0 < s.k;) {
+      const int len = std::min(s.k - p0, 1 + static_cast<int>(rng() % 40));
+      MatmulArgs args{s.m,          s.n, len, a.data() + p0, s.k, nullptr, w.matrix().At(p0, 0),
+                      split.data(), s.n};
+      args.accumulate = p0 > 0;
+      Call(args);
+      p0 += len;
+    }
+    EXPECT_EQ(0, std::memcmp(split.data(), whole.data(), whole.size() * sizeof(float)))
+        << "m " << s.m << " n " << s.n << " k " << s.k;
+  }
+}
+
+// The runner splits a group of products across threads; no element changes.
+TEST_P(MatmulKernelTest, RunnerThreadsChangeNoBits) {
+  std::mt19937 rng(5);
+  std::vector<std::vector<float>> inputs;
+  std::vector<Weights> weights;
+  std::vector<MatmulTask> tasks;
+  std::vector<std::vector<float>> serial_out, parallel_out;
+  for (const Shape& s : kShapes) {
+    inputs.push_back(RandomValues(static_cast<size_t>(s.m) * s.k, rng));
+    weights.push_back(MakeWeights(s, rng));
+    serial_out.emplace_back(static_cast<size_t>(s.m) * s.n, NAN);
+    parallel_out.emplace_back(static_cast<size_t>(s.m) * s.n, NAN);
+  }
+  auto run = [&](int threads, std::vector<std::vector<float>>& out) {
+    tasks.clear();
+    for (size_t t = 0; t < std::size(kShapes); ++t) {
+      const Shape& s = kShapes[t];
+      tasks.push_back({layout(),
+                       {s.m, s.n, s.k, inputs[t].data(), s.k, nullptr, weights[t].matrix(),
+                        out[t].data(), s.n}});
+    }
+    WorkerPool pool(threads);
+    MatmulRunner runner(isa(), &pool, /*parallel_min_macs=*/0);
+    runner.Run(tasks);
+  };
+  run(1, serial_out);
+  run(2, parallel_out);
+  for (size_t t = 0; t < std::size(kShapes); ++t) {
+    EXPECT_EQ(0, std::memcmp(serial_out[t].data(), parallel_out[t].data(),
+                             serial_out[t].size() * sizeof(float)))
+        << "task " << t;
+  }
+}
+
+std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
+  const auto [isa, dtype, layout] = info.param;
+  return std::string(ToString(isa)) + "_" + std::string(ToString(dtype)) +
+         (layout == WeightLayout::kRowsOut ? "_rows_out" : "_rows_in");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllBuilds, MatmulKernelTest,
+    ::testing::Combine(::testing::ValuesIn(SupportedIsas()),
+                       ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
+                       ::testing::Values(WeightLayout::kRowsOut, WeightLayout::kRowsIn)),
+    ParamName);
+
+TEST(KernelIsaTest, BestIsSupportedAndTheWidestTheCpuHas) {
+  EXPECT_TRUE(CpuSupports(BestKernelIsa()));
+  EXPECT_TRUE(CpuSupports(KernelIsa::kGeneric));
+  if (CpuSupports(KernelIsa::kAvx512)) {
+    EXPECT_EQ(BestKernelIsa(), KernelIsa::kAvx512);
+  } else if (CpuSupports(KernelIsa::kAvx2)) {
+    EXPECT_EQ(BestKernelIsa(), KernelIsa::kAvx2);
+  }
+}
+
+}  // namespace
+}  // namespace switchserve::cpu

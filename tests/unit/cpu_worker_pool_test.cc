@@ -1,0 +1,113 @@
+// The CPU backend's worker pool: every piece of every job runs exactly once,
+// Run returns only when all have finished, and pools come and go cleanly.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "kernels/cpu/worker_pool.h"
+
+namespace switchserve::cpu {
+namespace {
+
+TEST(WorkerPoolTest, EveryPieceRunsOnceAndIsDoneWhenRunReturns) {
+  for (int threads : {1, 2, 3}) {
+    WorkerPool pool(threads);
+    EXPECT_EQ(pool.threads(), threads);
+    for (int job = 0; job < 2000; ++job) {
+      const int count = job % 37;
+      std::vector<std::atomic<int>> runs(count);
+      pool.Run(count, [&](int i, int slot) {
+        EXPECT_TRUE(slot >= 0 && slot < threads) << slot;
+        if (job % 100 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+        runs[i].fetch_add(1);
+      });
+      for (int i = 0; i < count; ++i) {
+        ASSERT_EQ(runs[i].load(), 1) << "threads " << threads << " job " << job << " piece " << i;
+      }
+    }
+  }
+}
+
+TEST(WorkerPoolTest, WorkersTakePiecesWhenTheCallerIsBusy) {
+  WorkerPool pool(2);
+  // Piece 0 holds the caller or a worker until another thread has run
+  // piece 1: it can only finish if a second thread takes part.
+  for (int round = 0; round < 20; ++round) {
+    std::atomic<bool> second_done{false};
+    std::set<std::thread::id> ids;
+    std::mutex ids_mutex;
+    std::set<int> slots;
+    pool.Run(2, [&](int i, int slot) {
+      {
+        std::lock_guard<std::mutex> lock(ids_mutex);
+        ids.insert(std::this_thread::get_id());
+        slots.insert(slot);
+      }
+      if (i == 1) second_done.store(true);
+      if (i == 0) {
+        while (!second_done.load()) std::this_thread::yield();
+      }
+    });
+    EXPECT_TRUE(second_done.load());
+    EXPECT_EQ(ids.size(), 2u);
+    EXPECT_EQ(slots, (std::set<int>{0, 1})) << "each thread has its own slot";
+  }
+}
+
+TEST(WorkerPoolTest, PoolsStartAndStopCleanly) {
+  // Destroyed before, while and after workers go to sleep: none may hang.
+  for (int i = 0; i < 200; ++i) {
+    WorkerPool pool(3);
+    if (i % 3 == 1) pool.Run(5, [](int, int) {});
+    if (i % 50 == 2) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+TEST(WorkerPoolTest, SleepingWorkersWakeForTheNextJob) {
+  WorkerPool pool(2);
+  for (int round = 0; round < 5; ++round) {
+    // Long enough for the worker to stop polling and sleep.
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::atomic<bool> second_done{false};
+    pool.Run(2, [&](int i, int) {
+      if (i == 1) second_done.store(true);
+      if (i == 0) {
+        while (!second_done.load()) std::this_thread::yield();
+      }
+    });
+    EXPECT_TRUE(second_done.load());
+  }
+}
+
+TEST(WorkerPoolTest, RestingWorkersStillTakePartInTheNextJob) {
+  WorkerPool pool(2);
+  for (int round = 0; round < 20; ++round) {
+    pool.Rest();
+    if (round % 2 == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    // Piece 0 waits for piece 1: the job finishes only if the resting worker
+    // wakes and takes a piece.
+    std::atomic<bool> second_done{false};
+    std::set<int> slots;
+    std::mutex slots_mutex;
+    pool.Run(2, [&](int i, int slot) {
+      {
+        std::lock_guard<std::mutex> lock(slots_mutex);
+        slots.insert(slot);
+      }
+      if (i == 1) second_done.store(true);
+      if (i == 0) {
+        while (!second_done.load()) std::this_thread::yield();
+      }
+    });
+    EXPECT_TRUE(second_done.load());
+    EXPECT_EQ(slots, (std::set<int>{0, 1})) << "round " << round;
+  }
+}
+
+}  // namespace
+}  // namespace switchserve::cpu
