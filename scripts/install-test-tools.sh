@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Installs the tools the deployment tests (tests/deploy, ctest label `deploy`)
-# need, on Debian 12. Idempotent; prints what it installs.
+# Installs the tools the tests need beyond the build dependencies: those of the
+# deployment tests (tests/deploy, ctest label `deploy`) and the fuzz targets,
+# on Debian 12. Idempotent; prints what it installs.
 #   - kubectl (for `kubectl kustomize`), from Debian's kubernetes-client unless
 #     a kubectl with kustomize is already on PATH;
 #   - promtool, from Debian's prometheus package;
+#   - clang-14 and its runtime libraries (libFuzzer, sanitizers), for the fuzz
+#     targets (tests/fuzz, the `fuzz` preset);
 #   - python3 with pytest, PyYAML and torch (Debian; the CLI tests compare with
 #     the PyTorch reference in tools/reference) and matplotlib (Debian; the
 #     benchmarks' roofline chart, bench/roofline_chart.py), and a venv at build/venv
@@ -23,7 +26,7 @@ venv=build/venv
 source "$(dirname "$0")/apt-packages.sh"
 
 packages=(python3 python3-venv python3-pip python3-pytest python3-yaml python3-torch
-          python3-matplotlib prometheus curl)
+          python3-matplotlib prometheus curl clang-14 libclang-rt-14-dev)
 if ! { command -v kubectl >/dev/null && kubectl kustomize --help >/dev/null 2>&1; }; then
   packages+=(kubernetes-client)
 fi

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs every dependency, builds, and runs the whole test suite:
-# the release build's tests, then the same tests under ASan+UBSan.
+# the release build's tests, then the same tests under ASan+UBSan, the
+# engine's threads under ThreadSanitizer, and each fuzz target for a while.
 # Both builds run the CUDA kernels on the SIMT executor (ctest label simt);
 # the release build also compiles them with nvcc, wherever it is installed.
 set -euo pipefail
@@ -21,3 +22,20 @@ for preset in release asan; do
   echo "=== test ($preset)"
   ctest --preset "$preset" -j"$(nproc)"
 done
+
+# The engine's threads under ThreadSanitizer (ctest label tsan): only that
+# test is built. The gRPC-facing tests are not run under TSan: Debian's gRPC
+# is not instrumented (docs/reliability.md).
+echo "=== build (tsan)"
+cmake --preset tsan >/dev/null
+scripts/build.sh tsan generation_engine_test cpu_worker_pool_test
+echo "=== test (tsan)"
+ctest --preset tsan -j"$(nproc)"
+
+# Each libFuzzer target for a bounded time from its seed corpus (clang).
+echo "=== build (fuzz)"
+cmake --preset fuzz >/dev/null
+scripts/build.sh fuzz safetensors_fuzz model_config_fuzz generate_request_fuzz tokenizer_fuzz \
+  stop_strings_fuzz
+echo "=== test (fuzz)"
+ctest --preset fuzz -j"$(nproc)"

@@ -17,11 +17,16 @@
 
 namespace switchserve {
 
-// The whole file. NOT_FOUND / FAILED_PRECONDITION name the path.
+// The whole file. NOT_FOUND / FAILED_PRECONDITION name the path; anything but
+// a regular file (a FIFO, a directory) is refused without blocking.
 absl::StatusOr<std::string> ReadFileToString(const std::string& path);
 
 // Insecure credentials without TLS; with it, the certificate and key, and
 // when a client CA is given, required and verified client certificates.
+// Checked as gRPC will use them (bound once to a loopback port): files that
+// are missing, hold no PEM, or a key that does not match the certificate are
+// INVALID_ARGUMENT / NOT_FOUND naming the flag and file. Call it before the
+// slow parts of startup.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const TlsOptions& tls);
 
@@ -34,6 +39,7 @@ class BearerTokenAuth {
   explicit BearerTokenAuth(std::string token) : token_(std::move(token)) {}
 
   // OK, or UNAUTHENTICATED when the call's metadata has no or a wrong token.
+  // The scheme is matched case-insensitively (`Bearer`, `bearer`, ...).
   grpc::Status Check(const grpc::CallbackServerContext& context) const;
   // The same check of an `authorization` value (an HTTP header); nullopt:
   // none was sent.

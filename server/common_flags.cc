@@ -1,5 +1,8 @@
 #include "server/common_flags.h"
 
+#include <algorithm>
+#include <cstdint>
+
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 
@@ -9,6 +12,8 @@ ABSL_FLAG(int, threads, 0, "CPU threads for the engine (0: all cores)");
 ABSL_FLAG(std::string, weights_dtype, "auto",
           "auto (as model.safetensors stores them) | f32 | bf16 | f16: the dtype the weight "
           "matrices are held and computed from");
+ABSL_FLAG(bool, allow_non_finite_weights, false,
+          "Load weights holding NaN or infinity (with a warning) instead of refusing the model");
 
 namespace switchserve {
 
@@ -19,7 +24,14 @@ absl::StatusOr<ModelLoadOptions> LoadOptionsFromFlags() {
   }
   ModelLoadOptions options;
   options.weights_dtype = *dtype;
+  options.allow_non_finite_weights = absl::GetFlag(FLAGS_allow_non_finite_weights);
   return options;
+}
+
+std::chrono::milliseconds MillisecondsFromSeconds(double seconds) {
+  // NaN compares false: it becomes 0, like a negative value.
+  const double clamped = seconds > 0 ? std::min(seconds, kMaxWaitSeconds) : 0.0;
+  return std::chrono::milliseconds(static_cast<int64_t>(clamped * 1000.0));
 }
 
 }  // namespace switchserve

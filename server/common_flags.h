@@ -3,6 +3,7 @@
 #ifndef SWITCHSERVE_SERVER_COMMON_FLAGS_H_
 #define SWITCHSERVE_SERVER_COMMON_FLAGS_H_
 
+#include <chrono>
 #include <string>
 
 #include "absl/flags/declare.h"
@@ -11,7 +12,7 @@
 
 namespace switchserve {
 
-// --weights-dtype, parsed; INVALID_ARGUMENT names the flag.
+// --weights-dtype and --allow-non-finite-weights, parsed; INVALID_ARGUMENT names the flag.
 absl::StatusOr<ModelLoadOptions> LoadOptionsFromFlags();
 
 }  // namespace switchserve
@@ -20,5 +21,16 @@ ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(int, threads);
 ABSL_DECLARE_FLAG(std::string, weights_dtype);
+ABSL_DECLARE_FLAG(bool, allow_non_finite_weights);
+
+namespace switchserve {
+
+// A duration flag given in seconds (validated >= 0 and not NaN; +inf allowed)
+// as milliseconds, saturating at kMaxWaitSeconds (about ten years): a
+// conversion out of range would otherwise wrap to a negative wait.
+inline constexpr double kMaxWaitSeconds = 3.15e8;
+std::chrono::milliseconds MillisecondsFromSeconds(double seconds);
+
+}  // namespace switchserve
 
 #endif  // SWITCHSERVE_SERVER_COMMON_FLAGS_H_

@@ -1,5 +1,7 @@
 #include "server/dispatch_flags.h"
 
+#include <cmath>
+
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -39,6 +41,9 @@ absl::StatusOr<DispatchOverrides> DispatchOverridesFromFlags() {
     auto parsed = ParseCapacityScope(scope);
     if (!parsed.ok()) return FlagError("capacity-scope", std::string(parsed.status().message()));
     o.scope = *parsed;
+  }
+  if (o.capacity_factor && !std::isfinite(*o.capacity_factor)) {
+    return FlagError("capacity-factor", "must be a finite number (<= 0: dropless)");
   }
   if (o.min_capacity && *o.min_capacity < 0) return FlagError("min-capacity", "must be >= 0");
   if (o.capacity_group && *o.capacity_group < 1) return FlagError("capacity-group", "must be >= 1");

@@ -26,20 +26,22 @@ class EngineRequestHandle {
     engine_ = engine;
     if (!id.ok()) return id.status();
     id_ = *id;
-    if (cancel_requested_) engine_->Cancel(*id_);
+    if (cancel_requested_ != CancelCause::kNone) engine_->Cancel(*id_, cancel_requested_);
     return absl::OkStatus();
   }
-  void Cancel() {
+  // `cause` tells the engine why (the call then ends CANCELLED,
+  // DEADLINE_EXCEEDED or UNAVAILABLE); the first cause given is kept.
+  void Cancel(CancelCause cause = CancelCause::kClient) {
     std::lock_guard<std::mutex> lock(mu_);
-    cancel_requested_ = true;
-    if (id_) engine_->Cancel(*id_);
+    if (cancel_requested_ == CancelCause::kNone) cancel_requested_ = cause;
+    if (id_) engine_->Cancel(*id_, cause);
   }
 
  private:
   std::mutex mu_;
   GenerationEngine* engine_ = nullptr;
   std::optional<RequestId> id_;
-  bool cancel_requested_ = false;
+  CancelCause cancel_requested_ = CancelCause::kNone;
 };
 
 }  // namespace switchserve

@@ -81,9 +81,9 @@ absl::StatusOr<EngineSetup> SetUpEngine(const ServerOptions& options) {
   absl::StatusOr<std::unique_ptr<KvCache>> kv_cache = KvCache::Create(setup.backend.get(), cache);
   if (!kv_cache.ok()) {
     if (kv_cache.status().code() != absl::StatusCode::kInvalidArgument) return kv_cache.status();
-    return absl::InvalidArgumentError(absl::StrCat("--kv-cache-bytes ", options.kv_cache_bytes,
-                                                   ": ", kv_cache.status().message(),
-                                                   " (one full context)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv-cache-bytes ", options.kv_cache_bytes, ": ", kv_cache.status().message(),
+        " (the server keeps room for one full context, max_seq_len ", config.max_seq_len, ")"));
   }
   setup.kv_cache = *std::move(kv_cache);
 

@@ -75,14 +75,14 @@ class UnaryGenerateCall : public grpc::ServerUnaryReactor {
     FillUsageAndTiming(update, message_.mutable_usage(), message_.mutable_timing());
     *response_ = SerializeMessage(message_);
     const grpc::Status status = update.finish_reason == FinishReason::kCancelled
-                                    ? CancelledCallStatus(context_)
+                                    ? CancelledCallStatus(update.cancel_cause)
                                     : grpc::Status::OK;
     access_.status = static_cast<absl::StatusCode>(status.error_code());
     LogAccess(access_);
     Finish(status);
   }
 
-  void OnCancel() override { handle_.Cancel(); }
+  void OnCancel() override { handle_.Cancel(CancelCauseOf(*context_)); }
   void OnDone() override {
     service_->CallDone();
     delete this;
@@ -149,7 +149,7 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
           pending_.set_finish_reason(ToProto(update.finish_reason));
           FillUsageAndTiming(update, pending_.mutable_usage(), pending_.mutable_timing());
           final_status_ = update.finish_reason == FinishReason::kCancelled
-                              ? CancelledCallStatus(context_)
+                              ? CancelledCallStatus(update.cancel_cause)
                               : grpc::Status::OK;
         }
       }
@@ -178,7 +178,7 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
 
   void OnWriteDone(bool ok) override {
     // While writing_ is set the call cannot finish, so `this` stays valid.
-    if (!ok) handle_.Cancel();
+    if (!ok) handle_.Cancel(CancelCause::kClient);  // the client is gone
     {
       std::lock_guard<std::mutex> lock(mu_);
       writing_ = false;
@@ -186,7 +186,7 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     }
     Pump();
   }
-  void OnCancel() override { handle_.Cancel(); }
+  void OnCancel() override { handle_.Cancel(CancelCauseOf(*context_)); }
   void OnDone() override {
     service_->CallDone();
     Release();
@@ -272,13 +272,28 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
 
 }  // namespace
 
-grpc::Status CancelledCallStatus(grpc::CallbackServerContext* context) {
-  if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
-  if (context->deadline() <= std::chrono::system_clock::now()) {
-    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded");
+CancelCause CancelCauseOf(const grpc::CallbackServerContext& context) {
+  // A client whose deadline passes cancels the call itself, at its own clock;
+  // that cancellation reaches the server a little before the server's copy
+  // of the deadline (computed from the header's arrival) passes. Count a
+  // cancellation that close to the deadline as the deadline the client saw.
+  constexpr auto kSlack = std::chrono::milliseconds(100);
+  return context.deadline() <= std::chrono::system_clock::now() + kSlack ? CancelCause::kDeadline
+                                                                         : CancelCause::kClient;
+}
+
+grpc::Status CancelledCallStatus(CancelCause cause) {
+  switch (cause) {
+    case CancelCause::kDeadline:
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded");
+    case CancelCause::kShutdown:
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "the server stopped before the request finished");
+    case CancelCause::kClient:
+    case CancelCause::kNone:
+      break;
   }
-  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                      "the server stopped before the request finished");
+  return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
 }
 
 grpc::ServerUnaryReactor* StartUnaryGenerate(GenerationService* service,

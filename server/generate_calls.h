@@ -26,9 +26,15 @@ grpc::ServerUnaryReactor* StartUnaryGenerate(GenerationService* service,
 grpc::ServerWriteReactor<grpc::ByteBuffer>* StartStreamingGenerate(
     GenerationService* service, grpc::CallbackServerContext* context, GenerationRequest request);
 
-// The status a call ends with when its request finished with kCancelled: the
-// client's cancellation, its deadline, or the server shutting down.
-grpc::Status CancelledCallStatus(grpc::CallbackServerContext* context);
+// Why gRPC cancelled a call (OnCancel): its deadline passed (or is less than
+// 100 ms away: the client's own clock ends it first), or the client cancelled
+// it or went away.
+CancelCause CancelCauseOf(const grpc::CallbackServerContext& context);
+
+// The status a call ends with when its request finished with kCancelled, as
+// the client sees it: CANCELLED (the client's cancellation),
+// DEADLINE_EXCEEDED (its deadline), UNAVAILABLE (the server shutting down).
+grpc::Status CancelledCallStatus(CancelCause cause);
 
 }  // namespace switchserve
 

@@ -3,8 +3,10 @@
 // scheduler, backend sampling, EOS handling and incremental detokenizer), one
 // request at a time; the text is printed as it is released. Greedy by
 // default; --temperature > 0 samples (with --top-k, --top-p, --seed).
+#include <algorithm>
 #include <cstdio>
 #include <future>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -59,6 +61,22 @@ int RunGenerateCommand(int argc, char** argv) {
     std::fprintf(stderr, "generate: --prompt is required\n");
     return 2;
   }
+  // The server's ranges (server/request_validation.cc), checked in double
+  // before narrowing to float.
+  const double temperature = absl::GetFlag(FLAGS_temperature);
+  const double top_p = absl::GetFlag(FLAGS_top_p);
+  if (!(temperature >= 0 && temperature <= std::numeric_limits<float>::max())) {
+    std::fprintf(stderr, "generate: --temperature must be a finite value >= 0\n");
+    return 2;
+  }
+  if (!(top_p > 0 && top_p <= 1)) {
+    std::fprintf(stderr, "generate: --top-p must be in (0, 1]\n");
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_top_k) < 0 || absl::GetFlag(FLAGS_max_new_tokens) < 0) {
+    std::fprintf(stderr, "generate: --top-k and --max-new-tokens must be >= 0\n");
+    return 2;
+  }
   absl::StatusOr<OfflineSession> session = OpenOfflineSession();
   if (!session.ok()) {
     std::fprintf(stderr, "generate: %s\n", session.status().ToString().c_str());
@@ -76,18 +94,21 @@ int RunGenerateCommand(int argc, char** argv) {
   request.prompt.insert(request.prompt.end(), encoded->begin(), encoded->end());
   SamplingParams& sampling = request.sampling;
   sampling.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
-  sampling.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
   sampling.top_k = absl::GetFlag(FLAGS_top_k);
-  sampling.top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p));
   sampling.seed = absl::GetFlag(FLAGS_seed);
+  sampling.temperature = static_cast<float>(temperature);
+  sampling.top_p = static_cast<float>(top_p);
 
   std::fputs(prompt.c_str(), stdout);
   // A prompt that fills more than the context leaves nothing to generate.
   if (sampling.max_new_tokens > 0 &&
       static_cast<int64_t>(request.prompt.size()) <= config.max_seq_len) {
+    // The cache holds what this request can reach, not a whole context: a
+    // model's max_seq_len alone must not size an allocation.
     KvCacheOptions cache;
     cache.block_size = kBlockSize;
-    cache.max_tokens = config.max_seq_len;  // one full context
+    cache.max_tokens = std::min<int64_t>(
+        config.max_seq_len, static_cast<int64_t>(request.prompt.size()) + sampling.max_new_tokens);
     absl::StatusOr<std::unique_ptr<KvCache>> kv_cache =
         KvCache::Create(session->backend.get(), cache);
     if (!kv_cache.ok()) {

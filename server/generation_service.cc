@@ -5,26 +5,55 @@
 #include <string_view>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "server/generate_calls.h"
 #include "server/wire_format.h"
 
 namespace switchserve {
 namespace {
 
-// A unary reactor that finishes at once with `status`.
-grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context,
-                                    const grpc::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(status);
-  return reactor;
-}
+// A unary call answered at once with `status`. It counts as in flight until
+// gRPC has sent the answer, so that shutdown waits for it instead of
+// cancelling it (its client would see CANCELLED instead of the answer).
+class FinishedCall : public grpc::ServerUnaryReactor {
+ public:
+  FinishedCall(GenerationService* service, const grpc::Status& status) : service_(service) {
+    service_->CallStarted();
+    Finish(status);
+  }
+  void OnDone() override {
+    service_->CallDone();
+    delete this;
+  }
 
-// A streaming reactor that finishes at once with `status`.
+ private:
+  GenerationService* service_;
+};
+
+// A streaming call that fails at once with `status`, counted the same way.
 class FailedStream : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  explicit FailedStream(const grpc::Status& status) { Finish(status); }
-  void OnDone() override { delete this; }
+  FailedStream(GenerationService* service, const grpc::Status& status) : service_(service) {
+    service_->CallStarted();
+    Finish(status);
+  }
+  void OnDone() override {
+    service_->CallDone();
+    delete this;
+  }
+
+ private:
+  GenerationService* service_;
 };
+
+// The status a refused call's client sees: a call cancelled (or past its
+// deadline) in flight reaches the handler without its message (Prepare's
+// CANCELLED), and its client sees the cancellation, not a validation error.
+absl::StatusCode RejectionSeenByClient(grpc::CallbackServerContext& context,
+                                       absl::StatusCode code) {
+  if (code != absl::StatusCode::kCancelled && !context.IsCancelled()) return code;
+  return static_cast<absl::StatusCode>(CancelledCallStatus(CancelCauseOf(context)).error_code());
+}
 
 }  // namespace
 
@@ -42,6 +71,18 @@ void GenerationService::FinishRejected(const AccessRecord& record) const {
 }
 
 grpc::Status GenerationService::Admit(grpc::CallbackServerContext* context) const {
+  if (options_.max_metadata_bytes > 0) {
+    int64_t bytes = 0;
+    for (const auto& [key, value] : context->client_metadata()) {
+      bytes += static_cast<int64_t>(key.size() + value.size()) + 32;
+    }
+    if (bytes > options_.max_metadata_bytes) {
+      return grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrCat("request metadata of ", bytes, " bytes exceeds --max-metadata-bytes ",
+                       options_.max_metadata_bytes));
+    }
+  }
   if (options_.auth != nullptr) {
     if (grpc::Status status = options_.auth->Check(*context); !status.ok()) return status;
   }
@@ -54,6 +95,9 @@ grpc::Status GenerationService::Admit(grpc::CallbackServerContext* context) cons
 
 absl::StatusOr<GenerationRequest> GenerationService::Prepare(grpc::CallbackServerContext* context,
                                                              const grpc::ByteBuffer& buffer) const {
+  // No message at all (an empty one is valid): the client cancelled, or its
+  // deadline passed, before the request arrived.
+  if (!buffer.Valid()) return absl::CancelledError("the call ended before its request arrived");
   v1::GenerateRequest request;
   if (absl::Status status = ParseMessage(buffer, &request); !status.ok()) return status;
   auto prepared = ValidateGenerateRequest(request, *options_.tokenizer, options_.limits);
@@ -89,7 +133,7 @@ absl::StatusOr<GenerationRequest> GenerationService::AdmitGenerate(
     record.protocol = "grpc";
     record.method = method;
     record.peer = context->peer();
-    record.status = prepared.status().code();
+    record.status = RejectionSeenByClient(*context, prepared.status().code());
     FinishRejected(record);
     return prepared.status();
   }
@@ -101,40 +145,40 @@ grpc::ServerUnaryReactor* GenerationService::Generate(grpc::CallbackServerContex
                                                       const grpc::ByteBuffer* request,
                                                       grpc::ByteBuffer* response) {
   auto prepared = AdmitGenerate(context, *request, "Generate");
-  if (!prepared.ok()) return FinishNow(context, ToGrpcStatus(prepared.status()));
+  if (!prepared.ok()) return new FinishedCall(this, ToGrpcStatus(prepared.status()));
   return StartUnaryGenerate(this, context, std::move(*prepared), response);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationService::GenerateStream(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
   auto prepared = AdmitGenerate(context, *request, "GenerateStream");
-  if (!prepared.ok()) return new FailedStream(ToGrpcStatus(prepared.status()));
+  if (!prepared.ok()) return new FailedStream(this, ToGrpcStatus(prepared.status()));
   return StartStreamingGenerate(this, context, std::move(*prepared));
 }
 
 grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContext* context,
                                                       const grpc::ByteBuffer* request_buffer,
                                                       grpc::ByteBuffer* response_buffer) {
-  if (grpc::Status status = Admit(context); !status.ok()) return FinishNow(context, status);
+  if (grpc::Status status = Admit(context); !status.ok()) return new FinishedCall(this, status);
   v1::TokenizeRequest request;
   if (absl::Status status = ParseMessage(*request_buffer, &request); !status.ok()) {
-    return FinishNow(context, ToGrpcStatus(status));
+    return new FinishedCall(this, ToGrpcStatus(status));
   }
   auto ids = options_.tokenizer->Encode(request.text());
-  if (!ids.ok()) return FinishNow(context, ToGrpcStatus(ids.status()));
+  if (!ids.ok()) return new FinishedCall(this, ToGrpcStatus(ids.status()));
   v1::TokenizeResponse response;
   response.mutable_token_ids()->Add(ids->begin(), ids->end());
   *response_buffer = SerializeMessage(response);
-  return FinishNow(context, grpc::Status::OK);
+  return new FinishedCall(this, grpc::Status::OK);
 }
 
 grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerContext* context,
                                                           const v1::GetModelInfoRequest*,
                                                           v1::ModelInfo* response) {
-  if (grpc::Status status = Admit(context); !status.ok()) return FinishNow(context, status);
+  if (grpc::Status status = Admit(context); !status.ok()) return new FinishedCall(this, status);
   FillModelInfo(*options_.config, options_.dispatch, options_.device, options_.engine->Snapshot(),
                 response);
-  return FinishNow(context, grpc::Status::OK);
+  return new FinishedCall(this, grpc::Status::OK);
 }
 
 }  // namespace switchserve

@@ -33,8 +33,11 @@ struct GenerationServiceOptions {
   std::string device;       // the backend's name(): "cpu", "cuda"
   RequestLimits limits;
   const BearerTokenAuth* auth = nullptr;  // null: no token needed
-  ServingMetrics* metrics = nullptr;      // null: no metrics; must outlive the service
-  CallGate* gate = nullptr;               // drain state shared with HTTP; null: the service's own
+  // Calls whose request metadata is larger (name + value + 32 bytes per
+  // entry, as HPACK counts) get RESOURCE_EXHAUSTED; 0: no limit.
+  int64_t max_metadata_bytes = 0;
+  ServingMetrics* metrics = nullptr;  // null: no metrics; must outlive the service
+  CallGate* gate = nullptr;           // drain state shared with HTTP; null: the service's own
 };
 
 // Generate, GenerateStream and Tokenize take raw byte buffers so that request
@@ -50,8 +53,8 @@ class GenerationService final : public GenerationServiceBase {
   explicit GenerationService(const GenerationServiceOptions& options);
 
   // Draining (the gate's StartDraining): every new call gets UNAVAILABLE;
-  // calls already running go on. Generate / GenerateStream calls count in
-  // the gate's calls_in_flight().
+  // calls already running go on. Every call counts in the gate's
+  // calls_in_flight() until its answer is sent.
 
   grpc::ServerUnaryReactor* Generate(grpc::CallbackServerContext* context,
                                      const grpc::ByteBuffer* request,

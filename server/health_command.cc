@@ -15,6 +15,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "server/auth.h"
+#include "server/common_flags.h"
 #include "server/server_flags.h"
 
 ABSL_DECLARE_FLAG(std::string, tls_cert);
@@ -41,6 +42,8 @@ int HealthError(const std::string& message) {
 
 int RunHealthCommand(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);  // main() already turned --a-b into --a_b
+  const double timeout_s = absl::GetFlag(FLAGS_timeout_s);
+  if (!(timeout_s >= 0)) return HealthError("--timeout-s: must be >= 0");
 
   const std::string cert_file = absl::GetFlag(FLAGS_tls_cert);
   const std::string key_file = absl::GetFlag(FLAGS_tls_key);
@@ -75,9 +78,7 @@ int RunHealthCommand(int argc, char** argv) {
   auto stub = grpc::health::v1::Health::NewStub(channel);
 
   grpc::ClientContext context;
-  context.set_deadline(
-      std::chrono::system_clock::now() +
-      std::chrono::milliseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_timeout_s) * 1000)));
+  context.set_deadline(std::chrono::system_clock::now() + MillisecondsFromSeconds(timeout_s));
   grpc::health::v1::HealthCheckRequest request;
   request.set_service(absl::GetFlag(FLAGS_service));
   grpc::health::v1::HealthCheckResponse response;

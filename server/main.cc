@@ -2,6 +2,8 @@
 // Without a subcommand (or with only flags) it runs `serve`.
 #include <cstdio>
 #include <cstring>
+#include <exception>
+#include <new>
 
 #include "absl/flags/usage.h"
 #include "server/commands.h"
@@ -35,5 +37,15 @@ int main(int argc, char** argv) {
     return 0;
   }
   absl::SetProgramUsageMessage(command->usage);
-  return command->run(argc, argv);
+  // Sizes are checked before anything is allocated (engine/model/host_memory.h);
+  // should an allocation still fail on this thread, report it and exit
+  // instead of std::terminate's abort.
+  try {
+    return command->run(argc, argv);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "switchserve %s: out of memory\n", command->name);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "switchserve %s: %s\n", command->name, e.what());
+  }
+  return 1;
 }

@@ -1,5 +1,7 @@
 #include "server/offline_session.h"
 
+#include <cstdio>
+
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/backends.h"
@@ -17,6 +19,9 @@ absl::StatusOr<OfflineSession> OpenOfflineSession() {
   if (!load.ok()) return load.status();
   absl::StatusOr<std::unique_ptr<Model>> model = LoadModel(directory, *load);
   if (!model.ok()) return model.status();
+  for (const std::string& warning : (*model)->warnings) {
+    std::fprintf(stderr, "warning: %s\n", warning.c_str());
+  }
   session.model = *std::move(model);
   absl::StatusOr<DeviceKind> device = ParseDeviceKind(absl::GetFlag(FLAGS_device));
   if (!device.ok()) {

@@ -99,9 +99,13 @@ absl::StatusOr<GenerationRequest> ValidateGenerateRequest(const v1::GenerateRequ
   }
   p.min_p = s.min_p();
   if (s.has_repetition_penalty()) {
-    if (!(s.repetition_penalty() > 0) || !std::isfinite(s.repetition_penalty())) {
+    // Bounded away from 0 and infinity: dividing (or multiplying) a logit by
+    // a denormal penalty such as 1e-45 overflows to infinity.
+    if (!(s.repetition_penalty() >= kMinRepetitionPenalty &&
+          s.repetition_penalty() <= kMaxRepetitionPenalty)) {
       return Invalid("sampling.repetition_penalty",
-                     absl::StrCat("must be a finite value > 0, found ", s.repetition_penalty()));
+                     absl::StrCat("must be in [", kMinRepetitionPenalty, ", ",
+                                  kMaxRepetitionPenalty, "], found ", s.repetition_penalty()));
     }
     p.repetition_penalty = s.repetition_penalty();
   }

@@ -12,6 +12,11 @@
 
 namespace switchserve {
 
+// The repetition penalty's range: far from 0 and infinity, so that a penalised
+// logit of any plausible size stays finite.
+inline constexpr float kMinRepetitionPenalty = 0.01f;
+inline constexpr float kMaxRepetitionPenalty = 100.0f;
+
 struct RequestLimits {
   int vocab_size = 0;
   int context_length = 0;            // prompt + max_new_tokens must fit

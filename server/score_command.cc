@@ -91,12 +91,12 @@ int RunScoreCommand(int argc, char** argv) {
   }
   absl::StatusOr<OfflineSession> session = OpenOfflineSession();
   if (!session.ok()) return Fail(session.status());
-  // A cache for one sequence of the model's full context.
-  absl::StatusOr<std::unique_ptr<SequenceRunner>> runner =
-      SequenceRunner::Create(session->backend.get(), session->model->config);
-  if (!runner.ok()) return Fail(runner.status());
   const ModelConfig& config = session->model->config;
   const Tokenizer& tokenizer = *session->model->tokenizer;
+  if (config.max_seq_len < 2) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("max_seq_len ", config.max_seq_len,
+                                                        ": scoring needs a context of 2 or more")));
+  }
 
   std::vector<int32_t> tokens;
   int64_t predicted_bytes = -1;  // unknown for --tokens input
@@ -124,6 +124,12 @@ int RunScoreCommand(int argc, char** argv) {
     return Fail(absl::InvalidArgumentError(absl::StrCat("--dump-logits needs at most max_seq_len (",
                                                         config.max_seq_len, ") tokens, got ", n)));
   }
+  // A cache for one window: the model's context, or the whole text when shorter.
+  SequenceRunnerOptions runner_options;
+  runner_options.max_tokens = std::min<int64_t>(n, config.max_seq_len);
+  absl::StatusOr<std::unique_ptr<SequenceRunner>> runner =
+      SequenceRunner::Create(session->backend.get(), config, runner_options);
+  if (!runner.ok()) return Fail(runner.status());
   const int32_t vocab = config.vocab_size;
   double nll_sum = 0;
   std::vector<float> all_logits;

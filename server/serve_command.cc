@@ -22,11 +22,13 @@
 #include "engine/runtime/generation_engine.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/impl/server_builder_option.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "server/auth.h"
 #include "server/call_gate.h"
 #include "server/commands.h"
+#include "server/common_flags.h"
 #include "server/dispatch_flags.h"
 #include "server/engine_setup.h"
 #include "server/generation_service.h"
@@ -44,6 +46,18 @@ namespace switchserve {
 namespace {
 
 void Log(const std::string& message) { LogInfo(message); }
+
+// --noreflection: linking grpc++_reflection registers its plugin with every
+// ServerBuilder; this option takes it out again.
+class WithoutReflection : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    std::erase_if(*plugins, [](const std::unique_ptr<grpc::ServerBuilderPlugin>& plugin) {
+      return dynamic_cast<grpc::reflection::ProtoServerReflectionPlugin*>(plugin.get()) != nullptr;
+    });
+  }
+};
 
 int Fail(const absl::Status& status) {
   switchserve::Log(LogLevel::kError, status.ToString());
@@ -83,11 +97,22 @@ std::string ConnectionSummary(const ConnectionOptions& c) {
 
 int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   SetLogFormat(options.log_format);
+  // Credentials and the token first: a typo there is reported in a second,
+  // not after the model has loaded and warmed up.
+  auto credentials = MakeServerCredentials(options.tls);
+  if (!credentials.ok()) return Fail(credentials.status());
+  std::unique_ptr<BearerTokenAuth> auth;
+  if (!options.auth_token_file.empty()) {
+    auto loaded = BearerTokenAuth::FromFile(options.auth_token_file);
+    if (!loaded.ok()) return Fail(loaded.status());
+    auth = std::move(*loaded);
+  }
   ServerOptions resolved = options;
   if (resolved.model_dir.empty()) resolved.model_dir = DefaultModelDirectory();
   Log(absl::StrCat("loading model from ", resolved.model_dir));
   absl::StatusOr<EngineSetup> setup = SetUpEngine(resolved);
   if (!setup.ok()) return Fail(setup.status());
+  for (const std::string& warning : setup->model->warnings) Log(absl::StrCat("warning: ", warning));
   const std::string& model_dir = resolved.model_dir;
   const ModelConfig& config = setup->model->config;
   const DispatchConfig& dispatch = setup->dispatch;
@@ -125,7 +150,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
          .architecture = ArchitectureName(config),
          .tokenizer = config.tokenizer == TokenizerKind::kByte ? "byte" : "sentencepiece",
          .context_length = config.max_seq_len});
-    auto started = MetricsExposer::Start(options.host, options.metrics_port, collectables);
+    auto started = MetricsExposer::Start(options.metrics_host, options.metrics_port, collectables);
     if (!started.ok()) return Fail(started.status());
     exposer = std::move(*started);
   }
@@ -133,15 +158,6 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
                           setup->model->tokenizer.get(), observer.get());
   engine.Start();
   if (absl::Status status = WarmUpEngine(engine, config); !status.ok()) return Fail(status);
-
-  std::unique_ptr<BearerTokenAuth> auth;
-  if (!options.auth_token_file.empty()) {
-    auto loaded = BearerTokenAuth::FromFile(options.auth_token_file);
-    if (!loaded.ok()) return Fail(loaded.status());
-    auth = std::move(*loaded);
-  }
-  auto credentials = MakeServerCredentials(options.tls);
-  if (!credentials.ok()) return Fail(credentials.status());
 
   CallGate gate;
   GenerationServiceOptions service_options;
@@ -153,6 +169,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   service_options.limits.vocab_size = config.vocab_size;
   service_options.limits.context_length = config.max_seq_len;
   service_options.auth = auth.get();
+  service_options.max_metadata_bytes = options.max_metadata_bytes;
   service_options.metrics = serving_metrics.get();
   service_options.gate = &gate;
   GenerationService service(service_options);
@@ -164,8 +181,14 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   const std::string address = ListenAddress(options);
   builder.AddListeningPort(address, *credentials, &bound_port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_request_bytes));
+  // gRPC 1.51 answers headers over this limit by failing every call on the
+  // connection; the service enforces --max-metadata-bytes per call instead,
+  // below it (GenerationService), so an oversized call fails alone.
+  builder.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE,
+                             static_cast<int>(options.TransportMetadataLimit()));
   SetConnectionArguments(options.connections, &builder);
   builder.RegisterService(&service);
+  if (!options.reflection) builder.SetOption(std::make_unique<WithoutReflection>());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || bound_port == 0) {
     return Fail(absl::UnavailableError(absl::StrCat("cannot listen on ", address)));
@@ -221,7 +244,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
                       auth ? "bearer token required" : "no authentication"));
   Log(ConnectionSummary(options.connections));
   if (exposer != nullptr) {
-    Log(absl::StrCat("metrics on http://", options.host, ":", exposer->port(), "/metrics",
+    Log(absl::StrCat("metrics on http://", options.metrics_host, ":", exposer->port(), "/metrics",
                      moe_metrics ? "" : " (--no-moe-metrics: serving and process only)"));
   } else {
     Log("metrics disabled (--metrics-port 0)");
@@ -233,7 +256,8 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
                      model_name, "\")"));
   }
   Log(absl::StrCat("listening on ", options.host, ":", bound_port,
-                   " (grpc: switchserve.v1.Generation, grpc.health.v1.Health, reflection)"));
+                   " (grpc: switchserve.v1.Generation, grpc.health.v1.Health",
+                   options.reflection ? ", reflection)" : ")"));
 
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
@@ -241,13 +265,15 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
                    " calls running, up to ", options.drain_timeout_s, " s)"));
   health->SetServingStatus(false);
   gate.StartDraining();
-  const auto drain_timeout =
-      std::chrono::milliseconds(static_cast<int64_t>(options.drain_timeout_s * 1000.0));
-  if (!gate.WaitUntilIdle(drain_timeout)) {
+  if (!gate.WaitUntilIdle(MillisecondsFromSeconds(options.drain_timeout_s))) {
     Log(absl::StrCat("drain timeout: cancelling ", gate.calls_in_flight(), " calls"));
   }
   engine.Stop();  // ends whatever is left; those calls get UNAVAILABLE
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  // Every Generate call has its final update now; once gRPC has sent their
+  // statuses (each call's OnDone), nothing of ours is running, and the
+  // shutdown need not wait for idle client connections to go away.
+  gate.WaitUntilIdle(std::chrono::seconds(2));
+  server->Shutdown(std::chrono::system_clock::now());
   server->Wait();
   if (http != nullptr) http->Stop(std::chrono::seconds(2));
   Log("stopped");

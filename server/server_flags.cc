@@ -1,6 +1,7 @@
 #include "server/server_flags.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -19,6 +20,10 @@ ABSL_FLAG(int, http_port, 0,
           "OpenAI-compatible HTTP API port (/v1/completions, /v1/models, /health, /ready); "
           "0 disables");
 ABSL_FLAG(int, metrics_port, 9090, "Prometheus metrics port (/metrics); 0 disables");
+ABSL_FLAG(std::string, metrics_host, "",
+          "Address the metrics exporter listens on (plain HTTP, no TLS or token); empty: --host");
+ABSL_FLAG(bool, reflection, true,
+          "Serve gRPC reflection (not guarded by the bearer token); --noreflection turns it off");
 ABSL_FLAG(bool, no_moe_metrics, false,
           "Export no MoE routing metrics (serving and process metrics only)");
 ABSL_FLAG(int64_t, kv_cache_bytes, 1073741824,
@@ -31,6 +36,8 @@ ABSL_FLAG(int, max_queue, 1024,
           "Requests waiting for admission; beyond it calls get RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_request_bytes, 4194304,
           "Largest request message gRPC accepts (RESOURCE_EXHAUSTED beyond)");
+ABSL_FLAG(int64_t, max_metadata_bytes, 16384,
+          "Largest request metadata (headers) of a call; more is RESOURCE_EXHAUSTED for that call");
 ABSL_FLAG(double, drain_timeout_s, 30,
           "On SIGTERM/SIGINT, how long running calls may take to finish");
 // --model, --device and --threads are shared with the offline subcommands
@@ -80,6 +87,9 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.port = absl::GetFlag(FLAGS_port);
   o.http_port = absl::GetFlag(FLAGS_http_port);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  o.metrics_host = absl::GetFlag(FLAGS_metrics_host);
+  if (o.metrics_host.empty()) o.metrics_host = o.host;
+  o.reflection = absl::GetFlag(FLAGS_reflection);
   o.moe_metrics = !absl::GetFlag(FLAGS_no_moe_metrics);
   o.threads = absl::GetFlag(FLAGS_threads);
   o.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
@@ -88,6 +98,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.max_running_requests = absl::GetFlag(FLAGS_max_running_requests);
   o.max_queue = absl::GetFlag(FLAGS_max_queue);
   o.max_request_bytes = absl::GetFlag(FLAGS_max_request_bytes);
+  o.max_metadata_bytes = absl::GetFlag(FLAGS_max_metadata_bytes);
   o.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
   o.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
   o.tls.key_file = absl::GetFlag(FLAGS_tls_key);
@@ -150,10 +161,15 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   if (o.max_request_bytes < 1024 || o.max_request_bytes > (int64_t{1} << 31) - 1) {
     return FlagError("max-request-bytes", "must be in [1024, 2^31)");
   }
+  if (o.max_metadata_bytes < 1024 || o.max_metadata_bytes > (int64_t{1} << 20)) {
+    return FlagError("max-metadata-bytes", "must be in [1024, 1048576]");
+  }
   if (o.debug_step_delay_ms < 0 || o.debug_step_delay_ms > 10000) {
     return FlagError("debug-step-delay-ms", "must be in [0, 10000]");
   }
-  if (o.drain_timeout_s < 0) return FlagError("drain-timeout-s", "must be >= 0");
+  if (!(o.drain_timeout_s >= 0)) {
+    return FlagError("drain-timeout-s", "must be >= 0 (inf: no limit)");
+  }
   if (o.tls.cert_file.empty() != o.tls.key_file.empty()) {
     return FlagError(o.tls.cert_file.empty() ? "tls-cert" : "tls-key",
                      "--tls-cert and --tls-key go together");

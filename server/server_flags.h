@@ -4,6 +4,7 @@
 #ifndef SWITCHSERVE_SERVER_SERVER_FLAGS_H_
 #define SWITCHSERVE_SERVER_SERVER_FLAGS_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -48,12 +49,14 @@ struct ServerOptions {
   std::string model_dir;  // empty: DefaultModelDirectory()
   std::string host;
   int port = 0;
-  int http_port = 0;        // OpenAI-compatible HTTP API; 0 disables
-  int metrics_port = 0;     // 0 disables
-  bool moe_metrics = true;  // false: --no-moe-metrics (serving and process metrics only)
+  int http_port = 0;         // OpenAI-compatible HTTP API; 0 disables
+  int metrics_port = 0;      // 0 disables
+  std::string metrics_host;  // the exporter's address (--host unless given)
+  bool reflection = true;    // serve grpc.reflection
+  bool moe_metrics = true;   // false: --no-moe-metrics (serving and process metrics only)
   DeviceKind device = DeviceKind::kCpu;
   int threads = 0;        // backend threads; 0: all cores
-  ModelLoadOptions load;  // --weights-dtype
+  ModelLoadOptions load;  // --weights-dtype, --allow-non-finite-weights
   // KV cache budget. The cache never gets larger than max_running_requests
   // full contexts, so small models do not reserve memory they cannot use.
   int64_t kv_cache_bytes = 0;
@@ -62,6 +65,14 @@ struct ServerOptions {
   int max_running_requests = 0;
   int max_queue = 0;
   int64_t max_request_bytes = 0;
+  // Request metadata of one call, counted as HPACK does (name + value + 32
+  // bytes per entry). The service refuses a call above it; the transport
+  // itself accepts up to TransportMetadataLimit() and closes the whole
+  // connection beyond that (gRPC 1.51), failing every call on it.
+  int64_t max_metadata_bytes = 0;
+  int64_t TransportMetadataLimit() const {
+    return std::max<int64_t>(int64_t{1} << 20, 4 * max_metadata_bytes);
+  }
   // Overrides of the model's dispatch config.
   DispatchOverrides dispatch;
   double drain_timeout_s = 0;

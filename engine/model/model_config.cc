@@ -15,6 +15,9 @@ int AttentionConfig::RotaryDims() const {
 
 int64_t DispatchConfig::CapacityPerExpert(int64_t tokens, int k, int experts) const {
   const double slots = std::ceil(capacity_factor * static_cast<double>(tokens) * k / experts);
+  // A factor so large that the slots leave int64 (or a NaN) means room for
+  // everything: saturate rather than convert out of range.
+  if (!(slots < static_cast<double>(kMaxCapacity))) return kMaxCapacity;
   return std::max<int64_t>(min_capacity, static_cast<int64_t>(slots));
 }
 

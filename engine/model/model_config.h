@@ -87,8 +87,11 @@ struct DispatchConfig {
   // scope with a capacity limit.
   bool CarriesGroupLoads() const { return scope == CapacityScope::kSequence && !Dropless(); }
   // C = max(min_capacity, ceil(capacity_factor * tokens * k / experts)),
-  // computed in double as capacity_factor * tokens * k / experts.
+  // computed in double as capacity_factor * tokens * k / experts and
+  // saturating at kMaxCapacity (2^62, more than any step's or group's
+  // assignments).
   int64_t CapacityPerExpert(int64_t tokens, int k, int experts) const;
+  static constexpr int64_t kMaxCapacity = int64_t{1} << 62;
   // The slots per expert one router has for a group (sequence scope: tokens =
   // capacity_group) or for a step of `step_tokens` tokens (step scope).
   int64_t SlotsPerExpert(int64_t step_tokens, int k, int experts) const {

@@ -1,5 +1,6 @@
 #include "engine/model/model_loader.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -9,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/model/host_memory.h"
 
 namespace switchserve {
 namespace {
@@ -54,6 +56,30 @@ DType HeldDtype(const ExpectedTensor& e, DType stored, WeightsDtype policy) {
   return stored;
 }
 
+// The first non-finite value of a tensor (any dtype), or -1. Half-precision
+// values are checked on their bits: all exponent bits set is inf or NaN.
+int64_t FirstNonFinite(const Tensor& t) {
+  const int64_t n = t.size();
+  switch (t.dtype()) {
+    case DType::kBF16:
+    case DType::kF16: {
+      const uint16_t exponent = t.dtype() == DType::kBF16 ? 0x7f80 : 0x7c00;
+      const uint16_t* bits = t.half();
+      for (int64_t i = 0; i < n; ++i) {
+        if ((bits[i] & exponent) == exponent) return i;
+      }
+      return -1;
+    }
+    default: {
+      const float* values = t.f32();
+      for (int64_t i = 0; i < n; ++i) {
+        if (!std::isfinite(values[i])) return i;
+      }
+      return -1;
+    }
+  }
+}
+
 // Fills model->weights from `file`, checking it holds exactly the tensors the
 // config calls for.
 absl::Status LoadWeights(const SafetensorsFile& file, const ModelLoadOptions& options,
@@ -66,6 +92,26 @@ absl::Status LoadWeights(const SafetensorsFile& file, const ModelLoadOptions& op
                                                    model->config.n_layers));
   }
   const std::vector<ExpectedTensor> expected = ExpectedTensors(model->config);
+  // Refuse a model whose weights, as they will be held (options.weights_dtype),
+  // cannot fit before reading any of them. A tensor the file lacks or stores
+  // in another dtype is counted as f32 (it is refused below anyway).
+  int64_t weight_bytes = 0;
+  for (const ExpectedTensor& e : expected) {
+    int64_t elements = 1;
+    for (int64_t dim : e.shape) elements = SaturatingMul(elements, dim);
+    const TensorInfo* info = file.Find(e.name);
+    const bool known =
+        info != nullptr &&
+        (info->dtype == DType::kF32 || info->dtype == DType::kF16 || info->dtype == DType::kBF16);
+    const int64_t size =
+        known ? DTypeSize(HeldDtype(e, info->dtype, options.weights_dtype)) : sizeof(float);
+    weight_bytes = SaturatingAdd(weight_bytes, SaturatingMul(elements, size));
+  }
+  if (absl::Status fits = CheckFitsInHostMemory(
+          weight_bytes, absl::StrCat(file.path(), ": the weights config.json calls for"));
+      !fits.ok()) {
+    return fits;
+  }
   std::set<std::string> expected_names;
   for (const ExpectedTensor& e : expected) expected_names.insert(e.name);
   std::vector<std::string> unexpected;
@@ -97,7 +143,27 @@ absl::Status LoadWeights(const SafetensorsFile& file, const ModelLoadOptions& op
     }
     const size_t count = info->size_bytes / static_cast<size_t>(DTypeSize(info->dtype));
     Tensor stored = Tensor::FromBytes(e.shape, info->dtype, info->data, count);
-    e.In(model->weights) = stored.ConvertedTo(HeldDtype(e, info->dtype, options.weights_dtype));
+    Tensor held = stored.ConvertedTo(HeldDtype(e, info->dtype, options.weights_dtype));
+    // Checked as stored (a NaN in any dtype) and as held: narrowing to f16
+    // turns values beyond 65504 into infinities.
+    const bool bad_as_stored = FirstNonFinite(stored) >= 0;
+    if (const int64_t bad = FirstNonFinite(bad_as_stored ? stored : held); bad >= 0) {
+      const Tensor& t = bad_as_stored ? stored : held;
+      std::string problem =
+          absl::StrCat(file.path(), ": tensor ", e.name, " holds non-finite values (element ", bad,
+                       " of ", t.size(), " is ", t.At(bad), ")");
+      if (!bad_as_stored) {
+        problem = absl::StrCat(problem, " once held as ", std::string(ToString(t.dtype())),
+                               " (--weights-dtype ", std::string(ToString(options.weights_dtype)),
+                               "; stored ", stored.At(bad), ")");
+      }
+      if (!options.allow_non_finite_weights) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(problem, "; --allow-non-finite-weights loads it anyway"));
+      }
+      model->warnings.push_back(std::move(problem));
+    }
+    e.In(model->weights) = std::move(held);
   }
   if (!unexpected.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(file.path(), ": unexpected tensor ",

@@ -23,6 +23,9 @@ struct Model {
   ModelConfig config;
   ModelWeights weights;  // held as ModelLoadOptions says
   std::unique_ptr<Tokenizer> tokenizer;
+  // What loading let pass but the operator should hear about (non-finite
+  // weights under ModelLoadOptions::allow_non_finite_weights).
+  std::vector<std::string> warnings;
 };
 
 // The dtype the weight matrices (projections, experts, embedding, output
@@ -41,14 +44,19 @@ absl::StatusOr<WeightsDtype> ParseWeightsDtype(std::string_view text);
 
 struct ModelLoadOptions {
   WeightsDtype weights_dtype = WeightsDtype::kAsStored;
+  // Non-finite weights (NaN, +-inf, as stored or once converted) are an error
+  // naming the tensor; set, they are loaded and reported in Model::warnings.
+  bool allow_non_finite_weights = false;
 };
 
 // Reads <directory>/config.json, <directory>/model.safetensors (every tensor
 // of ExpectedTensors(config), F32/F16/BF16, nothing else; held as `options`
 // says) and the tokenizer (<directory>/tokenizer.model for "sentencepiece",
 // whose piece count must not exceed vocab_size). NOT_FOUND when a file is
-// missing, INVALID_ARGUMENT for anything malformed; messages name the file,
-// the key or tensor, and expected vs found.
+// missing, INVALID_ARGUMENT for anything malformed (non-finite weights, as
+// stored or as held, included, unless `options` allow them); messages name the
+// file, the key or tensor, and expected vs found. RESOURCE_EXHAUSTED before
+// reading weights that, as held, cannot fit in the host's memory.
 absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& directory,
                                                  const ModelLoadOptions& options = {});
 

@@ -139,7 +139,9 @@ int64_t TensorInfo::numel() const {
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO must not wait for a writer (it is then
+  // refused as not a regular file); it changes nothing for regular files.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": not found"));
     return absl::InvalidArgumentError(absl::StrCat(path, ": cannot open: ", ErrnoText()));
@@ -164,7 +166,33 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   file->path_ = path;
   file->map_ = map;
   file->map_size_ = file_size;
-  const auto* bytes = static_cast<const std::byte*>(map);
+  if (absl::Status status = file->ParseContents(static_cast<const std::byte*>(map), file_size);
+      !status.ok()) {
+    return status;
+  }
+  return file;
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::FromBytes(std::string bytes,
+                                                                            std::string name) {
+  std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
+  file->path_ = std::move(name);
+  file->owned_ = std::move(bytes);
+  if (file->owned_.size() < kHeaderLengthBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file->path_, ": file is ", file->owned_.size(),
+                     " bytes, too short for the 8-byte header length"));
+  }
+  if (absl::Status status = file->ParseContents(
+          reinterpret_cast<const std::byte*>(file->owned_.data()), file->owned_.size());
+      !status.ok()) {
+    return status;
+  }
+  return file;
+}
+
+absl::Status SafetensorsFile::ParseContents(const std::byte* bytes, uint64_t file_size) {
+  const std::string& path = path_;
 
   uint64_t header_size = 0;
   for (int i = 7; i >= 0; --i) {
@@ -215,7 +243,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
     if (!status.ok()) return status;
     info.data = data + begin;
     extents.push_back({begin, end, name});
-    file->tensors_.emplace(name, std::move(info));
+    tensors_.emplace(name, std::move(info));
   }
   std::sort(extents.begin(), extents.end(), [](const Extent& a, const Extent& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
@@ -232,7 +260,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
     }
     if (furthest == nullptr || cur.end > furthest->end) furthest = &cur;
   }
-  return file;
+  return absl::OkStatus();
 }
 
 SafetensorsFile::~SafetensorsFile() {

@@ -28,6 +28,10 @@ struct TensorInfo {
 class SafetensorsFile {
  public:
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
+  // The same checks on the bytes of a file held in memory; `name` stands for
+  // the path in messages (fuzzing, tests).
+  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> FromBytes(std::string bytes,
+                                                                    std::string name);
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
@@ -41,9 +45,14 @@ class SafetensorsFile {
 
  private:
   SafetensorsFile() = default;
+  // Validates the header of `file_size` bytes at `bytes` (which the object
+  // owns or maps) and fills tensors_.
+  absl::Status ParseContents(const std::byte* bytes, uint64_t file_size);
+
   std::string path_;
-  void* map_ = nullptr;
+  void* map_ = nullptr;  // Open's mapping, or null
   size_t map_size_ = 0;
+  std::string owned_;  // FromBytes' copy
   std::map<std::string, TensorInfo> tensors_;
 };
 

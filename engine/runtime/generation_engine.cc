@@ -34,7 +34,7 @@ struct GenerationEngine::RequestState : Sequence {
   // position 0 when a preempted request is recomputed.
   GroupLoads group_loads;
   int generated = 0;
-  bool cancelled = false;
+  CancelCause cancelled = CancelCause::kNone;  // set: leaves at the next step
   bool done = false;
   std::optional<Clock::time_point> first_scheduled;
   std::optional<Clock::time_point> first_token;
@@ -81,9 +81,9 @@ absl::StatusOr<RequestId> GenerationEngine::Submit(GenerationRequest request) {
   return id;
 }
 
-void GenerationEngine::Cancel(RequestId id) {
+void GenerationEngine::Cancel(RequestId id, CancelCause cause) {
   std::lock_guard<std::mutex> lock(mu_);
-  cancel_inbox_.push_back(id);
+  cancel_inbox_.emplace_back(id, cause);
   wake_.notify_one();
 }
 
@@ -98,7 +98,9 @@ void GenerationEngine::Stop() {
   } else {
     TakeInbox();  // never started: still owe every accepted request its end
     for (auto& state : active_) {
-      if (!state->done) Finish(state.get(), {}, FinishReason::kCancelled, absl::OkStatus());
+      if (!state->done) {
+        Finish(state.get(), {}, FinishReason::kCancelled, absl::OkStatus(), CancelCause::kShutdown);
+      }
     }
     active_.clear();
   }
@@ -116,7 +118,9 @@ void GenerationEngine::Loop() {
     PublishSnapshot();
   }
   for (auto& state : active_) {
-    if (!state->done) Finish(state.get(), {}, FinishReason::kCancelled, absl::OkStatus());
+    if (!state->done) {
+      Finish(state.get(), {}, FinishReason::kCancelled, absl::OkStatus(), CancelCause::kShutdown);
+    }
   }
   active_.clear();
   PublishSnapshot();
@@ -124,7 +128,7 @@ void GenerationEngine::Loop() {
 
 bool GenerationEngine::TakeInbox() {
   std::deque<std::pair<RequestId, GenerationRequest>> inbox;
-  std::vector<RequestId> cancels;
+  std::vector<std::pair<RequestId, CancelCause>> cancels;
   bool keep_running;
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -141,9 +145,9 @@ bool GenerationEngine::TakeInbox() {
     scheduler_.Add(state.get());
     active_.push_back(std::move(state));
   }
-  for (RequestId id : cancels) {
+  for (const auto& [id, cause] : cancels) {
     for (auto& state : active_) {
-      if (state->id == id) state->cancelled = true;
+      if (state->id == id && state->cancelled == CancelCause::kNone) state->cancelled = cause;
     }
   }
   // Submit counts waiting requests from the snapshot: publish before the
@@ -156,8 +160,10 @@ void GenerationEngine::DropCancelledAndExpired() {
   const Clock::time_point now = Clock::now();
   for (auto& state : active_) {
     const auto& deadline = state->request.deadline;
-    if (state->cancelled || (deadline && now >= *deadline)) {
-      Finish(state.get(), {}, FinishReason::kCancelled, absl::OkStatus());
+    if (state->cancelled != CancelCause::kNone) {
+      Finish(state.get(), {}, FinishReason::kCancelled, absl::OkStatus(), state->cancelled);
+    } else if (deadline && now >= *deadline) {
+      Finish(state.get(), {}, FinishReason::kCancelled, absl::OkStatus(), CancelCause::kDeadline);
     }
   }
   std::erase_if(active_, [](const auto& state) { return state->done; });
@@ -266,11 +272,17 @@ void GenerationEngine::RunStep() {
 }
 
 void GenerationEngine::Finish(RequestState* state, GenerationUpdate update, FinishReason reason,
-                              absl::Status status) {
+                              absl::Status status, CancelCause cause) {
   const Clock::time_point now = Clock::now();
-  if (status.ok()) update.text += state->detokenizer.Finish();
+  if (status.ok()) {
+    bool stopped = false;
+    update.text += state->detokenizer.Finish(&stopped);
+    // The final replacement character completed a stop string.
+    if (stopped && reason == FinishReason::kLength) reason = FinishReason::kStop;
+  }
   update.finished = true;
   update.finish_reason = reason;
+  update.cancel_cause = reason == FinishReason::kCancelled ? cause : CancelCause::kNone;
   update.status = std::move(status);
   update.prompt_tokens = static_cast<int>(state->request.prompt.size());
   update.completion_tokens = state->generated;

@@ -97,8 +97,10 @@ class GenerationEngine {
   // update.
   absl::StatusOr<RequestId> Submit(GenerationRequest request);
   // The request leaves the batch at the next step and finishes with
-  // FinishReason::kCancelled. Unknown or finished ids are ignored.
-  void Cancel(RequestId id);
+  // FinishReason::kCancelled and `cause` (kClient or kDeadline; a request
+  // whose own deadline passes, or that Stop ends, gets its cause from the
+  // engine). Unknown or finished ids are ignored.
+  void Cancel(RequestId id, CancelCause cause = CancelCause::kClient);
   // Cancels every remaining request (each gets its final update) and joins
   // the engine thread. Idempotent.
   void Stop();
@@ -118,7 +120,7 @@ class GenerationEngine {
   void DropCancelledAndExpired();
   void RunStep();
   void Finish(RequestState* state, GenerationUpdate update, FinishReason reason,
-              absl::Status status);
+              absl::Status status, CancelCause cause = CancelCause::kNone);
   void PublishSnapshot();
 
   const EngineOptions options_;
@@ -139,7 +141,7 @@ class GenerationEngine {
   mutable std::mutex mu_;
   std::condition_variable wake_;
   std::deque<std::pair<RequestId, GenerationRequest>> inbox_;
-  std::vector<RequestId> cancel_inbox_;
+  std::vector<std::pair<RequestId, CancelCause>> cancel_inbox_;
   RequestId next_id_ = 1;
   bool stopping_ = false;
   EngineSnapshot snapshot_;

@@ -4,19 +4,24 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "engine/model/host_memory.h"
 
 namespace switchserve {
 
 int64_t KvBytesPerToken(const ModelConfig& config, int bytes_per_element) {
   const AttentionConfig& attn = config.attention;
-  const int64_t key_elems = static_cast<int64_t>(attn.n_kv_heads) * attn.head_dim;
-  const int64_t value_elems = key_elems * attn.CachedValuesPerKvHead();
-  return static_cast<int64_t>(config.n_layers) * (key_elems + value_elems) * bytes_per_element;
+  // Saturating: the dimensions come from config.json.
+  const int64_t key_elems = SaturatingMul(attn.n_kv_heads, attn.head_dim);
+  const int64_t value_elems = SaturatingMul(key_elems, attn.CachedValuesPerKvHead());
+  return SaturatingMul(SaturatingMul(config.n_layers, SaturatingAdd(key_elems, value_elems)),
+                       bytes_per_element);
 }
 
 int64_t KvBlocksForBudget(int64_t budget_bytes, int64_t bytes_per_token, int block_size) {
   if (block_size <= 0 || budget_bytes <= 0 || bytes_per_token <= 0) return 0;
-  return budget_bytes / (bytes_per_token * block_size);
+  int64_t block_bytes = 0;
+  if (__builtin_mul_overflow(bytes_per_token, int64_t{block_size}, &block_bytes)) return 0;
+  return budget_bytes / block_bytes;
 }
 
 absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(Backend* backend,
@@ -30,18 +35,29 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(Backend* backend,
     return absl::InvalidArgumentError("KV cache: neither a byte budget nor a token cap");
   }
   const int64_t bytes_per_token = backend->KvBytesPerToken();
+  if (bytes_per_token <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV cache: the backend needs ", bytes_per_token, " bytes per token"));
+  }
   int64_t num_blocks = std::numeric_limits<int64_t>::max();
   if (options.budget_bytes > 0) {
     num_blocks = KvBlocksForBudget(options.budget_bytes, bytes_per_token, block_size);
   }
   if (options.max_tokens > 0) {
-    num_blocks = std::min(num_blocks, (options.max_tokens + block_size - 1) / block_size);
+    num_blocks = std::min(num_blocks, options.max_tokens / block_size +
+                                          (options.max_tokens % block_size != 0 ? 1 : 0));
   }
-  if (num_blocks * block_size < std::max<int64_t>(options.min_tokens, 1)) {
+  const int64_t tokens = SaturatingMul(num_blocks, block_size);
+  if (tokens < std::max<int64_t>(options.min_tokens, 1)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("KV cache: room for ", num_blocks * block_size, " tokens (",
-                     num_blocks * block_size * bytes_per_token, " bytes at ", bytes_per_token,
+        absl::StrCat("KV cache: room for ", tokens, " tokens (",
+                     SaturatingMul(tokens, bytes_per_token), " bytes at ", bytes_per_token,
                      " bytes per token), fewer than the ", options.min_tokens, " needed"));
+  }
+  // Block tables hold 32-bit block ids.
+  if (num_blocks > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV cache: ", num_blocks, " blocks, more than 2^31 - 1 block ids"));
   }
   if (absl::Status status = backend->InitKvCache(num_blocks, block_size); !status.ok()) {
     return status;

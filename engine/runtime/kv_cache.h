@@ -24,7 +24,8 @@ namespace switchserve {
 using SequenceId = int64_t;
 
 // Bytes of K and V cache one token needs in every layer together, for
-// elements of `bytes_per_element` (4 for f32, 2 for bf16).
+// elements of `bytes_per_element` (4 for f32, 2 for bf16); saturates at
+// INT64_MAX.
 int64_t KvBytesPerToken(const ModelConfig& config, int bytes_per_element);
 
 // How many blocks of `block_size` tokens of `bytes_per_token` each fit in
@@ -77,9 +78,11 @@ class KvCache {
  public:
   // Sizes the cache for `backend` and initialises its storage (the only
   // caller of Backend::InitKvCache). `backend` must outlive the cache.
-  // INVALID_ARGUMENT for a non-positive block size, no limit, or a size below
-  // min_tokens (the message gives the bytes, tokens and bytes per token);
-  // the backend's own errors (RESOURCE_EXHAUSTED) pass through.
+  // INVALID_ARGUMENT for a non-positive block size, no limit, a size below
+  // min_tokens (the message gives the bytes, tokens and bytes per token) or
+  // more than 2^31 - 1 blocks, all before the backend allocates anything; the
+  // backend's own errors (RESOURCE_EXHAUSTED: more than its memory) pass
+  // through.
   static absl::StatusOr<std::unique_ptr<KvCache>> Create(Backend* backend,
                                                          const KvCacheOptions& options);
 

@@ -39,6 +39,12 @@ struct SamplingParams {
 
 enum class FinishReason { kNone, kLength, kStop, kEos, kCancelled };
 
+// Why a request finished with FinishReason::kCancelled: its caller cancelled
+// it (or went away), its deadline passed, or the engine stopped. Servers
+// report each as what their client sees (CANCELLED, DEADLINE_EXCEEDED,
+// UNAVAILABLE).
+enum class CancelCause { kNone, kClient, kDeadline, kShutdown };
+
 // One generated token and, when asked for, its detail.
 struct GeneratedTokenInfo {
   int32_t token_id = 0;
@@ -55,6 +61,7 @@ struct GenerationUpdate {
   std::vector<GeneratedTokenInfo> tokens;
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
+  CancelCause cancel_cause = CancelCause::kNone;  // set with kCancelled
   absl::Status status;
   int prompt_tokens = 0;
   int completion_tokens = 0;

@@ -17,6 +17,16 @@ uint64_t SplitMix64(uint64_t& state) {
 
 uint64_t Rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
+// A logit as the sampler's comparisons and arithmetic need it: finite. NaN
+// ranks below every number (the least likely token), +-inf as the largest
+// finite magnitudes; sort comparators then see a strict weak order, and no
+// probability becomes NaN.
+float Finite(float v) {
+  constexpr float kMax = std::numeric_limits<float>::max();
+  if (std::isnan(v)) return -kMax;
+  return std::clamp(v, -kMax, kMax);
+}
+
 // Lowest id among the maxima: deterministic greedy ties.
 int32_t ArgMax(absl::Span<const float> values) {
   int32_t best = 0;
@@ -70,21 +80,23 @@ double SamplerRng::Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p
 SampleResult SampleToken(absl::Span<const float> logits, const SamplingParams& params,
                          absl::Span<const int32_t> history, int num_logprobs, SamplerRng& rng) {
   const int32_t vocab = static_cast<int32_t>(logits.size());
-  std::vector<float> scores(logits.begin(), logits.end());
+  std::vector<float> finite(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) finite[i] = Finite(logits[i]);
+  std::vector<float> scores = finite;
   if (params.repetition_penalty != 1.0f) {
     std::vector<bool> seen(vocab, false);
     for (int32_t id : history) {
       if (id < 0 || id >= vocab || seen[id]) continue;
       seen[id] = true;
       float& s = scores[id];
-      s = s > 0 ? s / params.repetition_penalty : s * params.repetition_penalty;
+      s = Finite(s > 0 ? s / params.repetition_penalty : s * params.repetition_penalty);
     }
   }
 
   SampleResult result;
   if (params.temperature == 0.0f) {
     result.token_id = ArgMax(scores);
-    FillLogprobs(logits, num_logprobs, &result);
+    FillLogprobs(finite, num_logprobs, &result);
     return result;
   }
 
@@ -143,7 +155,7 @@ SampleResult SampleToken(absl::Span<const float> logits, const SamplingParams& p
       break;
     }
   }
-  FillLogprobs(logits, num_logprobs, &result);
+  FillLogprobs(finite, num_logprobs, &result);
   return result;
 }
 

@@ -39,7 +39,9 @@ struct SampleResult {
 
 // Samples from `logits` (one row, vocab_size values). `history` holds the ids
 // the repetition penalty applies to (prompt and generated so far).
-// `num_logprobs` alternatives are returned, most likely first.
+// `num_logprobs` alternatives are returned, most likely first. Non-finite
+// logits are made finite first (NaN: the least likely token; +-inf: the
+// largest finite magnitudes), so no comparison or probability sees a NaN.
 SampleResult SampleToken(absl::Span<const float> logits, const SamplingParams& params,
                          absl::Span<const int32_t> history, int num_logprobs, SamplerRng& rng);
 

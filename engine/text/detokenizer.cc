@@ -91,15 +91,7 @@ std::string IncrementalDetokenizer::Add(int32_t token_id, bool* stopped) {
   raw_ = std::move(raw);
   raw_consumed_ += AppendSanitizedUtf8(std::string_view(raw_).substr(raw_consumed_), false, &text_);
 
-  // A stop string cannot start inside released text: any text that might
-  // begin one is held back below.
-  size_t stop_at = std::string::npos;
-  for (const std::string& stop : stop_strings_) {
-    const size_t from = released_;
-    const size_t pos = text_.find(stop, from);
-    if (pos != std::string::npos) stop_at = std::min(stop_at, pos);
-  }
-  if (stop_at != std::string::npos) {
+  if (const size_t stop_at = FindStop(); stop_at != std::string::npos) {
     stopped_ = true;
     *stopped = true;
     return Release(stop_at);
@@ -121,10 +113,28 @@ std::string IncrementalDetokenizer::Add(int32_t token_id, bool* stopped) {
   return Release(text_.size() - hold);
 }
 
-std::string IncrementalDetokenizer::Finish() {
+std::string IncrementalDetokenizer::Finish(bool* stopped) {
+  if (stopped != nullptr) *stopped = false;
   if (stopped_) return "";
   raw_consumed_ += AppendSanitizedUtf8(std::string_view(raw_).substr(raw_consumed_), true, &text_);
+  // The last replacement character may complete a stop string.
+  if (const size_t stop_at = FindStop(); stop_at != std::string::npos) {
+    stopped_ = true;
+    if (stopped != nullptr) *stopped = true;
+    return Release(stop_at);
+  }
   return Release(text_.size());
+}
+
+size_t IncrementalDetokenizer::FindStop() const {
+  // A stop string cannot start inside released text: any text that might
+  // begin one is held back (Add).
+  size_t stop_at = std::string::npos;
+  for (const std::string& stop : stop_strings_) {
+    const size_t pos = text_.find(stop, released_);
+    if (pos != std::string::npos) stop_at = std::min(stop_at, pos);
+  }
+  return stop_at;
 }
 
 std::string IncrementalDetokenizer::Release(size_t end) {

@@ -35,11 +35,15 @@ class IncrementalDetokenizer {
   // a stop string completed: the text up to the stop string has then been
   // released and nothing more will be.
   std::string Add(int32_t token_id, bool* stopped);
-  // Releases everything held back (generation ended without a stop string).
-  std::string Finish();
+  // Releases everything held back (generation ended without a stop string),
+  // incomplete trailing bytes as U+FFFD. Should that replacement complete a
+  // stop string, the text ends before it and `*stopped` (when given) is set.
+  std::string Finish(bool* stopped = nullptr);
 
  private:
   std::string Release(size_t end);
+  // Where the first stop string in the unreleased text begins, or npos.
+  size_t FindStop() const;
 
   const Tokenizer* tokenizer_;
   std::vector<std::string> stop_strings_;

@@ -1,45 +1,159 @@
-// No Abseil includes here: see sentencepiece_model.h.
 #include "engine/text/sentencepiece_model.h"
 
-#include <sentencepiece_processor.h>
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <array>
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "engine/text/sentencepiece_bridge.h"
 
 namespace switchserve {
 
-SentencePieceModel::SentencePieceModel()
-    : processor_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {}
+// The bridge's entry points, resolved once.
+struct SentencePieceBridge {
+  std::string path;
+  decltype(&switchserve_spm_load) load = nullptr;
+  decltype(&switchserve_spm_free) free = nullptr;
+  decltype(&switchserve_spm_piece_size) piece_size = nullptr;
+  decltype(&switchserve_spm_encode) encode = nullptr;
+  decltype(&switchserve_spm_decode) decode = nullptr;
+};
 
-SentencePieceModel::~SentencePieceModel() = default;
+namespace {
 
-std::unique_ptr<SentencePieceModel> SentencePieceModel::Load(const std::string& path,
-                                                             std::string* error) {
-  std::unique_ptr<SentencePieceModel> model(new SentencePieceModel());
-  const sentencepiece::util::Status status = model->processor_->Load(path);
-  if (!status.ok()) {
-    *error = status.ToString();
-    return nullptr;
+constexpr char kBridgeFile[] = "libswitchserve_sentencepiece.so";
+constexpr size_t kErrorSize = 512;
+
+// Where the bridge may be: beside an installed binary (bin/ and
+// lib/switchserve/ under one prefix, as in the container images), then the
+// build tree that built this binary.
+std::vector<std::string> BridgeCandidates() {
+  std::vector<std::string> candidates;
+  std::error_code error;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (!error) {
+    candidates.push_back((exe.parent_path().parent_path() / "lib" / "switchserve" / kBridgeFile)
+                             .lexically_normal()
+                             .string());
   }
-  return model;
+#ifdef SWITCHSERVE_SENTENCEPIECE_BRIDGE_PATH
+  candidates.push_back(SWITCHSERVE_SENTENCEPIECE_BRIDGE_PATH);
+#endif
+  return candidates;
 }
 
-bool SentencePieceModel::Encode(std::string_view text, std::vector<int>* ids,
-                                std::string* error) const {
-  const sentencepiece::util::Status status = processor_->Encode(text, ids);
-  if (!status.ok()) *error = status.ToString();
-  return status.ok();
+template <typename F>
+bool Resolve(void* library, const char* name, F* out) {
+  *out = reinterpret_cast<F>(dlsym(library, name));
+  return *out != nullptr;
 }
 
-std::string SentencePieceModel::Decode(const std::vector<int>& ids) const {
-  const int size = processor_->GetPieceSize();
-  std::vector<int> known;
+absl::StatusOr<SentencePieceBridge> LoadBridge() {
+  const std::vector<std::string> candidates = BridgeCandidates();
+  std::vector<std::string> problems;
+  for (const std::string& path : candidates) {
+    if (access(path.c_str(), R_OK) != 0) {
+      problems.push_back(absl::StrCat(path, ": not found"));
+      continue;
+    }
+    // A namespace of its own: the bridge's libsentencepiece brings a
+    // protobuf that must not meet the process's (sentencepiece_bridge.h).
+    void* library = dlmopen(LM_ID_NEWLM, path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (library == nullptr) {
+      const char* reason = dlerror();
+      problems.push_back(absl::StrCat(path, ": ", reason != nullptr ? reason : "dlmopen failed"));
+      continue;
+    }
+    decltype(&switchserve_spm_bridge_version) version = nullptr;
+    SentencePieceBridge bridge;
+    bridge.path = path;
+    if (!Resolve(library, "switchserve_spm_bridge_version", &version) ||
+        version() != SWITCHSERVE_SPM_BRIDGE_VERSION ||
+        !Resolve(library, "switchserve_spm_load", &bridge.load) ||
+        !Resolve(library, "switchserve_spm_free", &bridge.free) ||
+        !Resolve(library, "switchserve_spm_piece_size", &bridge.piece_size) ||
+        !Resolve(library, "switchserve_spm_encode", &bridge.encode) ||
+        !Resolve(library, "switchserve_spm_decode", &bridge.decode)) {
+      problems.push_back(absl::StrCat(path, ": not a version ", SWITCHSERVE_SPM_BRIDGE_VERSION,
+                                      " SentencePiece bridge"));
+      continue;  // the namespace stays: it cannot be unloaded cleanly
+    }
+    return bridge;
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("SentencePiece support (", kBridgeFile,
+                   ") cannot be loaded: ", absl::StrJoin(problems, "; ")));
+}
+
+// Loaded on first use, once per process; never unloaded.
+const absl::StatusOr<SentencePieceBridge>& Bridge() {
+  static const auto* const bridge = new absl::StatusOr<SentencePieceBridge>(LoadBridge());
+  return *bridge;
+}
+
+std::string ErrorText(const std::array<char, kErrorSize>& error) {
+  return error[0] == '\0' ? std::string("unknown error") : std::string(error.data());
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> SentencePieceBridgePath() {
+  if (!Bridge().ok()) return Bridge().status();
+  return Bridge()->path;
+}
+
+SentencePieceModel::SentencePieceModel(const SentencePieceBridge* bridge, void* handle)
+    : bridge_(bridge), handle_(handle), piece_size_(bridge->piece_size(handle)) {}
+
+SentencePieceModel::~SentencePieceModel() { bridge_->free(handle_); }
+
+absl::StatusOr<std::unique_ptr<SentencePieceModel>> SentencePieceModel::Load(
+    const std::string& path) {
+  const absl::StatusOr<SentencePieceBridge>& bridge = Bridge();
+  if (!bridge.ok()) return bridge.status();
+  std::array<char, kErrorSize> error{};
+  void* handle = bridge->load(path.c_str(), error.data(), error.size());
+  if (handle == nullptr) return absl::InvalidArgumentError(ErrorText(error));
+  return std::unique_ptr<SentencePieceModel>(new SentencePieceModel(&*bridge, handle));
+}
+
+absl::StatusOr<std::vector<int32_t>> SentencePieceModel::Encode(std::string_view text) const {
+  // Usually one call: a piece covers at least one byte, plus a leading space
+  // piece; normalization may expand text, and then a second call has room.
+  std::vector<int32_t> ids(text.size() + 2);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    std::array<char, kErrorSize> error{};
+    const int64_t count = bridge_->encode(handle_, text.data(), text.size(), ids.data(), ids.size(),
+                                          error.data(), error.size());
+    if (count < 0) return absl::InvalidArgumentError(ErrorText(error));
+    const bool fits = static_cast<size_t>(count) <= ids.size();
+    ids.resize(static_cast<size_t>(count));
+    if (fits) return ids;
+  }
+  return absl::InternalError("SentencePiece encode: the id count changed between calls");
+}
+
+std::string SentencePieceModel::Decode(absl::Span<const int32_t> ids) const {
+  std::vector<int32_t> known;
   known.reserve(ids.size());
-  for (int id : ids) {
-    if (id >= 0 && id < size) known.push_back(id);
+  for (int32_t id : ids) {
+    if (id >= 0 && id < piece_size_) known.push_back(id);
   }
-  std::string text;
-  if (!processor_->Decode(known, &text).ok()) return std::string();
-  return text;
+  std::string text(known.size() * 8 + 16, '\0');
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    std::array<char, kErrorSize> error{};
+    const int64_t size = bridge_->decode(handle_, known.data(), known.size(), text.data(),
+                                         text.size(), error.data(), error.size());
+    if (size < 0) return std::string();
+    const bool fits = static_cast<size_t>(size) <= text.size();
+    text.resize(static_cast<size_t>(size));
+    if (fits) return text;
+  }
+  return std::string();
 }
-
-int SentencePieceModel::PieceSize() const { return processor_->GetPieceSize(); }
 
 }  // namespace switchserve

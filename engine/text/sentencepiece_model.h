@@ -1,38 +1,50 @@
-// A thin wrapper around libsentencepiece's processor, internal to the engine.
-// sentencepiece_processor.h declares `absl::string_view` as an alias of
-// std::string_view, which clashes with the installed Abseil's own class, so the
-// library is only ever included by sentencepiece_model.cc, which includes no
-// Abseil header; this interface uses only standard types.
+// A SentencePiece model, internal to the engine: libsentencepiece reached
+// through libswitchserve_sentencepiece.so, which is loaded once per process
+// into a linker namespace of its own (sentencepiece_bridge.h says why).
 #ifndef SWITCHSERVE_ENGINE_TEXT_SENTENCEPIECE_MODEL_H_
 #define SWITCHSERVE_ENGINE_TEXT_SENTENCEPIECE_MODEL_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
-namespace sentencepiece {
-class SentencePieceProcessor;
-}
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
 
 namespace switchserve {
+
+struct SentencePieceBridge;
 
 // Immutable after Load; Encode/Decode are const and safe from many threads.
 class SentencePieceModel {
  public:
-  // nullptr on failure, with the library's reason in *error.
-  static std::unique_ptr<SentencePieceModel> Load(const std::string& path, std::string* error);
+  // INVALID_ARGUMENT with the library's reason for a file it cannot load;
+  // FAILED_PRECONDITION when the bridge library cannot be loaded (the message
+  // names where it was looked for).
+  static absl::StatusOr<std::unique_ptr<SentencePieceModel>> Load(const std::string& path);
   ~SentencePieceModel();
 
-  bool Encode(std::string_view text, std::vector<int>* ids, std::string* error) const;
+  SentencePieceModel(const SentencePieceModel&) = delete;
+  SentencePieceModel& operator=(const SentencePieceModel&) = delete;
+
+  absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text) const;
   // Ids outside [0, PieceSize()) are skipped.
-  std::string Decode(const std::vector<int>& ids) const;
-  int PieceSize() const;
+  std::string Decode(absl::Span<const int32_t> ids) const;
+  int PieceSize() const { return piece_size_; }
 
  private:
-  SentencePieceModel();
-  std::unique_ptr<sentencepiece::SentencePieceProcessor> processor_;
+  SentencePieceModel(const SentencePieceBridge* bridge, void* handle);
+
+  const SentencePieceBridge* bridge_;
+  void* handle_;  // owned; lives in the bridge's namespace
+  int piece_size_ = 0;
 };
+
+// Where the bridge library was found, or why it could not be loaded
+// (FAILED_PRECONDITION). Loads it on first use.
+absl::StatusOr<std::string> SentencePieceBridgePath();
 
 }  // namespace switchserve
 

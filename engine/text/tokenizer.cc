@@ -37,19 +37,17 @@ class SentencePieceTokenizer final : public Tokenizer {
       : model_(std::move(model)) {}
 
   absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text) const override {
-    std::vector<int> pieces;
-    std::string error;
-    if (!model_->Encode(text, &pieces, &error)) {
-      return absl::InvalidArgumentError(absl::StrCat("sentencepiece encode: ", error));
+    absl::StatusOr<std::vector<int32_t>> ids = model_->Encode(text);
+    if (!ids.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sentencepiece encode: ", ids.status().message()));
     }
-    return std::vector<int32_t>(pieces.begin(), pieces.end());
+    return ids;
   }
 
   // Ids the model does not know (the config's vocab_size may exceed the piece
   // count) are special and decode to nothing.
-  std::string Decode(absl::Span<const int32_t> ids) const override {
-    return model_->Decode(std::vector<int>(ids.begin(), ids.end()));
-  }
+  std::string Decode(absl::Span<const int32_t> ids) const override { return model_->Decode(ids); }
 
   std::string_view kind() const override { return "sentencepiece"; }
   int vocab_size() const override { return model_->PieceSize(); }
@@ -71,17 +69,17 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePieceTokenizer(
   if (!std::filesystem::is_regular_file(model_path, fs_error)) {
     return absl::InvalidArgumentError(absl::StrCat(model_path, ": not a regular file"));
   }
-  std::string error;
-  std::unique_ptr<SentencePieceModel> model = SentencePieceModel::Load(model_path, &error);
-  if (model == nullptr) {
+  absl::StatusOr<std::unique_ptr<SentencePieceModel>> model = SentencePieceModel::Load(model_path);
+  if (!model.ok()) {
+    if (!absl::IsInvalidArgument(model.status())) return model.status();
     return absl::InvalidArgumentError(
-        absl::StrCat(model_path, ": not a valid SentencePiece model: ", error));
+        absl::StrCat(model_path, ": not a valid SentencePiece model: ", model.status().message()));
   }
-  if (model->PieceSize() <= 0) {
+  if ((*model)->PieceSize() <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(model_path, ": SentencePiece model has no pieces"));
   }
-  return std::unique_ptr<Tokenizer>(new SentencePieceTokenizer(std::move(model)));
+  return std::unique_ptr<Tokenizer>(new SentencePieceTokenizer(*std::move(model)));
 }
 
 }  // namespace switchserve

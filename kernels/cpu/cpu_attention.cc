@@ -13,7 +13,7 @@ CpuAttention::CpuAttention(const ModelConfig& config, const DispatchConfig& disp
       runner_(runner),
       pool_(pool),
       d_(config.d_model),
-      rope_(config.max_seq_len, config.attention.RotaryDims(), config.attention.rope_base),
+      rope_(config.attention.RotaryDims(), config.attention.rope_base),
       paged_(config.attention, isa, pool, parallel_min_macs) {}
 
 GateFunction CpuAttention::gate() const {
@@ -33,6 +33,11 @@ void CpuAttention::Run(const AttentionWeights& w, const StepBatch& step, const f
   Grow(a_, static_cast<size_t>(T) * H * dh);
 
   ProjectInputs(w, step, xn);
+  // Scratch follows the positions in use (ValidateStepBatch keeps them below
+  // max_seq_len), not the model's context length.
+  const int used_positions =
+      T > 0 ? *std::max_element(step.positions.begin(), step.positions.end()) + 1 : 0;
+  rope_.Reserve(used_positions);
   for (int t = 0; t < T; ++t) {
     rope_.Apply(q_.data() + static_cast<int64_t>(t) * H * dh, H, dh, step.positions[t]);
     rope_.Apply(k_.data() + static_cast<int64_t>(t) * G * dh, G, dh, step.positions[t]);

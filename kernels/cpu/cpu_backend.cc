@@ -2,14 +2,15 @@
 
 #include <cblas.h>
 #include <omp.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "engine/model/host_memory.h"
 #include "engine/runtime/kv_cache.h"
 #include "kernels/cpu/cpu_attention.h"
 #include "kernels/cpu/cpu_ffn.h"
@@ -53,6 +54,13 @@ class CpuBackend final : public Backend {
     const int64_t rows = num_blocks * block_size;
     const int64_t krow = static_cast<int64_t>(attn.n_kv_heads) * attn.head_dim;
     const int64_t vrow = krow * attn.CachedValuesPerKvHead();
+    // The cache lives in host memory: refuse what cannot fit rather than
+    // count on the allocator (with overcommit, zero-filling it would).
+    if (absl::Status fits = CheckFitsInHostMemory(SaturatingMul(KvBytesPerToken(), rows),
+                                                  absl::StrCat("KV cache of ", rows, " tokens"));
+        !fits.ok()) {
+      return fits;
+    }
     k_cache_.assign(config_.n_layers, std::vector<float>());
     v_cache_.assign(config_.n_layers, std::vector<float>());
     try {
@@ -270,7 +278,17 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const ModelConfig& con
                                                           const CpuBackendOptions& options) {
   int64_t max_table_bytes = options.max_position_table_bytes;
   if (max_table_bytes <= 0) {
-    max_table_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE) / 2;
+    // The ceiling the KV cache and the weights are checked against.
+    const int64_t bytes = cpu::XlPositionTable::BytesFor(config);
+    if (absl::Status fits = CheckFitsInHostMemory(
+            bytes < 0 ? std::numeric_limits<int64_t>::max() : bytes,
+            absl::StrCat("the XL position tables (n_layers ", config.n_layers, " x n_heads ",
+                         config.attention.n_heads, " x max_seq_len ", config.max_seq_len,
+                         " x head_dim ", config.attention.head_dim, " floats)"));
+        !fits.ok()) {
+      return fits;
+    }
+    max_table_bytes = std::numeric_limits<int64_t>::max();
   }
   absl::StatusOr<cpu::XlPositionTable> positions =
       cpu::XlPositionTable::Create(config, weights, max_table_bytes);

@@ -32,8 +32,8 @@ struct CpuBackendOptions {
   // of that build; it rounds differently, see matmul.h).
   bool generic_kernels = false;
   // XL positions: the most bytes the position tables (n_layers * n_heads *
-  // max_seq_len * head_dim floats, cpu_xl_positions.h) may take; 0: half of
-  // the machine's physical memory.
+  // max_seq_len * head_dim floats, cpu_xl_positions.h) may take; 0: this
+  // host's memory (HostMemoryBytes, as for the KV cache and the weights).
   int64_t max_position_table_bytes = 0;
 };
 

@@ -115,18 +115,20 @@ void ApplyActivation(Activation act, float* x, int64_t n) {
   }
 }
 
-RopeTable::RopeTable(int max_positions, int n_rot, double base) : n_rot_(n_rot) {
-  const int half = n_rot / 2;
-  cos_.resize(static_cast<size_t>(max_positions) * half);
-  sin_.resize(static_cast<size_t>(max_positions) * half);
-  for (int p = 0; p < max_positions; ++p) {
+void RopeTable::Reserve(int positions) {
+  if (positions <= positions_) return;
+  const int half = n_rot_ / 2;
+  cos_.resize(static_cast<size_t>(positions) * half);
+  sin_.resize(static_cast<size_t>(positions) * half);
+  for (int p = positions_; p < positions; ++p) {
     for (int i = 0; i < half; ++i) {
-      const double inv_freq = std::pow(base, -2.0 * i / n_rot);
+      const double inv_freq = std::pow(base_, -2.0 * i / n_rot_);
       const double angle = p * inv_freq;
       cos_[static_cast<size_t>(p) * half + i] = static_cast<float>(std::cos(angle));
       sin_[static_cast<size_t>(p) * half + i] = static_cast<float>(std::sin(angle));
     }
   }
+  positions_ = positions;
 }
 
 void RopeTable::Apply(float* x, int heads, int head_dim, int position) const {

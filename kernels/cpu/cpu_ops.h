@@ -68,18 +68,26 @@ void AddExpertOutputs(const std::vector<ExpertOutputs>& groups, int width, int t
                       WorkerPool* pool, int64_t parallel_min_values);
 
 // Rotate-half RoPE on the first n_rot channels of a head vector, cos/sin
-// tabulated for positions [0, max_positions).
+// tabulated for positions [0, positions()). The table grows with the
+// positions a step uses (Reserve), not with the model's context length: a
+// config's max_seq_len allocates nothing by itself.
 class RopeTable {
  public:
   RopeTable() = default;
-  RopeTable(int max_positions, int n_rot, double base);
+  RopeTable(int n_rot, double base) : n_rot_(n_rot), base_(base) {}
   int n_rot() const { return n_rot_; }
-  // Rotates `heads` consecutive head vectors of size head_dim at `position`.
+  int positions() const { return positions_; }
+  // Tabulates positions [0, positions) (those already there are kept).
+  void Reserve(int positions);
+  // Rotates `heads` consecutive head vectors of size head_dim at `position`,
+  // which must be below positions().
   void Apply(float* x, int heads, int head_dim, int position) const;
 
  private:
   int n_rot_ = 0;
-  std::vector<float> cos_;  // [max_positions, n_rot / 2]
+  double base_ = 10000.0;
+  int positions_ = 0;
+  std::vector<float> cos_;  // [positions, n_rot / 2]
   std::vector<float> sin_;
 };
 

@@ -44,7 +44,20 @@ void EngineMetricsObserver::OnRequestFinished(const GenerationRequest& request,
   if (!final_update.status.ok()) {
     sample.status = final_update.status.code();
   } else if (final_update.finish_reason == FinishReason::kCancelled) {
-    sample.status = absl::StatusCode::kCancelled;
+    // What the client sees (server/generate_calls.cc): a passed deadline and
+    // a drain are not the client's cancellations.
+    switch (final_update.cancel_cause) {
+      case CancelCause::kDeadline:
+        sample.status = absl::StatusCode::kDeadlineExceeded;
+        break;
+      case CancelCause::kShutdown:
+        sample.status = absl::StatusCode::kUnavailable;
+        break;
+      case CancelCause::kClient:
+      case CancelCause::kNone:
+        sample.status = absl::StatusCode::kCancelled;
+        break;
+    }
     finished_by = FinishedBy::kCancelled;
   } else {
     sample.status = absl::StatusCode::kOk;

@@ -24,12 +24,14 @@ class EngineMetricsObserver : public EngineObserver {
   EngineMetricsObserver(ServingMetrics* serving, MoeMetrics* moe, int64_t total_kv_blocks);
 
   void OnStep(const StepReport& report) override;
-  // Counts the request by protocol (its origin's) and status: OK (finished
-  // by length, stop or EOS), CANCELLED (cancelled by the client or past its
-  // deadline) or the engine error's code; and by finish reason, prompt and
-  // generation length. Requests rejected before reaching the engine are
-  // counted by the gRPC and HTTP services (ServingMetrics::RecordFinished).
-  // Requests without a protocol (the server's warm-up) are not counted.
+  // Counts the request by protocol (its origin's) and by the status its
+  // client sees: OK (finished by length, stop or EOS), CANCELLED (cancelled
+  // by the client), DEADLINE_EXCEEDED (past its deadline), UNAVAILABLE
+  // (ended by the server's shutdown) or the engine error's code; and by
+  // finish reason, prompt and generation length. Requests rejected before
+  // reaching the engine are counted by the gRPC and HTTP services
+  // (ServingMetrics::RecordFinished). Requests without a protocol (the
+  // server's warm-up) are not counted.
   void OnRequestFinished(const GenerationRequest& request,
                          const GenerationUpdate& final_update) override;
 

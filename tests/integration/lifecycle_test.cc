@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
@@ -16,8 +17,11 @@
 namespace switchserve::testing {
 namespace {
 
-TEST(LifecycleTest, SigtermDrainsRunningStreamsAndExitsZero) {
-  auto server = ServerProcess::Start({"--debug-step-delay-ms", "25", "--drain-timeout-s", "30"});
+// Starts streams, sends SIGTERM once each has its first message, and checks
+// the drain: `drain_timeout_s` is long enough (or unbounded) for all to finish.
+void ExpectSigtermDrainsRunningStreams(const std::string& drain_timeout_s) {
+  auto server =
+      ServerProcess::Start({"--debug-step-delay-ms", "25", "--drain-timeout-s", drain_timeout_s});
   ASSERT_TRUE(server.ok()) << server.status();
   auto channel = (*server)->Channel();
   auto stub = v1::Generation::NewStub(channel);
@@ -75,6 +79,36 @@ TEST(LifecycleTest, SigtermDrainsRunningStreamsAndExitsZero) {
     EXPECT_TRUE(results[i].last.finished()) << i;
   }
   EXPECT_EQ((*server)->WaitForExit(30), 0) << (*server)->Log();
+}
+
+TEST(LifecycleTest, SigtermDrainsRunningStreamsAndExitsZero) {
+  ExpectSigtermDrainsRunningStreams("30");
+}
+
+// An unbounded grace period waits for the calls; it used to overflow in the
+// conversion to milliseconds and cancel every call at once.
+TEST(LifecycleTest, InfiniteDrainTimeoutLetsRunningStreamsFinish) {
+  ExpectSigtermDrainsRunningStreams("inf");
+  ExpectSigtermDrainsRunningStreams("1e300");
+}
+
+// With nothing running, SIGTERM ends the process at once, also while a
+// client keeps its connection open (shutdown used to wait a fixed 2 s for
+// such connections). The bound is far above the few milliseconds it takes.
+TEST(LifecycleTest, IdleConnectionsDoNotDelayTheExit) {
+  auto server = ServerProcess::Start();
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto channel = (*server)->Channel();
+  auto stub = v1::Generation::NewStub(channel);
+  v1::GenerateResponse response;
+  auto context = ContextWithDeadline(30);
+  ASSERT_TRUE(stub->Generate(context.get(), TextRequest("hi", 2), &response).ok());
+  const auto start = std::chrono::steady_clock::now();
+  (*server)->Signal(SIGTERM);
+  EXPECT_EQ((*server)->WaitForExit(30), 0) << (*server)->Log();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 1.5);
 }
 
 }  // namespace

@@ -149,5 +149,35 @@ TEST(LimitsTest, FullQueueAndOversizedMessage) {
   EXPECT_TRUE(WaitForIdleCache(*stub, &info)) << info.DebugString();
 }
 
+// Behind a multiplexing proxy, many users share one HTTP/2 connection: a call
+// with oversized metadata must fail alone. (gRPC answers headers over its
+// transport limit by failing every call on the connection; with gRPC's
+// default of 8 KiB, a 9 KiB header did that.)
+TEST(LimitsTest, OversizedMetadataFailsOnlyItsOwnCall) {
+  auto server = ServerProcess::Start({"--debug-step-delay-ms", "10"});  // default 16 KiB
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto channel = (*server)->Channel();
+  auto stub = v1::Generation::NewStub(channel);
+  auto call = [&](size_t metadata_bytes, int tokens) {
+    v1::GenerateResponse response;
+    auto context = ContextWithDeadline(60);
+    if (metadata_bytes > 0) context->AddMetadata("x-padding", std::string(metadata_bytes, 'a'));
+    return stub->Generate(context.get(), TextRequest("neighbours", tokens), &response);
+  };
+  for (size_t oversized : {size_t{20000}, size_t{200000}}) {
+    // The neighbour runs on the same channel (one connection) for about 0.5 s.
+    grpc::Status neighbour;
+    std::thread thread([&] { neighbour = call(0, 50); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_TRUE(call(12000, 2).ok());  // above gRPC's default limit, below ours
+    const grpc::Status refused = call(oversized, 2);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_NE(refused.error_message().find("--max-metadata-bytes 16384"), std::string::npos)
+        << refused.error_message();
+    thread.join();
+    EXPECT_TRUE(neighbour.ok()) << oversized << ": " << neighbour.error_message();
+  }
+}
+
 }  // namespace
 }  // namespace switchserve::testing

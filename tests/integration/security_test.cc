@@ -1,10 +1,15 @@
 // TLS, mutual TLS and bearer-token authentication of the real server, with
 // certificates generated for the test.
+#include <sys/stat.h>
+
 #include <fstream>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
@@ -25,11 +30,12 @@ std::shared_ptr<grpc::Channel> TlsChannel(const std::string& address, const std:
   return grpc::CreateChannel(address, grpc::SslCredentials(ssl));
 }
 
-// A Tokenize call: the cheapest guarded method.
-grpc::Status Call(const std::shared_ptr<grpc::Channel>& channel, const std::string& token = "") {
+// A Tokenize call: the cheapest guarded method. `scheme` precedes the token.
+grpc::Status Call(const std::shared_ptr<grpc::Channel>& channel, const std::string& token = "",
+                  const std::string& scheme = "Bearer ") {
   auto stub = v1::Generation::NewStub(channel);
   auto context = ContextWithDeadline(10);
-  if (!token.empty()) context->AddMetadata("authorization", "Bearer " + token);
+  if (!token.empty()) context->AddMetadata("authorization", scheme + token);
   v1::TokenizeRequest request;
   request.set_text("hi");
   v1::TokenizeResponse response;
@@ -82,6 +88,89 @@ TEST(SecurityTest, BearerTokenGuardsGenerationButNotHealth) {
   auto context = ContextWithDeadline(10);
   ASSERT_TRUE(health->Check(context.get(), {}, &response).ok());
   EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+}
+
+// RFC 7235: the scheme is case-insensitive.
+TEST(SecurityTest, BearerSchemeIsCaseInsensitive) {
+  auto certs = MakeTestCertificates("token_case");
+  ASSERT_TRUE(certs.ok());
+  const std::string token_file = *certs + "/token";
+  std::ofstream(token_file) << "s3cret-token";
+  auto server = ServerProcess::Start({"--auth-token-file", token_file});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto channel = (*server)->Channel();
+  for (const std::string scheme : {"Bearer ", "bearer ", "BEARER ", "bEaReR  "}) {
+    EXPECT_TRUE(Call(channel, "s3cret-token", scheme).ok()) << scheme;
+  }
+  for (const std::string scheme : {"Bearer", "Basic ", "Bearerx ", " Bearer "}) {
+    EXPECT_EQ(Call(channel, "s3cret-token", scheme).error_code(), grpc::StatusCode::UNAUTHENTICATED)
+        << scheme;
+  }
+  EXPECT_EQ(Call(channel, "S3CRET-TOKEN", "bearer ").error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+}
+
+// Bad TLS material and token files stop startup with a message naming the flag
+// and the file, before the model is loaded.
+TEST(SecurityTest, CredentialProblemsAreReportedBeforeTheModelLoads) {
+  auto certs = MakeTestCertificates("bad_tls");
+  ASSERT_TRUE(certs.ok()) << certs.status();
+  const std::string dir = *certs;
+  std::ofstream(dir + "/garbage.pem") << "not a certificate\n";
+  std::string corrupt = ReadFileOrDie(dir + "/server.pem");
+  corrupt[corrupt.find('\n') + 10] ^= 0x20;  // one base64 character inside the block
+  corrupt[corrupt.find('\n') + 40] = '!';
+  std::ofstream(dir + "/corrupt.pem") << corrupt;
+  ASSERT_EQ(mkfifo((dir + "/token.fifo").c_str(), 0600), 0);
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--tls-cert", dir + "/server.pem", "--tls-key", dir + "/client.key"},
+       "--tls-key " + dir + "/client.key: gRPC refused"},
+      {{"--tls-cert", dir + "/garbage.pem", "--tls-key", dir + "/server.key"},
+       "--tls-cert " + dir + "/garbage.pem: no PEM certificate"},
+      {{"--tls-cert", dir + "/server.pem", "--tls-key", dir + "/garbage.pem"},
+       "--tls-key " + dir + "/garbage.pem: no PEM private key"},
+      {{"--tls-cert", dir + "/corrupt.pem", "--tls-key", dir + "/server.key"},
+       "--tls-cert " + dir + "/corrupt.pem"},
+      {{"--tls-cert", dir + "/server.pem", "--tls-key", dir + "/server.key", "--tls-client-ca",
+        dir + "/garbage.pem"},
+       "--tls-client-ca " + dir + "/garbage.pem: no PEM certificate"},
+      {{"--tls-cert", dir + "/missing.pem", "--tls-key", dir + "/server.key"},
+       "--tls-cert " + dir + "/missing.pem: not found"},
+      {{"--auth-token-file", dir + "/token.fifo"}, dir + "/token.fifo: not a regular file"},
+  };
+  for (const auto& [args, expected] : cases) {
+    auto server = ServerProcess::Start(args);
+    ASSERT_FALSE(server.ok()) << expected;
+    const std::string log(server.status().message());
+    EXPECT_NE(log.find(expected), std::string::npos) << log;
+    EXPECT_EQ(log.find("loading model"), std::string::npos) << log;
+  }
+}
+
+// The parts not guarded by the bearer token can be narrowed: reflection
+// switched off, the plain-HTTP metrics exporter bound to another address.
+TEST(SecurityTest, ReflectionCanBeOffAndMetricsOnTheirOwnAddress) {
+  const int metrics_port = FreePort("127.0.0.2");
+  ASSERT_GT(metrics_port, 0);
+  auto server = ServerProcess::Start({"--noreflection", "--metrics-host", "127.0.0.2",
+                                      "--metrics-port", std::to_string(metrics_port)});
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_NE(HttpGet("127.0.0.2", metrics_port, "/metrics").find("switchserve_requests_total"),
+            std::string::npos);
+  EXPECT_EQ(HttpGet("127.0.0.1", metrics_port, "/metrics"), "");
+
+  auto reflection = grpc::reflection::v1alpha::ServerReflection::NewStub((*server)->Channel());
+  auto context = ContextWithDeadline(10);
+  auto stream = reflection->ServerReflectionInfo(context.get());
+  grpc::reflection::v1alpha::ServerReflectionRequest request;
+  request.set_list_services("");
+  stream->Write(request);
+  stream->WritesDone();
+  grpc::reflection::v1alpha::ServerReflectionResponse response;
+  while (stream->Read(&response)) {
+  }
+  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_TRUE(Call((*server)->Channel()).ok());  // the API itself is there
 }
 
 TEST(SecurityTest, HealthCommandSpeaksTls) {

@@ -1,6 +1,9 @@
 #include "tests/integration/server_process.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -139,6 +142,56 @@ absl::StatusOr<std::string> MakeTestCertificates(const std::string& name) {
       absl::StrCat(SWITCHSERVE_SOURCE_DIR, "/tests/integration/make_test_certs.sh ", dir);
   if (std::system(command.c_str()) != 0) return absl::InternalError("make_test_certs.sh failed");
   return dir;
+}
+
+int FreePort(const std::string& host) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  inet_pton(AF_INET, host.c_str(), &address.sin_addr);
+  socklen_t length = sizeof address;
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
+    port = ntohs(address.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+std::string HttpGet(const std::string& host, int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(port);
+  inet_pton(AF_INET, host.c_str(), &address.sin_addr);
+  std::string response;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0) {
+    const std::string request = "GET " + path + " HTTP/1.0\r\nHost: " + host + "\r\n\r\n";
+    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
+      char buffer[8192];
+      ssize_t n;
+      while ((n = read(fd, buffer, sizeof buffer)) > 0) response.append(buffer, n);
+    }
+  }
+  close(fd);
+  return response;
+}
+
+double MetricValue(const std::string& exposition, const std::string& series) {
+  const std::string prefix = "\n" + series + " ";
+  const size_t at = exposition.find(prefix);
+  if (at == std::string::npos) return -1;
+  return std::strtod(exposition.c_str() + at + prefix.size(), nullptr);
+}
+
+int64_t ResidentKib(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::strtoll(line.c_str() + 6, nullptr, 10);
+  }
+  return -1;
 }
 
 }  // namespace switchserve::testing

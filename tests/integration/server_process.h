@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -53,6 +54,20 @@ class ServerProcess {
 absl::StatusOr<std::string> MakeTestCertificates(const std::string& name);
 
 std::string ReadFileOrDie(const std::string& path);
+
+// A TCP port free on `host` (an IPv4 address) right now; 0 on failure.
+int FreePort(const std::string& host);
+
+// GET http://host:port/path (HTTP/1.0): the whole response, headers
+// included; "" when nothing listens there.
+std::string HttpGet(const std::string& host, int port, const std::string& path);
+
+// The value of the sample `series` (e.g. `switchserve_requests_total{status="OK"}`)
+// in a Prometheus text exposition; -1 when absent.
+double MetricValue(const std::string& exposition, const std::string& series);
+
+// The resident set size of process `pid` in KiB (VmRSS), or -1.
+int64_t ResidentKib(pid_t pid);
 
 }  // namespace switchserve::testing
 

@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <utility>
 
 #include "prometheus/text_serializer.h"
+#include "server/metrics/engine_metrics_observer.h"
 #include "server/metrics/process_metrics.h"
 #include "tests/metrics/registry_reader.h"
 
@@ -154,6 +156,43 @@ TEST(ServingMetricsTest, RequestsCountByProtocolAndStatusAndOnlyOkOnesAreTimed) 
   }
   EXPECT_EQ(HistogramOf(reader, "switchserve_time_to_first_token_seconds").sample_count, 1u);
   EXPECT_EQ(HistogramOf(reader, "switchserve_request_queue_time_seconds").sample_count, 1u);
+}
+
+// A request the engine cancelled is counted as what its client saw: a passed
+// deadline is DEADLINE_EXCEEDED and a drain UNAVAILABLE, not CANCELLED.
+TEST(EngineMetricsObserverTest, CancelledRequestsCountAsTheClientSawThem) {
+  prometheus::Registry registry;
+  ServingMetrics metrics(registry);
+  EngineMetricsObserver observer(&metrics, nullptr, 16);
+  GenerationRequest request;
+  request.origin.protocol = "grpc";
+  const std::pair<CancelCause, int> causes[] = {
+      {CancelCause::kClient, 1}, {CancelCause::kDeadline, 2}, {CancelCause::kShutdown, 3}};
+  for (const auto& [cause, times] : causes) {
+    for (int i = 0; i < times; ++i) {
+      GenerationUpdate update;
+      update.finished = true;
+      update.finish_reason = FinishReason::kCancelled;
+      update.cancel_cause = cause;
+      observer.OnRequestFinished(request, update);
+    }
+  }
+  GenerationUpdate done;
+  done.finished = true;
+  done.finish_reason = FinishReason::kLength;
+  observer.OnRequestFinished(request, done);
+  RegistryReader reader(registry);
+  EXPECT_EQ(
+      reader.Counter("switchserve_requests_total", {{"protocol", "grpc"}, {"status", "CANCELLED"}}),
+      1.0);
+  EXPECT_EQ(reader.Counter("switchserve_requests_total",
+                           {{"protocol", "grpc"}, {"status", "DEADLINE_EXCEEDED"}}),
+            2.0);
+  EXPECT_EQ(reader.Counter("switchserve_requests_total",
+                           {{"protocol", "grpc"}, {"status", "UNAVAILABLE"}}),
+            3.0);
+  EXPECT_EQ(reader.Counter("switchserve_requests_total", {{"protocol", "grpc"}, {"status", "OK"}}),
+            1.0);
 }
 
 // The alert rules and dashboard select buckets by their `le` text, e.g.

@@ -1,6 +1,7 @@
 #include "server/request_validation.h"
 
 #include <functional>
+#include <limits>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -86,6 +87,18 @@ TEST_F(RequestValidationTest, SamplingRanges) {
   ExpectInvalid([](auto* r) { r->mutable_sampling()->set_min_p(-0.1f); }, "sampling.min_p");
   ExpectInvalid([](auto* r) { r->mutable_sampling()->set_repetition_penalty(0); },
                 "sampling.repetition_penalty");
+  // Penalties that overflow a penalised logit (1e-45 used to pass and put NaN
+  // into sampling), and non-numbers.
+  for (float penalty : {1e-45f, 0.0099f, 100.5f, 1e30f, std::numeric_limits<float>::infinity(),
+                        std::numeric_limits<float>::quiet_NaN()}) {
+    ExpectInvalid([&](auto* r) { r->mutable_sampling()->set_repetition_penalty(penalty); },
+                  "sampling.repetition_penalty");
+  }
+  for (float penalty : {0.01f, 100.0f}) {
+    auto ok = Validate([&](auto* r) { r->mutable_sampling()->set_repetition_penalty(penalty); });
+    ASSERT_TRUE(ok.ok()) << ok.status();
+    EXPECT_EQ(ok->sampling.repetition_penalty, penalty);
+  }
   ExpectInvalid(
       [](auto* r) {
         for (int i = 0; i < 17; ++i) r->mutable_sampling()->add_stop(std::string("x"));

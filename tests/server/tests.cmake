@@ -1,11 +1,11 @@
 # Unit tests of the server pieces that need no process or network (request
-# validation, wire parsing, request ids and log lines, the OpenAI request and
-# response mapping), label `unit`. Included from tests/CMakeLists.txt.
-foreach(test_name request_validation_test wire_format_test access_log_test openai_protocol_test
-                  dispatch_flags_test)
+# validation, wire parsing, flags, request ids and log lines, the OpenAI
+# request and response mapping), label `unit`. Included from
+# tests/CMakeLists.txt.
+foreach(test_name request_validation_test wire_format_test server_flags_test access_log_test
+                  openai_protocol_test dispatch_flags_test)
   add_executable(${test_name} ${CMAKE_CURRENT_LIST_DIR}/${test_name}.cc)
-  # libprotobuf first: see server/CMakeLists.txt (sentencepiece's bundled copy).
-  target_link_libraries(${test_name} PRIVATE protobuf::libprotobuf switchserve_http
-                                             GTest::gtest_main switchserve_warnings)
+  target_link_libraries(${test_name} PRIVATE switchserve_http GTest::gtest_main
+                                             switchserve_warnings)
   gtest_discover_tests(${test_name} PROPERTIES LABELS unit DISCOVERY_TIMEOUT 60)
 endforeach()

@@ -3,9 +3,12 @@
 // contract every backend keeps is checked in backend_test.cc.
 #include "kernels/cpu/cpu_backend.h"
 
+#include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "engine/model/host_memory.h"
 #include "engine/moe/router_layout.h"
 #include "engine/runtime/kv_cache.h"
 #include "gtest/gtest.h"
@@ -57,6 +60,39 @@ TEST(CpuBackendTest, CacheSetupAndRoutingRows) {
   EXPECT_EQ(out.routing[1].choices.size(), per_token);
   EXPECT_EQ(out.routing[2].choices.size(), per_token);
   EXPECT_EQ(out.row_position, (std::vector<int32_t>{2, 0, 1}));
+}
+
+// A model's context length sizes nothing by itself: the backend's scratch
+// follows the positions a step uses, the cache is sized by KvCache.
+TEST(CpuBackendTest, ContextLengthAllocatesNothingAtCreation) {
+  ModelConfig config = testing::TinySwitchAllConfig();
+  const ModelWeights weights = RandomWeights(config, 5);
+  config.max_seq_len = std::numeric_limits<int32_t>::max();
+  absl::StatusOr<std::unique_ptr<Backend>> created =
+      CreateCpuBackend(config, weights, config.dispatch);
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<Backend> backend = *std::move(created);
+  ASSERT_TRUE(backend->InitKvCache(2, 4).ok());
+  const std::vector<int32_t> table = {0, 1};
+  StepBatch batch;
+  batch.Clear(4);
+  batch.Add(std::vector<int32_t>{1, 2, 3, 4, 5}, 0, table).logits = LogitsMode::kLast;
+  StepOutput out;
+  ASSERT_TRUE(backend->Forward(batch, &out).ok());
+  EXPECT_EQ(out.logits.size(), static_cast<size_t>(config.vocab_size));
+}
+
+TEST(CpuBackendTest, KvCacheLargerThanTheHostIsRefused) {
+  const ModelConfig config = testing::TinySwitchAllConfig();
+  const ModelWeights weights = RandomWeights(config, 5);
+  absl::StatusOr<std::unique_ptr<Backend>> created =
+      CreateCpuBackend(config, weights, config.dispatch);
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<Backend> backend = *std::move(created);
+  const int64_t rows = HostMemoryBytes() / backend->KvBytesPerToken() + 1;
+  const absl::Status status = backend->InitKvCache(rows, 1);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(status.message().find("host's memory"), std::string::npos) << status;
 }
 
 }  // namespace

@@ -87,8 +87,8 @@ TEST(XlPositionTableTest, RefusesTablesOverTheLimit) {
                         "20 x 4 bytes = 40960 bytes, more than the 40959 bytes allowed"));
 
   // Through the backend options, and through CreateBackend with the default
-  // limit (half the physical memory) for a table no machine holds: refused
-  // before anything is allocated.
+  // limit (this host's memory) for a table no machine holds: refused before
+  // anything is allocated.
   CpuBackendOptions options;
   options.max_position_table_bytes = bytes - 1;
   EXPECT_EQ(CreateCpuBackend(config, weights, config.dispatch, options).status().code(),
@@ -101,6 +101,7 @@ TEST(XlPositionTableTest, RefusesTablesOverTheLimit) {
   auto backend = CreateBackend(DeviceKind::kCpu, huge, huge_weights, huge.dispatch);
   EXPECT_EQ(backend.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(backend.status().message(), HasSubstr("max_seq_len 2147483647"));
+  EXPECT_THAT(backend.status().message(), HasSubstr("host's memory"));
 
   // Factors whose product overflows int64.
   huge.n_layers = std::numeric_limits<int32_t>::max();

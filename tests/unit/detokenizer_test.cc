@@ -75,5 +75,22 @@ TEST(DetokenizerTest, UtilityFunctions) {
   EXPECT_EQ(out, "ab");
 }
 
+// Found by fuzzing (stop_strings_fuzz): a stop string completed by the
+// replacement character that Finish gives a truncated last character used to
+// be released.
+TEST(DetokenizerTest, StopStringCompletedAtTheEndIsNotReleased) {
+  auto tokenizer = CreateByteTokenizer();
+  const std::string replacement = "\xEF\xBF\xBD";
+  IncrementalDetokenizer detok(tokenizer.get(), {"c" + replacement});
+  std::string released;
+  bool stopped = false;
+  for (unsigned char byte : std::string("abc\xE2\x82")) released += detok.Add(byte, &stopped);
+  EXPECT_FALSE(stopped);
+  released += detok.Finish(&stopped);
+  EXPECT_TRUE(stopped);
+  EXPECT_EQ(released, "ab");
+  EXPECT_EQ(detok.Finish(), "");
+}
+
 }  // namespace
 }  // namespace switchserve

@@ -1,6 +1,7 @@
 #include "engine/moe/expert_dispatch.h"
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -204,6 +205,35 @@ TEST(ExpertDispatchTest, DroplessKeepsEverything) {
   EXPECT_EQ(a.count(1), 5);
   EXPECT_EQ(stats.kept, (std::vector<int64_t>{5, 5}));
   EXPECT_EQ(stats.dropped, (std::vector<int64_t>{0, 0}));
+}
+
+// A capacity factor whose slots leave int64 means room for everything: it
+// saturates instead of wrapping to a negative count (which min_capacity then
+// replaced, dropping more than a factor of 1.25 does).
+// In both capacity scopes: the slots of a step (step) and of a group
+// (sequence) saturate instead of leaving int64, and everything is kept.
+TEST(ExpertDispatchTest, HugeCapacityFactorSaturatesAndKeepsEverything) {
+  for (CapacityScope scope : {CapacityScope::kStep, CapacityScope::kSequence}) {
+    for (double factor : {1e18, 1e300, std::numeric_limits<double>::infinity(),
+                          std::numeric_limits<double>::quiet_NaN()}) {
+      DispatchConfig dispatch = Capacity(factor, 1, OverflowPolicy::kDrop);
+      dispatch.scope = scope;
+      dispatch.capacity_group = std::numeric_limits<int>::max();
+      EXPECT_EQ(dispatch.CapacityPerExpert(1 << 20, 4, 2), DispatchConfig::kMaxCapacity) << factor;
+      EXPECT_EQ(dispatch.SlotsPerExpert(1 << 20, 4, 2), DispatchConfig::kMaxCapacity) << factor;
+    }
+    const auto z = RankedLogits({{1, 0}, {1, 0}, {1, 0}, {1, 0}, {1, 0}}, 2);
+    RouterDecision d;
+    RouteTokens(z.data(), 2, 5, 2, 1, GateFunction::kSigmoid, false, &d);
+    RouterStepStats stats;
+    stats.Reset(2);
+    ExpertAssignments a;
+    DispatchConfig dispatch = Capacity(1e300, 1, OverflowPolicy::kDrop);
+    dispatch.scope = scope;
+    DispatchTokens(d, dispatch, nullptr, &a, &stats);
+    EXPECT_EQ(a.count(1), 5) << static_cast<int>(scope);
+    EXPECT_EQ(stats.dropped, (std::vector<int64_t>{0, 0})) << static_cast<int>(scope);
+  }
 }
 
 TEST(ExpertDispatchTest, AuxLossBalancedIsOneCollapsedIsE) {

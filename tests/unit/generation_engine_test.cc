@@ -237,8 +237,18 @@ TEST_F(GenerationEngineTest, CancelFreesBlocks) {
   }
   while (sinks[7]->updates() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_GT(engine_->Snapshot().used_blocks, 0);
-  for (RequestId id : ids) engine_->Cancel(id);
-  for (auto& sink : sinks) EXPECT_EQ(sink->Wait().finish_reason, FinishReason::kCancelled);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i % 2 == 0) {
+      engine_->Cancel(ids[i]);
+    } else {
+      engine_->Cancel(ids[i], CancelCause::kDeadline);  // as the server does for a passed deadline
+    }
+  }
+  for (size_t i = 0; i < sinks.size(); ++i) {
+    const GenerationUpdate& final = sinks[i]->Wait();
+    EXPECT_EQ(final.finish_reason, FinishReason::kCancelled);
+    EXPECT_EQ(final.cancel_cause, i % 2 == 0 ? CancelCause::kClient : CancelCause::kDeadline);
+  }
   // The snapshot is published after the step that dropped them.
   for (int i = 0; i < 100 && engine_->Snapshot().used_blocks != 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -259,6 +269,7 @@ TEST_F(GenerationEngineTest, DeadlineEndsRequest) {
   ASSERT_TRUE(engine_->Submit(std::move(request)).ok());
   const GenerationUpdate& final = sink->Wait();
   EXPECT_EQ(final.finish_reason, FinishReason::kCancelled);
+  EXPECT_EQ(final.cancel_cause, CancelCause::kDeadline);
   EXPECT_LT(final.completion_tokens, 250);
 }
 
@@ -275,6 +286,8 @@ TEST_F(GenerationEngineTest, QueueLimitAndStop) {
   engine_->Stop();
   EXPECT_EQ(a->Wait().finish_reason, FinishReason::kCancelled);
   EXPECT_EQ(b->Wait().finish_reason, FinishReason::kCancelled);
+  EXPECT_EQ(a->Wait().cancel_cause, CancelCause::kShutdown);
+  EXPECT_EQ(b->Wait().cancel_cause, CancelCause::kShutdown);
   GenerationRequest late;
   late.prompt = {1};
   late.sink = std::make_shared<CollectingSink>();

@@ -1,6 +1,8 @@
 #include "engine/runtime/kv_cache.h"
 
+#include <limits>
 #include <set>
+#include <string>
 
 #include "gtest/gtest.h"
 #include "tests/util/fake_backend.h"
@@ -143,6 +145,38 @@ TEST(KvCacheTest, RejectsTooSmallOrUnboundedCaches) {
   options.block_size = 16;
   EXPECT_EQ(KvCache::Create(&backend, options).status().code(),
             absl::StatusCode::kResourceExhausted);
+}
+
+// Sizes from config.json and flags never overflow and never reach the
+// backend when they cannot work.
+TEST(KvCacheTest, AbsurdSizesAreRefusedBeforeTheBackendAllocates) {
+  ModelConfig config;
+  config.n_layers = std::numeric_limits<int32_t>::max();
+  config.attention.n_kv_heads = std::numeric_limits<int32_t>::max();
+  config.attention.head_dim = std::numeric_limits<int32_t>::max();
+  EXPECT_EQ(KvBytesPerToken(config, 4), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(KvBlocksForBudget(std::numeric_limits<int64_t>::max(),
+                              std::numeric_limits<int64_t>::max(), 1024),
+            0);
+
+  RecordingBackend backend;
+  KvCacheOptions options;
+  options.block_size = 16;
+  options.budget_bytes = 1 << 20;
+  options.min_tokens = std::numeric_limits<int32_t>::max();  // max_seq_len 2^31 - 1
+  absl::Status status = KvCache::Create(&backend, options).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("2147483647 needed"), std::string::npos) << status;
+
+  // More blocks than 32-bit block ids can name.
+  options.min_tokens = 0;
+  options.block_size = 1;
+  options.budget_bytes = std::numeric_limits<int64_t>::max();
+  options.max_tokens = int64_t{std::numeric_limits<int32_t>::max()} * 64;
+  status = KvCache::Create(&backend, options).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("block ids"), std::string::npos) << status;
+  EXPECT_EQ(backend.calls, 0);
 }
 
 }  // namespace

@@ -1,7 +1,15 @@
 #include "engine/model/model_loader.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -388,6 +396,80 @@ TEST_F(BrokenModelTest, AbsurdLayerCountIsRefusedEarly) {
   json["n_layers"] = 2000000000;
   std::ofstream(dir_ + "/config.json", std::ios::trunc) << json.dump();
   EXPECT_THAT(LoadError(), HasSubstr("too few for config.json n_layers 2000000000"));
+}
+
+TEST_F(BrokenModelTest, WeightsLargerThanTheHostAreRefusedBeforeReading) {
+  Json json = BaseConfig();
+  json["vocab_size"] = 2000000000;
+  json["d_model"] = 2000000000;
+  std::ofstream(dir_ + "/config.json", std::ios::trunc) << json.dump();
+  auto model = LoadModel(dir_);
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(model.status().message(), HasSubstr("more than this host's memory"));
+}
+
+TEST_F(BrokenModelTest, NonFiniteWeightsAreRefusedUnlessAllowed) {
+  weights_.layers[1].ffn.w1.mutable_f32()[5] = std::numeric_limits<float>::quiet_NaN();
+  weights_.final_norm_w.mutable_f32()[0] = -std::numeric_limits<float>::infinity();
+  Rewrite(Tensors());
+  EXPECT_THAT(LoadError(), HasSubstr("holds non-finite values (element "));
+  EXPECT_THAT(LoadError(), HasSubstr("--allow-non-finite-weights"));
+  auto model = LoadModel(dir_, ModelLoadOptions{.allow_non_finite_weights = true});
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_EQ((*model)->warnings.size(), 2u);
+  EXPECT_THAT((*model)->warnings[0] + (*model)->warnings[1],
+              HasSubstr("layers.1.ffn.w1 holds non-finite values (element 5 of"));
+  EXPECT_TRUE(std::isnan((*model)->weights.layers[1].ffn.w1.At(5)));
+}
+
+// Weights stored as bf16 or f16 are checked as stored, whatever dtype they
+// are held in, and naming the tensor.
+TEST_F(BrokenModelTest, NonFiniteHalfPrecisionWeightsAreRefused) {
+  weights_.layers[1].ffn.w1.mutable_f32()[5] = std::numeric_limits<float>::quiet_NaN();
+  for (DType stored : {DType::kBF16, DType::kF16}) {
+    std::vector<TensorToWrite> tensors = Tensors();
+    for (TensorToWrite& t : tensors) t.dtype = stored;
+    Rewrite(tensors);
+    for (WeightsDtype held : {WeightsDtype::kAsStored, WeightsDtype::kF32, WeightsDtype::kBF16}) {
+      SCOPED_TRACE(std::string(ToString(stored)) + " held as " + std::string(ToString(held)));
+      auto model = LoadModel(dir_, ModelLoadOptions{.weights_dtype = held});
+      ASSERT_FALSE(model.ok());
+      EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_THAT(model.status().message(),
+                  HasSubstr("tensor layers.1.ffn.w1 holds non-finite values (element 5 of"));
+    }
+  }
+}
+
+// Narrowing to f16 turns finite f32 values beyond 65504 into infinities:
+// refused once held, not as stored.
+TEST_F(BrokenModelTest, WeightsOverflowingF16AreRefusedWhenHeldAsF16) {
+  weights_.layers[0].attn.q.mutable_f32()[2] = 1e6f;
+  Rewrite(Tensors());
+  ASSERT_TRUE(LoadModel(dir_).ok());
+  ASSERT_TRUE(LoadModel(dir_, ModelLoadOptions{.weights_dtype = WeightsDtype::kBF16}).ok());
+  auto model = LoadModel(dir_, ModelLoadOptions{.weights_dtype = WeightsDtype::kF16});
+  ASSERT_FALSE(model.ok());
+  EXPECT_THAT(model.status().message(),
+              HasSubstr("tensor layers.0.attn.q.weight holds non-finite values (element 2 of"));
+  EXPECT_THAT(model.status().message(), HasSubstr("once held as F16"));
+}
+
+// A FIFO in place of model.safetensors used to block startup in open(),
+// waiting for a writer.
+TEST_F(BrokenModelTest, FifoIsRefusedWithoutWaiting) {
+  std::filesystem::remove(Safetensors());
+  ASSERT_EQ(mkfifo(Safetensors().c_str(), 0600), 0);
+  auto loaded = std::async(std::launch::async, [&] { return LoadModel(dir_); });
+  if (loaded.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+    // Let the blocked open() return so the test can end, then fail.
+    const int fd = open(Safetensors().c_str(), O_WRONLY | O_NONBLOCK);
+    if (fd >= 0) close(fd);
+    FAIL() << "LoadModel waited on the FIFO";
+  }
+  const auto model = loaded.get();
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(model.status().message(), HasSubstr("model.safetensors: not a regular file"));
 }
 
 TEST(SentencePieceModelTest, MissingOrOversizedTokenizer) {

@@ -1,5 +1,7 @@
 #include "engine/runtime/sampler.h"
 
+#include <cmath>
+#include <limits>
 #include <map>
 #include <set>
 #include <vector>
@@ -99,6 +101,52 @@ TEST(SamplerTest, LogprobsAreRawLogSoftmaxMostLikelyFirst) {
   EXPECT_EQ(r.top_logprobs[0].first, 1);
   EXPECT_EQ(r.top_logprobs[1].first, 2);
   EXPECT_NEAR(r.top_logprobs[1].second, std::log(0.3f), 1e-5);
+}
+
+// A penalty that overflows the penalised logits (1e-45 divides them into
+// infinity) used to make every probability NaN, and the least likely token
+// then came out every time.
+TEST(SamplerTest, OverflowingPenaltyNeverYieldsNaNOrTheLeastLikelyToken) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_p = 0.9f;
+  p.repetition_penalty = 1e-45f;
+  const std::vector<float> logits = {5.0f, 4.0f, 3.0f, -10.0f};
+  SamplerRng rng(11);
+  std::set<int32_t> drawn;
+  for (int i = 0; i < 200; ++i) {
+    const SampleResult r = SampleToken(logits, p, {0, 1, 2}, 2, rng);
+    drawn.insert(r.token_id);
+    EXPECT_FALSE(std::isnan(r.logprob));
+  }
+  EXPECT_EQ(drawn.count(3), 0u);
+  EXPECT_GT(drawn.size(), 1u);  // the three penalised tokens tie at the top
+}
+
+TEST(SamplerTest, NonFiniteLogitsAreOrderedNotNaN) {
+  constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  const std::vector<float> with_nan = {kNaN, 1.0f, 2.0f, kNaN, 0.5f};
+  SamplerRng rng(3);
+  EXPECT_EQ(SampleToken(with_nan, Greedy(), {}, 0, rng).token_id, 2);
+  SamplingParams p;
+  p.temperature = 1.0f;
+  for (int i = 0; i < 200; ++i) {
+    const SampleResult r = SampleToken(with_nan, p, {}, 5, rng);
+    EXPECT_TRUE(r.token_id == 1 || r.token_id == 2 || r.token_id == 4) << r.token_id;
+    EXPECT_FALSE(std::isnan(r.logprob));
+    ASSERT_EQ(r.top_logprobs.size(), 5u);
+    EXPECT_EQ(r.top_logprobs[0].first, 2);  // NaN ids last
+    EXPECT_EQ(r.top_logprobs[3].first, 0);
+    EXPECT_EQ(r.top_logprobs[4].first, 3);
+    for (const auto& [id, logprob] : r.top_logprobs) EXPECT_FALSE(std::isnan(logprob)) << id;
+  }
+  const std::vector<float> with_inf = {-kInf, kInf, 0.0f};
+  for (int i = 0; i < 50; ++i) {
+    const SampleResult r = SampleToken(with_inf, p, {}, 0, rng);
+    EXPECT_EQ(r.token_id, 1);
+    EXPECT_FALSE(std::isnan(r.logprob));
+  }
 }
 
 }  // namespace

@@ -1,0 +1,63 @@
+#include "engine/model/host_memory.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <limits>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace switchserve {
+namespace {
+
+constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+
+// A cgroup memory limit file: a byte count, or "max" (none).
+int64_t CgroupLimit(const char* path) {
+  std::ifstream in(path);
+  std::string text;
+  int64_t bytes = 0;
+  if (!(in >> text) || !absl::SimpleAtoi(text, &bytes) || bytes <= 0) return kMax;
+  return bytes;
+}
+
+int64_t ReadHostMemory() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGE_SIZE);
+  int64_t bytes = pages > 0 && page_size > 0 ? SaturatingMul(pages, page_size) : kMax;
+  bytes = std::min(bytes, CgroupLimit("/sys/fs/cgroup/memory.max"));                    // v2
+  bytes = std::min(bytes, CgroupLimit("/sys/fs/cgroup/memory/memory.limit_in_bytes"));  // v1
+  return bytes;
+}
+
+}  // namespace
+
+int64_t HostMemoryBytes() {
+  static const int64_t bytes = ReadHostMemory();
+  return bytes;
+}
+
+int64_t SaturatingMul(int64_t a, int64_t b) {
+  int64_t product = 0;
+  if (a < 0 || b < 0 || __builtin_mul_overflow(a, b, &product)) return kMax;
+  return product;
+}
+
+int64_t SaturatingAdd(int64_t a, int64_t b) {
+  int64_t sum = 0;
+  if (a < 0 || b < 0 || __builtin_add_overflow(a, b, &sum)) return kMax;
+  return sum;
+}
+
+absl::Status CheckFitsInHostMemory(int64_t bytes, const std::string& what) {
+  const int64_t limit = HostMemoryBytes();
+  if (bytes <= limit) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      what, " needs ", bytes == kMax ? std::string("more than 2^63") : absl::StrCat(bytes),
+      " bytes, more than this host's memory (", limit, " bytes)"));
+}
+
+}  // namespace switchserve

@@ -1,0 +1,119 @@
+"""Sizes and values from config.json and flags at their extremes, against the
+real binary: each is refused with a message (or served within bounds) before
+anything large is allocated, and no process ends on a signal (std::terminate's
+abort, the OOM killer)."""
+import json
+import os
+import pathlib
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BINARY = os.environ["SWITCHSERVE_BINARY"]
+DEFAULT_MODEL = ROOT / "models" / "default"
+# Far below what the sizes under test used to allocate (0.7 to 20 GB), far
+# above what the binary needs (about 25 MB; more under ASan).
+MAX_RSS_KB = 400 * 1024
+
+
+def run_measured(*args, timeout=60):
+    """Runs the binary; (exit code, or -signal; stderr; its peak RSS in KiB)."""
+    with tempfile.TemporaryFile(mode="w+") as stderr:
+        process = subprocess.Popen([BINARY, *args], stdout=subprocess.DEVNULL, stderr=stderr)
+        deadline = time.monotonic() + timeout
+        while True:
+            pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+            if pid == process.pid:
+                break
+            if time.monotonic() > deadline:
+                process.kill()
+                os.wait4(process.pid, 0)
+                pytest.fail(f"{args} still running after {timeout} s")
+            time.sleep(0.02)
+        process.returncode = os.waitstatus_to_exitcode(status)
+        stderr.seek(0)
+        return process.returncode, stderr.read(), usage.ru_maxrss
+
+
+def model_variant(tmp_path, name, **config_changes):
+    """The built-in model with some config.json keys changed (same weights)."""
+    model = tmp_path / name
+    model.mkdir()
+    config = json.loads((DEFAULT_MODEL / "config.json").read_text())
+    config.update(config_changes)
+    (model / "config.json").write_text(json.dumps(config))
+    (model / "model.safetensors").symlink_to(DEFAULT_MODEL / "model.safetensors")
+    return model
+
+
+@pytest.mark.parametrize("max_seq_len", [10**7, 10**8, 2**31 - 1])
+def test_huge_context_is_refused_by_serve_before_allocating(tmp_path, max_seq_len):
+    model = model_variant(tmp_path, "long", max_seq_len=max_seq_len)
+    code, stderr, rss = run_measured("serve", "--model", str(model), "--host", "127.0.0.1",
+                                     "--port", "0", "--metrics-port", "0")
+    assert code == 1, stderr
+    assert "KV cache" in stderr and f"max_seq_len {max_seq_len}" in stderr, stderr
+    assert rss < MAX_RSS_KB
+
+
+@pytest.mark.parametrize("max_seq_len", [10**6, 2**31 - 1])
+def test_offline_commands_size_the_cache_to_the_input(tmp_path, max_seq_len):
+    model = model_variant(tmp_path, "long", max_seq_len=max_seq_len)
+    code, stderr, rss = run_measured("generate", "--model", str(model), "--prompt", "In the",
+                                     "--max-new-tokens", "4")
+    assert code == 0, stderr
+    assert rss < MAX_RSS_KB
+    code, stderr, rss = run_measured("score", "--model", str(model), "--tokens", "73,110,32")
+    assert code == 0, stderr
+    assert rss < MAX_RSS_KB
+
+
+def host_memory_bytes():
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    pytest.fail("no MemTotal in /proc/meminfo")
+
+
+@pytest.mark.parametrize("why", ["more than the host", "more than 2^31 blocks"])
+def test_kv_cache_beyond_limits_is_refused(why):
+    # The built-in model: 2048 bytes of KV per token, contexts of 256 tokens.
+    if why == "more than the host":
+        running = 2 * host_memory_bytes() // (2048 * 256) + 1
+        expected = "host's memory"
+    else:
+        running = 2**31 - 1
+        expected = "block ids"
+    code, stderr, rss = run_measured("serve", "--host", "127.0.0.1", "--port", "0",
+                                     "--metrics-port", "0", "--kv-cache-bytes", str(2**62),
+                                     "--max-running-requests", str(running))
+    assert code == 1, stderr
+    assert expected in stderr, stderr
+    assert rss < MAX_RSS_KB
+
+
+def test_score_refuses_a_context_of_one(tmp_path):
+    model = model_variant(tmp_path, "short", max_seq_len=1)
+    code, stderr, _ = run_measured("score", "--model", str(model), "--tokens", "73,110,32",
+                                   timeout=20)
+    assert code == 1 and "max_seq_len 1" in stderr, stderr
+
+
+@pytest.mark.parametrize("flags", [["--temperature", "1e300"], ["--temperature", "nan"],
+                                   ["--temperature", "-1"], ["--top-p", "2"],
+                                   ["--top-p", "nan"], ["--top-k", "-1"]])
+def test_generate_refuses_sampling_flags_out_of_range(flags):
+    code, stderr, _ = run_measured("generate", "--prompt", "In the", *flags, timeout=20)
+    assert code == 2, stderr
+    assert flags[0] in stderr, stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "-1"])
+def test_health_refuses_a_bad_timeout(value):
+    code, stderr, _ = run_measured("health", "--address", "127.0.0.1:1", "--timeout-s", value,
+                                   timeout=20)
+    assert code == 2 and "--timeout-s" in stderr, stderr

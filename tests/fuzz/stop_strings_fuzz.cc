@@ -1,0 +1,54 @@
+// Stop-string matching in the incremental detokenizer. The input holds up to
+// four stop strings (a length byte, then the string; only valid UTF-8 ones
+// are used, as request validation requires) and then the generated ids (one
+// byte each, byte-level tokenizer). The released text never contains
+// a stop string; when one completes, the released text followed by that stop
+// string begins the sanitized decoding of the ids so far, and otherwise the
+// whole sanitized decoding is released.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/text/detokenizer.h"
+#include "engine/text/tokenizer.h"
+#include "tests/fuzz/fuzz_check.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace switchserve;
+  static const auto* const tokenizer = CreateByteTokenizer().release();
+  size_t at = 0;
+  std::vector<std::string> stops;
+  while (stops.size() < 4 && at < size) {
+    const size_t wanted = data[at] % 8;
+    ++at;
+    const size_t length = std::min<size_t>(wanted, size - at);
+    if (length == 0) break;
+    std::string stop(reinterpret_cast<const char*>(data + at), length);
+    at += length;
+    if (IsValidUtf8(stop)) stops.push_back(std::move(stop));  // as validation requires
+  }
+  IncrementalDetokenizer detokenizer(tokenizer, stops);
+  std::vector<int32_t> ids;
+  std::string released;
+  bool stopped = false;
+  for (; at < size && !stopped; ++at) {
+    ids.push_back(data[at]);
+    released += detokenizer.Add(data[at], &stopped);
+  }
+  if (!stopped) released += detokenizer.Finish(&stopped);
+  std::string decoded;
+  AppendSanitizedUtf8(tokenizer->Decode(ids), /*final_chunk=*/true, &decoded);
+  for (const std::string& stop : stops) FUZZ_CHECK(released.find(stop) == std::string::npos);
+  if (stopped) {
+    bool explained = false;
+    for (const std::string& stop : stops) {
+      explained = explained || decoded.rfind(released + stop, 0) == 0;
+    }
+    FUZZ_CHECK(explained);
+  } else {
+    FUZZ_CHECK(released == decoded);
+  }
+  return 0;
+}

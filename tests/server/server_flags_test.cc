@@ -1,0 +1,80 @@
+// `serve` flags at their extremes: values that would overflow when turned
+// into integers are refused or saturate.
+#include "server/server_flags.h"
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <optional>
+
+#include "absl/flags/flag.h"
+#include "gtest/gtest.h"
+#include "server/common_flags.h"
+
+ABSL_DECLARE_FLAG(double, drain_timeout_s);
+ABSL_DECLARE_FLAG(std::optional<double>, capacity_factor);
+ABSL_DECLARE_FLAG(int64_t, max_metadata_bytes);
+
+namespace switchserve {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+TEST(ServerFlagsTest, SecondsBecomeMillisecondsWithoutOverflow) {
+  using std::chrono::milliseconds;
+  EXPECT_EQ(MillisecondsFromSeconds(0.25), milliseconds(250));
+  EXPECT_EQ(MillisecondsFromSeconds(0), milliseconds(0));
+  const milliseconds longest(static_cast<int64_t>(kMaxWaitSeconds * 1000));
+  for (double huge : {kMaxWaitSeconds * 2, 1e300, kInf}) {
+    EXPECT_EQ(MillisecondsFromSeconds(huge), longest) << huge;
+  }
+  // Waiting that long from now stays representable on the steady clock.
+  EXPECT_GT(std::chrono::steady_clock::now() + longest, std::chrono::steady_clock::now());
+  EXPECT_EQ(MillisecondsFromSeconds(kNaN), milliseconds(0));
+  EXPECT_EQ(MillisecondsFromSeconds(-kInf), milliseconds(0));
+}
+
+TEST(ServerFlagsTest, DrainTimeoutAcceptsInfinityRefusesNaN) {
+  absl::SetFlag(&FLAGS_drain_timeout_s, kInf);
+  EXPECT_TRUE(ServerOptionsFromFlags().ok());
+  for (double bad : {kNaN, -1.0, -kInf}) {
+    absl::SetFlag(&FLAGS_drain_timeout_s, bad);
+    const auto options = ServerOptionsFromFlags();
+    EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(options.status().message().find("--drain-timeout-s"), std::string::npos);
+  }
+  absl::SetFlag(&FLAGS_drain_timeout_s, 30);
+}
+
+TEST(ServerFlagsTest, CapacityFactorMustBeFinite) {
+  absl::SetFlag(&FLAGS_capacity_factor, 1e300);  // saturates in CapacityPerExpert
+  EXPECT_TRUE(ServerOptionsFromFlags().ok());
+  for (double bad : {kNaN, kInf, -kInf}) {
+    absl::SetFlag(&FLAGS_capacity_factor, bad);
+    const auto options = ServerOptionsFromFlags();
+    EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(options.status().message().find("--capacity-factor"), std::string::npos);
+  }
+  absl::SetFlag(&FLAGS_capacity_factor, std::nullopt);
+}
+
+TEST(ServerFlagsTest, MetadataLimitIsBoundedAndBelowTheTransportLimit) {
+  for (int64_t bytes : {int64_t{1023}, int64_t{1 << 20} + 1, int64_t{-1}}) {
+    absl::SetFlag(&FLAGS_max_metadata_bytes, bytes);
+    EXPECT_EQ(ServerOptionsFromFlags().status().code(), absl::StatusCode::kInvalidArgument)
+        << bytes;
+  }
+  for (int64_t bytes : {int64_t{1024}, int64_t{16384}, int64_t{1 << 20}}) {
+    absl::SetFlag(&FLAGS_max_metadata_bytes, bytes);
+    const auto options = ServerOptionsFromFlags();
+    ASSERT_TRUE(options.ok()) << options.status();
+    // The service's check must come first, so an oversized call fails alone.
+    EXPECT_GE(options->TransportMetadataLimit(), 4 * bytes);
+    EXPECT_LE(options->TransportMetadataLimit(), std::numeric_limits<int>::max());
+  }
+  absl::SetFlag(&FLAGS_max_metadata_bytes, 16384);
+}
+
+}  // namespace
+}  // namespace switchserve
