@@ -121,8 +121,10 @@ int RunGenerateCommand(int argc, char** argv) {
     options.max_queue = 1;
     // The token predicted from the last position of the context is still
     // generated (it is never fed back), so a sequence may end one token past
-    // max_seq_len.
-    options.context_length = config.max_seq_len + 1;
+    // max_seq_len (saturating: max_seq_len may be the largest int).
+    options.context_length = config.max_seq_len < std::numeric_limits<int>::max()
+                                 ? config.max_seq_len + 1
+                                 : config.max_seq_len;
     options.eos_token_id = config.eos_token_id;
     GenerationEngine engine(options, session->backend.get(), kv_cache->get(), &tokenizer,
                             /*observer=*/nullptr);
