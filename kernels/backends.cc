@@ -86,7 +86,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(DeviceKind device, const 
       "this build has no ", std::string(ToString(device)), " backend (built: ", built, ")"));
 }
 
-absl::StatusOr<DeviceLimits> MeasureDeviceLimits(DeviceKind device, bool small) {
+absl::StatusOr<DeviceLimits> MeasureDeviceLimits(DeviceKind device, [[maybe_unused]] bool small) {
   if (device == DeviceKind::kCpu) {
     return absl::UnimplementedError("the CPU's limits are measured by bench/roofline.h");
   }
