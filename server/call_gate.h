@@ -7,6 +7,7 @@
 #ifndef SWITCHSERVE_SERVER_CALL_GATE_H_
 #define SWITCHSERVE_SERVER_CALL_GATE_H_
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -29,6 +30,7 @@ class CallGate {
   void CallStarted() {
     std::lock_guard<std::mutex> lock(mu_);
     ++in_flight_;
+    last_started_ = std::chrono::steady_clock::now();
   }
   void CallDone() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -45,11 +47,29 @@ class CallGate {
     return idle_.wait_for(lock, timeout, [&] { return in_flight_ == 0; });
   }
 
+  // Blocks until no call is running and none has started for `quiet`, or
+  // `timeout` passed. True when quiet. A draining server waits for this
+  // before it stops listening: a call that reaches gRPC after the listener
+  // closed is cancelled by gRPC itself, and its client sees CANCELLED, which
+  // unlike the gate's UNAVAILABLE does not tell it to retry elsewhere.
+  bool WaitUntilQuiet(std::chrono::milliseconds quiet, std::chrono::milliseconds timeout) {
+    const auto give_up = std::chrono::steady_clock::now() + timeout;
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      const auto now = std::chrono::steady_clock::now();
+      const auto quiet_at = last_started_ + quiet;
+      if (in_flight_ == 0 && now >= quiet_at) return true;
+      if (now >= give_up) return false;
+      idle_.wait_until(lock, std::min(give_up, std::max(quiet_at, now + quiet / 4)));
+    }
+  }
+
  private:
   mutable std::mutex mu_;
   std::condition_variable idle_;
   bool draining_ = false;
   int in_flight_ = 0;
+  std::chrono::steady_clock::time_point last_started_{};
 };
 
 }  // namespace switchserve

@@ -270,9 +270,11 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   }
   engine.Stop();  // ends whatever is left; those calls get UNAVAILABLE
   // Every Generate call has its final update now; once gRPC has sent their
-  // statuses (each call's OnDone), nothing of ours is running, and the
-  // shutdown need not wait for idle client connections to go away.
-  gate.WaitUntilIdle(std::chrono::seconds(2));
+  // statuses (each call's OnDone) and no new call has been refused for a
+  // moment, nothing of ours is running, and the shutdown need not wait for
+  // idle client connections to go away.
+  constexpr auto kQuiet = std::chrono::milliseconds(200);
+  gate.WaitUntilQuiet(kQuiet, std::chrono::seconds(2));
   server->Shutdown(std::chrono::system_clock::now());
   server->Wait();
   if (http != nullptr) http->Stop(std::chrono::seconds(2));
