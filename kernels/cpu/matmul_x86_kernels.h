@@ -13,9 +13,14 @@
 // Everything here has internal linkage. No include guard: each including file
 // compiles its own copy.
 //
-// Half-precision weights are widened in registers (bf16: a 16-bit shift;
-// f16: vcvtph2ps), or, when many rows reuse them, a tile at a time into a
-// thread-local f32 buffer: widening is exact, so both give the same bits.
+// Half-precision weights are widened in registers (bf16: a 16-bit shift, or
+// for two vectors of columns at once a shift and a mask; f16: vcvtph2ps), or,
+// when many rows reuse them, a tile at a time into a thread-local f32 buffer:
+// widening is exact, so all give the same bits.
+//
+// Single-row (decode) tiles read each weight once, from memory, in short
+// pieces of many rows; they prefetch the rows they will read next. Prefetches
+// change no arithmetic.
 
 #include <immintrin.h>
 
@@ -33,6 +38,19 @@ namespace {
 // Rows of `a` processed against one tile of weights before moving on, so that
 // they stay in the L2 cache.
 constexpr int kRowBlock = 64;
+
+// How many rows ahead a single-row MatmulRowsIn kernel prefetches.
+constexpr int kPrefetchRows = 6;
+
+// Prefetches the `bytes` from `row` on, kPrefetchRows rows of `row_bytes`
+// further on: a single-row MatmulRowsIn tile reads a short piece of each of k
+// rows, a strided pattern the hardware prefetcher follows late.
+template <int kBytes>
+inline void PrefetchRowAhead(const void* row, int64_t row_bytes) {
+  const char* ahead = static_cast<const char*>(row) + kPrefetchRows * row_bytes;
+#pragma GCC unroll 8
+  for (int line = 0; line < kBytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+}
 
 template <DType WT>
 constexpr int ElementBytes() {
@@ -92,6 +110,18 @@ void DotTile(const float* const* a, const void* w, int64_t ldw, int k, float* c,
   }
   const int k8 = k & ~7;
   for (int p = 0; p < k8; p += 8) {
+    if constexpr (MR == 1) {
+      // The rows of a weight matrix are short streams (1-4 KiB) that the
+      // hardware prefetcher picks up late: fetch the next tile's rows, one
+      // cache line each per line consumed here.
+      if (((p * ElementBytes<WT>()) & 63) == 0) {
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; ++j) {
+          _mm_prefetch(static_cast<const char*>(w) + ((j + NR) * ldw + p) * ElementBytes<WT>(),
+                       _MM_HINT_T0);
+        }
+      }
+    }
     __m256 wv[NR];
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) wv[j] = Load8<WT>(w, j * ldw + p);
@@ -210,10 +240,75 @@ void RowsOut(const MatmulArgs& g) {
 
 // ---- MatmulRowsIn ----
 
-// c[i][0 .. 8 NV) = fma chain over p of a[i][p] * w[p][...], MR rows.
+// bf16 columns two vectors at a time: one 16-element load widens to the even
+// columns (a shift) and the odd ones (a mask), with no shuffle-port work; the
+// accumulators then hold [even | odd] columns, and each column's chain is
+// the same fused multiply-adds in the same order as a plain vector lane.
+inline void SplitEvenOdd(__m256 v0, __m256 v1, __m256* even, __m256* odd) {
+  // shuffle_ps works within 128-bit halves; permute4x64 puts the 64-bit
+  // pieces back in column order.
+  *even = _mm256_castpd_ps(
+      _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(v0, v1, 0x88)), 0xD8));
+  *odd = _mm256_castpd_ps(
+      _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(v0, v1, 0xDD)), 0xD8));
+}
+
+inline void MergeEvenOdd(__m256 even, __m256 odd, float* out) {
+  const __m256 lo = _mm256_unpacklo_ps(even, odd);  // columns 0-3 | 8-11
+  const __m256 hi = _mm256_unpackhi_ps(even, odd);  // columns 4-7 | 12-15
+  _mm256_storeu_ps(out, _mm256_permute2f128_ps(lo, hi, 0x20));
+  _mm256_storeu_ps(out + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+}
+
+template <int MR, int NV>
+void ChainTileBf16Pairs(const float* const* a, const uint16_t* w, int64_t ldw, int k, float* c,
+                        int64_t ldc, bool accumulate) {
+  static_assert(NV % 2 == 0);
+  constexpr int kPairs = NV / 2;
+  __m256 even[MR][kPairs], odd[MR][kPairs];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int q = 0; q < kPairs; ++q) {
+      if (accumulate) {
+        SplitEvenOdd(_mm256_loadu_ps(c + i * ldc + 16 * q),
+                     _mm256_loadu_ps(c + i * ldc + 16 * q + 8), &even[i][q], &odd[i][q]);
+      } else {
+        even[i][q] = odd[i][q] = _mm256_setzero_ps();
+      }
+    }
+  }
+  const __m256i high_half = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int p = 0; p < k; ++p) {
+    if constexpr (MR == 1) PrefetchRowAhead<32 * kPairs>(w + p * ldw, 2 * ldw);
+    __m256 we[kPairs], wo[kPairs];
+#pragma GCC unroll 8
+    for (int q = 0; q < kPairs; ++q) {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + p * ldw + 16 * q));
+      we[q] = _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+      wo[q] = _mm256_castsi256_ps(_mm256_and_si256(h, high_half));
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m256 ab = _mm256_broadcast_ss(a[i] + p);
+#pragma GCC unroll 8
+      for (int q = 0; q < kPairs; ++q) {
+        even[i][q] = _mm256_fmadd_ps(ab, we[q], even[i][q]);
+        odd[i][q] = _mm256_fmadd_ps(ab, wo[q], odd[i][q]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int q = 0; q < kPairs; ++q) MergeEvenOdd(even[i][q], odd[i][q], c + i * ldc + 16 * q);
+  }
+}
+
+// One vector of 8 columns at a time, widening each as loaded.
 template <DType WT, int MR, int NV>
-void ChainTile(const float* const* a, const void* w, int64_t ldw, int k, float* c, int64_t ldc,
-               bool accumulate) {
+void ChainTileVectors(const float* const* a, const void* w, int64_t ldw, int k, float* c,
+                      int64_t ldc, bool accumulate) {
   __m256 acc[MR][NV];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
@@ -223,6 +318,10 @@ void ChainTile(const float* const* a, const void* w, int64_t ldw, int k, float* 
     }
   }
   for (int p = 0; p < k; ++p) {
+    if constexpr (MR == 1) {
+      PrefetchRowAhead<8 * NV * ElementBytes<WT>()>(
+          static_cast<const char*>(w) + p * ldw * ElementBytes<WT>(), ldw * ElementBytes<WT>());
+    }
     __m256 wv[NV];
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) wv[v] = Load8<WT>(w, p * ldw + 8 * v);
@@ -237,6 +336,17 @@ void ChainTile(const float* const* a, const void* w, int64_t ldw, int k, float* 
   for (int i = 0; i < MR; ++i) {
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) _mm256_storeu_ps(c + i * ldc + 8 * v, acc[i][v]);
+  }
+}
+
+// c[i][0 .. 8 NV) = fma chain over p of a[i][p] * w[p][...], MR rows.
+template <DType WT, int MR, int NV>
+void ChainTile(const float* const* a, const void* w, int64_t ldw, int k, float* c, int64_t ldc,
+               bool accumulate) {
+  if constexpr (WT == DType::kBF16 && NV % 2 == 0) {
+    ChainTileBf16Pairs<MR, NV>(a, static_cast<const uint16_t*>(w), ldw, k, c, ldc, accumulate);
+  } else {
+    ChainTileVectors<WT, MR, NV>(a, w, ldw, k, c, ldc, accumulate);
   }
 }
 
