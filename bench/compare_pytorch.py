@@ -10,12 +10,14 @@ EOS ignored, for everyone:
   (d) switchserve over gRPC          (switchserve serve + switchserve-bench --address)
 
 at each concurrency (default 1, 8, 32), and the ratios engine/reference and
-gRPC/reference. The reference runs in float32 with torch.set_num_threads(all
-cores): its fastest fair setting on a CPU. tokens/s = generated tokens / wall
-time, prefill included, for everyone.
+gRPC/reference. The reference runs with torch.set_num_threads(all cores), in
+each dtype of --ref-dtypes (default f32; `f32,bf16` adds PyTorch's bfloat16
+CPU path, its best setting where the CPU has bf16 instructions; torch.compile
+is used with --ref-compile when the installed torch has it). tokens/s =
+generated tokens / wall time, prefill included, for everyone.
 
 --device cuda runs all of them on the GPU: the reference moved to CUDA in
-bfloat16 (--ref-dtype), switchserve with --device cuda (its 16-bit weights);
+bfloat16 (--ref-dtypes), switchserve with --device cuda (its 16-bit weights);
 --build-dir then names a build with the CUDA backend (bench/gpu_suite.sh).
 
 Also scores a held-out text (default models/heldout.txt, when present) with
@@ -28,7 +30,8 @@ overlapping by one token) and prints both perplexities.
 
 --paper adds the paper-shaped model (d 1024, 18 layers, SwitchHead H 4 E 4
 k 2 dh 112 sigmoid, MoE FFN 32 experts of d_ff 128, sigmoid, k 4, vocab 8000)
-with random weights, written once (f32, ~1 GB) to --paper-dir.
+with random weights, written once (--paper-dtype: f32, ~1 GB, or bf16) to
+--paper-dir (default: one folder per dtype); switchserve holds them as stored.
 """
 import argparse
 import json
@@ -128,24 +131,34 @@ class Server:
         self.proc.wait(timeout=60)
 
 
+def load_reference(args, model_dir, dtype):
+    model = load_model(model_dir, REF_DTYPES[dtype]).to(args.ref_device)
+    if args.ref_compile:
+        if not hasattr(torch, "compile"):
+            raise SystemExit(f"--ref-compile: torch {torch.__version__} has no torch.compile")
+        model.forward = torch.compile(model.forward)
+    return model
+
+
 def compare(args, model_dir, prompt_len, new_tokens, label):
     with open(os.path.join(model_dir, "config.json")) as f:
         cfg = json.load(f)
     prompt = prompt_ids(cfg, prompt_len)
     assert prompt_len + new_tokens <= cfg["max_seq_len"], "prompt + new tokens exceed the context"
-    log(f"[{label}] loading the reference ({args.ref_dtype} on {args.ref_device}); "
+    log(f"[{label}] loading the reference ({','.join(args.ref_dtypes)} on {args.ref_device}); "
         "starting switchserve serve")
-    model = load_model(model_dir, REF_DTYPES[args.ref_dtype]).to(args.ref_device)
+    models = {dtype: load_reference(args, model_dir, dtype) for dtype in args.ref_dtypes}
     server = Server(args.switchserve, model_dir, args.threads, args.device)
     rows = {}
     # Level by level, reference then engine then gRPC, so that drifts in a
-    # shared machine's load hit the three about alike.
+    # shared machine's load hit them about alike.
     try:
         for level in sorted(set(args.concurrency) | set(args.ref_batches)):
             if level in args.ref_batches:
-                log(f"[{label}] reference, static batch {level}")
-                rows[("ref", level)], _ = reference_tokens_per_s(model, prompt, new_tokens, level,
-                                                                 args.min_seconds)
+                for dtype, model in models.items():
+                    log(f"[{label}] reference {dtype}, static batch {level}")
+                    rows[(dtype, level)], _ = reference_tokens_per_s(model, prompt, new_tokens,
+                                                                     level, args.min_seconds)
             if level in args.concurrency:
                 log(f"[{label}] engine in-process, concurrency {level}")
                 rows[("engine", level)], _ = run_bench(
@@ -156,22 +169,26 @@ def compare(args, model_dir, prompt_len, new_tokens, label):
                                                      new_tokens, level)
     finally:
         server.close()
-    del model
+    del models
 
+    compiled = ", torch.compile" if args.ref_compile else ""
     print(f"\n## {label}: {model_dir}")
-    print(f"device {args.device}, reference {args.ref_dtype} on {args.ref_device}; "
+    print(f"device {args.device}, reference on {args.ref_device}{compiled}; "
           f"prompt {prompt_len} tokens, {new_tokens} new tokens, greedy, ignore_eos, "
           f"threads {args.threads}; closed loop, max({args.min_requests}, {args.waves} x "
           f"concurrency) requests per switchserve run\n")
-    print("| concurrency / batch | reference tokens/s | engine tokens/s | gRPC tokens/s "
-          "| engine / reference | gRPC / reference | gRPC / engine |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    refs = args.ref_dtypes
+    print("| concurrency / batch | " + " | ".join(f"reference {d} tokens/s" for d in refs)
+          + " | engine tokens/s | gRPC tokens/s | "
+          + " | ".join(f"engine / reference {d}" for d in refs) + " | gRPC / engine |")
+    print("|" + " --- |" * (2 * len(refs) + 4))
+    cell = lambda v: f"{v:.1f}" if v is not None else "—"  # noqa: E731
+    ratio = lambda a, b: f"{a / b:.2f}x" if a and b else "—"  # noqa: E731
     for c in sorted(set(args.concurrency) | set(args.ref_batches)):
-        ref, eng, rpc = rows.get(("ref", c)), rows.get(("engine", c)), rows.get(("grpc", c))
-        cell = lambda v: f"{v:.1f}" if v is not None else "—"  # noqa: E731
-        ratio = lambda a, b: f"{a / b:.2f}x" if a and b else "—"  # noqa: E731
-        print(f"| {c} | {cell(ref)} | {cell(eng)} | {cell(rpc)} | {ratio(eng, ref)} "
-              f"| {ratio(rpc, ref)} | {ratio(rpc, eng)} |")
+        eng, rpc = rows.get(("engine", c)), rows.get(("grpc", c))
+        ref = [rows.get((d, c)) for d in refs]
+        print(f"| {c} | " + " | ".join(cell(r) for r in ref) + f" | {cell(eng)} | {cell(rpc)} | "
+              + " | ".join(ratio(eng, r) for r in ref) + f" | {ratio(rpc, eng)} |")
     sys.stdout.flush()
     return rows
 
@@ -239,19 +256,30 @@ def main():
     ap.add_argument("--heldout", default=os.path.join(ROOT, "models", "heldout.txt"))
     ap.add_argument("--skip-model", action="store_true", help="only the paper-shaped model")
     ap.add_argument("--paper", action="store_true", help="also the paper-shaped random model")
-    ap.add_argument("--paper-dir", default=os.path.join(tempfile.gettempdir(), "switchserve_paper_f32"))
+    ap.add_argument("--paper-dir")
     ap.add_argument("--paper-prompt-len", type=int, default=32)
     ap.add_argument("--paper-new-tokens", type=int, default=16)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--ref-device", choices=["cpu", "cuda"],
                     help="where the reference runs (default: --device)")
-    ap.add_argument("--ref-dtype", choices=sorted(REF_DTYPES),
-                    help="the reference's dtype (default: f32 on cpu, bf16 on cuda)")
+    ap.add_argument("--ref-dtypes",
+                    help="the reference's dtypes, comma-separated, of "
+                    f"{','.join(sorted(REF_DTYPES))} (default: f32 on cpu, bf16 on cuda)")
+    ap.add_argument("--ref-compile", action="store_true",
+                    help="run the reference's forward through torch.compile")
+    ap.add_argument("--paper-dtype", default="f32", choices=["f32", "bf16"],
+                    help="the dtype the paper-shaped model is stored (and served) in")
     args = ap.parse_args()
     if args.ref_device is None:
         args.ref_device = args.device
-    if args.ref_dtype is None:
-        args.ref_dtype = "bf16" if args.ref_device == "cuda" else "f32"
+    if args.ref_dtypes is None:
+        args.ref_dtypes = "bf16" if args.ref_device == "cuda" else "f32"
+    args.ref_dtypes = args.ref_dtypes.split(",")
+    for dtype in args.ref_dtypes:
+        if dtype not in REF_DTYPES:
+            ap.error(f"--ref-dtypes: {dtype} is not one of {','.join(sorted(REF_DTYPES))}")
+    if args.paper_dir is None:
+        args.paper_dir = os.path.join(tempfile.gettempdir(), f"switchserve_paper_{args.paper_dtype}")
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     args.ref_batches = [int(c) for c in args.ref_batches.split(",")]
     args.bench = os.path.join(args.build_dir, "bench", "switchserve-bench")
@@ -272,7 +300,7 @@ def main():
     if args.paper:
         if not os.path.exists(os.path.join(args.paper_dir, "model.safetensors")):
             log(f"writing the paper-shaped random model to {args.paper_dir}")
-            save_model(init_random(Model(PAPER_CONFIG), seed=0), args.paper_dir, "f32")
+            save_model(init_random(Model(PAPER_CONFIG), seed=0), args.paper_dir, args.paper_dtype)
         compare(args, args.paper_dir, args.paper_prompt_len, args.paper_new_tokens, "paper-shaped")
     print(f"\n(load average at the end: {os.getloadavg()[0]:.1f})")
     return 0 if agree else 1
