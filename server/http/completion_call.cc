@@ -225,12 +225,14 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
 
   // The engine refused a prompt: answered now, counted here (the engine
   // never saw the request, its observer does not count it).
+  // Counted before the response goes out: a client that reads the metrics
+  // after its answer finds the request there.
   void RejectLocked(const absl::Status& status) {
-    RespondErrorLocked(status);
     if (context_.metrics != nullptr) {
       context_.metrics->RecordFinished(
           {.protocol = RequestProtocol::kHttp, .status = status.code()});
     }
+    RespondErrorLocked(status);
     LogAccess(access_);
   }
 
