@@ -5,9 +5,12 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/util/ranked_logits.h"
 
 namespace switchserve {
 namespace {
+
+using testing::RankedLogits;
 
 // Step scope (the sequence scope has its own tests: sequence_dispatch_test.cc).
 DispatchConfig Capacity(double factor, int min_capacity, OverflowPolicy overflow) {
@@ -17,17 +20,6 @@ DispatchConfig Capacity(double factor, int min_capacity, OverflowPolicy overflow
   d.overflow = overflow;
   d.scope = CapacityScope::kStep;
   return d;
-}
-
-// Logits whose sigmoid ranks experts in the listed order for each token.
-std::vector<float> RankedLogits(const std::vector<std::vector<int>>& order, int n_experts) {
-  std::vector<float> z(order.size() * n_experts, -5.0f);
-  for (size_t t = 0; t < order.size(); ++t) {
-    for (size_t r = 0; r < order[t].size(); ++r) {
-      z[t * n_experts + order[t][r]] = 3.0f - static_cast<float>(r);
-    }
-  }
-  return z;
 }
 
 // One router's step: tokens ranking the experts in the listed order
