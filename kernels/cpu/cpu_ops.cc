@@ -1,53 +1,10 @@
 #include "kernels/cpu/cpu_ops.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
 namespace switchserve::cpu {
-
-// With this few rows of A a GEMM spends most of its time packing B (the
-// weights); matrix-vector products read B once per row without packing.
-constexpr int kGemvMaxRows = 4;
-
-namespace {
-
-// C[m, n] = alpha * A[m, k] * op(B) + beta * C, op(B) = B^T when `b_transposed`
-// (B stored [n, k]) else B (stored [k, n]).
-void Gemm(bool b_transposed, int m, int n, int k, float alpha, const float* a, int lda,
-          const float* b, int ldb, float beta, float* c, int ldc) {
-  if (m <= 0 || n <= 0) return;
-  if (m <= kGemvMaxRows) {
-    for (int r = 0; r < m; ++r) {
-      float* c_row = c + static_cast<int64_t>(r) * ldc;
-      // beta = 0 must ignore whatever C held (even NaN), as GEMM does.
-      if (beta == 0.0f) std::fill(c_row, c_row + n, 0.0f);
-      const float* a_row = a + static_cast<int64_t>(r) * lda;
-      if (b_transposed) {
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, alpha, b, ldb, a_row, 1, beta, c_row, 1);
-      } else {
-        cblas_sgemv(CblasRowMajor, CblasTrans, k, n, alpha, b, ldb, a_row, 1, beta, c_row, 1);
-      }
-    }
-    return;
-  }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, b_transposed ? CblasTrans : CblasNoTrans, m, n, k, alpha,
-              a, lda, b, ldb, beta, c, ldc);
-}
-
-}  // namespace
-
-void GemmNT(int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
-            float beta, float* c, int ldc) {
-  Gemm(/*b_transposed=*/true, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-
-void GemmNN(int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
-            float beta, float* c, int ldc) {
-  Gemm(/*b_transposed=*/false, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
 
 void WidenValues(const Tensor& t, int64_t offset, int count, float* out) {
   switch (t.dtype()) {

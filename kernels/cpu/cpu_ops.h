@@ -1,8 +1,8 @@
-// Elementwise and row-wise building blocks of the CPU backend: OpenBLAS GEMM
-// wrappers (row-major f32, for attention over the cache), norms, activations,
-// RoPE, the gather and scatter of expert rows. Internal to the CPU backend; no
-// state beyond the RoPE table, no allocation per call. Every function works
-// row by row: a row's result never depends on the other rows.
+// Elementwise and row-wise building blocks of the CPU backend: norms,
+// activations, RoPE, the weighted sum of expert output rows, scratch buffers.
+// Internal to the CPU backend; no state beyond the RoPE table, no allocation
+// per call. Every function works row by row: a row's result never depends on
+// the other rows.
 #ifndef SWITCHSERVE_KERNELS_CPU_CPU_OPS_H_
 #define SWITCHSERVE_KERNELS_CPU_CPU_OPS_H_
 
@@ -32,13 +32,6 @@ inline const float* F32OrNull(const Tensor& t, int64_t offset = 0) {
 
 // out[0, count) = elements [offset, offset + count) of `t`, widened to f32.
 void WidenValues(const Tensor& t, int64_t offset, int count, float* out);
-
-// C[m, n] = alpha * A[m, k] * B[n, k]^T + beta * C (B in nn.Linear layout).
-void GemmNT(int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
-            float beta, float* c, int ldc);
-// C[m, n] = alpha * A[m, k] * B[k, n] + beta * C.
-void GemmNN(int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
-            float beta, float* c, int ldc);
 
 // out[r] = Norm(x[r]) for `rows` rows of width d (stride d). `bias` may be
 // null (RMSNorm has none).

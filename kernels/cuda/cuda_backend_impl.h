@@ -20,6 +20,7 @@
 #include "kernels/cuda/decode_graphs.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/device_weights.h"
+#include "kernels/cuda/linear.h"
 #include "kernels/cuda/route_topk.h"
 #include "kernels/cuda/step_ops.h"
 
@@ -71,6 +72,18 @@ class CudaBackend final : public Backend {
                      GateType gate, bool renormalize, int router_index);
   // Slots an expert can hold this step (the grid bound of grouped products).
   int MaxExpertRows(int top_k, int n_experts) const;
+  // The slots the last Route planned, as rows of a grouped product: each
+  // expert's slots gather their token's row of the input; `heads` planes of
+  // output, one per router head (router 0 for every head if shared_router).
+  GroupedRows DispatchedRows(int top_k, int n_experts, int heads, bool shared_router) const;
+  // The gates and slots of the assignments Route recorded at RouterLayout
+  // index `router_index` onwards (dropped ones carry no slot).
+  Assignments KeptAssignments(int router_index, int top_k) const;
+  // Combine of the per-slot products `prod` [slots, width] of `kept` into
+  // `out` (row stride out_ld) for every token of the step; one head, not
+  // accumulating, unless the caller sets them.
+  CombineArgs KeptCombine(const Assignments& kept, const float* prod, int width, float* out,
+                          int64_t out_ld) const;
 
   const ModelConfig config_;
   const DispatchConfig dispatch_;

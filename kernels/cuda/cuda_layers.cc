@@ -51,6 +51,36 @@ int CudaBackend::MaxExpertRows(int top_k, int n_experts) const {
   return static_cast<int>(std::min<int64_t>(T, capacity));
 }
 
+GroupedRows CudaBackend::DispatchedRows(int top_k, int n_experts, int heads,
+                                        bool shared_router) const {
+  return GroupedRows{.offsets = ws_.offsets.as<int32_t>(),
+                     .a_rows = ws_.slot_token.as<int32_t>(),
+                     .slot_stride = static_cast<int64_t>(io_->shape().tokens) * top_k,
+                     .max_rows = MaxExpertRows(top_k, n_experts),
+                     .n_experts = n_experts,
+                     .heads = heads,
+                     .shared_router = shared_router};
+}
+
+Assignments CudaBackend::KeptAssignments(int router_index, int top_k) const {
+  return Assignments{.gate = io_->results().trace_gate + io_->trace_offset(router_index),
+                     .slot = ws_.assign_slot.as<int32_t>(),
+                     .router_stride = static_cast<int64_t>(io_->shape().tokens) * top_k,
+                     .top_k = top_k};
+}
+
+CombineArgs CudaBackend::KeptCombine(const Assignments& kept, const float* prod, int width,
+                                     float* out, int64_t out_ld) const {
+  return CombineArgs{.assignments = kept,
+                     .tokens = io_->shape().tokens,
+                     .prod = prod,
+                     .prod_ld = width,
+                     .slot_stride = kept.router_stride,
+                     .width = width,
+                     .out = out,
+                     .out_ld = out_ld};
+}
+
 absl::Status CudaBackend::Route(const float* logits, int64_t ld, int routers, int n_experts,
                                 int top_k, GateType gate, bool renormalize, int router_index) {
   const int T = io_->shape().tokens;
@@ -132,7 +162,6 @@ absl::Status CudaBackend::Attention(int layer) {
   const int base = attn.IsRouted() ? layout_.AttentionBase(layer) : 0;
   const GateType gate =
       attn.gate == AttentionGate::kSigmoid ? GateType::kSigmoid : GateType::kSoftmaxTopK;
-  const int64_t slot_stride = static_cast<int64_t>(T) * k;
 
   SWITCHSERVE_CUDA_RETURN_IF_ERROR(LaunchLinear(xn, d, T, d, w.q.Linear(WeightLayout::kNK, d),
                                                 H * dh, Scaled(scale), qk, qk_ld, stream_),
@@ -155,9 +184,7 @@ absl::Status CudaBackend::Attention(int layer) {
     if (absl::Status s = Route(logits, routers * E, routers, E, k, gate, false, base); !s.ok()) {
       return s;
     }
-    const DeviceResults& r = io_->results();
-    const Assignments kept{r.trace_gate + io_->trace_offset(base), ws_.assign_slot.as<int32_t>(),
-                           slot_stride, k};
+    const Assignments kept = KeptAssignments(base, k);
     if (ev > 1) {
       // Destination routing caches every expert's value.
       for (int ge = 0; ge < G * E; ++ge) {
@@ -169,36 +196,20 @@ absl::Status CudaBackend::Attention(int layer) {
             "expert values");
       }
       SWITCHSERVE_CUDA_RETURN_IF_ERROR(
-          LaunchValueWeights(r.trace_expert + io_->trace_offset(base), kept, T, G, E,
+          LaunchValueWeights(io_->results().trace_expert + io_->trace_offset(base), kept, T, G, E,
                              attn.shared_router, ws_.value_weights.as<float>(), stream_),
           "value weights");
     } else {
-      GroupedRows rows;
-      rows.offsets = ws_.offsets.as<int32_t>();
-      rows.a_rows = ws_.slot_token.as<int32_t>();
-      rows.slot_stride = slot_stride;
-      rows.max_rows = MaxExpertRows(k, E);
-      rows.n_experts = E;
-      rows.heads = G;
-      rows.shared_router = attn.shared_router;
       float* prod = ws_.prod.as<float>();
       SWITCHSERVE_CUDA_RETURN_IF_ERROR(
-          LaunchGroupedLinear(xn, d, rows, d,
+          LaunchGroupedLinear(xn, d, DispatchedRows(k, E, G, attn.shared_router), d,
                               w.v.Linear(WeightLayout::kKN, dh, static_cast<int64_t>(d) * dh), dh,
                               LinearEpilogue{}, prod, dh, stream_),
           "routed values");
-      CombineArgs c;
-      c.assignments = kept;
-      c.tokens = T;
+      CombineArgs c = KeptCombine(kept, prod, dh, v, static_cast<int64_t>(G) * dh);
       c.heads = G;
       c.shared_router = attn.shared_router;
       c.per_head = true;
-      c.prod = prod;
-      c.prod_ld = dh;
-      c.slot_stride = slot_stride;
-      c.width = dh;
-      c.out = v;
-      c.out_ld = static_cast<int64_t>(G) * dh;
       SWITCHSERVE_CUDA_RETURN_IF_ERROR(LaunchCombine(c, stream_), "value combine");
     }
   }
@@ -285,14 +296,7 @@ absl::Status CudaBackend::Attention(int layer) {
   if (absl::Status s = Route(logits, routers * E, routers, E, k, gate, false, base_o); !s.ok()) {
     return s;
   }
-  GroupedRows rows;
-  rows.offsets = ws_.offsets.as<int32_t>();
-  rows.a_rows = ws_.slot_token.as<int32_t>();
-  rows.slot_stride = slot_stride;
-  rows.max_rows = MaxExpertRows(k, E);
-  rows.n_experts = E;
-  rows.heads = H;
-  rows.shared_router = attn.shared_router;
+  GroupedRows rows = DispatchedRows(k, E, H, attn.shared_router);
   rows.a_head_cols = dh;
   float* prod = ws_.prod.as<float>();
   SWITCHSERVE_CUDA_RETURN_IF_ERROR(
@@ -300,18 +304,9 @@ absl::Status CudaBackend::Attention(int layer) {
                           w.o.Linear(WeightLayout::kKN, d, static_cast<int64_t>(dh) * d), d,
                           LinearEpilogue{}, prod, d, stream_),
       "routed outputs");
-  CombineArgs c;
-  c.assignments = Assignments{io_->results().trace_gate + io_->trace_offset(base_o),
-                              ws_.assign_slot.as<int32_t>(), slot_stride, k};
-  c.tokens = T;
+  CombineArgs c = KeptCombine(KeptAssignments(base_o, k), prod, d, x, d);
   c.heads = H;
   c.shared_router = attn.shared_router;
-  c.prod = prod;
-  c.prod_ld = d;
-  c.slot_stride = slot_stride;
-  c.width = d;
-  c.out = x;
-  c.out_ld = d;
   c.accumulate = true;
   return CudaStatus(LaunchCombine(c, stream_), "output combine");
 }
@@ -350,13 +345,7 @@ absl::Status CudaBackend::Ffn(int layer) {
   const GateType gate = ffn.gate == FfnGate::kSoftmax ? GateType::kSoftmax : GateType::kSigmoid;
   const int index = layout_.FfnRouter(layer);
   if (absl::Status s = Route(logits, X, 1, X, k, gate, ffn.renormalize, index); !s.ok()) return s;
-  const int64_t slot_stride = static_cast<int64_t>(T) * k;
-  GroupedRows rows;
-  rows.offsets = ws_.offsets.as<int32_t>();
-  rows.a_rows = ws_.slot_token.as<int32_t>();
-  rows.slot_stride = slot_stride;
-  rows.max_rows = MaxExpertRows(k, X);
-  rows.n_experts = X;
+  GroupedRows rows = DispatchedRows(k, X, 1, false);
   SWITCHSERVE_CUDA_RETURN_IF_ERROR(
       LaunchGroupedLinear(xn, d, rows, d,
                           w.w1.Linear(WeightLayout::kNK, d, static_cast<int64_t>(F) * d), F, up,
@@ -369,16 +358,7 @@ absl::Status CudaBackend::Ffn(int layer) {
                           w.w2.Linear(WeightLayout::kNK, F, static_cast<int64_t>(d) * F), d, down,
                           prod, d, stream_),
       "expert down");
-  CombineArgs c;
-  c.assignments = Assignments{io_->results().trace_gate + io_->trace_offset(index),
-                              ws_.assign_slot.as<int32_t>(), slot_stride, k};
-  c.tokens = T;
-  c.prod = prod;
-  c.prod_ld = d;
-  c.slot_stride = slot_stride;
-  c.width = d;
-  c.out = x;
-  c.out_ld = d;
+  CombineArgs c = KeptCombine(KeptAssignments(index, k), prod, d, x, d);
   c.accumulate = true;
   return CudaStatus(LaunchCombine(c, stream_), "ffn combine");
 }

@@ -13,15 +13,13 @@ tools/convert_official.py, then
 """
 import json
 import os
-import re
 import subprocess
 import sys
-import tempfile
-import time
 
 import numpy as np
 import pytest
 import torch
+from server_process import ServerProcess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
@@ -85,49 +83,17 @@ def test_score_matches_the_official_forward_pass(official, tmp_path):
     assert error <= TOLERANCE
 
 
-class Server:
-    """A `switchserve serve` process on a free loopback port; close() kills it."""
-
-    def __init__(self, model, *extra_args):
-        self.dir = tempfile.mkdtemp(prefix="switchserve_xl_")
-        self.log_path = os.path.join(self.dir, "server.log")
-        with open(self.log_path, "w") as log:
-            self.process = subprocess.Popen(
-                [BINARY, "serve", "--model", str(model), "--host", "127.0.0.1", "--port", "0",
-                 "--metrics-port", "0", "--threads", "1", *extra_args], stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            match = re.search(r"listening on 127\.0\.0\.1:(\d+)", self.log())
-            if match:
-                self.address = f"127.0.0.1:{match.group(1)}"
-                return
-            if self.process.poll() is not None:
-                raise RuntimeError("server exited during startup:\n" + self.log())
-            time.sleep(0.02)
-        self.close()
-        raise RuntimeError("server did not start:\n" + self.log())
-
-    def log(self):
-        with open(self.log_path) as f:
-            return f.read()
-
-    def close(self):
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-
-
 def test_greedy_generation_over_grpc_follows_the_full_pass(official, tmp_path):
-    import grpc
     import generation_pb2 as pb
     import generation_pb2_grpc as pb_grpc
 
     prompt = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(11)).tolist()
     new_tokens = 48  # 88 positions: past 5 KV blocks of 16 and one query tile of 64
     # Prefill in chunks of 16 tokens (--max-batch-tokens), the way a busy server does.
-    server = Server(official[2], "--max-batch-tokens", "16", "--kv-block-size", "16")
+    server = ServerProcess(BINARY, official[2], "--max-batch-tokens", "16", "--kv-block-size", "16",
+                           prefix="switchserve_xl_")
     try:
-        with grpc.insecure_channel(server.address) as channel:
+        with server.channel() as channel:
             request = pb.GenerateRequest(
                 token_ids=pb.TokenIds(ids=prompt), logprobs=1,
                 sampling=pb.SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True))

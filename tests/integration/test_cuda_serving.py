@@ -15,16 +15,13 @@ message instead of serving.
 
 import os
 import re
-import socket
 import subprocess
-import tempfile
-import time
-import urllib.request
 
 import grpc
 
 import generation_pb2 as pb
 import generation_pb2_grpc as pb_grpc
+from server_process import ServerProcess, free_port
 
 SOURCE_DIR = os.environ["SWITCHSERVE_SOURCE_DIR"]
 MODEL = os.path.join(SOURCE_DIR, "tests/golden/switchall_f16")
@@ -32,54 +29,19 @@ MODEL = os.path.join(SOURCE_DIR, "tests/golden/switchall_f16")
 NEAR_TIE = 0.05
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
+class Server(ServerProcess):
     def __init__(self, binary, *extra_args):
-        self.dir = tempfile.mkdtemp(prefix="switchserve_cuda_")
-        self.log_path = os.path.join(self.dir, "server.log")
-        self.metrics_port = free_port()
-        with open(self.log_path, "w") as log:
-            self.process = subprocess.Popen(
-                [binary, "serve", "--model", MODEL, "--host", "127.0.0.1", "--port", "0",
-                 "--metrics-port", str(self.metrics_port), "--threads", "1", *extra_args],
-                stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            match = re.search(r"listening on 127\.0\.0\.1:(\d+)", self.log())
-            if match:
-                self.address = f"127.0.0.1:{match.group(1)}"
-                return
-            if self.process.poll() is not None:
-                raise RuntimeError("server exited during startup:\n" + self.log())
-            time.sleep(0.02)
-        self.close()
-        raise RuntimeError("server did not start:\n" + self.log())
-
-    def log(self):
-        with open(self.log_path) as f:
-            return f.read()
+        super().__init__(binary, MODEL, *extra_args, metrics_port=free_port(),
+                         prefix="switchserve_cuda_")
 
     def metrics(self):
         """The scraped counters: {(name, labels): value}."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
-                                    timeout=10) as response:
-            text = response.read().decode()
         values = {}
-        for line in text.splitlines():
+        for line in self.scrape_metrics().splitlines():
             match = re.match(r"^(switchserve_moe_\w+)(\{[^}]*\})? (\S+)$", line)
             if match:
                 values[(match.group(1), match.group(2) or "")] = float(match.group(3))
         return values
-
-    def close(self):
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
 
 
 def request(text, max_new_tokens):

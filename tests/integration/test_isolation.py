@@ -13,16 +13,12 @@ preemptions (tests/unit/isolation_test.cc also runs longer prompt chunks)."""
 import concurrent.futures
 import os
 import re
-import socket
-import subprocess
-import tempfile
 import time
-import urllib.request
 
 import generation_pb2 as pb
 import generation_pb2_grpc as pb_grpc
-import grpc
 import pytest
+from server_process import ServerProcess, free_port
 
 BINARY = os.environ["SWITCHSERVE_BINARY"]
 SOURCE_DIR = os.environ["SWITCHSERVE_SOURCE_DIR"]
@@ -32,57 +28,19 @@ MODEL = os.path.join(SOURCE_DIR, "models/default")
 KV_CACHE_BYTES = 256 * 4 * 128 * 4
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """`switchserve serve` on free ports, with the built-in model and a small
-    token budget and cache; stopped (SIGKILL) by close()."""
+class Server(ServerProcess):
+    """`switchserve serve` with the built-in model and a small token budget
+    and cache, metrics on a free port."""
 
     def __init__(self, *extra_args):
-        self.dir = tempfile.mkdtemp(prefix="switchserve_isolation_")
-        self.log_path = os.path.join(self.dir, "server.log")
-        self.metrics_port = free_port()
-        with open(self.log_path, "w") as log:
-            self.process = subprocess.Popen(
-                [BINARY, "serve", "--model", MODEL, "--host", "127.0.0.1", "--port", "0",
-                 "--metrics-port", str(self.metrics_port), "--threads", "1",
-                 "--max-batch-tokens", "4", "--max-running-requests", "32",
-                 "--kv-block-size", "4", "--kv-cache-bytes", str(KV_CACHE_BYTES), *extra_args],
-                stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            match = re.search(r"listening on 127\.0\.0\.1:(\d+)", self.log())
-            if match:
-                self.address = f"127.0.0.1:{match.group(1)}"
-                return
-            if self.process.poll() is not None:
-                raise RuntimeError("server exited during startup:\n" + self.log())
-            time.sleep(0.02)
-        self.close()
-        raise RuntimeError("server did not start:\n" + self.log())
-
-    def log(self):
-        with open(self.log_path) as f:
-            return f.read()
-
-    def channel(self):
-        return grpc.insecure_channel(self.address)
+        super().__init__(BINARY, MODEL, "--max-batch-tokens", "4", "--max-running-requests", "32",
+                         "--kv-block-size", "4", "--kv-cache-bytes", str(KV_CACHE_BYTES),
+                         *extra_args, metrics_port=free_port(), prefix="switchserve_isolation_")
 
     def metric_total(self, name):
         """Sum of every series of counter `name` on /metrics."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
-                                    timeout=10) as response:
-            text = response.read().decode()
+        text = self.scrape_metrics()
         return sum(float(m) for m in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
-
-    def close(self):
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
 
 
 def victim_request():

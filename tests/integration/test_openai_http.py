@@ -14,17 +14,15 @@ import socket
 import ssl
 import subprocess
 import tempfile
-import threading
 import time
-import urllib.request
 
-import grpc
 import httpx
 import openai
 import pytest
 
 import generation_pb2 as pb
 import generation_pb2_grpc as pb_grpc
+from server_process import ServerProcess, free_port
 
 BINARY = os.environ["SWITCHSERVE_BINARY"]
 SOURCE_DIR = os.environ["SWITCHSERVE_SOURCE_DIR"]
@@ -33,42 +31,15 @@ MODEL = "switchall_f16"  # its config's name: the served model name
 CONTEXT = 64
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """`switchserve serve` with the HTTP API on a free port; SIGKILLed by close()."""
+class Server(ServerProcess):
+    """`switchserve serve` with the HTTP API on a free port and JSON logs."""
 
     def __init__(self, *extra_args, scheme="http", metrics=False, model_dir=MODEL_DIR):
-        self.dir = tempfile.mkdtemp(prefix="switchserve_http_")
-        self.log_path = os.path.join(self.dir, "server.log")
         self.http_port = free_port()
-        self.metrics_port = free_port() if metrics else 0
-        with open(self.log_path, "w") as log:
-            self.process = subprocess.Popen(
-                [BINARY, "serve", "--model", model_dir, "--host", "127.0.0.1", "--port", "0",
-                 "--http-port", str(self.http_port), "--metrics-port", str(self.metrics_port),
-                 "--threads", "1", "--log-format", "json", *extra_args],
-                stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            match = re.search(r"listening on 127\.0\.0\.1:(\d+)", self.log())
-            if match:
-                self.grpc_address = f"127.0.0.1:{match.group(1)}"
-                self.url = f"{scheme}://127.0.0.1:{self.http_port}"
-                return
-            if self.process.poll() is not None:
-                raise RuntimeError("server exited during startup:\n" + self.log())
-            time.sleep(0.02)
-        self.close()
-        raise RuntimeError("server did not start:\n" + self.log())
-
-    def log(self):
-        with open(self.log_path) as f:
-            return f.read()
+        super().__init__(BINARY, model_dir, "--http-port", str(self.http_port), "--log-format",
+                         "json", *extra_args, metrics_port=free_port() if metrics else 0,
+                         prefix="switchserve_http_")
+        self.url = f"{scheme}://127.0.0.1:{self.http_port}"
 
     def client(self, **kwargs):
         kwargs.setdefault("api_key", "unused")
@@ -76,7 +47,7 @@ class Server:
         return openai.OpenAI(base_url=self.url + "/v1", max_retries=0, timeout=60, **kwargs)
 
     def grpc_stub(self):
-        return pb_grpc.GenerationStub(grpc.insecure_channel(self.grpc_address))
+        return pb_grpc.GenerationStub(self.channel())
 
     def access_line(self, request_id, timeout_s=30):
         deadline = time.monotonic() + timeout_s
@@ -87,11 +58,6 @@ class Server:
                     return record
             time.sleep(0.02)
         raise AssertionError(f"no access-log line for {request_id}:\n{self.log()}")
-
-    def close(self):
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
 
 
 @pytest.fixture(scope="module")
@@ -499,8 +465,7 @@ def test_http_requests_in_the_metrics():
         with pytest.raises(openai.BadRequestError):
             client.completions.create(model=MODEL, prompt="x", top_p=7)
         grpc_generate(server, "grpc", max_new_tokens=2)
-        text = urllib.request.urlopen(
-            f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
+        text = server.scrape_metrics()
         value = lambda series: float(re.search(re.escape(series) + r" (\S+)", text).group(1))
         assert value('switchserve_requests_total{protocol="http",status="OK"}') == 3
         assert value('switchserve_requests_total{protocol="http",status="INVALID_ARGUMENT"}') == 1

@@ -21,6 +21,7 @@ import health_pb2
 import health_pb2_grpc
 import reflection_pb2
 import reflection_pb2_grpc
+from server_process import ServerProcess
 
 BINARY = os.environ["SWITCHSERVE_BINARY"]
 SOURCE_DIR = os.environ["SWITCHSERVE_SOURCE_DIR"]
@@ -28,41 +29,9 @@ MODEL = os.path.join(SOURCE_DIR, "tests/golden/switchall_f16")
 CONTEXT = 64
 
 
-class Server:
-    """A `switchserve serve` process; stopped (SIGKILL) by close()."""
-
+class Server(ServerProcess):
     def __init__(self, *extra_args, model=MODEL):
-        self.dir = tempfile.mkdtemp(prefix="switchserve_py_")
-        self.log_path = os.path.join(self.dir, "server.log")
-        with open(self.log_path, "w") as log:
-            self.process = subprocess.Popen(
-                [BINARY, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0",
-                 "--metrics-port", "0", "--threads", "1", *extra_args],
-                stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            match = re.search(r"listening on 127\.0\.0\.1:(\d+)", self.log())
-            if match:
-                self.port = int(match.group(1))
-                self.address = f"127.0.0.1:{self.port}"
-                return
-            if self.process.poll() is not None:
-                raise RuntimeError("server exited during startup:\n" + self.log())
-            time.sleep(0.02)
-        self.close()
-        raise RuntimeError("server did not start:\n" + self.log())
-
-    def log(self):
-        with open(self.log_path) as f:
-            return f.read()
-
-    def channel(self):
-        return grpc.insecure_channel(self.address)
-
-    def close(self):
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+        super().__init__(BINARY, model, *extra_args, prefix="switchserve_py_")
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@
 // repeated byte whose tokens send the largest share of one router's
 // assignments to an expert the victim's prompt also uses.
 #include <cstring>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,7 +14,6 @@
 #include "gtest/gtest.h"
 #include "tests/util/backends_under_test.h"
 #include "tests/util/engine_runs.h"
-#include "tests/util/test_util.h"
 
 namespace switchserve {
 namespace {
@@ -23,31 +21,15 @@ namespace {
 using testing::BackendUnderTest;
 using testing::ByteTokens;
 using testing::CountFates;
+using testing::DefaultModel;
 using testing::EngineRunConfig;
 using testing::RequestOutcome;
 using testing::TestRequest;
 
-const Model& DefaultModel() {
-  static const Model* const model = [] {
-    absl::StatusOr<std::unique_ptr<Model>> loaded =
-        LoadModel(testing::SourcePath("models/default"));
-    EXPECT_TRUE(loaded.ok()) << loaded.status();
-    return loaded.ok() ? loaded->release() : nullptr;
-  }();
-  return *model;
-}
-
 constexpr int kCrowdPromptBytes = 48;
 
 TestRequest Victim() {
-  TestRequest victim;
-  victim.prompt = ByteTokens("And the LORD spake unto Moses, saying,");
-  victim.sampling.temperature = 0;
-  victim.sampling.max_new_tokens = 16;
-  victim.sampling.ignore_eos = true;
-  victim.sampling.logprobs = 1;
-  victim.sampling.return_routing = true;
-  return victim;
+  return testing::GreedyRoutedRequest("And the LORD spake unto Moses, saying,", 16);
 }
 
 // Assignments per expert of router `r` over every position of `routing`.

@@ -5,9 +5,12 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/util/ranked_logits.h"
 
 namespace switchserve {
 namespace {
+
+using testing::RankedLogits;
 
 // Step scope (the sequence scope has its own tests: sequence_dispatch_test.cc).
 DispatchConfig Capacity(double factor, int min_capacity, OverflowPolicy overflow) {
@@ -19,15 +22,23 @@ DispatchConfig Capacity(double factor, int min_capacity, OverflowPolicy overflow
   return d;
 }
 
-// Logits whose sigmoid ranks experts in the listed order for each token.
-std::vector<float> RankedLogits(const std::vector<std::vector<int>>& order, int n_experts) {
-  std::vector<float> z(order.size() * n_experts, -5.0f);
-  for (size_t t = 0; t < order.size(); ++t) {
-    for (size_t r = 0; r < order[t].size(); ++r) {
-      z[t * n_experts + order[t][r]] = 3.0f - static_cast<float>(r);
-    }
-  }
-  return z;
+// One router's step: tokens ranking the experts in the listed order
+// (RankedLogits), routed to their top `top_k` by sigmoid gates and dispatched
+// under `dispatch`.
+struct DispatchedStep {
+  RouterDecision decision;
+  ExpertAssignments assignments;
+  RouterStepStats stats;
+};
+DispatchedStep RouteAndDispatch(const std::vector<std::vector<int>>& order, int n_experts,
+                                int top_k, const DispatchConfig& dispatch) {
+  const std::vector<float> z = RankedLogits(order, n_experts);
+  DispatchedStep step;
+  RouteTokens(z.data(), n_experts, static_cast<int>(order.size()), n_experts, top_k,
+              GateFunction::kSigmoid, false, &step.decision);
+  step.stats.Reset(n_experts);
+  DispatchTokens(step.decision, dispatch, nullptr, &step.assignments, &step.stats);
+  return step;
 }
 
 TEST(ExpertDispatchTest, CapacityFormula) {
@@ -82,13 +93,8 @@ TEST(ExpertDispatchTest, SoftmaxTopKAndRenormalize) {
 
 // Three tokens, three experts, two choices each, one slot per expert.
 TEST(ExpertDispatchTest, RankMajorSecondChoiceCannotStealFirstChoice) {
-  const auto z = RankedLogits({{0, 1, 2}, {1, 2, 0}, {2, 0, 1}}, 3);
-  RouterDecision d;
-  RouteTokens(z.data(), 3, 3, 3, 2, GateFunction::kSigmoid, false, &d);
-  ExpertAssignments a;
-  RouterStepStats stats;
-  stats.Reset(3);
-  DispatchTokens(d, Capacity(0.5, 0, OverflowPolicy::kDrop), nullptr, &a, &stats);
+  const auto [d, a, stats] = RouteAndDispatch({{0, 1, 2}, {1, 2, 0}, {2, 0, 1}}, 3, 2,
+                                              Capacity(0.5, 0, OverflowPolicy::kDrop));
   EXPECT_EQ(a.capacity, 1);
   for (int e = 0; e < 3; ++e) {
     ASSERT_EQ(a.count(e), 1);
@@ -108,11 +114,8 @@ TEST(ExpertDispatchTest, RankMajorSecondChoiceCannotStealFirstChoice) {
 
 TEST(ExpertDispatchTest, DropKeepsFirstComersInStepOrder) {
   // Four tokens all prefer expert 1; C = max(2, ceil(0.5*4/2)) = 2.
-  const auto z = RankedLogits({{1, 0}, {1, 0}, {1, 0}, {1, 0}}, 2);
-  RouterDecision d;
-  RouteTokens(z.data(), 2, 4, 2, 1, GateFunction::kSigmoid, false, &d);
-  ExpertAssignments a;
-  DispatchTokens(d, Capacity(0.5, 2, OverflowPolicy::kDrop), nullptr, &a, nullptr);
+  const auto [d, a, stats] = RouteAndDispatch({{1, 0}, {1, 0}, {1, 0}, {1, 0}}, 2, 1,
+                                              Capacity(0.5, 2, OverflowPolicy::kDrop));
   EXPECT_EQ(a.capacity, 2);
   ASSERT_EQ(a.count(1), 2);
   EXPECT_EQ(a.token[a.begin(1)], 0);
@@ -126,13 +129,8 @@ TEST(ExpertDispatchTest, RerouteToNextBestFreeExpertKeepsWeight) {
   // Four experts, one slot each. Second choices: token 0 wants 1 (full) ->
   // next best unchosen by gate score is 3 (score order 0,1,3,2 but 2 is full
   // anyway); token 1 wants 2 (full) -> 0 and 3 are left, both full -> dropped.
-  const auto z = RankedLogits({{0, 1, 3, 2}, {1, 2, 0, 3}, {2, 0, 3, 1}}, 4);
-  RouterDecision d;
-  RouteTokens(z.data(), 4, 3, 4, 2, GateFunction::kSigmoid, false, &d);
-  ExpertAssignments a;
-  RouterStepStats stats;
-  stats.Reset(4);
-  DispatchTokens(d, Capacity(0.5, 1, OverflowPolicy::kReroute), nullptr, &a, &stats);
+  const auto [d, a, stats] = RouteAndDispatch({{0, 1, 3, 2}, {1, 2, 0, 3}, {2, 0, 3, 1}}, 4, 2,
+                                              Capacity(0.5, 1, OverflowPolicy::kReroute));
   ASSERT_EQ(a.capacity, 1);
   EXPECT_EQ(a.trace[1].fate, RouteFate::kRerouted);
   EXPECT_EQ(a.trace[1].expert, 3);
@@ -158,11 +156,8 @@ TEST(ExpertDispatchTest, RerouteSkipsExpertsTheTokenAlreadyChose) {
   // Rank 1: token 0's choice 1 is now full -> 2, the only expert it has not
   // chosen, is free. Token 1's choice 2 is then full and token 1 has chosen
   // every expert -> dropped.
-  const auto z = RankedLogits({{0, 1, 2}, {0, 2, 1}}, 3);
-  RouterDecision d;
-  RouteTokens(z.data(), 3, 2, 3, 2, GateFunction::kSigmoid, false, &d);
-  ExpertAssignments a;
-  DispatchTokens(d, Capacity(0.5, 1, OverflowPolicy::kReroute), nullptr, &a, nullptr);
+  const auto [d, a, stats] =
+      RouteAndDispatch({{0, 1, 2}, {0, 2, 1}}, 3, 2, Capacity(0.5, 1, OverflowPolicy::kReroute));
   ASSERT_EQ(a.capacity, 1);
   EXPECT_EQ(a.trace[0].fate, RouteFate::kKept);
   EXPECT_EQ(a.trace[2].fate, RouteFate::kRerouted);
@@ -179,11 +174,8 @@ TEST(ExpertDispatchTest, RerouteNeverMovesATokenTwiceToTheSameExpert) {
   // fill expert 0; token 2's choice 0 moves to 2, its best unchosen free
   // expert (2 then holds one of its two slots). Rank 1: tokens 0 and 1 fill
   // expert 1; token 2's choice 1 must not move to 2 again: it goes to 3.
-  const auto z = RankedLogits({{0, 1, 2, 3}, {0, 1, 2, 3}, {0, 1, 2, 3}}, 4);
-  RouterDecision d;
-  RouteTokens(z.data(), 4, 3, 4, 2, GateFunction::kSigmoid, false, &d);
-  ExpertAssignments a;
-  DispatchTokens(d, Capacity(0.01, 2, OverflowPolicy::kReroute), nullptr, &a, nullptr);
+  const auto [d, a, stats] = RouteAndDispatch({{0, 1, 2, 3}, {0, 1, 2, 3}, {0, 1, 2, 3}}, 4, 2,
+                                              Capacity(0.01, 2, OverflowPolicy::kReroute));
   ASSERT_EQ(a.capacity, 2);
   EXPECT_EQ(a.trace[4].fate, RouteFate::kRerouted);
   EXPECT_EQ(a.trace[4].expert, 2);
@@ -194,13 +186,8 @@ TEST(ExpertDispatchTest, RerouteNeverMovesATokenTwiceToTheSameExpert) {
 }
 
 TEST(ExpertDispatchTest, DroplessKeepsEverything) {
-  const auto z = RankedLogits({{1, 0}, {1, 0}, {1, 0}, {1, 0}, {1, 0}}, 2);
-  RouterDecision d;
-  RouteTokens(z.data(), 2, 5, 2, 2, GateFunction::kSigmoid, false, &d);
-  ExpertAssignments a;
-  RouterStepStats stats;
-  stats.Reset(2);
-  DispatchTokens(d, Capacity(0.0, 1, OverflowPolicy::kDrop), nullptr, &a, &stats);
+  const auto [d, a, stats] = RouteAndDispatch({{1, 0}, {1, 0}, {1, 0}, {1, 0}, {1, 0}}, 2, 2,
+                                              Capacity(0.0, 1, OverflowPolicy::kDrop));
   EXPECT_EQ(a.count(0), 5);
   EXPECT_EQ(a.count(1), 5);
   EXPECT_EQ(stats.kept, (std::vector<int64_t>{5, 5}));
@@ -222,15 +209,10 @@ TEST(ExpertDispatchTest, HugeCapacityFactorSaturatesAndKeepsEverything) {
       EXPECT_EQ(dispatch.CapacityPerExpert(1 << 20, 4, 2), DispatchConfig::kMaxCapacity) << factor;
       EXPECT_EQ(dispatch.SlotsPerExpert(1 << 20, 4, 2), DispatchConfig::kMaxCapacity) << factor;
     }
-    const auto z = RankedLogits({{1, 0}, {1, 0}, {1, 0}, {1, 0}, {1, 0}}, 2);
-    RouterDecision d;
-    RouteTokens(z.data(), 2, 5, 2, 1, GateFunction::kSigmoid, false, &d);
-    RouterStepStats stats;
-    stats.Reset(2);
-    ExpertAssignments a;
     DispatchConfig dispatch = Capacity(1e300, 1, OverflowPolicy::kDrop);
     dispatch.scope = scope;
-    DispatchTokens(d, dispatch, nullptr, &a, &stats);
+    const auto [d, a, stats] =
+        RouteAndDispatch({{1, 0}, {1, 0}, {1, 0}, {1, 0}, {1, 0}}, 2, 1, dispatch);
     EXPECT_EQ(a.count(1), 5) << static_cast<int>(scope);
     EXPECT_EQ(stats.dropped, (std::vector<int64_t>{0, 0})) << static_cast<int>(scope);
   }

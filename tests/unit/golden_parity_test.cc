@@ -125,6 +125,27 @@ void ExpectRoutingMatches(const GoldenCase& golden, const StepRoutingStats& stat
   }
 }
 
+// A paged KV cache on `backend`: `blocks` blocks of `block_size` tokens.
+absl::StatusOr<std::unique_ptr<KvCache>> NewCache(Backend* backend, int block_size, int blocks) {
+  KvCacheOptions options;
+  options.block_size = block_size;
+  options.max_tokens = static_cast<int64_t>(blocks) * block_size;
+  return KvCache::Create(backend, options);
+}
+
+// `tokens`, positions `start` on of sequence `id`, into `batch` with their
+// cache blocks reserved, every logit and routing decision collected, and the
+// sequence's capacity group loads carried (`group_loads`, or none if null).
+absl::Status AddChunk(KvBlockAllocator& allocator, SequenceId id, absl::Span<const int32_t> tokens,
+                      int32_t start, GroupLoads* group_loads, StepBatch& batch) {
+  if (absl::Status s = allocator.Reserve(id, start + tokens.size()); !s.ok()) return s;
+  StepSequence& sequence = batch.Add(tokens, start, allocator.BlockTable(id));
+  sequence.logits = LogitsMode::kAll;
+  sequence.collect_routing = true;
+  sequence.group_loads = group_loads;
+  return absl::OkStatus();
+}
+
 // Parameter: (backend, golden variant).
 class GoldenParityTest
     : public ::testing::TestWithParam<std::tuple<testing::BackendUnderTest, std::string>> {
@@ -142,6 +163,35 @@ class GoldenParityTest
     return std::get<0>(GetParam()).create(model_->config, model_->weights, model_->config.dispatch);
   }
 
+  // The golden row (step order) of each sequence's first token.
+  std::vector<size_t> FirstRows() const {
+    std::vector<size_t> first_row(golden_.sequences.size(), 0);
+    for (size_t b = 1; b < first_row.size(); ++b) {
+      first_row[b] = first_row[b - 1] + golden_.sequences[b - 1].size();
+    }
+    return first_row;
+  }
+
+  // Logits and routing gathered from several steps into golden rows, and the
+  // steps' statistics summed, checked against the one-step golden.
+  struct Gathered {
+    std::vector<float> logits;
+    std::vector<TokenRouting> routing;
+    StepRoutingStats stats;
+  };
+  Gathered EmptyGathered() const {
+    Gathered gathered;
+    gathered.logits.assign(golden_.logits.size(), NAN);
+    gathered.routing.resize(golden_.logits.size() / model_->config.vocab_size);
+    gathered.stats.Reset(RouterLayout(model_->config).routers());
+    return gathered;
+  }
+  void ExpectGatheredMatches(const Gathered& gathered) const {
+    EXPECT_LE(RelativeError(gathered.logits.data(), golden_.logits.data(), gathered.logits.size()),
+              kRelativeTolerance);
+    ExpectRoutingMatches(golden_, gathered.stats, gathered.routing);
+  }
+
   GoldenCase golden_;
   std::unique_ptr<Model> model_;
 };
@@ -150,19 +200,13 @@ class GoldenParityTest
 TEST_P(GoldenParityTest, OneStepMatchesReference) {
   const int vocab = model_->config.vocab_size;
   std::unique_ptr<Backend> backend = NewBackend();
-  KvCacheOptions options;
-  options.block_size = 16;
-  options.max_tokens = 64 * 16;
-  absl::StatusOr<std::unique_ptr<KvCache>> kv_cache = KvCache::Create(backend.get(), options);
+  absl::StatusOr<std::unique_ptr<KvCache>> kv_cache = NewCache(backend.get(), 16, 64);
   ASSERT_TRUE(kv_cache.ok()) << kv_cache.status();
   KvBlockAllocator& allocator = (*kv_cache)->allocator();
   StepBatch batch;
   batch.Clear(allocator.block_size());
   for (size_t s = 0; s < golden_.sequences.size(); ++s) {
-    ASSERT_TRUE(allocator.Reserve(s, golden_.sequences[s].size()).ok());
-    StepSequence& sequence = batch.Add(golden_.sequences[s], 0, allocator.BlockTable(s));
-    sequence.logits = LogitsMode::kAll;
-    sequence.collect_routing = true;
+    ASSERT_TRUE(AddChunk(allocator, s, golden_.sequences[s], 0, nullptr, batch).ok());
   }
   StepOutput output;
   ASSERT_TRUE(backend->Forward(batch, &output).ok());
@@ -185,23 +229,12 @@ TEST_P(GoldenScheduleTest, ReplayedScheduleMatchesReference) {
   const int vocab = model_->config.vocab_size;
   const size_t num_sequences = golden_.sequences.size();
   std::unique_ptr<Backend> backend = NewBackend();
-  KvCacheOptions options;
-  options.block_size = 16;
-  options.max_tokens = 64 * 16;
-  absl::StatusOr<std::unique_ptr<KvCache>> kv_cache = KvCache::Create(backend.get(), options);
+  absl::StatusOr<std::unique_ptr<KvCache>> kv_cache = NewCache(backend.get(), 16, 64);
   ASSERT_TRUE(kv_cache.ok()) << kv_cache.status();
   KvBlockAllocator& allocator = (*kv_cache)->allocator();
 
-  // Row of each sequence's first token in the golden (step) order.
-  std::vector<size_t> first_row(num_sequences, 0);
-  for (size_t b = 1; b < num_sequences; ++b) {
-    first_row[b] = first_row[b - 1] + golden_.sequences[b - 1].size();
-  }
-  const size_t total_tokens = golden_.logits.size() / vocab;
-  std::vector<float> logits(golden_.logits.size(), NAN);
-  std::vector<TokenRouting> routing(total_tokens);
-  StepRoutingStats stats;
-  stats.Reset(RouterLayout(model_->config).routers());
+  const std::vector<size_t> first_row = FirstRows();
+  Gathered gathered = EmptyGathered();
   std::vector<int32_t> done(num_sequences, 0);
   std::vector<GroupLoads> group_loads(num_sequences);
   for (size_t s = 0; s < golden_.steps.size(); ++s) {
@@ -215,13 +248,9 @@ TEST_P(GoldenScheduleTest, ReplayedScheduleMatchesReference) {
       if (n == 0) continue;
       const std::vector<int32_t>& tokens = golden_.sequences[b];
       ASSERT_LE(done[b] + n, static_cast<int32_t>(tokens.size()));
-      ASSERT_TRUE(allocator.Reserve(b, done[b] + n).ok());
-      StepSequence& sequence =
-          batch.Add(std::vector<int32_t>(tokens.begin() + done[b], tokens.begin() + done[b] + n),
-                    done[b], allocator.BlockTable(b));
-      sequence.logits = LogitsMode::kAll;
-      sequence.collect_routing = true;
-      sequence.group_loads = &group_loads[b];
+      ASSERT_TRUE(AddChunk(allocator, b, absl::MakeConstSpan(tokens).subspan(done[b], n), done[b],
+                           &group_loads[b], batch)
+                      .ok());
       members.push_back(b);
     }
     StepOutput output;
@@ -233,19 +262,18 @@ TEST_P(GoldenScheduleTest, ReplayedScheduleMatchesReference) {
         ASSERT_LT(row, output.routing.size());
         ASSERT_EQ(output.row_position[row], done[b] + i);
         std::copy(output.logits.begin() + row * vocab, output.logits.begin() + (row + 1) * vocab,
-                  logits.begin() + token * vocab);
-        routing[token] = output.routing[row];
+                  gathered.logits.begin() + token * vocab);
+        gathered.routing[token] = output.routing[row];
       }
       done[b] += golden_.steps[s][b];
     }
     ASSERT_EQ(row, output.routing.size());
-    stats.Add(output.stats);
+    gathered.stats.Add(output.stats);
   }
   for (size_t b = 0; b < num_sequences; ++b) {
     ASSERT_EQ(done[b], static_cast<int32_t>(golden_.sequences[b].size())) << "sequence " << b;
   }
-  EXPECT_LE(RelativeError(logits.data(), golden_.logits.data(), logits.size()), kRelativeTolerance);
-  ExpectRoutingMatches(golden_, stats, routing);
+  ExpectGatheredMatches(gathered);
 }
 
 // Variants whose results cannot depend on the batching (dropless, or the
@@ -282,19 +310,12 @@ TEST_P(GoldenBatchIndependentTest, UnevenChunksMatchReference) {
   const int vocab = model_->config.vocab_size;
   const size_t B = golden_.sequences.size();
   std::unique_ptr<Backend> backend = NewBackend();
-  KvCacheOptions options;
-  options.block_size = 4;
-  options.max_tokens = 1024 * 4;
-  absl::StatusOr<std::unique_ptr<KvCache>> kv_cache = KvCache::Create(backend.get(), options);
+  absl::StatusOr<std::unique_ptr<KvCache>> kv_cache = NewCache(backend.get(), 4, 1024);
   ASSERT_TRUE(kv_cache.ok()) << kv_cache.status();
   KvBlockAllocator& allocator = (*kv_cache)->allocator();
 
-  std::vector<size_t> first_row(B, 0);  // golden row of each sequence's position 0
-  for (size_t b = 1; b < B; ++b) first_row[b] = first_row[b - 1] + golden_.sequences[b - 1].size();
-  std::vector<float> logits(golden_.logits.size(), NAN);
-  std::vector<TokenRouting> routing(golden_.logits.size() / vocab);
-  StepRoutingStats stats;
-  stats.Reset(RouterLayout(model_->config).routers());
+  const std::vector<size_t> first_row = FirstRows();
+  Gathered gathered = EmptyGathered();
   std::vector<GroupLoads> group_loads(B);
   std::vector<int32_t> done(B, 0);
   for (int step = 0;; ++step) {
@@ -305,13 +326,10 @@ TEST_P(GoldenBatchIndependentTest, UnevenChunksMatchReference) {
       const int32_t left = static_cast<int32_t>(golden_.sequences[b].size()) - done[b];
       const int32_t n = std::min(left, 1 + static_cast<int32_t>((step + b) % 4));
       if (n == 0) continue;
-      ASSERT_TRUE(allocator.Reserve(b, done[b] + n).ok());
-      StepSequence& sequence =
-          batch.Add(absl::MakeConstSpan(golden_.sequences[b]).subspan(done[b], n), done[b],
-                    allocator.BlockTable(b));
-      sequence.logits = LogitsMode::kAll;
-      sequence.collect_routing = true;
-      sequence.group_loads = &group_loads[b];
+      ASSERT_TRUE(AddChunk(allocator, b,
+                           absl::MakeConstSpan(golden_.sequences[b]).subspan(done[b], n), done[b],
+                           &group_loads[b], batch)
+                      .ok());
       members.push_back(b);
     }
     if (members.empty()) break;
@@ -320,14 +338,13 @@ TEST_P(GoldenBatchIndependentTest, UnevenChunksMatchReference) {
     for (size_t r = 0; r < output.row_sequence.size(); ++r) {
       const size_t b = members[output.row_sequence[r]];
       const size_t row = first_row[b] + output.row_position[r];
-      std::copy_n(output.logits.begin() + r * vocab, vocab, logits.begin() + row * vocab);
-      routing[row] = output.routing[r];
+      std::copy_n(output.logits.begin() + r * vocab, vocab, gathered.logits.begin() + row * vocab);
+      gathered.routing[row] = output.routing[r];
     }
-    stats.Add(output.stats);
+    gathered.stats.Add(output.stats);
     for (size_t m = 0; m < members.size(); ++m) done[members[m]] += batch.num_tokens(m);
   }
-  EXPECT_LE(RelativeError(logits.data(), golden_.logits.data(), logits.size()), kRelativeTolerance);
-  ExpectRoutingMatches(golden_, stats, routing);
+  ExpectGatheredMatches(gathered);
 }
 
 std::string TestName(

@@ -7,7 +7,6 @@
 // comparison shows the dependence. Every backend (but the CUDA backend on the
 // SIMT executor: EngineScaleBackendsUnderTest()), the built-in model.
 #include <cstring>
-#include <memory>
 #include <ostream>
 #include <string>
 #include <tuple>
@@ -19,7 +18,6 @@
 #include "gtest/gtest.h"
 #include "tests/util/backends_under_test.h"
 #include "tests/util/engine_runs.h"
-#include "tests/util/test_util.h"
 
 namespace switchserve {
 namespace {
@@ -27,32 +25,17 @@ namespace {
 using testing::BackendUnderTest;
 using testing::ByteTokens;
 using testing::CountFates;
+using testing::DefaultModel;
 using testing::EngineRunConfig;
 using testing::EngineRunTotals;
 using testing::RequestOutcome;
 using testing::TestRequest;
 
-const Model& DefaultModel() {
-  static const Model* const model = [] {
-    absl::StatusOr<std::unique_ptr<Model>> loaded =
-        LoadModel(testing::SourcePath("models/default"));
-    EXPECT_TRUE(loaded.ok()) << loaded.status();
-    return loaded.ok() ? loaded->release() : nullptr;
-  }();
-  return *model;
-}
-
 constexpr int kVictimTokens = 16;
 
 TestRequest Victim() {
-  TestRequest victim;
-  victim.prompt = ByteTokens("And God said unto Moses, Speak unto the children of Israel");
-  victim.sampling.temperature = 0;
-  victim.sampling.max_new_tokens = kVictimTokens;
-  victim.sampling.ignore_eos = true;
-  victim.sampling.logprobs = 1;
-  victim.sampling.return_routing = true;
-  return victim;
+  return testing::GreedyRoutedRequest("And God said unto Moses, Speak unto the children of Israel",
+                                      kVictimTokens);
 }
 
 // 31 neighbours: prompts of 3 to 90 bytes, greedy and sampled, 4 to 20

@@ -12,9 +12,12 @@
 
 #include "engine/moe/expert_dispatch.h"
 #include "gtest/gtest.h"
+#include "tests/util/ranked_logits.h"
 
 namespace switchserve {
 namespace {
+
+using testing::RankedLogits;
 
 DispatchConfig SequenceScope(int group, double factor, int min_capacity, OverflowPolicy overflow) {
   DispatchConfig d;
@@ -24,18 +27,6 @@ DispatchConfig SequenceScope(int group, double factor, int min_capacity, Overflo
   d.min_capacity = min_capacity;
   d.overflow = overflow;
   return d;
-}
-
-// Logits that rank experts in the listed order for each token (listed
-// experts get 3, 2, 1, ...; the rest -5).
-std::vector<float> RankedLogits(const std::vector<std::vector<int>>& order, int n_experts) {
-  std::vector<float> z(order.size() * n_experts, -5.0f);
-  for (size_t t = 0; t < order.size(); ++t) {
-    for (size_t r = 0; r < order[t].size(); ++r) {
-      z[t * n_experts + order[t][r]] = 3.0f - static_cast<float>(r);
-    }
-  }
-  return z;
 }
 
 // One router's tokens placed in sequences: rows of `loads` (`stride` apart).

@@ -9,6 +9,7 @@
 #include "engine/runtime/kv_cache.h"
 #include "engine/runtime/sequence_runner.h"
 #include "gtest/gtest.h"
+#include "tests/util/test_util.h"
 
 namespace switchserve::testing {
 namespace {
@@ -156,6 +157,26 @@ std::vector<int32_t> ByteTokens(const std::string& text) {
   std::vector<int32_t> ids;
   for (unsigned char c : text) ids.push_back(c);
   return ids;
+}
+
+const Model& DefaultModel() {
+  static const Model* const model = [] {
+    absl::StatusOr<std::unique_ptr<Model>> loaded = LoadModel(SourcePath("models/default"));
+    EXPECT_TRUE(loaded.ok()) << loaded.status();
+    return loaded.ok() ? loaded->release() : nullptr;
+  }();
+  return *model;
+}
+
+TestRequest GreedyRoutedRequest(const std::string& text, int max_new_tokens) {
+  TestRequest request;
+  request.prompt = ByteTokens(text);
+  request.sampling.temperature = 0;
+  request.sampling.max_new_tokens = max_new_tokens;
+  request.sampling.ignore_eos = true;
+  request.sampling.logprobs = 1;
+  request.sampling.return_routing = true;
+  return request;
 }
 
 }  // namespace switchserve::testing

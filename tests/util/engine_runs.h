@@ -74,6 +74,15 @@ FateCounts CountFates(const std::vector<GeneratedTokenInfo>& tokens);
 // Bytes of `text` as byte-tokenizer ids.
 std::vector<int32_t> ByteTokens(const std::string& text);
 
+// The built-in model (models/default), loaded once per process; a load
+// failure fails the test that asked first.
+const Model& DefaultModel();
+
+// A greedy request for `text` (byte tokens) that ignores EOS and returns each
+// generated token's logprob and routing: the request whose output the
+// isolation tests compare alone and among neighbours.
+TestRequest GreedyRoutedRequest(const std::string& text, int max_new_tokens);
+
 }  // namespace switchserve::testing
 
 #endif  // SWITCHSERVE_TESTS_UTIL_ENGINE_RUNS_H_
