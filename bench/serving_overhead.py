@@ -10,7 +10,7 @@ shared machine's load hit both; the table gives the median of each and the
 median of the per-pair ratios.
 
   /usr/bin/python3 bench/serving_overhead.py --model DIR [--concurrency 1,8,32,128]
-      [--prompt-len 16] [--new-tokens 32] [--repeats 3]
+      [--prompt-len 16] [--new-tokens 32] [--repeats 3] [--device cpu|cuda]
 """
 import argparse
 import json
@@ -35,14 +35,17 @@ def main():
     ap.add_argument("--waves", type=int, default=4, help="requests per run: waves x concurrency")
     ap.add_argument("--min-requests", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = ap.parse_args()
     args.bench = os.path.join(args.build_dir, "bench", "switchserve-bench")
     concurrency = [int(c) for c in args.concurrency.split(",")]
     with open(os.path.join(args.model, "config.json")) as f:
         cfg = json.load(f)
     prompt = prompt_ids(cfg, args.prompt_len)
-    server = Server(os.path.join(args.build_dir, "server", "switchserve"), args.model, args.threads)
-    engine_target = ["--engine-model", args.model, "--threads", str(args.threads)]
+    server = Server(os.path.join(args.build_dir, "server", "switchserve"), args.model, args.threads,
+                    args.device)
+    engine_target = ["--engine-model", args.model, "--threads", str(args.threads),
+                     "--device", args.device]
     results = {c: {"engine": [], "grpc": [], "ratio": []} for c in concurrency}
     load_start = os.getloadavg()[0]
     try:
