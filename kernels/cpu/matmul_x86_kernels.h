@@ -39,8 +39,11 @@ namespace {
 // they stay in the L2 cache.
 constexpr int kRowBlock = 64;
 
-// How many rows ahead a single-row MatmulRowsIn kernel prefetches.
+// How many rows ahead a single-row MatmulRowsIn kernel prefetches, and how
+// many weight rows it takes across all the columns before the next ones.
 constexpr int kPrefetchRows = 6;
+constexpr int kOneRowChainRows = 8;
+constexpr int64_t kLongRowBytes = 1024;
 
 // Prefetches the `bytes` from `row` on, kPrefetchRows rows of `row_bytes`
 // further on: a single-row MatmulRowsIn tile reads a short piece of each of k
@@ -402,12 +405,21 @@ void RowsIn(const MatmulArgs& g) {
   const int n8 = g.n & ~7;
   const int vectors = n8 / 8;
   if (g.m == 1) {
+    // Long rows: a few weight rows at a time across all the tiles, so that
+    // the weights stream in order; each column's chain carries on through c
+    // (an f32 stored and reloaded exactly), the same fused multiply-adds in
+    // order. Short rows are close to in order already, tile by tile.
     constexpr int NV = Tiles::kOneRowInVectors;
-    const float* a[1] = {RowOfA(g, 0)};
-    for (int v0 = 0; v0 < vectors; v0 += NV) {
-      const int nv = vectors - v0 < NV ? vectors - v0 : NV;
-      ChainTiles<WT, 1, NV>::For(1, nv)(a, g.w.At(0, 8 * v0).data, g.w.ld, g.k, g.c + 8 * v0, g.ldc,
-                                        g.accumulate);
+    const int step =
+        static_cast<int64_t>(g.n) * ElementBytes<WT>() >= kLongRowBytes ? kOneRowChainRows : g.k;
+    for (int p0 = 0; p0 < g.k; p0 += step) {
+      const int rows = g.k - p0 < step ? g.k - p0 : step;
+      const float* a[1] = {RowOfA(g, 0) + p0};
+      for (int v0 = 0; v0 < vectors; v0 += NV) {
+        const int nv = vectors - v0 < NV ? vectors - v0 : NV;
+        ChainTiles<WT, 1, NV>::For(1, nv)(a, g.w.At(p0, 8 * v0).data, g.w.ld, rows, g.c + 8 * v0,
+                                          g.ldc, g.accumulate || p0 > 0);
+      }
     }
   } else {
     constexpr int MR = Tiles::kInRows, NV = Tiles::kInVectors;
