@@ -60,7 +60,9 @@ class CallGate {
       const auto quiet_at = last_started_ + quiet;
       if (in_flight_ == 0 && now >= quiet_at) return true;
       if (now >= give_up) return false;
-      idle_.wait_until(lock, std::min(give_up, std::max(quiet_at, now + quiet / 4)));
+      // Running calls: the last one's CallDone wakes us. Otherwise wake when
+      // the quiet period would end (a call started meanwhile moves it on).
+      idle_.wait_until(lock, in_flight_ > 0 ? give_up : std::min(give_up, quiet_at));
     }
   }
 
