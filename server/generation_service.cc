@@ -12,14 +12,16 @@
 namespace switchserve {
 namespace {
 
-// A unary call answered at once with `status`. It counts as in flight until
-// gRPC has sent the answer, so that shutdown waits for it instead of
-// cancelling it (its client would see CANCELLED instead of the answer).
-class FinishedCall : public grpc::ServerUnaryReactor {
+// A call answered at once with `status` (Reactor: unary or server
+// streaming). It counts as in flight until gRPC has sent the answer, so that
+// shutdown waits for it instead of cancelling it (its client would see
+// CANCELLED instead of the answer).
+template <typename Reactor>
+class AnsweredCall : public Reactor {
  public:
-  FinishedCall(GenerationService* service, const grpc::Status& status) : service_(service) {
+  AnsweredCall(GenerationService* service, const grpc::Status& status) : service_(service) {
     service_->CallStarted();
-    Finish(status);
+    this->Finish(status);
   }
   void OnDone() override {
     service_->CallDone();
@@ -29,22 +31,8 @@ class FinishedCall : public grpc::ServerUnaryReactor {
  private:
   GenerationService* service_;
 };
-
-// A streaming call that fails at once with `status`, counted the same way.
-class FailedStream : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
- public:
-  FailedStream(GenerationService* service, const grpc::Status& status) : service_(service) {
-    service_->CallStarted();
-    Finish(status);
-  }
-  void OnDone() override {
-    service_->CallDone();
-    delete this;
-  }
-
- private:
-  GenerationService* service_;
-};
+using FinishedCall = AnsweredCall<grpc::ServerUnaryReactor>;
+using FailedStream = AnsweredCall<grpc::ServerWriteReactor<grpc::ByteBuffer>>;
 
 // The status a refused call's client sees: a call cancelled (or past its
 // deadline) in flight reaches the handler without its message (Prepare's
