@@ -10,6 +10,7 @@
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "grpc/grpc.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
@@ -38,10 +39,8 @@ int HealthError(const std::string& message) {
   return 2;
 }
 
-}  // namespace
-
-int RunHealthCommand(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);  // main() already turned --a-b into --a_b
+// Asks the server once. Every gRPC object of the check lives in this scope.
+int CheckHealth() {
   const double timeout_s = absl::GetFlag(FLAGS_timeout_s);
   if (!(timeout_s >= 0)) return HealthError("--timeout-s: must be >= 0");
 
@@ -90,6 +89,19 @@ int RunHealthCommand(int argc, char** argv) {
       grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status());
   std::printf("%s\n", name.c_str());
   return response.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
+}
+
+}  // namespace
+
+int RunHealthCommand(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);  // main() already turned --a-b into --a_b
+  // gRPC releases a TLS connection on its own threads after the channel is
+  // gone; a process that returned at once could exit while they still held
+  // OpenSSL state. Shutting gRPC down and waiting for it exits clean.
+  grpc_init();
+  const int exit_code = CheckHealth();
+  grpc_shutdown_blocking();
+  return exit_code;
 }
 
 }  // namespace switchserve
