@@ -8,7 +8,8 @@
 // the weights are larger than the caches only for the output head, so the
 // others measure the kernel, not DRAM).
 //
-// BM_MatmulFromMemory runs a single row (decode) against one weight matrix
+// BM_MatmulFromMemory runs m rows (1: decode at batch 1; 4: what one expert
+// of the MoE FFN gets in a batch-32 step) against one weight matrix
 // after another, 256 MiB of them, on all cores through the MatmulRunner as a
 // decode step does: every weight comes from memory. of_read_bandwidth is its
 // weight bytes per second over the machine's read bandwidth measured in the
@@ -120,18 +121,19 @@ void BM_MatmulFromMemory(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0)), k = static_cast<int>(state.range(1));
   const bool rows_in = state.range(2) == 1;
   const DType dtype = state.range(3) == 1 ? DType::kBF16 : DType::kF32;
+  const int m = static_cast<int>(state.range(4));
   const double read_gb_per_s = bench::MeasureMachineLimits().read_gb_per_s;
-  const Problem one = MakeProblem(1, n, k, dtype);
+  const Problem one = MakeProblem(m, n, k, dtype);
   const int copies = static_cast<int>(std::max<int64_t>(2, (int64_t{256} << 20) / one.w.bytes()));
   std::vector<Tensor> weights(copies, one.w);
-  std::vector<float> a = one.a, c(n);
+  std::vector<float> a = one.a, c(static_cast<size_t>(m) * n);
   WorkerPool pool(static_cast<int>(std::thread::hardware_concurrency()));
   MatmulRunner runner(BestKernelIsa(), &pool);
   const WeightLayout layout = rows_in ? WeightLayout::kRowsIn : WeightLayout::kRowsOut;
   int next = 0;
   for (auto _ : state) {
     const MatmulArgs args{
-        1, n, k, a.data(), k, nullptr, MatrixOf(weights[next], rows_in ? n : k), c.data(), n};
+        m, n, k, a.data(), k, nullptr, MatrixOf(weights[next], rows_in ? n : k), c.data(), n};
     runner.Run(layout, args);
     benchmark::DoNotOptimize(c.data());
     next = next + 1 == copies ? 0 : next + 1;
@@ -140,17 +142,21 @@ void BM_MatmulFromMemory(benchmark::State& state) {
   state.counters["gb_per_s"] = benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsRate);
   state.counters["of_read_bandwidth"] =
       benchmark::Counter(bytes / 1e9 / read_gb_per_s, benchmark::Counter::kIsRate);
+  state.counters["gflops"] = benchmark::Counter(
+      2e-9 * m * n * k * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
 }
 
 void FromMemoryShapes(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"n", "k", "rows_in", "bf16"});
+  b->ArgNames({"n", "k", "rows_in", "bf16", "m"});
   for (const auto& [n, k, rows_in] : {std::array<int, 3>{448, 1024, 0},
                                       {128, 1024, 0},
                                       {1024, 128, 0},
                                       {112, 1024, 1},
                                       {1024, 112, 1},
                                       {8000, 1024, 0}}) {
-    for (int bf16 : {0, 1}) b->Args({n, k, rows_in, bf16});
+    for (int bf16 : {0, 1}) {
+      for (int m : {1, 4}) b->Args({n, k, rows_in, bf16, m});
+    }
   }
 }
 BENCHMARK(BM_MatmulFromMemory)

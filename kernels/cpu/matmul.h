@@ -78,6 +78,12 @@ struct MatmulArgs {
   bool accumulate = false;  // see the top of this file
 };
 
+// A MatmulRowsIn call of a few rows whose columns span at least this many
+// bytes of weights takes 8 weight rows at a time across all its columns, so
+// that the weights stream in order; MatmulRunner makes its pieces this wide
+// where the matrix allows enough of them.
+constexpr int64_t kRowsInLongRowBytes = 1024;
+
 // One build of the kernels. Each function computes all of args' m x n block
 // on the calling thread; callers split work over rows or columns (never over
 // k), which changes no element's operations.

@@ -6,7 +6,8 @@ namespace switchserve::cpu {
 namespace {
 
 // Piece boundaries fall on multiples of these columns (whole register tiles:
-// three weight rows for kRowsOut, eight vectors of eight for kRowsIn) and rows.
+// three weight rows for kRowsOut, eight vectors of eight for kRowsIn; for
+// kRowsIn, 1 KiB of weights where the matrix is wide enough) and rows.
 constexpr int kRowsOutColumnStep = 24;
 constexpr int kRowsInColumnStep = 64;
 constexpr int kRowStep = 64;
@@ -44,7 +45,13 @@ void MatmulRunner::Run(const std::vector<MatmulTask>& tasks) {
   for (const MatmulTask& task : tasks) {
     if (task.args.m <= 0 || task.args.n <= 0) continue;
     const MatmulArgs& g = task.args;
-    const int step = task.layout == WeightLayout::kRowsOut ? kRowsOutColumnStep : kRowsInColumnStep;
+    int step = task.layout == WeightLayout::kRowsOut ? kRowsOutColumnStep : kRowsInColumnStep;
+    if (task.layout == WeightLayout::kRowsIn) {
+      // Pieces whose rows stream in order (kRowsInLongRowBytes), where there
+      // are enough of them for every thread.
+      const int long_columns = static_cast<int>(kRowsInLongRowBytes / DTypeSize(g.w.dtype));
+      if (g.n >= long_columns * threads) step = std::max(step, long_columns);
+    }
     const int row_step = g.m > kRowStep ? kRowStep : g.m;
     // Columns per piece: enough for `target` multiply-adds over row_step rows.
     const int64_t per_column = static_cast<int64_t>(row_step) * std::max(1, g.k);

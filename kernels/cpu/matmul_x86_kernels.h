@@ -18,9 +18,10 @@
 // when many rows reuse them, a tile at a time into a thread-local f32 buffer:
 // widening is exact, so all give the same bits.
 //
-// Single-row (decode) tiles read each weight once, from memory, in short
-// pieces of many rows; they prefetch the rows they will read next. Prefetches
-// change no arithmetic.
+// Decode tiles read each weight once, from memory, in short pieces of many
+// rows; they prefetch the rows they will read next, and so do the loops that
+// widen or pack a tile of weights for many rows. Prefetches change no
+// arithmetic.
 
 #include <immintrin.h>
 
@@ -39,20 +40,22 @@ namespace {
 // they stay in the L2 cache.
 constexpr int kRowBlock = 64;
 
-// How many rows ahead a single-row MatmulRowsIn kernel prefetches, and how
-// many weight rows it takes across all the columns before the next ones.
+// How many rows ahead a MatmulRowsIn tile reading from memory prefetches,
+// and how many weight rows a few rows' product takes across all the columns
+// before the next ones.
 constexpr int kPrefetchRows = 6;
 constexpr int kOneRowChainRows = 8;
-constexpr int64_t kLongRowBytes = 1024;
 
 // Prefetches the `bytes` from `row` on, kPrefetchRows rows of `row_bytes`
-// further on: a single-row MatmulRowsIn tile reads a short piece of each of k
-// rows, a strided pattern the hardware prefetcher follows late.
+// further on: a MatmulRowsIn tile of a few rows reads a short piece of each
+// of k rows, a strided pattern the hardware prefetcher follows late.
+// Prefetches go to the L2 cache: fetched into L1 they evicted the lines the
+// tile was still reading (measured: up to 1.5x slower than into L2).
 template <int kBytes>
 inline void PrefetchRowAhead(const void* row, int64_t row_bytes) {
   const char* ahead = static_cast<const char*>(row) + kPrefetchRows * row_bytes;
 #pragma GCC unroll 8
-  for (int line = 0; line < kBytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+  for (int line = 0; line < kBytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T1);
 }
 
 template <DType WT>
@@ -101,8 +104,10 @@ inline float FmaScalar(float a, float b, float c) {
 // ---- MatmulRowsOut ----
 
 // c[i][j] = alpha * dot8(a row i, w row j) (+ c[i][j] when accumulating) for
-// an MR x NR tile.
-template <DType WT, int MR, int NR>
+// an MR x NR tile. kPrefetch: the tile reads its weights once, from memory
+// (a tile that many rows share re-reads them from the cache, where
+// prefetching the next tile's would evict them).
+template <DType WT, int MR, int NR, bool kPrefetch>
 void DotTile(const float* const* a, const void* w, int64_t ldw, int k, float* c, int64_t ldc,
              float alpha, bool accumulate) {
   __m256 acc[MR][NR];
@@ -113,16 +118,15 @@ void DotTile(const float* const* a, const void* w, int64_t ldw, int k, float* c,
   }
   const int k8 = k & ~7;
   for (int p = 0; p < k8; p += 8) {
-    if constexpr (MR == 1) {
-      // The rows of a weight matrix are short streams (1-4 KiB) that the
-      // hardware prefetcher picks up late: fetch the next tile's rows, one
-      // cache line each per line consumed here.
-      if (((p * ElementBytes<WT>()) & 63) == 0) {
+    // The rows of a weight matrix are short streams (0.5-4 KiB) that the
+    // hardware prefetcher picks up late: fetch the next tile's rows, one
+    // cache line each per line consumed here.
+    if (kPrefetch && ((p * ElementBytes<WT>()) & 63) == 0) {
 #pragma GCC unroll 8
-        for (int j = 0; j < NR; ++j) {
-          _mm_prefetch(static_cast<const char*>(w) + ((j + NR) * ldw + p) * ElementBytes<WT>(),
-                       _MM_HINT_T0);
-        }
+      for (int j = 0; j < NR; ++j) {
+        // Several rows' tiles keep their inputs in the L1 cache: fetch into L2.
+        _mm_prefetch(static_cast<const char*>(w) + ((j + NR) * ldw + p) * ElementBytes<WT>(),
+                     _MM_HINT_T1);
       }
     }
     __m256 wv[NR];
@@ -167,12 +171,12 @@ void DotTile(const float* const* a, const void* w, int64_t ldw, int k, float* c,
 using DotTileFn = void (*)(const float* const*, const void*, int64_t, int, float*, int64_t, float,
                            bool);
 
-// kTable[mr - 1][nr - 1] = DotTile<WT, mr, nr>.
-template <DType WT, int MR, int NR>
+// kTable[mr - 1][nr - 1] = DotTile<WT, mr, nr, kPrefetch>.
+template <DType WT, int MR, int NR, bool kPrefetch>
 struct DotTiles {
   template <int... I>
   static constexpr auto Make(std::integer_sequence<int, I...>) {
-    return std::array<DotTileFn, MR * NR>{&DotTile<WT, I / NR + 1, I % NR + 1>...};
+    return std::array<DotTileFn, MR * NR>{&DotTile<WT, I / NR + 1, I % NR + 1, kPrefetch>...};
   }
   static constexpr std::array<DotTileFn, MR* NR> kTable =
       Make(std::make_integer_sequence<int, MR * NR>());
@@ -185,11 +189,19 @@ std::vector<float>& WidenBuffer() {
   return buffer;
 }
 
+// Widens `rows` weight rows into out[rows][k], prefetching the rows after
+// them (the next tile's) as it goes.
 template <DType WT>
 void WidenRows(const void* w, int64_t ldw, int rows, int k, float* out) {
   for (int r = 0; r < rows; ++r) {
     int p = 0;
-    for (; p + 8 <= k; p += 8) _mm256_storeu_ps(out + r * k + p, Load8<WT>(w, r * ldw + p));
+    for (; p + 8 <= k; p += 8) {
+      if (((p * ElementBytes<WT>()) & 63) == 0) {
+        _mm_prefetch(static_cast<const char*>(w) + ((r + rows) * ldw + p) * ElementBytes<WT>(),
+                     _MM_HINT_T1);
+      }
+      _mm256_storeu_ps(out + r * k + p, Load8<WT>(w, r * ldw + p));
+    }
     if (p < k) {
       alignas(32) float rest[8];
       _mm256_store_ps(rest, LoadPartial8<WT>(w, r * ldw + p, k - p));
@@ -204,8 +216,8 @@ void RowsOutOneRow(const MatmulArgs& g) {
   const float* a[1] = {RowOfA(g, 0)};
   for (int j0 = 0; j0 < g.n; j0 += kCols) {
     const int nr = g.n - j0 < kCols ? g.n - j0 : kCols;
-    DotTiles<WT, 1, kCols>::For(1, nr)(a, g.w.At(j0, 0).data, g.w.ld, g.k, g.c + j0, g.ldc, g.alpha,
-                                       g.accumulate);
+    DotTiles<WT, 1, kCols, true>::For(1, nr)(a, g.w.At(j0, 0).data, g.w.ld, g.k, g.c + j0, g.ldc,
+                                             g.alpha, g.accumulate);
   }
 }
 
@@ -231,10 +243,12 @@ void RowsOut(const MatmulArgs& g) {
         for (int i = 0; i < mr; ++i) a[i] = RowOfA(g, i0 + i);
         float* c = g.c + i0 * g.ldc + j0;
         if (widen) {
-          DotTiles<DType::kF32, MR, NR>::For(mr, nr)(a, wide.data(), g.k, g.k, c, g.ldc, g.alpha,
-                                                     g.accumulate);
+          DotTiles<DType::kF32, MR, NR, false>::For(mr, nr)(a, wide.data(), g.k, g.k, c, g.ldc,
+                                                            g.alpha, g.accumulate);
+        } else if (g.m <= MR) {  // one pass over each tile: from memory
+          DotTiles<WT, MR, NR, true>::For(mr, nr)(a, w, ldw, g.k, c, g.ldc, g.alpha, g.accumulate);
         } else {
-          DotTiles<WT, MR, NR>::For(mr, nr)(a, w, ldw, g.k, c, g.ldc, g.alpha, g.accumulate);
+          DotTiles<WT, MR, NR, false>::For(mr, nr)(a, w, ldw, g.k, c, g.ldc, g.alpha, g.accumulate);
         }
       }
     }
@@ -263,7 +277,7 @@ inline void MergeEvenOdd(__m256 even, __m256 odd, float* out) {
   _mm256_storeu_ps(out + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
 }
 
-template <int MR, int NV>
+template <int MR, int NV, bool kPrefetch>
 void ChainTileBf16Pairs(const float* const* a, const uint16_t* w, int64_t ldw, int k, float* c,
                         int64_t ldc, bool accumulate) {
   static_assert(NV % 2 == 0);
@@ -283,7 +297,7 @@ void ChainTileBf16Pairs(const float* const* a, const uint16_t* w, int64_t ldw, i
   }
   const __m256i high_half = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
   for (int p = 0; p < k; ++p) {
-    if constexpr (MR == 1) PrefetchRowAhead<32 * kPairs>(w + p * ldw, 2 * ldw);
+    if constexpr (kPrefetch) PrefetchRowAhead<32 * kPairs>(w + p * ldw, 2 * ldw);
     __m256 we[kPairs], wo[kPairs];
 #pragma GCC unroll 8
     for (int q = 0; q < kPairs; ++q) {
@@ -309,7 +323,7 @@ void ChainTileBf16Pairs(const float* const* a, const uint16_t* w, int64_t ldw, i
 }
 
 // One vector of 8 columns at a time, widening each as loaded.
-template <DType WT, int MR, int NV>
+template <DType WT, int MR, int NV, bool kPrefetch>
 void ChainTileVectors(const float* const* a, const void* w, int64_t ldw, int k, float* c,
                       int64_t ldc, bool accumulate) {
   __m256 acc[MR][NV];
@@ -321,7 +335,7 @@ void ChainTileVectors(const float* const* a, const void* w, int64_t ldw, int k, 
     }
   }
   for (int p = 0; p < k; ++p) {
-    if constexpr (MR == 1) {
+    if constexpr (kPrefetch) {
       PrefetchRowAhead<8 * NV * ElementBytes<WT>()>(
           static_cast<const char*>(w) + p * ldw * ElementBytes<WT>(), ldw * ElementBytes<WT>());
     }
@@ -343,23 +357,25 @@ void ChainTileVectors(const float* const* a, const void* w, int64_t ldw, int k, 
 }
 
 // c[i][0 .. 8 NV) = fma chain over p of a[i][p] * w[p][...], MR rows.
-template <DType WT, int MR, int NV>
+// kPrefetch: the tile reads its weights once, from memory (see DotTile).
+template <DType WT, int MR, int NV, bool kPrefetch>
 void ChainTile(const float* const* a, const void* w, int64_t ldw, int k, float* c, int64_t ldc,
                bool accumulate) {
   if constexpr (WT == DType::kBF16 && NV % 2 == 0) {
-    ChainTileBf16Pairs<MR, NV>(a, static_cast<const uint16_t*>(w), ldw, k, c, ldc, accumulate);
+    ChainTileBf16Pairs<MR, NV, kPrefetch>(a, static_cast<const uint16_t*>(w), ldw, k, c, ldc,
+                                          accumulate);
   } else {
-    ChainTileVectors<WT, MR, NV>(a, w, ldw, k, c, ldc, accumulate);
+    ChainTileVectors<WT, MR, NV, kPrefetch>(a, w, ldw, k, c, ldc, accumulate);
   }
 }
 
 using ChainTileFn = void (*)(const float* const*, const void*, int64_t, int, float*, int64_t, bool);
 
-template <DType WT, int MR, int NV>
+template <DType WT, int MR, int NV, bool kPrefetch>
 struct ChainTiles {
   template <int... I>
   static constexpr auto Make(std::integer_sequence<int, I...>) {
-    return std::array<ChainTileFn, MR * NV>{&ChainTile<WT, I / NV + 1, I % NV + 1>...};
+    return std::array<ChainTileFn, MR * NV>{&ChainTile<WT, I / NV + 1, I % NV + 1, kPrefetch>...};
   }
   static constexpr std::array<ChainTileFn, MR* NV> kTable =
       Make(std::make_integer_sequence<int, MR * NV>());
@@ -394,8 +410,34 @@ void ChainColumnsScalar(const MatmulArgs& g, int j_begin) {
 template <DType WT>
 void PackPanel(const void* w, int64_t ldw, int k, int j0, int nv, float* out) {
   for (int p = 0; p < k; ++p) {
+    const char* row = static_cast<const char*>(w) + (p * ldw + j0) * ElementBytes<WT>();
+    for (int line = 0; line < 8 * nv * ElementBytes<WT>(); line += 64) {
+      _mm_prefetch(row + kPrefetchRows * ldw * ElementBytes<WT>() + line, _MM_HINT_T1);
+    }
     for (int v = 0; v < nv; ++v) {
       _mm256_storeu_ps(out + (p * nv + v) * 8, Load8<WT>(w, p * ldw + j0 + 8 * v));
+    }
+  }
+}
+
+// m <= MR rows: one pass over the weights, from memory. Long rows: a few
+// weight rows at a time across all the tiles, so that the weights stream in
+// order; each column's chain carries on through c (an f32 stored and
+// reloaded exactly), the same fused multiply-adds in order. Short rows are
+// close to in order already, tile by tile.
+template <DType WT, int MR, int NV>
+void ChainFewRows(const MatmulArgs& g, int vectors) {
+  const int step = static_cast<int64_t>(g.n) * ElementBytes<WT>() >= kRowsInLongRowBytes
+                       ? kOneRowChainRows
+                       : g.k;
+  for (int p0 = 0; p0 < g.k; p0 += step) {
+    const int rows = g.k - p0 < step ? g.k - p0 : step;
+    const float* a[MR];
+    for (int i = 0; i < g.m; ++i) a[i] = RowOfA(g, i) + p0;
+    for (int v0 = 0; v0 < vectors; v0 += NV) {
+      const int nv = vectors - v0 < NV ? vectors - v0 : NV;
+      ChainTiles<WT, MR, NV, true>::For(g.m, nv)(a, g.w.At(p0, 8 * v0).data, g.w.ld, rows,
+                                                 g.c + 8 * v0, g.ldc, g.accumulate || p0 > 0);
     }
   }
 }
@@ -404,47 +446,27 @@ template <DType WT>
 void RowsIn(const MatmulArgs& g) {
   const int n8 = g.n & ~7;
   const int vectors = n8 / 8;
+  constexpr int MR = Tiles::kInRows, NV = Tiles::kInVectors;
   if (g.m == 1) {
-    // Long rows: a few weight rows at a time across all the tiles, so that
-    // the weights stream in order; each column's chain carries on through c
-    // (an f32 stored and reloaded exactly), the same fused multiply-adds in
-    // order. Short rows are close to in order already, tile by tile.
-    constexpr int NV = Tiles::kOneRowInVectors;
-    const int step =
-        static_cast<int64_t>(g.n) * ElementBytes<WT>() >= kLongRowBytes ? kOneRowChainRows : g.k;
-    for (int p0 = 0; p0 < g.k; p0 += step) {
-      const int rows = g.k - p0 < step ? g.k - p0 : step;
-      const float* a[1] = {RowOfA(g, 0) + p0};
-      for (int v0 = 0; v0 < vectors; v0 += NV) {
-        const int nv = vectors - v0 < NV ? vectors - v0 : NV;
-        ChainTiles<WT, 1, NV>::For(1, nv)(a, g.w.At(p0, 8 * v0).data, g.w.ld, rows, g.c + 8 * v0,
-                                          g.ldc, g.accumulate || p0 > 0);
-      }
-    }
+    ChainFewRows<WT, 1, Tiles::kOneRowInVectors>(g, vectors);
+  } else if (g.m <= MR) {
+    ChainFewRows<WT, MR, NV>(g, vectors);
   } else {
-    constexpr int MR = Tiles::kInRows, NV = Tiles::kInVectors;
     // Many rows reuse each panel of weights: pack it contiguously (and
     // widened) once.
-    const bool pack = g.m > MR;
     std::vector<float>& panel = WidenBuffer();
-    if (pack && panel.size() < static_cast<size_t>(8 * NV) * g.k) panel.resize(8 * NV * g.k);
+    if (panel.size() < static_cast<size_t>(8 * NV) * g.k) panel.resize(8 * NV * g.k);
     for (int i_block = 0; i_block < g.m; i_block += kRowBlock) {
       const int i_end = g.m < i_block + kRowBlock ? g.m : i_block + kRowBlock;
       for (int v0 = 0; v0 < vectors; v0 += NV) {
         const int nv = vectors - v0 < NV ? vectors - v0 : NV;
-        if (pack) PackPanel<WT>(g.w.data, g.w.ld, g.k, 8 * v0, nv, panel.data());
+        PackPanel<WT>(g.w.data, g.w.ld, g.k, 8 * v0, nv, panel.data());
         for (int i0 = i_block; i0 < i_end; i0 += MR) {
           const int mr = i_end - i0 < MR ? i_end - i0 : MR;
           const float* a[MR];
           for (int i = 0; i < mr; ++i) a[i] = RowOfA(g, i0 + i);
-          float* c = g.c + i0 * g.ldc + 8 * v0;
-          if (pack) {
-            ChainTiles<DType::kF32, MR, NV>::For(mr, nv)(a, panel.data(), 8 * nv, g.k, c, g.ldc,
-                                                         g.accumulate);
-          } else {
-            ChainTiles<WT, MR, NV>::For(mr, nv)(a, g.w.At(0, 8 * v0).data, g.w.ld, g.k, c, g.ldc,
-                                                g.accumulate);
-          }
+          ChainTiles<DType::kF32, MR, NV, false>::For(mr, nv)(
+              a, panel.data(), 8 * nv, g.k, g.c + i0 * g.ldc + 8 * v0, g.ldc, g.accumulate);
         }
       }
     }
