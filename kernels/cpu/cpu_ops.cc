@@ -45,6 +45,15 @@ void NormRows(NormKind kind, float eps, const float* x, int rows, int d, const f
   }
 }
 
+void NormRows(NormKind kind, float eps, const float* x, int rows, int d, const float* weight,
+              const float* bias, float* out, WorkerPool* pool, int64_t parallel_min_values) {
+  ForRowRanges(pool, rows, static_cast<int64_t>(rows) * d, parallel_min_values,
+               [&](int begin, int end) {
+                 NormRows(kind, eps, x + static_cast<int64_t>(begin) * d, end - begin, d, weight,
+                          bias, out + static_cast<int64_t>(begin) * d);
+               });
+}
+
 void AddBiasRows(float* x, int rows, int n, int ld, const float* bias) {
   if (bias == nullptr) return;
   for (int r = 0; r < rows; ++r) {
@@ -126,15 +135,7 @@ void AddExpertOutputs(const std::vector<ExpertOutputs>& groups, int width, int t
   };
   int64_t slots = 0;
   for (const ExpertOutputs& group : groups) slots += group.assignments->offsets.back();
-  if (pool->threads() == 1 || slots * width < parallel_min_values || tokens < 2) {
-    add_range(0, tokens);
-    return;
-  }
-  const int pieces = std::min(tokens, 4 * pool->threads());
-  pool->Run(pieces, [&](int i, int) {
-    add_range(static_cast<int>(static_cast<int64_t>(tokens) * i / pieces),
-              static_cast<int>(static_cast<int64_t>(tokens) * (i + 1) / pieces));
-  });
+  ForRowRanges(pool, tokens, slots * width, parallel_min_values, add_range);
 }
 
 }  // namespace switchserve::cpu

@@ -33,10 +33,33 @@ inline const float* F32OrNull(const Tensor& t, int64_t offset = 0) {
 // out[0, count) = elements [offset, offset + count) of `t`, widened to f32.
 void WidenValues(const Tensor& t, int64_t offset, int count, float* out);
 
+// Calls fn(begin, end) on consecutive ranges that cover the rows [0, rows):
+// shared out on `pool` when the work (`values`, in the caller's unit) is at
+// least `parallel_min_values` and there are two rows or more, else once on
+// the calling thread. For row-wise work, whose rows do not depend on each
+// other: how the rows are split changes no result.
+template <typename Fn>
+void ForRowRanges(WorkerPool* pool, int rows, int64_t values, int64_t parallel_min_values,
+                  const Fn& fn) {
+  if (pool->threads() == 1 || values < parallel_min_values || rows < 2) {
+    fn(0, rows);
+    return;
+  }
+  const int pieces = rows < 4 * pool->threads() ? rows : 4 * pool->threads();
+  pool->Run(pieces, [&](int i, int) {
+    fn(static_cast<int>(static_cast<int64_t>(rows) * i / pieces),
+       static_cast<int>(static_cast<int64_t>(rows) * (i + 1) / pieces));
+  });
+}
+
 // out[r] = Norm(x[r]) for `rows` rows of width d (stride d). `bias` may be
 // null (RMSNorm has none).
 void NormRows(NormKind kind, float eps, const float* x, int rows, int d, const float* weight,
               const float* bias, float* out);
+// The same, rows shared out on `pool` (ForRowRanges) when rows x d is at
+// least `parallel_min_values`.
+void NormRows(NormKind kind, float eps, const float* x, int rows, int d, const float* weight,
+              const float* bias, float* out, WorkerPool* pool, int64_t parallel_min_values);
 
 // x[r, :] += bias for `rows` rows of width n with stride ld.
 void AddBiasRows(float* x, int rows, int n, int ld, const float* bias);
