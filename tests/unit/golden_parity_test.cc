@@ -73,7 +73,8 @@ TEST(GoldenSetTest, CoversEveryVariant) {
                                "seq_switchall_drop_g8",
                                "seq_switchall_reroute_g16",
                                "seq_switchall_chunked_g5",
-                               "seq_default_scope"}) {
+                               "seq_default_scope",
+                               "switchall_wide"}) {
     EXPECT_NE(std::find(variants.begin(), variants.end(), required), variants.end())
         << "missing golden variant " << required;
   }

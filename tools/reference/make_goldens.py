@@ -172,6 +172,10 @@ VARIANTS = [
     variant("xl_long", attn={"position": "xl", "n_experts": 1, "top_k": 1, "head_dim": 12, "n_heads": 2,
                                  "n_kv_heads": 2},
             seq_lens=[530], max_seq_len=1024, steps=[[512], [18]]),
+    # output experts of 12 rows of 1 KiB (d_model 256, f32): the CPU kernels' in-order
+    # streaming of long rows, 8 rows at a time, for a single row and for a few rows per expert
+    variant("switchall_wide", attn={"head_dim": 12}, d_model=256, ffn=moe(top_k=2, activation="silu"),
+            norm="rmsnorm"),
     # no capacity_scope / capacity_group: the defaults (sequence, G = 128)
     variant("seq_default_scope", attn={}, ffn=moe(top_k=2, activation="gelu"),
             dispatch={"capacity_factor": 0.05, "min_capacity": 0, "overflow": "drop"},
