@@ -1,6 +1,5 @@
 #include "kernels/cpu/cpu_ops.h"
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 
