@@ -38,6 +38,17 @@ std::vector<float> Logits(int tokens, int experts, int ld, bool tied, uint64_t s
   return z;
 }
 
+// How far a gate may be from RouteTokens', in units in the last place. On the
+// executor the kernel's arithmetic is the host's (the same sums, std::exp):
+// 2 bounds it with room. On a GPU the sigmoid's expf has up to 2 ulp of error
+// (CUDA's documented bound; the host's is under 1) before 1 + e and the
+// division round: 4 bounds the two results' distance (3 measured on an H100).
+#if defined(SWITCHSERVE_SIMT_EMULATION)
+constexpr int kGateUlps = 2;
+#else
+constexpr int kGateUlps = 4;
+#endif
+
 // Distance in units in the last place between two finite floats.
 int64_t UlpDistance(float a, float b) {
   int32_t ia, ib;
@@ -92,10 +103,10 @@ TEST(SimtRouteTopK, MatchesRouteTokensTiesIncluded) {
             const RouteResult got = RouteOnDevice(z, ld, tokens, experts, top_k, gate, renormalize);
             ASSERT_EQ(got.expert, want.expert);
             for (size_t i = 0; i < want.weight.size(); ++i) {
-              ASSERT_LE(UlpDistance(got.weight[i], want.weight[i]), 2) << "weight " << i;
+              ASSERT_LE(UlpDistance(got.weight[i], want.weight[i]), kGateUlps) << "weight " << i;
             }
             for (size_t i = 0; i < want.prob.size(); ++i) {
-              ASSERT_LE(UlpDistance(got.prob[i], want.prob[i]), 2) << "prob " << i;
+              ASSERT_LE(UlpDistance(got.prob[i], want.prob[i]), kGateUlps) << "prob " << i;
             }
           }
         }
@@ -265,7 +276,7 @@ TEST(SimtDispatchPlan, RouteThenDispatchOnDeviceMatchesTheCpuFromLogits) {
     device.prob = routed.prob;
     ASSERT_EQ(device.expert, cpu.expert);
     // On a GPU, exp() may round gates and probabilities by an ulp or two.
-    ExpectSamePlan(cpu, device, Config(1.0, overflow), /*gate_ulps=*/2);
+    ExpectSamePlan(cpu, device, Config(1.0, overflow), kGateUlps);
   }
 }
 

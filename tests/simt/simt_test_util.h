@@ -36,13 +36,16 @@ namespace switchserve::simt_test {
   } while (0)
 bool DeviceAvailable();
 
-// A device allocation of n elements of T.
+// A device allocation of n elements of T, filled with 0xff bytes (NaN as
+// float, -1 as int), as the executor's cudaMalloc leaves fresh memory: a test
+// can then check on a GPU too that a kernel left padding untouched.
 template <typename T>
 class DeviceArray {
  public:
   explicit DeviceArray(size_t n) : size_(n) {
     void* p = nullptr;
     EXPECT_EQ(cudaMalloc(&p, n * sizeof(T)), cudaSuccess);
+    EXPECT_EQ(cudaMemset(p, 0xff, n * sizeof(T)), cudaSuccess);
     data_ = static_cast<T*>(p);
   }
   explicit DeviceArray(const std::vector<T>& host) : DeviceArray(host.size()) { Upload(host); }
