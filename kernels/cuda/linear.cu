@@ -1,9 +1,19 @@
-// Tiled f32 matrix products with a batch-independent reduction order: a block
-// computes a TM x TN tile of out, staging TK-deep slices of a and W in shared
-// memory; each thread owns RM x RN outputs (rows ty + i * TY, columns
-// tx + j * TX) and accumulates each with fmaf over k in increasing order. The
-// tile shape changes which thread computes an output, never the order of its
-// sum.
+// Matrix products with a batch-independent reduction order (linear.h): every
+// output is the same sum, whichever kernel computes it. Its k range is cut
+// into chunks of kChunk; a chunk is one fmaf chain from zero in increasing k,
+// and the chunk sums are added to a running total from zero, in increasing k.
+//
+// Many rows (prefill): a block computes a TM x TN tile of out, staging
+// TK-deep slices of a and W in shared memory; each thread owns RM x RN
+// outputs (rows ty + i * TY, columns tx + j * TX) and walks k in order,
+// closing a chunk every kChunk / kTileK slices.
+//
+// Few rows (decode) or few columns (routers): a block computes 32 columns for
+// up to 8 rows; its 16 warps take 16 chunks at a time (lane = column) and
+// write the chunk sums to shared memory, and warp r adds them to row r's
+// total in chunk order. So a decode step spreads each matrix over k as well as n.
+#include <cstdint>
+
 #include "kernels/cuda/linear.h"
 #include "kernels/cuda/simt.h"
 
@@ -11,6 +21,8 @@ namespace switchserve::cuda {
 namespace {
 
 constexpr int kTileK = 16;
+constexpr int kChunk = 32;  // a multiple of kTileK
+static_assert(kChunk % kTileK == 0, "a chunk is whole tile slices");
 
 __device__ __forceinline__ float Widen(float v) { return v; }
 __device__ __forceinline__ float Widen(__nv_bfloat16 v) { return __bfloat162float(v); }
@@ -28,6 +40,15 @@ __device__ __forceinline__ float Activate(Activation act, float x) {
       break;
   }
   return x;
+}
+
+// The epilogue of one output: scale, bias, activation; stored or added.
+__device__ __forceinline__ void Store(float sum, float alpha, const float* bias, Activation act,
+                                      int accumulate, float* o, int n) {
+  float v = alpha * sum;
+  if (bias != nullptr) v += bias[n];
+  v = Activate(act, v);
+  *o = accumulate != 0 ? *o + v : v;
 }
 
 template <typename WT, WeightLayout kLayout, int TY, int TX, int RM, int RN>
@@ -82,11 +103,11 @@ __global__ void __launch_bounds__(TY* TX)
   }
   __syncthreads();
 
-  float acc[RM][RN];
+  float acc[RM][RN], chunk[RM][RN];
   SIMT_UNROLL
   for (int i = 0; i < RM; ++i) {
     SIMT_UNROLL
-    for (int j = 0; j < RN; ++j) acc[i][j] = 0.0f;
+    for (int j = 0; j < RN; ++j) acc[i][j] = chunk[i][j] = 0.0f;
   }
 
   for (int k0 = 0; k0 < k_dim; k0 += kTileK) {
@@ -124,7 +145,17 @@ __global__ void __launch_bounds__(TY* TX)
       SIMT_UNROLL
       for (int i = 0; i < RM; ++i) {
         SIMT_UNROLL
-        for (int j = 0; j < RN; ++j) acc[i][j] = fmaf(av[i], wv[j], acc[i][j]);
+        for (int j = 0; j < RN; ++j) chunk[i][j] = fmaf(av[i], wv[j], chunk[i][j]);
+      }
+    }
+    if ((k0 + kTileK) % kChunk == 0 || k0 + kTileK >= k_dim) {
+      SIMT_UNROLL
+      for (int i = 0; i < RM; ++i) {
+        SIMT_UNROLL
+        for (int j = 0; j < RN; ++j) {
+          acc[i][j] += chunk[i][j];
+          chunk[i][j] = 0.0f;
+        }
       }
     }
     __syncthreads();
@@ -133,19 +164,165 @@ __global__ void __launch_bounds__(TY* TX)
   const float* b = bias != nullptr ? bias + static_cast<int64_t>(mat) * bias_stride : nullptr;
   SIMT_UNROLL
   for (int i = 0; i < RM; ++i) {
-    const int m = ty + i * TY;
-    const int64_t row = out_row[m];
+    const int64_t row = out_row[ty + i * TY];
     if (row < 0) continue;
     SIMT_UNROLL
     for (int j = 0; j < RN; ++j) {
       const int n = n0 + tx + j * TX;
-      if (n >= n_cols) continue;
-      float v = alpha * acc[i][j];
-      if (b != nullptr) v += b[n];
-      v = Activate(act, v);
-      float* o = out + row * ldc + n;
-      *o = accumulate != 0 ? *o + v : v;
+      if (n < n_cols) Store(acc[i][j], alpha, b, act, accumulate, out + row * ldc + n, n);
     }
+  }
+}
+
+// Few rows: 16 warps, 32 columns (one per lane), up to 8 rows (warp r < 8
+// owns row r's total). Each round, warp w sums chunk c0 + w for every row;
+// then warp r adds the round's chunk sums of row r in chunk order.
+constexpr int kFewWarps = 16;
+constexpr int kFewRows = 8;
+constexpr int kFewCols = 32;
+
+template <typename WT>
+__device__ __forceinline__ void WidenVector(const WT* p, float* v);
+template <>
+__device__ __forceinline__ void WidenVector(const float* p, float* v) {
+  const float4 q = *reinterpret_cast<const float4*>(p);
+  v[0] = q.x;
+  v[1] = q.y;
+  v[2] = q.z;
+  v[3] = q.w;
+}
+__device__ __forceinline__ float FromBits(uint16_t bits, const __nv_bfloat16*) {
+  __nv_bfloat16_raw raw;
+  raw.x = bits;
+  return __bfloat162float(__nv_bfloat16(raw));
+}
+__device__ __forceinline__ float FromBits(uint16_t bits, const __half*) {
+  __half_raw raw;
+  raw.x = bits;
+  return __half2float(__half(raw));
+}
+template <typename WT>
+__device__ __forceinline__ void WidenVector(const WT* p, float* v) {  // 8 halves in 16 bytes
+  const uint4 q = *reinterpret_cast<const uint4*>(p);
+  const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+  SIMT_UNROLL
+  for (int i = 0; i < 4; ++i) {
+    v[2 * i] = FromBits(static_cast<uint16_t>(words[i] & 0xffffu), p);
+    v[2 * i + 1] = FromBits(static_cast<uint16_t>(words[i] >> 16), p);
+  }
+}
+
+template <typename WT, WeightLayout kLayout>
+__global__ void __launch_bounds__(kFewWarps * 32)
+    LinearFewRowsKernel(const float* a, int64_t lda, int dense_rows, const int32_t* offsets,
+                        const int32_t* a_rows, int64_t slot_stride, int n_experts,
+                        int shared_router, int64_t a_head_cols, int k_dim, const WT* w, int64_t ldw,
+                        int64_t w_matrix_stride, int n_cols, float alpha, const float* bias,
+                        int64_t bias_stride, Activation act, int accumulate, float* out,
+                        int64_t ldc) {
+  constexpr int kVector = 16 / sizeof(WT);                  // elements per 16-byte load
+  SIMT_SHARED(float, part, kFewWarps* kFewRows* kFewCols);  // [warp][row][column]
+  SIMT_SHARED(int64_t, a_offset, kFewRows);
+  SIMT_SHARED(int64_t, out_row, kFewRows);
+
+  const int mat = blockIdx.z;
+  int head = 0, router = 0, row_begin = 0, row_count = dense_rows;
+  if (offsets != nullptr) {
+    head = mat / n_experts;
+    router = shared_router != 0 ? 0 : head;
+    const int32_t* o = offsets + static_cast<int64_t>(router) * (n_experts + 1);
+    row_begin = o[mat % n_experts];
+    row_count = o[mat % n_experts + 1] - row_begin;
+  }
+  const int m0 = blockIdx.y * kFewRows;
+  if (m0 >= row_count) return;  // the whole block, before any barrier
+  const int rows = min(kFewRows, row_count - m0);
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int n = blockIdx.x * kFewCols + lane;
+  const WT* wm = w + static_cast<int64_t>(mat) * w_matrix_stride;
+
+  if (tid < kFewRows) {
+    int64_t offset = -1, row = -1;
+    if (tid < rows) {
+      const int local = m0 + tid;
+      if (offsets == nullptr) {
+        offset = static_cast<int64_t>(local) * lda;
+        row = local;
+      } else {
+        const int64_t slot = row_begin + local;
+        const int64_t a_row =
+            a_rows != nullptr ? a_rows[router * slot_stride + slot] : head * slot_stride + slot;
+        offset = a_row * lda + head * a_head_cols;
+        row = head * slot_stride + slot;
+      }
+    }
+    a_offset[tid] = offset;
+    out_row[tid] = row;
+  }
+  __syncthreads();
+
+  // 16-byte loads along k where every chunk of a stored row starts aligned.
+  const bool vector_k = kLayout == WeightLayout::kNK && reinterpret_cast<uintptr_t>(wm) % 16 == 0 &&
+                        (ldw * static_cast<int64_t>(sizeof(WT))) % 16 == 0;
+  const int chunks = (k_dim + kChunk - 1) / kChunk;
+  float total = 0.0f;  // row `warp`, column n
+  for (int c0 = 0; c0 < chunks; c0 += kFewWarps) {
+    float sum[kFewRows];
+    SIMT_UNROLL
+    for (int r = 0; r < kFewRows; ++r) sum[r] = 0.0f;
+    const int c = c0 + warp;
+    if (c < chunks && n < n_cols) {
+      const int kb = c * kChunk;
+      const int ke = min(kb + kChunk, k_dim);
+      if (ke - kb == kChunk) {  // a whole chunk: all its loads in flight at once
+        float wv[kChunk];
+        if (vector_k) {
+          const WT* wp = wm + static_cast<int64_t>(n) * ldw + kb;
+          SIMT_UNROLL
+          for (int v = 0; v < kChunk; v += kVector) WidenVector(wp + v, wv + v);
+        } else {
+          SIMT_UNROLL
+          for (int kk = 0; kk < kChunk; ++kk) {
+            wv[kk] =
+                Widen(kLayout == WeightLayout::kNK ? wm[static_cast<int64_t>(n) * ldw + kb + kk]
+                                                   : wm[static_cast<int64_t>(kb + kk) * ldw + n]);
+          }
+        }
+        SIMT_UNROLL
+        for (int r = 0; r < kFewRows; ++r) {
+          if (r < rows) {
+            const float* ar = a + a_offset[r] + kb;
+            SIMT_UNROLL
+            for (int kk = 0; kk < kChunk; ++kk) sum[r] = fmaf(ar[kk], wv[kk], sum[r]);
+          }
+        }
+      } else {
+        for (int k = kb; k < ke; ++k) {
+          const float wk =
+              Widen(kLayout == WeightLayout::kNK ? wm[static_cast<int64_t>(n) * ldw + k]
+                                                 : wm[static_cast<int64_t>(k) * ldw + n]);
+          SIMT_UNROLL
+          for (int r = 0; r < kFewRows; ++r) {
+            if (r < rows) sum[r] = fmaf(a[a_offset[r] + k], wk, sum[r]);
+          }
+        }
+      }
+    }
+    SIMT_UNROLL
+    for (int r = 0; r < kFewRows; ++r) part[(warp * kFewRows + r) * kFewCols + lane] = sum[r];
+    __syncthreads();
+    const int round = min(kFewWarps, chunks - c0);
+    if (warp < kFewRows) {
+      for (int j = 0; j < round; ++j) total += part[(j * kFewRows + warp) * kFewCols + lane];
+    }
+    __syncthreads();
+  }
+
+  if (warp < rows && n < n_cols) {
+    const float* b = bias != nullptr ? bias + static_cast<int64_t>(mat) * bias_stride : nullptr;
+    Store(total, alpha, b, act, accumulate, out + out_row[warp] * ldc + n, n);
   }
 }
 
@@ -179,10 +356,27 @@ cudaError_t LaunchTile(const Launch& l) {
                      l.epilogue->accumulate ? 1 : 0, l.out, l.ldc);
 }
 
-// Few rows (decode): 8 x 128 tiles; otherwise 64 x 64.
+template <typename WT, WeightLayout kLayout>
+cudaError_t LaunchFewRows(const Launch& l) {
+  const GroupedRows none;
+  const GroupedRows& g = l.grouped != nullptr ? *l.grouped : none;
+  const int rows = l.grouped != nullptr ? g.max_rows : l.dense_rows;
+  const int matrices = l.grouped != nullptr ? g.heads * g.n_experts : 1;
+  const dim3 grid((l.n_cols + kFewCols - 1) / kFewCols, (rows + kFewRows - 1) / kFewRows, matrices);
+  return SIMT_LAUNCH((LinearFewRowsKernel<WT, kLayout>), grid, dim3(kFewWarps * 32), 0, l.stream,
+                     l.a, l.lda, l.dense_rows, g.offsets, g.a_rows, g.slot_stride, g.n_experts,
+                     g.shared_router ? 1 : 0, g.a_head_cols, l.k, static_cast<const WT*>(l.w->data),
+                     l.w->ld, l.w->matrix_stride, l.n_cols, l.epilogue->alpha, l.epilogue->bias,
+                     l.epilogue->bias_stride, l.epilogue->activation,
+                     l.epilogue->accumulate ? 1 : 0, l.out, l.ldc);
+}
+
+// Up to 64 rows, or under 64 columns (routers): the few-rows kernel, which
+// spreads the weights over k too; otherwise 64 x 64 tiles. Both give the
+// same bits (the order is the same).
 template <typename WT, WeightLayout kLayout>
 cudaError_t LaunchShape(const Launch& l, int rows) {
-  if (rows <= 8) return LaunchTile<WT, kLayout, 2, 128, 4, 1>(l);
+  if (rows <= 64 || l.n_cols < 64) return LaunchFewRows<WT, kLayout>(l);
   return LaunchTile<WT, kLayout, 16, 16, 4, 4>(l);
 }
 

@@ -1,10 +1,12 @@
 // Matrix products of the CUDA backend with activations on the left and model
 // weights on the right, in f32 arithmetic, and with a reduction order that
-// does not depend on the batch: every output element is one thread's fmaf
-// chain over k = 0, 1, ..., K-1, whatever the number of rows, the row's place
-// in the batch or the tile shape the launcher picks. So a token's result is
-// bitwise the same in a decode step, in any prefill chunk and beside any
-// neighbours (docs/design.md, "Isolation").
+// does not depend on the batch: k is cut into chunks of 32, each chunk is an
+// fmaf chain from zero over its k in increasing order, and the chunk sums are
+// added to a total from zero in increasing k, whatever the number of rows,
+// the row's place in the batch or the kernel the launcher picks. So a token's
+// result is bitwise the same in a decode step, in any prefill chunk and beside
+// any neighbours (docs/design.md, "Isolation"), and a decode step can spread
+// one matrix over k as well as over its columns.
 //
 //   dense     out[m, n] = epilogue(alpha * sum_k a[m, k] * W[n, k])   m < rows
 //   grouped   the same per expert matrix, over the rows a capacity dispatch

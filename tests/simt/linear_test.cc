@@ -138,31 +138,40 @@ TEST(SimtLinear, DenseMatchesFloat64OnOddShapes) {
   }
 }
 
-// Row r of a 1-row, a 7-row (small tiles) and a 70-row (large tiles) product,
-// the row at a different place each time: bitwise equal.
+// Row r of a 1-row and a 7-row product (the few-rows kernel), and of a
+// 70-row and a 129-row one (64 x 64 tiles), the row at a different place each
+// time: bitwise equal, for every weight type and layout, with k a whole number
+// of chunks (16-byte loads along k) and not.
 TEST(SimtLinear, ARowsResultDoesNotDependOnTheBatch) {
   SIMT_REQUIRE_DEVICE();
-  const int k = 100, n = 40;
-  const std::vector<float> probe = RandomFloats(k, 77);
-  const std::vector<float> w = RandomFloats(static_cast<size_t>(n) * k, 78);
-  DeviceArray<float> d_w(w);
-  const LinearWeights lw{d_w.get(), WeightType::kF32, WeightLayout::kNK, k, 0};
-  auto row_of = [&](int rows, int at) {
-    std::vector<float> a = RandomFloats(static_cast<size_t>(rows) * k, rows);
-    std::copy(probe.begin(), probe.end(), a.begin() + static_cast<int64_t>(at) * k);
-    DeviceArray<float> d_a(a), d_out(static_cast<size_t>(rows) * n);
-    EXPECT_EQ(
-        cuda::LaunchLinear(d_a.get(), k, rows, k, lw, n, LinearEpilogue{}, d_out.get(), n, nullptr),
-        cudaSuccess);
-    const std::vector<float> out = d_out.Download();
-    return std::vector<float>(out.begin() + static_cast<int64_t>(at) * n,
-                              out.begin() + static_cast<int64_t>(at + 1) * n);
-  };
-  const std::vector<float> alone = row_of(1, 0);
-  for (const auto& [rows, at] : {std::pair{7, 3}, {7, 6}, {70, 0}, {70, 65}, {129, 100}}) {
-    const std::vector<float> got = row_of(rows, at);
-    EXPECT_EQ(std::memcmp(got.data(), alone.data(), n * sizeof(float)), 0)
-        << rows << " rows, at " << at;
+  const int n = 72;
+  for (const WeightType type : {WeightType::kF32, WeightType::kBf16, WeightType::kF16}) {
+    for (const WeightLayout layout : {WeightLayout::kNK, WeightLayout::kKN}) {
+      for (const int k : {100, 128}) {
+        SCOPED_TRACE(Name(type, layout) + " k=" + std::to_string(k));
+        const std::vector<float> probe = RandomFloats(k, 77);
+        const int64_t ldw = layout == WeightLayout::kNK ? k : n;
+        const Weights w(RandomFloats(static_cast<size_t>(n) * k, 78), type);
+        const LinearWeights lw{w.data(type), type, layout, ldw, 0};
+        auto row_of = [&](int rows, int at) {
+          std::vector<float> a = RandomFloats(static_cast<size_t>(rows) * k, rows);
+          std::copy(probe.begin(), probe.end(), a.begin() + static_cast<int64_t>(at) * k);
+          DeviceArray<float> d_a(a), d_out(static_cast<size_t>(rows) * n);
+          EXPECT_EQ(cuda::LaunchLinear(d_a.get(), k, rows, k, lw, n, LinearEpilogue{}, d_out.get(),
+                                       n, nullptr),
+                    cudaSuccess);
+          const std::vector<float> out = d_out.Download();
+          return std::vector<float>(out.begin() + static_cast<int64_t>(at) * n,
+                                    out.begin() + static_cast<int64_t>(at + 1) * n);
+        };
+        const std::vector<float> alone = row_of(1, 0);
+        for (const auto& [rows, at] : {std::pair{7, 3}, {7, 6}, {70, 0}, {70, 65}, {129, 100}}) {
+          const std::vector<float> got = row_of(rows, at);
+          EXPECT_EQ(std::memcmp(got.data(), alone.data(), n * sizeof(float)), 0)
+              << rows << " rows, at " << at;
+        }
+      }
+    }
   }
 }
 
