@@ -15,10 +15,32 @@
 namespace switchserve::cuda {
 namespace {
 
-constexpr int kThreads = 128;
+constexpr int kThreads = 256;
 
 __device__ __forceinline__ float Widen(float v) { return v; }
 __device__ __forceinline__ float Widen(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+// Rows [0, n) of `width` cache values, `ld` apart, widened into dst[n, width]:
+// each thread has kStageLoads loads in flight before its first store.
+constexpr int kStageLoads = 4;
+template <typename CacheT>
+__device__ __forceinline__ void StageBlock(const CacheT* src, int64_t ld, int width, int n,
+                                           float* dst) {
+  const int total = n * width;
+  for (int base = threadIdx.x; base < total; base += kStageLoads * blockDim.x) {
+    float v[kStageLoads];
+    SIMT_UNROLL
+    for (int u = 0; u < kStageLoads; ++u) {
+      const int idx = base + u * blockDim.x;
+      v[u] = idx < total ? Widen(src[(idx / width) * ld + idx % width]) : 0.0f;
+    }
+    SIMT_UNROLL
+    for (int u = 0; u < kStageLoads; ++u) {
+      const int idx = base + u * blockDim.x;
+      if (idx < total) dst[idx] = v[u];
+    }
+  }
+}
 
 // Floats of shared memory: the KV block, then per query row (query, head of
 // the group) its query, accumulator, block scores, m, l, alpha; then the
@@ -91,15 +113,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int kb = key_begin; kb < key_end; kb += B) {
     const int n_keys = min(B, key_end - kb);
     const int64_t row0 = static_cast<int64_t>(table[kb / B]) * B;
-    for (int idx = threadIdx.x; idx < n_keys * dh; idx += blockDim.x) {
-      const int j = idx / dh;
-      k_blk[idx] = Widen(k_cache[(row0 + j) * k_row + static_cast<int64_t>(g) * dh + idx % dh]);
-    }
-    for (int idx = threadIdx.x; idx < n_keys * ev * dh; idx += blockDim.x) {
-      const int j = idx / (ev * dh);
-      v_blk[idx] =
-          Widen(v_cache[(row0 + j) * v_row + static_cast<int64_t>(g) * ev * dh + idx % (ev * dh)]);
-    }
+    StageBlock(k_cache + row0 * k_row + static_cast<int64_t>(g) * dh, k_row, dh, n_keys, k_blk);
+    StageBlock(v_cache + row0 * v_row + static_cast<int64_t>(g) * ev * dh, v_row, ev * dh, n_keys,
+               v_blk);
     __syncthreads();
     // Scores of the keys each query sees in this block.
     for (int idx = threadIdx.x; idx < rows * B; idx += blockDim.x) {

@@ -24,7 +24,10 @@ __global__ void __launch_bounds__(kThreads)
   weight += router * tokens * top_k;
   prob += router * tokens * n_experts;
   const float* z = logits + t * ld;
-  int32_t* chosen = expert + static_cast<int64_t>(t) * top_k;
+  // The experts chosen so far, in this thread's slice of shared memory (the
+  // selection loop reads them k x E times).
+  SIMT_DYNAMIC_SHARED(int32_t, picked);
+  int32_t* chosen = picked + static_cast<int64_t>(threadIdx.x) * top_k;
   float* w = weight + static_cast<int64_t>(t) * top_k;
   float* p = prob + static_cast<int64_t>(t) * n_experts;
 
@@ -53,6 +56,9 @@ __global__ void __launch_bounds__(kThreads)
     chosen[r] = best;
   }
 
+  int32_t* out_expert = expert + static_cast<int64_t>(t) * top_k;
+  for (int r = 0; r < top_k; ++r) out_expert[r] = chosen[r];
+
   if (gate == GateType::kSoftmaxTopK) {
     const float zk = z[chosen[0]];
     double sum = 0;
@@ -80,9 +86,17 @@ cudaError_t LaunchRouteTopK(const float* logits, int64_t ld, int tokens, int n_e
   if (tokens == 0) return cudaSuccess;
   if (routers < 1) return cudaErrorInvalidValue;
   const int blocks = (tokens + kThreads - 1) / kThreads;
-  return SIMT_LAUNCH(RouteTopKKernel, dim3(blocks, routers), dim3(kThreads), 0, stream, logits, ld,
-                     tokens, n_experts, top_k, gate, renormalize ? 1 : 0, expert, weight, prob,
-                     router_offset);
+  const size_t shared_bytes = static_cast<size_t>(kThreads) * top_k * sizeof(int32_t);
+  constexpr size_t kDefaultShared = 48 * 1024;
+  if (shared_bytes > kDefaultShared) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(RouteTopKKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(shared_bytes));
+    if (e != cudaSuccess) return e;
+  }
+  return SIMT_LAUNCH(RouteTopKKernel, dim3(blocks, routers), dim3(kThreads), shared_bytes, stream,
+                     logits, ld, tokens, n_experts, top_k, gate, renormalize ? 1 : 0, expert,
+                     weight, prob, router_offset);
 }
 
 }  // namespace switchserve::cuda

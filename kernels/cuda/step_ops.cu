@@ -131,8 +131,10 @@ __global__ void __launch_bounds__(kThreads)
                   int heads, int shared_router, int per_head, const float* prod, int64_t prod_ld,
                   int64_t slot_stride, int width, float* out, int64_t out_ld, int accumulate) {
   const int64_t t = blockIdx.x;
+  const int first = blockIdx.y * blockDim.x + threadIdx.x;  // columns spread over gridDim.y
+  const int stride = gridDim.y * blockDim.x;
   if (per_head != 0) {
-    for (int idx = threadIdx.x; idx < heads * width; idx += blockDim.x) {
+    for (int idx = first; idx < heads * width; idx += stride) {
       const int h = idx / width;
       const int c = idx % width;
       const int64_t base = (shared_router != 0 ? 0 : h) * router_stride + t * top_k;
@@ -147,7 +149,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     return;
   }
-  for (int c = threadIdx.x; c < width; c += blockDim.x) {
+  for (int c = first; c < width; c += stride) {
     float sum = 0.0f;
     for (int h = 0; h < heads; ++h) {
       const int64_t base = (shared_router != 0 ? 0 : h) * router_stride + t * top_k;
@@ -212,7 +214,10 @@ cudaError_t LaunchValueWeights(const int32_t* trace_expert, const Assignments& a
 
 cudaError_t LaunchCombine(const CombineArgs& a, cudaStream_t stream) {
   if (a.tokens == 0) return cudaSuccess;
-  return SIMT_LAUNCH(CombineKernel, dim3(a.tokens), dim3(kThreads), 0, stream, a.assignments.gate,
+  const int columns = a.per_head ? a.heads * a.width : a.width;
+  if (columns == 0) return cudaSuccess;
+  const dim3 grid(a.tokens, (columns + kThreads - 1) / kThreads);
+  return SIMT_LAUNCH(CombineKernel, grid, dim3(kThreads), 0, stream, a.assignments.gate,
                      a.assignments.slot, a.assignments.router_stride, a.assignments.top_k, a.heads,
                      a.shared_router ? 1 : 0, a.per_head ? 1 : 0, a.prod, a.prod_ld, a.slot_stride,
                      a.width, a.out, a.out_ld, a.accumulate ? 1 : 0);
