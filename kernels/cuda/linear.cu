@@ -42,6 +42,48 @@ __device__ __forceinline__ float Activate(Activation act, float x) {
   return x;
 }
 
+// The rows of matrix `mat` (linear.h): all dense rows, or an expert's slots.
+struct MatrixRows {
+  int head = 0;
+  int router = 0;
+  int begin = 0;  // first slot
+  int count = 0;
+};
+
+__device__ __forceinline__ MatrixRows RowsOf(int mat, int dense_rows, const int32_t* offsets,
+                                             int n_experts, int shared_router) {
+  MatrixRows m;
+  m.count = dense_rows;
+  if (offsets != nullptr) {
+    m.head = mat / n_experts;
+    m.router = shared_router != 0 ? 0 : m.head;
+    const int32_t* o = offsets + static_cast<int64_t>(m.router) * (n_experts + 1);
+    m.begin = o[mat % n_experts];
+    m.count = o[mat % n_experts + 1] - m.begin;
+  }
+  return m;
+}
+
+// Where the matrix's row `local` reads a (element offset) and writes out
+// (row); -1 for both past its last row.
+__device__ __forceinline__ void LocateRow(const MatrixRows& m, int local, const int32_t* offsets,
+                                          const int32_t* a_rows, int64_t slot_stride, int64_t lda,
+                                          int64_t a_head_cols, int64_t* offset, int64_t* row) {
+  *offset = -1;
+  *row = -1;
+  if (local >= m.count) return;
+  if (offsets == nullptr) {
+    *offset = static_cast<int64_t>(local) * lda;
+    *row = local;
+    return;
+  }
+  const int64_t slot = m.begin + local;
+  const int64_t a_row =
+      a_rows != nullptr ? a_rows[m.router * slot_stride + slot] : m.head * slot_stride + slot;
+  *offset = a_row * lda + m.head * a_head_cols;
+  *row = m.head * slot_stride + slot;
+}
+
 // The epilogue of one output: scale, bias, activation; stored or added.
 __device__ __forceinline__ void Store(float sum, float alpha, const float* bias, Activation act,
                                       int accumulate, float* o, int n) {
@@ -67,14 +109,8 @@ __global__ void __launch_bounds__(TY* TX)
   SIMT_SHARED(int64_t, out_row, TM);
 
   const int mat = blockIdx.z;
-  int head = 0, router = 0, row_begin = 0, row_count = dense_rows;
-  if (offsets != nullptr) {
-    head = mat / n_experts;
-    router = shared_router != 0 ? 0 : head;
-    const int32_t* o = offsets + static_cast<int64_t>(router) * (n_experts + 1);
-    row_begin = o[mat % n_experts];
-    row_count = o[mat % n_experts + 1] - row_begin;
-  }
+  const MatrixRows rows_of = RowsOf(mat, dense_rows, offsets, n_experts, shared_router);
+  const int row_count = rows_of.count;
   const int m0 = blockIdx.y * TM;
   if (m0 >= row_count) return;  // the whole block, before any barrier
   const int n0 = blockIdx.x * TN;
@@ -84,22 +120,8 @@ __global__ void __launch_bounds__(TY* TX)
   const WT* wm = w + static_cast<int64_t>(mat) * w_matrix_stride;
 
   for (int i = tid; i < TM; i += kThreads) {
-    const int local = m0 + i;
-    int64_t offset = -1, row = -1;
-    if (local < row_count) {
-      if (offsets == nullptr) {
-        offset = static_cast<int64_t>(local) * lda;
-        row = local;
-      } else {
-        const int64_t slot = row_begin + local;
-        const int64_t a_row =
-            a_rows != nullptr ? a_rows[router * slot_stride + slot] : head * slot_stride + slot;
-        offset = a_row * lda + head * a_head_cols;
-        row = head * slot_stride + slot;
-      }
-    }
-    a_offset[i] = offset;
-    out_row[i] = row;
+    LocateRow(rows_of, m0 + i, offsets, a_rows, slot_stride, lda, a_head_cols, &a_offset[i],
+              &out_row[i]);
   }
   __syncthreads();
 
@@ -226,14 +248,8 @@ __global__ void __launch_bounds__(kFewWarps * 32)
   SIMT_SHARED(int64_t, out_row, kFewRows);
 
   const int mat = blockIdx.z;
-  int head = 0, router = 0, row_begin = 0, row_count = dense_rows;
-  if (offsets != nullptr) {
-    head = mat / n_experts;
-    router = shared_router != 0 ? 0 : head;
-    const int32_t* o = offsets + static_cast<int64_t>(router) * (n_experts + 1);
-    row_begin = o[mat % n_experts];
-    row_count = o[mat % n_experts + 1] - row_begin;
-  }
+  const MatrixRows rows_of = RowsOf(mat, dense_rows, offsets, n_experts, shared_router);
+  const int row_count = rows_of.count;
   const int m0 = blockIdx.y * kFewRows;
   if (m0 >= row_count) return;  // the whole block, before any barrier
   const int rows = min(kFewRows, row_count - m0);
@@ -244,22 +260,8 @@ __global__ void __launch_bounds__(kFewWarps * 32)
   const WT* wm = w + static_cast<int64_t>(mat) * w_matrix_stride;
 
   if (tid < kFewRows) {
-    int64_t offset = -1, row = -1;
-    if (tid < rows) {
-      const int local = m0 + tid;
-      if (offsets == nullptr) {
-        offset = static_cast<int64_t>(local) * lda;
-        row = local;
-      } else {
-        const int64_t slot = row_begin + local;
-        const int64_t a_row =
-            a_rows != nullptr ? a_rows[router * slot_stride + slot] : head * slot_stride + slot;
-        offset = a_row * lda + head * a_head_cols;
-        row = head * slot_stride + slot;
-      }
-    }
-    a_offset[tid] = offset;
-    out_row[tid] = row;
+    LocateRow(rows_of, m0 + tid, offsets, a_rows, slot_stride, lda, a_head_cols, &a_offset[tid],
+              &out_row[tid]);
   }
   __syncthreads();
 
