@@ -99,7 +99,7 @@ if (($(left) > 40)) && command -v compute-sanitizer >/dev/null; then
 fi
 
 python3 bench/gpu_summary.py --engine-bench "$OUT/engine_bench.json" \
-  --compare "$OUT/compare_pytorch.txt" >"$OUT/summary.txt" 2>&1
+  --compare "$OUT/compare_pytorch.txt" >"$OUT/summary.txt" 2>&1 || failed=1
 cat "$OUT/summary.txt"
 echo "== done in $((SECONDS - start)) s$([[ $failed == 1 ]] && echo ', some steps FAILED')"
 exit $failed

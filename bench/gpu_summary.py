@@ -14,6 +14,7 @@ the limits measured in the same run, and the goals of the CUDA backend:
 """
 import argparse
 import json
+import os
 import re
 import sys
 
@@ -21,12 +22,15 @@ import sys
 def engine_rows(path):
     with open(path) as f:
         data = json.load(f)
-    rows = {}
+    rows, errors = {}, []
     for b in data["benchmarks"]:
+        if b.get("error_occurred"):
+            errors.append(f"{b['name']}: {b.get('error_message', 'error')}")
+            continue
         m = re.match(r"(decode|prefill)/(\w+)/(.*?)(/real_time)?$", b["name"])
         if m:
             rows[(m.group(1), m.group(2), m.group(3))] = b
-    return data.get("context", {}), rows
+    return data.get("context", {}), rows, errors
 
 
 def compare_rows(path):
@@ -49,7 +53,11 @@ def main():
     ap.add_argument("--compare", required=True)
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
-    context, rows = engine_rows(args.engine_bench)
+    try:
+        context, rows, errors = engine_rows(args.engine_bench)
+    except (OSError, ValueError) as e:  # no file, or one cut short by a timeout
+        print(f"# no engine_bench results: {args.engine_bench}: {e}")
+        return 1
     print("# switchserve on " + context.get("device", "?") +
           (" (SMOKE RUN on the SIMT executor: not GPU figures)" if args.smoke else ""))
     print(f"measured limits: copy {float(context.get('copy_gb_per_s', 0)):.1f} GB/s, "
@@ -60,6 +68,9 @@ def main():
         print(f"| {kind} {model} {shape} | {b['real_time']:.4g} | {b['tokens_per_s']:.4g} "
               f"| {b['gb_per_s']:.4g} | {b['gb_per_s_of_peak']:.3g} | {b['gflops']:.4g} "
               f"| {b['gflops_of_peak']:.3g} |")
+
+    for error in errors:
+        print(f"- ERROR: {error}")
 
     goals = []
 
@@ -83,7 +94,12 @@ def main():
             ratio = b["tokens_per_s"] / dense["tokens_per_s"]
             goal(f"SwitchAll faster than the dense baseline, {kind} {shape}", ratio > 1,
                  f"{ratio:.2f}x")
-    compare = compare_rows(args.compare)
+    compare = {}
+    if os.path.exists(args.compare):
+        compare = compare_rows(args.compare)
+    else:
+        errors.append(f"no {args.compare}")
+        print(f"- ERROR: no {args.compare}")
     for (section, c), (ref, eng, rpc) in sorted(compare.items()):
         if c == 1 and ref and eng:
             goal(f"{section}: >= 10x the PyTorch reference at batch 1", eng / ref >= 10,
@@ -92,7 +108,7 @@ def main():
             goal(f"{section}: gRPC >= 0.9x the in-process engine at 32 clients", rpc / eng >= 0.9,
                  f"{rpc / eng:.2f}x")
     print(f"\n{sum(goals)} of {len(goals)} goals met")
-    return 0
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":
