@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Runs an archive of bench/gpu_bundle.sh on a GPU machine, from a checkout of
-# the same commit: the GPU test binaries (each under a time limit), then
-# engine_bench --device=cuda, compare_pytorch.py --device cuda (python3 with
-# torch), compute-sanitizer on one backend test and bench/gpu_summary.py,
-# within LIMIT seconds in all (default 540). Results under $OUT (default
-# ./gpu-results): run.log, tests.log, engine_bench.json, engine_bench.txt,
-# compare_pytorch.txt, sanitizer.log, summary.txt.
+# the same commit: the GPU test binaries (each under a time limit),
+# compute-sanitizer on one backend test, then the bench phase of
+# bench/gpu_suite.sh (engine_bench --device=cuda, compare_pytorch.py --device
+# cuda, gpu_summary.py), within LIMIT seconds in all (default 540). Results
+# under $OUT (default ./gpu-results): run.log, tests.log, sanitizer.log and
+# gpu_suite.sh's engine_bench.json, engine_bench.txt, compare_pytorch.txt,
+# summary.txt.
 #
 #   OUT=... bench/gpu_bundle_run.sh gpu-bundle.tar.xz
 set -uo pipefail
@@ -77,29 +78,16 @@ for bin in $(find "$ROOT/build/cuda/tests" -type f -name '*_test' | sort); do
   [[ $rc != 0 || $skipped != 0 ]] && failed=1
 done
 
-echo "== engine_bench ($(left) s left)"
-timeout $(($(left) > 230 ? 200 : $(left) - 30)) stdbuf -oL "$ROOT/build/cuda/bench/engine_bench" \
-  --device=cuda --benchmark_counters_tabular=true --benchmark_out="$OUT/engine_bench.json" \
-  --benchmark_out_format=json >"$OUT/engine_bench.txt" 2>&1 || failed=1
-tail -12 "$OUT/engine_bench.txt"
-
-echo "== compare_pytorch ($(left) s left)"
-if (($(left) > 100)); then
-  PYTHONUNBUFFERED=1 timeout $(($(left) - 60 > 170 ? 170 : $(left) - 60)) python3 \
-    bench/compare_pytorch.py --build-dir build/cuda --threads "$(nproc)" --device cuda --paper \
-    --skip-model --concurrency 1,32 --ref-batches 1 >"$OUT/compare_pytorch.txt" 2>&1 || failed=1
-  tail -6 "$OUT/compare_pytorch.txt"
-fi
-
 echo "== compute-sanitizer ($(left) s left)"
 if (($(left) > 40)) && command -v compute-sanitizer >/dev/null; then
-  timeout $(($(left) - 15)) compute-sanitizer --tool memcheck --error-exitcode 1 \
-    "$probe" >"$OUT/sanitizer.log" 2>&1 || failed=1
+  timeout 60 compute-sanitizer --tool memcheck --error-exitcode 1 "$probe" \
+    >"$OUT/sanitizer.log" 2>&1 || failed=1
   tail -2 "$OUT/sanitizer.log"
 fi
 
-python3 bench/gpu_summary.py --engine-bench "$OUT/engine_bench.json" \
-  --compare "$OUT/compare_pytorch.txt" >"$OUT/summary.txt" 2>&1 || failed=1
-cat "$OUT/summary.txt"
+# The benchmarks and the summary: gpu_suite.sh's bench phase, on the wrapped
+# binaries in build/cuda.
+echo "== bench ($(left) s left)"
+OUT=$OUT timeout "$(left)" bench/gpu_suite.sh bench || failed=1
 echo "== done in $((SECONDS - start)) s$([[ $failed == 1 ]] && echo ', some steps FAILED')"
 exit $failed
