@@ -141,13 +141,14 @@ TEST(SimtLinear, DenseMatchesFloat64OnOddShapes) {
 // Row r of a 1-row and a 7-row product (the few-rows kernel), and of a
 // 70-row and a 129-row one (64 x 64 tiles), the row at a different place each
 // time: bitwise equal, for every weight type and layout, with k a whole number
-// of chunks (16-byte loads along k) and not.
+// of chunks (16-byte loads along k) and not, and with more chunks than the
+// few-rows kernel has warps (two rounds of chunk sums).
 TEST(SimtLinear, ARowsResultDoesNotDependOnTheBatch) {
   SIMT_REQUIRE_DEVICE();
   const int n = 72;
   for (const WeightType type : {WeightType::kF32, WeightType::kBf16, WeightType::kF16}) {
     for (const WeightLayout layout : {WeightLayout::kNK, WeightLayout::kKN}) {
-      for (const int k : {100, 128}) {
+      for (const int k : {100, 128, 1000}) {
         SCOPED_TRACE(Name(type, layout) + " k=" + std::to_string(k));
         const std::vector<float> probe = RandomFloats(k, 77);
         const int64_t ldw = layout == WeightLayout::kNK ? k : n;
