@@ -278,19 +278,27 @@ def test_weights_held_as_stored_give_the_f32_logits_bitwise(tmp_path):
 
 
 def test_bf16_weights_stay_close_to_f32(tmp_path):
-    tokens = ",".join(str(b) for b in (ROOT / "models" / "heldout.txt").read_bytes()[:200])
-    logits = {}
-    for dtype in ("f32", "bf16"):
-        out = tmp_path / f"{dtype}.npy"
-        run("score", "--weights-dtype", dtype, "--tokens", tokens, "--dump-logits", str(out))
-        logits[dtype] = np.load(out).astype(np.float64)
-    diff = logits["bf16"] - logits["f32"]
-    # bf16 rounds the f16 weights: not bitwise, but close. A few positions
-    # (5 of 200, measured) pick another expert in some router's top-k and
-    # differ by a few percent; they dominate the overall figure (1.05e-2).
-    rel_rms = np.sqrt(np.mean(diff ** 2) / np.mean(logits["f32"] ** 2))
-    assert 0 < rel_rms <= 2e-2
-    per_row = np.sqrt(np.mean(diff ** 2, axis=1) / np.mean(logits["f32"] ** 2, axis=1))
+    # The first 2000 held-out bytes, scored in windows of 200 (the model's
+    # context is 256). bf16 rounds the f16 weights: not bitwise, but close.
+    # A few positions (20 of 2000, measured) pick another expert in some
+    # router's top-k and differ by 2-11%; they dominate the pooled figure
+    # (4.4e-3 measured; the first window alone, 1.05e-2).
+    heldout = (ROOT / "models" / "heldout.txt").read_bytes()
+    sum_diff2 = sum_ref2 = 0.0
+    per_row = []
+    for start in range(0, 2000, 200):
+        tokens = ",".join(str(b) for b in heldout[start:start + 200])
+        logits = {}
+        for dtype in ("f32", "bf16"):
+            out = tmp_path / f"{dtype}.npy"
+            run("score", "--weights-dtype", dtype, "--tokens", tokens, "--dump-logits", str(out))
+            logits[dtype] = np.load(out).astype(np.float64)
+        diff = logits["bf16"] - logits["f32"]
+        sum_diff2 += np.sum(diff ** 2)
+        sum_ref2 += np.sum(logits["f32"] ** 2)
+        per_row += list(np.sqrt(np.mean(diff ** 2, axis=1) / np.mean(logits["f32"] ** 2, axis=1)))
+    rel_rms = np.sqrt(sum_diff2 / sum_ref2)
+    assert 0 < rel_rms <= 1e-2
     assert np.percentile(per_row, 95) <= 1e-2
 
     text = tmp_path / "heldout.txt"
