@@ -1,6 +1,8 @@
-// The kernels of matmul.h with AVX-512VL's 32 vector registers: the same
-// 8-lane AVX2 + FMA + F16C operations as matmul_avx2.cc, in the same order
-// for every element (identical results), with larger register tiles.
+// The kernels of matmul.h with AVX-512's 32 vector registers: the same
+// operations as matmul_avx2.cc, in the same order for every element
+// (identical results), with larger register tiles, and for many rows 16-lane
+// tiles (SWITCHSERVE_MATMUL_ZMM) that carry two 8-lane accumulators or 16
+// columns' chains per register.
 //
 // The standard and intrinsics headers come first, compiled for the baseline;
 // the target pragma then applies to the kernels defined after it only.
@@ -16,6 +18,8 @@
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512vl")
+
+#define SWITCHSERVE_MATMUL_ZMM 1
 
 namespace switchserve::cpu {
 namespace {
@@ -39,5 +43,7 @@ namespace switchserve::cpu {
 const MatmulKernels& Avx512Kernels() { return X86Kernels(); }
 
 }  // namespace switchserve::cpu
+
+#undef SWITCHSERVE_MATMUL_ZMM
 
 #pragma GCC pop_options

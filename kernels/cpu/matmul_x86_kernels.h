@@ -1,8 +1,9 @@
 // The x86 kernels of matmul.h, written once and compiled twice: by
-// matmul_avx2.cc (16 vector registers) and matmul_avx512.cc (AVX-512VL: 32
-// registers, larger register tiles). Both builds use the same 8-lane AVX
-// operations in the same order for every element, so they give the same bits;
-// only the tiling differs.
+// matmul_avx2.cc (16 vector registers) and matmul_avx512.cc (AVX-512: 32
+// registers, larger register tiles, and with SWITCHSERVE_MATMUL_ZMM 16-lane
+// tiles for products of many rows). Both builds compute every element with
+// the same fused multiply-adds in the same order, so they give the same bits;
+// only the tiling and the vector width differ.
 //
 // Included by those files only, after their target pragma and after they
 // define, in namespace switchserve::cpu::{anonymous}, `struct Tiles` with
@@ -210,6 +211,137 @@ void WidenRows(const void* w, int64_t ldw, int rows, int k, float* out) {
   }
 }
 
+#ifdef SWITCHSERVE_MATMUL_ZMM
+// ---- 16-lane tiles for many rows (the AVX-512 build) ----
+//
+// A zmm register holds two 8-lane dot8 accumulators, one per half: the
+// columns 2q and 2q + 1 of a pair. Each half's lanes take the same fused
+// multiply-adds in the same order as an 8-lane accumulator, and the halves
+// are summed as Reduce4x8 sums one, so the bits are the 8-lane tiles'; twice
+// the multiply-adds per instruction where the CPU executes 16 lanes at once.
+
+constexpr int kPairRows = 6;  // 24 accumulators, 4 weight vectors, 1 input
+constexpr int kPairCols = 4;  // pairs of columns: 8 columns per tile
+
+// (The zero-masking forms with every lane kept: GCC 12's plain forms read an
+// undefined register and trip -Wuninitialized.)
+inline __m512 Broadcast8(__m256 v) {
+  return _mm512_castpd_ps(_mm512_maskz_broadcast_f64x4(0xFF, _mm256_castps_pd(v)));
+}
+
+template <int kHalf>
+inline __m256 Half(__m512 v) {
+  return _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, _mm512_castps_pd(v), kHalf));
+}
+
+// Widens (exactly) weight rows [0, rows) into pairs: pair q, chunk c holds
+// the 16 floats [w[2q][8c, 8c + 8) | w[2q + 1][8c, 8c + 8)], zero past k and
+// for rows past `rows`; out has kPairCols pairs of `chunks` chunks each.
+template <DType WT>
+void PackPairs(const void* w, int64_t ldw, int rows, int k, float* out) {
+  const int chunks = (k + 7) / 8;
+  for (int r = 0; r < 2 * kPairCols; ++r) {
+    float* o = out + (static_cast<int64_t>(r / 2) * chunks) * 16 + 8 * (r % 2);
+    if (r >= rows) {
+      for (int c = 0; c < chunks; ++c) _mm256_storeu_ps(o + 16 * c, _mm256_setzero_ps());
+      continue;
+    }
+    for (int c = 0; c < chunks; ++c) {
+      const int p = 8 * c;
+      if (((p * ElementBytes<WT>()) & 63) == 0) {
+        _mm_prefetch(static_cast<const char*>(w) + ((r + rows) * ldw + p) * ElementBytes<WT>(),
+                     _MM_HINT_T1);
+      }
+      _mm256_storeu_ps(o + 16 * c, p + 8 <= k ? Load8<WT>(w, r * ldw + p)
+                                              : LoadPartial8<WT>(w, r * ldw + p, k - p));
+    }
+  }
+}
+
+// DotTile over packed pairs: MR rows x the first `nr` (<= 8) columns.
+template <int MR>
+void DotTilePairs(const float* const* a, const float* pairs, int k, float* c, int64_t ldc, int nr,
+                  float alpha, bool accumulate) {
+  const int chunks = (k + 7) / 8;
+  const int64_t pair_stride = static_cast<int64_t>(chunks) * 16;
+  __m512 acc[MR][kPairCols];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int q = 0; q < kPairCols; ++q) acc[i][q] = _mm512_setzero_ps();
+  }
+  const int full = k / 8;
+  for (int ch = 0; ch < chunks; ++ch) {
+    __m512 wv[kPairCols];
+#pragma GCC unroll 8
+    for (int q = 0; q < kPairCols; ++q) wv[q] = _mm512_loadu_ps(pairs + q * pair_stride + 16 * ch);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m512 av = Broadcast8(ch < full ? _mm256_loadu_ps(a[i] + 8 * ch)
+                                             : LoadPartial8<DType::kF32>(a[i], 8 * ch, k - 8 * ch));
+#pragma GCC unroll 8
+      for (int q = 0; q < kPairCols; ++q) acc[i][q] = _mm512_fmadd_ps(av, wv[q], acc[i][q]);
+    }
+  }
+  const __m128 alpha4 = _mm_set1_ps(alpha);
+  for (int i = 0; i < MR; ++i) {
+    float* row = c + i * ldc;
+    for (int q0 = 0; q0 < kPairCols; q0 += 2) {
+      const auto lo = [&](int q) { return Half<0>(acc[i][q]); };
+      const auto hi = [&](int q) { return Half<1>(acc[i][q]); };
+      __m128 r = _mm_mul_ps(alpha4, Reduce4x8(lo(q0), hi(q0), lo(q0 + 1), hi(q0 + 1)));
+      const int j0 = 2 * q0;
+      if (j0 + 4 <= nr) {
+        if (accumulate) r = _mm_add_ps(_mm_loadu_ps(row + j0), r);
+        _mm_storeu_ps(row + j0, r);
+      } else {
+        alignas(16) float sums[4];
+        _mm_store_ps(sums, r);
+        for (int j = j0; j < nr; ++j) row[j] = accumulate ? row[j] + sums[j - j0] : sums[j - j0];
+      }
+    }
+  }
+}
+
+using DotTilePairsFn = void (*)(const float* const*, const float*, int, float*, int64_t, int, float,
+                                bool);
+
+template <int... I>
+constexpr std::array<DotTilePairsFn, sizeof...(I)> MakeDotTilePairs(
+    std::integer_sequence<int, I...>) {
+  return {&DotTilePairs<I + 1>...};
+}
+// kDotTilePairs[mr - 1] = DotTilePairs<mr>.
+constexpr std::array<DotTilePairsFn, kPairRows> kDotTilePairs =
+    MakeDotTilePairs(std::make_integer_sequence<int, kPairRows>());
+
+// MatmulRowsOut for more rows than a register tile: 8 columns of weights at a
+// time, packed into pairs once and shared by every row.
+template <DType WT>
+void RowsOutManyRows(const MatmulArgs& g) {
+  constexpr int kCols = 2 * kPairCols;
+  const int chunks = (g.k + 7) / 8;
+  std::vector<float>& pairs = WidenBuffer();
+  if (pairs.size() < static_cast<size_t>(kPairCols) * chunks * 16) {
+    pairs.resize(static_cast<size_t>(kPairCols) * chunks * 16);
+  }
+  for (int i_block = 0; i_block < g.m; i_block += kRowBlock) {
+    const int i_end = g.m < i_block + kRowBlock ? g.m : i_block + kRowBlock;
+    for (int j0 = 0; j0 < g.n; j0 += kCols) {
+      const int nr = g.n - j0 < kCols ? g.n - j0 : kCols;
+      PackPairs<WT>(g.w.At(j0, 0).data, g.w.ld, nr, g.k, pairs.data());
+      for (int i0 = i_block; i0 < i_end; i0 += kPairRows) {
+        const int mr = i_end - i0 < kPairRows ? i_end - i0 : kPairRows;
+        const float* a[kPairRows];
+        for (int i = 0; i < mr; ++i) a[i] = RowOfA(g, i0 + i);
+        kDotTilePairs[mr - 1](a, pairs.data(), g.k, g.c + i0 * g.ldc + j0, g.ldc, nr, g.alpha,
+                              g.accumulate);
+      }
+    }
+  }
+}
+#endif  // SWITCHSERVE_MATMUL_ZMM
+
 template <DType WT>
 void RowsOutOneRow(const MatmulArgs& g) {
   constexpr int kCols = Tiles::kOneRowOutCols;
@@ -225,6 +357,9 @@ template <DType WT>
 void RowsOut(const MatmulArgs& g) {
   if (g.m == 1) return RowsOutOneRow<WT>(g);
   constexpr int MR = Tiles::kOutRows, NR = Tiles::kOutCols;
+#ifdef SWITCHSERVE_MATMUL_ZMM
+  if (g.m > MR) return RowsOutManyRows<WT>(g);
+#endif
   const int64_t ldw = g.w.ld;
   // Many rows reuse each weight tile: widen it once (exact) rather than in
   // every register tile.
@@ -442,6 +577,57 @@ void ChainFewRows(const MatmulArgs& g, int vectors) {
   }
 }
 
+#ifdef SWITCHSERVE_MATMUL_ZMM
+// ChainTile over a packed f32 panel with 16-lane vectors: each column's chain
+// is a lane's, as in the 8-lane tiles. c[i][0 .. 16 NZ) where `last_mask`
+// keeps only the first 8 columns of the last vector (0x00FF) or all of them.
+template <int MR, int NZ>
+void ChainTileZmm(const float* const* a, const float* panel, int64_t ldp, int k, float* c,
+                  int64_t ldc, bool accumulate, __mmask16 last_mask) {
+  const auto mask = [&](int z) { return z == NZ - 1 ? last_mask : static_cast<__mmask16>(0xFFFF); };
+  __m512 acc[MR][NZ];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int z = 0; z < NZ; ++z) {
+      acc[i][z] =
+          accumulate ? _mm512_maskz_loadu_ps(mask(z), c + i * ldc + 16 * z) : _mm512_setzero_ps();
+    }
+  }
+  for (int p = 0; p < k; ++p) {
+    __m512 wv[NZ];
+#pragma GCC unroll 8
+    for (int z = 0; z < NZ; ++z) wv[z] = _mm512_maskz_loadu_ps(mask(z), panel + p * ldp + 16 * z);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m512 ab = _mm512_set1_ps(a[i][p]);
+#pragma GCC unroll 8
+      for (int z = 0; z < NZ; ++z) acc[i][z] = _mm512_fmadd_ps(ab, wv[z], acc[i][z]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int z = 0; z < NZ; ++z) _mm512_mask_storeu_ps(c + i * ldc + 16 * z, mask(z), acc[i][z]);
+  }
+}
+
+constexpr int kZmmInRows = 6;     // 24 accumulators, 4 weight vectors, 1 broadcast
+constexpr int kZmmInVectors = 4;  // 64 columns: a panel of 8 8-lane vectors
+
+using ChainTileZmmFn = void (*)(const float* const*, const float*, int64_t, int, float*, int64_t,
+                                bool, __mmask16);
+
+template <int... I>
+constexpr std::array<ChainTileZmmFn, sizeof...(I)> MakeChainTilesZmm(
+    std::integer_sequence<int, I...>) {
+  return {&ChainTileZmm<I / kZmmInVectors + 1, I % kZmmInVectors + 1>...};
+}
+// kChainTilesZmm[(mr - 1) * kZmmInVectors + nz - 1] = ChainTileZmm<mr, nz>.
+constexpr std::array<ChainTileZmmFn, kZmmInRows* kZmmInVectors> kChainTilesZmm =
+    MakeChainTilesZmm(std::make_integer_sequence<int, kZmmInRows * kZmmInVectors>());
+#endif  // SWITCHSERVE_MATMUL_ZMM
+
 template <DType WT>
 void RowsIn(const MatmulArgs& g) {
   const int n8 = g.n & ~7;
@@ -454,6 +640,28 @@ void RowsIn(const MatmulArgs& g) {
   } else {
     // Many rows reuse each panel of weights: pack it contiguously (and
     // widened) once.
+#ifdef SWITCHSERVE_MATMUL_ZMM
+    constexpr int kPanel = 2 * kZmmInVectors;  // 8-lane vectors per panel
+    std::vector<float>& panel = WidenBuffer();
+    if (panel.size() < static_cast<size_t>(8 * kPanel) * g.k) panel.resize(8 * kPanel * g.k);
+    for (int i_block = 0; i_block < g.m; i_block += kRowBlock) {
+      const int i_end = g.m < i_block + kRowBlock ? g.m : i_block + kRowBlock;
+      for (int v0 = 0; v0 < vectors; v0 += kPanel) {
+        const int nv = vectors - v0 < kPanel ? vectors - v0 : kPanel;
+        const int nz = (nv + 1) / 2;
+        const __mmask16 last_mask = nv % 2 == 0 ? 0xFFFF : 0x00FF;
+        PackPanel<WT>(g.w.data, g.w.ld, g.k, 8 * v0, nv, panel.data());
+        for (int i0 = i_block; i0 < i_end; i0 += kZmmInRows) {
+          const int mr = i_end - i0 < kZmmInRows ? i_end - i0 : kZmmInRows;
+          const float* a[kZmmInRows];
+          for (int i = 0; i < mr; ++i) a[i] = RowOfA(g, i0 + i);
+          kChainTilesZmm[(mr - 1) * kZmmInVectors + nz - 1](a, panel.data(), 8 * nv, g.k,
+                                                            g.c + i0 * g.ldc + 8 * v0, g.ldc,
+                                                            g.accumulate, last_mask);
+        }
+      }
+    }
+#else
     std::vector<float>& panel = WidenBuffer();
     if (panel.size() < static_cast<size_t>(8 * NV) * g.k) panel.resize(8 * NV * g.k);
     for (int i_block = 0; i_block < g.m; i_block += kRowBlock) {
@@ -470,6 +678,7 @@ void RowsIn(const MatmulArgs& g) {
         }
       }
     }
+#endif
   }
   if (n8 < g.n) ChainColumnsScalar<WT>(g, n8);
 }
