@@ -358,7 +358,10 @@ void RowsOut(const MatmulArgs& g) {
   if (g.m == 1) return RowsOutOneRow<WT>(g);
   constexpr int MR = Tiles::kOutRows, NR = Tiles::kOutCols;
 #ifdef SWITCHSERVE_MATMUL_ZMM
-  if (g.m > MR) return RowsOutManyRows<WT>(g);
+  // From two full 16-lane row tiles on; fewer rows (a decode step's
+  // projections at small batches) keep the 8-lane tiles, which read f32
+  // weights in place instead of packing them.
+  if (g.m >= 2 * kPairRows) return RowsOutManyRows<WT>(g);
 #endif
   const int64_t ldw = g.w.ld;
   // Many rows reuse each weight tile: widen it once (exact) rather than in
