@@ -104,6 +104,20 @@ inline float FmaScalar(float a, float b, float c) {
 
 // ---- MatmulRowsOut ----
 
+// Stores the first min(4, count) of `sums` to out[0 ..) (added to what is
+// there when accumulating), elementwise, so that the vector and scalar
+// stores compute the same bits.
+inline void StoreSums(__m128 sums, int count, bool accumulate, float* out) {
+  if (count >= 4) {
+    if (accumulate) sums = _mm_add_ps(_mm_loadu_ps(out), sums);
+    _mm_storeu_ps(out, sums);
+    return;
+  }
+  alignas(16) float lanes[4];
+  _mm_store_ps(lanes, sums);
+  for (int j = 0; j < count; ++j) out[j] = accumulate ? out[j] + lanes[j] : lanes[j];
+}
+
 // c[i][j] = alpha * dot8(a row i, w row j) (+ c[i][j] when accumulating) for
 // an MR x NR tile. kPrefetch: the tile reads its weights once, from memory
 // (a tile that many rows share re-reads them from the cache, where
@@ -149,22 +163,14 @@ void DotTile(const float* const* a, const void* w, int64_t ldw, int k, float* c,
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(av, wv[j], acc[i][j]);
     }
   }
-  // Elementwise, so the vector and scalar stores compute the same bits.
   const __m256 zero = _mm256_setzero_ps();
   const __m128 alpha4 = _mm_set1_ps(alpha);
   for (int i = 0; i < MR; ++i) {
     float* row = c + i * ldc;
     for (int j0 = 0; j0 < NR; j0 += 4) {
       const auto at = [&](int j) { return j < NR ? acc[i][j] : zero; };
-      __m128 r = _mm_mul_ps(alpha4, Reduce4x8(at(j0), at(j0 + 1), at(j0 + 2), at(j0 + 3)));
-      if (j0 + 4 <= NR) {
-        if (accumulate) r = _mm_add_ps(_mm_loadu_ps(row + j0), r);
-        _mm_storeu_ps(row + j0, r);
-      } else {
-        alignas(16) float sums[4];
-        _mm_store_ps(sums, r);
-        for (int j = j0; j < NR; ++j) row[j] = accumulate ? row[j] + sums[j - j0] : sums[j - j0];
-      }
+      StoreSums(_mm_mul_ps(alpha4, Reduce4x8(at(j0), at(j0 + 1), at(j0 + 2), at(j0 + 3))), NR - j0,
+                accumulate, row + j0);
     }
   }
 }
@@ -289,16 +295,10 @@ void DotTilePairs(const float* const* a, const float* pairs, int k, float* c, in
     for (int q0 = 0; q0 < kPairCols; q0 += 2) {
       const auto lo = [&](int q) { return Half<0>(acc[i][q]); };
       const auto hi = [&](int q) { return Half<1>(acc[i][q]); };
-      __m128 r = _mm_mul_ps(alpha4, Reduce4x8(lo(q0), hi(q0), lo(q0 + 1), hi(q0 + 1)));
       const int j0 = 2 * q0;
-      if (j0 + 4 <= nr) {
-        if (accumulate) r = _mm_add_ps(_mm_loadu_ps(row + j0), r);
-        _mm_storeu_ps(row + j0, r);
-      } else {
-        alignas(16) float sums[4];
-        _mm_store_ps(sums, r);
-        for (int j = j0; j < nr; ++j) row[j] = accumulate ? row[j] + sums[j - j0] : sums[j - j0];
-      }
+      if (j0 >= nr) break;
+      StoreSums(_mm_mul_ps(alpha4, Reduce4x8(lo(q0), hi(q0), lo(q0 + 1), hi(q0 + 1))), nr - j0,
+                accumulate, row + j0);
     }
   }
 }
