@@ -141,11 +141,28 @@ def running_prometheus(tmp, targets):
 
         wait_for("prometheus ready", ready)
 
-        def all_up():
-            up = prom.vector("up")
-            return len(up) == len(targets) and all(v == 1.0 for v in up.values())
+        def targets_down():
+            """[(job, health, last error)] of the targets not yet scraped
+            successfully, or None once every target is up."""
+            reply = prom.get("/api/v1/targets", state="active")
+            active = reply.get("data", {}).get("activeTargets", [])
+            seen = {t["labels"].get("job"): t for t in active}
+            down = [
+                (job, t["health"], t["lastError"]) if t else (job, "absent", "")
+                for job, t in ((job, seen.get(job)) for job in targets)
+                if not t or t["health"] != "up"
+            ]
+            return down or None
 
-        wait_for("every target up", all_up)
+        # The servers scraped may still be loading their models, several at
+        # once on a busy machine (sanitizer builds): their first successful
+        # scrape can come well after Prometheus is ready.
+        deadline = time.monotonic() + 120.0
+        down = targets_down()
+        while down and time.monotonic() < deadline:
+            time.sleep(0.25)
+            down = targets_down()
+        assert not down, f"targets still down after 120 s (job, health, last error): {down}"
         yield prom
     finally:
         process.terminate()
