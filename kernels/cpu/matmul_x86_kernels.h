@@ -229,15 +229,30 @@ void WidenRows(const void* w, int64_t ldw, int rows, int k, float* out) {
 constexpr int kPairRows = 6;  // 24 accumulators, 4 weight vectors, 1 input
 constexpr int kPairCols = 4;  // pairs of columns: 8 columns per tile
 
-// (The zero-masking forms with every lane kept: GCC 12's plain forms read an
-// undefined register and trip -Wuninitialized.)
+// (The zero-masking forms with every lane kept, here and in SumPairs: GCC
+// 12's plain forms read an undefined register and trip -Wuninitialized.)
 inline __m512 Broadcast8(__m256 v) {
   return _mm512_castpd_ps(_mm512_maskz_broadcast_f64x4(0xFF, _mm256_castps_pd(v)));
 }
 
-template <int kHalf>
-inline __m256 Half(__m512 v) {
-  return _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, _mm512_castps_pd(v), kHalf));
+// One row's 8 column sums, in lanes 0-7, from its pair accumulators p0-p3:
+// each column's sum is Reduce4x8's tree over its 8 lanes (lanes j and j + 4
+// first, then neighbours, then the two halves), computed for all 8 columns
+// at once with in-register shuffles instead of per-column extracts.
+inline __m512 SumPairs(__m512 p0, __m512 p1, __m512 p2, __m512 p3) {
+  // Pair q's 128-bit blocks: column 2q lanes 0-3, 4-7; column 2q + 1 lanes
+  // 0-3, 4-7. Block b of s03 (s47): column b (b + 4), lanes j + (j + 4).
+  const __m512 s03 = _mm512_add_ps(_mm512_maskz_shuffle_f32x4(0xFFFF, p0, p1, 0x88),
+                                   _mm512_maskz_shuffle_f32x4(0xFFFF, p0, p1, 0xDD));
+  const __m512 s47 = _mm512_add_ps(_mm512_maskz_shuffle_f32x4(0xFFFF, p2, p3, 0x88),
+                                   _mm512_maskz_shuffle_f32x4(0xFFFF, p2, p3, 0xDD));
+  // Block b: column b's (0 + 1), (2 + 3); column b + 4's (0 + 1), (2 + 3).
+  const __m512 t =
+      _mm512_add_ps(_mm512_shuffle_ps(s03, s47, 0x88), _mm512_shuffle_ps(s03, s47, 0xDD));
+  // Block b: column b, column b + 4 (twice).
+  const __m512 f = _mm512_add_ps(_mm512_shuffle_ps(t, t, 0x88), _mm512_shuffle_ps(t, t, 0xDD));
+  return _mm512_maskz_permutexvar_ps(
+      0xFFFF, _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0), f);
 }
 
 // Widens (exactly) weight rows [0, rows) into pairs: pair q, chunk c holds
@@ -289,17 +304,15 @@ void DotTilePairs(const float* const* a, const float* pairs, int k, float* c, in
       for (int q = 0; q < kPairCols; ++q) acc[i][q] = _mm512_fmadd_ps(av, wv[q], acc[i][q]);
     }
   }
-  const __m128 alpha4 = _mm_set1_ps(alpha);
+  // As StoreSums: alpha * sum, added to what is there when accumulating.
+  const __m512 alpha16 = _mm512_set1_ps(alpha);
+  const __mmask16 columns = static_cast<__mmask16>((1u << nr) - 1);
+#pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
     float* row = c + i * ldc;
-    for (int q0 = 0; q0 < kPairCols; q0 += 2) {
-      const auto lo = [&](int q) { return Half<0>(acc[i][q]); };
-      const auto hi = [&](int q) { return Half<1>(acc[i][q]); };
-      const int j0 = 2 * q0;
-      if (j0 >= nr) break;
-      StoreSums(_mm_mul_ps(alpha4, Reduce4x8(lo(q0), hi(q0), lo(q0 + 1), hi(q0 + 1))), nr - j0,
-                accumulate, row + j0);
-    }
+    __m512 sums = _mm512_mul_ps(alpha16, SumPairs(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+    if (accumulate) sums = _mm512_add_ps(_mm512_maskz_loadu_ps(columns, row), sums);
+    _mm512_mask_storeu_ps(row, columns, sums);
   }
 }
 
