@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/cpu/vector_math.h"
+
 namespace switchserve::cpu {
 
 void WidenValues(const Tensor& t, int64_t offset, int count, float* out) {
@@ -62,7 +64,7 @@ void AddBiasRows(float* x, int rows, int n, int ld, const float* bias) {
   }
 }
 
-float Sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
+float Sigmoid(float z) { return 1.0f / (1.0f + Exp(-z)); }
 
 void ApplyActivation(Activation act, float* x, int64_t n) {
   switch (act) {
@@ -70,12 +72,12 @@ void ApplyActivation(Activation act, float* x, int64_t n) {
       for (int64_t i = 0; i < n; ++i) x[i] = x[i] > 0 ? x[i] : 0.0f;
       return;
     case Activation::kGelu:
-      for (int64_t i = 0; i < n; ++i) {
-        x[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * 0.70710678118654752f));
-      }
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) x[i] = Gelu(x[i]);
       return;
     case Activation::kSilu:
-      for (int64_t i = 0; i < n; ++i) x[i] = x[i] / (1.0f + std::exp(-x[i]));
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) x[i] = Silu(x[i]);
       return;
   }
 }

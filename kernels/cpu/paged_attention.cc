@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/vector_math.h"
+
 namespace switchserve::cpu {
 namespace {
 
@@ -115,11 +117,9 @@ void PagedAttention::AttendTile(const StepBatch& step, const Piece& piece, const
     const int visible = start + r + 1;
     float smax = -INFINITY;
     for (int j = 0; j < visible; ++j) smax = std::max(smax, e[j]);
+    for (int j = 0; j < visible; ++j) e[j] = Exp(e[j] - smax);
     float sum = 0.0f;
-    for (int j = 0; j < visible; ++j) {
-      e[j] = std::exp(e[j] - smax);
-      sum += e[j];
-    }
+    for (int j = 0; j < visible; ++j) sum += e[j];
     scratch.sums[r] = sum;
   }
 
