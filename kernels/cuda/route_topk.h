@@ -16,7 +16,7 @@ enum class GateType : int { kSoftmax, kSigmoid, kSoftmaxTopK };
 
 // logits: [tokens, n_experts], row stride ld. Outputs (device memory):
 // expert and weight [tokens, top_k] in rank order; prob [tokens, n_experts],
-// P(e | token) for the statistics. One thread per token. With several
+// P(e | token) for the statistics. One warp per token. With several
 // `routers` (the heads of an attention layer), router r reads the logits from
 // column r * router_offset on and writes expert, weight + r * tokens * top_k
 // and prob + r * tokens * n_experts.

@@ -115,6 +115,29 @@ TEST(SimtRouteTopK, MatchesRouteTokensTiesIncluded) {
   }
 }
 
+// A NaN logit (a NaN activation upstream) or more experts than the warp's
+// per-lane masks hold: the kernel's choices are still RouteTokens', NaN
+// handling included (a NaN first logit stays the best; later NaNs never win).
+TEST(SimtRouteTopK, NanLogitsAndManyExpertsChooseAsRouteTokens) {
+  SIMT_REQUIRE_DEVICE();
+  for (const int experts : {8, 40, 1100}) {
+    for (const int nan_at : {-1, 0, 3}) {
+      if (nan_at < 0 && experts <= 1024) continue;
+      SCOPED_TRACE("E=" + std::to_string(experts) + " NaN at " + std::to_string(nan_at));
+      const int tokens = 5, top_k = 4, ld = experts;
+      std::vector<float> z = Logits(tokens, experts, ld, /*tied=*/true, experts + nan_at);
+      if (nan_at >= 0) {
+        for (int t = 0; t < tokens; t += 2) z[static_cast<size_t>(t) * ld + nan_at] = NAN;
+      }
+      RouterDecision want;
+      RouteTokens(z.data(), ld, tokens, experts, top_k, GateFunction::kSigmoid, true, &want);
+      const RouteResult got =
+          RouteOnDevice(z, ld, tokens, experts, top_k, GateType::kSigmoid, true);
+      EXPECT_EQ(got.expert, want.expert);
+    }
+  }
+}
+
 struct PlanResult {
   std::vector<int32_t> trace_expert;
   std::vector<float> trace_gate;
