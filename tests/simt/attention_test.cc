@@ -243,6 +243,10 @@ const std::vector<Case>& Cases() {
       {Shape(4, 1, 256, 1, 8, 16, CacheType::kF32), {20, 3}, {20, 3}},
       {Shape(4, 2, 12, 1, 4, 8, CacheType::kF32), {30, 11}, {30, 2}, /*xl=*/true},
       {Shape(3, 3, 20, 2, 4, 16, CacheType::kBf16), {21, 9}, {21, 9}, /*xl=*/true},
+      // KV blocks of more units than the kernel holds in registers while it
+      // computes the previous block: 16-byte units (f32), single elements (bf16, dh 20).
+      {Shape(2, 1, 128, 4, 16, 32, CacheType::kF32), {40, 9}, {40, 1}},
+      {Shape(2, 2, 20, 4, 16, 32, CacheType::kBf16), {37, 18}, {37, 18}},
   };
   return *cases;
 }
