@@ -106,7 +106,10 @@ phase_test() {
 
 phase_bench() {
   local device_args=(--device=cuda)
-  local compare_args=(--device cuda --paper --skip-model --concurrency 1,32 --ref-batches 1)
+  # 8 waves of requests per switchserve run: a GPU finishes 2 waves of 32 in
+  # a fraction of a second, too short for a stable gRPC / engine ratio.
+  local compare_args=(--device cuda --paper --skip-model --concurrency 1,32 --ref-batches 1
+    --waves 8)
   local engine_bench=$BUILD/bench/engine_bench
   if [[ $smoke == 1 ]]; then
     device_args+=(--smoke --benchmark_min_time=0.01)
