@@ -10,12 +10,13 @@
 //                  and memory read bandwidth (bench/roofline.h).
 //   --device=cuda  the CUDA backend (16-bit weights, decode steps sampling
 //                  greedily on the device, as the engine runs them); decode at
-//                  batch 1, 8, 64, 256 and a 2048-token prefill, for the
-//                  SwitchAll model and a dense-attention baseline of matched
-//                  parameters (10 dense heads of 112: the same attention
-//                  parameter count within 1%, the same MoE FFN); limits:
-//                  device-to-device copy bandwidth and the cuBLAS bf16 GEMM
-//                  rate (kernels/backends.h, MeasureDeviceLimits).
+//                  batch 1, 8, 64, 256 (context 128) and 1, 8 (context 2000)
+//                  and a 2048-token prefill, for the SwitchAll model and a
+//                  dense-attention baseline of matched parameters (10
+//                  dense heads of 112: the same attention parameter count
+//                  within 1%, the same MoE FFN); limits: device-to-device
+//                  copy bandwidth and the cuBLAS bf16 GEMM rate
+//                  (kernels/backends.h, MeasureDeviceLimits).
 //   --smoke        tiny models and short runs: checks the whole benchmark
 //                  end to end (on the emulated CUDA backend too).
 //
@@ -329,19 +330,27 @@ void RegisterBenchmarks() {
   }
   std::vector<int> batches = cpu ? std::vector<int>{1, 8, 32} : std::vector<int>{1, 8, 64, 256};
   int context = 128, prefill = cpu ? 512 : 2048;
+  // On a GPU, decode with long contexts too (batch 1 and 8): the attention
+  // that walks them, which a 128-token context barely shows.
+  std::vector<int> long_batches = cpu ? std::vector<int>{} : std::vector<int>{1, 8};
+  int long_context = 2000;
   if (smoke) {
     batches = {1, 8};
     context = 16;
     prefill = 32;
+    long_batches = cpu ? std::vector<int>{} : std::vector<int>{1};
+    long_context = 100;
   }
+  const auto add_decode = [](const std::string& model, int batch, int context_tokens) {
+    const std::string name = "decode/" + model + "/batch:" + std::to_string(batch) +
+                             "/context:" + std::to_string(context_tokens);
+    benchmark::RegisterBenchmark(name.c_str(), DecodeStep, model, batch, context_tokens)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
+  };
   for (const std::string& model : models) {
-    for (int batch : batches) {
-      const std::string name = "decode/" + model + "/batch:" + std::to_string(batch) +
-                               "/context:" + std::to_string(context);
-      benchmark::RegisterBenchmark(name.c_str(), DecodeStep, model, batch, context)
-          ->Unit(benchmark::kMillisecond)
-          ->UseRealTime();
-    }
+    for (int batch : batches) add_decode(model, batch, context);
+    for (int batch : long_batches) add_decode(model, batch, long_context);
     const std::string name = "prefill/" + model + "/tokens:" + std::to_string(prefill);
     benchmark::RegisterBenchmark(name.c_str(), PrefillChunk, model, prefill)
         ->Unit(benchmark::kMillisecond)

@@ -79,10 +79,13 @@ def main():
         print(f"- {'PASS' if ok else 'FAIL'}: {name} ({detail})")
 
     print("\n## goals")
-    decode1 = [b for (k, m, s), b in rows.items()
-               if k == "decode" and m == "switchall" and s.startswith("batch:1/")]
+    # The shortest context's batch-1 step (a longer one reads mostly cache).
+    decode1 = sorted(((int(re.search(r"context:(\d+)", s).group(1)), b)
+                      for (k, m, s), b in rows.items()
+                      if k == "decode" and m == "switchall" and s.startswith("batch:1/")),
+                     key=lambda x: x[0])
     if decode1:
-        r = decode1[0]["gb_per_s_of_peak"]
+        r = decode1[0][1]["gb_per_s_of_peak"]
         goal("batch-1 decode >= 60% of the bandwidth roofline", r >= 0.6, f"{r:.2f}")
     prefill = [b for (k, m, s), b in rows.items() if k == "prefill" and m == "switchall"]
     if prefill:
