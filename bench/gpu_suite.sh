@@ -12,7 +12,8 @@
 #          references, the per-backend suites, routing replay, decode-graph
 #          replay against eager), then compute-sanitizer on one test binary
 #   bench  engine_bench --device=cuda (SwitchAll and the dense baseline:
-#          decode at batch 1, 8, 64, 256, a 2048-token prefill, the copy
+#          decode at batch 1, 8, 64, 256 (context 128) and 1, 8 (context
+#          2000), a 2048-token prefill, the copy
 #          bandwidth and bf16 GEMM rate), then compare_pytorch.py --device cuda
 #          (the PyTorch reference on the same GPU, the in-process engine and
 #          gRPC at 1 and 32 clients); bench/gpu_summary.py checks the goals
