@@ -19,6 +19,10 @@
 //                  (kernels/backends.h, MeasureDeviceLimits).
 //   --smoke        tiny models and short runs: checks the whole benchmark
 //                  end to end (on the emulated CUDA backend too).
+//   --attention-segment-tokens=N
+//                  CUDA: keys per attention segment (default 512, rounded up
+//                  to whole KV blocks): a decode step's attention splits its
+//                  context into segments computed in parallel and merged.
 //
 // Counters: tokens_per_s; gflops and gb_per_s achieved (FLOPs of the matmuls
 // and attention actually run; bytes of the weights the step touched, as held
@@ -36,6 +40,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -55,6 +60,7 @@ namespace {
 struct Settings {
   DeviceKind device = DeviceKind::kCpu;
   bool smoke = false;
+  int attention_segment_tokens = 0;  // CUDA; 0: the backend's default
 };
 Settings& settings() {
   static Settings s;
@@ -211,8 +217,9 @@ void Report(benchmark::State& state, const StepWork& work, int64_t tokens_per_st
 }
 
 std::unique_ptr<Backend> NewBackend(const BenchModel& model) {
-  absl::StatusOr<std::unique_ptr<Backend>> backend =
-      CreateBackend(settings().device, model.config, model.weights, model.config.dispatch);
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend(
+      settings().device, model.config, model.weights, model.config.dispatch,
+      BackendOptions{.cuda_attention_segment_tokens = settings().attention_segment_tokens});
   return backend.ok() ? *std::move(backend) : nullptr;
 }
 
@@ -375,6 +382,13 @@ int main(int argc, char** argv) {
         return 2;
       }
       settings().device = *device;
+    } else if (std::strncmp(argv[i], "--attention-segment-tokens=", 27) == 0) {
+      settings().attention_segment_tokens = std::atoi(argv[i] + 27);
+      if (settings().attention_segment_tokens < 1) {
+        std::fprintf(stderr,
+                     "engine_bench: --attention-segment-tokens: expected a positive count\n");
+        return 2;
+      }
     } else {
       rest.push_back(argv[i]);
     }

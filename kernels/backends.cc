@@ -70,6 +70,9 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(DeviceKind device, const 
     {
       CudaBackendOptions cuda;
       cuda.sixteen_bit_weights = !options.cuda_f32_weights;
+      if (options.cuda_attention_segment_tokens > 0) {
+        cuda.attention_segment_tokens = options.cuda_attention_segment_tokens;
+      }
       return CreateCudaBackend(config, weights, dispatch, cuda);
     }
 #else

@@ -28,6 +28,10 @@ struct BackendOptions {
   int num_threads = 0;  // host threads the backend computes with; 0: all cores
   // CUDA: keep every weight matrix in f32 (the parity mode) instead of 16-bit.
   bool cuda_f32_weights = false;
+  // CUDA: keys per attention segment (CudaBackendOptions); 0: its default.
+  // Every path of a backend uses the same value, so a request's logits stay
+  // bitwise the same in decode and prefill; another value rounds differently.
+  int cuda_attention_segment_tokens = 0;
 };
 
 // The devices this build has a backend for, most preferred first. Never
