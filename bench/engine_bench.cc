@@ -40,13 +40,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "bench/roofline.h"
 #include "engine/model/model_loader.h"
 #include "engine/runtime/kv_cache.h"
@@ -383,8 +383,8 @@ int main(int argc, char** argv) {
       }
       settings().device = *device;
     } else if (std::strncmp(argv[i], "--attention-segment-tokens=", 27) == 0) {
-      settings().attention_segment_tokens = std::atoi(argv[i] + 27);
-      if (settings().attention_segment_tokens < 1) {
+      if (!absl::SimpleAtoi(argv[i] + 27, &settings().attention_segment_tokens) ||
+          settings().attention_segment_tokens < 1) {
         std::fprintf(stderr,
                      "engine_bench: --attention-segment-tokens: expected a positive count\n");
         return 2;

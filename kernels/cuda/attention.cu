@@ -17,14 +17,12 @@
 
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/simt.h"
+#include "kernels/cuda/widen.h"
 
 namespace switchserve::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-__device__ __forceinline__ float Widen(float v) { return v; }
-__device__ __forceinline__ float Widen(__nv_bfloat16 v) { return __bfloat162float(v); }
 
 // One KV block's keys and values, from the cache into shared memory as
 // floats, in units of kUnit cache elements: 16-byte loads (kUnit = 16 /
@@ -76,17 +74,7 @@ struct KvStage {
     if constexpr (kUnit == 1) {
       dst[0] = Widen(raw);
     } else {
-      const uint32_t* words = reinterpret_cast<const uint32_t*>(&raw);
-      if constexpr (sizeof(CacheT) == 4) {
-        SIMT_UNROLL
-        for (int i = 0; i < 4; ++i) dst[i] = __uint_as_float(words[i]);
-      } else {
-        SIMT_UNROLL
-        for (int i = 0; i < 4; ++i) {
-          dst[2 * i] = __uint_as_float(words[i] << 16);
-          dst[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
-        }
-      }
+      WidenWords<CacheT>(raw, dst);
     }
   }
 

@@ -16,6 +16,7 @@
 
 #include "kernels/cuda/linear.h"
 #include "kernels/cuda/simt.h"
+#include "kernels/cuda/widen.h"
 
 namespace switchserve::cuda {
 namespace {
@@ -23,10 +24,6 @@ namespace {
 constexpr int kTileK = 16;
 constexpr int kChunk = 32;  // a multiple of kTileK
 static_assert(kChunk % kTileK == 0, "a chunk is whole tile slices");
-
-__device__ __forceinline__ float Widen(float v) { return v; }
-__device__ __forceinline__ float Widen(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float Widen(__half v) { return __half2float(v); }
 
 __device__ __forceinline__ float Activate(Activation act, float x) {
   switch (act) {
@@ -202,37 +199,6 @@ __global__ void __launch_bounds__(TY* TX)
 constexpr int kFewWarps = 16;
 constexpr int kFewRows = 8;
 constexpr int kFewCols = 32;
-
-template <typename WT>
-__device__ __forceinline__ void WidenVector(const WT* p, float* v);
-template <>
-__device__ __forceinline__ void WidenVector(const float* p, float* v) {
-  const float4 q = *reinterpret_cast<const float4*>(p);
-  v[0] = q.x;
-  v[1] = q.y;
-  v[2] = q.z;
-  v[3] = q.w;
-}
-__device__ __forceinline__ float FromBits(uint16_t bits, const __nv_bfloat16*) {
-  __nv_bfloat16_raw raw;
-  raw.x = bits;
-  return __bfloat162float(__nv_bfloat16(raw));
-}
-__device__ __forceinline__ float FromBits(uint16_t bits, const __half*) {
-  __half_raw raw;
-  raw.x = bits;
-  return __half2float(__half(raw));
-}
-template <typename WT>
-__device__ __forceinline__ void WidenVector(const WT* p, float* v) {  // 8 halves in 16 bytes
-  const uint4 q = *reinterpret_cast<const uint4*>(p);
-  const uint32_t words[4] = {q.x, q.y, q.z, q.w};
-  SIMT_UNROLL
-  for (int i = 0; i < 4; ++i) {
-    v[2 * i] = FromBits(static_cast<uint16_t>(words[i] & 0xffffu), p);
-    v[2 * i + 1] = FromBits(static_cast<uint16_t>(words[i] >> 16), p);
-  }
-}
 
 template <typename WT, WeightLayout kLayout>
 __global__ void __launch_bounds__(kFewWarps * 32)

@@ -90,10 +90,8 @@ __global__ void __launch_bounds__(kThreads)
       if (lane == 0) chosen[r] = best;
     }
   }
-  double sum = 0;
-  if (lane == 0) {
-    for (int e = 0; e < E; ++e) sum += term[e];
-    for (int r = 0; !ordered && r < top_k; ++r) {
+  if (!ordered && lane == 0) {
+    for (int r = 0; r < top_k; ++r) {
       int best = -1;
       for (int e = 0; e < E; ++e) {
         bool taken = false;
@@ -103,6 +101,10 @@ __global__ void __launch_bounds__(kThreads)
       }
       chosen[r] = best;
     }
+  }
+  double sum = 0;
+  if (lane == 0) {
+    for (int e = 0; e < E; ++e) sum += term[e];
   }
   sum = __shfl_sync(kFullMask, sum, 0);
   __syncwarp();
