@@ -122,6 +122,7 @@ __global__ void __launch_bounds__(kThreads)
                            int kv_heads, int head_dim, int ev, int block_size, int segment_tokens,
                            int query_tile, int max_segments, const float* xl_keys, int xl_positions,
                            float* partials) {
+  SIMT_GRID_WAIT();
   SIMT_DYNAMIC_SHARED(float, smem);
   const int group = heads / kv_heads;
   const int dh = head_dim;
@@ -271,6 +272,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     AttentionMergeKernel(const float* partials, const int32_t* positions, int heads, int head_dim,
                          int segment_tokens, int max_segments, float* out, int64_t out_ld) {
+  SIMT_GRID_WAIT();
   const int64_t t = blockIdx.x;
   const int segments = positions[t] / segment_tokens + 1;
   const int width = head_dim + 2;
@@ -300,13 +302,13 @@ cudaError_t LaunchSegments(const AttentionArgs& a, size_t shared_bytes, cudaStre
     if (e != cudaSuccess) return e;
   }
   const AttentionShape& s = a.shape;
-  return SIMT_LAUNCH((AttentionSegmentKernel<CacheT, kUnit>), dim3(a.tiles, s.kv_heads, a.segments),
-                     dim3(kThreads), shared_bytes, stream, a.q, a.q_ld,
-                     static_cast<const CacheT*>(a.k_cache), static_cast<const CacheT*>(a.v_cache),
-                     a.value_weights, a.positions, a.token_sequence, a.block_tables,
-                     a.block_offsets, a.tile_first, a.tile_count, s.heads, s.kv_heads, s.head_dim,
-                     s.values_per_kv_head, s.block_size, s.segment_tokens, a.query_tile,
-                     a.max_segments, a.xl_keys, a.xl_positions, a.partials);
+  return SIMT_LAUNCH_DEPENDENT(
+      (AttentionSegmentKernel<CacheT, kUnit>), dim3(a.tiles, s.kv_heads, a.segments),
+      dim3(kThreads), shared_bytes, stream, a.q, a.q_ld, static_cast<const CacheT*>(a.k_cache),
+      static_cast<const CacheT*>(a.v_cache), a.value_weights, a.positions, a.token_sequence,
+      a.block_tables, a.block_offsets, a.tile_first, a.tile_count, s.heads, s.kv_heads, s.head_dim,
+      s.values_per_kv_head, s.block_size, s.segment_tokens, a.query_tile, a.max_segments, a.xl_keys,
+      a.xl_positions, a.partials);
 }
 
 // 16-byte loads when every row of both caches starts 16-byte aligned.
@@ -347,9 +349,9 @@ cudaError_t LaunchAttention(const AttentionArgs& a, cudaStream_t stream) {
                             ? LaunchSegments<__nv_bfloat16>(a, shared_bytes, stream)
                             : LaunchSegments<float>(a, shared_bytes, stream);
   if (e != cudaSuccess) return e;
-  return SIMT_LAUNCH(AttentionMergeKernel, dim3(a.tokens), dim3(kThreads), 0, stream, a.partials,
-                     a.positions, s.heads, s.head_dim, s.segment_tokens, a.max_segments, a.out,
-                     a.out_ld);
+  return SIMT_LAUNCH_DEPENDENT(AttentionMergeKernel, dim3(a.tokens), dim3(kThreads), 0, stream,
+                               a.partials, a.positions, s.heads, s.head_dim, s.segment_tokens,
+                               a.max_segments, a.out, a.out_ld);
 }
 
 }  // namespace switchserve::cuda

@@ -220,6 +220,7 @@ __global__ void __launch_bounds__(kThreads)
                        int group_size, const int32_t* positions, const int32_t* token_sequence,
                        const int32_t* carried, int32_t* carried_out, int64_t loads_stride,
                        int64_t loads_column, int32_t* scratch_loads, uint8_t* scratch_taken) {
+  SIMT_GRID_WAIT();
   SIMT_DYNAMIC_SHARED(int, shared);
   const int E = n_experts;
   // This block's router.
@@ -382,14 +383,14 @@ cudaError_t LaunchDispatchPlan(const DispatchPlanInput& in, const DispatchPlanOu
        q.positions == nullptr || q.token_sequence == nullptr)) {
     return cudaErrorInvalidValue;
   }
-  return SIMT_LAUNCH(DispatchPlanKernel, dim3(in.routers), dim3(kThreads), shared_bytes, stream,
-                     in.expert, in.weight, in.score, in.score_ld, in.prob, in.tokens, in.top_k,
-                     in.n_experts, in.capacity, in.mode, in.score_router_offset, in.counted_tokens,
-                     out.trace_expert, out.trace_gate, out.trace_fate, out.offsets, out.slot_token,
-                     out.slot_weight, out.counts, out.prob_sum, out.assign_slot, q.segment_first,
-                     q.segment_count, q.segments, q.group_size, q.positions, q.token_sequence,
-                     q.carried, q.carried_out, q.stride, q.column, q.scratch_loads,
-                     q.scratch_taken);
+  return SIMT_LAUNCH_DEPENDENT(
+      DispatchPlanKernel, dim3(in.routers), dim3(kThreads), shared_bytes, stream, in.expert,
+      in.weight, in.score, in.score_ld, in.prob, in.tokens, in.top_k, in.n_experts, in.capacity,
+      in.mode, in.score_router_offset, in.counted_tokens, out.trace_expert, out.trace_gate,
+      out.trace_fate, out.offsets, out.slot_token, out.slot_weight, out.counts, out.prob_sum,
+      out.assign_slot, q.segment_first, q.segment_count, q.segments, q.group_size, q.positions,
+      q.token_sequence, q.carried, q.carried_out, q.stride, q.column, q.scratch_loads,
+      q.scratch_taken);
 }
 
 }  // namespace switchserve::cuda

@@ -97,6 +97,7 @@ __global__ void __launch_bounds__(TY* TX)
                  int64_t a_head_cols, int k_dim, const WT* w, int64_t ldw, int64_t w_matrix_stride,
                  int n_cols, float alpha, const float* bias, int64_t bias_stride, Activation act,
                  int accumulate, float* out, int64_t ldc) {
+  SIMT_GRID_WAIT();
   constexpr int kThreads = TY * TX;
   constexpr int TM = TY * RM;
   constexpr int TN = TX * RN;
@@ -208,6 +209,7 @@ __global__ void __launch_bounds__(kFewWarps * 32)
                         int64_t w_matrix_stride, int n_cols, float alpha, const float* bias,
                         int64_t bias_stride, Activation act, int accumulate, float* out,
                         int64_t ldc) {
+  SIMT_GRID_WAIT();
   constexpr int kVector = 16 / sizeof(WT);                  // elements per 16-byte load
   SIMT_SHARED(float, part, kFewWarps* kFewRows* kFewCols);  // [warp][row][column]
   SIMT_SHARED(int64_t, a_offset, kFewRows);
@@ -316,12 +318,12 @@ cudaError_t LaunchTile(const Launch& l) {
   const int rows = l.grouped != nullptr ? g.max_rows : l.dense_rows;
   const int matrices = l.grouped != nullptr ? g.heads * g.n_experts : 1;
   const dim3 grid((l.n_cols + TN - 1) / TN, (rows + TM - 1) / TM, matrices);
-  return SIMT_LAUNCH((LinearKernel<WT, kLayout, TY, TX, RM, RN>), grid, dim3(TY * TX), 0, l.stream,
-                     l.a, l.lda, l.dense_rows, g.offsets, g.a_rows, g.slot_stride, g.n_experts,
-                     g.shared_router ? 1 : 0, g.a_head_cols, l.k, static_cast<const WT*>(l.w->data),
-                     l.w->ld, l.w->matrix_stride, l.n_cols, l.epilogue->alpha, l.epilogue->bias,
-                     l.epilogue->bias_stride, l.epilogue->activation,
-                     l.epilogue->accumulate ? 1 : 0, l.out, l.ldc);
+  return SIMT_LAUNCH_DEPENDENT(
+      (LinearKernel<WT, kLayout, TY, TX, RM, RN>), grid, dim3(TY * TX), 0, l.stream, l.a, l.lda,
+      l.dense_rows, g.offsets, g.a_rows, g.slot_stride, g.n_experts, g.shared_router ? 1 : 0,
+      g.a_head_cols, l.k, static_cast<const WT*>(l.w->data), l.w->ld, l.w->matrix_stride, l.n_cols,
+      l.epilogue->alpha, l.epilogue->bias, l.epilogue->bias_stride, l.epilogue->activation,
+      l.epilogue->accumulate ? 1 : 0, l.out, l.ldc);
 }
 
 template <typename WT, WeightLayout kLayout>
@@ -331,12 +333,12 @@ cudaError_t LaunchFewRows(const Launch& l) {
   const int rows = l.grouped != nullptr ? g.max_rows : l.dense_rows;
   const int matrices = l.grouped != nullptr ? g.heads * g.n_experts : 1;
   const dim3 grid((l.n_cols + kFewCols - 1) / kFewCols, (rows + kFewRows - 1) / kFewRows, matrices);
-  return SIMT_LAUNCH((LinearFewRowsKernel<WT, kLayout>), grid, dim3(kFewWarps * 32), 0, l.stream,
-                     l.a, l.lda, l.dense_rows, g.offsets, g.a_rows, g.slot_stride, g.n_experts,
-                     g.shared_router ? 1 : 0, g.a_head_cols, l.k, static_cast<const WT*>(l.w->data),
-                     l.w->ld, l.w->matrix_stride, l.n_cols, l.epilogue->alpha, l.epilogue->bias,
-                     l.epilogue->bias_stride, l.epilogue->activation,
-                     l.epilogue->accumulate ? 1 : 0, l.out, l.ldc);
+  return SIMT_LAUNCH_DEPENDENT(
+      (LinearFewRowsKernel<WT, kLayout>), grid, dim3(kFewWarps * 32), 0, l.stream, l.a, l.lda,
+      l.dense_rows, g.offsets, g.a_rows, g.slot_stride, g.n_experts, g.shared_router ? 1 : 0,
+      g.a_head_cols, l.k, static_cast<const WT*>(l.w->data), l.w->ld, l.w->matrix_stride, l.n_cols,
+      l.epilogue->alpha, l.epilogue->bias, l.epilogue->bias_stride, l.epilogue->activation,
+      l.epilogue->accumulate ? 1 : 0, l.out, l.ldc);
 }
 
 // Up to 64 rows, or under 64 columns (routers): the few-rows kernel, which

@@ -13,6 +13,7 @@ constexpr int kMaxThreads = 256;
 __global__ void __launch_bounds__(kMaxThreads)
     NormRowsKernel(NormType type, float eps, const float* x, int d, const float* weight,
                    const float* bias, float* out, __nv_bfloat16* out_bf16) {
+  SIMT_GRID_WAIT();
   SIMT_SHARED(float, scratch, simt::kWarp);
   const int64_t row = blockIdx.x;
   const float* xr = x + row * d;
@@ -46,8 +47,8 @@ cudaError_t LaunchNormRows(NormType type, float eps, const float* x, int rows, i
   // A multiple of 32 (BlockReduce), no more threads than a row has columns.
   int threads = simt::kWarp;
   while (threads < kMaxThreads && threads < d) threads *= 2;
-  return SIMT_LAUNCH(NormRowsKernel, dim3(rows), dim3(threads), 0, stream, type, eps, x, d, weight,
-                     bias, out, out_bf16);
+  return SIMT_LAUNCH_DEPENDENT(NormRowsKernel, dim3(rows), dim3(threads), 0, stream, type, eps, x,
+                               d, weight, bias, out, out_bf16);
 }
 
 }  // namespace switchserve::cuda

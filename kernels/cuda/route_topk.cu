@@ -33,6 +33,7 @@ __global__ void __launch_bounds__(kThreads)
     RouteTopKKernel(const float* logits, int64_t ld, int tokens, int n_experts, int top_k,
                     GateType gate, int renormalize, int32_t* expert, float* weight, float* prob,
                     int64_t router_offset) {
+  SIMT_GRID_WAIT();
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
   const int warp = static_cast<int>(threadIdx.x) / kWarp;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kTokensPerBlock + warp;
@@ -149,9 +150,9 @@ cudaError_t LaunchRouteTopK(const float* logits, int64_t ld, int tokens, int n_e
                              static_cast<int>(shared_bytes));
     if (e != cudaSuccess) return e;
   }
-  return SIMT_LAUNCH(RouteTopKKernel, dim3(blocks, routers), dim3(kThreads), shared_bytes, stream,
-                     logits, ld, tokens, n_experts, top_k, gate, renormalize ? 1 : 0, expert,
-                     weight, prob, router_offset);
+  return SIMT_LAUNCH_DEPENDENT(RouteTopKKernel, dim3(blocks, routers), dim3(kThreads), shared_bytes,
+                               stream, logits, ld, tokens, n_experts, top_k, gate,
+                               renormalize ? 1 : 0, expert, weight, prob, router_offset);
 }
 
 }  // namespace switchserve::cuda

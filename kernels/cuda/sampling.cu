@@ -155,6 +155,7 @@ __global__ void __launch_bounds__(kThreads)
                  const DeviceSampleParams* params, const int32_t* history, char* scratch,
                  int64_t scratch_stride, int max_logprobs, int32_t* token_out, float* logprob_out,
                  int32_t* top_ids, float* top_logprobs) {
+  SIMT_GRID_WAIT();
   SIMT_SHARED(float, red_v, kWarps);
   SIMT_SHARED(int, red_i, kWarps);
   SIMT_SHARED(double, red_d, kWarps);
@@ -329,11 +330,11 @@ size_t SamplingScratchBytes(int vocab) {
 cudaError_t LaunchSampling(const SamplingArgs& a, cudaStream_t stream) {
   if (a.vocab < 1 || a.max_logprobs < 0) return cudaErrorInvalidValue;
   if (a.samples == 0) return cudaSuccess;
-  return SIMT_LAUNCH(SampleKernel, dim3(a.samples), dim3(kThreads), 0, stream, a.logits,
-                     a.logits_ld, a.vocab, PaddedVocab(a.vocab), a.params, a.history,
-                     static_cast<char*>(a.scratch),
-                     static_cast<int64_t>(SamplingScratchBytes(a.vocab)), a.max_logprobs, a.token,
-                     a.logprob, a.top_ids, a.top_logprobs);
+  return SIMT_LAUNCH_DEPENDENT(SampleKernel, dim3(a.samples), dim3(kThreads), 0, stream, a.logits,
+                               a.logits_ld, a.vocab, PaddedVocab(a.vocab), a.params, a.history,
+                               static_cast<char*>(a.scratch),
+                               static_cast<int64_t>(SamplingScratchBytes(a.vocab)), a.max_logprobs,
+                               a.token, a.logprob, a.top_ids, a.top_logprobs);
 }
 
 }  // namespace switchserve::cuda

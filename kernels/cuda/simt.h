@@ -14,7 +14,9 @@
 //   SIMT_SHARED(T, name, N) for a shared array T name[N] (not `__shared__`);
 //   SIMT_DYNAMIC_SHARED(T, name) for the launch's dynamic shared memory;
 //   SIMT_LAUNCH(kernel, grid, block, shared_bytes, stream, args...) for every
-//   launch (returns the cudaError_t of cudaGetLastError() after the launch).
+//   launch (returns the cudaError_t of cudaGetLastError() after the launch);
+//   SIMT_LAUNCH_DEPENDENT(...) the same, for a kernel whose first statement
+//   is SIMT_GRID_WAIT() (below).
 // The rules that keep one source right on both are in kernels/cuda/README.md.
 #ifndef SWITCHSERVE_KERNELS_CUDA_SIMT_H_
 #define SWITCHSERVE_KERNELS_CUDA_SIMT_H_
@@ -22,6 +24,12 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "kernels/cuda/dependent_launch.h"
 
 namespace simt {
 
@@ -44,6 +52,23 @@ inline constexpr unsigned kFullMask = 0xffffffffu;
   extern __shared__ __align__(16) unsigned char simt_dynamic_shared_memory_[]; \
   type* name = reinterpret_cast<type*>(simt_dynamic_shared_memory_)
 
+// Dependent launch (programmatic dependent launch, sm_90 and later): a kernel
+// launched with SIMT_LAUNCH_DEPENDENT, where the policy of dependent_launch.h
+// asks for it, may be scheduled while the kernel ahead
+// of it in its stream is still running, so that its launch overlaps that
+// kernel's tail. SIMT_GRID_WAIT(), its first statement, blocks until that
+// kernel has completed and its writes are visible (griddepcontrol.wait), then
+// allows the next kernel to be scheduled in turn (launch_dependents). Every
+// kernel waits for its predecessor, so the chain stays in stream order.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define SIMT_GRID_WAIT() \
+  asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define SIMT_GRID_WAIT() \
+  do {                   \
+  } while (false)
+#endif
+
 namespace simt {
 
 // Launches `kernel` with `<<<grid, block, shared_bytes, stream>>>`; `name` is
@@ -54,6 +79,47 @@ inline cudaError_t Launch(const char* /*name*/, void (*kernel)(Params...), dim3 
   static_assert(sizeof...(Params) == sizeof...(Args), "kernel argument count mismatch");
   kernel<<<grid, block, shared_bytes, stream>>>(static_cast<Params>(args)...);
   return cudaGetLastError();
+}
+
+// Whether this thread's launches are dependent now (dependent_launch.h): the
+// scope asks for them, and the device (the one current at the first launch
+// asked) has them, and SWITCHSERVE_CUDA_DEPENDENT_LAUNCH is not 0.
+inline bool DependentLaunchEnabled() {
+  if (!DependentLaunchRequested()) return false;
+  static const bool available = [] {
+    const char* env = std::getenv("SWITCHSERVE_CUDA_DEPENDENT_LAUNCH");
+    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+    int device = 0, major = 0;
+    return cudaGetDevice(&device) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) ==
+               cudaSuccess &&
+           major >= 9;
+  }();
+  return available;
+}
+
+// Launches `kernel`, which begins with SIMT_GRID_WAIT(), as a dependent launch
+// where DependentLaunchEnabled(), as Launch otherwise.
+template <typename... Params, typename... Args>
+inline cudaError_t LaunchDependent(const char* name, void (*kernel)(Params...), dim3 grid,
+                                   dim3 block, size_t shared_bytes, cudaStream_t stream,
+                                   Args&&... args) {
+  static_assert(sizeof...(Params) == sizeof...(Args), "kernel argument count mismatch");
+  if (!DependentLaunchEnabled()) {
+    return Launch(name, kernel, grid, block, shared_bytes, stream, std::forward<Args>(args)...);
+  }
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  const cudaError_t e = cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+  return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 }  // namespace simt
@@ -75,5 +141,8 @@ inline cudaError_t Launch(const char* /*name*/, void (*kernel)(Params...), dim3 
 // SIMT_LAUNCH((Kernel<float, 4>), grid, block, 0, stream, x, y).
 #define SIMT_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
   ::simt::Launch(#kernel, kernel, grid, block, shared_bytes, stream __VA_OPT__(, ) __VA_ARGS__)
+#define SIMT_LAUNCH_DEPENDENT(kernel, grid, block, shared_bytes, stream, ...) \
+  ::simt::LaunchDependent(#kernel, kernel, grid, block, shared_bytes,         \
+                          stream __VA_OPT__(, ) __VA_ARGS__)
 
 #endif  // SWITCHSERVE_KERNELS_CUDA_SIMT_H_

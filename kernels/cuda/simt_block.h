@@ -37,6 +37,7 @@ struct GpuThread {
   int lane = 0;
   State state = State::kRunnable;
   WarpOp op = WarpOp::kSyncWarp;  // what it waits at (kAtWarp)
+  bool waited = false;            // has called SIMT_GRID_WAIT()
   ctx::fiber fiber;               // the thread, while suspended
   ctx::fiber scheduler;           // the scheduler, while the thread runs
   void* fake_stack = nullptr;     // ASan's, while the thread is switched out
@@ -65,8 +66,15 @@ class BlockRunner {
 
   int Barrier(BarrierOp op, int predicate);
   uint64_t Exchange(WarpOp op, unsigned mask, uint64_t bits, int bytes, int arg, int width);
-  void* dynamic_shared() { return dynamic_shared_.get(); }
+  void* dynamic_shared() {
+    RequireWaited("SIMT_DYNAMIC_SHARED");
+    return dynamic_shared_.get();
+  }
   void* static_shared(const void* site, size_t bytes, size_t alignment);
+  void GridWait() { running_->waited = true; }
+  // Fails a thread of a dependent launch that reaches `what` before
+  // SIMT_GRID_WAIT().
+  void RequireWaited(const char* what);
   [[noreturn]] void Fail(const std::string& what);
 
  private:

@@ -98,6 +98,14 @@ inline T FromBits(uint64_t bits) {
 
 // ---- Synchronisation ----------------------------------------------------
 
+namespace simt::detail {
+// SIMT_GRID_WAIT: launches run one after another here, so there is nothing to
+// wait for; the executor records the call and fails a dependent launch whose
+// thread reaches shared memory, a barrier, a warp intrinsic or its end first.
+void GridWait();
+}  // namespace simt::detail
+#define SIMT_GRID_WAIT() ::simt::detail::GridWait()
+
 inline void __syncthreads() { simt::detail::BlockBarrier(simt::detail::BarrierOp::kSync, 0); }
 inline int __syncthreads_count(int predicate) {
   return simt::detail::BlockBarrier(simt::detail::BarrierOp::kCount, predicate);
@@ -221,8 +229,8 @@ struct PointerArgument {
 
 // Validates and queues a launch on `stream`; takes ownership of `body`.
 cudaError_t EnqueueLaunch(const char* name, const void* kernel, dim3 grid, dim3 block,
-                          size_t shared_bytes, cudaStream_t stream, KernelBody* body,
-                          const PointerArgument* pointers, int n_pointers);
+                          size_t shared_bytes, cudaStream_t stream, bool dependent,
+                          KernelBody* body, const PointerArgument* pointers, int n_pointers);
 
 // P is the kernel's parameter type, A the argument given for it.
 template <typename P, typename A>
@@ -234,22 +242,39 @@ inline void NotePointer(int index, const A& arg, PointerArgument* out, int* n) {
   }
 }
 
+// Queues `kernel`; `dependent`: launched by SIMT_LAUNCH_DEPENDENT, so its
+// threads must call SIMT_GRID_WAIT() first.
+template <typename... Params, typename... Args>
+inline cudaError_t LaunchAs(bool dependent, const char* name, void (*kernel)(Params...), dim3 grid,
+                            dim3 block, size_t shared_bytes, cudaStream_t stream, Args&&... args) {
+  static_assert(sizeof...(Params) == sizeof...(Args), "kernel argument count mismatch");
+  PointerArgument pointers[sizeof...(Params) + 1];
+  int n_pointers = 0;
+  int index = 0;
+  (NotePointer<std::decay_t<Params>>(index++, args, pointers, &n_pointers), ...);
+  auto fn = [kernel, ... a = static_cast<std::decay_t<Params>>(std::forward<Args>(args))]() {
+    kernel(a...);
+  };
+  auto* body = new KernelBodyOf<decltype(fn)>(std::move(fn));
+  return EnqueueLaunch(name, reinterpret_cast<const void*>(kernel), grid, block, shared_bytes,
+                       stream, dependent, body, pointers, n_pointers);
+}
+
 }  // namespace detail
 
 template <typename... Params, typename... Args>
 inline cudaError_t Launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block,
                           size_t shared_bytes, cudaStream_t stream, Args&&... args) {
-  static_assert(sizeof...(Params) == sizeof...(Args), "kernel argument count mismatch");
-  detail::PointerArgument pointers[sizeof...(Params) + 1];
-  int n_pointers = 0;
-  int index = 0;
-  (detail::NotePointer<std::decay_t<Params>>(index++, args, pointers, &n_pointers), ...);
-  auto fn = [kernel, ... a = static_cast<std::decay_t<Params>>(std::forward<Args>(args))]() {
-    kernel(a...);
-  };
-  auto* body = new detail::KernelBodyOf<decltype(fn)>(std::move(fn));
-  return detail::EnqueueLaunch(name, reinterpret_cast<const void*>(kernel), grid, block,
-                               shared_bytes, stream, body, pointers, n_pointers);
+  return detail::LaunchAs(false, name, kernel, grid, block, shared_bytes, stream,
+                          std::forward<Args>(args)...);
+}
+
+template <typename... Params, typename... Args>
+inline cudaError_t LaunchDependent(const char* name, void (*kernel)(Params...), dim3 grid,
+                                   dim3 block, size_t shared_bytes, cudaStream_t stream,
+                                   Args&&... args) {
+  return detail::LaunchAs(true, name, kernel, grid, block, shared_bytes, stream,
+                          std::forward<Args>(args)...);
 }
 
 }  // namespace simt

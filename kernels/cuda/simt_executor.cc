@@ -40,6 +40,9 @@ uint64_t SplitMix(uint64_t x) {
 
 thread_local BlockRunner* current_runner = nullptr;
 
+constexpr char kNoWait[] =
+    "a kernel launched with SIMT_LAUNCH_DEPENDENT did not call SIMT_GRID_WAIT()";
+
 }  // namespace
 
 BlockRunner& CurrentRunner(const char* what) {
@@ -89,6 +92,7 @@ cudaError_t BlockRunner::Run(const KernelLaunch& launch, uint3 block_idx, int64_
     t.warp = i / kWarp;
     t.lane = i % kWarp;
     t.state = State::kRunnable;
+    t.waited = false;
     t.fiber = ctx::fiber(std::allocator_arg, BorrowedStack{stacks_[i]},
                          [this, i](ctx::fiber&& scheduler) {
                            threads_[i].scheduler = std::move(scheduler);
@@ -198,8 +202,21 @@ void BlockRunner::Resume(int i) {
 #if defined(SIMT_ASAN)
   __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
 #endif
+  if (t.state == State::kDone) {
+    ++done_;
+    if (launch_->dependent && !t.waited && !failed_ && !abandoning_) {
+      error_ =
+          Report(cudaErrorLaunchFailure, absl::StrCat(Where(), ": ", kNoWait, " before its end"));
+      failed_ = true;
+    }
+  }
   running_ = nullptr;
-  if (t.state == State::kDone) ++done_;
+}
+
+void BlockRunner::RequireWaited(const char* what) {
+  if (launch_->dependent && !running_->waited) {
+    Fail(absl::StrCat(kNoWait, " before ", what));
+  }
 }
 
 void BlockRunner::Yield(GpuThread& thread) {
@@ -278,6 +295,7 @@ std::string BlockRunner::DescribeDeadlock() const {
 }
 
 void* BlockRunner::static_shared(const void* site, size_t bytes, size_t alignment) {
+  RequireWaited("SIMT_SHARED");
   for (const SharedArray& array : shared_arrays_) {
     if (array.site == site) {
       if (array.bytes != bytes) Fail("SIMT_SHARED array declared with two different sizes");
@@ -305,6 +323,8 @@ void BlockRunner::Fail(const std::string& what) {
 }
 
 // ---- Entry points from kernels (simt_device.h) ----------------------------------
+
+void GridWait() { CurrentRunner("SIMT_GRID_WAIT").GridWait(); }
 
 void* DynamicShared() { return CurrentRunner("SIMT_DYNAMIC_SHARED").dynamic_shared(); }
 

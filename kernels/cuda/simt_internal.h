@@ -68,6 +68,7 @@ struct KernelLaunch {
   dim3 grid;
   dim3 block;
   size_t shared_bytes = 0;
+  bool dependent = false;  // SIMT_LAUNCH_DEPENDENT: threads call SIMT_GRID_WAIT() first
   std::unique_ptr<const KernelBody> body;
 };
 // Runs every block of the launch; cudaSuccess or the error reported.

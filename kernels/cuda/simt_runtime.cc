@@ -57,10 +57,11 @@ std::string CheckConfiguration(dim3 grid, dim3 block) {
 }  // namespace
 
 cudaError_t EnqueueLaunch(const char* name, const void* kernel, dim3 grid, dim3 block,
-                          size_t shared_bytes, cudaStream_t stream, KernelBody* body,
-                          const PointerArgument* pointers, int n_pointers) {
+                          size_t shared_bytes, cudaStream_t stream, bool dependent,
+                          KernelBody* body, const PointerArgument* pointers, int n_pointers) {
   auto launch = std::make_shared<KernelLaunch>();
   launch->name = name;
+  launch->dependent = dependent;
   launch->grid = grid;
   launch->block = block;
   launch->shared_bytes = shared_bytes;

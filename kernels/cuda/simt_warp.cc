@@ -51,6 +51,7 @@ const char* BarrierName(BarrierOp op) {
 }
 
 int BlockRunner::Barrier(BarrierOp op, int predicate) {
+  RequireWaited(BarrierName(op));
   GpuThread& t = *running_;
   const int bit = predicate != 0 ? 1 : 0;
   if (barrier_arrived_ == 0) {
@@ -85,6 +86,7 @@ int BlockRunner::Barrier(BarrierOp op, int predicate) {
 
 uint64_t BlockRunner::Exchange(WarpOp op, unsigned mask, uint64_t bits, int bytes, int arg,
                                int width) {
+  RequireWaited(OpName(op));
   GpuThread& t = *running_;
   Warp& warp = warps_[t.warp];
   if (mask != kFullMask) {

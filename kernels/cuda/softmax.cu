@@ -12,6 +12,7 @@ constexpr int kMaxThreads = 256;
 
 __global__ void __launch_bounds__(kMaxThreads)
     SoftmaxRowsKernel(const float* x, float* y, int n, int ld) {
+  SIMT_GRID_WAIT();
   SIMT_SHARED(float, scratch, simt::kWarp);
   const int64_t offset = static_cast<int64_t>(blockIdx.x) * ld;
   const float* xr = x + offset;
@@ -32,7 +33,8 @@ cudaError_t LaunchSoftmaxRows(const float* x, float* y, int rows, int n, int ld,
   if (rows == 0) return cudaSuccess;
   int threads = simt::kWarp;
   while (threads < kMaxThreads && threads < n) threads *= 2;
-  return SIMT_LAUNCH(SoftmaxRowsKernel, dim3(rows), dim3(threads), 0, stream, x, y, n, ld);
+  return SIMT_LAUNCH_DEPENDENT(SoftmaxRowsKernel, dim3(rows), dim3(threads), 0, stream, x, y, n,
+                               ld);
 }
 
 }  // namespace switchserve::cuda

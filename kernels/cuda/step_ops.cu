@@ -23,6 +23,7 @@ __device__ __forceinline__ float Load(const void* table, WeightType type, int64_
 
 __global__ void __launch_bounds__(kThreads)
     EmbedKernel(const int32_t* token_ids, const void* table, WeightType type, int d, float* x) {
+  SIMT_GRID_WAIT();
   const int64_t t = blockIdx.x;
   const int64_t row = static_cast<int64_t>(token_ids[t]) * d;
   for (int i = threadIdx.x; i < d; i += blockDim.x) x[t * d + i] = Load(table, type, row + i);
@@ -56,6 +57,7 @@ __global__ void __launch_bounds__(kThreads)
                      int n_rot, const float* cos_table, const float* sin_table,
                      const int32_t* positions, const int64_t* cache_rows, CacheT* k_cache,
                      CacheT* v_cache) {
+  SIMT_GRID_WAIT();
   const int64_t t = blockIdx.x;
   const int half = n_rot / 2;
   const float* c = cos_table + static_cast<int64_t>(positions[t]) * half;
@@ -94,6 +96,7 @@ __global__ void __launch_bounds__(kThreads)
 
 __global__ void __launch_bounds__(kThreads)
     HeadGateKernel(const float* logits, int heads, int head_dim, float* a) {
+  SIMT_GRID_WAIT();
   const int64_t t = blockIdx.x;
   for (int idx = threadIdx.x; idx < heads * head_dim; idx += blockDim.x) {
     const float z = logits[t * heads + idx / head_dim];
@@ -104,6 +107,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     GatherRowsKernel(const float* src, int64_t src_ld, const int32_t* rows, int width, float* dst,
                      int64_t dst_ld) {
+  SIMT_GRID_WAIT();
   const int64_t r = blockIdx.x;
   const float* from = src + static_cast<int64_t>(rows[r]) * src_ld;
   for (int i = threadIdx.x; i < width; i += blockDim.x) dst[r * dst_ld + i] = from[i];
@@ -113,6 +117,7 @@ __global__ void __launch_bounds__(kThreads)
     ValueWeightsKernel(const int32_t* trace_expert, const float* gate, const int32_t* slot,
                        int64_t router_stride, int top_k, int kv_heads, int n_experts,
                        int shared_router, float* weights) {
+  SIMT_GRID_WAIT();
   const int64_t t = blockIdx.x;
   float* row = weights + t * kv_heads * n_experts;
   // One thread per KV head writes its E weights: zeros, then each kept choice.
@@ -130,6 +135,7 @@ __global__ void __launch_bounds__(kThreads)
     CombineKernel(const float* gate, const int32_t* slot, int64_t router_stride, int top_k,
                   int heads, int shared_router, int per_head, const float* prod, int64_t prod_ld,
                   int64_t slot_stride, int width, float* out, int64_t out_ld, int accumulate) {
+  SIMT_GRID_WAIT();
   const int64_t t = blockIdx.x;
   const int first = blockIdx.y * blockDim.x + threadIdx.x;  // columns spread over gridDim.y
   const int stride = gridDim.y * blockDim.x;
@@ -169,47 +175,47 @@ __global__ void __launch_bounds__(kThreads)
 cudaError_t LaunchEmbed(const int32_t* token_ids, int tokens, const void* table, WeightType type,
                         int d, float* x, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  return SIMT_LAUNCH(EmbedKernel, dim3(tokens), dim3(kThreads), 0, stream, token_ids, table, type,
-                     d, x);
+  return SIMT_LAUNCH_DEPENDENT(EmbedKernel, dim3(tokens), dim3(kThreads), 0, stream, token_ids,
+                               table, type, d, x);
 }
 
 cudaError_t LaunchRopeAppend(const RopeAppendArgs& a, cudaStream_t stream) {
   if (a.tokens == 0) return cudaSuccess;
   if (a.n_rot % 2 != 0 || a.n_rot > a.head_dim) return cudaErrorInvalidValue;
   if (a.cache_type == CacheType::kBf16) {
-    return SIMT_LAUNCH(RopeAppendKernel<__nv_bfloat16>, dim3(a.tokens), dim3(kThreads), 0, stream,
-                       a.q, a.q_ld, a.q_heads, a.k, a.k_ld, a.v, a.v_ld, a.kv_heads, a.v_cols,
-                       a.head_dim, a.n_rot, a.cos, a.sin, a.positions, a.cache_rows,
-                       static_cast<__nv_bfloat16*>(a.k_cache),
-                       static_cast<__nv_bfloat16*>(a.v_cache));
+    return SIMT_LAUNCH_DEPENDENT(RopeAppendKernel<__nv_bfloat16>, dim3(a.tokens), dim3(kThreads), 0,
+                                 stream, a.q, a.q_ld, a.q_heads, a.k, a.k_ld, a.v, a.v_ld,
+                                 a.kv_heads, a.v_cols, a.head_dim, a.n_rot, a.cos, a.sin,
+                                 a.positions, a.cache_rows, static_cast<__nv_bfloat16*>(a.k_cache),
+                                 static_cast<__nv_bfloat16*>(a.v_cache));
   }
-  return SIMT_LAUNCH(RopeAppendKernel<float>, dim3(a.tokens), dim3(kThreads), 0, stream, a.q,
-                     a.q_ld, a.q_heads, a.k, a.k_ld, a.v, a.v_ld, a.kv_heads, a.v_cols, a.head_dim,
-                     a.n_rot, a.cos, a.sin, a.positions, a.cache_rows,
-                     static_cast<float*>(a.k_cache), static_cast<float*>(a.v_cache));
+  return SIMT_LAUNCH_DEPENDENT(
+      RopeAppendKernel<float>, dim3(a.tokens), dim3(kThreads), 0, stream, a.q, a.q_ld, a.q_heads,
+      a.k, a.k_ld, a.v, a.v_ld, a.kv_heads, a.v_cols, a.head_dim, a.n_rot, a.cos, a.sin,
+      a.positions, a.cache_rows, static_cast<float*>(a.k_cache), static_cast<float*>(a.v_cache));
 }
 
 cudaError_t LaunchHeadGate(const float* logits, int tokens, int heads, int head_dim, float* a,
                            cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  return SIMT_LAUNCH(HeadGateKernel, dim3(tokens), dim3(kThreads), 0, stream, logits, heads,
-                     head_dim, a);
+  return SIMT_LAUNCH_DEPENDENT(HeadGateKernel, dim3(tokens), dim3(kThreads), 0, stream, logits,
+                               heads, head_dim, a);
 }
 
 cudaError_t LaunchGatherRows(const float* src, int64_t src_ld, const int32_t* rows, int n_rows,
                              int width, float* dst, int64_t dst_ld, cudaStream_t stream) {
   if (n_rows == 0) return cudaSuccess;
-  return SIMT_LAUNCH(GatherRowsKernel, dim3(n_rows), dim3(kThreads), 0, stream, src, src_ld, rows,
-                     width, dst, dst_ld);
+  return SIMT_LAUNCH_DEPENDENT(GatherRowsKernel, dim3(n_rows), dim3(kThreads), 0, stream, src,
+                               src_ld, rows, width, dst, dst_ld);
 }
 
 cudaError_t LaunchValueWeights(const int32_t* trace_expert, const Assignments& as, int tokens,
                                int kv_heads, int n_experts, bool shared_router, float* weights,
                                cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  return SIMT_LAUNCH(ValueWeightsKernel, dim3(tokens), dim3(kThreads), 0, stream, trace_expert,
-                     as.gate, as.slot, as.router_stride, as.top_k, kv_heads, n_experts,
-                     shared_router ? 1 : 0, weights);
+  return SIMT_LAUNCH_DEPENDENT(ValueWeightsKernel, dim3(tokens), dim3(kThreads), 0, stream,
+                               trace_expert, as.gate, as.slot, as.router_stride, as.top_k, kv_heads,
+                               n_experts, shared_router ? 1 : 0, weights);
 }
 
 cudaError_t LaunchCombine(const CombineArgs& a, cudaStream_t stream) {
@@ -217,10 +223,11 @@ cudaError_t LaunchCombine(const CombineArgs& a, cudaStream_t stream) {
   const int columns = a.per_head ? a.heads * a.width : a.width;
   if (columns == 0) return cudaSuccess;
   const dim3 grid(a.tokens, (columns + kThreads - 1) / kThreads);
-  return SIMT_LAUNCH(CombineKernel, grid, dim3(kThreads), 0, stream, a.assignments.gate,
-                     a.assignments.slot, a.assignments.router_stride, a.assignments.top_k, a.heads,
-                     a.shared_router ? 1 : 0, a.per_head ? 1 : 0, a.prod, a.prod_ld, a.slot_stride,
-                     a.width, a.out, a.out_ld, a.accumulate ? 1 : 0);
+  return SIMT_LAUNCH_DEPENDENT(CombineKernel, grid, dim3(kThreads), 0, stream, a.assignments.gate,
+                               a.assignments.slot, a.assignments.router_stride, a.assignments.top_k,
+                               a.heads, a.shared_router ? 1 : 0, a.per_head ? 1 : 0, a.prod,
+                               a.prod_ld, a.slot_stride, a.width, a.out, a.out_ld,
+                               a.accumulate ? 1 : 0);
 }
 
 }  // namespace switchserve::cuda

@@ -12,6 +12,7 @@ constexpr int kThreads = 128;
 __global__ void __launch_bounds__(kThreads)
     XlPositionKeysKernel(const float* pos_to_pk, const double* pe, int head_dim, int d,
                          int positions, int64_t entries, float* keys) {
+  SIMT_GRID_WAIT();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= entries) return;  // no barrier in this kernel
   const int c = static_cast<int>(i % head_dim);
@@ -31,8 +32,9 @@ cudaError_t LaunchXlPositionKeys(const float* pos_to_pk, const double* pe, int h
   const int64_t entries = static_cast<int64_t>(heads) * positions * head_dim;
   if (entries == 0) return cudaSuccess;
   const int64_t blocks = (entries + kThreads - 1) / kThreads;
-  return SIMT_LAUNCH(XlPositionKeysKernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0,
-                     stream, pos_to_pk, pe, head_dim, d, positions, entries, keys);
+  return SIMT_LAUNCH_DEPENDENT(XlPositionKeysKernel, dim3(static_cast<unsigned>(blocks)),
+                               dim3(kThreads), 0, stream, pos_to_pk, pe, head_dim, d, positions,
+                               entries, keys);
 }
 
 }  // namespace switchserve::cuda

@@ -54,6 +54,30 @@ __global__ void ReadSharedBeforeWriting(int* out) {
   values[threadIdx.x] = 12345;
 }
 
+// A kernel for SIMT_LAUNCH_DEPENDENT: waits for the prior grid first.
+__global__ void WaitThenReverse(int* out) {
+  SIMT_GRID_WAIT();
+  SIMT_SHARED(int, values, 64);
+  values[threadIdx.x] = static_cast<int>(threadIdx.x);
+  __syncthreads();
+  out[threadIdx.x] = values[blockDim.x - 1 - threadIdx.x];
+}
+
+// Its shared memory before the wait.
+__global__ void SharedBeforeWait(int* out) {
+  SIMT_SHARED(int, values, 64);
+  SIMT_GRID_WAIT();
+  values[threadIdx.x] = 1;
+  out[threadIdx.x] = values[threadIdx.x];
+}
+
+// Threads 0-9 leave early, without waiting.
+__global__ void ExitBeforeWait(int* out) {
+  if (threadIdx.x < 10) return;
+  SIMT_GRID_WAIT();
+  out[threadIdx.x] = 1;
+}
+
 class SimtMisuse : public ::testing::Test {
  protected:
   void SetUp() override { in_use_ = simt::DeviceMemoryInUse().allocations; }
@@ -142,6 +166,35 @@ TEST_F(SimtMisuse, BarrierNotReachedByEveryThreadIsADeadlockNamingKernelAndThrea
   ASSERT_EQ(SIMT_LAUNCH(WriteIndex, dim3(2), dim3(32), 0, nullptr, out.get(), 64), cudaSuccess);
   const std::vector<int> result = out.Download();
   for (int i = 0; i < 64; ++i) EXPECT_EQ(result[i], i);
+}
+
+TEST_F(SimtMisuse, DependentLaunchMustWaitForThePriorGridFirst) {
+  DeviceArray<int> out(64);
+  {
+    simt::ScopedErrorCapture capture;
+    ASSERT_EQ(SIMT_LAUNCH_DEPENDENT(SharedBeforeWait, dim3(1), dim3(64), 0, nullptr, out.get()),
+              cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaErrorLaunchFailure);
+    EXPECT_THAT(capture.Text(), HasSubstr("kernel 'SharedBeforeWait' block (0,0,0)"));
+    EXPECT_THAT(capture.Text(),
+                HasSubstr("launched with SIMT_LAUNCH_DEPENDENT did not call SIMT_GRID_WAIT() "
+                          "before SIMT_SHARED"));
+  }
+  {
+    simt::ScopedErrorCapture capture;
+    ASSERT_EQ(SIMT_LAUNCH_DEPENDENT(ExitBeforeWait, dim3(1), dim3(64), 0, nullptr, out.get()),
+              cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaErrorLaunchFailure);
+    EXPECT_THAT(capture.Text(), HasSubstr("kernel 'ExitBeforeWait'"));
+    EXPECT_THAT(capture.Text(), HasSubstr("did not call SIMT_GRID_WAIT() before its end"));
+  }
+  // An ordinary launch of the same kernel is not held to it; a dependent
+  // launch that waits first runs.
+  ASSERT_EQ(SIMT_LAUNCH(ExitBeforeWait, dim3(1), dim3(64), 0, nullptr, out.get()), cudaSuccess);
+  ASSERT_EQ(SIMT_LAUNCH_DEPENDENT(WaitThenReverse, dim3(1), dim3(64), 0, nullptr, out.get()),
+            cudaSuccess);
+  const std::vector<int> result = out.Download();
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(result[i], 63 - i);
 }
 
 TEST_F(SimtMisuse, WarpIntrinsicNotReachedByEveryLaneIsADeadlock) {
