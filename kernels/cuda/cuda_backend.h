@@ -49,8 +49,11 @@ struct CudaBackendOptions {
   // runs eagerly (the executor has no graphs).
   bool decode_graphs = true;
   // Keys per attention segment (rounded up to whole KV blocks): contexts
-  // longer than this are split and merged (attention.h). Tests lower it.
-  int attention_segment_tokens = 512;
+  // longer than this are split into segments computed in parallel and merged
+  // (attention.h). 0: 128 keys, or max_seq_len / 64 where that is more (the
+  // merge scratch holds max_seq_len / segment partials per token and head).
+  // Tests lower it.
+  int attention_segment_tokens = 0;
   // Test only: when set, the routers' choices come from these traces instead
   // of the router logits (a step of one sequence; entry t is the routing of
   // its token t, RouterLayout order, as the CPU backend reports it).
