@@ -15,8 +15,9 @@
 namespace switchserve::cuda {
 namespace {
 
-LinearWeights Routers(const float* w, int64_t d) {
-  return LinearWeights{w, WeightType::kF32, WeightLayout::kNK, d, 0};
+// A router matrix of `n` columns, held transposed (device_weights.h).
+LinearWeights Routers(const float* w, int64_t n) {
+  return LinearWeights{w, WeightType::kF32, WeightLayout::kKN, n, 0};
 }
 
 Activation ToActivation(::switchserve::Activation act) {
@@ -178,9 +179,10 @@ absl::Status CudaBackend::Attention(int layer) {
                                      "v projection");
   } else {
     const int routers = attn.ValueRouterHeads();
-    SWITCHSERVE_CUDA_RETURN_IF_ERROR(LaunchLinear(xn, d, T, d, Routers(w.sel_v, d), routers * E,
-                                                  LinearEpilogue{}, logits, routers * E, stream_),
-                                     "value routers");
+    SWITCHSERVE_CUDA_RETURN_IF_ERROR(
+        LaunchLinear(xn, d, T, d, Routers(w.sel_v, routers * E), routers * E, LinearEpilogue{},
+                     logits, routers * E, stream_),
+        "value routers");
     if (absl::Status s = Route(logits, routers * E, routers, E, k, gate, false, base); !s.ok()) {
       return s;
     }
@@ -275,7 +277,7 @@ absl::Status CudaBackend::Attention(int layer) {
     if (attn.kind == AttentionKind::kSwitchHead) {
       // E = 1: a per-head output gate sigmoid(sel_o x)_h scales a_h.
       SWITCHSERVE_CUDA_RETURN_IF_ERROR(
-          LaunchLinear(xn, d, T, d, Routers(w.sel_o, d), H, LinearEpilogue{}, logits, H, stream_),
+          LaunchLinear(xn, d, T, d, Routers(w.sel_o, H), H, LinearEpilogue{}, logits, H, stream_),
           "output gates");
       SWITCHSERVE_CUDA_RETURN_IF_ERROR(LaunchHeadGate(logits, T, H, dh, a, stream_), "output gate");
     }
@@ -290,9 +292,10 @@ absl::Status CudaBackend::Attention(int layer) {
   }
   const int routers = attn.OutputRouterHeads();
   const int base_o = base + attn.ValueRouterHeads();
-  SWITCHSERVE_CUDA_RETURN_IF_ERROR(LaunchLinear(xn, d, T, d, Routers(w.sel_o, d), routers * E,
-                                                LinearEpilogue{}, logits, routers * E, stream_),
-                                   "output routers");
+  SWITCHSERVE_CUDA_RETURN_IF_ERROR(
+      LaunchLinear(xn, d, T, d, Routers(w.sel_o, routers * E), routers * E, LinearEpilogue{},
+                   logits, routers * E, stream_),
+      "output routers");
   if (absl::Status s = Route(logits, routers * E, routers, E, k, gate, false, base_o); !s.ok()) {
     return s;
   }
@@ -340,7 +343,7 @@ absl::Status CudaBackend::Ffn(int layer) {
   LinearEpilogue router;
   router.bias = w.router_b;
   SWITCHSERVE_CUDA_RETURN_IF_ERROR(
-      LaunchLinear(xn, d, T, d, Routers(w.router_w, d), X, router, logits, X, stream_),
+      LaunchLinear(xn, d, T, d, Routers(w.router_w, X), X, router, logits, X, stream_),
       "ffn router");
   const GateType gate = ffn.gate == FfnGate::kSoftmax ? GateType::kSoftmax : GateType::kSigmoid;
   const int index = layout_.FfnRouter(layer);

@@ -34,6 +34,7 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Upload(const Model
   std::unique_ptr<DeviceWeights> w(new DeviceWeights());
   auto matrix = [&](const Tensor& t) { return w->Matrix(t, format); };
   auto floats = [&](const Tensor& t) { return w->Floats(t); };
+  auto transposed = [&](const Tensor& t) { return w->Transposed(t); };
 
 #define SWITCHSERVE_ASSIGN(lhs, expr)                                     \
   do {                                                                    \
@@ -63,10 +64,10 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Upload(const Model
     SWITCHSERVE_ASSIGN(dst.attn.k, matrix(src.attn.k));
     SWITCHSERVE_ASSIGN(dst.attn.v, matrix(src.attn.v));
     SWITCHSERVE_ASSIGN(dst.attn.o, matrix(src.attn.o));
-    SWITCHSERVE_ASSIGN(dst.attn.sel_v, floats(src.attn.sel_v));
-    SWITCHSERVE_ASSIGN(dst.attn.sel_o, floats(src.attn.sel_o));
+    SWITCHSERVE_ASSIGN(dst.attn.sel_v, transposed(src.attn.sel_v));
+    SWITCHSERVE_ASSIGN(dst.attn.sel_o, transposed(src.attn.sel_o));
     SWITCHSERVE_ASSIGN(dst.attn.pos_to_pk, floats(src.attn.pos_to_pk));
-    SWITCHSERVE_ASSIGN(dst.ffn.router_w, floats(src.ffn.router_w));
+    SWITCHSERVE_ASSIGN(dst.ffn.router_w, transposed(src.ffn.router_w));
     SWITCHSERVE_ASSIGN(dst.ffn.router_b, floats(src.ffn.router_b));
     SWITCHSERVE_ASSIGN(dst.ffn.w1, matrix(src.ffn.w1));
     SWITCHSERVE_ASSIGN(dst.ffn.w2, matrix(src.ffn.w2));
@@ -119,6 +120,23 @@ absl::StatusOr<const float*> DeviceWeights::Floats(const Tensor& t) {
   if (absl::Status s = buffer.Upload(values.data(), values.size() * sizeof(float)); !s.ok()) {
     return s;
   }
+  bytes_ += static_cast<int64_t>(buffer.bytes());
+  return static_cast<const float*>(buffer.get());
+}
+
+absl::StatusOr<const float*> DeviceWeights::Transposed(const Tensor& t) {
+  if (t.empty()) return static_cast<const float*>(nullptr);
+  if (t.shape().size() != 2) {
+    return absl::InvalidArgumentError("a router matrix must be two-dimensional");
+  }
+  const int64_t n = t.shape()[0], k = t.shape()[1];
+  const std::vector<float> values = t.ToF32();
+  std::vector<float> kn(values.size());
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < k; ++j) kn[j * n + i] = values[i * k + j];
+  }
+  DeviceBuffer& buffer = buffers_.emplace_back();
+  if (absl::Status s = buffer.Upload(kn.data(), kn.size() * sizeof(float)); !s.ok()) return s;
   bytes_ += static_cast<int64_t>(buffer.bytes());
   return static_cast<const float*>(buffer.get());
 }

@@ -41,15 +41,18 @@ struct DeviceMatrix {
   }
 };
 
+// Router matrices ([n, d] in the model) are held transposed, [d, n]: the
+// few-row product's lanes, one per output column, then read consecutive
+// addresses at each k instead of rows d floats apart (linear.h, kKN).
 struct DeviceAttentionWeights {
   DeviceMatrix q, k, v, o;
-  const float* sel_v = nullptr;
-  const float* sel_o = nullptr;
+  const float* sel_v = nullptr;      // [d, n]
+  const float* sel_o = nullptr;      // [d, n]
   const float* pos_to_pk = nullptr;  // XL positions: [H * dh, d]
 };
 
 struct DeviceFfnWeights {
-  const float* router_w = nullptr;
+  const float* router_w = nullptr;  // [d, X]
   const float* router_b = nullptr;
   DeviceMatrix w1, w2;
   const float* b1 = nullptr;
@@ -86,6 +89,8 @@ class DeviceWeights {
   DeviceWeights() = default;
   absl::StatusOr<DeviceMatrix> Matrix(const Tensor& t, WeightFormat format);
   absl::StatusOr<const float*> Floats(const Tensor& t);
+  // A 2-D tensor [n, k] as f32 [k, n].
+  absl::StatusOr<const float*> Transposed(const Tensor& t);
 
   std::vector<DeviceBuffer> buffers_;
   DeviceMatrix embedding_, output_head_;

@@ -142,17 +142,25 @@ TEST(SimtLinear, DenseMatchesFloat64OnOddShapes) {
 // 70-row and a 129-row one (64 x 64 tiles), the row at a different place each
 // time: bitwise equal, for every weight type and layout, with k a whole number
 // of chunks (16-byte loads along k) and not, and with more chunks than the
-// few-rows kernel has warps (two rounds of chunk sums).
-TEST(SimtLinear, ARowsResultDoesNotDependOnTheBatch) {
+// few-rows kernel has warps (two rounds of chunk sums). And the same matrix
+// stored n x k or k x n gives the same bits.
+TEST(SimtLinear, ARowsResultDoesNotDependOnTheBatchOrTheLayout) {
   SIMT_REQUIRE_DEVICE();
   const int n = 72;
   for (const WeightType type : {WeightType::kF32, WeightType::kBf16, WeightType::kF16}) {
-    for (const WeightLayout layout : {WeightLayout::kNK, WeightLayout::kKN}) {
-      for (const int k : {100, 128, 1000}) {
+    for (const int k : {100, 128, 1000}) {
+      const std::vector<float> nk = RandomFloats(static_cast<size_t>(n) * k, 78);
+      std::vector<float> kn(nk.size());
+      for (int c = 0; c < n; ++c) {
+        for (int j = 0; j < k; ++j)
+          kn[static_cast<size_t>(j) * n + c] = nk[static_cast<size_t>(c) * k + j];
+      }
+      std::vector<float> alone_nk;
+      for (const WeightLayout layout : {WeightLayout::kNK, WeightLayout::kKN}) {
         SCOPED_TRACE(Name(type, layout) + " k=" + std::to_string(k));
         const std::vector<float> probe = RandomFloats(k, 77);
         const int64_t ldw = layout == WeightLayout::kNK ? k : n;
-        const Weights w(RandomFloats(static_cast<size_t>(n) * k, 78), type);
+        const Weights w(layout == WeightLayout::kNK ? nk : kn, type);
         const LinearWeights lw{w.data(type), type, layout, ldw, 0};
         auto row_of = [&](int rows, int at) {
           std::vector<float> a = RandomFloats(static_cast<size_t>(rows) * k, rows);
@@ -170,6 +178,12 @@ TEST(SimtLinear, ARowsResultDoesNotDependOnTheBatch) {
           const std::vector<float> got = row_of(rows, at);
           EXPECT_EQ(std::memcmp(got.data(), alone.data(), n * sizeof(float)), 0)
               << rows << " rows, at " << at;
+        }
+        if (layout == WeightLayout::kNK) {
+          alone_nk = alone;
+        } else {
+          EXPECT_EQ(std::memcmp(alone.data(), alone_nk.data(), n * sizeof(float)), 0)
+              << "k x n storage changed the bits";
         }
       }
     }
