@@ -8,8 +8,10 @@
 
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "kernels/cuda/dependent_launch.h"
 #include "kernels/cuda/simt.h"
 #include "kernels/cuda/simt_control.h"
 #include "tests/simt/simt_test_util.h"
@@ -195,6 +197,23 @@ TEST_F(SimtMisuse, DependentLaunchMustWaitForThePriorGridFirst) {
             cudaSuccess);
   const std::vector<int> result = out.Download();
   for (int i = 0; i < 64; ++i) EXPECT_EQ(result[i], 63 - i);
+}
+
+TEST(SimtDependentLaunch, ScopesNestPerThread) {
+  EXPECT_FALSE(simt::DependentLaunchRequested());
+  {
+    const simt::ScopedDependentLaunch on(true);
+    EXPECT_TRUE(simt::DependentLaunchRequested());
+    {
+      const simt::ScopedDependentLaunch off(false);
+      EXPECT_FALSE(simt::DependentLaunchRequested());
+    }
+    EXPECT_TRUE(simt::DependentLaunchRequested());
+    bool other_thread = true;
+    std::thread([&] { other_thread = simt::DependentLaunchRequested(); }).join();
+    EXPECT_FALSE(other_thread) << "a scope reached another thread";
+  }
+  EXPECT_FALSE(simt::DependentLaunchRequested());
 }
 
 TEST_F(SimtMisuse, WarpIntrinsicNotReachedByEveryLaneIsADeadlock) {
