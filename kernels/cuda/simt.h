@@ -54,12 +54,13 @@ inline constexpr unsigned kFullMask = 0xffffffffu;
 
 // Dependent launch (programmatic dependent launch, sm_90 and later): a kernel
 // launched with SIMT_LAUNCH_DEPENDENT, where the policy of dependent_launch.h
-// asks for it, may be scheduled while the kernel ahead
-// of it in its stream is still running, so that its launch overlaps that
-// kernel's tail. SIMT_GRID_WAIT(), its first statement, blocks until that
-// kernel has completed and its writes are visible (griddepcontrol.wait), then
-// allows the next kernel to be scheduled in turn (launch_dependents). Every
-// kernel waits for its predecessor, so the chain stays in stream order.
+// asks for it, may be scheduled while the kernel ahead of it in its stream is
+// still running, so that its launch overlaps that kernel's tail.
+// SIMT_GRID_WAIT(), its first statement, blocks until that kernel has
+// completed and its writes are visible (griddepcontrol.wait), then allows the
+// next kernel to be scheduled in turn (launch_dependents). Every kernel waits
+// for its predecessor, so the chain stays in stream order. Code compiled for
+// an older architecture has no wait, so it is never launched this way.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define SIMT_GRID_WAIT() \
   asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
@@ -81,31 +82,37 @@ inline cudaError_t Launch(const char* /*name*/, void (*kernel)(Params...), dim3 
   return cudaGetLastError();
 }
 
-// Whether this thread's launches are dependent now (dependent_launch.h): the
-// scope asks for them, and the device (the one current at the first launch
-// asked) has them, and SWITCHSERVE_CUDA_DEPENDENT_LAUNCH is not 0.
-inline bool DependentLaunchEnabled() {
+// Whether this thread's launch of `kernel` is dependent: the scope asks for
+// it (dependent_launch.h), SWITCHSERVE_CUDA_DEPENDENT_LAUNCH is not 0, the
+// device has dependent launches and the code that runs was compiled for
+// sm_90 or later (where SIMT_GRID_WAIT() waits: not sm_80 code, nor its PTX
+// compiled for a newer GPU). Decided once, at the first launch asked for,
+// for the current device and that kernel: switchserve's kernels are all
+// compiled for the same architectures.
+inline bool DependentLaunchEnabled(const void* kernel) {
   if (!DependentLaunchRequested()) return false;
-  static const bool available = [] {
+  static const bool available = [kernel] {
     const char* env = std::getenv("SWITCHSERVE_CUDA_DEPENDENT_LAUNCH");
     if (env != nullptr && std::strcmp(env, "0") == 0) return false;
     int device = 0, major = 0;
+    cudaFuncAttributes code{};
     return cudaGetDevice(&device) == cudaSuccess &&
            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) ==
                cudaSuccess &&
-           major >= 9;
+           major >= 9 && cudaFuncGetAttributes(&code, kernel) == cudaSuccess &&
+           code.ptxVersion >= 90;
   }();
   return available;
 }
 
 // Launches `kernel`, which begins with SIMT_GRID_WAIT(), as a dependent launch
-// where DependentLaunchEnabled(), as Launch otherwise.
+// where DependentLaunchEnabled(kernel), as Launch otherwise.
 template <typename... Params, typename... Args>
 inline cudaError_t LaunchDependent(const char* name, void (*kernel)(Params...), dim3 grid,
                                    dim3 block, size_t shared_bytes, cudaStream_t stream,
                                    Args&&... args) {
   static_assert(sizeof...(Params) == sizeof...(Args), "kernel argument count mismatch");
-  if (!DependentLaunchEnabled()) {
+  if (!DependentLaunchEnabled(reinterpret_cast<const void*>(kernel))) {
     return Launch(name, kernel, grid, block, shared_bytes, stream, std::forward<Args>(args)...);
   }
   cudaLaunchAttribute attribute{};
