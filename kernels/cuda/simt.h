@@ -86,11 +86,11 @@ inline cudaError_t Launch(const char* /*name*/, void (*kernel)(Params...), dim3 
 // it (dependent_launch.h), SWITCHSERVE_CUDA_DEPENDENT_LAUNCH is not 0, the
 // device has dependent launches and the code that runs was compiled for
 // sm_90 or later (where SIMT_GRID_WAIT() waits: not sm_80 code, nor its PTX
-// compiled for a newer GPU). Decided once, at the first launch asked for,
-// for the current device and that kernel: switchserve's kernels are all
-// compiled for the same architectures.
+// compiled for a newer GPU). All but the scope is decided once, at the first
+// launch through here whatever its scope, for the current device and that
+// kernel (switchserve's kernels are all compiled for the same architectures);
+// the queries are no stream work, so they may run inside a graph capture.
 inline bool DependentLaunchEnabled(const void* kernel) {
-  if (!DependentLaunchRequested()) return false;
   static const bool available = [kernel] {
     const char* env = std::getenv("SWITCHSERVE_CUDA_DEPENDENT_LAUNCH");
     if (env != nullptr && std::strcmp(env, "0") == 0) return false;
@@ -102,7 +102,7 @@ inline bool DependentLaunchEnabled(const void* kernel) {
            major >= 9 && cudaFuncGetAttributes(&code, kernel) == cudaSuccess &&
            code.ptxVersion >= 90;
   }();
-  return available;
+  return available && DependentLaunchRequested();
 }
 
 // Launches `kernel`, which begins with SIMT_GRID_WAIT(), as a dependent launch
