@@ -115,13 +115,7 @@ absl::StatusOr<DeviceMatrix> DeviceWeights::Matrix(const Tensor& t, WeightFormat
 
 absl::StatusOr<const float*> DeviceWeights::Floats(const Tensor& t) {
   if (t.empty()) return static_cast<const float*>(nullptr);
-  DeviceBuffer& buffer = buffers_.emplace_back();
-  const std::vector<float> values = t.ToF32();
-  if (absl::Status s = buffer.Upload(values.data(), values.size() * sizeof(float)); !s.ok()) {
-    return s;
-  }
-  bytes_ += static_cast<int64_t>(buffer.bytes());
-  return static_cast<const float*>(buffer.get());
+  return UploadFloats(t.ToF32());
 }
 
 absl::StatusOr<const float*> DeviceWeights::Transposed(const Tensor& t) {
@@ -135,8 +129,14 @@ absl::StatusOr<const float*> DeviceWeights::Transposed(const Tensor& t) {
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t j = 0; j < k; ++j) kn[j * n + i] = values[i * k + j];
   }
+  return UploadFloats(kn);
+}
+
+absl::StatusOr<const float*> DeviceWeights::UploadFloats(const std::vector<float>& values) {
   DeviceBuffer& buffer = buffers_.emplace_back();
-  if (absl::Status s = buffer.Upload(kn.data(), kn.size() * sizeof(float)); !s.ok()) return s;
+  if (absl::Status s = buffer.Upload(values.data(), values.size() * sizeof(float)); !s.ok()) {
+    return s;
+  }
   bytes_ += static_cast<int64_t>(buffer.bytes());
   return static_cast<const float*>(buffer.get());
 }

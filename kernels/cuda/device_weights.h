@@ -91,6 +91,8 @@ class DeviceWeights {
   absl::StatusOr<const float*> Floats(const Tensor& t);
   // A 2-D tensor [n, k] as f32 [k, n].
   absl::StatusOr<const float*> Transposed(const Tensor& t);
+  // `values` in a new device buffer.
+  absl::StatusOr<const float*> UploadFloats(const std::vector<float>& values);
 
   std::vector<DeviceBuffer> buffers_;
   DeviceMatrix embedding_, output_head_;
