@@ -11,7 +11,9 @@
 // BM_MatmulFromMemory runs m rows (1: decode at batch 1; 4: what one expert
 // of the MoE FFN gets in a batch-32 step) against one weight matrix
 // after another, 256 MiB of them, on all cores through the MatmulRunner as a
-// decode step does: every weight comes from memory. of_read_bandwidth is its
+// decode step does: every weight comes from memory. `matrices` is how many
+// the runner gets at once (a batch-1 step of the paper's shape: 8 value or
+// output experts, 2 of 4 in each of 4 heads; 4 of the 32 FFN experts). of_read_bandwidth is its
 // weight bytes per second over the machine's read bandwidth measured in the
 // same process (bench/roofline.h).
 //
@@ -122,32 +124,40 @@ void BM_MatmulFromMemory(benchmark::State& state) {
   const bool rows_in = state.range(2) == 1;
   const DType dtype = state.range(3) == 1 ? DType::kBF16 : DType::kF32;
   const int m = static_cast<int>(state.range(4));
+  const int matrices = static_cast<int>(state.range(5));
   const double read_gb_per_s = bench::MeasureMachineLimits().read_gb_per_s;
   const Problem one = MakeProblem(m, n, k, dtype);
-  const int copies = static_cast<int>(std::max<int64_t>(2, (int64_t{256} << 20) / one.w.bytes()));
+  const int copies = static_cast<int>(
+      std::max<int64_t>(2 * matrices, (int64_t{256} << 20) / one.w.bytes() / matrices * matrices));
   std::vector<Tensor> weights(copies, one.w);
-  std::vector<float> a = one.a, c(static_cast<size_t>(m) * n);
+  std::vector<float> a = one.a, c(static_cast<size_t>(m) * n * matrices);
   WorkerPool pool(static_cast<int>(std::thread::hardware_concurrency()));
   MatmulRunner runner(BestKernelIsa(), &pool);
   const WeightLayout layout = rows_in ? WeightLayout::kRowsIn : WeightLayout::kRowsOut;
+  std::vector<MatmulTask> tasks(matrices);
   int next = 0;
   for (auto _ : state) {
-    const MatmulArgs args{
-        m, n, k, a.data(), k, nullptr, MatrixOf(weights[next], rows_in ? n : k), c.data(), n};
-    runner.Run(layout, args);
+    for (int i = 0; i < matrices; ++i) {
+      tasks[i] = {layout,
+                  {m, n, k, a.data(), k, nullptr, MatrixOf(weights[next + i], rows_in ? n : k),
+                   c.data() + static_cast<size_t>(i) * m * n, n}};
+    }
+    runner.Run(tasks);
     benchmark::DoNotOptimize(c.data());
-    next = next + 1 == copies ? 0 : next + 1;
+    next = next + matrices == copies ? 0 : next + matrices;
   }
-  const double bytes = static_cast<double>(one.w.bytes()) * static_cast<double>(state.iterations());
+  const double bytes =
+      static_cast<double>(one.w.bytes()) * matrices * static_cast<double>(state.iterations());
   state.counters["gb_per_s"] = benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsRate);
   state.counters["of_read_bandwidth"] =
       benchmark::Counter(bytes / 1e9 / read_gb_per_s, benchmark::Counter::kIsRate);
-  state.counters["gflops"] = benchmark::Counter(
-      2e-9 * m * n * k * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["gflops"] =
+      benchmark::Counter(2e-9 * m * n * k * matrices * static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate);
 }
 
 void FromMemoryShapes(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"n", "k", "rows_in", "bf16", "m"});
+  b->ArgNames({"n", "k", "rows_in", "bf16", "m", "matrices"});
   for (const auto& [n, k, rows_in] : {std::array<int, 3>{448, 1024, 0},
                                       {128, 1024, 0},
                                       {1024, 128, 0},
@@ -155,7 +165,11 @@ void FromMemoryShapes(benchmark::internal::Benchmark* b) {
                                       {1024, 112, 1},
                                       {8000, 1024, 0}}) {
     for (int bf16 : {0, 1}) {
-      for (int m : {1, 4}) b->Args({n, k, rows_in, bf16, m});
+      for (int m : {1, 4}) b->Args({n, k, rows_in, bf16, m, 1});
+      // What a batch-1 step gives the runner at once: 8 value or output
+      // experts, 4 FFN experts.
+      if (rows_in == 1) b->Args({n, k, rows_in, bf16, 1, 8});
+      if (n * k == 128 * 1024) b->Args({n, k, rows_in, bf16, 1, 4});
     }
   }
 }
