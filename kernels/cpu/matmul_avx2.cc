@@ -27,6 +27,7 @@ struct Tiles {
   static constexpr int kInRows = 4;  // 12 accumulators, 3 weight vectors, 1 broadcast
   static constexpr int kInVectors = 3;
   static constexpr int kOneRowInVectors = 8;
+  static constexpr int kOneRowShortInVectors = 8;
 };
 
 }  // namespace

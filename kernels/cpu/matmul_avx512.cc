@@ -31,6 +31,7 @@ struct Tiles {
   static constexpr int kInRows = 6;  // 24 accumulators, 4 weight vectors, 1 broadcast
   static constexpr int kInVectors = 4;
   static constexpr int kOneRowInVectors = 8;
+  static constexpr int kOneRowShortInVectors = 16;
 };
 
 }  // namespace

@@ -10,7 +10,10 @@
 //   kOutRows x kOutCols   register tile of MatmulRowsOut (accumulators)
 //   kOneRowOutCols        its width when a single row is computed (decode)
 //   kInRows x kInVectors  register tile of MatmulRowsIn (vectors of 8 columns)
-//   kOneRowInVectors      its width for a single row.
+//   kOneRowInVectors      its width for a single row
+//   kOneRowShortInVectors its width for a single row against short weight
+//                         rows (under kRowsInLongRowBytes), so that one
+//                         pass reads each weight row whole.
 // Everything here has internal linkage. No include guard: each including file
 // compiles its own copy.
 //
@@ -649,7 +652,9 @@ void RowsIn(const MatmulArgs& g) {
   const int n8 = g.n & ~7;
   const int vectors = n8 / 8;
   constexpr int MR = Tiles::kInRows, NV = Tiles::kInVectors;
-  if (g.m == 1) {
+  if (g.m == 1 && static_cast<int64_t>(g.n) * ElementBytes<WT>() < kRowsInLongRowBytes) {
+    ChainFewRows<WT, 1, Tiles::kOneRowShortInVectors>(g, vectors);
+  } else if (g.m == 1) {
     ChainFewRows<WT, 1, Tiles::kOneRowInVectors>(g, vectors);
   } else if (g.m <= MR) {
     ChainFewRows<WT, MR, NV>(g, vectors);
