@@ -38,12 +38,6 @@ void RouteTokens(const float* logits, int64_t ld, int tokens, int n_experts, int
     int32_t* chosen = out->expert.data() + static_cast<size_t>(t) * top_k;
     float* weight = out->weight.data() + static_cast<size_t>(t) * top_k;
 
-    // Softmax over all experts (the gate for kSoftmax, the statistics'
-    // probability for kSoftmax and kSoftmaxTopK), in double for stability.
-    float zmax = z[0];
-    for (int e = 1; e < n_experts; ++e) zmax = std::max(zmax, z[e]);
-    double denom = 0;
-    for (int e = 0; e < n_experts; ++e) denom += std::exp(static_cast<double>(z[e] - zmax));
     if (gate == GateFunction::kSigmoid) {
       double sum = 0;
       for (int e = 0; e < n_experts; ++e) {
@@ -52,6 +46,12 @@ void RouteTokens(const float* logits, int64_t ld, int tokens, int n_experts, int
       }
       for (int e = 0; e < n_experts; ++e) prob[e] = static_cast<float>(gate_value[e] / sum);
     } else {
+      // Softmax over all experts (the gate for kSoftmax, the statistics'
+      // probability for kSoftmax and kSoftmaxTopK), in double for stability.
+      float zmax = z[0];
+      for (int e = 1; e < n_experts; ++e) zmax = std::max(zmax, z[e]);
+      double denom = 0;
+      for (int e = 0; e < n_experts; ++e) denom += std::exp(static_cast<double>(z[e] - zmax));
       for (int e = 0; e < n_experts; ++e) {
         prob[e] = static_cast<float>(std::exp(static_cast<double>(z[e] - zmax)) / denom);
         gate_value[e] = prob[e];
