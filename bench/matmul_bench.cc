@@ -13,7 +13,8 @@
 // after another, 256 MiB of them, on all cores through the MatmulRunner as a
 // decode step does: every weight comes from memory. `matrices` is how many
 // the runner gets at once (a batch-1 step of the paper's shape: 8 value or
-// output experts, 2 of 4 in each of 4 heads; 4 of the 32 FFN experts). of_read_bandwidth is its
+// output experts, 2 of 4 in each of 4 heads; 4 of the 32 FFN experts; a
+// batch-32 step: all 32 FFN experts). of_read_bandwidth is its
 // weight bytes per second over the machine's read bandwidth measured in the
 // same process (bench/roofline.h).
 //
@@ -170,6 +171,8 @@ void FromMemoryShapes(benchmark::internal::Benchmark* b) {
       // experts, 4 FFN experts.
       if (rows_in == 1) b->Args({n, k, rows_in, bf16, 1, 8});
       if (n * k == 128 * 1024) b->Args({n, k, rows_in, bf16, 1, 4});
+      // A batch-32 step: 32 FFN experts of about 4 rows each.
+      if (n * k == 128 * 1024) b->Args({n, k, rows_in, bf16, 4, 32});
     }
   }
 }
