@@ -72,11 +72,17 @@ def main():
         ax.scatter([x], [y], marker=markers[kind], s=60, zorder=3,
                    color="tab:green" if name.endswith("xl")
                    else "tab:blue" if name.endswith("f32") else "tab:orange")
-        # bf16 labels to the left of their points, the others to the right: the
-        # two weight dtypes' points of one benchmark sit close together.
-        left = name.endswith("bf16")
+        # The two weight dtypes' points of one benchmark sit close together:
+        # decode labels bf16 to the left of its point and the others to the
+        # right; prefill (whose points can be less than a label apart) bf16
+        # above and the others below.
+        bf16 = name.endswith("bf16")
+        if kind == "decode":
+            offset, ha = (-8 if bf16 else 8, -3), "right" if bf16 else "left"
+        else:
+            offset, ha = (0, 7 if bf16 else -13), "center"
         ax.annotate(f"{name}: {y / roof:.0%} of roof", (x, y), textcoords="offset points",
-                    xytext=(-8 if left else 8, -3), ha="right" if left else "left", fontsize=7)
+                    xytext=offset, ha=ha, fontsize=7)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOPs per byte of weights and KV cache read)")
