@@ -21,6 +21,25 @@ void WidenValues(const Tensor& t, int64_t offset, int count, float* out) {
   }
 }
 
+namespace {
+
+// The sum of term(x[i]) over a row, in double: element i goes to partial
+// sum i mod 4, and the partials add as (s0 + s1) + (s2 + s3). Four
+// independent chains instead of one, so the row is not bound by the add's
+// latency; a fixed order, so a row's sum depends on its values alone.
+template <typename Term>
+double RowSum(const float* x, int d, Term term) {
+  double s[4] = {0, 0, 0, 0};
+  int i = 0;
+  for (; i + 4 <= d; i += 4) {
+    for (int l = 0; l < 4; ++l) s[l] += term(x[i + l]);
+  }
+  for (; i < d; ++i) s[i % 4] += term(x[i]);
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+}  // namespace
+
 void NormRows(NormKind kind, float eps, const float* x, int rows, int d, const float* weight,
               const float* bias, float* out) {
   for (int r = 0; r < rows; ++r) {
@@ -28,15 +47,14 @@ void NormRows(NormKind kind, float eps, const float* x, int rows, int d, const f
     float* o = out + static_cast<int64_t>(r) * d;
     double mean = 0;
     if (kind == NormKind::kLayerNorm) {
-      for (int i = 0; i < d; ++i) mean += xr[i];
-      mean /= d;
+      mean = RowSum(xr, d, [](float v) { return static_cast<double>(v); }) / d;
     }
-    double var = 0;
-    for (int i = 0; i < d; ++i) {
-      const double c = xr[i] - mean;
-      var += c * c;
-    }
-    var /= d;
+    const double var = RowSum(xr, d,
+                              [mean](float v) {
+                                const double c = v - mean;
+                                return c * c;
+                              }) /
+                       d;
     const float inv = static_cast<float>(1.0 / std::sqrt(var + eps));
     const float m = static_cast<float>(mean);
     for (int i = 0; i < d; ++i) o[i] = (xr[i] - m) * inv * weight[i];
