@@ -352,8 +352,9 @@ constexpr std::array<DotTilePairsFn, kPairRows> kDotTilePairs =
 // most one row block: a block's packed weights (16 KiB) and six rows' inputs
 // (12 KiB) stay in the L1 cache while the block's tiles take it in turn,
 // instead of streaming all of k (32 and 24 KiB at k = 1024) from L2 for
-// every tile. Measured (matmul_bench, one thread): 32 rows against k = 1024
-// 1.1-1.2x faster; 256 rows were not faster, and take all of k at once.
+// every tile. Measured (matmul_bench, one thread, three windows of a noisy
+// VM): 32 rows against k = 1024 1.0-1.2x faster; 256 rows were not faster,
+// and take all of k at once.
 constexpr int kPairChunksPerBlock = 64;
 
 // The carried accumulators of the tiles of one row block.
