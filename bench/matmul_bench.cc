@@ -167,12 +167,14 @@ void FromMemoryShapes(benchmark::internal::Benchmark* b) {
                                       {8000, 1024, 0}}) {
     for (int bf16 : {0, 1}) {
       for (int m : {1, 4}) b->Args({n, k, rows_in, bf16, m, 1});
-      // What a batch-1 step gives the runner at once: 8 value or output
-      // experts, 4 FFN experts.
+      // What a step gives the runner at once: at batch 1, 8 value or output
+      // experts, or 4 FFN experts; at batch 32, all 32 FFN experts of about
+      // 4 rows each.
       if (rows_in == 1) b->Args({n, k, rows_in, bf16, 1, 8});
-      if (n * k == 128 * 1024) b->Args({n, k, rows_in, bf16, 1, 4});
-      // A batch-32 step: 32 FFN experts of about 4 rows each.
-      if (n * k == 128 * 1024) b->Args({n, k, rows_in, bf16, 4, 32});
+      if (n * k == 128 * 1024) {
+        b->Args({n, k, rows_in, bf16, 1, 4});
+        b->Args({n, k, rows_in, bf16, 4, 32});
+      }
     }
   }
 }
