@@ -10,8 +10,10 @@
 //                  and memory read bandwidth (bench/roofline.h).
 //   --device=cuda  the CUDA backend (16-bit weights, decode steps sampling
 //                  greedily on the device, as the engine runs them); decode at
-//                  batch 1, 8, 64, 256 (context 128) and 1, 8 (context 2000)
-//                  and a 2048-token prefill, for the SwitchAll model and a
+//                  batch 1, 8, 32, 64, 256 (context 128) and 1, 8 (context
+//                  2000), a continuous-batching step (30 sequences decoding
+//                  beside 2 running 32-token prompts) and a 2048-token
+//                  prefill, for the SwitchAll model and a
 //                  dense-attention baseline of matched parameters (10
 //                  dense heads of 112: the same attention parameter count
 //                  within 1%, the same MoE FFN); limits: device-to-device
@@ -20,8 +22,9 @@
 //   --smoke        tiny models and short runs: checks the whole benchmark
 //                  end to end (on the emulated CUDA backend too).
 //   --attention-segment-tokens=N
-//                  CUDA: keys per attention segment (default 512, rounded up
-//                  to whole KV blocks): a decode step's attention splits its
+//                  CUDA: keys per attention segment (default 128, or
+//                  max_seq_len / 64 where that is more; rounded up to whole
+//                  KV blocks): a decode step's attention splits its
 //                  context into segments computed in parallel and merged.
 //
 // Counters: tokens_per_s; gflops and gb_per_s achieved (FLOPs of the matmuls
@@ -290,6 +293,89 @@ void DecodeStep(benchmark::State& state, const std::string& model_name, int batc
          batch);
 }
 
+// A continuous-batching step: `decoding` sequences holding `context` tokens
+// each decode one, beside `prompts` new sequences whose whole prompts of
+// `prompt_tokens` run as prefill chunks and sample their first token. Under
+// a steady closed loop whose requests have drifted apart, most steps look
+// like this (requests finish and arrive every step); a decode step of the
+// same batch is its comparison. On the CUDA backend a decode step replays a
+// captured graph, this one launches its kernels one by one.
+void MixedStep(benchmark::State& state, const std::string& model_name, int decoding, int prompts,
+               int prompt_tokens, int context) {
+  const BenchModel& model = Model(model_name);
+  const int vocab = model.config.vocab_size;
+  MeasuredLimits();
+  std::unique_ptr<Backend> backend = NewBackend(model);
+  if (backend == nullptr) {
+    state.SkipWithError("backend creation failed");
+    return;
+  }
+  const int block_size = 16;
+  const auto blocks = [&](int tokens) { return (tokens + block_size - 1) / block_size; };
+  KvCacheOptions cache;
+  cache.block_size = block_size;
+  cache.max_tokens = int64_t{block_size} * (int64_t{decoding} * blocks(context + 1) +
+                                            int64_t{prompts} * blocks(prompt_tokens));
+  absl::StatusOr<std::unique_ptr<KvCache>> kv_cache = KvCache::Create(backend.get(), cache);
+  if (!kv_cache.ok()) {
+    state.SkipWithError("KV cache setup failed");
+    return;
+  }
+  KvBlockAllocator& allocator = (*kv_cache)->allocator();
+  const int sequences = decoding + prompts;
+  std::vector<std::vector<int32_t>> tokens(sequences);
+  StepBatch prefill;
+  prefill.Clear(block_size);
+  for (int s = 0; s < sequences; ++s) {
+    const int length = s < decoding ? context : prompt_tokens;
+    if (!allocator.Reserve(s, s < decoding ? context + 1 : length).ok()) {
+      state.SkipWithError("KV reserve failed");
+      return;
+    }
+    for (int i = 0; i < length; ++i) tokens[s].push_back((s * 131 + i * 7) % vocab);
+    if (s < decoding) prefill.Add(tokens[s], 0, allocator.BlockTable(s));
+  }
+  StepOutput out;
+  if (!backend->Forward(prefill, &out).ok()) {
+    state.SkipWithError("prefill failed");
+    return;
+  }
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  std::vector<SamplerRng> rngs(sequences, SamplerRng(1));
+  StepBatch step;
+  step.Clear(block_size);
+  std::vector<std::vector<int32_t>> next(decoding);
+  for (int s = 0; s < sequences; ++s) {
+    StepSequence* sequence = nullptr;
+    if (s < decoding) {
+      next[s] = {(s * 17 + 3) % vocab};
+      sequence = &step.Add(next[s], context, allocator.BlockTable(s));
+    } else {
+      sequence = &step.Add(tokens[s], 0, allocator.BlockTable(s));
+    }
+    if (settings().device == DeviceKind::kCpu) {
+      sequence->logits = LogitsMode::kLast;
+    } else {
+      sequence->sample = {&greedy, tokens[s], &rngs[s]};
+    }
+  }
+  for (auto _ : state) {
+    if (!backend->Forward(step, &out).ok()) {
+      state.SkipWithError("mixed step failed");
+      return;
+    }
+  }
+  const int64_t new_tokens = decoding + int64_t{prompts} * prompt_tokens;
+  const int64_t pairs = int64_t{decoding} * (context + 1) +
+                        int64_t{prompts} * prompt_tokens * (prompt_tokens + 1) / 2;
+  const int64_t read = int64_t{decoding} * (context + 1) + int64_t{prompts} * prompt_tokens;
+  Report(state,
+         MeasureWork(model.config, model.weights, out, new_tokens, pairs, read,
+                     std::max(context + 1, prompt_tokens), sequences),
+         new_tokens);
+}
+
 // A prefill chunk of `length` tokens of one new sequence.
 void PrefillChunk(benchmark::State& state, const std::string& model_name, int length) {
   const BenchModel& model = Model(model_name);
@@ -335,7 +421,7 @@ void RegisterBenchmarks() {
   } else {
     models.push_back("dense");
   }
-  std::vector<int> batches = cpu ? std::vector<int>{1, 8, 32} : std::vector<int>{1, 8, 64, 256};
+  std::vector<int> batches = cpu ? std::vector<int>{1, 8, 32} : std::vector<int>{1, 8, 32, 64, 256};
   int context = 128, prefill = cpu ? 512 : 2048;
   // On a GPU, decode with long contexts too (batch 1 and 8): the attention
   // that walks them, which a 128-token context barely shows.
@@ -355,8 +441,23 @@ void RegisterBenchmarks() {
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime();
   };
+  // A step of 32 sequences in which 2 new ones run their prompts (GPU; the
+  // shape of the paper-shaped serving runs in bench/compare_pytorch.py).
+  const int mixed_prompts = 2, mixed_prompt_tokens = smoke ? 8 : 32;
+  const int mixed_decoding = smoke ? 6 : 30;
+  const auto add_mixed = [&](const std::string& model) {
+    const std::string name = "mixed/" + model + "/decoding:" + std::to_string(mixed_decoding) +
+                             "/prompts:" + std::to_string(mixed_prompts) + "x" +
+                             std::to_string(mixed_prompt_tokens) +
+                             "/context:" + std::to_string(context);
+    benchmark::RegisterBenchmark(name.c_str(), MixedStep, model, mixed_decoding, mixed_prompts,
+                                 mixed_prompt_tokens, context)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
+  };
   for (const std::string& model : models) {
     for (int batch : batches) add_decode(model, batch, context);
+    if (!cpu) add_mixed(model);
     for (int batch : long_batches) add_decode(model, batch, long_context);
     const std::string name = "prefill/" + model + "/tokens:" + std::to_string(prefill);
     benchmark::RegisterBenchmark(name.c_str(), PrefillChunk, model, prefill)

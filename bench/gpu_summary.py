@@ -27,7 +27,7 @@ def engine_rows(path):
         if b.get("error_occurred"):
             errors.append(f"{b['name']}: {b.get('error_message', 'error')}")
             continue
-        m = re.match(r"(decode|prefill)/(\w+)/(.*?)(/real_time)?$", b["name"])
+        m = re.match(r"(decode|mixed|prefill)/(\w+)/(.*?)(/real_time)?$", b["name"])
         if m:
             rows[(m.group(1), m.group(2), m.group(3))] = b
     return data.get("context", {}), rows, errors
