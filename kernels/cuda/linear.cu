@@ -308,6 +308,7 @@ struct Launch {
   float* out;
   int64_t ldc;
   cudaStream_t stream;
+  LinearKernelChoice kernel;
 };
 
 template <typename WT, WeightLayout kLayout, int TY, int TX, int RM, int RN>
@@ -341,12 +342,26 @@ cudaError_t LaunchFewRows(const Launch& l) {
       l.epilogue->accumulate ? 1 : 0, l.out, l.ldc);
 }
 
-// Up to 64 rows, or under 64 columns (routers): the few-rows kernel, which
-// spreads the weights over k too; otherwise 64 x 64 tiles. Both give the
-// same bits (the order is the same).
+// A 64 x 64 tile walks all of k in one block, so tiles pay only where there
+// are many of them. Measured on an H200 (docs/performance.md) against 128
+// and 4096: with 512, a 30 + 2 x 32-token step and batch-256 decode both run
+// 2-3x faster than with tiles from 65 rows up, and a 2048-token prefill
+// keeps its tiles and its time.
+constexpr int kTileMinBlocks = 512;
+
+// Up to 64 rows, under 64 columns (routers), or too few 64 x 64 tiles to
+// fill the GPU (a continuous-batching step's prompts beside its decodes):
+// the few-rows kernel, which spreads the weights over k too; otherwise
+// 64 x 64 tiles. Both give the same bits (the order is the same).
 template <typename WT, WeightLayout kLayout>
 cudaError_t LaunchShape(const Launch& l, int rows) {
-  if (rows <= 64 || l.n_cols < 64) return LaunchFewRows<WT, kLayout>(l);
+  bool few_rows = l.kernel == LinearKernelChoice::kFewRows;
+  if (l.kernel == LinearKernelChoice::kAuto) {
+    const int64_t matrices = l.grouped != nullptr ? l.grouped->heads * l.grouped->n_experts : 1;
+    const int64_t tiles = int64_t{(rows + 63) / 64} * ((l.n_cols + 63) / 64) * matrices;
+    few_rows = rows <= 64 || l.n_cols < 64 || tiles < kTileMinBlocks;
+  }
+  if (few_rows) return LaunchFewRows<WT, kLayout>(l);
   return LaunchTile<WT, kLayout, 16, 16, 4, 4>(l);
 }
 
@@ -375,17 +390,19 @@ cudaError_t Dispatch(const Launch& l) {
 
 cudaError_t LaunchLinear(const float* a, int64_t lda, int rows, int k, const LinearWeights& w,
                          int n_cols, const LinearEpilogue& epilogue, float* out, int64_t ldc,
-                         cudaStream_t stream) {
-  return Dispatch(Launch{a, lda, rows, nullptr, k, &w, n_cols, &epilogue, out, ldc, stream});
+                         cudaStream_t stream, LinearKernelChoice kernel) {
+  return Dispatch(
+      Launch{a, lda, rows, nullptr, k, &w, n_cols, &epilogue, out, ldc, stream, kernel});
 }
 
 cudaError_t LaunchGroupedLinear(const float* a, int64_t lda, const GroupedRows& rows, int k,
                                 const LinearWeights& w, int n_cols, const LinearEpilogue& epilogue,
-                                float* out, int64_t ldc, cudaStream_t stream) {
+                                float* out, int64_t ldc, cudaStream_t stream,
+                                LinearKernelChoice kernel) {
   if (rows.offsets == nullptr || rows.n_experts < 1 || rows.heads < 1) {
     return cudaErrorInvalidValue;
   }
-  return Dispatch(Launch{a, lda, 0, &rows, k, &w, n_cols, &epilogue, out, ldc, stream});
+  return Dispatch(Launch{a, lda, 0, &rows, k, &w, n_cols, &epilogue, out, ldc, stream, kernel});
 }
 
 }  // namespace switchserve::cuda

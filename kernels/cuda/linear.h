@@ -53,10 +53,15 @@ struct LinearEpilogue {
   bool accumulate = false;  // out += result instead of out = result
 };
 
+// The kernel that runs a product: by default the launcher picks by shape;
+// a test names one (all of them give the same bits).
+enum class LinearKernelChoice : int { kAuto, kFewRows, kTiles };
+
 // out[m, n] for m < rows, n < n_cols; a rows lda apart, out rows ldc apart.
 cudaError_t LaunchLinear(const float* a, int64_t lda, int rows, int k, const LinearWeights& w,
                          int n_cols, const LinearEpilogue& epilogue, float* out, int64_t ldc,
-                         cudaStream_t stream);
+                         cudaStream_t stream,
+                         LinearKernelChoice kernel = LinearKernelChoice::kAuto);
 
 struct GroupedRows {
   const int32_t* offsets = nullptr;  // [routers, E + 1] slot ranges (dispatch_plan.h)
@@ -71,7 +76,8 @@ struct GroupedRows {
 
 cudaError_t LaunchGroupedLinear(const float* a, int64_t lda, const GroupedRows& rows, int k,
                                 const LinearWeights& w, int n_cols, const LinearEpilogue& epilogue,
-                                float* out, int64_t ldc, cudaStream_t stream);
+                                float* out, int64_t ldc, cudaStream_t stream,
+                                LinearKernelChoice kernel = LinearKernelChoice::kAuto);
 
 }  // namespace switchserve::cuda
 

@@ -20,6 +20,7 @@ namespace {
 
 using cuda::Activation;
 using cuda::LinearEpilogue;
+using cuda::LinearKernelChoice;
 using cuda::LinearWeights;
 using cuda::WeightLayout;
 using cuda::WeightType;
@@ -89,10 +90,15 @@ TEST(SimtLinear, DenseMatchesFloat64OnOddShapes) {
   SIMT_REQUIRE_DEVICE();
   for (const WeightType type : {WeightType::kF32, WeightType::kBf16, WeightType::kF16}) {
     for (const WeightLayout layout : {WeightLayout::kNK, WeightLayout::kKN}) {
-      for (const auto& [rows, k, n] :
-           {std::tuple{1, 7, 5}, {3, 112, 33}, {9, 33, 130}, {70, 100, 65}}) {
+      for (const auto& [rows, k, n, kernel] : {std::tuple{1, 7, 5, LinearKernelChoice::kFewRows},
+                                               {3, 112, 33, LinearKernelChoice::kTiles},
+                                               {9, 33, 130, LinearKernelChoice::kFewRows},
+                                               {9, 33, 130, LinearKernelChoice::kTiles},
+                                               {70, 100, 65, LinearKernelChoice::kFewRows},
+                                               {70, 100, 65, LinearKernelChoice::kTiles}}) {
         SCOPED_TRACE(Name(type, layout) + " rows=" + std::to_string(rows) +
-                     " k=" + std::to_string(k) + " n=" + std::to_string(n));
+                     " k=" + std::to_string(k) + " n=" + std::to_string(n) +
+                     (kernel == LinearKernelChoice::kTiles ? " tiles" : " few rows"));
         const int64_t lda = k + 3, ldc = n + 2;
         const int64_t ldw = (layout == WeightLayout::kNK ? k : n) + 1;
         const int64_t w_size = (layout == WeightLayout::kNK ? n : k) * ldw;
@@ -111,9 +117,9 @@ TEST(SimtLinear, DenseMatchesFloat64OnOddShapes) {
             LinearEpilogue e = epilogue;
             e.bias = d_bias.get();
             const LinearWeights lw{w.data(type), type, layout, ldw, 0};
-            EXPECT_EQ(
-                cuda::LaunchLinear(d_a.get(), lda, rows, k, lw, n, e, d_out.get(), ldc, nullptr),
-                cudaSuccess);
+            EXPECT_EQ(cuda::LaunchLinear(d_a.get(), lda, rows, k, lw, n, e, d_out.get(), ldc,
+                                         nullptr, kernel),
+                      cudaSuccess);
             return d_out.Download();
           });
           for (int m = 0; m < rows; ++m) {
@@ -138,12 +144,13 @@ TEST(SimtLinear, DenseMatchesFloat64OnOddShapes) {
   }
 }
 
-// Row r of a 1-row and a 7-row product (the few-rows kernel), and of a
-// 70-row and a 129-row one (64 x 64 tiles), the row at a different place each
+// Row r of a 1-row product and of 7-, 70- and 129-row ones, each run by the
+// few-rows kernel and by 64 x 64 tiles, the row at a different place each
 // time: bitwise equal, for every weight type and layout, with k a whole number
 // of chunks (16-byte loads along k) and not, and with more chunks than the
-// few-rows kernel has warps (two rounds of chunk sums). And the same matrix
-// stored n x k or k x n gives the same bits.
+// few-rows kernel has warps (two rounds of chunk sums). So the launcher may
+// pick either kernel for any shape. And the same matrix stored n x k or k x n
+// gives the same bits.
 TEST(SimtLinear, ARowsResultDoesNotDependOnTheBatchOrTheLayout) {
   SIMT_REQUIRE_DEVICE();
   const int n = 72;
@@ -162,22 +169,26 @@ TEST(SimtLinear, ARowsResultDoesNotDependOnTheBatchOrTheLayout) {
         const int64_t ldw = layout == WeightLayout::kNK ? k : n;
         const Weights w(layout == WeightLayout::kNK ? nk : kn, type);
         const LinearWeights lw{w.data(type), type, layout, ldw, 0};
-        auto row_of = [&](int rows, int at) {
+        auto row_of = [&](int rows, int at, LinearKernelChoice kernel) {
           std::vector<float> a = RandomFloats(static_cast<size_t>(rows) * k, rows);
           std::copy(probe.begin(), probe.end(), a.begin() + static_cast<int64_t>(at) * k);
           DeviceArray<float> d_a(a), d_out(static_cast<size_t>(rows) * n);
           EXPECT_EQ(cuda::LaunchLinear(d_a.get(), k, rows, k, lw, n, LinearEpilogue{}, d_out.get(),
-                                       n, nullptr),
+                                       n, nullptr, kernel),
                     cudaSuccess);
           const std::vector<float> out = d_out.Download();
           return std::vector<float>(out.begin() + static_cast<int64_t>(at) * n,
                                     out.begin() + static_cast<int64_t>(at + 1) * n);
         };
-        const std::vector<float> alone = row_of(1, 0);
-        for (const auto& [rows, at] : {std::pair{7, 3}, {7, 6}, {70, 0}, {70, 65}, {129, 100}}) {
-          const std::vector<float> got = row_of(rows, at);
-          EXPECT_EQ(std::memcmp(got.data(), alone.data(), n * sizeof(float)), 0)
-              << rows << " rows, at " << at;
+        const std::vector<float> alone = row_of(1, 0, LinearKernelChoice::kAuto);
+        for (const LinearKernelChoice kernel :
+             {LinearKernelChoice::kFewRows, LinearKernelChoice::kTiles}) {
+          for (const auto& [rows, at] : {std::pair{7, 3}, {7, 6}, {70, 0}, {70, 65}, {129, 100}}) {
+            const std::vector<float> got = row_of(rows, at, kernel);
+            EXPECT_EQ(std::memcmp(got.data(), alone.data(), n * sizeof(float)), 0)
+                << rows << " rows, at " << at
+                << (kernel == LinearKernelChoice::kTiles ? ", tiles" : ", few rows");
+          }
         }
         if (layout == WeightLayout::kNK) {
           alone_nk = alone;
@@ -197,9 +208,13 @@ TEST(SimtLinear, GroupedMatchesFloat64) {
   const int E = 3, heads = 2, k = 20, n = 9, tokens = 6;
   const int64_t slot_stride = 12;
   for (const bool shared : {false, true}) {
-    for (const WeightLayout layout : {WeightLayout::kNK, WeightLayout::kKN}) {
+    for (const auto& [layout, kernel] : {std::pair{WeightLayout::kNK, LinearKernelChoice::kFewRows},
+                                         {WeightLayout::kKN, LinearKernelChoice::kFewRows},
+                                         {WeightLayout::kNK, LinearKernelChoice::kTiles},
+                                         {WeightLayout::kKN, LinearKernelChoice::kTiles}}) {
       SCOPED_TRACE(std::string(shared ? "shared router " : "per-head routers ") +
-                   Name(WeightType::kBf16, layout));
+                   Name(WeightType::kBf16, layout) +
+                   (kernel == LinearKernelChoice::kTiles ? " tiles" : " few rows"));
       // Router r's experts own slots [offsets[r][e], offsets[r][e + 1]).
       const std::vector<int32_t> offsets = {0, 2, 2, 5, 0, 4, 6, 7};
       std::vector<int32_t> a_rows(2 * slot_stride, -1);
@@ -229,9 +244,9 @@ TEST(SimtLinear, GroupedMatchesFloat64) {
         e.bias_stride = n;
         e.activation = Activation::kRelu;
         const LinearWeights lw{w.data(WeightType::kBf16), WeightType::kBf16, layout, ldw, stride};
-        EXPECT_EQ(
-            cuda::LaunchGroupedLinear(d_a.get(), lda, rows, k, lw, n, e, d_out.get(), ldc, nullptr),
-            cudaSuccess);
+        EXPECT_EQ(cuda::LaunchGroupedLinear(d_a.get(), lda, rows, k, lw, n, e, d_out.get(), ldc,
+                                            nullptr, kernel),
+                  cudaSuccess);
         return d_out.Download();
       });
       for (int h = 0; h < heads; ++h) {
