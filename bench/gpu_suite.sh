@@ -12,8 +12,9 @@
 #          references, the per-backend suites, routing replay, decode-graph
 #          replay against eager), then compute-sanitizer on one test binary
 #   bench  engine_bench --device=cuda (SwitchAll and the dense baseline:
-#          decode at batch 1, 8, 64, 256 (context 128) and 1, 8 (context
-#          2000), a 2048-token prefill, the copy
+#          decode at batch 1, 8, 32, 64, 256 (context 128) and 1, 8
+#          (context 2000), a step of 30 decoding beside 2 prompts of 32, a
+#          2048-token prefill, the copy
 #          bandwidth and bf16 GEMM rate), then compare_pytorch.py --device cuda
 #          (the PyTorch reference on the same GPU, the in-process engine and
 #          gRPC at 1 and 32 clients); bench/gpu_summary.py checks the goals
@@ -107,10 +108,11 @@ phase_test() {
 
 phase_bench() {
   local device_args=(--device=cuda)
-  # 8 waves of requests per switchserve run: a GPU finishes 2 waves of 32 in
-  # a fraction of a second, too short for a stable gRPC / engine ratio.
+  # 16 waves of requests per switchserve run: a GPU finishes 2 waves of 32 in
+  # a fraction of a second, too short for a stable gRPC / engine ratio (on an
+  # H200, 8 waves gave 0.80x where three runs of 16 gave 0.89-0.93x).
   local compare_args=(--device cuda --paper --skip-model --concurrency 1,32 --ref-batches 1
-    --waves 8)
+    --waves 16)
   local engine_bench=$BUILD/bench/engine_bench
   if [[ $smoke == 1 ]]; then
     device_args+=(--smoke --benchmark_min_time=0.01)
