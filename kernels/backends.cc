@@ -30,6 +30,26 @@ absl::StatusOr<DeviceKind> ParseDeviceKind(std::string_view text) {
       absl::StrCat("expected cpu, cuda or auto, found \"", std::string(text), "\""));
 }
 
+std::string_view ToString(KvCacheDtype dtype) {
+  switch (dtype) {
+    case KvCacheDtype::kAuto:
+      return "auto";
+    case KvCacheDtype::kF32:
+      return "f32";
+    case KvCacheDtype::kBF16:
+      return "bf16";
+  }
+  return "?";
+}
+
+absl::StatusOr<KvCacheDtype> ParseKvCacheDtype(std::string_view text) {
+  for (KvCacheDtype dtype : {KvCacheDtype::kAuto, KvCacheDtype::kF32, KvCacheDtype::kBF16}) {
+    if (text == ToString(dtype)) return dtype;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("expected auto, f32 or bf16, found \"", std::string(text), "\""));
+}
+
 std::vector<DeviceKind> BuiltDevices() {
   // A device backend built into this binary adds itself here, ahead of the CPU.
 #if defined(SWITCHSERVE_HAVE_CUDA_BACKEND)
@@ -63,11 +83,21 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(DeviceKind device, const 
     case DeviceKind::kCpu: {
       CpuBackendOptions cpu;
       cpu.num_threads = options.num_threads;
+      cpu.kv_cache_dtype =
+          options.kv_cache_dtype == KvCacheDtype::kBF16 ? DType::kBF16 : DType::kF32;
       return CreateCpuBackend(config, weights, dispatch, cpu);
     }
     case DeviceKind::kCuda:
 #if defined(SWITCHSERVE_HAVE_CUDA_BACKEND)
     {
+      // Its cache follows its weights: bf16 with 16-bit ones, else f32.
+      const KvCacheDtype held = options.cuda_f32_weights ? KvCacheDtype::kF32 : KvCacheDtype::kBF16;
+      if (options.kv_cache_dtype != KvCacheDtype::kAuto && options.kv_cache_dtype != held) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("the CUDA backend's KV cache is ", std::string(ToString(held)), " with ",
+                         options.cuda_f32_weights ? "f32" : "16-bit", " weights, not ",
+                         std::string(ToString(options.kv_cache_dtype))));
+      }
       CudaBackendOptions cuda;
       cuda.sixteen_bit_weights = !options.cuda_f32_weights;
       if (options.cuda_attention_segment_tokens > 0) {

@@ -24,8 +24,20 @@ std::string_view ToString(DeviceKind device);
 // The inverse of ToString; INVALID_ARGUMENT names the accepted values.
 absl::StatusOr<DeviceKind> ParseDeviceKind(std::string_view text);
 
+// Element type of the KV cache (--kv-cache-dtype). kAuto: the backend's
+// own, f32 on the CPU and on the CUDA backend its weights' width (bf16 with
+// 16-bit weights, f32 with cuda_f32_weights). kBF16 on the CPU halves the
+// bytes a token's keys and values take and the bytes attention reads.
+enum class KvCacheDtype { kAuto, kF32, kBF16 };
+
+// "auto", "f32", "bf16".
+std::string_view ToString(KvCacheDtype dtype);
+// The inverse of ToString; INVALID_ARGUMENT names the accepted values.
+absl::StatusOr<KvCacheDtype> ParseKvCacheDtype(std::string_view text);
+
 struct BackendOptions {
   int num_threads = 0;  // host threads the backend computes with; 0: all cores
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::kAuto;
   // CUDA: keep every weight matrix in f32 (the parity mode) instead of 16-bit.
   bool cuda_f32_weights = false;
   // CUDA: keys per attention segment (CudaBackendOptions); 0: its default.

@@ -12,6 +12,9 @@ ABSL_FLAG(int, threads, 0, "CPU threads for the engine (0: all cores)");
 ABSL_FLAG(std::string, weights_dtype, "auto",
           "auto (as model.safetensors stores them) | f32 | bf16 | f16: the dtype the weight "
           "matrices are held and computed from");
+ABSL_FLAG(std::string, kv_cache_dtype, "auto",
+          "auto (CPU: f32; CUDA: bf16, or f32 with f32 weights) | f32 | bf16: the element type "
+          "of the KV cache (bf16 halves its bytes per token on the CPU)");
 ABSL_FLAG(bool, allow_non_finite_weights, false,
           "Load weights holding NaN or infinity (with a warning) instead of refusing the model");
 
@@ -26,6 +29,14 @@ absl::StatusOr<ModelLoadOptions> LoadOptionsFromFlags() {
   options.weights_dtype = *dtype;
   options.allow_non_finite_weights = absl::GetFlag(FLAGS_allow_non_finite_weights);
   return options;
+}
+
+absl::StatusOr<KvCacheDtype> KvCacheDtypeFromFlags() {
+  absl::StatusOr<KvCacheDtype> dtype = ParseKvCacheDtype(absl::GetFlag(FLAGS_kv_cache_dtype));
+  if (!dtype.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--kv-cache-dtype: ", dtype.status().message()));
+  }
+  return *dtype;
 }
 
 std::chrono::milliseconds MillisecondsFromSeconds(double seconds) {

@@ -9,11 +9,14 @@
 #include "absl/flags/declare.h"
 #include "absl/status/statusor.h"
 #include "engine/model/model_loader.h"
+#include "kernels/backends.h"
 
 namespace switchserve {
 
 // --weights-dtype and --allow-non-finite-weights, parsed; INVALID_ARGUMENT names the flag.
 absl::StatusOr<ModelLoadOptions> LoadOptionsFromFlags();
+// --kv-cache-dtype, parsed; INVALID_ARGUMENT names the flag.
+absl::StatusOr<KvCacheDtype> KvCacheDtypeFromFlags();
 
 }  // namespace switchserve
 
@@ -21,6 +24,7 @@ ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(int, threads);
 ABSL_DECLARE_FLAG(std::string, weights_dtype);
+ABSL_DECLARE_FLAG(std::string, kv_cache_dtype);
 ABSL_DECLARE_FLAG(bool, allow_non_finite_weights);
 
 namespace switchserve {

@@ -59,9 +59,9 @@ absl::StatusOr<EngineSetup> SetUpEngine(const ServerOptions& options) {
   if (!dispatch.ok()) return dispatch.status();
   setup.dispatch = *dispatch;
 
-  absl::StatusOr<std::unique_ptr<Backend>> backend =
-      CreateBackend(options.device, config, setup.model->weights, setup.dispatch,
-                    BackendOptions{.num_threads = options.threads});
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend(
+      options.device, config, setup.model->weights, setup.dispatch,
+      BackendOptions{.num_threads = options.threads, .kv_cache_dtype = options.kv_cache_dtype});
   if (!backend.ok()) {
     return absl::Status(backend.status().code(),
                         absl::StrCat("--device ", std::string(ToString(options.device)), ": ",

@@ -27,15 +27,17 @@ absl::StatusOr<OfflineSession> OpenOfflineSession() {
   if (!device.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--device: ", device.status().message()));
   }
+  absl::StatusOr<KvCacheDtype> kv_dtype = KvCacheDtypeFromFlags();
+  if (!kv_dtype.ok()) return kv_dtype.status();
   absl::StatusOr<DispatchOverrides> overrides = DispatchOverridesFromFlags();
   if (!overrides.ok()) return overrides.status();
   absl::StatusOr<DispatchConfig> dispatch =
       ApplyDispatchOverrides(session.model->config.dispatch, *overrides);
   if (!dispatch.ok()) return dispatch.status();
   session.dispatch = *dispatch;
-  absl::StatusOr<std::unique_ptr<Backend>> backend =
-      CreateBackend(*device, session.model->config, session.model->weights, session.dispatch,
-                    BackendOptions{.num_threads = absl::GetFlag(FLAGS_threads)});
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend(
+      *device, session.model->config, session.model->weights, session.dispatch,
+      BackendOptions{.num_threads = absl::GetFlag(FLAGS_threads), .kv_cache_dtype = *kv_dtype});
   if (!backend.ok()) {
     return absl::Status(backend.status().code(),
                         absl::StrCat("--device ", std::string(ToString(*device)), ": ",

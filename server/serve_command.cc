@@ -227,11 +227,13 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
       config.tokenizer == TokenizerKind::kByte ? "byte" : "sentencepiece"));
   Log(absl::StrCat("dispatch: ", DescribeDispatch(dispatch)));
   if (const std::string warning = SharedCapacityWarning(dispatch); !warning.empty()) Log(warning);
-  Log(absl::StrFormat("backend %s, threads %s; KV cache %d blocks x %d tokens = %d tokens (%d MiB)",
-                      std::string(backend->name()),
-                      options.threads == 0 ? "all" : std::to_string(options.threads),
-                      kv_cache.num_blocks(), kv_cache.block_size(), kv_cache.capacity_tokens(),
-                      kv_cache.bytes() >> 20));
+  Log(absl::StrFormat(
+      "backend %s, threads %s; KV cache %d blocks x %d tokens = %d tokens (%d MiB, %d bytes per "
+      "token, --kv-cache-dtype %s)",
+      std::string(backend->name()), options.threads == 0 ? "all" : std::to_string(options.threads),
+      kv_cache.num_blocks(), kv_cache.block_size(), kv_cache.capacity_tokens(),
+      kv_cache.bytes() >> 20, kv_cache.bytes_per_token(),
+      std::string(ToString(options.kv_cache_dtype))));
   Log(
       absl::StrFormat("scheduler: max_batch_tokens %d, max_running_requests %d, max_queue %d, "
                       "max_request_bytes %d, drain_timeout_s %g",

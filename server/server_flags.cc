@@ -122,6 +122,9 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   auto device = ParseDeviceKind(absl::GetFlag(FLAGS_device));
   if (!device.ok()) return FlagError("device", std::string(device.status().message()));
   o.device = *device;
+  absl::StatusOr<KvCacheDtype> kv_dtype = KvCacheDtypeFromFlags();
+  if (!kv_dtype.ok()) return kv_dtype.status();
+  o.kv_cache_dtype = *kv_dtype;
   absl::StatusOr<DispatchOverrides> dispatch = DispatchOverridesFromFlags();
   if (!dispatch.ok()) return dispatch.status();
   o.dispatch = *dispatch;

@@ -57,6 +57,7 @@ struct ServerOptions {
   DeviceKind device = DeviceKind::kCpu;
   int threads = 0;        // backend threads; 0: all cores
   ModelLoadOptions load;  // --weights-dtype, --allow-non-finite-weights
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::kAuto;
   // KV cache budget. The cache never gets larger than max_running_requests
   // full contexts, so small models do not reserve memory they cannot use.
   int64_t kv_cache_bytes = 0;

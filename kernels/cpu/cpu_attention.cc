@@ -2,9 +2,25 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
+#include "engine/model/dtype.h"
+
 namespace switchserve::cpu {
+namespace {
+
+// row[0, n) into the cache at element `at`, as the cache holds it.
+void StoreRow(const float* row, int64_t n, DType dtype, void* cache, int64_t at) {
+  if (dtype == DType::kBF16) {
+    uint16_t* out = static_cast<uint16_t*>(cache) + at;
+    for (int64_t i = 0; i < n; ++i) out[i] = FloatToBFloat16(row[i]);
+  } else {
+    std::memcpy(static_cast<float*>(cache) + at, row, n * sizeof(float));
+  }
+}
+
+}  // namespace
 
 CpuAttention::CpuAttention(const ModelConfig& config, const DispatchConfig& dispatch, KernelIsa isa,
                            MatmulRunner* runner, WorkerPool* pool, int64_t parallel_min_macs)
@@ -22,8 +38,8 @@ GateFunction CpuAttention::gate() const {
 }
 
 void CpuAttention::Run(const AttentionWeights& w, const StepBatch& step, const float* xn, float* x,
-                       float* k_cache, float* v_cache, const XlPositionKeys& positions,
-                       int router_base, const RoutingRecorder& recorder) {
+                       const KvLayerCache& cache, const XlPositionKeys& positions, int router_base,
+                       const RoutingRecorder& recorder) {
   const int T = step.num_tokens();
   const int H = attn_.n_heads, G = attn_.n_kv_heads, dh = attn_.head_dim;
   const int ev = attn_.CachedValuesPerKvHead();
@@ -48,11 +64,10 @@ void CpuAttention::Run(const AttentionWeights& w, const StepBatch& step, const f
   const int64_t krow = static_cast<int64_t>(G) * dh;
   const int64_t vrow = static_cast<int64_t>(G) * ev * dh;
   for (int t = 0; t < T; ++t) {
-    std::memcpy(k_cache + step.cache_rows[t] * krow, k_.data() + t * krow, krow * sizeof(float));
-    std::memcpy(v_cache + step.cache_rows[t] * vrow, v_.data() + t * vrow, vrow * sizeof(float));
+    StoreRow(k_.data() + t * krow, krow, cache.dtype, cache.k, step.cache_rows[t] * krow);
+    StoreRow(v_.data() + t * vrow, vrow, cache.dtype, cache.v, step.cache_rows[t] * vrow);
   }
-  paged_.Run(step, q_.data(), k_cache, v_cache, positions, ev > 1 ? vweight_.data() : nullptr,
-             a_.data());
+  paged_.Run(step, q_.data(), cache, positions, ev > 1 ? vweight_.data() : nullptr, a_.data());
   ProjectOutput(w, step, xn, x, router_base, recorder);
 }
 

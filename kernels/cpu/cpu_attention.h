@@ -34,12 +34,13 @@ class CpuAttention {
                MatmulRunner* runner, WorkerPool* pool, int64_t parallel_min_macs);
 
   // x[T, d] += Attn(xn[T, d]) for the step. Writes the step's keys and values
-  // to `k_cache` / `v_cache` (this layer's) before attending. Value routers are
+  // to `cache` (this layer's; rounded to nearest even when bf16) before
+  // attending. Value routers are
   // recorded at router indices [router_base, router_base + ValueRouterHeads()),
   // output routers right after them (routed attention only). `positions`:
   // this layer's XL position keys (empty with RoPE).
   void Run(const AttentionWeights& w, const StepBatch& step, const float* xn, float* x,
-           float* k_cache, float* v_cache, const XlPositionKeys& positions, int router_base,
+           const KvLayerCache& cache, const XlPositionKeys& positions, int router_base,
            const RoutingRecorder& recorder);
 
  private:

@@ -29,6 +29,7 @@ class CpuBackend final : public Backend {
       : config_(config),
         weights_(weights),
         positions_(std::move(positions)),
+        kv_dtype_(options.kv_cache_dtype),
         num_threads_(options.num_threads > 0 ? options.num_threads : omp_get_max_threads()),
         isa_(options.generic_kernels ? cpu::KernelIsa::kGeneric : cpu::BestKernelIsa()),
         pool_(num_threads_),
@@ -61,12 +62,13 @@ class CpuBackend final : public Backend {
         !fits.ok()) {
       return fits;
     }
+    const int64_t element = DTypeSize(kv_dtype_);
     k_cache_.assign(config_.n_layers, std::vector<float>());
     v_cache_.assign(config_.n_layers, std::vector<float>());
     try {
-      for (int l = 0; l < config_.n_layers; ++l) {
-        k_cache_[l].assign(rows * krow, 0.0f);
-        v_cache_[l].assign(rows * vrow, 0.0f);
+      for (int l = 0; l < config_.n_layers; ++l) {  // whole floats of the cache's elements
+        k_cache_[l].assign((rows * krow * element + 3) / 4, 0.0f);
+        v_cache_[l].assign((rows * vrow * element + 3) / 4, 0.0f);
       }
     } catch (const std::bad_alloc&) {
       k_cache_.clear();
@@ -83,7 +85,7 @@ class CpuBackend final : public Backend {
   }
 
   int64_t KvBytesPerToken() const override {
-    return switchserve::KvBytesPerToken(config_, sizeof(float));
+    return switchserve::KvBytesPerToken(config_, DTypeSize(kv_dtype_));
   }
 
   absl::Status Forward(const StepBatch& batch, StepOutput* out) override;
@@ -97,6 +99,7 @@ class CpuBackend final : public Backend {
   const ModelConfig config_;
   const ModelWeights& weights_;
   const cpu::XlPositionTable positions_;  // empty with RoPE
+  const DType kv_dtype_;                  // of the KV cache: f32 or bf16
   int num_threads_;
   cpu::KernelIsa isa_;
   cpu::WorkerPool pool_;
@@ -109,8 +112,9 @@ class CpuBackend final : public Backend {
 
   int64_t num_blocks_ = 0;
   int block_size_ = 0;
-  std::vector<std::vector<float>> k_cache_;  // per layer
-  std::vector<std::vector<float>> v_cache_;  // per layer
+  // Per layer; storage for elements of kv_dtype_ (two bf16 per float).
+  std::vector<std::vector<float>> k_cache_;
+  std::vector<std::vector<float>> v_cache_;
 
   // Per-step scratch, reused.
   std::vector<float> x_;              // [T, d] residual stream
@@ -181,7 +185,8 @@ absl::Status CpuBackend::Forward(const StepBatch& batch, StepOutput* out) {
     const LayerWeights& lw = weights_.layers[l];
     cpu::NormRows(config_.norm, eps, x_.data(), T, d, lw.attn_norm_w.f32(),
                   cpu::F32OrNull(lw.attn_norm_b), xn_.data(), &pool_, norm_parallel_min_values);
-    attention_.Run(lw.attn, batch, xn_.data(), x_.data(), k_cache_[l].data(), v_cache_[l].data(),
+    attention_.Run(lw.attn, batch, xn_.data(), x_.data(),
+                   cpu::KvLayerCache{kv_dtype_, k_cache_[l].data(), v_cache_[l].data()},
                    positions_.Layer(l), layout_.AttentionBase(l), recorder);
     cpu::NormRows(config_.norm, eps, x_.data(), T, d, lw.ffn_norm_w.f32(),
                   cpu::F32OrNull(lw.ffn_norm_b), xn_.data(), &pool_, norm_parallel_min_values);
@@ -280,6 +285,11 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const ModelConfig& con
                                                           const ModelWeights& weights,
                                                           const DispatchConfig& dispatch,
                                                           const CpuBackendOptions& options) {
+  if (options.kv_cache_dtype != DType::kF32 && options.kv_cache_dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the CPU backend's KV cache holds f32 or bf16, not ",
+                     std::string(ToString(options.kv_cache_dtype))));
+  }
   int64_t max_table_bytes = options.max_position_table_bytes;
   if (max_table_bytes <= 0) {
     // The ceiling the KV cache and the weights are checked against.

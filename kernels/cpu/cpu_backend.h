@@ -35,6 +35,11 @@ struct CpuBackendOptions {
   // max_seq_len * head_dim floats, cpu_xl_positions.h) may take; 0: this
   // host's memory (HostMemoryBytes, as for the KV cache and the weights).
   int64_t max_position_table_bytes = 0;
+  // Element type of the KV cache: kF32, or kBF16 (half the bytes per token;
+  // keys and values rounded to nearest even as they are written, so a
+  // request's logits differ slightly from the f32 cache's, and stay the same
+  // whatever its neighbours).
+  DType kv_cache_dtype = DType::kF32;
 };
 
 // `weights` must outlive the backend and match `config` (ValidateWeights).

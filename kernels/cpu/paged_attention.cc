@@ -29,9 +29,8 @@ PagedAttention::PagedAttention(const AttentionConfig& attention, KernelIsa isa, 
       parallel_min_macs_(parallel_min_macs),
       scratch_(pool->threads()) {}
 
-void PagedAttention::Run(const StepBatch& step, const float* q, const float* k_cache,
-                         const float* v_cache, const XlPositionKeys& positions,
-                         const float* value_gates, float* a) {
+void PagedAttention::Run(const StepBatch& step, const float* q, const KvLayerCache& cache,
+                         const XlPositionKeys& positions, const float* value_gates, float* a) {
   pieces_.clear();
   int64_t macs = 0;
   for (int s = 0; s < step.num_sequences(); ++s) {
@@ -47,7 +46,7 @@ void PagedAttention::Run(const StepBatch& step, const float* q, const float* k_c
     }
   }
   const auto attend = [&](int i, int slot) {
-    AttendTile(step, pieces_[i], q, k_cache, v_cache, positions, value_gates, a, scratch_[slot]);
+    AttendTile(step, pieces_[i], q, cache, positions, value_gates, a, scratch_[slot]);
   };
   if (pool_->threads() == 1 || macs < parallel_min_macs_) {
     for (int i = 0; i < static_cast<int>(pieces_.size()); ++i) attend(i, 0);
@@ -57,9 +56,8 @@ void PagedAttention::Run(const StepBatch& step, const float* q, const float* k_c
 }
 
 void PagedAttention::AttendTile(const StepBatch& step, const Piece& piece, const float* q,
-                                const float* k_cache, const float* v_cache,
-                                const XlPositionKeys& positions, const float* value_gates, float* a,
-                                Scratch& scratch) const {
+                                const KvLayerCache& cache, const XlPositionKeys& positions,
+                                const float* value_gates, float* a, Scratch& scratch) const {
   const int H = heads_, G = kv_heads_, dh = head_dim_, ev = values_per_kv_head_;
   const int g = piece.head / (H / G);
   const int rows = piece.rows;
@@ -67,7 +65,7 @@ void PagedAttention::AttendTile(const StepBatch& step, const Piece& piece, const
   const int keys = start + rows;                  // its last row sees keys [0, keys)
   const int bs = step.block_size;
   const int32_t* table = step.block_table(piece.sequence);
-  const int64_t krow = static_cast<int64_t>(G) * dh;
+  const WeightMatrix k_cache{cache.dtype, cache.k, static_cast<int64_t>(G) * dh};
   const int64_t lds = keys;
   Grow(scratch.scores, static_cast<size_t>(rows) * lds);
   Grow(scratch.sums, rows);
@@ -85,9 +83,7 @@ void PagedAttention::AttendTile(const StepBatch& step, const Piece& piece, const
         q_rows + static_cast<int64_t>(r0) * H * dh,
         static_cast<int64_t>(H) * dh,
         nullptr,
-        {DType::kF32,
-         k_cache + static_cast<int64_t>(table[b0 / bs]) * bs * krow + static_cast<int64_t>(g) * dh,
-         krow},
+        k_cache.At(static_cast<int64_t>(table[b0 / bs]) * bs, static_cast<int64_t>(g) * dh),
         scores + r0 * lds + b0,
         lds};
     kernels_->rows_out(args);
@@ -126,7 +122,7 @@ void PagedAttention::AttendTile(const StepBatch& step, const Piece& piece, const
   float* out = a + (static_cast<int64_t>(piece.first) * H + piece.head) * dh;
   const int64_t ldo = static_cast<int64_t>(H) * dh;
   if (ev == 1) {
-    ReduceValues(step, piece.sequence, start, rows, scores, lds, v_cache,
+    ReduceValues(step, piece.sequence, start, rows, scores, lds, cache,
                  static_cast<int64_t>(g) * dh, out, ldo);
     for (int r = 0; r < rows; ++r) {
       const float inv = 1.0f / scratch.sums[r];
@@ -139,7 +135,7 @@ void PagedAttention::AttendTile(const StepBatch& step, const Piece& piece, const
   Grow(scratch.chain, static_cast<size_t>(rows) * dh);
   for (int r = 0; r < rows; ++r) std::fill(out + r * ldo, out + r * ldo + dh, 0.0f);
   for (int e = 0; e < ev; ++e) {
-    ReduceValues(step, piece.sequence, start, rows, scores, lds, v_cache,
+    ReduceValues(step, piece.sequence, start, rows, scores, lds, cache,
                  static_cast<int64_t>(g * ev + e) * dh, scratch.chain.data(), dh);
     for (int r = 0; r < rows; ++r) {
       const float gate = value_gates[(static_cast<int64_t>(piece.first + r) * G + g) * ev + e];
@@ -153,17 +149,17 @@ void PagedAttention::AttendTile(const StepBatch& step, const Piece& piece, const
 }
 
 void PagedAttention::ReduceValues(const StepBatch& step, int sequence, int start, int rows,
-                                  const float* e, int64_t lde, const float* v_cache,
+                                  const float* e, int64_t lde, const KvLayerCache& cache,
                                   int64_t v_offset, float* out, int64_t ldo) const {
   const int dh = head_dim_;
   const int bs = step.block_size;
   const int keys = start + rows;
   const int32_t* table = step.block_table(sequence);
-  const int64_t vrow = static_cast<int64_t>(kv_heads_) * values_per_kv_head_ * dh;
+  const WeightMatrix v_cache{cache.dtype, cache.v,
+                             static_cast<int64_t>(kv_heads_) * values_per_kv_head_ * dh};
   for (int b0 = 0; b0 < keys; b0 += bs) {
     const int n = std::min(bs, keys - b0);
-    const WeightMatrix values{
-        DType::kF32, v_cache + static_cast<int64_t>(table[b0 / bs]) * bs * vrow + v_offset, vrow};
+    const WeightMatrix values = v_cache.At(static_cast<int64_t>(table[b0 / bs]) * bs, v_offset);
     // Row r sees keys [0, start + r]: all of this block from r_full on.
     const int r_first = std::max(0, b0 - start);
     const int r_full = std::min(rows, std::max(0, b0 + n - 1 - start));

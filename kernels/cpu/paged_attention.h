@@ -35,6 +35,15 @@
 
 namespace switchserve::cpu {
 
+// One layer's KV cache: keys [rows, G, dh] and values [rows, G * Ev, dh], in
+// f32 or bf16 (CpuBackendOptions::kv_cache_dtype); the products widen bf16
+// keys and values in registers, as they do bf16 weights.
+struct KvLayerCache {
+  DType dtype = DType::kF32;
+  void* k = nullptr;
+  void* v = nullptr;
+};
+
 class PagedAttention {
  public:
   // `pool` must outlive this. Steps whose attention needs fewer multiply-adds
@@ -43,11 +52,11 @@ class PagedAttention {
                  int64_t parallel_min_macs);
 
   // a[t, h, :] for every token t of `step` and query head h, from q [T, H, dh]
-  // (scaled and rotated) and one layer's cache (K [rows, G, dh], V [rows,
-  // G * Ev, dh], the step's keys and values already written). `positions`:
+  // (scaled and rotated) and one layer's `cache` (the step's keys and values
+  // already written). `positions`:
   // the layer's XL position keys (empty with RoPE). `value_gates` [T, G, Ev]:
   // the destination routing's kept gates (null unless Ev > 1).
-  void Run(const StepBatch& step, const float* q, const float* k_cache, const float* v_cache,
+  void Run(const StepBatch& step, const float* q, const KvLayerCache& cache,
            const XlPositionKeys& positions, const float* value_gates, float* a);
 
  private:
@@ -62,13 +71,13 @@ class PagedAttention {
     std::vector<float> sums;    // [tile rows]
     std::vector<float> chain;   // [tile rows, dh]: one expert's chain (Ev > 1)
   };
-  void AttendTile(const StepBatch& step, const Piece& piece, const float* q, const float* k_cache,
-                  const float* v_cache, const XlPositionKeys& positions, const float* value_gates,
-                  float* a, Scratch& scratch) const;
+  void AttendTile(const StepBatch& step, const Piece& piece, const float* q,
+                  const KvLayerCache& cache, const XlPositionKeys& positions,
+                  const float* value_gates, float* a, Scratch& scratch) const;
   // chain[r] (+)= sum over keys of e[r][j] * v_j for the tile's rows, block by
   // block, each row over its visible keys only.
   void ReduceValues(const StepBatch& step, int sequence, int start, int rows, const float* e,
-                    int64_t lde, const float* v_cache, int64_t v_offset, float* out,
+                    int64_t lde, const KvLayerCache& cache, int64_t v_offset, float* out,
                     int64_t ldo) const;
 
   int heads_, kv_heads_, head_dim_, values_per_kv_head_;

@@ -197,5 +197,13 @@ INSTANTIATE_TEST_SUITE_P(Backends, BatchInvarianceTest,
                                                               WeightsDtype::kBF16)),
                          ParamName);
 
+// The same with the CPU backend's KV cache in bf16: rounding keys and values
+// as they are written keeps every path over the same cached bits.
+INSTANTIATE_TEST_SUITE_P(Bf16KvCache, BatchInvarianceTest,
+                         ::testing::Combine(::testing::Values(testing::CpuBf16KvCacheBackend()),
+                                            ::testing::ValuesIn(testing::AllVariantConfigs()),
+                                            ::testing::Values(WeightsDtype::kBF16)),
+                         ParamName);
+
 }  // namespace
 }  // namespace switchserve

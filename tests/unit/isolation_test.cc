@@ -284,6 +284,11 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::ValuesIn(testing::EngineScaleBackendsUnderTest()),
                        ::testing::Values(kChunkedSteps)),
     TestName);
+// The CPU backend with its KV cache in bf16.
+INSTANTIATE_TEST_SUITE_P(Bf16KvCache, IsolationTest,
+                         ::testing::Combine(::testing::Values(testing::CpuBf16KvCacheBackend()),
+                                            ::testing::Values(kSmallSteps, kChunkedSteps)),
+                         TestName);
 // `score`'s full pass runs a whole sequence as one chunk: the engine's steps,
 // however they chunk it, give its logits bit for bit.
 INSTANTIATE_TEST_SUITE_P(

@@ -64,6 +64,18 @@ const std::vector<BackendUnderTest>& BackendsUnderTest() {
   return *backends;
 }
 
+BackendUnderTest CpuBf16KvCacheBackend() {
+  return {"cpu_bf16_kv", [](const ModelConfig& config, const ModelWeights& weights,
+                            const DispatchConfig& dispatch) {
+            CpuBackendOptions options;
+            options.num_threads = 2;
+            options.parallel_attention_min_macs = 0;
+            options.parallel_matmul_min_macs = 0;
+            options.kv_cache_dtype = DType::kBF16;
+            return OrFail(CreateCpuBackend(config, weights, dispatch, options));
+          }};
+}
+
 std::vector<BackendUnderTest> EngineScaleBackendsUnderTest() {
   std::vector<BackendUnderTest> backends;
   for (const BackendUnderTest& backend : BackendsUnderTest()) {

@@ -42,6 +42,13 @@ const std::vector<BackendUnderTest>& BackendsUnderTest();
 // tests/cuda/cuda_consistency_test.cc instead.
 std::vector<BackendUnderTest> EngineScaleBackendsUnderTest();
 
+// The CPU backend with its KV cache in bf16 ("cpu_bf16_kv"), two threads
+// sharing out all work as in "cpu_parallel". Not one of BackendsUnderTest():
+// rounding keys and values moves logits past the goldens' f32 tolerances; the
+// isolation suites run it beside them, and kv_cache_dtype_test.cc bounds its
+// distance from the f32 cache.
+BackendUnderTest CpuBf16KvCacheBackend();
+
 }  // namespace switchserve::testing
 
 #endif  // SWITCHSERVE_TESTS_UTIL_BACKENDS_UNDER_TEST_H_

@@ -1,0 +1,98 @@
+// The KV cache's element type (--kv-cache-dtype, BackendOptions::
+// kv_cache_dtype): names, what each backend accepts, the bytes a token takes,
+// and how far the CPU backend's bf16 cache moves logits from its f32 cache.
+// Isolation with the bf16 cache is checked bitwise by the "Bf16KvCache"
+// instances of batch_invariance_test.cc and isolation_test.cc.
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+#include "kernels/backends.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "tests/util/backend_harness.h"
+#include "tests/util/backends_under_test.h"
+#include "tests/util/random_model.h"
+
+namespace switchserve {
+namespace {
+
+TEST(KvCacheDtypeTest, NamesRoundTripAndOthersAreRefused) {
+  for (KvCacheDtype dtype : {KvCacheDtype::kAuto, KvCacheDtype::kF32, KvCacheDtype::kBF16}) {
+    absl::StatusOr<KvCacheDtype> parsed = ParseKvCacheDtype(ToString(dtype));
+    ASSERT_TRUE(parsed.ok());
+    EXPECT_EQ(*parsed, dtype);
+  }
+  for (const char* text : {"fp8", "f16", "BF16", ""}) {
+    absl::StatusOr<KvCacheDtype> parsed = ParseKvCacheDtype(text);
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_TRUE(absl::StrContains(std::string(parsed.status().message()), "auto, f32 or bf16"));
+  }
+}
+
+TEST(KvCacheDtypeTest, Bf16HalvesTheCpuCachesBytesPerToken) {
+  const ModelConfig config = testing::TinySwitchAllConfig();
+  const ModelWeights weights = testing::RandomWeights(config, 1);
+  auto bytes = [&](KvCacheDtype dtype) {
+    auto backend = CreateBackend(DeviceKind::kCpu, config, weights, config.dispatch,
+                                 BackendOptions{.kv_cache_dtype = dtype});
+    EXPECT_TRUE(backend.ok()) << backend.status();
+    return backend.ok() ? (*backend)->KvBytesPerToken() : 0;
+  };
+  const int64_t f32 = bytes(KvCacheDtype::kF32);
+  EXPECT_GT(f32, 0);
+  EXPECT_EQ(bytes(KvCacheDtype::kAuto), f32);
+  EXPECT_EQ(bytes(KvCacheDtype::kBF16) * 2, f32);
+}
+
+TEST(KvCacheDtypeTest, CpuBackendRefusesOtherElementTypes) {
+  const ModelConfig config = testing::TinySwitchAllConfig();
+  const ModelWeights weights = testing::RandomWeights(config, 1);
+  CpuBackendOptions options;
+  options.kv_cache_dtype = DType::kF16;
+  auto backend = CreateCpuBackend(config, weights, config.dispatch, options);
+  EXPECT_EQ(backend.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(std::string(backend.status().message()), "f32 or bf16"));
+}
+
+// Keys and values rounded to bf16 move a sequence's logits (so the cache does
+// hold bf16), by a relative RMS under 1e-2 on every architecture variant:
+// the bound the bf16 weights keep against f32 weights.
+TEST(KvCacheDtypeTest, Bf16CacheLogitsStayCloseToTheF32Cache) {
+  testing::BackendUnderTest f32_cache;
+  f32_cache.name = "cpu_f32_kv";
+  f32_cache.create = [](const ModelConfig& config, const ModelWeights& weights,
+                        const DispatchConfig& dispatch) {
+    CpuBackendOptions options;
+    options.num_threads = 2;
+    options.parallel_attention_min_macs = 0;
+    options.parallel_matmul_min_macs = 0;
+    auto backend = CreateCpuBackend(config, weights, dispatch, options);
+    return backend.ok() ? *std::move(backend) : nullptr;
+  };
+  for (const testing::NamedConfig& variant : testing::AllVariantConfigs()) {
+    SCOPED_TRACE(variant.name);
+    const ModelConfig& config = variant.config;
+    const ModelWeights weights = testing::RandomWeights(config, 23);
+    const std::vector<int32_t> tokens = testing::RandomTokens(40, config.vocab_size, 3);
+    testing::BackendHarness f32(f32_cache, config, weights, config.dispatch);
+    testing::BackendHarness bf16(testing::CpuBf16KvCacheBackend(), config, weights,
+                                 config.dispatch);
+    const std::vector<float> want = f32.Run(1, tokens, 0);
+    const std::vector<float> got = bf16.Run(1, tokens, 0);
+    ASSERT_EQ(want.size(), got.size());
+    ASSERT_FALSE(want.empty());
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      diff += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
+      norm += static_cast<double>(want[i]) * want[i];
+    }
+    const double relative_rms = std::sqrt(diff / norm);
+    EXPECT_GT(relative_rms, 0.0) << "the bf16 cache gave the f32 cache's bits";
+    EXPECT_LT(relative_rms, 1e-2);
+  }
+}
+
+}  // namespace
+}  // namespace switchserve
