@@ -21,6 +21,10 @@
 //                  (kernels/backends.h, MeasureDeviceLimits).
 //   --smoke        tiny models and short runs: checks the whole benchmark
 //                  end to end (on the emulated CUDA backend too).
+//   --kv-cache-dtype=auto|f32|bf16
+//                  the KV cache's element type (BackendOptions; the CPU
+//                  backend's default is f32, the CUDA backend's follows its
+//                  weights); the bytes counted for attention follow it.
 //   --attention-segment-tokens=N
 //                  CUDA: keys per attention segment (default 128, or
 //                  max_seq_len / 64 where that is more; rounded up to whole
@@ -64,6 +68,7 @@ struct Settings {
   DeviceKind device = DeviceKind::kCpu;
   bool smoke = false;
   int attention_segment_tokens = 0;  // CUDA; 0: the backend's default
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::kAuto;
 };
 Settings& settings() {
   static Settings s;
@@ -158,7 +163,10 @@ StepWork MeasureWork(const ModelConfig& config, const ModelWeights& weights, con
   const double d = config.d_model, dh = a.head_dim, H = a.n_heads, G = a.n_kv_heads;
   const double E = a.n_experts, F = config.ffn.d_ff, X = config.ffn.n_experts;
   const double matrix = MatrixBytes(weights);
-  const double kv_bytes = settings().device == DeviceKind::kCpu ? 4.0 : 2.0;
+  const bool kv_f32 = settings().device == DeviceKind::kCpu
+                          ? settings().kv_cache_dtype != KvCacheDtype::kBF16
+                          : settings().kv_cache_dtype == KvCacheDtype::kF32;
+  const double kv_bytes = kv_f32 ? 4.0 : 2.0;
   StepWork work;
   // Per layer, always: q, k projections (matrices) and the routers (f32).
   const double qk = (H + G) * dh * d;
@@ -222,7 +230,8 @@ void Report(benchmark::State& state, const StepWork& work, int64_t tokens_per_st
 std::unique_ptr<Backend> NewBackend(const BenchModel& model) {
   absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend(
       settings().device, model.config, model.weights, model.config.dispatch,
-      BackendOptions{.cuda_attention_segment_tokens = settings().attention_segment_tokens});
+      BackendOptions{.kv_cache_dtype = settings().kv_cache_dtype,
+                     .cuda_attention_segment_tokens = settings().attention_segment_tokens});
   return backend.ok() ? *std::move(backend) : nullptr;
 }
 
@@ -483,6 +492,14 @@ int main(int argc, char** argv) {
         return 2;
       }
       settings().device = *device;
+    } else if (std::strncmp(argv[i], "--kv-cache-dtype=", 17) == 0) {
+      absl::StatusOr<switchserve::KvCacheDtype> dtype =
+          switchserve::ParseKvCacheDtype(argv[i] + 17);
+      if (!dtype.ok()) {
+        std::fprintf(stderr, "engine_bench: --kv-cache-dtype: expected auto, f32 or bf16\n");
+        return 2;
+      }
+      settings().kv_cache_dtype = *dtype;
     } else if (std::strncmp(argv[i], "--attention-segment-tokens=", 27) == 0) {
       if (!absl::SimpleAtoi(argv[i] + 27, &settings().attention_segment_tokens) ||
           settings().attention_segment_tokens < 1) {
