@@ -235,80 +235,14 @@ std::unique_ptr<Backend> NewBackend(const BenchModel& model) {
   return backend.ok() ? *std::move(backend) : nullptr;
 }
 
-// A decode step for `batch` sequences that each hold `context` tokens.
-void DecodeStep(benchmark::State& state, const std::string& model_name, int batch, int context) {
-  const BenchModel& model = Model(model_name);
-  const int vocab = model.config.vocab_size;
-  MeasuredLimits();
-  std::unique_ptr<Backend> backend = NewBackend(model);
-  if (backend == nullptr) {
-    state.SkipWithError("backend creation failed");
-    return;
-  }
-  const int block_size = 16;
-  KvCacheOptions cache;
-  cache.block_size = block_size;
-  cache.max_tokens = int64_t{batch} * ((context + 1 + block_size - 1) / block_size) * block_size;
-  absl::StatusOr<std::unique_ptr<KvCache>> kv_cache = KvCache::Create(backend.get(), cache);
-  if (!kv_cache.ok()) {
-    state.SkipWithError("KV cache setup failed");
-    return;
-  }
-  KvBlockAllocator& allocator = (*kv_cache)->allocator();
-  StepBatch prefill;
-  prefill.Clear(block_size);
-  std::vector<std::vector<int32_t>> prompts(batch);
-  for (int s = 0; s < batch; ++s) {
-    if (!allocator.Reserve(s, context + 1).ok()) {
-      state.SkipWithError("KV reserve failed");
-      return;
-    }
-    for (int i = 0; i < context; ++i) prompts[s].push_back((s * 131 + i * 7) % vocab);
-    prefill.Add(prompts[s], 0, allocator.BlockTable(s));
-  }
-  StepOutput out;
-  if (!backend->Forward(prefill, &out).ok()) {
-    state.SkipWithError("prefill failed");
-    return;
-  }
-  // CPU: every sequence returns its logits (as the engine's step computed
-  // them before sampling moved into the backend; the figures in
-  // docs/performance.md). CUDA: a greedy sample on the device, as the engine
-  // runs a decode step.
-  SamplingParams greedy;
-  greedy.temperature = 0;
-  std::vector<SamplerRng> rngs(batch, SamplerRng(1));
-  StepBatch decode;
-  decode.Clear(block_size);
-  for (int s = 0; s < batch; ++s) {
-    const std::vector<int32_t> token = {(s * 17 + 3) % vocab};
-    StepSequence& sequence = decode.Add(token, context, allocator.BlockTable(s));
-    if (settings().device == DeviceKind::kCpu) {
-      sequence.logits = LogitsMode::kLast;
-    } else {
-      sequence.sample = {&greedy, prompts[s], &rngs[s]};
-    }
-  }
-  for (auto _ : state) {
-    if (!backend->Forward(decode, &out).ok()) {
-      state.SkipWithError("decode failed");
-      return;
-    }
-  }
-  Report(state,
-         MeasureWork(model.config, model.weights, out, batch,
-                     static_cast<int64_t>(batch) * (context + 1),
-                     static_cast<int64_t>(batch) * (context + 1), context + 1, batch),
-         batch);
-}
-
 // A continuous-batching step: `decoding` sequences holding `context` tokens
 // each decode one, beside `prompts` new sequences whose whole prompts of
 // `prompt_tokens` run as prefill chunks and sample their first token. Under
 // a steady closed loop whose requests have drifted apart, most steps look
 // like this (requests finish and arrive every step); a decode step of the
-// same batch is its comparison. On the CUDA backend a decode step replays a
-// captured graph, this one launches its kernels one by one.
+// same batch is its comparison (no prompts: DecodeStep). On the CUDA backend
+// a decode step replays a captured graph, a step with prompts launches its
+// kernels one by one.
 void MixedStep(benchmark::State& state, const std::string& model_name, int decoding, int prompts,
                int prompt_tokens, int context) {
   const BenchModel& model = Model(model_name);
@@ -349,6 +283,10 @@ void MixedStep(benchmark::State& state, const std::string& model_name, int decod
     state.SkipWithError("prefill failed");
     return;
   }
+  // CPU: every sequence returns its logits (as the engine's step computed
+  // them before sampling moved into the backend; the figures in
+  // docs/performance.md). CUDA: a greedy sample on the device, as the engine
+  // runs a step.
   SamplingParams greedy;
   greedy.temperature = 0;
   std::vector<SamplerRng> rngs(sequences, SamplerRng(1));
@@ -371,7 +309,7 @@ void MixedStep(benchmark::State& state, const std::string& model_name, int decod
   }
   for (auto _ : state) {
     if (!backend->Forward(step, &out).ok()) {
-      state.SkipWithError("mixed step failed");
+      state.SkipWithError("step failed");
       return;
     }
   }
@@ -383,6 +321,11 @@ void MixedStep(benchmark::State& state, const std::string& model_name, int decod
          MeasureWork(model.config, model.weights, out, new_tokens, pairs, read,
                      std::max(context + 1, prompt_tokens), sequences),
          new_tokens);
+}
+
+// A decode step for `batch` sequences that each hold `context` tokens.
+void DecodeStep(benchmark::State& state, const std::string& model_name, int batch, int context) {
+  MixedStep(state, model_name, batch, 0, 0, context);
 }
 
 // A prefill chunk of `length` tokens of one new sequence.
