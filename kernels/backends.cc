@@ -50,6 +50,12 @@ absl::StatusOr<KvCacheDtype> ParseKvCacheDtype(std::string_view text) {
       absl::StrCat("expected auto, f32 or bf16, found \"", std::string(text), "\""));
 }
 
+KvCacheDtype HeldKvCacheDtype(DeviceKind device, const BackendOptions& options) {
+  if (options.kv_cache_dtype != KvCacheDtype::kAuto) return options.kv_cache_dtype;
+  if (device == DeviceKind::kCuda && !options.cuda_f32_weights) return KvCacheDtype::kBF16;
+  return KvCacheDtype::kF32;
+}
+
 std::vector<DeviceKind> BuiltDevices() {
   // A device backend built into this binary adds itself here, ahead of the CPU.
 #if defined(SWITCHSERVE_HAVE_CUDA_BACKEND)
@@ -83,15 +89,18 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(DeviceKind device, const 
     case DeviceKind::kCpu: {
       CpuBackendOptions cpu;
       cpu.num_threads = options.num_threads;
-      cpu.kv_cache_dtype =
-          options.kv_cache_dtype == KvCacheDtype::kBF16 ? DType::kBF16 : DType::kF32;
+      cpu.kv_cache_dtype = HeldKvCacheDtype(DeviceKind::kCpu, options) == KvCacheDtype::kBF16
+                               ? DType::kBF16
+                               : DType::kF32;
       return CreateCpuBackend(config, weights, dispatch, cpu);
     }
     case DeviceKind::kCuda:
 #if defined(SWITCHSERVE_HAVE_CUDA_BACKEND)
     {
       // Its cache follows its weights: bf16 with 16-bit ones, else f32.
-      const KvCacheDtype held = options.cuda_f32_weights ? KvCacheDtype::kF32 : KvCacheDtype::kBF16;
+      BackendOptions as_weights = options;
+      as_weights.kv_cache_dtype = KvCacheDtype::kAuto;
+      const KvCacheDtype held = HeldKvCacheDtype(DeviceKind::kCuda, as_weights);
       if (options.kv_cache_dtype != KvCacheDtype::kAuto && options.kv_cache_dtype != held) {
         return absl::InvalidArgumentError(
             absl::StrCat("the CUDA backend's KV cache is ", std::string(ToString(held)), " with ",

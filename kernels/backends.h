@@ -46,6 +46,11 @@ struct BackendOptions {
   int cuda_attention_segment_tokens = 0;
 };
 
+// The KV cache element type a `device` backend (kCpu or kCuda) holds under
+// `options`: kAuto resolved (see KvCacheDtype). CreateBackend refuses a
+// CUDA backend asked for another type than its weights imply.
+KvCacheDtype HeldKvCacheDtype(DeviceKind device, const BackendOptions& options);
+
 // The devices this build has a backend for, most preferred first. Never
 // contains kAuto; always contains kCpu.
 std::vector<DeviceKind> BuiltDevices();

@@ -149,7 +149,10 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
          .device = std::string(backend->name()),
          .architecture = ArchitectureName(config),
          .tokenizer = config.tokenizer == TokenizerKind::kByte ? "byte" : "sentencepiece",
-         .context_length = config.max_seq_len});
+         .context_length = config.max_seq_len,
+         .kv_cache_dtype = std::string(ToString(
+             HeldKvCacheDtype(ParseDeviceKind(backend->name()).value_or(DeviceKind::kCpu),
+                              BackendOptions{.kv_cache_dtype = options.kv_cache_dtype})))});
     auto started = MetricsExposer::Start(options.metrics_host, options.metrics_port, collectables);
     if (!started.ok()) return Fail(started.status());
     exposer = std::move(*started);

@@ -35,10 +35,10 @@ class CpuAttention {
 
   // x[T, d] += Attn(xn[T, d]) for the step. Writes the step's keys and values
   // to `cache` (this layer's; rounded to nearest even when bf16) before
-  // attending. Value routers are
-  // recorded at router indices [router_base, router_base + ValueRouterHeads()),
-  // output routers right after them (routed attention only). `positions`:
-  // this layer's XL position keys (empty with RoPE).
+  // attending. Value routers are recorded at router indices [router_base,
+  // router_base + ValueRouterHeads()), output routers right after them
+  // (routed attention only). `positions`: this layer's XL position keys
+  // (empty with RoPE).
   void Run(const AttentionWeights& w, const StepBatch& step, const float* xn, float* x,
            const KvLayerCache& cache, const XlPositionKeys& positions, int router_base,
            const RoutingRecorder& recorder);

@@ -181,7 +181,8 @@ void RegisterModelInfo(prometheus::Registry& registry, const ModelInfoLabels& in
             {"device", info.device},
             {"architecture", info.architecture},
             {"tokenizer", info.tokenizer},
-            {"context_length", std::to_string(info.context_length)}})
+            {"context_length", std::to_string(info.context_length)},
+            {"kv_cache_dtype", info.kv_cache_dtype}})
       .Set(1);
 }
 

@@ -133,6 +133,7 @@ struct ModelInfoLabels {
   std::string architecture;  // "switchall", "switchhead", "switch", "dense"
   std::string tokenizer;     // "byte", "sentencepiece"
   int context_length = 0;
+  std::string kv_cache_dtype;  // the cache's element type: "f32", "bf16"
 };
 void RegisterModelInfo(prometheus::Registry& registry, const ModelInfoLabels& info);
 

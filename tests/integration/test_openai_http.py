@@ -476,6 +476,7 @@ def test_http_requests_in_the_metrics():
         assert value("switchserve_request_prompt_tokens_count") == 5
         assert re.search(r'switchserve_model_info\{.*model="switchall_f16".*\} 1', text)
         assert 'device="cpu"' in re.search(r"switchserve_model_info\{.*\}", text).group(0)
+        assert 'kv_cache_dtype="f32"' in re.search(r"switchserve_model_info\{.*\}", text).group(0)
     finally:
         server.close()
 

@@ -290,7 +290,8 @@ int Main() {
                                 .device = "cpu",
                                 .architecture = "switchall",
                                 .tokenizer = "byte",
-                                .context_length = config.max_seq_len});
+                                .context_length = config.max_seq_len,
+                                .kv_cache_dtype = "f32"});
   MoeMetrics* moe_ptr = moe.get();
 
   const std::string mode = absl::GetFlag(FLAGS_mode);

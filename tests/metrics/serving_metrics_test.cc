@@ -75,13 +75,15 @@ TEST(ServingMetricsTest, ModelInfoIsOneWithTheModelInItsLabels) {
                                .device = "cpu",
                                .architecture = "switchall",
                                .tokenizer = "byte",
-                               .context_length = 256});
+                               .context_length = 256,
+                               .kv_cache_dtype = "bf16"});
   RegistryReader reader(registry);
   EXPECT_EQ(reader.Gauge("switchserve_model_info", {{"model", "bible"},
                                                     {"device", "cpu"},
                                                     {"architecture", "switchall"},
                                                     {"tokenizer", "byte"},
-                                                    {"context_length", "256"}}),
+                                                    {"context_length", "256"},
+                                                    {"kv_cache_dtype", "bf16"}}),
             1.0);
   EXPECT_EQ(reader.AllExposedSeries(), 1u);
 }

@@ -31,6 +31,16 @@ TEST(KvCacheDtypeTest, NamesRoundTripAndOthersAreRefused) {
   }
 }
 
+TEST(KvCacheDtypeTest, AutoResolvesToEachBackendsOwn) {
+  EXPECT_EQ(HeldKvCacheDtype(DeviceKind::kCpu, {}), KvCacheDtype::kF32);
+  EXPECT_EQ(HeldKvCacheDtype(DeviceKind::kCuda, {}), KvCacheDtype::kBF16);
+  EXPECT_EQ(HeldKvCacheDtype(DeviceKind::kCuda, {.cuda_f32_weights = true}), KvCacheDtype::kF32);
+  EXPECT_EQ(HeldKvCacheDtype(DeviceKind::kCpu, {.kv_cache_dtype = KvCacheDtype::kBF16}),
+            KvCacheDtype::kBF16);
+  EXPECT_EQ(HeldKvCacheDtype(DeviceKind::kCuda, {.kv_cache_dtype = KvCacheDtype::kF32}),
+            KvCacheDtype::kF32);
+}
+
 TEST(KvCacheDtypeTest, Bf16HalvesTheCpuCachesBytesPerToken) {
   const ModelConfig config = testing::TinySwitchAllConfig();
   const ModelWeights weights = testing::RandomWeights(config, 1);
@@ -45,6 +55,35 @@ TEST(KvCacheDtypeTest, Bf16HalvesTheCpuCachesBytesPerToken) {
   EXPECT_EQ(bytes(KvCacheDtype::kAuto), f32);
   EXPECT_EQ(bytes(KvCacheDtype::kBF16) * 2, f32);
 }
+
+#if defined(SWITCHSERVE_TEST_CUDA_BACKEND)
+TEST(KvCacheDtypeTest, CudaBackendTakesOnlyTheTypeItsWeightsImply) {
+  const ModelConfig config = testing::TinySwitchAllConfig();
+  const ModelWeights weights = testing::RandomWeights(config, 1);
+  auto create = [&](BackendOptions options) {
+    return CreateBackend(DeviceKind::kCuda, config, weights, config.dispatch, options);
+  };
+  auto mismatched = create({.kv_cache_dtype = KvCacheDtype::kF32});
+  EXPECT_EQ(mismatched.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(std::string(mismatched.status().message()),
+                                "KV cache is bf16 with 16-bit weights"))
+      << mismatched.status();
+  EXPECT_EQ(
+      create({.kv_cache_dtype = KvCacheDtype::kBF16, .cuda_f32_weights = true}).status().code(),
+      absl::StatusCode::kInvalidArgument);
+  for (const BackendOptions& options :
+       {BackendOptions{}, BackendOptions{.kv_cache_dtype = KvCacheDtype::kBF16},
+        BackendOptions{.kv_cache_dtype = KvCacheDtype::kF32, .cuda_f32_weights = true}}) {
+    auto backend = create(options);
+    if (!backend.ok() && backend.status().code() == absl::StatusCode::kFailedPrecondition) {
+      continue;  // a GPU build on a machine without a usable GPU
+    }
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    EXPECT_EQ((*backend)->KvBytesPerToken(),
+              KvBytesPerToken(config, options.cuda_f32_weights ? 4 : 2));
+  }
+}
+#endif
 
 TEST(KvCacheDtypeTest, CpuBackendRefusesOtherElementTypes) {
   const ModelConfig config = testing::TinySwitchAllConfig();
