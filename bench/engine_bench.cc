@@ -163,10 +163,9 @@ StepWork MeasureWork(const ModelConfig& config, const ModelWeights& weights, con
   const double d = config.d_model, dh = a.head_dim, H = a.n_heads, G = a.n_kv_heads;
   const double E = a.n_experts, F = config.ffn.d_ff, X = config.ffn.n_experts;
   const double matrix = MatrixBytes(weights);
-  const bool kv_f32 = settings().device == DeviceKind::kCpu
-                          ? settings().kv_cache_dtype != KvCacheDtype::kBF16
-                          : settings().kv_cache_dtype == KvCacheDtype::kF32;
-  const double kv_bytes = kv_f32 ? 4.0 : 2.0;
+  const KvCacheDtype kv_dtype = HeldKvCacheDtype(
+      settings().device, BackendOptions{.kv_cache_dtype = settings().kv_cache_dtype});
+  const double kv_bytes = kv_dtype == KvCacheDtype::kF32 ? 4.0 : 2.0;
   StepWork work;
   // Per layer, always: q, k projections (matrices) and the routers (f32).
   const double qk = (H + G) * dh * d;

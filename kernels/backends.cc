@@ -50,10 +50,19 @@ absl::StatusOr<KvCacheDtype> ParseKvCacheDtype(std::string_view text) {
       absl::StrCat("expected auto, f32 or bf16, found \"", std::string(text), "\""));
 }
 
+namespace {
+
+// What kAuto means on `device`: the CUDA backend's cache follows its weights.
+KvCacheDtype OwnKvCacheDtype(DeviceKind device, const BackendOptions& options) {
+  return device == DeviceKind::kCuda && !options.cuda_f32_weights ? KvCacheDtype::kBF16
+                                                                  : KvCacheDtype::kF32;
+}
+
+}  // namespace
+
 KvCacheDtype HeldKvCacheDtype(DeviceKind device, const BackendOptions& options) {
-  if (options.kv_cache_dtype != KvCacheDtype::kAuto) return options.kv_cache_dtype;
-  if (device == DeviceKind::kCuda && !options.cuda_f32_weights) return KvCacheDtype::kBF16;
-  return KvCacheDtype::kF32;
+  return options.kv_cache_dtype != KvCacheDtype::kAuto ? options.kv_cache_dtype
+                                                       : OwnKvCacheDtype(device, options);
 }
 
 std::vector<DeviceKind> BuiltDevices() {
@@ -97,10 +106,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(DeviceKind device, const 
     case DeviceKind::kCuda:
 #if defined(SWITCHSERVE_HAVE_CUDA_BACKEND)
     {
-      // Its cache follows its weights: bf16 with 16-bit ones, else f32.
-      BackendOptions as_weights = options;
-      as_weights.kv_cache_dtype = KvCacheDtype::kAuto;
-      const KvCacheDtype held = HeldKvCacheDtype(DeviceKind::kCuda, as_weights);
+      const KvCacheDtype held = OwnKvCacheDtype(DeviceKind::kCuda, options);
       if (options.kv_cache_dtype != KvCacheDtype::kAuto && options.kv_cache_dtype != held) {
         return absl::InvalidArgumentError(
             absl::StrCat("the CUDA backend's KV cache is ", std::string(ToString(held)), " with ",

@@ -3,6 +3,7 @@
 // and how far the CPU backend's bf16 cache moves logits from its f32 cache.
 // Isolation with the bf16 cache is checked bitwise by the "Bf16KvCache"
 // instances of batch_invariance_test.cc and isolation_test.cc.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -99,23 +100,18 @@ TEST(KvCacheDtypeTest, CpuBackendRefusesOtherElementTypes) {
 // hold bf16), by a relative RMS under 1e-2 on every architecture variant:
 // the bound the bf16 weights keep against f32 weights.
 TEST(KvCacheDtypeTest, Bf16CacheLogitsStayCloseToTheF32Cache) {
-  testing::BackendUnderTest f32_cache;
-  f32_cache.name = "cpu_f32_kv";
-  f32_cache.create = [](const ModelConfig& config, const ModelWeights& weights,
-                        const DispatchConfig& dispatch) {
-    CpuBackendOptions options;
-    options.num_threads = 2;
-    options.parallel_attention_min_macs = 0;
-    options.parallel_matmul_min_macs = 0;
-    auto backend = CreateCpuBackend(config, weights, dispatch, options);
-    return backend.ok() ? *std::move(backend) : nullptr;
-  };
+  // "cpu_parallel": the same threads and sharing out, the cache in f32.
+  const std::vector<testing::BackendUnderTest>& backends = testing::BackendsUnderTest();
+  const auto f32_cache = std::find_if(backends.begin(), backends.end(), [](const auto& backend) {
+    return backend.name == "cpu_parallel";
+  });
+  ASSERT_NE(f32_cache, backends.end());
   for (const testing::NamedConfig& variant : testing::AllVariantConfigs()) {
     SCOPED_TRACE(variant.name);
     const ModelConfig& config = variant.config;
     const ModelWeights weights = testing::RandomWeights(config, 23);
     const std::vector<int32_t> tokens = testing::RandomTokens(40, config.vocab_size, 3);
-    testing::BackendHarness f32(f32_cache, config, weights, config.dispatch);
+    testing::BackendHarness f32(*f32_cache, config, weights, config.dispatch);
     testing::BackendHarness bf16(testing::CpuBf16KvCacheBackend(), config, weights,
                                  config.dispatch);
     const std::vector<float> want = f32.Run(1, tokens, 0);
