@@ -24,11 +24,12 @@ struct CpuBackendOptions {
   // Steps whose attention needs fewer multiply-adds than this attend on one
   // thread (waking the workers costs more than it saves on small steps).
   // A decode step's attention streams its keys and values from memory (4
-  // bytes per multiply-add with an f32 cache), so it pays to share out as
-  // early as a matmul: at batch 32, context 128 of the paper's shape (3.7M
-  // multiply-adds a layer) one thread took a third of the step.
+  // bytes per multiply-add with an f32 cache, ~10 us at this threshold), so
+  // it pays to share out early: at batch 32, context 128 of the paper's shape
+  // (3.7M multiply-adds a layer) one thread took a third of the step, and at
+  // batch 1 (115k) 4-6% of it.
   // Tests set 0 to exercise the parallel path on tiny models.
-  int64_t parallel_attention_min_macs = int64_t{1} << 17;
+  int64_t parallel_attention_min_macs = int64_t{1} << 15;
   // A group of matmuls with fewer multiply-adds runs on one thread. Tests set
   // 0 to exercise the split across threads on tiny models.
   int64_t parallel_matmul_min_macs = int64_t{1} << 17;
