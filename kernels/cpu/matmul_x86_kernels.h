@@ -613,13 +613,18 @@ void ChainColumnsScalar(const MatmulArgs& g, int j_begin) {
 }
 
 // Copies (widening exactly) columns [j0, j0 + 8 nv) of w's k rows into
-// out[k][8 nv]: one contiguous panel instead of k strided pieces.
+// out[k][8 nv]: one contiguous panel instead of k strided pieces. Prefetches
+// rows ahead, and each row's piece of the next panel: with few rows of `a`
+// (a batch's share of an expert) the panel's compute is too short for the
+// rows-ahead prefetches alone to hide memory's latency (batch-32 decode of
+// the paper's shape, bf16: 1.035x).
 template <DType WT>
 void PackPanel(const void* w, int64_t ldw, int k, int j0, int nv, float* out) {
   for (int p = 0; p < k; ++p) {
     const char* row = static_cast<const char*>(w) + (p * ldw + j0) * ElementBytes<WT>();
     for (int line = 0; line < 8 * nv * ElementBytes<WT>(); line += 64) {
       _mm_prefetch(row + kPrefetchRows * ldw * ElementBytes<WT>() + line, _MM_HINT_T1);
+      _mm_prefetch(row + 8 * nv * ElementBytes<WT>() + line, _MM_HINT_T1);
     }
     for (int v = 0; v < nv; ++v) {
       _mm256_storeu_ps(out + (p * nv + v) * 8, Load8<WT>(w, p * ldw + j0 + 8 * v));
