@@ -48,6 +48,7 @@ constexpr int kRowBlock = 64;
 // and how many weight rows a few rows' product takes across all the columns
 // before the next ones.
 constexpr int kPrefetchRows = 6;
+constexpr int kOneRowChainRows = 8;
 
 // Products of up to this many MatmulRowsOut register tiles of rows read each
 // weight tile from memory once, in the first row tile (prefetching the next
@@ -56,7 +57,6 @@ constexpr int kPrefetchRows = 6;
 // Measured (matmul_bench FromMemory, 32 FFN experts of 6 or 8 rows, bf16
 // and f32): 1.1-1.4x over widening into a buffer from 5 rows on.
 constexpr int kWidenMinRowTiles = 3;
-constexpr int kOneRowChainRows = 8;
 
 // Prefetches the `bytes` from `row` on, kPrefetchRows rows of `row_bytes`
 // further on: a MatmulRowsIn tile of a few rows reads a short piece of each
