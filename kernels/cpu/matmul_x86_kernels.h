@@ -435,7 +435,8 @@ void RowsOut(const MatmulArgs& g) {
   // Many rows reuse each weight tile: widen it once (exact) rather than in
   // every register tile; a few rows' tiles widen in registers
   // (kWidenMinRowTiles).
-  const bool widen = WT != DType::kF32 && g.m > kWidenMinRowTiles * MR;
+  const bool few_rows = g.m <= kWidenMinRowTiles * MR;
+  const bool widen = WT != DType::kF32 && !few_rows;
   std::vector<float>& wide = WidenBuffer();
   if (widen && wide.size() < static_cast<size_t>(NR) * g.k) wide.resize(NR * g.k);
   for (int i_block = 0; i_block < g.m; i_block += kRowBlock) {
@@ -452,7 +453,7 @@ void RowsOut(const MatmulArgs& g) {
         if (widen) {
           DotTiles<DType::kF32, MR, NR, false>::For(mr, nr)(a, wide.data(), g.k, g.k, c, g.ldc,
                                                             g.alpha, g.accumulate);
-        } else if (i0 == i_block && g.m <= kWidenMinRowTiles * MR) {  // from memory
+        } else if (few_rows && i0 == i_block) {  // from memory
           DotTiles<WT, MR, NR, true>::For(mr, nr)(a, w, ldw, g.k, c, g.ldc, g.alpha, g.accumulate);
         } else {
           DotTiles<WT, MR, NR, false>::For(mr, nr)(a, w, ldw, g.k, c, g.ldc, g.alpha, g.accumulate);
