@@ -23,6 +23,7 @@ class SlowedBackend : public Backend {
   absl::Status InitKvCache(int64_t num_blocks, int block_size) override {
     return inner_->InitKvCache(num_blocks, block_size);
   }
+  DType kv_cache_dtype() const override { return inner_->kv_cache_dtype(); }
   int64_t KvBytesPerToken() const override { return inner_->KvBytesPerToken(); }
   absl::Status Forward(const StepBatch& batch, StepOutput* out) override {
     std::this_thread::sleep_for(delay_);

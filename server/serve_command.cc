@@ -14,6 +14,7 @@
 
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -122,6 +123,9 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   }
   const EngineOptions& engine_options = setup->engine_options;
   const KvCache& kv_cache = *setup->kv_cache;
+  // As the flag spells it: "f32" or "bf16".
+  const std::string kv_cache_dtype =
+      absl::AsciiStrToLower(std::string(ToString(backend->kv_cache_dtype())));
   if (options.debug_step_delay_ms > 0) {
     Log(absl::StrCat("--debug-step-delay-ms ", options.debug_step_delay_ms,
                      ": every engine step is slowed down (testing aid)"));
@@ -150,9 +154,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
          .architecture = ArchitectureName(config),
          .tokenizer = config.tokenizer == TokenizerKind::kByte ? "byte" : "sentencepiece",
          .context_length = config.max_seq_len,
-         .kv_cache_dtype = std::string(ToString(
-             HeldKvCacheDtype(ParseDeviceKind(backend->name()).value_or(DeviceKind::kCpu),
-                              BackendOptions{.kv_cache_dtype = options.kv_cache_dtype})))});
+         .kv_cache_dtype = kv_cache_dtype});
     auto started = MetricsExposer::Start(options.metrics_host, options.metrics_port, collectables);
     if (!started.ok()) return Fail(started.status());
     exposer = std::move(*started);
@@ -232,10 +234,10 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   if (const std::string warning = SharedCapacityWarning(dispatch); !warning.empty()) Log(warning);
   Log(absl::StrFormat(
       "backend %s, threads %s; KV cache %d blocks x %d tokens = %d tokens (%d MiB, %d bytes per "
-      "token, --kv-cache-dtype %s)",
+      "token, %s; --kv-cache-dtype %s)",
       std::string(backend->name()), options.threads == 0 ? "all" : std::to_string(options.threads),
       kv_cache.num_blocks(), kv_cache.block_size(), kv_cache.capacity_tokens(),
-      kv_cache.bytes() >> 20, kv_cache.bytes_per_token(),
+      kv_cache.bytes() >> 20, kv_cache.bytes_per_token(), kv_cache_dtype,
       std::string(ToString(options.kv_cache_dtype))));
   Log(
       absl::StrFormat("scheduler: max_batch_tokens %d, max_running_requests %d, max_queue %d, "

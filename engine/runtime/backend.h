@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "engine/model/dtype.h"
 #include "engine/moe/routing.h"
 #include "engine/moe/routing_stats.h"
 #include "engine/runtime/sampler.h"
@@ -58,7 +59,9 @@ class Backend {
   // The device it runs on, as logs, GetModelInfo and metrics report it
   // ("cpu", "cuda").
   virtual std::string_view name() const = 0;
-  // Bytes of cache storage per token in this backend's element type.
+  // The element type its KV cache holds (kF32 or kBF16), as metrics report it.
+  virtual DType kv_cache_dtype() const = 0;
+  // Bytes of cache storage per token in that element type.
   virtual int64_t KvBytesPerToken() const = 0;
   // Allocates storage for `num_blocks` KV blocks of `block_size` tokens.
   // Called once, by KvCache, before Forward. INVALID_ARGUMENT for

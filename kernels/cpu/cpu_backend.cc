@@ -84,6 +84,7 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  DType kv_cache_dtype() const override { return kv_dtype_; }
   int64_t KvBytesPerToken() const override {
     return switchserve::KvBytesPerToken(config_, DTypeSize(kv_dtype_));
   }

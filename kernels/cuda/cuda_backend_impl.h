@@ -35,6 +35,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override;
 
   std::string_view name() const override { return name_; }
+  DType kv_cache_dtype() const override { return sixteen_bit_ ? DType::kBF16 : DType::kF32; }
   int64_t KvBytesPerToken() const override;
   absl::Status InitKvCache(int64_t num_blocks, int block_size) override;
   absl::Status Forward(const StepBatch& batch, StepOutput* out) override;

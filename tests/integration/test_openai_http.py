@@ -481,6 +481,16 @@ def test_http_requests_in_the_metrics():
         server.close()
 
 
+def test_model_info_reports_the_kv_cache_type_the_backend_holds():
+    server = Server("--kv-cache-dtype", "bf16", metrics=True)
+    try:
+        info = re.search(r"switchserve_model_info\{.*\}", server.scrape_metrics()).group(0)
+        assert 'kv_cache_dtype="bf16"' in info
+        assert "bytes per token, bf16; --kv-cache-dtype bf16)" in server.log()
+    finally:
+        server.close()
+
+
 def test_keep_alive_connections_close_after_the_maximum_age():
     def peers(max_age):
         server = Server("--max-connection-age-s", max_age)

@@ -57,6 +57,22 @@ TEST(KvCacheDtypeTest, Bf16HalvesTheCpuCachesBytesPerToken) {
   EXPECT_EQ(bytes(KvCacheDtype::kBF16) * 2, f32);
 }
 
+// What metrics and logs report (switchserve_model_info's kv_cache_dtype) is
+// what the backend holds: kAuto resolved.
+TEST(KvCacheDtypeTest, CpuBackendReportsTheTypeItHolds) {
+  const ModelConfig config = testing::TinySwitchAllConfig();
+  const ModelWeights weights = testing::RandomWeights(config, 1);
+  for (KvCacheDtype dtype : {KvCacheDtype::kAuto, KvCacheDtype::kF32, KvCacheDtype::kBF16}) {
+    SCOPED_TRACE(ToString(dtype));
+    auto backend = CreateBackend(DeviceKind::kCpu, config, weights, config.dispatch,
+                                 BackendOptions{.kv_cache_dtype = dtype});
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    const KvCacheDtype held = HeldKvCacheDtype(DeviceKind::kCpu, {.kv_cache_dtype = dtype});
+    EXPECT_EQ((*backend)->kv_cache_dtype(),
+              held == KvCacheDtype::kBF16 ? DType::kBF16 : DType::kF32);
+  }
+}
+
 #if defined(SWITCHSERVE_TEST_CUDA_BACKEND)
 TEST(KvCacheDtypeTest, CudaBackendTakesOnlyTheTypeItsWeightsImply) {
   const ModelConfig config = testing::TinySwitchAllConfig();
@@ -82,6 +98,7 @@ TEST(KvCacheDtypeTest, CudaBackendTakesOnlyTheTypeItsWeightsImply) {
     ASSERT_TRUE(backend.ok()) << backend.status();
     EXPECT_EQ((*backend)->KvBytesPerToken(),
               KvBytesPerToken(config, options.cuda_f32_weights ? 4 : 2));
+    EXPECT_EQ((*backend)->kv_cache_dtype(), options.cuda_f32_weights ? DType::kF32 : DType::kBF16);
   }
 }
 #endif

@@ -25,6 +25,7 @@ class FakeBackend : public Backend {
 
   std::string_view name() const override { return "fake"; }
   absl::Status InitKvCache(int64_t num_blocks, int block_size) override;
+  DType kv_cache_dtype() const override { return DType::kF32; }
   int64_t KvBytesPerToken() const override { return 8; }
   absl::Status Forward(const StepBatch& batch, StepOutput* out) override;
 
