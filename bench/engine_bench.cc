@@ -25,6 +25,9 @@
 //                  the KV cache's element type (BackendOptions; the CPU
 //                  backend's default is f32, the CUDA backend's follows its
 //                  weights); the bytes counted for attention follow it.
+//   --threads=N    host threads of the backend (BackendOptions::num_threads;
+//                  default: all cores): how a step scales with cores. The
+//                  machine's limits are still measured on all cores.
 //   --attention-segment-tokens=N
 //                  CUDA: keys per attention segment (default 128, or
 //                  max_seq_len / 64 where that is more; rounded up to whole
@@ -69,6 +72,7 @@ struct Settings {
   bool smoke = false;
   int attention_segment_tokens = 0;  // CUDA; 0: the backend's default
   KvCacheDtype kv_cache_dtype = KvCacheDtype::kAuto;
+  int threads = 0;  // host threads of the backend; 0: all cores
 };
 Settings& settings() {
   static Settings s;
@@ -229,7 +233,8 @@ void Report(benchmark::State& state, const StepWork& work, int64_t tokens_per_st
 std::unique_ptr<Backend> NewBackend(const BenchModel& model) {
   absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend(
       settings().device, model.config, model.weights, model.config.dispatch,
-      BackendOptions{.kv_cache_dtype = settings().kv_cache_dtype,
+      BackendOptions{.num_threads = settings().threads,
+                     .kv_cache_dtype = settings().kv_cache_dtype,
                      .cuda_attention_segment_tokens = settings().attention_segment_tokens});
   return backend.ok() ? *std::move(backend) : nullptr;
 }
@@ -442,6 +447,11 @@ int main(int argc, char** argv) {
         return 2;
       }
       settings().kv_cache_dtype = *dtype;
+    } else if (std::strncmp(argv[i], "--threads=", 10) == 0) {
+      if (!absl::SimpleAtoi(argv[i] + 10, &settings().threads) || settings().threads < 1) {
+        std::fprintf(stderr, "engine_bench: --threads: expected a positive count\n");
+        return 2;
+      }
     } else if (std::strncmp(argv[i], "--attention-segment-tokens=", 27) == 0) {
       if (!absl::SimpleAtoi(argv[i] + 27, &settings().attention_segment_tokens) ||
           settings().attention_segment_tokens < 1) {

@@ -168,9 +168,13 @@ void FromMemoryShapes(benchmark::internal::Benchmark* b) {
     for (int bf16 : {0, 1}) {
       for (int m : {1, 4}) b->Args({n, k, rows_in, bf16, m, 1});
       // What a step gives the runner at once: at batch 1, 8 value or output
-      // experts, or 4 FFN experts; at batch 32, all 32 FFN experts of about
-      // 4 rows each (routing gives some twice that).
-      if (rows_in == 1) b->Args({n, k, rows_in, bf16, 1, 8});
+      // experts, or 4 FFN experts; at batch 32, all 16 value or output
+      // experts of about 16 rows each, or all 32 FFN experts of about 4 rows
+      // each (routing gives some twice that).
+      if (rows_in == 1) {
+        b->Args({n, k, rows_in, bf16, 1, 8});
+        b->Args({n, k, rows_in, bf16, 16, 16});
+      }
       if (n * k == 128 * 1024) {
         b->Args({n, k, rows_in, bf16, 1, 4});
         for (int rows : {4, 8}) b->Args({n, k, rows_in, bf16, rows, 32});
