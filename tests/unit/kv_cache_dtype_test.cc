@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
@@ -62,14 +63,14 @@ TEST(KvCacheDtypeTest, Bf16HalvesTheCpuCachesBytesPerToken) {
 TEST(KvCacheDtypeTest, CpuBackendReportsTheTypeItHolds) {
   const ModelConfig config = testing::TinySwitchAllConfig();
   const ModelWeights weights = testing::RandomWeights(config, 1);
-  for (KvCacheDtype dtype : {KvCacheDtype::kAuto, KvCacheDtype::kF32, KvCacheDtype::kBF16}) {
-    SCOPED_TRACE(ToString(dtype));
+  for (const auto& [asked, held] :
+       {std::pair{KvCacheDtype::kAuto, DType::kF32}, std::pair{KvCacheDtype::kF32, DType::kF32},
+        std::pair{KvCacheDtype::kBF16, DType::kBF16}}) {
+    SCOPED_TRACE(ToString(asked));
     auto backend = CreateBackend(DeviceKind::kCpu, config, weights, config.dispatch,
-                                 BackendOptions{.kv_cache_dtype = dtype});
+                                 BackendOptions{.kv_cache_dtype = asked});
     ASSERT_TRUE(backend.ok()) << backend.status();
-    const KvCacheDtype held = HeldKvCacheDtype(DeviceKind::kCpu, {.kv_cache_dtype = dtype});
-    EXPECT_EQ((*backend)->kv_cache_dtype(),
-              held == KvCacheDtype::kBF16 ? DType::kBF16 : DType::kF32);
+    EXPECT_EQ((*backend)->kv_cache_dtype(), held);
   }
 }
 
