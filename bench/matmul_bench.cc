@@ -103,14 +103,18 @@ void Shapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"m", "n", "k", "rows_in", "bf16", "blas"});
   struct Shape {
     int n, k, rows_in;
+    int min_m = 1;
   };
   // q projection, FFN expert up and down, SwitchHead value and output experts,
-  // the output head.
-  const Shape shapes[] = {{448, 1024, 0}, {128, 1024, 0}, {1024, 128, 0},
-                          {112, 1024, 1}, {1024, 112, 1}, {8000, 1024, 0}};
+  // the output head; then the first three held transposed ([k, n], rows in):
+  // what their products of many rows would cost as chains of fused
+  // multiply-adds (their one-row products are in BM_MatmulFromMemory).
+  const Shape shapes[] = {{448, 1024, 0},     {128, 1024, 0},     {1024, 128, 0},
+                          {112, 1024, 1},     {1024, 112, 1},     {8000, 1024, 0},
+                          {448, 1024, 1, 32}, {128, 1024, 1, 32}, {1024, 128, 1, 32}};
   for (const Shape& s : shapes) {
     for (int m : {1, 4, 32, 256}) {
-      if (s.n == 8000 && m > 32) continue;
+      if (m < s.min_m || (s.n == 8000 && m > 32)) continue;
       b->Args({m, s.n, s.k, s.rows_in, 0, kOurs});
       b->Args({m, s.n, s.k, s.rows_in, 1, kOurs});
       b->Args({m, s.n, s.k, s.rows_in, 0, kOpenBlas});
@@ -178,6 +182,16 @@ void FromMemoryShapes(benchmark::internal::Benchmark* b) {
       if (n * k == 128 * 1024) {
         b->Args({n, k, rows_in, bf16, 1, 4});
         for (int rows : {4, 8}) b->Args({n, k, rows_in, bf16, rows, 32});
+      }
+    }
+  }
+  // The q projection and the FFN experts held transposed ([k, n], rows in).
+  for (const auto& [n, k] : {std::array<int, 2>{448, 1024}, {128, 1024}, {1024, 128}}) {
+    for (int bf16 : {0, 1}) {
+      b->Args({n, k, 1, bf16, 1, 1});
+      if (n != 448) {
+        b->Args({n, k, 1, bf16, 1, 4});
+        b->Args({n, k, 1, bf16, 4, 32});
       }
     }
   }
