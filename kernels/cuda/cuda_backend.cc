@@ -180,7 +180,7 @@ absl::Status CudaBackend::TabulateXlPositions() {
 }
 
 int64_t CudaBackend::KvBytesPerToken() const {
-  return switchserve::KvBytesPerToken(config_, sixteen_bit_ ? 2 : 4);
+  return switchserve::KvBytesPerToken(config_, DTypeSize(kv_cache_dtype()));
 }
 
 absl::Status CudaBackend::InitKvCache(int64_t num_blocks, int block_size) {
@@ -190,7 +190,7 @@ absl::Status CudaBackend::InitKvCache(int64_t num_blocks, int block_size) {
                                                    ") must be positive"));
   }
   const AttentionConfig& attn = config_.attention;
-  const int64_t element = sixteen_bit_ ? 2 : 4;
+  const int64_t element = DTypeSize(kv_cache_dtype());
   // One more block than asked: padding rows of decode graphs write there.
   const int64_t rows = (num_blocks + 1) * block_size;
   const int64_t k_row = static_cast<int64_t>(attn.n_kv_heads) * attn.head_dim;
