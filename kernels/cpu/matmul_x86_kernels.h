@@ -53,10 +53,11 @@ constexpr int kOneRowChainRows = 8;
 // Products of up to this many MatmulRowsOut register tiles of rows read each
 // weight tile from memory once, in the first row tile (prefetching the next
 // weight tile), and again from the L1 cache in the others, widening bf16 in
-// registers each time. More rows widen each weight tile into a buffer first.
-// Measured (matmul_bench FromMemory, 32 FFN experts of 6 or 8 rows, bf16
-// and f32): 1.1-1.4x over widening into a buffer from 5 rows on.
-constexpr int kWidenMinRowTiles = 3;
+// registers each time. More rows take the weights a column block at a time
+// (RowsOutColumnBlocks). Measured (matmul_bench FromMemory, 32 FFN experts
+// of 6 or 8 rows, bf16 and f32): 1.1-1.4x over widening each weight tile into
+// a buffer first from 5 rows on.
+constexpr int kColumnBlockMinRowTiles = 3;
 
 // Prefetches the `bytes` from `row` on, kPrefetchRows rows of `row_bytes`
 // further on: a MatmulRowsIn tile of a few rows reads a short piece of each
@@ -205,27 +206,6 @@ struct DotTiles {
 std::vector<float>& WidenBuffer() {
   thread_local std::vector<float> buffer;
   return buffer;
-}
-
-// Widens `rows` weight rows into out[rows][k], prefetching the rows after
-// them (the next tile's) as it goes.
-template <DType WT>
-void WidenRows(const void* w, int64_t ldw, int rows, int k, float* out) {
-  for (int r = 0; r < rows; ++r) {
-    int p = 0;
-    for (; p + 8 <= k; p += 8) {
-      if (((p * ElementBytes<WT>()) & 63) == 0) {
-        _mm_prefetch(static_cast<const char*>(w) + ((r + rows) * ldw + p) * ElementBytes<WT>(),
-                     _MM_HINT_T1);
-      }
-      _mm256_storeu_ps(out + r * k + p, Load8<WT>(w, r * ldw + p));
-    }
-    if (p < k) {
-      alignas(32) float rest[8];
-      _mm256_store_ps(rest, LoadPartial8<WT>(w, r * ldw + p, k - p));
-      std::memcpy(out + r * k + p, rest, (k - p) * sizeof(float));
-    }
-  }
 }
 
 #ifdef SWITCHSERVE_MATMUL_ZMM
@@ -421,6 +401,45 @@ void RowsOutOneRow(const MatmulArgs& g) {
   }
 }
 
+// Weight bytes of one column block of RowsOutColumnBlocks: most of the L2
+// cache, with room for the rows of `a` passing through.
+constexpr int64_t kOutColumnBlockBytes = 192 << 10;
+
+// MatmulRowsOut for many rows with the 8-lane tiles: a block of weight rows
+// stays in the L2 cache while each register tile of rows, whose inputs stay
+// in the L1 cache, takes the block's columns in turn (the first row tile
+// reads the block from memory, prefetching). Per multiply-add step a tile
+// then reads its NR weight vectors from L2 and its MR input vectors from L1,
+// rather than the other way round: the inputs, being more, are the stream
+// the L2 cache could not feed. Half precision is widened in registers.
+template <DType WT>
+void RowsOutColumnBlocks(const MatmulArgs& g) {
+  constexpr int MR = Tiles::kOutRows, NR = Tiles::kOutCols;
+  const int64_t row_bytes = static_cast<int64_t>(g.k) * ElementBytes<WT>();
+  int block_cols = static_cast<int>(kOutColumnBlockBytes / row_bytes) / NR * NR;
+  if (block_cols < NR) block_cols = NR;
+  for (int j_block = 0; j_block < g.n; j_block += block_cols) {
+    const int cols = g.n - j_block < block_cols ? g.n - j_block : block_cols;
+    for (int i0 = 0; i0 < g.m; i0 += MR) {
+      const int mr = g.m - i0 < MR ? g.m - i0 : MR;
+      const float* a[MR];
+      for (int i = 0; i < mr; ++i) a[i] = RowOfA(g, i0 + i);
+      for (int j0 = j_block; j0 < j_block + cols; j0 += NR) {
+        const int nr = j_block + cols - j0 < NR ? j_block + cols - j0 : NR;
+        const void* w = g.w.At(j0, 0).data;
+        float* c = g.c + i0 * g.ldc + j0;
+        if (i0 == 0) {
+          DotTiles<WT, MR, NR, true>::For(mr, nr)(a, w, g.w.ld, g.k, c, g.ldc, g.alpha,
+                                                  g.accumulate);
+        } else {
+          DotTiles<WT, MR, NR, false>::For(mr, nr)(a, w, g.w.ld, g.k, c, g.ldc, g.alpha,
+                                                   g.accumulate);
+        }
+      }
+    }
+  }
+}
+
 template <DType WT>
 void RowsOut(const MatmulArgs& g) {
   if (g.m == 1) return RowsOutOneRow<WT>(g);
@@ -431,33 +450,20 @@ void RowsOut(const MatmulArgs& g) {
   // weights in place instead of packing them.
   if (g.m >= 2 * kPairRows) return RowsOutManyRows<WT>(g);
 #endif
+  if (g.m > kColumnBlockMinRowTiles * MR) return RowsOutColumnBlocks<WT>(g);
   const int64_t ldw = g.w.ld;
-  // Many rows reuse each weight tile: widen it once (exact) rather than in
-  // every register tile; a few rows' tiles widen in registers
-  // (kWidenMinRowTiles).
-  const bool few_rows = g.m <= kWidenMinRowTiles * MR;
-  const bool widen = WT != DType::kF32 && !few_rows;
-  std::vector<float>& wide = WidenBuffer();
-  if (widen && wide.size() < static_cast<size_t>(NR) * g.k) wide.resize(NR * g.k);
-  for (int i_block = 0; i_block < g.m; i_block += kRowBlock) {
-    const int i_end = g.m < i_block + kRowBlock ? g.m : i_block + kRowBlock;
-    for (int j0 = 0; j0 < g.n; j0 += NR) {
-      const int nr = g.n - j0 < NR ? g.n - j0 : NR;
-      const void* w = g.w.At(j0, 0).data;
-      if (widen) WidenRows<WT>(w, ldw, nr, g.k, wide.data());
-      for (int i0 = i_block; i0 < i_end; i0 += MR) {
-        const int mr = i_end - i0 < MR ? i_end - i0 : MR;
-        const float* a[MR];
-        for (int i = 0; i < mr; ++i) a[i] = RowOfA(g, i0 + i);
-        float* c = g.c + i0 * g.ldc + j0;
-        if (widen) {
-          DotTiles<DType::kF32, MR, NR, false>::For(mr, nr)(a, wide.data(), g.k, g.k, c, g.ldc,
-                                                            g.alpha, g.accumulate);
-        } else if (few_rows && i0 == i_block) {  // from memory
-          DotTiles<WT, MR, NR, true>::For(mr, nr)(a, w, ldw, g.k, c, g.ldc, g.alpha, g.accumulate);
-        } else {
-          DotTiles<WT, MR, NR, false>::For(mr, nr)(a, w, ldw, g.k, c, g.ldc, g.alpha, g.accumulate);
-        }
+  for (int j0 = 0; j0 < g.n; j0 += NR) {
+    const int nr = g.n - j0 < NR ? g.n - j0 : NR;
+    const void* w = g.w.At(j0, 0).data;
+    for (int i0 = 0; i0 < g.m; i0 += MR) {
+      const int mr = g.m - i0 < MR ? g.m - i0 : MR;
+      const float* a[MR];
+      for (int i = 0; i < mr; ++i) a[i] = RowOfA(g, i0 + i);
+      float* c = g.c + i0 * g.ldc + j0;
+      if (i0 == 0) {  // from memory
+        DotTiles<WT, MR, NR, true>::For(mr, nr)(a, w, ldw, g.k, c, g.ldc, g.alpha, g.accumulate);
+      } else {
+        DotTiles<WT, MR, NR, false>::For(mr, nr)(a, w, ldw, g.k, c, g.ldc, g.alpha, g.accumulate);
       }
     }
   }
