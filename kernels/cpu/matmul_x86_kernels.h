@@ -19,8 +19,9 @@
 //
 // Half-precision weights are widened in registers (bf16: a 16-bit shift, or
 // for two vectors of columns at once a shift and a mask; f16: vcvtph2ps), or,
-// when many rows reuse them, a tile at a time into a thread-local f32 buffer:
-// widening is exact, so all give the same bits.
+// where many rows reuse them in MatmulRowsIn (and in the AVX-512 build's
+// 16-lane MatmulRowsOut tiles), a panel at a time into a thread-local f32
+// buffer: widening is exact, so all give the same bits.
 //
 // Decode tiles read each weight once, from memory, in short pieces of many
 // rows; they prefetch the rows they will read next, and so do the loops that
@@ -54,9 +55,10 @@ constexpr int kOneRowChainRows = 8;
 // weight tile from memory once, in the first row tile (prefetching the next
 // weight tile), and again from the L1 cache in the others, widening bf16 in
 // registers each time. More rows take the weights a column block at a time
-// (RowsOutColumnBlocks). Measured (matmul_bench FromMemory, 32 FFN experts
-// of 6 or 8 rows, bf16 and f32): 1.1-1.4x over widening each weight tile into
-// a buffer first from 5 rows on.
+// (RowsOutColumnBlocks; the AVX-512 build's 16-lane tiles from 12 rows on).
+// The threshold was measured against widening each weight tile into a buffer,
+// the many-row path before column blocks (matmul_bench FromMemory, 32 FFN
+// experts of 6 or 8 rows, bf16 and f32): 1.1-1.4x from 5 rows on.
 constexpr int kColumnBlockMinRowTiles = 3;
 
 // Prefetches the `bytes` from `row` on, kPrefetchRows rows of `row_bytes`
