@@ -54,8 +54,9 @@ constexpr int kOneRowChainRows = 8;
 // Products of up to this many MatmulRowsOut register tiles of rows read each
 // weight tile from memory once, in the first row tile (prefetching the next
 // weight tile), and again from the L1 cache in the others, widening bf16 in
-// registers each time. More rows take the weights a column block at a time
-// (RowsOutColumnBlocks; the AVX-512 build's 16-lane tiles from 12 rows on).
+// registers each time. More rows take the weights a larger column block at a
+// time (RowsOutColumnBlocks; the AVX-512 build's 16-lane tiles from 12 rows
+// on).
 // The threshold was measured against widening each weight tile into a buffer,
 // the many-row path before column blocks (matmul_bench FromMemory, 32 FFN
 // experts of 6 or 8 rows, bf16 and f32): 1.1-1.4x from 5 rows on.
@@ -403,31 +404,31 @@ void RowsOutOneRow(const MatmulArgs& g) {
   }
 }
 
-// Weight bytes of one column block of RowsOutColumnBlocks: most of the L2
-// cache, with room for the rows of `a` passing through.
+// Weight bytes of one column block of a rows-out product of many rows: most
+// of the L2 cache, with room for the rows of `a` passing through.
 constexpr int64_t kOutColumnBlockBytes = 192 << 10;
 
-// MatmulRowsOut for many rows with the 8-lane tiles: a block of weight rows
-// stays in the L2 cache while each register tile of rows, whose inputs stay
-// in the L1 cache, takes the block's columns in turn (the first row tile
-// reads the block from memory, prefetching). Per multiply-add step a tile
-// then reads its NR weight vectors from L2 and its MR input vectors from L1,
-// rather than the other way round: the inputs, being more, are the stream
-// the L2 cache could not feed. Half precision is widened in registers.
+// MatmulRowsOut with the 8-lane tiles, `block_cols` (a multiple of NR) columns
+// of weights at a time: each register tile of rows takes the block's columns
+// in turn, the first row tile reading them from memory (prefetching the next
+// tile's) and the others from the cache, half precision widened in registers.
+// A few rows take one weight tile per block, so that it stays in the L1 cache
+// for them. Many rows take a block of up to kOutColumnBlockBytes, which stays
+// in the L2 cache while each row tile's inputs stay in L1: per multiply-add
+// step a tile then reads its NR weight vectors from L2 and its MR input
+// vectors from L1, rather than the other way round (the inputs, being more,
+// are the stream the L2 cache could not feed).
 template <DType WT>
-void RowsOutColumnBlocks(const MatmulArgs& g) {
+void RowsOutColumnBlocks(const MatmulArgs& g, int block_cols) {
   constexpr int MR = Tiles::kOutRows, NR = Tiles::kOutCols;
-  const int64_t row_bytes = static_cast<int64_t>(g.k) * ElementBytes<WT>();
-  int block_cols = static_cast<int>(kOutColumnBlockBytes / row_bytes) / NR * NR;
-  if (block_cols < NR) block_cols = NR;
   for (int j_block = 0; j_block < g.n; j_block += block_cols) {
-    const int cols = g.n - j_block < block_cols ? g.n - j_block : block_cols;
+    const int j_end = g.n < j_block + block_cols ? g.n : j_block + block_cols;
     for (int i0 = 0; i0 < g.m; i0 += MR) {
       const int mr = g.m - i0 < MR ? g.m - i0 : MR;
       const float* a[MR];
       for (int i = 0; i < mr; ++i) a[i] = RowOfA(g, i0 + i);
-      for (int j0 = j_block; j0 < j_block + cols; j0 += NR) {
-        const int nr = j_block + cols - j0 < NR ? j_block + cols - j0 : NR;
+      for (int j0 = j_block; j0 < j_end; j0 += NR) {
+        const int nr = j_end - j0 < NR ? j_end - j0 : NR;
         const void* w = g.w.At(j0, 0).data;
         float* c = g.c + i0 * g.ldc + j0;
         if (i0 == 0) {
@@ -452,23 +453,10 @@ void RowsOut(const MatmulArgs& g) {
   // weights in place instead of packing them.
   if (g.m >= 2 * kPairRows) return RowsOutManyRows<WT>(g);
 #endif
-  if (g.m > kColumnBlockMinRowTiles * MR) return RowsOutColumnBlocks<WT>(g);
-  const int64_t ldw = g.w.ld;
-  for (int j0 = 0; j0 < g.n; j0 += NR) {
-    const int nr = g.n - j0 < NR ? g.n - j0 : NR;
-    const void* w = g.w.At(j0, 0).data;
-    for (int i0 = 0; i0 < g.m; i0 += MR) {
-      const int mr = g.m - i0 < MR ? g.m - i0 : MR;
-      const float* a[MR];
-      for (int i = 0; i < mr; ++i) a[i] = RowOfA(g, i0 + i);
-      float* c = g.c + i0 * g.ldc + j0;
-      if (i0 == 0) {  // from memory
-        DotTiles<WT, MR, NR, true>::For(mr, nr)(a, w, ldw, g.k, c, g.ldc, g.alpha, g.accumulate);
-      } else {
-        DotTiles<WT, MR, NR, false>::For(mr, nr)(a, w, ldw, g.k, c, g.ldc, g.alpha, g.accumulate);
-      }
-    }
-  }
+  if (g.m <= kColumnBlockMinRowTiles * MR) return RowsOutColumnBlocks<WT>(g, NR);
+  const int64_t row_bytes = static_cast<int64_t>(g.k) * ElementBytes<WT>();
+  const int block_cols = static_cast<int>(kOutColumnBlockBytes / row_bytes) / NR * NR;
+  RowsOutColumnBlocks<WT>(g, block_cols > NR ? block_cols : NR);
 }
 
 // ---- MatmulRowsIn ----
