@@ -40,7 +40,11 @@
 // those as fractions of the measured limits; of_roofline: the time the
 // roofline allows for the step's bytes and FLOPs, max(bytes / bandwidth,
 // FLOPs / compute rate), over the measured time; step_gflop, step_gb and the
-// machine_* limits, for bench/roofline_chart.py.
+// machine_* limits, for bench/roofline_chart.py. On the CPU (not --smoke)
+// the limits are measured again right before and right after each run of
+// the timed loop: of_adjacent_roofline is of_roofline against the larger
+// of each pair (adjacent_read_gb_per_s, adjacent_sgemm_gflops), limits of
+// the same minutes on a machine whose limits drift.
 //
 //   build/release/bench/engine_bench --benchmark_counters_tabular=true
 //       --benchmark_out=engine_bench.json --benchmark_out_format=json
@@ -53,6 +57,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -206,9 +211,27 @@ StepWork MeasureWork(const ModelConfig& config, const ModelWeights& weights, con
   return work;
 }
 
-void Report(benchmark::State& state, const StepWork& work, int64_t tokens_per_step) {
+// The limits right before a run of a timed loop: CPU only (a device's are
+// not drifting with the host's load), and not --smoke.
+std::optional<bench::MachineLimits> LimitsBefore() {
+  if (settings().device != DeviceKind::kCpu || settings().smoke) return std::nullopt;
+  return bench::MeasureMachineLimitsNow();
+}
+
+void Report(benchmark::State& state, const StepWork& work, int64_t tokens_per_step,
+            const std::optional<bench::MachineLimits>& before) {
   const Limits& limits = MeasuredLimits();
   const double steps = static_cast<double>(state.iterations());
+  if (before.has_value()) {
+    const bench::MachineLimits after = bench::MeasureMachineLimitsNow();
+    const double gb_per_s = std::max(before->read_gb_per_s, after.read_gb_per_s);
+    const double gflops = std::max(before->sgemm_gflops, after.sgemm_gflops);
+    const double roofline_s = std::max(work.bytes / 1e9 / gb_per_s, work.flops / 1e9 / gflops);
+    state.counters["of_adjacent_roofline"] =
+        benchmark::Counter(roofline_s * steps, benchmark::Counter::kIsRate);
+    state.counters["adjacent_read_gb_per_s"] = gb_per_s;
+    state.counters["adjacent_sgemm_gflops"] = gflops;
+  }
   state.counters["tokens_per_s"] =
       benchmark::Counter(tokens_per_step * steps, benchmark::Counter::kIsRate);
   state.counters["gflops"] =
@@ -311,6 +334,7 @@ void MixedStep(benchmark::State& state, const std::string& model_name, int decod
       sequence->sample = {&greedy, tokens[s], &rngs[s]};
     }
   }
+  const std::optional<bench::MachineLimits> before = LimitsBefore();
   for (auto _ : state) {
     if (!backend->Forward(step, &out).ok()) {
       state.SkipWithError("step failed");
@@ -324,7 +348,7 @@ void MixedStep(benchmark::State& state, const std::string& model_name, int decod
   Report(state,
          MeasureWork(model.config, model.weights, out, new_tokens, pairs, read,
                      std::max(context + 1, prompt_tokens), sequences),
-         new_tokens);
+         new_tokens, before);
 }
 
 // A decode step for `batch` sequences that each hold `context` tokens.
@@ -356,6 +380,7 @@ void PrefillChunk(benchmark::State& state, const std::string& model_name, int le
   input.Clear(16);
   input.Add(tokens, 0, (*kv_cache)->allocator().BlockTable(0)).logits = LogitsMode::kLast;
   StepOutput out;
+  const std::optional<bench::MachineLimits> before = LimitsBefore();
   for (auto _ : state) {
     if (!backend->Forward(input, &out).ok()) {
       state.SkipWithError("prefill failed");
@@ -364,7 +389,7 @@ void PrefillChunk(benchmark::State& state, const std::string& model_name, int le
   }
   const int64_t pairs = static_cast<int64_t>(length) * (length + 1) / 2;
   Report(state, MeasureWork(model.config, model.weights, out, length, pairs, length, length, 1),
-         length);
+         length, before);
 }
 
 void RegisterBenchmarks() {

@@ -15,6 +15,12 @@ struct MachineLimits {
 // Measures once per process and caches the result.
 const MachineLimits& MeasureMachineLimits();
 
+// Measures again, now, with the buffers of the first measurement and fewer
+// passes (about half a second). A shared VM's bandwidth and compute drift by
+// up to 1.5x within minutes; a benchmark measured between two of these
+// compares itself with limits of the same minutes.
+MachineLimits MeasureMachineLimitsNow();
+
 }  // namespace switchserve::bench
 
 #endif  // SWITCHSERVE_BENCH_ROOFLINE_H_
