@@ -23,7 +23,7 @@ Tensor Tensor::F32(std::vector<int64_t> shape, std::vector<float> values) {
   Tensor t;
   t.shape_ = std::move(shape);
   t.dtype_ = DType::kF32;
-  t.f32_ = std::move(values);
+  t.f32_.assign(values.begin(), values.end());
   return t;
 }
 
@@ -32,20 +32,25 @@ Tensor Tensor::Half(std::vector<int64_t> shape, DType dtype, std::vector<uint16_
   Tensor t;
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;
-  t.half_ = std::move(bits);
+  t.half_.assign(bits.begin(), bits.end());
   return t;
 }
 
 Tensor Tensor::FromBytes(std::vector<int64_t> shape, DType dtype, const std::byte* data,
                          size_t count) {
+  // Straight into the tensor's storage: its first touch is this copy.
+  Tensor t;
+  t.shape_ = std::move(shape);
+  t.dtype_ = dtype;
   if (dtype == DType::kF32) {
-    std::vector<float> values(count);
-    if (count > 0) std::memcpy(values.data(), data, count * sizeof(float));
-    return F32(std::move(shape), std::move(values));
+    t.f32_.resize(count);
+    if (count > 0) std::memcpy(t.f32_.data(), data, count * sizeof(float));
+    return t;
   }
-  std::vector<uint16_t> bits(count);
-  if (count > 0) std::memcpy(bits.data(), data, count * sizeof(uint16_t));
-  return Half(std::move(shape), dtype, std::move(bits));
+  Require(dtype == DType::kBF16 || dtype == DType::kF16, "FromBytes()", dtype);
+  t.half_.resize(count);
+  if (count > 0) std::memcpy(t.half_.data(), data, count * sizeof(uint16_t));
+  return t;
 }
 
 int64_t Tensor::numel() const {
@@ -87,7 +92,7 @@ float Tensor::At(int64_t i) const {
 }
 
 std::vector<float> Tensor::ToF32() const {
-  if (dtype_ == DType::kF32) return f32_;
+  if (dtype_ == DType::kF32) return std::vector<float>(f32_.begin(), f32_.end());
   std::vector<float> out(half_.size());
   for (size_t i = 0; i < out.size(); ++i) out[i] = At(static_cast<int64_t>(i));
   return out;
@@ -97,12 +102,15 @@ Tensor Tensor::ConvertedTo(DType dtype) const {
   if (dtype == dtype_) return *this;
   if (dtype == DType::kF32) return F32(shape_, ToF32());
   Require(dtype == DType::kBF16 || dtype == DType::kF16, "ConvertedTo()", dtype);
-  std::vector<uint16_t> bits(static_cast<size_t>(size()));
-  for (size_t i = 0; i < bits.size(); ++i) {
+  Tensor t;
+  t.shape_ = shape_;
+  t.dtype_ = dtype;
+  t.half_.resize(static_cast<size_t>(size()));
+  for (size_t i = 0; i < t.half_.size(); ++i) {
     const float value = At(static_cast<int64_t>(i));
-    bits[i] = dtype == DType::kBF16 ? FloatToBFloat16(value) : FloatToHalf(value);
+    t.half_[i] = dtype == DType::kBF16 ? FloatToBFloat16(value) : FloatToHalf(value);
   }
-  return Half(shape_, dtype, std::move(bits));
+  return t;
 }
 
 void Tensor::Clear() {

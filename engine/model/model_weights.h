@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "engine/model/dtype.h"
 #include "engine/model/model_config.h"
+#include "engine/model/weight_storage.h"
 
 namespace switchserve {
 
@@ -61,8 +62,9 @@ class Tensor {
  private:
   std::vector<int64_t> shape_;
   DType dtype_ = DType::kF32;
-  std::vector<float> f32_;      // dtype F32
-  std::vector<uint16_t> half_;  // dtype BF16 / F16
+  // Large tensors on huge pages (engine/model/weight_storage.h).
+  WeightVector<float> f32_;      // dtype F32
+  WeightVector<uint16_t> half_;  // dtype BF16 / F16
 };
 
 struct AttentionWeights {
