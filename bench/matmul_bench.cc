@@ -16,7 +16,10 @@
 // output experts, 2 of 4 in each of 4 heads; 4 of the 32 FFN experts; a
 // batch-32 step: all 32 FFN experts). of_read_bandwidth is its
 // weight bytes per second over the machine's read bandwidth measured in the
-// same process (bench/roofline.h).
+// same process (bench/roofline.h). huge_pages: the 256 MiB on 2 MiB pages,
+// as the model's weight tensors are held (engine/model/weight_storage.h), or
+// on 4 KiB pages (0); --benchmark_enable_random_interleaving with
+// repetitions alternates the two.
 //
 //   build/release/bench/matmul_bench --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
@@ -24,11 +27,14 @@
 
 #include <algorithm>
 #include <array>
+#include <cstddef>
+#include <cstring>
 #include <random>
 #include <thread>
 #include <vector>
 
 #include "bench/roofline.h"
+#include "engine/model/weight_storage.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/matmul_runner.h"
 #include "kernels/cpu/worker_pool.h"
@@ -123,7 +129,8 @@ void Shapes(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_Matmul)->Apply(Shapes)->Unit(benchmark::kMicrosecond);
 
-// Args: n, k, layout (0 rows out, 1 rows in), dtype (0 f32, 1 bf16).
+// Args: n, k, layout (0 rows out, 1 rows in), dtype (0 f32, 1 bf16), m,
+// matrices, huge pages (0, 1).
 void BM_MatmulFromMemory(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0)), k = static_cast<int>(state.range(1));
   const bool rows_in = state.range(2) == 1;
@@ -134,7 +141,19 @@ void BM_MatmulFromMemory(benchmark::State& state) {
   const Problem one = MakeProblem(m, n, k, dtype);
   const int copies = static_cast<int>(
       std::max<int64_t>(2 * matrices, (int64_t{256} << 20) / one.w.bytes() / matrices * matrices));
-  std::vector<Tensor> weights(copies, one.w);
+  // The copies one after another, on huge pages or not.
+  const size_t bytes_per = static_cast<size_t>(one.w.bytes());
+  WeightVector<std::byte> huge;
+  std::vector<std::byte> small;
+  std::byte* copies_data = nullptr;
+  if (state.range(6) == 1) {
+    huge.resize(bytes_per * copies);
+    copies_data = huge.data();
+  } else {
+    small.resize(bytes_per * copies);
+    copies_data = small.data();
+  }
+  for (int i = 0; i < copies; ++i) std::memcpy(copies_data + bytes_per * i, one.w.raw(), bytes_per);
   std::vector<float> a = one.a, c(static_cast<size_t>(m) * n * matrices);
   WorkerPool pool(static_cast<int>(std::thread::hardware_concurrency()));
   MatmulRunner runner(BestKernelIsa(), &pool);
@@ -144,7 +163,8 @@ void BM_MatmulFromMemory(benchmark::State& state) {
   for (auto _ : state) {
     for (int i = 0; i < matrices; ++i) {
       tasks[i] = {layout,
-                  {m, n, k, a.data(), k, nullptr, MatrixOf(weights[next + i], rows_in ? n : k),
+                  {m, n, k, a.data(), k, nullptr,
+                   WeightMatrix{dtype, copies_data + bytes_per * (next + i), rows_in ? n : k},
                    c.data() + static_cast<size_t>(i) * m * n, n}};
     }
     runner.Run(tasks);
@@ -162,7 +182,15 @@ void BM_MatmulFromMemory(benchmark::State& state) {
 }
 
 void FromMemoryShapes(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"n", "k", "rows_in", "bf16", "m", "matrices"});
+  b->ArgNames({"n", "k", "rows_in", "bf16", "m", "matrices", "huge_pages"});
+  // Every shape on 2 MiB pages and on 4 KiB pages.
+  const auto args = [b](std::vector<int64_t> shape) {
+    for (int64_t huge : {1, 0}) {
+      shape.push_back(huge);
+      b->Args(shape);
+      shape.pop_back();
+    }
+  };
   for (const auto& [n, k, rows_in] : {std::array<int, 3>{448, 1024, 0},
                                       {128, 1024, 0},
                                       {1024, 128, 0},
@@ -170,28 +198,28 @@ void FromMemoryShapes(benchmark::internal::Benchmark* b) {
                                       {1024, 112, 1},
                                       {8000, 1024, 0}}) {
     for (int bf16 : {0, 1}) {
-      for (int m : {1, 4}) b->Args({n, k, rows_in, bf16, m, 1});
+      for (int m : {1, 4}) args({n, k, rows_in, bf16, m, 1});
       // What a step gives the runner at once: at batch 1, 8 value or output
       // experts, or 4 FFN experts; at batch 32, all 16 value or output
       // experts of about 16 rows each, or all 32 FFN experts of about 4 rows
       // each (routing gives some twice that).
       if (rows_in == 1) {
-        b->Args({n, k, rows_in, bf16, 1, 8});
-        b->Args({n, k, rows_in, bf16, 16, 16});
+        args({n, k, rows_in, bf16, 1, 8});
+        args({n, k, rows_in, bf16, 16, 16});
       }
       if (n * k == 128 * 1024) {
-        b->Args({n, k, rows_in, bf16, 1, 4});
-        for (int rows : {4, 8}) b->Args({n, k, rows_in, bf16, rows, 32});
+        args({n, k, rows_in, bf16, 1, 4});
+        for (int rows : {4, 8}) args({n, k, rows_in, bf16, rows, 32});
       }
     }
   }
   // The q projection and the FFN experts held transposed ([k, n], rows in).
   for (const auto& [n, k] : {std::array<int, 2>{448, 1024}, {128, 1024}, {1024, 128}}) {
     for (int bf16 : {0, 1}) {
-      b->Args({n, k, 1, bf16, 1, 1});
+      args({n, k, 1, bf16, 1, 1});
       if (n != 448) {
-        b->Args({n, k, 1, bf16, 1, 4});
-        b->Args({n, k, 1, bf16, 4, 32});
+        args({n, k, 1, bf16, 1, 4});
+        args({n, k, 1, bf16, 4, 32});
       }
     }
   }
