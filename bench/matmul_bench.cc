@@ -17,7 +17,7 @@
 // batch-32 step: all 32 FFN experts). of_read_bandwidth is its
 // weight bytes per second over the machine's read bandwidth measured in the
 // same process (bench/roofline.h). huge_pages: the 256 MiB on 2 MiB pages,
-// as the model's weight tensors are held (engine/model/weight_storage.h), or
+// as the model's weight tensors are held (engine/model/huge_pages.h), or
 // on 4 KiB pages (0); --benchmark_enable_random_interleaving with
 // repetitions alternates the two.
 //
@@ -29,12 +29,13 @@
 #include <array>
 #include <cstddef>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <thread>
 #include <vector>
 
 #include "bench/roofline.h"
-#include "engine/model/weight_storage.h"
+#include "engine/model/huge_pages.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/matmul_runner.h"
 #include "kernels/cpu/worker_pool.h"
@@ -129,6 +130,14 @@ void Shapes(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_Matmul)->Apply(Shapes)->Unit(benchmark::kMicrosecond);
 
+// `bytes` (>= kHugePageBytes) on 2 MiB pages, as the model's weight tensors
+// are held, or on the heap's 4 KiB pages.
+std::shared_ptr<std::byte[]> PagedBytes(size_t bytes, bool huge_pages) {
+  if (!huge_pages) return std::shared_ptr<std::byte[]>(new std::byte[bytes]);
+  return std::shared_ptr<std::byte[]>(static_cast<std::byte*>(AllocateHugePageBytes(bytes)),
+                                      [bytes](std::byte* p) { FreeHugePageBytes(p, bytes); });
+}
+
 // Args: n, k, layout (0 rows out, 1 rows in), dtype (0 f32, 1 bf16), m,
 // matrices, huge pages (0, 1).
 void BM_MatmulFromMemory(benchmark::State& state) {
@@ -143,16 +152,8 @@ void BM_MatmulFromMemory(benchmark::State& state) {
       std::max<int64_t>(2 * matrices, (int64_t{256} << 20) / one.w.bytes() / matrices * matrices));
   // The copies one after another, on huge pages or not.
   const size_t bytes_per = static_cast<size_t>(one.w.bytes());
-  WeightVector<std::byte> huge;
-  std::vector<std::byte> small;
-  std::byte* copies_data = nullptr;
-  if (state.range(6) == 1) {
-    huge.resize(bytes_per * copies);
-    copies_data = huge.data();
-  } else {
-    small.resize(bytes_per * copies);
-    copies_data = small.data();
-  }
+  const std::shared_ptr<std::byte[]> copies_memory = PagedBytes(bytes_per * copies, state.range(6));
+  std::byte* const copies_data = copies_memory.get();
   for (int i = 0; i < copies; ++i) std::memcpy(copies_data + bytes_per * i, one.w.raw(), bytes_per);
   std::vector<float> a = one.a, c(static_cast<size_t>(m) * n * matrices);
   WorkerPool pool(static_cast<int>(std::thread::hardware_concurrency()));

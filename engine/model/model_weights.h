@@ -12,8 +12,8 @@
 
 #include "absl/status/statusor.h"
 #include "engine/model/dtype.h"
+#include "engine/model/huge_pages.h"
 #include "engine/model/model_config.h"
-#include "engine/model/weight_storage.h"
 
 namespace switchserve {
 
@@ -62,9 +62,9 @@ class Tensor {
  private:
   std::vector<int64_t> shape_;
   DType dtype_ = DType::kF32;
-  // Large tensors on huge pages (engine/model/weight_storage.h).
-  WeightVector<float> f32_;      // dtype F32
-  WeightVector<uint16_t> half_;  // dtype BF16 / F16
+  // Large tensors on huge pages (engine/model/huge_pages.h).
+  HugePageVector<float> f32_;      // dtype F32
+  HugePageVector<uint16_t> half_;  // dtype BF16 / F16
 };
 
 struct AttentionWeights {

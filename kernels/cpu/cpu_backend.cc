@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/model/host_memory.h"
+#include "engine/model/huge_pages.h"
 #include "engine/runtime/kv_cache.h"
 #include "kernels/cpu/cpu_attention.h"
 #include "kernels/cpu/cpu_ffn.h"
@@ -63,8 +64,8 @@ class CpuBackend final : public Backend {
       return fits;
     }
     const int64_t element = DTypeSize(kv_dtype_);
-    k_cache_.assign(config_.n_layers, std::vector<float>());
-    v_cache_.assign(config_.n_layers, std::vector<float>());
+    k_cache_.assign(config_.n_layers, HugePageVector<float>());
+    v_cache_.assign(config_.n_layers, HugePageVector<float>());
     try {
       for (int l = 0; l < config_.n_layers; ++l) {  // whole floats of the cache's elements
         k_cache_[l].assign((rows * krow * element + 3) / 4, 0.0f);
@@ -113,9 +114,10 @@ class CpuBackend final : public Backend {
 
   int64_t num_blocks_ = 0;
   int block_size_ = 0;
-  // Per layer; storage for elements of kv_dtype_ (two bf16 per float).
-  std::vector<std::vector<float>> k_cache_;
-  std::vector<std::vector<float>> v_cache_;
+  // Per layer; storage for elements of kv_dtype_ (two bf16 per float). On
+  // huge pages, as the weights are: a batch's decode step streams it.
+  std::vector<HugePageVector<float>> k_cache_;
+  std::vector<HugePageVector<float>> v_cache_;
 
   // Per-step scratch, reused.
   std::vector<float> x_;              // [T, d] residual stream

@@ -1,12 +1,9 @@
-#include "engine/model/weight_storage.h"
+#include "engine/model/huge_pages.h"
 
 #include <sys/mman.h>
 
 #include <cstdint>
-#include <cstdio>
-#include <fstream>
 #include <new>
-#include <string>
 
 namespace switchserve {
 namespace {
@@ -37,25 +34,5 @@ void* AllocateHugePageBytes(size_t bytes) {
 }
 
 void FreeHugePageBytes(void* p, size_t bytes) { munmap(p, RoundedToHugePages(bytes)); }
-
-int64_t HugePageBytesOfMapping(const void* p) {
-  const auto address = reinterpret_cast<uintptr_t>(p);
-  std::ifstream smaps("/proc/self/smaps");
-  std::string line;
-  bool inside = false;
-  while (std::getline(smaps, line)) {
-    unsigned long begin = 0, end = 0;
-    // A mapping's first line: "begin-end perms offset dev inode [path]".
-    if (std::sscanf(line.c_str(), "%lx-%lx ", &begin, &end) == 2) {
-      inside = address >= begin && address < end;
-      continue;
-    }
-    unsigned long kib = 0;
-    if (inside && std::sscanf(line.c_str(), "AnonHugePages: %lu kB", &kib) == 1) {
-      return static_cast<int64_t>(kib) * 1024;
-    }
-  }
-  return 0;
-}
 
 }  // namespace switchserve
