@@ -152,7 +152,8 @@ void BM_MatmulFromMemory(benchmark::State& state) {
       std::max<int64_t>(2 * matrices, (int64_t{256} << 20) / one.w.bytes() / matrices * matrices));
   // The copies one after another, on huge pages or not.
   const size_t bytes_per = static_cast<size_t>(one.w.bytes());
-  const std::shared_ptr<std::byte[]> copies_memory = PagedBytes(bytes_per * copies, state.range(6));
+  const std::shared_ptr<std::byte[]> copies_memory =
+      PagedBytes(bytes_per * copies, state.range(6) == 1);
   std::byte* const copies_data = copies_memory.get();
   for (int i = 0; i < copies; ++i) std::memcpy(copies_data + bytes_per * i, one.w.raw(), bytes_per);
   std::vector<float> a = one.a, c(static_cast<size_t>(m) * n * matrices);

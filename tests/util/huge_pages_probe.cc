@@ -8,8 +8,8 @@
 namespace switchserve::testing {
 namespace {
 
-// The first "AnonHugePages: N kB" line of `in` for which `inside(line)`
-// held at the last mapping header, in bytes.
+// The bytes of the first "AnonHugePages: N kB" line of `in` that follows a
+// mapping header whose range [begin, end) `inside` accepts.
 template <typename Inside>
 int64_t AnonHugePages(std::ifstream& in, Inside inside) {
   std::string line;
