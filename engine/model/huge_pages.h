@@ -12,6 +12,9 @@
 
 #include <cstddef>
 #include <memory>
+#include <new>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace switchserve {
@@ -25,6 +28,9 @@ void* AllocateHugePageBytes(size_t bytes);
 // Unmaps what AllocateHugePageBytes(bytes) returned.
 void FreeHugePageBytes(void* p, size_t bytes);
 
+// resize() through this allocator default-initialises new elements (no
+// zero-fill for arithmetic types): storage that is about to be overwritten is
+// written once, not twice. Pass a value (assign(n, 0.0f)) where zeros matter.
 template <typename T>
 class HugePageAllocator {
  public:
@@ -44,6 +50,14 @@ class HugePageAllocator {
     } else {
       std::allocator<T>().deallocate(p, n);
     }
+  }
+  template <typename U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
   }
   friend bool operator==(const HugePageAllocator&, const HugePageAllocator&) { return true; }
 };

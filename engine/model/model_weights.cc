@@ -38,7 +38,8 @@ Tensor Tensor::Half(std::vector<int64_t> shape, DType dtype, std::vector<uint16_
 
 Tensor Tensor::FromBytes(std::vector<int64_t> shape, DType dtype, const std::byte* data,
                          size_t count) {
-  // Straight into the tensor's storage: its first touch is this copy.
+  // Straight into the tensor's storage: its first touch is this copy
+  // (resize() does not zero-fill; see HugePageAllocator).
   Tensor t;
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;
@@ -100,11 +101,15 @@ std::vector<float> Tensor::ToF32() const {
 
 Tensor Tensor::ConvertedTo(DType dtype) const {
   if (dtype == dtype_) return *this;
-  if (dtype == DType::kF32) return F32(shape_, ToF32());
-  Require(dtype == DType::kBF16 || dtype == DType::kF16, "ConvertedTo()", dtype);
   Tensor t;
   t.shape_ = shape_;
   t.dtype_ = dtype;
+  if (dtype == DType::kF32) {
+    t.f32_.resize(static_cast<size_t>(size()));
+    for (size_t i = 0; i < t.f32_.size(); ++i) t.f32_[i] = At(static_cast<int64_t>(i));
+    return t;
+  }
+  Require(dtype == DType::kBF16 || dtype == DType::kF16, "ConvertedTo()", dtype);
   t.half_.resize(static_cast<size_t>(size()));
   for (size_t i = 0; i < t.half_.size(); ++i) {
     const float value = At(static_cast<int64_t>(i));

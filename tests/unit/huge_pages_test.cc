@@ -29,6 +29,11 @@ TEST(HugePages, LargeTensorsStartOnAHugePageBoundary) {
   const Tensor half = f32.ConvertedTo(DType::kBF16);
   EXPECT_EQ(Address(half.raw()) % kHugePageBytes, 0u);
   EXPECT_EQ(half.At(static_cast<int64_t>(count) - 1), 1.5f);
+  const Tensor widened = half.ConvertedTo(DType::kF32);
+  EXPECT_EQ(Address(widened.raw()) % kHugePageBytes, 0u);
+  EXPECT_EQ(widened.size(), static_cast<int64_t>(count));
+  EXPECT_EQ(widened.f32()[0], 1.5f);
+  EXPECT_EQ(widened.f32()[count - 1], 1.5f);
 }
 
 TEST(HugePages, LargeTensorsAreOnHugePagesWhereTheKernelAllowsThem) {
