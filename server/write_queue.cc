@@ -1,5 +1,7 @@
 #include "server/write_queue.h"
 
+#include <pthread.h>
+
 namespace switchserve {
 
 WriteQueue::WriteQueue() : thread_([this] { Loop(); }) {}
@@ -25,6 +27,7 @@ void WriteQueue::Post(QueuedWrite* write) {
 }
 
 void WriteQueue::Loop() {
+  pthread_setname_np(pthread_self(), "stream-writes");
   std::vector<QueuedWrite*> batch;
   for (;;) {
     {

@@ -1,5 +1,7 @@
 #include "engine/runtime/generation_engine.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -112,6 +114,7 @@ EngineSnapshot GenerationEngine::Snapshot() const {
 }
 
 void GenerationEngine::Loop() {
+  pthread_setname_np(pthread_self(), "engine");  // as `top -H` and perf show it
   while (TakeInbox()) {
     DropCancelledAndExpired();
     if (!active_.empty()) RunStep();

@@ -1,6 +1,9 @@
 #include "kernels/cpu/worker_pool.h"
 
+#include <pthread.h>
+
 #include <chrono>
+#include <string>
 
 namespace switchserve::cpu {
 namespace {
@@ -83,6 +86,7 @@ void WorkerPool::TakePieces(uint64_t cursor, int slot) {
 }
 
 void WorkerPool::WorkerLoop(int slot) {
+  pthread_setname_np(pthread_self(), ("cpu-worker-" + std::to_string(slot)).substr(0, 15).c_str());
   // Generation 0 has no job: a worker that starts late must still take part
   // in the first one, so it does not read the current generation as seen.
   uint64_t seen = 0;

@@ -4,7 +4,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -109,6 +112,37 @@ TEST(LifecycleTest, IdleConnectionsDoNotDelayTheExit) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_LT(seconds, 1.5);
+}
+
+// The names `top -H`, `ps -T` and perf show for a process's threads.
+std::multiset<std::string> ThreadNames(pid_t pid) {
+  std::multiset<std::string> names;
+  for (const auto& task :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    if (std::getline(comm, name)) names.insert(name);
+  }
+  return names;
+}
+
+// The server's own threads carry names, so that an operator can tell the
+// engine's CPU from the serving path's (bench/serving_overhead.py adds them up).
+TEST(LifecycleTest, ServerThreadsAreNamed) {
+  auto server = ServerProcess::Start({"--threads", "3"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = v1::Generation::NewStub((*server)->Channel());
+  auto context = ContextWithDeadline(30);
+  auto reader = stub->GenerateStream(context.get(), TextRequest("hi", 2));
+  v1::GenerateStreamResponse message;
+  while (reader->Read(&message)) {
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  const std::multiset<std::string> names = ThreadNames((*server)->pid());
+  EXPECT_EQ(names.count("engine"), 1u);
+  EXPECT_EQ(names.count("cpu-worker-1"), 1u);
+  EXPECT_EQ(names.count("cpu-worker-2"), 1u);
+  EXPECT_EQ(names.count("stream-writes"), 1u);
 }
 
 }  // namespace
