@@ -9,18 +9,52 @@ Engine and gRPC runs alternate (--repeats times) so that slow drifts of a
 shared machine's load hit both; the table gives the median of each and the
 median of the per-pair ratios.
 
+A second table says where the CPU goes, per generated token (summed over the
+repeats): the in-process run's whole process; the server's engine threads
+(`engine`, `cpu-worker-N`) and its serving threads (gRPC's, `stream-writes`)
+from /proc/PID/task; and the load generator's client, which shares the
+machine's cores. On a machine whose cores the load fills, throughput is
+about cores / CPU per token, so these shares explain the ratio and are far
+steadier than it on a shared machine.
+
   /usr/bin/python3 bench/serving_overhead.py --model DIR [--concurrency 1,8,32,128]
       [--prompt-len 16] [--new-tokens 32] [--repeats 3] [--device cpu|cuda]
 """
 import argparse
+import collections
 import json
 import os
+import re
 import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compare_pytorch import ROOT, Server, prompt_ids, run_bench  # noqa: E402
+
+CPU = re.compile(r"cpu: ([\d.]+) s user\+system")
+TOKENS = re.compile(r"requests: (\d+) ok")
+ENGINE_THREADS = re.compile(r"^(engine|cpu-worker-\d+)$")
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu(pid):
+    """CPU seconds (user + system) of each of `pid`'s threads, summed by name."""
+    seconds = collections.Counter()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                stat = f.read()
+        except FileNotFoundError:  # the thread ended
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        seconds[name] += (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
+    return seconds
+
+
+def cpu_seconds(out):
+    return float(CPU.search(out).group(1))
 
 
 def main():
@@ -47,13 +81,25 @@ def main():
     engine_target = ["--engine-model", args.model, "--threads", str(args.threads),
                      "--device", args.device]
     results = {c: {"engine": [], "grpc": [], "ratio": []} for c in concurrency}
+    # Per concurrency: CPU seconds and generated tokens, summed over the repeats.
+    cpu = {c: collections.Counter() for c in concurrency}
     load_start = os.getloadavg()[0]
     try:
         for c in concurrency:
             for r in range(args.repeats):
                 print(f"concurrency {c}, repeat {r + 1}", file=sys.stderr, flush=True)
-                eng, _ = run_bench(args, engine_target, prompt, args.new_tokens, c)
-                rpc, _ = run_bench(args, ["--address", server.address], prompt, args.new_tokens, c)
+                eng, eng_out = run_bench(args, engine_target, prompt, args.new_tokens, c)
+                before = thread_cpu(server.proc.pid)
+                rpc, rpc_out = run_bench(args, ["--address", server.address], prompt,
+                                         args.new_tokens, c)
+                after = thread_cpu(server.proc.pid)
+                tokens = int(TOKENS.search(rpc_out).group(1)) * args.new_tokens
+                cpu[c]["in-process"] += cpu_seconds(eng_out)
+                cpu[c]["client"] += cpu_seconds(rpc_out)
+                cpu[c]["tokens"] += tokens
+                for name in after:
+                    group = "engine threads" if ENGINE_THREADS.match(name) else "serving threads"
+                    cpu[c][group] += after[name] - before.get(name, 0)
                 results[c]["engine"].append(eng)
                 results[c]["grpc"].append(rpc)
                 results[c]["ratio"].append(rpc / eng)
@@ -72,6 +118,25 @@ def main():
         res = results[c]
         print(f"| {c} | {statistics.median(res['engine']):.1f} | {statistics.median(res['grpc']):.1f} "
               f"| {statistics.median(res['ratio']):.3f} | {min(res['ratio']):.3f}–{max(res['ratio']):.3f} |")
+    print("\nCPU per generated token (µs, user + system, summed over the repeats). Where the load "
+          "fills the cores, gRPC / engine ≈ in-process ÷ (server + client); without a client on "
+          "the same cores, ≈ in-process ÷ server.\n")
+    print("| concurrency | in-process | server: engine threads | server: serving threads "
+          "| client | serving / engine threads | in-process ÷ (server + client) "
+          "| in-process ÷ server |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    def share(numerator, denominator):  # "–" where a short run used under a clock tick
+        return f"{numerator / denominator:.3f}" if denominator > 0 else "–"
+
+    for c in concurrency:
+        us = collections.Counter({k: v * 1e6 / cpu[c]["tokens"] for k, v in cpu[c].items()
+                                  if k != "tokens"})
+        server = us["engine threads"] + us["serving threads"]
+        print(f"| {c} | {us['in-process']:.1f} | {us['engine threads']:.1f} "
+              f"| {us['serving threads']:.1f} | {us['client']:.1f} "
+              f"| {share(us['serving threads'], us['engine threads'])} "
+              f"| {share(us['in-process'], server + us['client'])} "
+              f"| {share(us['in-process'], server)} |")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ void LatencyStats::Add(const RequestSample& sample) {
   samples_.push_back(sample);
 }
 
-std::string LatencyStats::Report(double wall_s) const {
+std::string LatencyStats::Report(double wall_s, double cpu_s) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<double> ttft, tpot, latency;
   std::map<std::string, int> errors;
@@ -46,6 +46,10 @@ std::string LatencyStats::Report(double wall_s) const {
   line("TTFT", ttft);
   line("TPOT", tpot);
   line("latency", latency);
+  // In-process, this is the engine's CPU; over gRPC or HTTP, the client's.
+  out += absl::StrFormat(
+      "cpu: %.3f s user+system in this process during the load, %.2f us per token\n", cpu_s,
+      tokens > 0 ? cpu_s * 1e6 / static_cast<double>(tokens) : 0.0);
   for (const auto& [code, count] : errors) out += absl::StrFormat("error %s: %d\n", code, count);
   return out;
 }

@@ -23,8 +23,9 @@ struct RequestSample {
 class LatencyStats {
  public:
   void Add(const RequestSample& sample);
-  // A human-readable report for a run that lasted `wall_s` seconds.
-  std::string Report(double wall_s) const;
+  // A human-readable report for a run that lasted `wall_s` seconds, in which
+  // this process used `cpu_s` seconds of CPU (user + system, all threads).
+  std::string Report(double wall_s, double cpu_s) const;
 
  private:
   mutable std::mutex mu_;

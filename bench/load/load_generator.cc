@@ -1,5 +1,7 @@
 #include "bench/load/load_generator.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -17,6 +19,14 @@ using Clock = std::chrono::steady_clock;
 
 double MillisBetween(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double, std::milli>(to - from).count();
+}
+
+// User + system CPU seconds of this process so far, all threads.
+double ProcessCpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  const auto seconds = [](const timeval& t) { return t.tv_sec + t.tv_usec * 1e-6; };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
 }
 
 // Counts finished requests; Wait blocks until `total` have finished.
@@ -86,6 +96,7 @@ LoadResult RunLoad(LoadTransport& transport, const LoadOptions& options) {
   Completion completion;
   const int total = options.requests;
   const Clock::time_point start = Clock::now();
+  const double cpu_start = ProcessCpuSeconds();
   std::atomic<int> launched{0};
   // Closed loop: each finished request starts the next until `total` were
   // sent. (Lives until every request is done: the requests refer to it.)
@@ -111,7 +122,8 @@ LoadResult RunLoad(LoadTransport& transport, const LoadOptions& options) {
   completion.Wait(total);
   LoadResult result;
   result.wall_s = MillisBetween(start, Clock::now()) / 1000.0;
-  result.report = stats.Report(result.wall_s);
+  result.cpu_s = ProcessCpuSeconds() - cpu_start;
+  result.report = stats.Report(result.wall_s, result.cpu_s);
   return result;
 }
 

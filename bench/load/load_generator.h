@@ -44,6 +44,7 @@ struct LoadOptions {
 
 struct LoadResult {
   double wall_s = 0;
+  double cpu_s = 0;    // this process's user + system CPU during the load
   std::string report;  // LatencyStats::Report
 };
 
