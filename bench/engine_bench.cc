@@ -174,7 +174,7 @@ StepWork MeasureWork(const ModelConfig& config, const ModelWeights& weights, con
   const double E = a.n_experts, F = config.ffn.d_ff, X = config.ffn.n_experts;
   const double matrix = MatrixBytes(weights);
   const KvCacheDtype kv_dtype = HeldKvCacheDtype(
-      settings().device, BackendOptions{.kv_cache_dtype = settings().kv_cache_dtype});
+      settings().device, BackendOptions{.kv_cache_dtype = settings().kv_cache_dtype}, weights);
   const double kv_bytes = kv_dtype == KvCacheDtype::kF32 ? 4.0 : 2.0;
   StepWork work;
   // Per layer, always: q, k projections (matrices) and the routers (f32).

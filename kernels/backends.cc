@@ -52,17 +52,26 @@ absl::StatusOr<KvCacheDtype> ParseKvCacheDtype(std::string_view text) {
 
 namespace {
 
-// What kAuto means on `device`: the CUDA backend's cache follows its weights.
-KvCacheDtype OwnKvCacheDtype(DeviceKind device, const BackendOptions& options) {
-  return device == DeviceKind::kCuda && !options.cuda_f32_weights ? KvCacheDtype::kBF16
-                                                                  : KvCacheDtype::kF32;
+// What kAuto means on `device`: the cache follows the weight matrices. The
+// CUDA backend holds them in 16 bits unless asked for f32. The CPU backend
+// computes from them as loaded, and the key projection (whose outputs the
+// cache holds) stands for them all: bf16 matrices get a bf16 cache, while f16
+// ones, which widen to f32 exactly and so compute the f32 model, keep f32.
+KvCacheDtype OwnKvCacheDtype(DeviceKind device, const BackendOptions& options,
+                             const ModelWeights& weights) {
+  const bool bf16 =
+      device == DeviceKind::kCuda
+          ? !options.cuda_f32_weights
+          : !weights.layers.empty() && weights.layers[0].attn.k.dtype() == DType::kBF16;
+  return bf16 ? KvCacheDtype::kBF16 : KvCacheDtype::kF32;
 }
 
 }  // namespace
 
-KvCacheDtype HeldKvCacheDtype(DeviceKind device, const BackendOptions& options) {
+KvCacheDtype HeldKvCacheDtype(DeviceKind device, const BackendOptions& options,
+                              const ModelWeights& weights) {
   return options.kv_cache_dtype != KvCacheDtype::kAuto ? options.kv_cache_dtype
-                                                       : OwnKvCacheDtype(device, options);
+                                                       : OwnKvCacheDtype(device, options, weights);
 }
 
 std::vector<DeviceKind> BuiltDevices() {
@@ -98,15 +107,15 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(DeviceKind device, const 
     case DeviceKind::kCpu: {
       CpuBackendOptions cpu;
       cpu.num_threads = options.num_threads;
-      cpu.kv_cache_dtype = HeldKvCacheDtype(DeviceKind::kCpu, options) == KvCacheDtype::kBF16
-                               ? DType::kBF16
-                               : DType::kF32;
+      cpu.kv_cache_dtype =
+          HeldKvCacheDtype(DeviceKind::kCpu, options, weights) == KvCacheDtype::kBF16 ? DType::kBF16
+                                                                                      : DType::kF32;
       return CreateCpuBackend(config, weights, dispatch, cpu);
     }
     case DeviceKind::kCuda:
 #if defined(SWITCHSERVE_HAVE_CUDA_BACKEND)
     {
-      const KvCacheDtype held = OwnKvCacheDtype(DeviceKind::kCuda, options);
+      const KvCacheDtype held = OwnKvCacheDtype(DeviceKind::kCuda, options, weights);
       if (options.kv_cache_dtype != KvCacheDtype::kAuto && options.kv_cache_dtype != held) {
         return absl::InvalidArgumentError(
             absl::StrCat("the CUDA backend's KV cache is ", std::string(ToString(held)), " with ",

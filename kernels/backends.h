@@ -24,10 +24,14 @@ std::string_view ToString(DeviceKind device);
 // The inverse of ToString; INVALID_ARGUMENT names the accepted values.
 absl::StatusOr<DeviceKind> ParseDeviceKind(std::string_view text);
 
-// Element type of the KV cache (--kv-cache-dtype). kAuto: the backend's
-// own, f32 on the CPU and on the CUDA backend its weights' width (bf16 with
-// 16-bit weights, f32 with cuda_f32_weights). kBF16 on the CPU halves the
-// bytes a token's keys and values take and the bytes attention reads.
+// Element type of the KV cache (--kv-cache-dtype). kAuto: what the weight
+// matrices the backend computes with imply, as a model's dtype decides the
+// cache's in vLLM and TGI. The CUDA backend: bf16 with its 16-bit matrices,
+// f32 with cuda_f32_weights. The CPU backend: bf16 with bf16 matrices (a
+// bf16 model, or --weights-dtype bf16); f32 with f32 or f16 ones (f16 widens
+// to f32 exactly, so such a model computes the f32 math, and keeps it).
+// kBF16 halves the bytes a token's keys and values take and the bytes
+// attention reads.
 enum class KvCacheDtype { kAuto, kF32, kBF16 };
 
 // "auto", "f32", "bf16".
@@ -47,9 +51,10 @@ struct BackendOptions {
 };
 
 // The KV cache element type a `device` backend (kCpu or kCuda) holds under
-// `options`: kAuto resolved (see KvCacheDtype). CreateBackend refuses a
-// CUDA backend asked for another type than its weights imply.
-KvCacheDtype HeldKvCacheDtype(DeviceKind device, const BackendOptions& options);
+// `options` for `weights`: kAuto resolved (see KvCacheDtype). CreateBackend
+// refuses a CUDA backend asked for another type than its weights imply.
+KvCacheDtype HeldKvCacheDtype(DeviceKind device, const BackendOptions& options,
+                              const ModelWeights& weights);
 
 // The devices this build has a backend for, most preferred first. Never
 // contains kAuto; always contains kCpu.

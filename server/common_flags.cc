@@ -13,8 +13,9 @@ ABSL_FLAG(std::string, weights_dtype, "auto",
           "auto (as model.safetensors stores them) | f32 | bf16 | f16: the dtype the weight "
           "matrices are held and computed from");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
-          "auto (CPU: f32; CUDA: bf16, or f32 with f32 weights) | f32 | bf16: the element type "
-          "of the KV cache (bf16 halves its bytes per token on the CPU)");
+          "auto (as the weights imply; CPU: bf16 with bf16 weight matrices, f32 with f32 or f16 "
+          "ones; CUDA: bf16, or f32 with f32 weights) | f32 | bf16: the element type of the KV "
+          "cache (bf16 halves its bytes per token)");
 ABSL_FLAG(bool, allow_non_finite_weights, false,
           "Load weights holding NaN or infinity (with a warning) instead of refusing the model");
 

@@ -491,6 +491,18 @@ def test_model_info_reports_the_kv_cache_type_the_backend_holds():
         server.close()
 
 
+def test_kv_cache_follows_bf16_weights_by_default():
+    # auto follows the weight matrices: the f16 golden model keeps an f32
+    # cache (asserted with the metrics above); held in bf16, a bf16 cache.
+    server = Server("--weights-dtype", "bf16", metrics=True)
+    try:
+        info = re.search(r"switchserve_model_info\{.*\}", server.scrape_metrics()).group(0)
+        assert 'kv_cache_dtype="bf16"' in info
+        assert "bytes per token, bf16; --kv-cache-dtype auto)" in server.log()
+    finally:
+        server.close()
+
+
 def test_keep_alive_connections_close_after_the_maximum_age():
     def peers(max_age):
         server = Server("--max-connection-age-s", max_age)

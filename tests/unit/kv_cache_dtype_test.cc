@@ -33,13 +33,37 @@ TEST(KvCacheDtypeTest, NamesRoundTripAndOthersAreRefused) {
   }
 }
 
-TEST(KvCacheDtypeTest, AutoResolvesToEachBackendsOwn) {
-  EXPECT_EQ(HeldKvCacheDtype(DeviceKind::kCpu, {}), KvCacheDtype::kF32);
-  EXPECT_EQ(HeldKvCacheDtype(DeviceKind::kCuda, {}), KvCacheDtype::kBF16);
-  EXPECT_EQ(HeldKvCacheDtype(DeviceKind::kCuda, {.cuda_f32_weights = true}), KvCacheDtype::kF32);
-  EXPECT_EQ(HeldKvCacheDtype(DeviceKind::kCpu, {.kv_cache_dtype = KvCacheDtype::kBF16}),
+// Weights of the tiny SwitchAll shape whose matrices are held as `dtype`
+// (routers and norms stay f32, as the loader keeps them).
+ModelWeights TinyWeightsHeldAs(DType dtype) {
+  ModelWeights weights = testing::RandomWeights(testing::TinySwitchAllConfig(), 1);
+  for (LayerWeights& layer : weights.layers) {
+    for (Tensor* t : {&layer.attn.q, &layer.attn.k, &layer.attn.v, &layer.attn.o}) {
+      *t = t->ConvertedTo(dtype);
+    }
+  }
+  return weights;
+}
+
+TEST(KvCacheDtypeTest, AutoFollowsTheWidthOfTheWeightMatrices) {
+  const ModelWeights f32 = TinyWeightsHeldAs(DType::kF32);
+  const ModelWeights bf16 = TinyWeightsHeldAs(DType::kBF16);
+  const ModelWeights f16 = TinyWeightsHeldAs(DType::kF16);
+  // The CPU backend computes from the matrices as loaded; f16 ones widen to
+  // f32 exactly and keep the f32 cache.
+  EXPECT_EQ(HeldKvCacheDtype(DeviceKind::kCpu, {}, f32), KvCacheDtype::kF32);
+  EXPECT_EQ(HeldKvCacheDtype(DeviceKind::kCpu, {}, bf16), KvCacheDtype::kBF16);
+  EXPECT_EQ(HeldKvCacheDtype(DeviceKind::kCpu, {}, f16), KvCacheDtype::kF32);
+  // The CUDA backend holds them in 16 bits unless asked for f32.
+  EXPECT_EQ(HeldKvCacheDtype(DeviceKind::kCuda, {}, f32), KvCacheDtype::kBF16);
+  EXPECT_EQ(HeldKvCacheDtype(DeviceKind::kCuda, {.cuda_f32_weights = true}, bf16),
+            KvCacheDtype::kF32);
+  // A type asked for by name is what is held.
+  EXPECT_EQ(HeldKvCacheDtype(DeviceKind::kCpu, {.kv_cache_dtype = KvCacheDtype::kBF16}, f32),
             KvCacheDtype::kBF16);
-  EXPECT_EQ(HeldKvCacheDtype(DeviceKind::kCuda, {.kv_cache_dtype = KvCacheDtype::kF32}),
+  EXPECT_EQ(HeldKvCacheDtype(DeviceKind::kCpu, {.kv_cache_dtype = KvCacheDtype::kF32}, bf16),
+            KvCacheDtype::kF32);
+  EXPECT_EQ(HeldKvCacheDtype(DeviceKind::kCuda, {.kv_cache_dtype = KvCacheDtype::kF32}, bf16),
             KvCacheDtype::kF32);
 }
 
@@ -54,7 +78,7 @@ TEST(KvCacheDtypeTest, Bf16HalvesTheCpuCachesBytesPerToken) {
   };
   const int64_t f32 = bytes(KvCacheDtype::kF32);
   EXPECT_GT(f32, 0);
-  EXPECT_EQ(bytes(KvCacheDtype::kAuto), f32);
+  EXPECT_EQ(bytes(KvCacheDtype::kAuto), f32);  // f32 matrices
   EXPECT_EQ(bytes(KvCacheDtype::kBF16) * 2, f32);
 }
 
@@ -62,15 +86,18 @@ TEST(KvCacheDtypeTest, Bf16HalvesTheCpuCachesBytesPerToken) {
 // what the backend holds: kAuto resolved.
 TEST(KvCacheDtypeTest, CpuBackendReportsTheTypeItHolds) {
   const ModelConfig config = testing::TinySwitchAllConfig();
-  const ModelWeights weights = testing::RandomWeights(config, 1);
-  for (const auto& [asked, held] :
-       {std::pair{KvCacheDtype::kAuto, DType::kF32}, std::pair{KvCacheDtype::kF32, DType::kF32},
-        std::pair{KvCacheDtype::kBF16, DType::kBF16}}) {
-    SCOPED_TRACE(ToString(asked));
-    auto backend = CreateBackend(DeviceKind::kCpu, config, weights, config.dispatch,
-                                 BackendOptions{.kv_cache_dtype = asked});
-    ASSERT_TRUE(backend.ok()) << backend.status();
-    EXPECT_EQ((*backend)->kv_cache_dtype(), held);
+  for (DType matrices : {DType::kF32, DType::kBF16}) {
+    const ModelWeights weights = TinyWeightsHeldAs(matrices);
+    for (const auto& [asked, held] :
+         {std::pair{KvCacheDtype::kAuto, matrices}, std::pair{KvCacheDtype::kF32, DType::kF32},
+          std::pair{KvCacheDtype::kBF16, DType::kBF16}}) {
+      SCOPED_TRACE(std::string(ToString(matrices)) + " matrices, asked " +
+                   std::string(ToString(asked)));
+      auto backend = CreateBackend(DeviceKind::kCpu, config, weights, config.dispatch,
+                                   BackendOptions{.kv_cache_dtype = asked});
+      ASSERT_TRUE(backend.ok()) << backend.status();
+      EXPECT_EQ((*backend)->kv_cache_dtype(), held);
+    }
   }
 }
 
