@@ -481,24 +481,19 @@ def test_http_requests_in_the_metrics():
         server.close()
 
 
-def test_model_info_reports_the_kv_cache_type_the_backend_holds():
-    server = Server("--kv-cache-dtype", "bf16", metrics=True)
-    try:
-        info = re.search(r"switchserve_model_info\{.*\}", server.scrape_metrics()).group(0)
-        assert 'kv_cache_dtype="bf16"' in info
-        assert "bytes per token, bf16; --kv-cache-dtype bf16)" in server.log()
-    finally:
-        server.close()
-
-
-def test_kv_cache_follows_bf16_weights_by_default():
+@pytest.mark.parametrize("args, held", [
+    (["--kv-cache-dtype", "bf16"], "bf16"),
     # auto follows the weight matrices: the f16 golden model keeps an f32
     # cache (asserted with the metrics above); held in bf16, a bf16 cache.
-    server = Server("--weights-dtype", "bf16", metrics=True)
+    (["--weights-dtype", "bf16"], "bf16"),
+])
+def test_model_info_reports_the_kv_cache_type_the_backend_holds(args, held):
+    server = Server(*args, metrics=True)
     try:
         info = re.search(r"switchserve_model_info\{.*\}", server.scrape_metrics()).group(0)
-        assert 'kv_cache_dtype="bf16"' in info
-        assert "bytes per token, bf16; --kv-cache-dtype auto)" in server.log()
+        assert f'kv_cache_dtype="{held}"' in info
+        asked = args[1] if args[0] == "--kv-cache-dtype" else "auto"
+        assert f"bytes per token, {held}; --kv-cache-dtype {asked})" in server.log()
     finally:
         server.close()
 
