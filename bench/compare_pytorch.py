@@ -94,8 +94,11 @@ OKS = re.compile(r"requests: (\d+) ok, (\d+) failed")
 
 def run_bench(args, target, prompt, new_tokens, concurrency):
     requests = max(args.min_requests, args.waves * concurrency)
+    # One wave of warm-up requests first, left out of the figures (the
+    # reference's generate() is warmed up too).
     cmd = [args.bench, *target, "--mode", "closed", "--concurrency", str(concurrency),
-           "--requests", str(requests), "--prompt-ids", ",".join(map(str, prompt)),
+           "--requests", str(requests), "--warmup-requests", str(concurrency),
+           "--prompt-ids", ",".join(map(str, prompt)),
            "--max-new-tokens", str(new_tokens), "--temperature", "0", "--ignore-eos"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     ok, failed = map(int, OKS.search(out).groups())
@@ -176,7 +179,7 @@ def compare(args, model_dir, prompt_len, new_tokens, label):
     print(f"device {args.device}, reference on {args.ref_device}{compiled}; "
           f"prompt {prompt_len} tokens, {new_tokens} new tokens, greedy, ignore_eos, "
           f"threads {args.threads}; closed loop, max({args.min_requests}, {args.waves} x "
-          f"concurrency) requests per switchserve run\n")
+          f"concurrency) requests per switchserve run after one wave of warm-up\n")
     refs = args.ref_dtypes
     print("| concurrency / batch | " + " | ".join(f"reference {d} tokens/s" for d in refs)
           + " | engine tokens/s | gRPC tokens/s | "

@@ -109,7 +109,8 @@ def main():
           f"{os.cpu_count()} cores, threads {args.threads}, load average {load_start:.1f} -> "
           f"{os.getloadavg()[0]:.1f})")
     print(f"prompt {args.prompt_len} tokens, {args.new_tokens} new tokens, greedy, ignore_eos; "
-          f"closed loop, max({args.min_requests}, {args.waves} x concurrency) requests per run; "
+          f"closed loop, max({args.min_requests}, {args.waves} x concurrency) requests per run "
+          f"after one wave of warm-up; "
           f"median of {args.repeats} alternating engine/gRPC pairs\n")
     print("| concurrency | engine tokens/s | gRPC tokens/s | gRPC / engine (median of pairs) "
           "| range of pair ratios |")

@@ -40,6 +40,11 @@ struct LoadOptions {
   double rate_per_s = 10;  // open loop: mean arrivals per second
   int requests = 200;      // in total
   uint64_t seed = 1;       // arrival process; request i gets seed + i
+  // Sent first, closed loop at min(concurrency, warmup_requests) in flight,
+  // and neither timed nor counted: a transport's first requests also pay for
+  // connecting and starting its threads (gRPC's first request at one client
+  // cost about twice the CPU of later ones).
+  int warmup_requests = 0;
 };
 
 struct LoadResult {
@@ -48,7 +53,8 @@ struct LoadResult {
   std::string report;  // LatencyStats::Report
 };
 
-// Sends options.requests requests through `transport` and waits for all.
+// Sends options.warmup_requests, then options.requests requests through
+// `transport` and waits for all; only the latter are timed.
 LoadResult RunLoad(LoadTransport& transport, const LoadOptions& options);
 
 }  // namespace switchserve::bench

@@ -50,6 +50,9 @@ ABSL_FLAG(std::string, mode, "closed", "closed (fixed concurrency) | open (Poiss
 ABSL_FLAG(int, concurrency, 8, "closed loop: requests in flight");
 ABSL_FLAG(double, rate, 10, "open loop: mean requests per second");
 ABSL_FLAG(int, requests, 200, "requests to send in total");
+ABSL_FLAG(int, warmup_requests, 0,
+          "requests sent first (closed loop) and left out of every figure: the connection "
+          "and the threads are up before the timed load");
 ABSL_FLAG(std::string, prompt, "The mixture of experts", "prompt text of every request");
 ABSL_FLAG(std::string, prompt_ids, "",
           "comma-separated prompt token ids of every request (instead of --prompt)");
@@ -179,9 +182,10 @@ int Run() {
   load.rate_per_s = absl::GetFlag(FLAGS_rate);
   load.requests = absl::GetFlag(FLAGS_requests);
   load.seed = absl::GetFlag(FLAGS_seed);
+  load.warmup_requests = absl::GetFlag(FLAGS_warmup_requests);
   if ((mode != "closed" && mode != "open") || load.requests < 1 || load.concurrency < 1 ||
-      load.rate_per_s <= 0) {
-    return Usage("bad --mode/--requests/--concurrency/--rate");
+      load.rate_per_s <= 0 || load.warmup_requests < 0) {
+    return Usage("bad --mode/--requests/--concurrency/--rate/--warmup-requests");
   }
   absl::StatusOr<v1::GenerateRequest> request = RequestFromFlags();
   if (!request.ok()) return Usage(std::string(request.status().message()));
@@ -190,10 +194,12 @@ int Run() {
                                  ? absl::StrCat(request->token_ids().ids_size(), " tokens")
                                  : absl::StrCat(request->text().size(), " bytes");
   std::printf(
-      "switchserve-bench: %s loop, %s, %d requests, prompt %s, %d new tokens\n", mode.c_str(),
+      "switchserve-bench: %s loop, %s, %d requests (after %d warm-up), prompt %s, %d new "
+      "tokens\n",
+      mode.c_str(),
       load.mode == LoadMode::kClosed ? absl::StrCat("concurrency ", load.concurrency).c_str()
                                      : absl::StrCat("rate ", load.rate_per_s, "/s").c_str(),
-      load.requests, prompt.c_str(), absl::GetFlag(FLAGS_max_new_tokens));
+      load.requests, load.warmup_requests, prompt.c_str(), absl::GetFlag(FLAGS_max_new_tokens));
   std::string transport;
   const int rc =
       !absl::GetFlag(FLAGS_engine_model).empty()   ? RunInProcess(*request, load, &transport)

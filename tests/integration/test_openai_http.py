@@ -561,6 +561,26 @@ def test_32_concurrent_streams_half_disconnecting_free_their_blocks():
 
 
 @pytest.mark.bench
+def test_load_generator_sends_warmup_requests_and_leaves_them_out():
+    """--warmup-requests: the server serves them, the report counts only the
+    timed requests."""
+    server = Server()
+    try:
+        result = subprocess.run(
+            [os.environ["SWITCHSERVE_BENCH"], "--http-address", f"127.0.0.1:{server.http_port}",
+             "--requests", "5", "--warmup-requests", "3", "--concurrency", "2",
+             "--max-new-tokens", "4"],
+            capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert "5 requests (after 3 warm-up)" in result.stdout, result.stdout
+        assert "requests: 5 ok, 0 failed" in result.stdout, result.stdout
+        records = [json.loads(l) for l in server.log().splitlines()]
+        assert len([r for r in records if r["msg"] == "request"]) == 8
+    finally:
+        server.close()
+
+
+@pytest.mark.bench
 def test_load_generator_over_http():
     """switchserve-bench --http-address (ctest bench_http_smoke, where the
     benchmarks are built) completes every request, one token per event."""
