@@ -657,7 +657,8 @@ void ChainColumnsScalar(const MatmulArgs& g, int j_begin) {
         if constexpr (WT == DType::kF32) {
           wv = static_cast<const float*>(g.w.data)[p * g.w.ld + j];
         } else {
-          wv = _mm256_cvtss_f32(LoadPartial8<WT>(g.w.data, p * g.w.ld + j, 1));
+          wv = _mm256_cvtss_f32(Widen8<WT>(
+              _mm_cvtsi32_si128(static_cast<const uint16_t*>(g.w.data)[p * g.w.ld + j])));
         }
         acc = FmaScalar(a[p], wv, acc);
       }
