@@ -101,9 +101,9 @@ inline __m256 Load8(const void* base, int64_t index) {
 
 // The first `count` (< 8) elements from `index` on, the other lanes zero;
 // reads no byte past them. Masked loads: a copy through a stack buffer cost
-// a library call and a stalled store-to-load forward per tile, which made
-// the k-tail of a product with k = 28 (the built-in model's FFN down
-// projection) a third of a decode step's matrix time.
+// a library call and a stalled store-to-load forward per tile: with k = 28
+// (the built-in model's FFN down projection) the one-row tiles took about a
+// third of the engine thread's time at one client, mostly in those copies.
 template <DType WT>
 inline __m256 LoadPartial8(const void* base, int64_t index, int count) {
   if constexpr (WT == DType::kF32) {
