@@ -89,44 +89,35 @@ class TimedRequest : public RequestProgress {
   int tokens_ = 0;
 };
 
-// Sends `count` requests (seeds first_seed, first_seed + 1, ...), `concurrency`
-// in flight, each one's successor started when it finishes; does not wait.
-// `launch` must live until every request is done.
-void StartClosedLoop(LoadTransport& transport, uint64_t first_seed, int count, int concurrency,
-                     LatencyStats* stats, Completion* completion, std::atomic<int>* launched,
-                     std::function<void()>* launch) {
-  *launch = [=, &transport] {
-    const int index = launched->fetch_add(1);
-    if (index >= count) return;
-    transport.Start(first_seed + index, new TimedRequest(stats, completion, *launch));
-  };
-  const int initial = std::min(count, concurrency);
-  for (int i = 0; i < initial; ++i) (*launch)();
-}
-
 }  // namespace
 
 LoadResult RunLoad(LoadTransport& transport, const LoadOptions& options) {
-  const int total = options.requests;
   if (options.warmup_requests > 0) {
-    LatencyStats unused;
-    Completion completion;
-    std::atomic<int> launched{0};
-    std::function<void()> launch;
-    // Seeds past the timed requests', so those keep theirs.
-    StartClosedLoop(transport, options.seed + std::max(total, 0), options.warmup_requests,
-                    options.concurrency, &unused, &completion, &launched, &launch);
-    completion.Wait(options.warmup_requests);
+    // A closed-loop load of its own, whose figures are dropped; its seeds
+    // follow the timed requests', so those keep theirs.
+    LoadOptions warmup = options;
+    warmup.mode = LoadMode::kClosed;
+    warmup.requests = options.warmup_requests;
+    warmup.seed = options.seed + options.requests;
+    warmup.warmup_requests = 0;
+    RunLoad(transport, warmup);
   }
   LatencyStats stats;
   Completion completion;
+  const int total = options.requests;
   const Clock::time_point start = Clock::now();
   const double cpu_start = ProcessCpuSeconds();
   std::atomic<int> launched{0};
-  std::function<void()> launch;
+  // Closed loop: each finished request starts the next until `total` were
+  // sent. (Lives until every request is done: the requests refer to it.)
+  std::function<void()> launch = [&] {
+    const int index = launched.fetch_add(1);
+    if (index >= total) return;
+    transport.Start(options.seed + index, new TimedRequest(&stats, &completion, launch));
+  };
   if (options.mode == LoadMode::kClosed) {
-    StartClosedLoop(transport, options.seed, total, options.concurrency, &stats, &completion,
-                    &launched, &launch);
+    const int initial = std::min(total, options.concurrency);
+    for (int i = 0; i < initial; ++i) launch();
   } else {
     std::mt19937_64 generator(options.seed);
     std::exponential_distribution<double> gap_s(options.rate_per_s);
