@@ -15,7 +15,10 @@
 // flags --threads, --max-batch-tokens, --max-running-requests,
 // --kv-cache-bytes, ... apply, with the same defaults): the gRPC figures
 // divided by these are the cost of serving.
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -212,7 +215,32 @@ int Run() {
 }  // namespace
 }  // namespace switchserve::bench
 
+namespace {
+
+// The in-process engine links OpenBLAS, whose threaded build starts a pool of
+// threads as the library loads, before main, and lets them spin on
+// sched_yield for about 0.1 s before they sleep. Nothing here uses them (the
+// CPU backend computes on its own threads), but that spin takes a core from
+// the server under test, or from the in-process engine, at the start of every
+// run: measured, it doubled the load generator's CPU per token in a 64-request,
+// one-client gRPC run. The pool's size is read from OPENBLAS_NUM_THREADS as the
+// library loads, so unless the caller chose one, set it and start the program
+// again in its place.
+void RestartWithoutBlasThreads(char** argv) {
+  if (std::getenv("OPENBLAS_NUM_THREADS") != nullptr) return;
+  // The program's own path, so that the process keeps its name.
+  char path[4096];
+  const ssize_t length = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (length <= 0) return;
+  path[length] = '\0';
+  if (setenv("OPENBLAS_NUM_THREADS", "1", /*overwrite=*/1) != 0) return;
+  execv(path, argv);  // returns only if it failed: go on as we are
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  RestartWithoutBlasThreads(argv);
   absl::SetProgramUsageMessage(
       "switchserve-bench {--address HOST:PORT | --http-address IP:PORT | --engine-model DIR "
       "[--threads N]} "

@@ -39,8 +39,9 @@ class CpuBackend final : public Backend {
         ffn_(config, dispatch, &runner_, &pool_),
         dispatch_(dispatch),
         layout_(config) {
-    // Our kernels share the cores out (the worker pool); OpenBLAS, unused on
-    // the step's path, must not start a second pool of spinning threads.
+    // Our kernels share the cores out (the worker pool). OpenBLAS, unused on
+    // the step's path, runs what it is given on the calling thread, so that
+    // its own pool (started as the library loads) sleeps from then on.
     openblas_set_num_threads(1);
   }
 

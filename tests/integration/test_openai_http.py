@@ -580,6 +580,71 @@ def test_load_generator_sends_warmup_requests_and_leaves_them_out():
         server.close()
 
 
+def thread_names(pid):
+    """{thread id: name} of a running process."""
+    names = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                names[int(tid)] = f.read().strip()
+        except FileNotFoundError:
+            pass  # a thread that ended meanwhile
+    return names
+
+
+def blas_pool_threads_under_load(server, env):
+    """Runs switchserve-bench against `server` under `env` and returns, once
+    its gRPC client is running, how many of its threads carry the main
+    thread's name beside the main thread (OpenBLAS's pool inherits that name;
+    every other thread of the load generator is named), that name, and its
+    environment."""
+    process = subprocess.Popen(
+        [os.environ["SWITCHSERVE_BENCH"], "--address", server.address, "--requests", "100000",
+         "--concurrency", "2", "--max-new-tokens", "4"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while "nexting_thread" not in thread_names(process.pid).values():  # the client runs
+            assert process.poll() is None, process.stderr.read()
+            assert time.monotonic() < deadline, "the load generator's gRPC client did not start"
+            time.sleep(0.005)
+        # A thread just started carries the main thread's name until it names
+        # itself: take the fewest over a few looks.
+        counts = []
+        for _ in range(5):
+            names = thread_names(process.pid)
+            counts.append(sum(name == names[process.pid] for name in names.values()) - 1)
+            time.sleep(0.02)
+        with open(f"/proc/{process.pid}/environ", "rb") as f:
+            environ = f.read().split(b"\0")
+        return min(counts), names[process.pid], environ
+    finally:
+        process.kill()
+        process.wait()
+
+
+@pytest.mark.bench
+def test_load_generator_runs_without_blas_thread_pool():
+    """switchserve-bench starts itself again with OPENBLAS_NUM_THREADS=1
+    unless the caller set it: OpenBLAS's pool would otherwise spin on a core
+    of the machine under test as the program starts."""
+    server = Server()
+    try:
+        env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+        pool, name, environ = blas_pool_threads_under_load(server, env)
+        assert pool == 0
+        assert b"OPENBLAS_NUM_THREADS=1" in environ
+        assert name == "switchserve-ben"  # the program's name, kept by the restart
+        # The caller's choice stands, and then the pool is there to be seen
+        # (OpenBLAS starts at most one thread per core beside the caller's).
+        pool, _, environ = blas_pool_threads_under_load(server,
+                                                        {**env, "OPENBLAS_NUM_THREADS": "2"})
+        assert b"OPENBLAS_NUM_THREADS=2" in environ
+        assert pool == min(os.cpu_count(), 2) - 1
+    finally:
+        server.close()
+
+
 @pytest.mark.bench
 def test_load_generator_over_http():
     """switchserve-bench --http-address (ctest bench_http_smoke, where the
