@@ -8,8 +8,10 @@
 #include "absl/flags/usage.h"
 #include "server/commands.h"
 #include "server/flag_spelling.h"
+#include "server/mutex_checks.h"
 
 int main(int argc, char** argv) {
+  switchserve::DisableMutexDeadlockDetection();
   switchserve::NormalizeFlagNames(argc, argv);
   const auto& commands = switchserve::AllCommands();
   if (argc >= 2 && (std::strcmp(argv[1], "help") == 0 || std::strcmp(argv[1], "--help") == 0)) {

@@ -41,6 +41,7 @@
 #include "server/common_flags.h"
 #include "server/engine_setup.h"
 #include "server/flag_spelling.h"
+#include "server/mutex_checks.h"
 #include "server/request_validation.h"
 #include "server/server_flags.h"
 
@@ -241,6 +242,7 @@ void RestartWithoutBlasThreads(char** argv) {
 
 int main(int argc, char** argv) {
   RestartWithoutBlasThreads(argv);
+  switchserve::DisableMutexDeadlockDetection();
   absl::SetProgramUsageMessage(
       "switchserve-bench {--address HOST:PORT | --http-address IP:PORT | --engine-model DIR "
       "[--threads N]} "
