@@ -42,8 +42,7 @@ struct LoadOptions {
   uint64_t seed = 1;       // arrival process; request i gets seed + i
   // Sent first, closed loop at min(concurrency, warmup_requests) in flight,
   // and neither timed nor counted: the first requests also pay for
-  // connecting and starting threads (at one client over gRPC, a first run of
-  // 64 requests cost the client 79 us of CPU per token, the next ones 43-49).
+  // connecting and starting threads.
   int warmup_requests = 0;
 };
 

@@ -19,10 +19,12 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -230,12 +232,10 @@ namespace {
 void RestartWithoutBlasThreads(char** argv) {
   if (std::getenv("OPENBLAS_NUM_THREADS") != nullptr) return;
   // The program's own path, so that the process keeps its name.
-  char path[4096];
-  const ssize_t length = readlink("/proc/self/exe", path, sizeof(path) - 1);
-  if (length <= 0) return;
-  path[length] = '\0';
-  if (setenv("OPENBLAS_NUM_THREADS", "1", /*overwrite=*/1) != 0) return;
-  execv(path, argv);  // returns only if it failed: go on as we are
+  std::error_code error;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (error || setenv("OPENBLAS_NUM_THREADS", "1", /*overwrite=*/1) != 0) return;
+  execv(self.c_str(), argv);  // returns only if it failed: go on as we are
 }
 
 }  // namespace
