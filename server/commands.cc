@@ -56,6 +56,7 @@ const std::vector<Command>& AllCommands() {
         "keepalive_min_client_interval_s",
         "served_model_name",
         "log_format",
+        "serving_threads_nice",
         "debug_step_delay_ms"},
        RunServeCommand},
       {"generate",

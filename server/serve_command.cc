@@ -42,6 +42,7 @@
 #include "server/metrics/serving_metrics.h"
 #include "server/proto_convert.h"
 #include "server/server_flags.h"
+#include "server/thread_priority.h"
 
 namespace switchserve {
 namespace {
@@ -163,6 +164,18 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
                           setup->model->tokenizer.get(), observer.get());
   engine.Start();
   if (absl::Status status = WarmUpEngine(engine, config); !status.ok()) return Fail(status);
+  // The engine's compute threads exist now; every other thread, and those
+  // started from here on (gRPC's server, HTTP), at a higher nice value.
+  std::string serving_nice = "as the engine's";
+  if (options.serving_threads_nice > 0) {
+    if (absl::Status status = LowerServingThreadsPriority(options.serving_threads_nice);
+        status.ok()) {
+      serving_nice = absl::StrCat("nice +", options.serving_threads_nice);
+    } else {
+      switchserve::Log(LogLevel::kWarning,
+                       absl::StrCat("--serving-threads-nice: ", status.ToString()));
+    }
+  }
 
   CallGate gate;
   GenerationServiceOptions service_options;
@@ -233,10 +246,10 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   Log(absl::StrCat("dispatch: ", DescribeDispatch(dispatch)));
   if (const std::string warning = SharedCapacityWarning(dispatch); !warning.empty()) Log(warning);
   Log(absl::StrFormat(
-      "backend %s, threads %s; KV cache %d blocks x %d tokens = %d tokens (%d MiB, %d bytes per "
-      "token, %s; --kv-cache-dtype %s)",
+      "backend %s, threads %s (serving threads %s); KV cache %d blocks x %d tokens = %d tokens "
+      "(%d MiB, %d bytes per token, %s; --kv-cache-dtype %s)",
       std::string(backend->name()), options.threads == 0 ? "all" : std::to_string(options.threads),
-      kv_cache.num_blocks(), kv_cache.block_size(), kv_cache.capacity_tokens(),
+      serving_nice, kv_cache.num_blocks(), kv_cache.block_size(), kv_cache.capacity_tokens(),
       kv_cache.bytes() >> 20, kv_cache.bytes_per_token(), kv_cache_dtype,
       std::string(ToString(options.kv_cache_dtype))));
   Log(

@@ -66,6 +66,10 @@ ABSL_FLAG(double, keepalive_min_client_interval_s, 10,
 ABSL_FLAG(std::string, served_model_name, "",
           "Model name in the HTTP API and metrics; empty: the model's name, else its directory");
 ABSL_FLAG(std::string, log_format, "text", "text | json (one JSON object per line)");
+ABSL_FLAG(int, serving_threads_nice, 10,
+          "Nice value added to the threads other than the engine's compute threads (gRPC, "
+          "HTTP, metrics, stream writes), so that their wake-ups do not preempt a step; "
+          "0 leaves them at the server's own");
 ABSL_FLAG(int, debug_step_delay_ms, 0,
           "Testing aid: sleep this long in every engine step (0: off)");
 
@@ -105,6 +109,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
   o.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   o.debug_step_delay_ms = absl::GetFlag(FLAGS_debug_step_delay_ms);
+  o.serving_threads_nice = absl::GetFlag(FLAGS_serving_threads_nice);
   o.connections.max_connection_age_s = absl::GetFlag(FLAGS_max_connection_age_s);
   o.connections.max_connection_age_grace_s = absl::GetFlag(FLAGS_max_connection_age_grace_s);
   o.connections.keepalive_time_s = absl::GetFlag(FLAGS_keepalive_time_s);
@@ -166,6 +171,9 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   }
   if (o.max_metadata_bytes < 1024 || o.max_metadata_bytes > (int64_t{1} << 20)) {
     return FlagError("max-metadata-bytes", "must be in [1024, 1048576]");
+  }
+  if (o.serving_threads_nice < 0 || o.serving_threads_nice > 19) {
+    return FlagError("serving-threads-nice", "must be in [0, 19]");
   }
   if (o.debug_step_delay_ms < 0 || o.debug_step_delay_ms > 10000) {
     return FlagError("debug-step-delay-ms", "must be in [0, 10000]");

@@ -82,6 +82,9 @@ struct ServerOptions {
   ConnectionOptions connections;
   std::string served_model_name;  // empty: the model's name, else its directory's
   LogFormat log_format = LogFormat::kText;
+  // Added to the nice value of every thread but the engine's compute threads
+  // (server/thread_priority.h); 0: none.
+  int serving_threads_nice = 0;
   // Testing aid: every engine step takes at least this long, so tests can
   // observe requests in flight (drain, cancellation) with tiny models.
   int debug_step_delay_ms = 0;

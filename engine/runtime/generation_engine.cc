@@ -3,9 +3,11 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <future>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "engine/runtime/compute_threads.h"
 #include "engine/runtime/sampler.h"
 #include "engine/text/detokenizer.h"
 
@@ -63,9 +65,21 @@ GenerationEngine::GenerationEngine(const EngineOptions& options, Backend* backen
 GenerationEngine::~GenerationEngine() { Stop(); }
 
 void GenerationEngine::Start() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (thread_.joinable() || stopping_) return;
-  thread_ = std::thread([this] { Loop(); });
+  std::future<void> listed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (thread_.joinable() || stopping_) return;
+    std::promise<void> started;
+    listed = started.get_future();
+    thread_ = std::thread([this, started = std::move(started)]() mutable {
+      const ComputeThreadScope compute;
+      started.set_value();
+      Loop();
+    });
+  }
+  // The thread is a compute thread by the time Start returns
+  // (server/thread_priority.h relies on it).
+  listed.wait();
 }
 
 absl::StatusOr<RequestId> GenerationEngine::Submit(GenerationRequest request) {

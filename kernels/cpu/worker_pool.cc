@@ -3,7 +3,10 @@
 #include <pthread.h>
 
 #include <chrono>
+#include <future>
 #include <string>
+
+#include "engine/runtime/compute_threads.h"
 
 namespace switchserve::cpu {
 namespace {
@@ -25,9 +28,19 @@ constexpr uint32_t Index(uint64_t cursor) { return static_cast<uint32_t>(cursor)
 }  // namespace
 
 WorkerPool::WorkerPool(int threads) {
+  std::vector<std::future<void>> listed;
   for (int slot = 1; slot < threads; ++slot) {
-    workers_.emplace_back([this, slot] { WorkerLoop(slot); });
+    std::promise<void> started;
+    listed.push_back(started.get_future());
+    workers_.emplace_back([this, slot, started = std::move(started)]() mutable {
+      const ComputeThreadScope compute;
+      started.set_value();
+      WorkerLoop(slot);
+    });
   }
+  // Every worker is a compute thread by the time the pool exists
+  // (engine/runtime/compute_threads.h).
+  for (std::future<void>& f : listed) f.wait();
 }
 
 WorkerPool::~WorkerPool() {

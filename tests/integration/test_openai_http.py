@@ -5,6 +5,7 @@ compared with the gRPC API (the same engine must give the same tokens).
 Runs on build/venv (scripts/install-test-tools.sh: Debian's python3 with
 grpcio, plus the pinned `openai` client)."""
 
+import collections
 import concurrent.futures
 import json
 import os
@@ -590,6 +591,53 @@ def thread_names(pid):
         except FileNotFoundError:
             pass  # a thread that ended meanwhile
     return names
+
+
+def thread_nice_values(pid):
+    """{thread name: set of nice values} of a running process."""
+    values = collections.defaultdict(set)
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                stat = f.read()
+        except FileNotFoundError:
+            continue  # a thread that ended meanwhile
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        values[name].add(int(fields[16]))  # field 19 of proc(5): nice
+    return values
+
+
+def compute_thread(name):
+    return name == "engine" or name.startswith("cpu-worker-")
+
+
+def test_serving_threads_run_below_the_engines_priority():
+    """Every thread but the engine's compute threads (the engine thread and
+    the CPU workers; not gRPC's, HTTP's, the stream writes' or the main
+    thread) runs at --serving-threads-nice (10 by default) above the engine's
+    nice value; 0 leaves them all alike."""
+    server = Server("--threads", "2", "--metrics-port", str(free_port()))
+    try:
+        server.client().completions.create(model=MODEL, prompt="In the beginning", max_tokens=4)
+        grpc_generate(server, "In the beginning", max_new_tokens=4)
+        values = thread_nice_values(server.process.pid)
+    finally:
+        server.close()
+    (engine,) = values["engine"]
+    assert values["cpu-worker-1"] == {engine}
+    assert {"stream-writes", "nexting_thread"} <= values.keys()
+    for name, nices in values.items():
+        expected = engine if compute_thread(name) else min(19, engine + 10)
+        assert nices == {expected}, (name, nices, engine)
+
+    plain = Server("--threads", "2", "--serving-threads-nice", "0")
+    try:
+        plain.client().completions.create(model=MODEL, prompt="In the beginning", max_tokens=4)
+        values = thread_nice_values(plain.process.pid)
+    finally:
+        plain.close()
+    assert set().union(*values.values()) == values["engine"], values
 
 
 def blas_pool_threads_under_load(server, env):

@@ -14,6 +14,7 @@
 ABSL_DECLARE_FLAG(double, drain_timeout_s);
 ABSL_DECLARE_FLAG(std::optional<double>, capacity_factor);
 ABSL_DECLARE_FLAG(int64_t, max_metadata_bytes);
+ABSL_DECLARE_FLAG(int, serving_threads_nice);
 
 namespace switchserve {
 namespace {
@@ -57,6 +58,25 @@ TEST(ServerFlagsTest, CapacityFactorMustBeFinite) {
     EXPECT_NE(options.status().message().find("--capacity-factor"), std::string::npos);
   }
   absl::SetFlag(&FLAGS_capacity_factor, std::nullopt);
+}
+
+TEST(ServerFlagsTest, ServingThreadsNiceIsZeroToNineteenTenByDefault) {
+  auto options = ServerOptionsFromFlags();
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->serving_threads_nice, 10);
+  for (int nice : {0, 19}) {
+    absl::SetFlag(&FLAGS_serving_threads_nice, nice);
+    options = ServerOptionsFromFlags();
+    ASSERT_TRUE(options.ok()) << options.status();
+    EXPECT_EQ(options->serving_threads_nice, nice);
+  }
+  for (int bad : {-1, 20}) {
+    absl::SetFlag(&FLAGS_serving_threads_nice, bad);
+    options = ServerOptionsFromFlags();
+    EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(options.status().message().find("--serving-threads-nice"), std::string::npos);
+  }
+  absl::SetFlag(&FLAGS_serving_threads_nice, 10);
 }
 
 TEST(ServerFlagsTest, MetadataLimitIsBoundedAndBelowTheTransportLimit) {

@@ -3,7 +3,8 @@
 # request and response mapping), label `unit`. Included from
 # tests/CMakeLists.txt.
 foreach(test_name request_validation_test wire_format_test server_flags_test access_log_test
-                  openai_protocol_test dispatch_flags_test call_gate_test mutex_checks_test)
+                  openai_protocol_test dispatch_flags_test call_gate_test mutex_checks_test
+                  thread_priority_test)
   add_executable(${test_name} ${CMAKE_CURRENT_LIST_DIR}/${test_name}.cc)
   target_link_libraries(${test_name} PRIVATE switchserve_http GTest::gtest_main
                                              switchserve_warnings)
