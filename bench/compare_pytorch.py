@@ -110,11 +110,11 @@ def run_bench(args, target, prompt, new_tokens, concurrency):
 class Server:
     """`switchserve serve --port 0` on loopback; the port comes from its log."""
 
-    def __init__(self, binary, model_dir, threads, device):
+    def __init__(self, binary, model_dir, threads, device, extra_args=()):
         self.log = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(
             [binary, "serve", "--model", model_dir, "--host", "127.0.0.1", "--port", "0",
-             "--metrics-port", "0", "--threads", str(threads), "--device", device],
+             "--metrics-port", "0", "--threads", str(threads), "--device", device, *extra_args],
             stdout=subprocess.DEVNULL, stderr=self.log, text=True)
         deadline = time.time() + 600
         while time.time() < deadline:

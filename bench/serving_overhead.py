@@ -19,6 +19,7 @@ steadier than it on a shared machine.
 
   /usr/bin/python3 bench/serving_overhead.py --model DIR [--concurrency 1,8,32,128]
       [--prompt-len 16] [--new-tokens 32] [--repeats 3] [--device cpu|cuda]
+      [--serving-threads-nice N]   (the server's flag; default: the server's default)
 """
 import argparse
 import collections
@@ -70,14 +71,18 @@ def main():
     ap.add_argument("--min-requests", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--serving-threads-nice", type=int,
+                    help="the server's --serving-threads-nice (default: the server's default)")
     args = ap.parse_args()
     args.bench = os.path.join(args.build_dir, "bench", "switchserve-bench")
     concurrency = [int(c) for c in args.concurrency.split(",")]
     with open(os.path.join(args.model, "config.json")) as f:
         cfg = json.load(f)
     prompt = prompt_ids(cfg, args.prompt_len)
+    server_args = ([] if args.serving_threads_nice is None
+                   else ["--serving-threads-nice", str(args.serving_threads_nice)])
     server = Server(os.path.join(args.build_dir, "server", "switchserve"), args.model, args.threads,
-                    args.device)
+                    args.device, server_args)
     engine_target = ["--engine-model", args.model, "--threads", str(args.threads),
                      "--device", args.device]
     results = {c: {"engine": [], "grpc": [], "ratio": []} for c in concurrency}
@@ -106,7 +111,9 @@ def main():
     finally:
         server.close()
     print(f"# serving overhead: {args.model} ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-          f"{os.cpu_count()} cores, threads {args.threads}, load average {load_start:.1f} -> "
+          f"{os.cpu_count()} cores, threads {args.threads}"
+          f"{'' if args.serving_threads_nice is None else f', serving threads nice +{args.serving_threads_nice}'}"
+          f", load average {load_start:.1f} -> "
           f"{os.getloadavg()[0]:.1f})")
     print(f"prompt {args.prompt_len} tokens, {args.new_tokens} new tokens, greedy, ignore_eos; "
           f"closed loop, max({args.min_requests}, {args.waves} x concurrency) requests per run "
