@@ -36,12 +36,11 @@ absl::Status LowerServingThreadsPriority(int increment) {
       // On Linux, PRIO_PROCESS with a thread id sets that thread's nice value.
       errno = 0;
       const int nice = getpriority(PRIO_PROCESS, static_cast<id_t>(tid));
-      if (errno == ESRCH) continue;  // the thread has ended
       if (errno == 0 &&
           setpriority(PRIO_PROCESS, static_cast<id_t>(tid), std::min(19, nice + increment)) == 0) {
         continue;
       }
-      if (errno == ESRCH) continue;
+      if (errno == ESRCH) continue;  // the thread has ended
       return absl::ErrnoToStatus(errno, absl::StrCat("setting the nice value of thread ", tid));
     }
     if (error) {

@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <future>
 #include <mutex>
+#include <utility>
 
 namespace switchserve {
 namespace {
@@ -29,6 +31,18 @@ ComputeThreadScope::~ComputeThreadScope() {
   std::lock_guard<std::mutex> lock(Mutex());
   std::vector<pid_t>& ids = Ids();
   ids.erase(std::find(ids.begin(), ids.end(), tid_));
+}
+
+std::thread StartComputeThread(std::function<void()> body) {
+  std::promise<void> listed;
+  std::future<void> started = listed.get_future();
+  std::thread thread([body = std::move(body), listed = std::move(listed)]() mutable {
+    const ComputeThreadScope compute;
+    listed.set_value();
+    body();
+  });
+  started.wait();
+  return thread;
 }
 
 std::vector<pid_t> ComputeThreadIds() {

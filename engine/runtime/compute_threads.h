@@ -6,6 +6,8 @@
 
 #include <sys/types.h>
 
+#include <functional>
+#include <thread>
 #include <vector>
 
 namespace switchserve {
@@ -22,6 +24,10 @@ class ComputeThreadScope {
  private:
   pid_t tid_;
 };
+
+// Starts a thread that runs `body` as a compute thread; returns once the
+// thread is listed (server/thread_priority.h relies on that).
+std::thread StartComputeThread(std::function<void()> body);
 
 // The kernel thread ids of the compute threads running now.
 std::vector<pid_t> ComputeThreadIds();

@@ -3,7 +3,6 @@
 #include <pthread.h>
 
 #include <algorithm>
-#include <future>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -65,21 +64,9 @@ GenerationEngine::GenerationEngine(const EngineOptions& options, Backend* backen
 GenerationEngine::~GenerationEngine() { Stop(); }
 
 void GenerationEngine::Start() {
-  std::future<void> listed;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (thread_.joinable() || stopping_) return;
-    std::promise<void> started;
-    listed = started.get_future();
-    thread_ = std::thread([this, started = std::move(started)]() mutable {
-      const ComputeThreadScope compute;
-      started.set_value();
-      Loop();
-    });
-  }
-  // The thread is a compute thread by the time Start returns
-  // (server/thread_priority.h relies on it).
-  listed.wait();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (thread_.joinable() || stopping_) return;
+  thread_ = StartComputeThread([this] { Loop(); });
 }
 
 absl::StatusOr<RequestId> GenerationEngine::Submit(GenerationRequest request) {

@@ -3,7 +3,6 @@
 #include <pthread.h>
 
 #include <chrono>
-#include <future>
 #include <string>
 
 #include "engine/runtime/compute_threads.h"
@@ -28,19 +27,11 @@ constexpr uint32_t Index(uint64_t cursor) { return static_cast<uint32_t>(cursor)
 }  // namespace
 
 WorkerPool::WorkerPool(int threads) {
-  std::vector<std::future<void>> listed;
+  // Compute threads (engine/runtime/compute_threads.h), listed by the time
+  // the pool exists.
   for (int slot = 1; slot < threads; ++slot) {
-    std::promise<void> started;
-    listed.push_back(started.get_future());
-    workers_.emplace_back([this, slot, started = std::move(started)]() mutable {
-      const ComputeThreadScope compute;
-      started.set_value();
-      WorkerLoop(slot);
-    });
+    workers_.push_back(StartComputeThread([this, slot] { WorkerLoop(slot); }));
   }
-  // Every worker is a compute thread by the time the pool exists
-  // (engine/runtime/compute_threads.h).
-  for (std::future<void>& f : listed) f.wait();
 }
 
 WorkerPool::~WorkerPool() {

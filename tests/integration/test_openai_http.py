@@ -581,21 +581,9 @@ def test_load_generator_sends_warmup_requests_and_leaves_them_out():
         server.close()
 
 
-def thread_names(pid):
-    """{thread id: name} of a running process."""
-    names = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                names[int(tid)] = f.read().strip()
-        except FileNotFoundError:
-            pass  # a thread that ended meanwhile
-    return names
-
-
-def thread_nice_values(pid):
-    """{thread name: set of nice values} of a running process."""
-    values = collections.defaultdict(set)
+def thread_stats(pid):
+    """(thread id, name, the fields of proc(5)'s stat after the name) of
+    each thread of a running process."""
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{tid}/stat") as f:
@@ -603,7 +591,18 @@ def thread_nice_values(pid):
         except FileNotFoundError:
             continue  # a thread that ended meanwhile
         name = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
+        yield int(tid), name, stat[stat.rindex(")") + 2:].split()
+
+
+def thread_names(pid):
+    """{thread id: name} of a running process."""
+    return {tid: name for tid, name, _ in thread_stats(pid)}
+
+
+def thread_nice_values(pid):
+    """{thread name: set of nice values} of a running process."""
+    values = collections.defaultdict(set)
+    for _, name, fields in thread_stats(pid):
         values[name].add(int(fields[16]))  # field 19 of proc(5): nice
     return values
 
