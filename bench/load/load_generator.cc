@@ -100,11 +100,13 @@ LoadResult RunLoad(LoadTransport& transport, const LoadOptions& options) {
     warmup.requests = options.warmup_requests;
     warmup.seed = options.seed + options.requests;
     warmup.warmup_requests = 0;
+    warmup.on_timed_start = nullptr;
     RunLoad(transport, warmup);
   }
   LatencyStats stats;
   Completion completion;
   const int total = options.requests;
+  if (options.on_timed_start) options.on_timed_start();
   const Clock::time_point start = Clock::now();
   const double cpu_start = ProcessCpuSeconds();
   std::atomic<int> launched{0};

@@ -8,6 +8,7 @@
 #define SWITCHSERVE_BENCH_LOAD_LOAD_GENERATOR_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "bench/load/latency_stats.h"
@@ -44,6 +45,9 @@ struct LoadOptions {
   // and neither timed nor counted: the first requests also pay for
   // connecting and starting threads.
   int warmup_requests = 0;
+  // Called once the warm-up is over, as the timed requests start (may be
+  // empty): an in-process caller reads its engine's counters there.
+  std::function<void()> on_timed_start;
 };
 
 struct LoadResult {

@@ -17,6 +17,8 @@
 // divided by these are the cost of serving.
 #include <unistd.h>
 
+#include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -38,6 +40,7 @@
 #include "bench/load/grpc_transport.h"
 #include "bench/load/http_transport.h"
 #include "bench/load/load_generator.h"
+#include "engine/runtime/generation_engine.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "server/common_flags.h"
@@ -147,7 +150,23 @@ int RunOverHttp(const v1::GenerateRequest& request, const LoadOptions& load,
   return std::printf("%s", RunLoad(transport, load).report.c_str()) < 0;
 }
 
-int RunInProcess(const v1::GenerateRequest& request, const LoadOptions& load,
+// Counts the engine's steps and the sequences they computed. The counters
+// are atomics: the engine thread adds, the load's thread reads.
+class StepCounter : public EngineObserver {
+ public:
+  void OnStep(const StepReport& report) override {
+    steps_.fetch_add(1, std::memory_order_relaxed);
+    sequences_.fetch_add(report.num_sequences, std::memory_order_relaxed);
+  }
+  int64_t steps() const { return steps_.load(std::memory_order_relaxed); }
+  int64_t sequences() const { return sequences_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<int64_t> steps_{0};
+  std::atomic<int64_t> sequences_{0};
+};
+
+int RunInProcess(const v1::GenerateRequest& request, LoadOptions load,
                  std::string* transport_name) {
   absl::StatusOr<ServerOptions> options = ServerOptionsFromFlags();
   if (!options.ok()) return Usage(std::string(options.status().message()));
@@ -165,8 +184,9 @@ int RunInProcess(const v1::GenerateRequest& request, const LoadOptions& load,
       ValidateGenerateRequest(request, *setup->model->tokenizer, limits);
   if (!validated.ok()) return Usage(validated.status().ToString());
 
+  StepCounter counter;
   GenerationEngine engine(setup->engine_options, setup->backend.get(), setup->kv_cache.get(),
-                          setup->model->tokenizer.get(), /*observer=*/nullptr);
+                          setup->model->tokenizer.get(), &counter);
   engine.Start();
   if (absl::Status status = WarmUpEngine(engine, config); !status.ok()) {
     return Usage(status.ToString());
@@ -175,9 +195,22 @@ int RunInProcess(const v1::GenerateRequest& request, const LoadOptions& load,
   *transport_name =
       absl::StrFormat("engine in-process (%s, threads %s)", options->model_dir,
                       options->threads == 0 ? "all" : std::to_string(options->threads));
+  // The engine is idle when the warm-up ends: every warm-up request is done.
+  int64_t steps_before = 0, sequences_before = 0;
+  load.on_timed_start = [&] {
+    steps_before = counter.steps();
+    sequences_before = counter.sequences();
+  };
   const LoadResult result = RunLoad(transport, load);
   engine.Stop();
-  return std::printf("%s", result.report.c_str()) < 0;
+  // How full the batches were: a closed loop over gRPC runs more, emptier
+  // steps when the next requests arrive late (docs/performance.md).
+  const int64_t steps = counter.steps() - steps_before;
+  const int64_t sequences = counter.sequences() - sequences_before;
+  return std::printf(
+             "%sengine steps: %lld during the load, %.2f sequences per step\n",
+             result.report.c_str(), static_cast<long long>(steps),
+             steps > 0 ? static_cast<double>(sequences) / static_cast<double>(steps) : 0.0) < 0;
 }
 
 int Run() {

@@ -693,6 +693,32 @@ def test_load_generator_runs_without_blas_thread_pool():
 
 
 @pytest.mark.bench
+def test_load_generator_in_process_counts_the_engines_steps():
+    """switchserve-bench --engine-model reports the engine's steps over the
+    timed requests and how many sequences each computed. Every request here is
+    in exactly 5 steps (its 3-token prompt, then 4 decode steps), so the steps
+    hold 8 x 5 sequences whatever the concurrency; one at a time, each step
+    holds one. The warm-up's steps are left out."""
+    def steps(concurrency):
+        result = subprocess.run(
+            [os.environ["SWITCHSERVE_BENCH"], "--engine-model", MODEL_DIR, "--threads", "1",
+             "--requests", "8", "--warmup-requests", "3", "--concurrency", str(concurrency),
+             "--prompt-ids", "81,85,37", "--max-new-tokens", "5", "--ignore-eos"],
+            capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert "requests: 8 ok, 0 failed" in result.stdout, result.stdout
+        found = re.search(r"engine steps: (\d+) during the load, ([\d.]+) sequences per step",
+                          result.stdout)
+        assert found, result.stdout
+        return int(found.group(1)), float(found.group(2))
+
+    assert steps(1) == (40, 1.0)
+    count, per_step = steps(4)
+    assert 10 <= count <= 40
+    assert count * per_step == pytest.approx(40, abs=0.01 * count)
+
+
+@pytest.mark.bench
 def test_load_generator_over_http():
     """switchserve-bench --http-address (ctest bench_http_smoke, where the
     benchmarks are built) completes every request, one token per event."""
