@@ -503,7 +503,7 @@ def test_keep_alive_connections_close_after_the_maximum_age():
     def peers(max_age):
         server = Server("--max-connection-age-s", max_age)
         try:
-            seen, closes = [], 0
+            closes = 0
             with httpx.Client(base_url=server.url) as http:  # one keep-alive pool
                 for i in range(12):
                     response = http.post("/v1/completions", headers={"x-request-id": f"ka-{i}"},
