@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +28,7 @@
 #include <sstream>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -150,20 +152,36 @@ int RunOverHttp(const v1::GenerateRequest& request, const LoadOptions& load,
   return std::printf("%s", RunLoad(transport, load).report.c_str()) < 0;
 }
 
-// Counts the engine's steps and the sequences they computed. The counters
-// are atomics: the engine thread adds, the load's thread reads.
+// Counts the engine's steps and the sequences they computed. The engine
+// thread adds; the load's thread reads (atomics).
 class StepCounter : public EngineObserver {
  public:
   void OnStep(const StepReport& report) override {
-    steps_.fetch_add(1, std::memory_order_relaxed);
-    sequences_.fetch_add(report.num_sequences, std::memory_order_relaxed);
+    steps_.fetch_add(1);
+    sequences_.fetch_add(report.num_sequences);
+    finished_by_counted_steps_.store(finished_.load());
   }
-  int64_t steps() const { return steps_.load(std::memory_order_relaxed); }
-  int64_t sequences() const { return sequences_.load(std::memory_order_relaxed); }
+  // Called before the request's final update reaches its client.
+  void OnRequestFinished(const GenerationRequest&, const GenerationUpdate&) override {
+    finished_.fetch_add(1);
+  }
+  // A client sees its request end before the engine reports the step that
+  // ended it: waits (up to a second) for that report.
+  void AwaitLastStep() const {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (finished_by_counted_steps_.load() != finished_.load() &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+    }
+  }
+  int64_t steps() const { return steps_.load(); }
+  int64_t sequences() const { return sequences_.load(); }
 
  private:
   std::atomic<int64_t> steps_{0};
   std::atomic<int64_t> sequences_{0};
+  std::atomic<int64_t> finished_{0};
+  std::atomic<int64_t> finished_by_counted_steps_{0};
 };
 
 int RunInProcess(const v1::GenerateRequest& request, LoadOptions load,
@@ -195,9 +213,10 @@ int RunInProcess(const v1::GenerateRequest& request, LoadOptions load,
   *transport_name =
       absl::StrFormat("engine in-process (%s, threads %s)", options->model_dir,
                       options->threads == 0 ? "all" : std::to_string(options->threads));
-  // The engine is idle when the warm-up ends: every warm-up request is done.
+  // Every warm-up request has ended when the timed ones start.
   int64_t steps_before = 0, sequences_before = 0;
   load.on_timed_start = [&] {
+    counter.AwaitLastStep();
     steps_before = counter.steps();
     sequences_before = counter.sequences();
   };
