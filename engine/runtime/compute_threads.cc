@@ -10,27 +10,30 @@
 namespace switchserve {
 namespace {
 
-std::mutex& Mutex() {
-  static std::mutex* mu = new std::mutex();
-  return *mu;
-}
+// The compute threads running now. Never destroyed: a thread may still end
+// (and unlist itself) while the process exits.
+struct Registry {
+  std::mutex mu;
+  std::vector<pid_t> ids;
+};
 
-std::vector<pid_t>& Ids() {
-  static std::vector<pid_t>* ids = new std::vector<pid_t>();
-  return *ids;
+Registry& TheRegistry() {
+  static Registry* registry = new Registry();
+  return *registry;
 }
 
 }  // namespace
 
 ComputeThreadScope::ComputeThreadScope() : tid_(gettid()) {
-  std::lock_guard<std::mutex> lock(Mutex());
-  Ids().push_back(tid_);
+  Registry& registry = TheRegistry();
+  std::lock_guard<std::mutex> lock(registry.mu);
+  registry.ids.push_back(tid_);
 }
 
 ComputeThreadScope::~ComputeThreadScope() {
-  std::lock_guard<std::mutex> lock(Mutex());
-  std::vector<pid_t>& ids = Ids();
-  ids.erase(std::find(ids.begin(), ids.end(), tid_));
+  Registry& registry = TheRegistry();
+  std::lock_guard<std::mutex> lock(registry.mu);
+  registry.ids.erase(std::find(registry.ids.begin(), registry.ids.end(), tid_));
 }
 
 std::thread StartComputeThread(std::function<void()> body) {
@@ -46,8 +49,9 @@ std::thread StartComputeThread(std::function<void()> body) {
 }
 
 std::vector<pid_t> ComputeThreadIds() {
-  std::lock_guard<std::mutex> lock(Mutex());
-  return Ids();
+  Registry& registry = TheRegistry();
+  std::lock_guard<std::mutex> lock(registry.mu);
+  return registry.ids;
 }
 
 }  // namespace switchserve
