@@ -80,13 +80,4 @@ uint16_t FloatToHalf(float f) {
   return sign | static_cast<uint16_t>(result);
 }
 
-uint16_t FloatToBFloat16(float f) {
-  const uint32_t bits = std::bit_cast<uint32_t>(f);
-  if ((bits & 0x7fffffff) > 0x7f800000) {  // nan: keep sign, force quiet
-    return static_cast<uint16_t>((bits >> 16) | 0x0040);
-  }
-  const uint32_t rounding = 0x7fff + ((bits >> 16) & 1);
-  return static_cast<uint16_t>((bits + rounding) >> 16);
-}
-
 }  // namespace switchserve

@@ -14,6 +14,7 @@ namespace {
 void StoreRow(const float* row, int64_t n, DType dtype, void* cache, int64_t at) {
   if (dtype == DType::kBF16) {
     uint16_t* out = static_cast<uint16_t*>(cache) + at;
+#pragma omp simd
     for (int64_t i = 0; i < n; ++i) out[i] = FloatToBFloat16(row[i]);
   } else {
     std::memcpy(static_cast<float*>(cache) + at, row, n * sizeof(float));
