@@ -35,23 +35,6 @@ int DTypeSize(DType dtype) {
   return 0;
 }
 
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  const uint32_t exponent = (h >> 10) & 0x1f;
-  const uint32_t mantissa = h & 0x3ff;
-  if (exponent == 0) {
-    // Zero or subnormal: mantissa * 2^-24, exact in f32.
-    const float magnitude = std::ldexp(static_cast<float>(mantissa), -24);
-    return sign ? -magnitude : magnitude;
-  }
-  if (exponent == 0x1f) {  // inf or nan (payload kept)
-    return std::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));
-  }
-  return std::bit_cast<float>(sign | ((exponent + 112) << 23) | (mantissa << 13));
-}
-
-float BFloat16ToFloat(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
-
 uint16_t FloatToHalf(float f) {
   const uint32_t bits = std::bit_cast<uint32_t>(f);
   const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000);

@@ -9,12 +9,18 @@ namespace switchserve::cpu {
 
 void WidenValues(const Tensor& t, int64_t offset, int count, float* out) {
   switch (t.dtype()) {
-    case DType::kBF16:
-      for (int i = 0; i < count; ++i) out[i] = BFloat16ToFloat(t.half()[offset + i]);
+    case DType::kBF16: {
+      const uint16_t* half = t.half() + offset;
+#pragma omp simd
+      for (int i = 0; i < count; ++i) out[i] = BFloat16ToFloat(half[i]);
       return;
-    case DType::kF16:
-      for (int i = 0; i < count; ++i) out[i] = HalfToFloat(t.half()[offset + i]);
+    }
+    case DType::kF16: {
+      const uint16_t* half = t.half() + offset;
+#pragma omp simd
+      for (int i = 0; i < count; ++i) out[i] = HalfToFloat(half[i]);
       return;
+    }
     default:
       std::memcpy(out, t.f32() + offset, count * sizeof(float));
       return;
