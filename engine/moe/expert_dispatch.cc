@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <vector>
 
 namespace switchserve {
 namespace {
@@ -30,6 +32,7 @@ void RouteTokens(const float* logits, int64_t ld, int tokens, int n_experts, int
   out->gate_value.resize(static_cast<size_t>(tokens) * n_experts);
   out->expert.resize(static_cast<size_t>(tokens) * top_k);
   out->weight.resize(static_cast<size_t>(tokens) * top_k);
+  std::vector<uint8_t> taken(n_experts, 0);
   for (int t = 0; t < tokens; ++t) {
     const float* z = logits + t * ld;
     float* score = out->score.data() + static_cast<size_t>(t) * n_experts;
@@ -61,14 +64,13 @@ void RouteTokens(const float* logits, int64_t ld, int tokens, int n_experts, int
     // monotonic; logits do not saturate into false ties).
     for (int e = 0; e < n_experts; ++e) score[e] = z[e];
 
+    // The experts already chosen, as flags: one test per expert instead of a
+    // scan of the choices (the same scan order, so the same choices).
     for (int r = 0; r < top_k; ++r) {
-      chosen[r] = BestExpert(score, n_experts, [&](int e) {
-        for (int q = 0; q < r; ++q) {
-          if (chosen[q] == e) return true;
-        }
-        return false;
-      });
+      chosen[r] = BestExpert(score, n_experts, [&](int e) { return taken[e] != 0; });
+      taken[chosen[r]] = 1;
     }
+    for (int r = 0; r < top_k; ++r) taken[chosen[r]] = 0;
 
     if (gate == GateFunction::kSoftmaxTopK) {
       const float zk = z[chosen[0]];  // the largest selected logit
