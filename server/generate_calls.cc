@@ -178,11 +178,17 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
 
   void OnWriteDone(bool ok) override {
     // While writing_ is set the call cannot finish, so `this` stays valid.
-    if (!ok) handle_.Cancel(CancelCause::kClient);  // the client is gone
+    // A failed write: the client is gone, having cancelled or seen its
+    // deadline pass. This can come before OnCancel does, so it tells which.
+    const CancelCause cause = ok ? CancelCause::kNone : CancelCauseOf(*context_);
+    if (!ok) handle_.Cancel(cause);
     {
       std::lock_guard<std::mutex> lock(mu_);
       writing_ = false;
-      if (!ok) broken_ = true;
+      if (!ok) {
+        broken_ = true;
+        broken_cause_ = cause;
+      }
     }
     Pump();
   }
@@ -218,9 +224,10 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
         finish_called_ = true;
         status = final_status_;
         action = kFinish;
-        // A broken stream ends CANCELLED whatever the engine said.
-        access_.status = broken_ ? absl::StatusCode::kCancelled
-                                 : static_cast<absl::StatusCode>(status.error_code());
+        // A broken stream ends as its client saw it, CANCELLED or
+        // DEADLINE_EXCEEDED, whatever the engine said.
+        access_.status = static_cast<absl::StatusCode>(
+            (broken_ ? CancelledCallStatus(broken_cause_) : status).error_code());
       }
     }
     if (action == kWrite || action == kWriteAndFinish) in_flight_ = SerializeMessage(message);
@@ -263,8 +270,9 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   grpc::ByteBuffer in_flight_;          // the message being written
   bool has_pending_ = false;
   bool writing_ = false;
-  bool posted_ = false;  // in the write queue, not run yet
-  bool broken_ = false;  // a write failed: the client is gone
+  bool posted_ = false;                            // in the write queue, not run yet
+  bool broken_ = false;                            // a write failed: the client is gone
+  CancelCause broken_cause_ = CancelCause::kNone;  // why, as CancelCauseOf tells
   bool finished_ = false;
   bool finish_called_ = false;
   grpc::Status final_status_;

@@ -280,5 +280,61 @@ TEST(SoakTest, MixedTrafficWithCancellationsLeavesNothingBehind) {
   EXPECT_EQ((*server)->WaitForExit(60), 0) << (*server)->Log();
 }
 
+// Streams whose deadline passes while the server is writing to them. The
+// write that finds the client gone and the deadline's cancellation race to
+// the server; whichever comes first, the server counts the call as its
+// client saw it, DEADLINE_EXCEEDED. Nothing here cancels, so a CANCELLED
+// count is a deadline miscounted (once, every write that failed first).
+TEST(SoakTest, StreamsPastTheirDeadlineAreCountedAsDeadlines) {
+  constexpr int kCalls = 400, kClients = 8;
+  const int metrics_port = FreePort("127.0.0.1");
+  ASSERT_GT(metrics_port, 0);
+  auto server = ServerProcess::Start(
+      {"--metrics-port", std::to_string(metrics_port), "--debug-step-delay-ms", "1"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = v1::Generation::NewStub((*server)->Channel());
+
+  std::atomic<int> next{0};
+  std::mutex mu;
+  std::map<grpc::StatusCode, int> seen;
+  std::vector<std::thread> threads;
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&, c] {
+      std::mt19937_64 rng(2000 + c);
+      for (int i = next++; i < kCalls; i = next++) {
+        grpc::ClientContext context;
+        context.set_deadline(
+            std::chrono::system_clock::now() +
+            std::chrono::milliseconds(std::uniform_int_distribution<int>(3, 30)(rng)));
+        auto reader = stub->GenerateStream(&context, RandomRequest(rng, /*long_running=*/true));
+        v1::GenerateStreamResponse message;
+        while (reader->Read(&message)) {
+        }
+        const grpc::Status status = reader->Finish();
+        std::lock_guard<std::mutex> lock(mu);
+        ++seen[status.error_code()];
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  v1::ModelInfo info;
+  EXPECT_TRUE(WaitForIdle(*stub, &info)) << info.DebugString();
+
+  const std::map<std::string, double> counted = StatusCounters(metrics_port);
+  std::printf("%d DEADLINE_EXCEEDED, %d OK seen by clients; %.0f, %.0f counted, %.0f CANCELLED\n",
+              seen[grpc::StatusCode::DEADLINE_EXCEEDED], seen[grpc::StatusCode::OK],
+              counted.at("DEADLINE_EXCEEDED"), counted.at("OK"), counted.at("CANCELLED"));
+  EXPECT_EQ(seen[grpc::StatusCode::DEADLINE_EXCEEDED] + seen[grpc::StatusCode::OK], kCalls);
+  EXPECT_GT(seen[grpc::StatusCode::DEADLINE_EXCEEDED], kCalls / 2);
+  // CancelCauseOf's 100 ms of slack covers a header the server read that much
+  // after its client sent it; a busier machine could read one later still.
+  EXPECT_LE(counted.at("CANCELLED"), kCalls / 100);
+  EXPECT_LE(counted.at("DEADLINE_EXCEEDED"), seen[grpc::StatusCode::DEADLINE_EXCEEDED]);
+  EXPECT_GE(counted.at("DEADLINE_EXCEEDED") + counted.at("CANCELLED"),
+            0.9 * seen[grpc::StatusCode::DEADLINE_EXCEEDED]);
+  (*server)->Signal(SIGTERM);
+  EXPECT_EQ((*server)->WaitForExit(60), 0) << (*server)->Log();
+}
+
 }  // namespace
 }  // namespace switchserve::testing
