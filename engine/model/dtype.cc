@@ -21,20 +21,6 @@ std::string_view ToString(DType dtype) {
   return "?";
 }
 
-int DTypeSize(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-    case DType::kI32:
-      return 4;
-    case DType::kF16:
-    case DType::kBF16:
-      return 2;
-    case DType::kI64:
-      return 8;
-  }
-  return 0;
-}
-
 uint16_t FloatToHalf(float f) {
   const uint32_t bits = std::bit_cast<uint32_t>(f);
   const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000);

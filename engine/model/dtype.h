@@ -11,7 +11,20 @@ namespace switchserve {
 
 enum class DType { kF32, kF16, kBF16, kI32, kI64 };
 std::string_view ToString(DType dtype);  // "F32", "F16", ...
-int DTypeSize(DType dtype);              // bytes per element
+// Bytes per element. Inline: the CPU kernels ask it for every tile.
+constexpr int DTypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+    case DType::kI32:
+      return 4;
+    case DType::kF16:
+    case DType::kBF16:
+      return 2;
+    case DType::kI64:
+      return 8;
+  }
+  return 0;
+}
 
 // f16 / bf16 conversions (round to nearest even). The widenings and the bf16
 // narrowing are inline and branch-free, so that a loop over a row (an

@@ -42,13 +42,6 @@ KernelIsa BestKernelIsa() {
   return CpuSupports(KernelIsa::kAvx2) ? KernelIsa::kAvx2 : KernelIsa::kGeneric;
 }
 
-WeightMatrix WeightMatrix::At(int64_t row, int64_t column) const {
-  WeightMatrix out = *this;
-  const int64_t offset = (row * ld + column) * DTypeSize(dtype);
-  out.data = static_cast<const char*>(data) + offset;
-  return out;
-}
-
 WeightMatrix MatrixOf(const Tensor& tensor, int64_t ld, int64_t offset) {
   WeightMatrix m;
   m.dtype = tensor.dtype();

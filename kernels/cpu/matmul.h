@@ -57,7 +57,11 @@ struct WeightMatrix {
   int64_t ld = 0;
 
   // The matrix starting at element (row, column) of this one.
-  WeightMatrix At(int64_t row, int64_t column) const;
+  WeightMatrix At(int64_t row, int64_t column) const {
+    WeightMatrix out = *this;
+    out.data = static_cast<const char*>(data) + (row * ld + column) * DTypeSize(dtype);
+    return out;
+  }
 };
 // The tensor from its flat element `offset` on, with leading dimension `ld`.
 WeightMatrix MatrixOf(const Tensor& tensor, int64_t ld, int64_t offset = 0);
