@@ -27,26 +27,10 @@ namespace {
 
 constexpr int kThreads = 6;
 
-// Runs `calls` calls spread over kThreads threads; `call(i, rng)` returns the
-// status its client saw. Returns the statuses by code.
-std::map<grpc::StatusCode, int> RunConcurrently(
-    int calls, const std::function<grpc::Status(int, std::mt19937&)>& call) {
-  std::atomic<int> next{0};
-  std::mutex mu;
-  std::map<grpc::StatusCode, int> seen;
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      std::mt19937 rng(t + 1);
-      for (int i = next++; i < calls; i = next++) {
-        const grpc::Status status = call(i, rng);
-        std::lock_guard<std::mutex> lock(mu);
-        ++seen[status.error_code()];
-      }
-    });
-  }
-  for (auto& thread : threads) thread.join();
-  return seen;
+// Runs `calls` calls spread over kThreads threads (test_clients.h).
+template <typename Call>
+std::map<grpc::StatusCode, int> RunConcurrently(int calls, const Call& call) {
+  return testing::RunConcurrently<std::mt19937>(kThreads, calls, 1, call);
 }
 
 bool WaitForIdle(v1::Generation::Stub& stub) {

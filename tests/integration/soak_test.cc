@@ -294,14 +294,8 @@ TEST(SoakTest, StreamsPastTheirDeadlineAreCountedAsDeadlines) {
   ASSERT_TRUE(server.ok()) << server.status();
   auto stub = v1::Generation::NewStub((*server)->Channel());
 
-  std::atomic<int> next{0};
-  std::mutex mu;
-  std::map<grpc::StatusCode, int> seen;
-  std::vector<std::thread> threads;
-  for (int c = 0; c < kClients; ++c) {
-    threads.emplace_back([&, c] {
-      std::mt19937_64 rng(2000 + c);
-      for (int i = next++; i < kCalls; i = next++) {
+  auto seen =
+      RunConcurrently<std::mt19937_64>(kClients, kCalls, 2000, [&](int, std::mt19937_64& rng) {
         grpc::ClientContext context;
         context.set_deadline(
             std::chrono::system_clock::now() +
@@ -310,13 +304,8 @@ TEST(SoakTest, StreamsPastTheirDeadlineAreCountedAsDeadlines) {
         v1::GenerateStreamResponse message;
         while (reader->Read(&message)) {
         }
-        const grpc::Status status = reader->Finish();
-        std::lock_guard<std::mutex> lock(mu);
-        ++seen[status.error_code()];
-      }
-    });
-  }
-  for (auto& thread : threads) thread.join();
+        return reader->Finish();
+      });
   v1::ModelInfo info;
   EXPECT_TRUE(WaitForIdle(*stub, &info)) << info.DebugString();
 

@@ -2,9 +2,13 @@
 #ifndef SWITCHSERVE_TESTS_INTEGRATION_TEST_CLIENTS_H_
 #define SWITCHSERVE_TESTS_INTEGRATION_TEST_CLIENTS_H_
 
+#include <atomic>
 #include <chrono>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "grpcpp/channel.h"
@@ -12,6 +16,30 @@
 #include "switchserve/v1/generation.grpc.pb.h"
 
 namespace switchserve::testing {
+
+// Runs `calls` calls spread over `threads` threads; `call(i, rng)` makes call
+// i and returns the status its client saw (rng: the thread's own, seeded
+// `seed` + the thread's index). Returns the statuses by code.
+template <typename Rng, typename Call>
+std::map<grpc::StatusCode, int> RunConcurrently(int threads, int calls, uint64_t seed,
+                                                const Call& call) {
+  std::atomic<int> next{0};
+  std::mutex mu;
+  std::map<grpc::StatusCode, int> seen;
+  std::vector<std::thread> running;
+  for (int t = 0; t < threads; ++t) {
+    running.emplace_back([&, t] {
+      Rng rng(static_cast<typename Rng::result_type>(seed + t));
+      for (int i = next++; i < calls; i = next++) {
+        const grpc::Status status = call(i, rng);
+        std::lock_guard<std::mutex> lock(mu);
+        ++seen[status.error_code()];
+      }
+    });
+  }
+  for (auto& thread : running) thread.join();
+  return seen;
+}
 
 // A ClientContext with a deadline `seconds` from now (bounded waits).
 inline std::unique_ptr<grpc::ClientContext> ContextWithDeadline(double seconds = 60) {
