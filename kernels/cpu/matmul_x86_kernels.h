@@ -720,14 +720,20 @@ void PackPanels(const void* w, int64_t ldw, int k, int vectors, int per_panel, f
   }
 }
 
-// m <= MR rows: one pass over the weights, from memory. Long rows: a few
-// weight rows at a time across all the tiles, so that the weights stream in
-// order; each column's chain carries on through c (an f32 stored and
-// reloaded exactly), the same fused multiply-adds in order. Short rows are
-// close to in order already, tile by tile.
+// m <= MR rows: one pass over the weights, from memory. Long rows, and one
+// row against short rows wider than its tile: a few weight rows at a time
+// across all the tiles, so that the weights stream in order; each column's
+// chain carries on through c (an f32 stored and reloaded exactly), the same
+// fused multiply-adds in order. Other short rows are close to in order
+// already, tile by tile. (One row of the paper shape's value experts, 112
+// columns against the AVX2 build's 64-column tile, took two strided passes:
+// matmul_bench FromMemory bf16, best of 5 alternated runs, one expert 0.39
+// -> 0.57 of the read bandwidth, 8 experts 0.62 -> 0.86. With 2 to 4 rows
+// the 24-column tiles' carries cost more than the order gains.)
 template <DType WT, int MR, int NV>
 void ChainFewRows(const MatmulArgs& g, int vectors) {
-  const int step = static_cast<int64_t>(g.n) * ElementBytes<WT>() >= kRowsInLongRowBytes
+  const int step = static_cast<int64_t>(g.n) * ElementBytes<WT>() >= kRowsInLongRowBytes ||
+                           (MR == 1 && vectors > NV)
                        ? kOneRowChainRows
                        : g.k;
   for (int p0 = 0; p0 < g.k; p0 += step) {
