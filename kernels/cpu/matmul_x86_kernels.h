@@ -836,39 +836,29 @@ void RowsIn(const MatmulArgs& g) {
     }
 #else
     std::vector<float>& panel = WidenBuffer();
+    // The whole matrix packed at once where it fits (kPackWholeBytes), else
+    // one panel at a time.
     const int64_t whole = static_cast<int64_t>(g.k) * n8;
-    if (whole * static_cast<int64_t>(sizeof(float)) <= kPackWholeBytes) {
-      if (panel.size() < static_cast<size_t>(whole)) panel.resize(whole);
-      PackPanels<WT>(g.w.data, g.w.ld, g.k, vectors, NV, panel.data());
-      for (int i_block = 0; i_block < g.m; i_block += kRowBlock) {
-        const int i_end = g.m < i_block + kRowBlock ? g.m : i_block + kRowBlock;
-        for (int v0 = 0; v0 < vectors; v0 += NV) {
-          const int nv = vectors - v0 < NV ? vectors - v0 : NV;
-          const float* pv = panel.data() + static_cast<int64_t>(g.k) * 8 * v0;
-          for (int i0 = i_block; i0 < i_end; i0 += MR) {
-            const int mr = i_end - i0 < MR ? i_end - i0 : MR;
-            const float* a[MR];
-            for (int i = 0; i < mr; ++i) a[i] = RowOfA(g, i0 + i);
-            ChainTiles<DType::kF32, MR, NV, false>::For(mr, nv)(
-                a, pv, 8 * nv, g.k, g.c + i0 * g.ldc + 8 * v0, g.ldc, g.accumulate);
-          }
-        }
-      }
-      if (n8 < g.n) ChainColumnsScalar<WT>(g, n8);
-      return;
-    }
-    if (panel.size() < static_cast<size_t>(8 * NV) * g.k) panel.resize(8 * NV * g.k);
+    const bool pack_whole = whole * static_cast<int64_t>(sizeof(float)) <= kPackWholeBytes;
+    const int64_t panel_floats = pack_whole ? whole : static_cast<int64_t>(8 * NV) * g.k;
+    if (panel.size() < static_cast<size_t>(panel_floats)) panel.resize(panel_floats);
+    if (pack_whole) PackPanels<WT>(g.w.data, g.w.ld, g.k, vectors, NV, panel.data());
     for (int i_block = 0; i_block < g.m; i_block += kRowBlock) {
       const int i_end = g.m < i_block + kRowBlock ? g.m : i_block + kRowBlock;
       for (int v0 = 0; v0 < vectors; v0 += NV) {
         const int nv = vectors - v0 < NV ? vectors - v0 : NV;
-        PackPanel<WT>(g.w.data, g.w.ld, g.k, 8 * v0, nv, panel.data());
+        const float* pv = panel.data();
+        if (pack_whole) {
+          pv += static_cast<int64_t>(g.k) * 8 * v0;
+        } else {
+          PackPanel<WT>(g.w.data, g.w.ld, g.k, 8 * v0, nv, panel.data());
+        }
         for (int i0 = i_block; i0 < i_end; i0 += MR) {
           const int mr = i_end - i0 < MR ? i_end - i0 : MR;
           const float* a[MR];
           for (int i = 0; i < mr; ++i) a[i] = RowOfA(g, i0 + i);
           ChainTiles<DType::kF32, MR, NV, false>::For(mr, nv)(
-              a, panel.data(), 8 * nv, g.k, g.c + i0 * g.ldc + 8 * v0, g.ldc, g.accumulate);
+              a, pv, 8 * nv, g.k, g.c + i0 * g.ldc + 8 * v0, g.ldc, g.accumulate);
         }
       }
     }
