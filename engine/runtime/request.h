@@ -34,6 +34,11 @@ struct SamplingParams {
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
   int logprobs = 0;  // top-n alternatives per token
+  // The sampled token's own logprob also when logprobs == 0 (OpenAI's
+  // "logprobs": 0). Without either, the sampler skips the log-softmax and
+  // reports a logprob of 0.
+  bool sampled_logprob = false;
+  bool WantsLogprob() const { return logprobs > 0 || sampled_logprob; }
   bool return_routing = false;
 };
 

@@ -36,8 +36,10 @@ int32_t ArgMax(absl::Span<const float> values) {
   return best;
 }
 
-// log-softmax of the raw logits at `ids` and the top `n` alternatives.
-void FillLogprobs(absl::Span<const float> logits, int n, SampleResult* result) {
+// log-softmax of the raw logits at the sampled token and the top `n`
+// alternatives, when any logprob is wanted.
+void FillLogprobs(absl::Span<const float> logits, int n, bool wanted, SampleResult* result) {
+  if (!wanted && n <= 0) return;
   const float max_logit = *std::max_element(logits.begin(), logits.end());
   double sum = 0;
   for (float v : logits) sum += std::exp(static_cast<double>(v - max_logit));
@@ -96,7 +98,7 @@ SampleResult SampleToken(absl::Span<const float> logits, const SamplingParams& p
   SampleResult result;
   if (params.temperature == 0.0f) {
     result.token_id = ArgMax(scores);
-    FillLogprobs(finite, num_logprobs, &result);
+    FillLogprobs(finite, num_logprobs, params.sampled_logprob, &result);
     return result;
   }
 
@@ -155,7 +157,7 @@ SampleResult SampleToken(absl::Span<const float> logits, const SamplingParams& p
       break;
     }
   }
-  FillLogprobs(finite, num_logprobs, &result);
+  FillLogprobs(finite, num_logprobs, params.sampled_logprob, &result);
   return result;
 }
 

@@ -33,13 +33,16 @@ class SamplerRng {
 
 struct SampleResult {
   int32_t token_id = 0;
-  float logprob = 0;  // of token_id under the raw logits (log-softmax)
+  // Of token_id under the raw logits (log-softmax); 0 unless the params or
+  // num_logprobs > 0 ask for logprobs.
+  float logprob = 0;
   std::vector<std::pair<int32_t, float>> top_logprobs;  // num_logprobs best
 };
 
 // Samples from `logits` (one row, vocab_size values). `history` holds the ids
 // the repetition penalty applies to (prompt and generated so far).
-// `num_logprobs` alternatives are returned, most likely first. Non-finite
+// `num_logprobs` alternatives are returned, most likely first; the sampled
+// token's logprob when num_logprobs > 0 or params.sampled_logprob. Non-finite
 // logits are made finite first (NaN: the least likely token; +-inf: the
 // largest finite magnitudes), so no comparison or probability sees a NaN.
 SampleResult SampleToken(absl::Span<const float> logits, const SamplingParams& params,

@@ -365,7 +365,9 @@ void StepIo::Fill(const StepBatch& batch, StepOutput* out) const {
     SampledToken& sampled = out->samples.emplace_back();
     sampled.sequence = s;
     sampled.sample.token_id = token[i];
-    sampled.sample.logprob = logprob[i];
+    // The device computes every sample's logprob; the host sampler reports
+    // one only where it was asked for, and so does this backend.
+    if (sequence.sample.params->WantsLogprob()) sampled.sample.logprob = logprob[i];
     const int n = std::min(sequence.sample.params->logprobs, vocab);
     for (int j = 0; j < n; ++j) {
       const size_t at = i * static_cast<size_t>(shape_.max_logprobs) + j;

@@ -142,6 +142,8 @@ void OpenAiService::Completions(const std::shared_ptr<HttpExchange>& exchange) c
     if (!prepared.ok()) return reject(ToApiError(prepared.status(), i, count));
     prepared->arrival = arrival;
     prepared->origin = {.request_id = access.request_id, .protocol = "http"};
+    // "logprobs": 0 still reports each token's own logprob.
+    prepared->sampling.sampled_logprob = parsed->logprobs.has_value();
     prompts.push_back(std::move(*prepared));
   }
   CompletionOptions options;

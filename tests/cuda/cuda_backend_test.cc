@@ -123,6 +123,7 @@ TEST(CudaBackendTest, EveryRequestSamplesLikeTheHostSampler) {
     p.min_p = i % 7 == 0 ? 0.05f : 0.0f;
     p.repetition_penalty = i % 2 == 0 ? 1.0f : 1.5f;
     p.logprobs = i % 4;
+    p.sampled_logprob = i % 8 == 0;  // "logprobs": 0; the others at 0 get no logprob
   }
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < n; ++i) prompts.push_back(RandomTokens(2 + i % 5, V, 310 + i));

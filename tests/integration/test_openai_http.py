@@ -206,6 +206,11 @@ def test_logprobs_are_the_grpc_logprobs(server, client):
     no_logprobs = client.completions.create(model=MODEL, prompt="Hello there", max_tokens=6,
                                             temperature=0)
     assert no_logprobs.choices[0].logprobs is None
+    # "logprobs": 0: each token's own logprob, no alternatives.
+    own = client.completions.create(model=MODEL, prompt="Hello there", max_tokens=6,
+                                    temperature=0, logprobs=0).choices[0].logprobs
+    assert own.token_logprobs == pytest.approx(logprobs.token_logprobs, rel=1e-6)
+    assert all(not top for top in own.top_logprobs or [])
 
 
 def test_token_prompt_and_batch_of_prompts(client):

@@ -105,8 +105,11 @@ Sampled ExpectHostSamplerChoices(const std::vector<float>& logits, int vocab,
                  std::to_string(r.params.top_p) + " min_p=" + std::to_string(r.params.min_p) +
                  " penalty=" + std::to_string(r.params.repetition_penalty));
     SamplerRng rng(r.seed);
+    // The kernel computes every sample's logprob, also where none was asked.
+    SamplingParams params = r.params;
+    params.sampled_logprob = true;
     const SampleResult want = SampleToken(absl::MakeConstSpan(logits.data() + i * vocab, vocab),
-                                          r.params, r.history, r.params.logprobs, rng);
+                                          params, r.history, r.params.logprobs, rng);
     EXPECT_EQ(got.token[i], want.token_id);
     EXPECT_NEAR(got.logprob[i], want.logprob, 1e-6 * (1 + std::fabs(want.logprob)));
     EXPECT_EQ(want.top_logprobs.size(), static_cast<size_t>(r.params.logprobs));

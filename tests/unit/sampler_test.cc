@@ -103,6 +103,25 @@ TEST(SamplerTest, LogprobsAreRawLogSoftmaxMostLikelyFirst) {
   EXPECT_NEAR(r.top_logprobs[1].second, std::log(0.3f), 1e-5);
 }
 
+// The log-softmax is skipped where no logprob is wanted; "logprobs": 0
+// (sampled_logprob) still gets the sampled token's own, and no alternatives.
+TEST(SamplerTest, SampledTokensLogprobOnlyWhenAsked) {
+  const std::vector<float> probs = {0.2f, 0.5f, 0.3f};
+  const std::vector<float> logits = {std::log(probs[0]), std::log(probs[1]), std::log(probs[2])};
+  SamplingParams p = Greedy();
+  SamplerRng rng(1);
+  const SampleResult none = SampleToken(logits, p, {}, 0, rng);
+  EXPECT_EQ(none.token_id, 1);
+  EXPECT_EQ(none.logprob, 0.0f);
+  p.sampled_logprob = true;
+  for (float temperature : {0.0f, 1.0f}) {
+    p.temperature = temperature;
+    const SampleResult own = SampleToken(logits, p, {}, 0, rng);
+    EXPECT_NEAR(own.logprob, std::log(probs[own.token_id]), 1e-5) << own.token_id;
+    EXPECT_TRUE(own.top_logprobs.empty());
+  }
+}
+
 // A penalty that overflows the penalised logits (1e-45 divides them into
 // infinity) used to make every probability NaN, and the least likely token
 // then came out every time.
@@ -142,6 +161,7 @@ TEST(SamplerTest, NonFiniteLogitsAreOrderedNotNaN) {
     for (const auto& [id, logprob] : r.top_logprobs) EXPECT_FALSE(std::isnan(logprob)) << id;
   }
   const std::vector<float> with_inf = {-kInf, kInf, 0.0f};
+  p.sampled_logprob = true;
   for (int i = 0; i < 50; ++i) {
     const SampleResult r = SampleToken(with_inf, p, {}, 0, rng);
     EXPECT_EQ(r.token_id, 1);
