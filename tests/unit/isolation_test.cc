@@ -236,6 +236,24 @@ TEST_P(IsolationTest, SequenceScopeOutputDoesNotDependOnNeighbours) {
   }
 }
 
+// A request that asks for no logprobs reports none (0), whatever its
+// neighbours ask for: the sampler's log-softmax follows the request's own
+// parameters only.
+TEST_P(IsolationTest, ARequestWithoutLogprobsGetsNoneWhateverItsNeighboursAsk) {
+  const DispatchConfig dispatch = Dispatch(CapacityScope::kSequence, 0.0, OverflowPolicy::kDrop);
+  const TestRequest quiet = Neighbours()[0];
+  ASSERT_EQ(quiet.sampling.logprobs, 0);
+  const std::vector<RequestOutcome> alone =
+      testing::RunEngine(backend(), DefaultModel(), Tight(shape(), dispatch), {quiet});
+  ASSERT_EQ(alone.size(), 1u);
+  for (const GeneratedTokenInfo& token : alone[0].tokens) EXPECT_EQ(Bits(token.logprob), 0u);
+  EngineRunTotals totals;
+  const std::vector<RequestOutcome> crowded =
+      testing::RunEngine(backend(), DefaultModel(), Tight(shape(), dispatch), Crowd(13), &totals);
+  ASSERT_EQ(crowded.size(), 32u);
+  EXPECT_EQ(FirstDifference(alone[0], crowded[0]), "");
+}
+
 // The same requests under the step scope: the victim's output changes with
 // its neighbours.
 TEST_P(IsolationTest, StepScopeOutputDependsOnNeighbours) {
