@@ -122,7 +122,7 @@ void Shapes(benchmark::internal::Benchmark* b) {
       {448, 1024, 0},  {128, 1024, 0},     {1024, 128, 0},     {112, 1024, 1},     {1024, 112, 1},
       {8000, 1024, 0}, {448, 1024, 1, 32}, {128, 1024, 1, 32}, {1024, 128, 1, 32}, {128, 28, 0}};
   for (const Shape& s : shapes) {
-    for (int m : {1, 4, 32, 256}) {
+    for (int m : {1, 4, 16, 32, 256}) {
       if (m < s.min_m || (s.n == 8000 && m > 32)) continue;
       b->Args({m, s.n, s.k, s.rows_in, 0, kOurs});
       b->Args({m, s.n, s.k, s.rows_in, 1, kOurs});
