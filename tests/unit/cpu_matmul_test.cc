@@ -28,14 +28,16 @@ struct Shape {
 // multiple of 8, one to six rows against weight rows of 1 KiB and more
 // (the rows-in kernel then takes 8 weight rows at a time across all columns),
 // and many rows against k over 256 (the 16-lane rows-out tiles take k in
-// blocks); and one rows-in matrix over 512 KiB widened, which the AVX2
-// kernels pack a panel at a time instead of whole.
+// blocks); one rows-in matrix over 512 KiB widened, which the AVX2
+// kernels pack a panel at a time instead of whole; and 24 and 25 rows
+// against k = 128 and rows over 64 columns, either side of the rows-in
+// products whose bf16 weights are read in place, 64 columns at a time.
 const Shape kShapes[] = {
-    {1, 1, 1},     {1, 13, 7},   {1, 72, 100}, {2, 5, 8},     {3, 24, 13},
-    {4, 31, 16},   {5, 40, 33},  {7, 3, 257},  {9, 17, 64},   {64, 26, 24},
-    {65, 9, 130},  {70, 49, 41}, {131, 8, 96}, {33, 72, 1},   {6, 200, 112},
-    {1, 300, 9},   {1, 523, 21}, {4, 300, 19}, {6, 523, 21},  {20, 200, 37},
-    {13, 131, 29}, {8, 144, 8},  {1, 112, 40}, {20, 24, 601}, {6, 139, 1001},
+    {1, 1, 1},      {1, 13, 7},    {1, 72, 100},  {2, 5, 8},     {3, 24, 13},  {4, 31, 16},
+    {5, 40, 33},    {7, 3, 257},   {9, 17, 64},   {64, 26, 24},  {65, 9, 130}, {70, 49, 41},
+    {131, 8, 96},   {33, 72, 1},   {6, 200, 112}, {1, 300, 9},   {1, 523, 21}, {4, 300, 19},
+    {6, 523, 21},   {20, 200, 37}, {13, 131, 29}, {8, 144, 8},   {1, 112, 40}, {20, 24, 601},
+    {6, 139, 1001}, {24, 72, 128}, {25, 72, 128}, {24, 72, 129},
 };
 
 using Param = std::tuple<KernelIsa, DType, WeightLayout>;
