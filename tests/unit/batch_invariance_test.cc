@@ -205,5 +205,29 @@ INSTANTIATE_TEST_SUITE_P(Bf16KvCache, BatchInvarianceTest,
                                             ::testing::Values(WeightsDtype::kBF16)),
                          ParamName);
 
+// Output experts wider than 64 columns: a step's few rows of an expert (5 to
+// 24) take the AVX2 kernels' bf16 products that read the weights in place,
+// the full pass's many rows the packed ones; the bits must not tell them
+// apart. The CPU backends only: the path is theirs.
+NamedConfig WideOutputExperts() {
+  ModelConfig config = testing::TinySwitchAllConfig();
+  config.d_model = 96;
+  return {"WideOutputExperts", config};
+}
+
+std::vector<BackendUnderTest> CpuBackendsUnderTest() {
+  std::vector<BackendUnderTest> out;
+  for (const BackendUnderTest& backend : testing::BackendsUnderTest()) {
+    if (backend.name.rfind("cpu", 0) == 0) out.push_back(backend);
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(InPlaceExperts, BatchInvarianceTest,
+                         ::testing::Combine(::testing::ValuesIn(CpuBackendsUnderTest()),
+                                            ::testing::Values(WideOutputExperts()),
+                                            ::testing::Values(WeightsDtype::kBF16)),
+                         ParamName);
+
 }  // namespace
 }  // namespace switchserve
