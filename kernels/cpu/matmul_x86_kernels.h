@@ -749,7 +749,6 @@ void ChainFewRows(const MatmulArgs& g, int vectors) {
   }
 }
 
-#ifndef SWITCHSERVE_MATMUL_ZMM
 // A bf16 rows-in product of a few register tiles of rows (a decode step's
 // share of an expert) against at most kInPlaceMaxK weight rows, each longer
 // than kInPlaceBlockColumns, reads the weights in place, kInPlaceBlockColumns
@@ -765,6 +764,20 @@ void ChainFewRows(const MatmulArgs& g, int vectors) {
 constexpr int kInPlaceMaxRows = 24;
 constexpr int kInPlaceMaxK = 128;
 constexpr int kInPlaceBlockColumns = 64;
+
+// Whether RowsIn reads the weights of this product of more rows than a
+// register tile in place (RowsInColumnBlocks). The AVX-512 build packs them
+// for its 16-lane tiles.
+template <DType WT>
+bool RowsInInPlace(const MatmulArgs& g) {
+#ifdef SWITCHSERVE_MATMUL_ZMM
+  constexpr bool kBuild = false;
+#else
+  constexpr bool kBuild = true;
+#endif
+  return kBuild && WT == DType::kBF16 && g.m <= kInPlaceMaxRows && g.k <= kInPlaceMaxK &&
+         g.n > kInPlaceBlockColumns;
+}
 
 // MatmulRowsIn over the first 8 `vectors` columns of bf16 weights, read in
 // place: the same chains as ChainTile's, over all of k in one call each.
@@ -806,7 +819,6 @@ void RowsInColumnBlocks(const MatmulArgs& g, int vectors) {
     }
   }
 }
-#endif  // !SWITCHSERVE_MATMUL_ZMM
 
 #ifdef SWITCHSERVE_MATMUL_ZMM
 // ChainTile over a packed f32 panel with 16-lane vectors: each column's chain
@@ -870,6 +882,8 @@ void RowsIn(const MatmulArgs& g) {
     ChainFewRows<WT, 1, Tiles::kOneRowInVectors>(g, vectors);
   } else if (g.m <= MR) {
     ChainFewRows<WT, MR, NV>(g, vectors);
+  } else if (RowsInInPlace<WT>(g)) {
+    RowsInColumnBlocks(g, vectors);
   } else {
     // Many rows reuse each panel of weights: pack it contiguously (and
     // widened) once.
@@ -895,12 +909,6 @@ void RowsIn(const MatmulArgs& g) {
       }
     }
 #else
-    if (WT == DType::kBF16 && g.m <= kInPlaceMaxRows && g.k <= kInPlaceMaxK &&
-        g.n > kInPlaceBlockColumns) {
-      RowsInColumnBlocks(g, vectors);
-      if (n8 < g.n) ChainColumnsScalar<WT>(g, n8);
-      return;
-    }
     std::vector<float>& panel = WidenBuffer();
     // The whole matrix packed at once where it fits (kPackWholeBytes), else
     // one panel at a time.
