@@ -10,6 +10,12 @@ namespace {
 
 // Query rows per tile: a tile's scores ([tile, keys] floats) stay in L2.
 constexpr int kQueryTile = 64;
+// A tile takes all its heads in one piece, KV block by KV block (each block's
+// rows read once for every head, in storage order), where there are at least
+// this many tiles per thread and the heads' scores take at most
+// kAllHeadsScoreBytes; else one head per piece.
+constexpr int kPiecesPerThread = 4;
+constexpr int64_t kAllHeadsScoreBytes = 128 << 10;
 
 template <typename T>
 void Grow(std::vector<T>& buffer, size_t n) {
@@ -33,16 +39,26 @@ void PagedAttention::Run(const StepBatch& step, const float* q, const KvLayerCac
                          const XlPositionKeys& positions, const float* value_gates, float* a) {
   pieces_.clear();
   int64_t macs = 0;
+  int tiles = 0;
+  for (int s = 0; s < step.num_sequences(); ++s) {
+    const int n = step.num_tokens(s);
+    if (n == 0) continue;
+    const int64_t keys = static_cast<int64_t>(step.positions[step.token_offsets[s]]) + n;
+    macs += keys * n * heads_ * head_dim_ * (1 + values_per_kv_head_ + (positions ? 1 : 0));
+    tiles += (n + kQueryTile - 1) / kQueryTile;
+  }
+  // Enough tiles to share out keep each tile's heads together where their
+  // scores fit kAllHeadsScoreBytes.
+  const bool many_tiles = tiles >= kPiecesPerThread * pool_->threads();
   for (int s = 0; s < step.num_sequences(); ++s) {
     const int first = step.token_offsets[s];
     const int n = step.num_tokens(s);
-    if (n == 0) continue;
-    const int64_t keys = static_cast<int64_t>(step.positions[first]) + n;
-    macs += keys * n * heads_ * head_dim_ * (1 + values_per_kv_head_ + (positions ? 1 : 0));
-    for (int h = 0; h < heads_; ++h) {
-      for (int i0 = 0; i0 < n; i0 += kQueryTile) {
-        pieces_.push_back({s, h, first + i0, std::min(kQueryTile, n - i0)});
-      }
+    for (int i0 = 0; i0 < n; i0 += kQueryTile) {
+      const int rows = std::min(kQueryTile, n - i0);
+      const int64_t keys = static_cast<int64_t>(step.positions[first + i0]) + rows;
+      const int64_t all_heads_bytes = keys * rows * heads_ * static_cast<int64_t>(sizeof(float));
+      const int heads = many_tiles && all_heads_bytes <= kAllHeadsScoreBytes ? heads_ : 1;
+      for (int h = 0; h < heads_; h += heads) pieces_.push_back({s, h, heads, first + i0, rows});
     }
   }
   const auto attend = [&](int i, int slot) {
@@ -59,7 +75,6 @@ void PagedAttention::AttendTile(const StepBatch& step, const Piece& piece, const
                                 const KvLayerCache& cache, const XlPositionKeys& positions,
                                 const float* value_gates, float* a, Scratch& scratch) const {
   const int H = heads_, G = kv_heads_, dh = head_dim_, ev = values_per_kv_head_;
-  const int g = piece.head / (H / G);
   const int rows = piece.rows;
   const int start = step.positions[piece.first];  // the tile's positions are start, start + 1, ...
   const int keys = start + rows;                  // its last row sees keys [0, keys)
@@ -67,113 +82,135 @@ void PagedAttention::AttendTile(const StepBatch& step, const Piece& piece, const
   const int32_t* table = step.block_table(piece.sequence);
   const WeightMatrix k_cache{cache.dtype, cache.k, static_cast<int64_t>(G) * dh};
   const int64_t lds = keys;
-  Grow(scratch.scores, static_cast<size_t>(rows) * lds);
-  Grow(scratch.sums, rows);
-  float* scores = scratch.scores.data();
+  const int64_t head_scores = static_cast<int64_t>(rows) * lds;  // [rows, keys] per head
+  Grow(scratch.scores, static_cast<size_t>(piece.heads) * head_scores);
+  Grow(scratch.sums, static_cast<size_t>(piece.heads) * rows);
+  const auto kv_head = [&](int hh) { return (piece.head + hh) / (H / G); };
+  const auto q_rows = [&](int hh) {
+    return q + (static_cast<int64_t>(piece.first) * H + piece.head + hh) * dh;
+  };
 
   // Scores, KV block by KV block, for the rows that see any key of it (keys
   // past a row's horizon are computed and never read).
-  const float* q_rows = q + (static_cast<int64_t>(piece.first) * H + piece.head) * dh;
   for (int b0 = 0; b0 < keys; b0 += bs) {
     const int r0 = std::max(0, b0 - start);
-    MatmulArgs args{
-        rows - r0,
-        std::min(bs, keys - b0),
-        dh,
-        q_rows + static_cast<int64_t>(r0) * H * dh,
-        static_cast<int64_t>(H) * dh,
-        nullptr,
-        k_cache.At(static_cast<int64_t>(table[b0 / bs]) * bs, static_cast<int64_t>(g) * dh),
-        scores + r0 * lds + b0,
-        lds};
-    kernels_->rows_out(args);
-  }
-  if (positions) {
-    // XL: s_j += dot8(q, R_h[i - j]) for the row at position i, its keys
-    // j <= i: the table rows R_h[i], R_h[i - 1], ..., R_h[0], read backwards
-    // (a leading dimension of -dh).
-    for (int r = 0; r < rows; ++r) {
-      const int i = start + r;
-      MatmulArgs args{1,
-                      i + 1,
+    for (int hh = 0; hh < piece.heads; ++hh) {
+      MatmulArgs args{rows - r0,
+                      std::min(bs, keys - b0),
                       dh,
-                      q_rows + static_cast<int64_t>(r) * H * dh,
+                      q_rows(hh) + static_cast<int64_t>(r0) * H * dh,
                       static_cast<int64_t>(H) * dh,
                       nullptr,
-                      {DType::kF32, positions.At(piece.head, i), -static_cast<int64_t>(dh)},
-                      scores + r * lds,
+                      k_cache.At(static_cast<int64_t>(table[b0 / bs]) * bs,
+                                 static_cast<int64_t>(kv_head(hh)) * dh),
+                      scratch.scores.data() + hh * head_scores + r0 * lds + b0,
                       lds};
-      args.accumulate = true;
       kernels_->rows_out(args);
     }
   }
-  // e_j = exp(s_j - max) over each row's visible keys, and their sum in key order.
-  for (int r = 0; r < rows; ++r) {
-    float* e = scores + r * lds;
-    const int visible = start + r + 1;
-    float smax = -INFINITY;
-    for (int j = 0; j < visible; ++j) smax = std::max(smax, e[j]);
-    for (int j = 0; j < visible; ++j) e[j] = Exp(e[j] - smax);
-    float sum = 0.0f;
-    for (int j = 0; j < visible; ++j) sum += e[j];
-    scratch.sums[r] = sum;
+  for (int hh = 0; hh < piece.heads; ++hh) {
+    float* scores = scratch.scores.data() + hh * head_scores;
+    if (positions) {
+      // XL: s_j += dot8(q, R_h[i - j]) for the row at position i, its keys
+      // j <= i: the table rows R_h[i], R_h[i - 1], ..., R_h[0], read backwards
+      // (a leading dimension of -dh).
+      for (int r = 0; r < rows; ++r) {
+        const int i = start + r;
+        MatmulArgs args{1,
+                        i + 1,
+                        dh,
+                        q_rows(hh) + static_cast<int64_t>(r) * H * dh,
+                        static_cast<int64_t>(H) * dh,
+                        nullptr,
+                        {DType::kF32, positions.At(piece.head + hh, i), -static_cast<int64_t>(dh)},
+                        scores + r * lds,
+                        lds};
+        args.accumulate = true;
+        kernels_->rows_out(args);
+      }
+    }
+    // e_j = exp(s_j - max) over each row's visible keys, and their sum in key order.
+    for (int r = 0; r < rows; ++r) {
+      float* e = scores + r * lds;
+      const int visible = start + r + 1;
+      float smax = -INFINITY;
+      for (int j = 0; j < visible; ++j) smax = std::max(smax, e[j]);
+      for (int j = 0; j < visible; ++j) e[j] = Exp(e[j] - smax);
+      float sum = 0.0f;
+      for (int j = 0; j < visible; ++j) sum += e[j];
+      scratch.sums[hh * rows + r] = sum;
+    }
   }
 
   float* out = a + (static_cast<int64_t>(piece.first) * H + piece.head) * dh;
   const int64_t ldo = static_cast<int64_t>(H) * dh;
   if (ev == 1) {
-    ReduceValues(step, piece.sequence, start, rows, scores, lds, cache,
-                 static_cast<int64_t>(g) * dh, out, ldo);
-    for (int r = 0; r < rows; ++r) {
-      const float inv = 1.0f / scratch.sums[r];
-      float* o = out + r * ldo;
-      for (int i = 0; i < dh; ++i) o[i] *= inv;
+    ReduceValues(step, piece, scratch.scores.data(), lds, cache, /*expert=*/0, out, ldo, dh);
+    for (int hh = 0; hh < piece.heads; ++hh) {
+      for (int r = 0; r < rows; ++r) {
+        const float inv = 1.0f / scratch.sums[hh * rows + r];
+        float* o = out + r * ldo + hh * dh;
+        for (int i = 0; i < dh; ++i) o[i] *= inv;
+      }
     }
     return;
   }
   // Destination value routing: each expert's chain, weighted by the query's gate.
-  Grow(scratch.chain, static_cast<size_t>(rows) * dh);
-  for (int r = 0; r < rows; ++r) std::fill(out + r * ldo, out + r * ldo + dh, 0.0f);
+  Grow(scratch.chain, static_cast<size_t>(piece.heads) * rows * dh);
+  for (int r = 0; r < rows; ++r) std::fill(out + r * ldo, out + r * ldo + piece.heads * dh, 0.0f);
   for (int e = 0; e < ev; ++e) {
-    ReduceValues(step, piece.sequence, start, rows, scores, lds, cache,
-                 static_cast<int64_t>(g * ev + e) * dh, scratch.chain.data(), dh);
-    for (int r = 0; r < rows; ++r) {
-      const float gate = value_gates[(static_cast<int64_t>(piece.first + r) * G + g) * ev + e];
-      if (gate == 0.0f) continue;
-      const float c = gate * (1.0f / scratch.sums[r]);
-      const float* chain = scratch.chain.data() + r * dh;
-      float* o = out + r * ldo;
-      for (int i = 0; i < dh; ++i) o[i] = o[i] + c * chain[i];
+    ReduceValues(step, piece, scratch.scores.data(), lds, cache, e, scratch.chain.data(),
+                 piece.heads * dh, dh);
+    for (int hh = 0; hh < piece.heads; ++hh) {
+      const int g = kv_head(hh);
+      for (int r = 0; r < rows; ++r) {
+        const float gate = value_gates[(static_cast<int64_t>(piece.first + r) * G + g) * ev + e];
+        if (gate == 0.0f) continue;
+        const float c = gate * (1.0f / scratch.sums[hh * rows + r]);
+        const float* chain = scratch.chain.data() + r * piece.heads * dh + hh * dh;
+        float* o = out + r * ldo + hh * dh;
+        for (int i = 0; i < dh; ++i) o[i] = o[i] + c * chain[i];
+      }
     }
   }
 }
 
-void PagedAttention::ReduceValues(const StepBatch& step, int sequence, int start, int rows,
-                                  const float* e, int64_t lde, const KvLayerCache& cache,
-                                  int64_t v_offset, float* out, int64_t ldo) const {
+void PagedAttention::ReduceValues(const StepBatch& step, const Piece& piece, const float* e,
+                                  int64_t lde, const KvLayerCache& cache, int expert, float* out,
+                                  int64_t ldo, int64_t out_head_stride) const {
   const int dh = head_dim_;
   const int bs = step.block_size;
+  const int rows = piece.rows;
+  const int start = step.positions[piece.first];
   const int keys = start + rows;
-  const int32_t* table = step.block_table(sequence);
+  const int64_t head_scores = static_cast<int64_t>(rows) * lde;
+  const int32_t* table = step.block_table(piece.sequence);
   const WeightMatrix v_cache{cache.dtype, cache.v,
                              static_cast<int64_t>(kv_heads_) * values_per_kv_head_ * dh};
   for (int b0 = 0; b0 < keys; b0 += bs) {
     const int n = std::min(bs, keys - b0);
-    const WeightMatrix values = v_cache.At(static_cast<int64_t>(table[b0 / bs]) * bs, v_offset);
     // Row r sees keys [0, start + r]: all of this block from r_full on.
     const int r_first = std::max(0, b0 - start);
     const int r_full = std::min(rows, std::max(0, b0 + n - 1 - start));
-    for (int r = r_first; r < r_full; ++r) {  // horizons inside the block: alone
-      MatmulArgs args{
-          1, dh, start + r - b0 + 1, e + r * lde + b0, lde, nullptr, values, out + r * ldo, ldo};
-      args.accumulate = b0 > 0;
-      kernels_->rows_in(args);
-    }
-    if (r_full < rows) {
-      MatmulArgs args{rows - r_full,      dh, n, e + r_full * lde + b0, lde, nullptr, values,
-                      out + r_full * ldo, ldo};
-      args.accumulate = b0 > 0;
-      kernels_->rows_in(args);
+    for (int hh = 0; hh < piece.heads; ++hh) {
+      const int g = (piece.head + hh) / (heads_ / kv_heads_);
+      const WeightMatrix values =
+          v_cache.At(static_cast<int64_t>(table[b0 / bs]) * bs,
+                     static_cast<int64_t>(g * values_per_kv_head_ + expert) * dh);
+      const float* eh = e + hh * head_scores;
+      float* oh = out + hh * out_head_stride;
+      for (int r = r_first; r < r_full; ++r) {  // horizons inside the block: alone
+        MatmulArgs args{
+            1, dh, start + r - b0 + 1, eh + r * lde + b0, lde, nullptr, values, oh + r * ldo, ldo};
+        args.accumulate = b0 > 0;
+        kernels_->rows_in(args);
+      }
+      if (r_full < rows) {
+        MatmulArgs args{rows - r_full,     dh, n, eh + r_full * lde + b0, lde, nullptr, values,
+                        oh + r_full * ldo, ldo};
+        args.accumulate = b0 > 0;
+        kernels_->rows_in(args);
+      }
     }
   }
 }

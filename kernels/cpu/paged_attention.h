@@ -18,7 +18,9 @@
 // tile that see a whole KV block reduce it in one product; the rows whose
 // causal horizon ends inside a block reduce their visible part alone (a
 // rows-in chain over p ranges gives the same bits as one call over their
-// union). Work is shared out over (sequence, head, query tile).
+// union). Work is shared out over (sequence, query tile, head); with enough
+// tiles, each tile's heads stay together, reading each KV block once for all
+// of them.
 //
 // Not thread-safe: owns per-thread scratch, reused across calls.
 #ifndef SWITCHSERVE_KERNELS_CPU_PAGED_ATTENTION_H_
@@ -62,23 +64,26 @@ class PagedAttention {
  private:
   struct Piece {
     int sequence;
-    int head;
+    int head;   // the first query head
+    int heads;  // query heads [head, head + heads)
     int first;  // first token of the tile (step order)
     int rows;   // tokens in the tile
   };
   struct Scratch {
-    std::vector<float> scores;  // [tile rows, keys]: s, then e
-    std::vector<float> sums;    // [tile rows]
-    std::vector<float> chain;   // [tile rows, dh]: one expert's chain (Ev > 1)
+    std::vector<float> scores;  // [heads, tile rows, keys]: s, then e
+    std::vector<float> sums;    // [heads, tile rows]
+    std::vector<float> chain;   // [tile rows, heads, dh]: one expert's chains (Ev > 1)
   };
   void AttendTile(const StepBatch& step, const Piece& piece, const float* q,
                   const KvLayerCache& cache, const XlPositionKeys& positions,
                   const float* value_gates, float* a, Scratch& scratch) const;
-  // chain[r] (+)= sum over keys of e[r][j] * v_j for the tile's rows, block by
-  // block, each row over its visible keys only.
-  void ReduceValues(const StepBatch& step, int sequence, int start, int rows, const float* e,
-                    int64_t lde, const KvLayerCache& cache, int64_t v_offset, float* out,
-                    int64_t ldo) const;
+  // out[r] (+)= sum over keys of e[r][j] * v_j (cached value `expert` of the
+  // head's KV head) for each of the piece's heads and tile rows, block by
+  // block and head by head within a block, each row over its visible keys
+  // only. e: [heads, rows, lde]; head hh's rows at out + hh * out_head_stride.
+  void ReduceValues(const StepBatch& step, const Piece& piece, const float* e, int64_t lde,
+                    const KvLayerCache& cache, int expert, float* out, int64_t ldo,
+                    int64_t out_head_stride) const;
 
   int heads_, kv_heads_, head_dim_, values_per_kv_head_;
   const MatmulKernels* kernels_;

@@ -67,8 +67,10 @@ class BatchInvarianceTest : public ::testing::TestWithParam<Param> {
 
   // The target in chunks of random sizes, each in a step with random
   // neighbours (new prefills, continuing prefills, decodes) placed before and
-  // after it.
-  void RunAmongNeighbours(BackendHarness& harness, uint64_t seed, const std::string& how) {
+  // after it. `crowd` > 0: every step holds that many short neighbours, each
+  // a prefill or a decode of one or two tokens.
+  void RunAmongNeighbours(BackendHarness& harness, uint64_t seed, const std::string& how,
+                          int crowd = 0) {
     std::mt19937_64 rng(seed);
     const int V = config_.vocab_size;
     struct Neighbour {
@@ -81,19 +83,32 @@ class BatchInvarianceTest : public ::testing::TestWithParam<Param> {
       const int n = std::min<int>(kTargetLength - p, 1 + static_cast<int>(rng() % 12));
       std::vector<BackendHarness::Chunk> chunks;
       // Keep the cache from filling: neighbours stay short and leave.
-      while (neighbours.size() > 3 || (!neighbours.empty() && rng() % 4 == 0)) {
+      while (neighbours.size() > static_cast<size_t>(crowd > 0 ? crowd : 3) ||
+             (!neighbours.empty() && rng() % 4 == 0)) {
         harness.alloc().Free(neighbours.front().id);
         neighbours.erase(neighbours.begin());
       }
+      for (size_t i = 0; crowd > 0 && i < neighbours.size();) {
+        if (neighbours[i].length > 8) {
+          harness.alloc().Free(neighbours[i].id);
+          neighbours.erase(neighbours.begin() + i);
+        } else {
+          ++i;
+        }
+      }
       for (Neighbour& nb : neighbours) {
-        if (rng() % 3 == 0 || nb.length > 20) continue;  // not in this step
-        const int m = rng() % 2 == 0 ? 1 : 1 + static_cast<int>(rng() % 9);
+        if (crowd == 0 && (rng() % 3 == 0 || nb.length > 20)) continue;  // not in this step
+        const int m = crowd > 0        ? 1 + static_cast<int>(rng() % 2)
+                      : rng() % 2 == 0 ? 1
+                                       : 1 + static_cast<int>(rng() % 9);
         chunks.push_back({nb.id, testing::RandomTokens(m, V, rng()), nb.length,
                           rng() % 2 == 0 ? LogitsMode::kLast : LogitsMode::kNone});
         nb.length += m;
       }
-      for (int fresh = static_cast<int>(rng() % 3); fresh > 0; --fresh) {
-        const int m = 1 + static_cast<int>(rng() % 10);
+      const int fresh_count =
+          crowd > 0 ? crowd - static_cast<int>(neighbours.size()) : static_cast<int>(rng() % 3);
+      for (int fresh = fresh_count; fresh > 0; --fresh) {
+        const int m = 1 + static_cast<int>(rng() % (crowd > 0 ? 2 : 10));
         neighbours.push_back({next_id, m});
         chunks.push_back({next_id++, testing::RandomTokens(m, V, rng()), 0, LogitsMode::kAll});
       }
@@ -142,6 +157,14 @@ TEST_P(BatchInvarianceTest, ChunksAmongNeighboursGiveTheFullPassBits) {
   // Another sequence takes the lowest free blocks, so the table changes.
   ASSERT_TRUE(harness.alloc().Reserve(99, 5 * testing::kHarnessBlockSize).ok());
   RunAmongNeighbours(harness, 2, "recomputed");
+}
+
+// Enough sequences in every step that the CPU backend's attention keeps each
+// query tile's heads together in one piece of work (paged_attention.h), where
+// the full pass takes one head at a time.
+TEST_P(BatchInvarianceTest, ChunksAmongManyNeighboursGiveTheFullPassBits) {
+  BackendHarness harness(backend(), config_, weights_, config_.dispatch);
+  RunAmongNeighbours(harness, 3, "crowded", /*crowd=*/9);
 }
 
 // Half-precision weights are widened exactly, in registers or a tile at a
