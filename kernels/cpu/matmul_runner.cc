@@ -11,8 +11,6 @@ namespace {
 constexpr int kRowsOutColumnStep = 24;
 constexpr int kRowsInColumnStep = 64;
 constexpr int kRowStep = 64;
-// Aim for this many pieces per thread, so that uneven pieces even out.
-constexpr int kPiecesPerThread = 4;
 constexpr int64_t kMinPieceMacs = 1 << 15;
 
 int64_t Macs(const MatmulArgs& args) { return static_cast<int64_t>(args.m) * args.n * args.k; }

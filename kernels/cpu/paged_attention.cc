@@ -12,9 +12,8 @@ namespace {
 constexpr int kQueryTile = 64;
 // A tile takes all its heads in one piece, KV block by KV block (each block's
 // rows read once for every head, in storage order), where there are at least
-// this many tiles per thread and the heads' scores take at most
+// kPiecesPerThread tiles per thread and the heads' scores take at most
 // kAllHeadsScoreBytes; else one head per piece.
-constexpr int kPiecesPerThread = 4;
 constexpr int64_t kAllHeadsScoreBytes = 128 << 10;
 
 template <typename T>
@@ -85,7 +84,6 @@ void PagedAttention::AttendTile(const StepBatch& step, const Piece& piece, const
   const int64_t head_scores = static_cast<int64_t>(rows) * lds;  // [rows, keys] per head
   Grow(scratch.scores, static_cast<size_t>(piece.heads) * head_scores);
   Grow(scratch.sums, static_cast<size_t>(piece.heads) * rows);
-  const auto kv_head = [&](int hh) { return (piece.head + hh) / (H / G); };
   const auto q_rows = [&](int hh) {
     return q + (static_cast<int64_t>(piece.first) * H + piece.head + hh) * dh;
   };
@@ -102,7 +100,7 @@ void PagedAttention::AttendTile(const StepBatch& step, const Piece& piece, const
                       static_cast<int64_t>(H) * dh,
                       nullptr,
                       k_cache.At(static_cast<int64_t>(table[b0 / bs]) * bs,
-                                 static_cast<int64_t>(kv_head(hh)) * dh),
+                                 static_cast<int64_t>(KvHead(piece.head + hh)) * dh),
                       scratch.scores.data() + hh * head_scores + r0 * lds + b0,
                       lds};
       kernels_->rows_out(args);
@@ -162,7 +160,7 @@ void PagedAttention::AttendTile(const StepBatch& step, const Piece& piece, const
     ReduceValues(step, piece, scratch.scores.data(), lds, cache, e, scratch.chain.data(),
                  piece.heads * dh, dh);
     for (int hh = 0; hh < piece.heads; ++hh) {
-      const int g = kv_head(hh);
+      const int g = KvHead(piece.head + hh);
       for (int r = 0; r < rows; ++r) {
         const float gate = value_gates[(static_cast<int64_t>(piece.first + r) * G + g) * ev + e];
         if (gate == 0.0f) continue;
@@ -193,7 +191,7 @@ void PagedAttention::ReduceValues(const StepBatch& step, const Piece& piece, con
     const int r_first = std::max(0, b0 - start);
     const int r_full = std::min(rows, std::max(0, b0 + n - 1 - start));
     for (int hh = 0; hh < piece.heads; ++hh) {
-      const int g = (piece.head + hh) / (heads_ / kv_heads_);
+      const int g = KvHead(piece.head + hh);
       const WeightMatrix values =
           v_cache.At(static_cast<int64_t>(table[b0 / bs]) * bs,
                      static_cast<int64_t>(g * values_per_kv_head_ + expert) * dh);

@@ -74,6 +74,8 @@ class PagedAttention {
     std::vector<float> sums;    // [heads, tile rows]
     std::vector<float> chain;   // [tile rows, heads, dh]: one expert's chains (Ev > 1)
   };
+  // The KV head query head `head` reads.
+  int KvHead(int head) const { return head / (heads_ / kv_heads_); }
   void AttendTile(const StepBatch& step, const Piece& piece, const float* q,
                   const KvLayerCache& cache, const XlPositionKeys& positions,
                   const float* value_gates, float* a, Scratch& scratch) const;

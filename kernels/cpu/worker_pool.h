@@ -23,6 +23,10 @@
 
 namespace switchserve::cpu {
 
+// Jobs aim for at least this many pieces per thread, so that uneven pieces
+// (and a thread the OS runs late) even out.
+inline constexpr int kPiecesPerThread = 4;
+
 class WorkerPool {
  public:
   // `threads` >= 1 counts the caller: threads - 1 workers are started.
