@@ -31,7 +31,8 @@ CpuAttention::CpuAttention(const ModelConfig& config, const DispatchConfig& disp
       pool_(pool),
       d_(config.d_model),
       rope_(config.attention.RotaryDims(), config.attention.rope_base),
-      paged_(config.attention, isa, pool, parallel_min_macs) {}
+      paged_(config.attention, isa, pool, parallel_min_macs),
+      gated_(runner, pool) {}
 
 GateFunction CpuAttention::gate() const {
   return attn_.gate == AttentionGate::kSigmoid ? GateFunction::kSigmoid
@@ -205,34 +206,23 @@ void CpuAttention::ProjectOutput(const AttentionWeights& w, const StepBatch& ste
                      dispatch_, base_router + r, recorder, &decision_, &assignments_[r]);
   }
   // One product per (head, expert) over the heads' attention outputs routed to
-  // it, all in one group; then each token's kept outputs added to x in (head,
-  // expert) order.
-  int64_t slots = 0;
-  for (int h = 0; h < H; ++h) slots += assignments_[attn_.shared_router ? 0 : h].offsets[E];
-  Grow(product_, static_cast<size_t>(slots) * d_);
-  tasks_.clear();
-  int64_t base = 0;
+  // it, each token's kept outputs added to x in (head, expert) order.
+  gated_tasks_.clear();
   for (int h = 0; h < H; ++h) {
     const ExpertAssignments& as = assignments_[attn_.shared_router ? 0 : h];
     for (int e = 0; e < E; ++e) {
       if (as.count(e) == 0) continue;
-      tasks_.push_back({WeightLayout::kRowsIn,
-                        {as.count(e), d_, dh, a_.data() + static_cast<int64_t>(h) * dh, H * dh,
-                         as.token.data() + as.begin(e),
-                         MatrixOf(w.o, d_, static_cast<int64_t>(h * E + e) * dh * d_),
-                         product_.data() + (base + as.begin(e)) * d_, d_}});
+      gated_tasks_.push_back(
+          {{WeightLayout::kRowsIn,
+            {as.count(e), d_, dh, a_.data() + static_cast<int64_t>(h) * dh, H * dh,
+             as.token.data() + as.begin(e),
+             MatrixOf(w.o, d_, static_cast<int64_t>(h * E + e) * dh * d_), nullptr, 0}},
+           nullptr,
+           &as,
+           e});
     }
-    base += as.offsets[E];
   }
-  runner_->Run(tasks_);
-  outputs_.clear();
-  base = 0;
-  for (int h = 0; h < H; ++h) {
-    const ExpertAssignments& as = assignments_[attn_.shared_router ? 0 : h];
-    outputs_.push_back({&as, product_.data() + base * d_, x, d_});
-    base += as.offsets[E];
-  }
-  AddExpertOutputs(outputs_, d_, T, pool_, runner_->parallel_min_macs());
+  gated_.Run(gated_tasks_, d_, T, x, d_);
 }
 
 }  // namespace switchserve::cpu

@@ -20,6 +20,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/cpu_step.h"
 #include "kernels/cpu/cpu_xl_positions.h"
+#include "kernels/cpu/gated_expert_products.h"
 #include "kernels/cpu/matmul_runner.h"
 #include "kernels/cpu/paged_attention.h"
 
@@ -59,6 +60,7 @@ class CpuAttention {
   int d_ = 0;
   RopeTable rope_;
   PagedAttention paged_;
+  GatedExpertProducts gated_;  // the output experts
 
   // Scratch, grown as needed and reused.
   std::vector<float> q_;              // [T, H*dh]
@@ -68,9 +70,10 @@ class CpuAttention {
   std::vector<float> value_logits_;   // [T, value routers*E]
   std::vector<float> output_logits_;  // [T, output routers*E] (E = 1: [T, H])
   std::vector<float> vweight_;        // destination routing: [T, G, E] value gate weights
-  std::vector<float> product_;        // [routed slots, max(d, dh)] expert outputs
+  std::vector<float> product_;        // [routed slots, dh] value expert outputs
   std::vector<MatmulTask> tasks_;
   std::vector<ExpertOutputs> outputs_;
+  std::vector<GatedExpertTask> gated_tasks_;
   std::vector<ExpertAssignments> assignments_;  // per router head
   RouterDecision decision_;
 };

@@ -14,6 +14,7 @@
 #include "engine/model/model_weights.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/cpu_step.h"
+#include "kernels/cpu/gated_expert_products.h"
 #include "kernels/cpu/matmul_runner.h"
 
 namespace switchserve::cpu {
@@ -35,11 +36,11 @@ class CpuFfn {
   MatmulRunner* runner_;
   WorkerPool* pool_;
 
-  std::vector<float> logits_;   // [T, X]
-  std::vector<float> hidden_;   // [slots, F] (dense: [T, F])
-  std::vector<float> product_;  // [slots, d]
+  std::vector<float> logits_;  // [T, X]
+  std::vector<float> hidden_;  // [slots, F] (dense: [T, F])
   std::vector<MatmulTask> tasks_;
-  std::vector<ExpertOutputs> outputs_;
+  GatedExpertProducts gated_;  // the down projections
+  std::vector<GatedExpertTask> gated_tasks_;
   RouterDecision decision_;
   ExpertAssignments assignments_;
 };

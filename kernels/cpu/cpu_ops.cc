@@ -143,6 +143,11 @@ void RopeTable::Apply(float* x, int heads, int head_dim, int position) const {
   }
 }
 
+void AddScaledRow(float* row, const float* product, float weight, int n) {
+#pragma omp simd
+  for (int c = 0; c < n; ++c) row[c] += weight * product[c];
+}
+
 void AddExpertOutputs(const std::vector<ExpertOutputs>& groups, int width, int tokens,
                       WorkerPool* pool, int64_t parallel_min_values) {
   // Each piece owns a range of token rows and walks every slot, adding those
@@ -156,9 +161,7 @@ void AddExpertOutputs(const std::vector<ExpertOutputs>& groups, int width, int t
           if (t < t_begin || t >= t_end) continue;
           const float wt = as.weight[s];
           const float* product = group.product + static_cast<int64_t>(s) * width;
-          float* row = group.dst + t * group.dst_stride;
-#pragma omp simd
-          for (int c = 0; c < width; ++c) row[c] += wt * product[c];
+          AddScaledRow(group.dst + t * group.dst_stride, product, wt, width);
         }
       }
     }

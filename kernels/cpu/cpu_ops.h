@@ -66,6 +66,9 @@ void AddBiasRows(float* x, int rows, int n, int ld, const float* bias);
 void ApplyActivation(Activation act, float* x, int64_t n);
 float Sigmoid(float z);
 
+// row[0, n) += weight * product[0, n): one multiply and one add per element.
+void AddScaledRow(float* row, const float* product, float weight, int n);
+
 // One router's expert outputs, for AddExpertOutputs: its assignments, the
 // product rows of its slots (slot s at product + s * width) and the rows of
 // its tokens (token t at dst + t * dst_stride).

@@ -1,0 +1,69 @@
+// The products of a module's experts whose rows go back into token rows,
+// scaled by their gates (SwitchHead's output experts, the MoE FFN's down
+// projection): each expert's product is computed a block of columns and of
+// tokens at a time into a small per-thread buffer and added to its tokens'
+// rows at once, while both are in the cache, instead of being written whole
+// ([slots, n]: 16 MiB for a 512-token prefill of the paper's output experts)
+// and read back by AddExpertOutputs.
+//
+// Same bits as the products (MatmulRunner) followed by AddExpertOutputs: no
+// product element depends on the rows and columns a call covers (matmul.h),
+// a token has at most one slot per expert, and a block's tasks are added in
+// task order, so each row receives the same additions in the same order.
+//
+// Not thread-safe: owns per-thread scratch, reused across calls.
+#ifndef SWITCHSERVE_KERNELS_CPU_GATED_EXPERT_PRODUCTS_H_
+#define SWITCHSERVE_KERNELS_CPU_GATED_EXPERT_PRODUCTS_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/moe/expert_dispatch.h"
+#include "kernels/cpu/matmul_runner.h"
+#include "kernels/cpu/worker_pool.h"
+
+namespace switchserve::cpu {
+
+// One expert's product: `product` covers all of the expert's slots (args.m =
+// assignments->count(expert); row i of a is that of slot begin(expert) + i;
+// args.c, ldc and accumulate unused). `bias` ([n], or null) is added to each
+// product row before it is scaled.
+struct GatedExpertTask {
+  MatmulTask product;
+  const float* bias = nullptr;
+  const ExpertAssignments* assignments = nullptr;
+  int expert = 0;
+};
+
+class GatedExpertProducts {
+ public:
+  // `runner` (its kernels, thread count and parallel threshold) and `pool`
+  // must outlive this object.
+  GatedExpertProducts(const MatmulRunner* runner, WorkerPool* pool);
+
+  // For every task in order, every slot s of its expert:
+  //   dst[token(s), 0 .. n) += weight(s) * (product row of s + bias)
+  // one multiply and one add per element, as AddExpertOutputs adds them when
+  // the tasks come in (group, expert) order. Every task's product has n
+  // columns; `tokens` bounds the assignments' token indices.
+  void Run(const std::vector<GatedExpertTask>& tasks, int n, int tokens, float* dst,
+           int64_t dst_stride);
+
+ private:
+  struct Scratch {
+    std::vector<float> product;  // [rows, block columns]
+    std::vector<int32_t> rows;   // the rows of a a token block reads
+    std::vector<int32_t> slots;  // and their slots
+  };
+  // Tasks' columns [j0, j0 + cols) for the tokens [t0, t1).
+  void RunBlock(const std::vector<GatedExpertTask>& tasks, int t0, int t1, int j0, int cols,
+                int tokens, float* dst, int64_t dst_stride, Scratch& scratch) const;
+
+  const MatmulRunner* runner_;
+  WorkerPool* pool_;
+  std::vector<Scratch> scratch_;  // per pool slot
+};
+
+}  // namespace switchserve::cpu
+
+#endif  // SWITCHSERVE_KERNELS_CPU_GATED_EXPERT_PRODUCTS_H_
