@@ -7,9 +7,9 @@
 namespace switchserve::cpu {
 namespace {
 
-// Columns of a block: whole register tiles (three weight rows for kRowsOut,
-// vectors of eight for kRowsIn, in the runner's steps).
-constexpr int kRowsOutColumnStep = 24;
+// Columns of a block: whole vectors of eight (kRowsIn in MatmulRunner's
+// steps of 64; a kRowsOut block takes any number of weight rows).
+constexpr int kRowsOutColumnStep = 8;
 constexpr int kRowsInColumnStep = 64;
 // Tasks averaging at most this many rows (a decode step's share of each
 // expert) stream their weights from memory: a rows-in block then spans
@@ -17,7 +17,9 @@ constexpr int kRowsInColumnStep = 64;
 // as MatmulRunner's pieces do.
 constexpr int kFewRows = 32;
 // Destination bytes of one block ([tokens, columns]): they stay in the L2
-// cache with the block's product while every task adds to them.
+// cache with the block's product while every task adds to them. Blocks
+// narrow down to one column step before the tokens are split, since each
+// token block reads every expert's weights again.
 constexpr int64_t kDstBlockBytes = 128 << 10;
 
 int CeilDiv(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
@@ -52,7 +54,11 @@ void GatedExpertProducts::Run(const std::vector<GatedExpertTask>& tasks, int n, 
       n >= long_columns * workers) {
     step = std::max(step, long_columns);
   }
-  int cols = CeilDiv(CeilDiv(n, kPiecesPerThread * workers), step) * step;
+  const auto round_up = [step](int64_t c) { return CeilDiv(c, step) * step; };
+  int cols = round_up(CeilDiv(n, kPiecesPerThread * workers));
+  while (cols > step && static_cast<int64_t>(tokens) * cols * sizeof(float) > kDstBlockBytes) {
+    cols = round_up(cols / 2);
+  }
   cols = std::min(cols, n);
   const int col_blocks = CeilDiv(n, cols);
   const int64_t block_tokens =
