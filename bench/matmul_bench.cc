@@ -21,6 +21,15 @@
 // on 4 KiB pages (0); --benchmark_enable_random_interleaving with
 // repetitions alternates the two.
 //
+// BM_GatedExpertOutputs runs a module's expert products whose rows go back
+// into the tokens' rows, scaled by their gates, for a step of `tokens`
+// tokens routed at random, bf16 weights from memory (256 MiB of copies on
+// huge pages), on all cores: the paper shape's SwitchHead output experts (4
+// heads x 4 experts, top 2, [112, 1024] rows in) or its FFN down
+// projections (32 experts, top 4, [1024, 128] rows out). fused 0: every
+// product whole (MatmulRunner), then AddExpertOutputs; 1:
+// GatedExpertProducts, a block of columns and tokens at a time. Same bits.
+//
 //   build/release/bench/matmul_bench --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
 #include <cblas.h>
@@ -36,6 +45,9 @@
 
 #include "bench/roofline.h"
 #include "engine/model/huge_pages.h"
+#include "engine/moe/expert_dispatch.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/gated_expert_products.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/matmul_runner.h"
 #include "kernels/cpu/worker_pool.h"
@@ -230,6 +242,108 @@ void FromMemoryShapes(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_MatmulFromMemory)
     ->Apply(FromMemoryShapes)
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
+// Args: module (0 SwitchHead output experts, 1 FFN down projections), tokens,
+// fused (0, 1).
+void BM_GatedExpertOutputs(benchmark::State& state) {
+  const bool ffn = state.range(0) == 1;
+  const int tokens = static_cast<int>(state.range(1));
+  const bool fused = state.range(2) == 1;
+  const int groups = ffn ? 1 : 4, experts = ffn ? 32 : 4, top_k = ffn ? 4 : 2;
+  const int n = 1024, k = ffn ? 128 : 112;
+  const WeightLayout layout = ffn ? WeightLayout::kRowsOut : WeightLayout::kRowsIn;
+  std::mt19937 rng(7);
+  // Each group's assignments: every token to top_k distinct experts.
+  std::vector<ExpertAssignments> assignments(groups);
+  for (ExpertAssignments& as : assignments) {
+    std::vector<std::vector<int>> chosen(experts);
+    for (int t = 0; t < tokens; ++t) {
+      std::vector<int> order(experts);
+      for (int e = 0; e < experts; ++e) order[e] = e;
+      std::shuffle(order.begin(), order.end(), rng);
+      for (int r = 0; r < top_k; ++r) chosen[order[r]].push_back(t);
+    }
+    as.n_experts = experts;
+    as.offsets.assign(experts + 1, 0);
+    for (int e = 0; e < experts; ++e) {
+      as.offsets[e + 1] = as.offsets[e] + static_cast<int32_t>(chosen[e].size());
+      as.token.insert(as.token.end(), chosen[e].begin(), chosen[e].end());
+    }
+    as.weight.assign(as.token.size(), 0.5f);
+  }
+  const int64_t slots = static_cast<int64_t>(tokens) * top_k * groups;
+  // Rows in: the tokens' attention outputs [tokens, groups * k]; rows out:
+  // the slots' hidden rows [slots, k].
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> a(ffn ? slots * k : static_cast<int64_t>(tokens) * groups * k);
+  for (float& x : a) x = dist(rng);
+  const Problem one = MakeProblem(1, n, k, DType::kBF16);
+  const size_t bytes_per = static_cast<size_t>(one.w.bytes());
+  const int per_step = groups * experts;
+  const int copies =
+      static_cast<int>(std::max<int64_t>(2, (int64_t{256} << 20) / bytes_per / per_step)) *
+      per_step;
+  const std::shared_ptr<std::byte[]> memory = PagedBytes(bytes_per * copies, true);
+  for (int i = 0; i < copies; ++i)
+    std::memcpy(memory.get() + bytes_per * i, one.w.raw(), bytes_per);
+  std::vector<float> x(static_cast<size_t>(tokens) * n, 0.0f), product(slots * n);
+  WorkerPool pool(static_cast<int>(std::thread::hardware_concurrency()));
+  MatmulRunner runner(BestKernelIsa(), &pool);
+  GatedExpertProducts gated(&runner, &pool);
+  std::vector<MatmulTask> tasks;
+  std::vector<GatedExpertTask> gated_tasks;
+  std::vector<ExpertOutputs> outputs;
+  int next = 0;
+  for (auto _ : state) {
+    tasks.clear();
+    gated_tasks.clear();
+    outputs.clear();
+    int64_t base = 0;
+    for (int g = 0; g < groups; ++g) {
+      const ExpertAssignments& as = assignments[g];
+      for (int e = 0; e < experts; ++e) {
+        const WeightMatrix w{DType::kBF16, memory.get() + bytes_per * (next + g * experts + e),
+                             ffn ? k : n};
+        MatmulArgs args{as.count(e),
+                        n,
+                        k,
+                        nullptr,
+                        k,
+                        nullptr,
+                        w,
+                        product.data() + (base + as.begin(e)) * n,
+                        n};
+        if (ffn) {
+          args.a = a.data() + (base + as.begin(e)) * k;
+        } else {
+          args.a = a.data() + static_cast<int64_t>(g) * k;
+          args.lda = static_cast<int64_t>(groups) * k;
+          args.a_rows = as.token.data() + as.begin(e);
+        }
+        tasks.push_back({layout, args});
+        gated_tasks.push_back({{layout, args}, nullptr, &as, e});
+      }
+      outputs.push_back({&as, product.data() + base * n, x.data(), n});
+      base += as.offsets[experts];
+    }
+    if (fused) {
+      gated.Run(gated_tasks, n, tokens, x.data(), n);
+    } else {
+      runner.Run(tasks);
+      AddExpertOutputs(outputs, n, tokens, &pool, runner.parallel_min_macs());
+    }
+    benchmark::DoNotOptimize(x.data());
+    next = next + per_step == copies ? 0 : next + per_step;
+  }
+  state.counters["gflops"] = benchmark::Counter(
+      2e-9 * static_cast<double>(slots) * n * k * static_cast<double>(state.iterations()),
+      benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_GatedExpertOutputs)
+    ->ArgNames({"module", "tokens", "fused"})
+    ->ArgsProduct({{0, 1}, {1, 32, 512}, {0, 1}})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 

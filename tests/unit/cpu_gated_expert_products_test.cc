@@ -170,8 +170,8 @@ TEST_P(GatedExpertProductsTest, AddsTheBitsOfWholeProductsThenAddExpertOutputs) 
 std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
   const auto [isa, dtype, layout, threads] = info.param;
   return std::string(ToString(isa)) + "_" + std::string(ToString(dtype)) +
-         (layout == WeightLayout::kRowsOut ? "_rows_out_" : "_rows_in_") +
-         std::to_string(threads) + "_threads";
+         (layout == WeightLayout::kRowsOut ? "_rows_out_" : "_rows_in_") + std::to_string(threads) +
+         "_threads";
 }
 
 INSTANTIATE_TEST_SUITE_P(
