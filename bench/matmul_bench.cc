@@ -28,7 +28,8 @@
 // heads x 4 experts, top 2, [112, 1024] rows in) or its FFN down
 // projections (32 experts, top 4, [1024, 128] rows out). fused 0: every
 // product whole (MatmulRunner), then AddExpertOutputs; 1:
-// GatedExpertProducts, a block of columns and tokens at a time. Same bits.
+// GatedExpertProducts (a block of columns and tokens at a time where the
+// experts average over 32 rows, else the same as 0). Same bits.
 //
 //   build/release/bench/matmul_bench --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>

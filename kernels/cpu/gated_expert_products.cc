@@ -7,15 +7,18 @@
 namespace switchserve::cpu {
 namespace {
 
+// Tasks averaging at most this many rows (a decode step's share of each
+// expert) compute their products whole and then add them: their weights
+// come from memory, which MatmulRunner's pieces (a whole expert's columns
+// each) stream better than column blocks of every expert. Measured
+// (matmul_bench BM_GatedExpertOutputs, bf16, 12 interleaved repetitions,
+// fastest): by blocks, 1 and 32 tokens took 1.07-1.35x as long; 512 tokens
+// of the output experts 0.88x.
+constexpr int kFewRows = 32;
 // Columns of a block: whole vectors of eight (kRowsIn in MatmulRunner's
 // steps of 64; a kRowsOut block takes any number of weight rows).
 constexpr int kRowsOutColumnStep = 8;
 constexpr int kRowsInColumnStep = 64;
-// Tasks averaging at most this many rows (a decode step's share of each
-// expert) stream their weights from memory: a rows-in block then spans
-// kRowsInLongRowBytes of each weight row where the matrix is wide enough,
-// as MatmulRunner's pieces do.
-constexpr int kFewRows = 32;
 // Destination bytes of one block ([tokens, columns]): they stay in the L2
 // cache with the block's product while every task adds to them. Blocks
 // narrow down to one column step before the tokens are split, since each
@@ -26,7 +29,7 @@ int CeilDiv(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
 }  // namespace
 
-GatedExpertProducts::GatedExpertProducts(const MatmulRunner* runner, WorkerPool* pool)
+GatedExpertProducts::GatedExpertProducts(MatmulRunner* runner, WorkerPool* pool)
     : runner_(runner), pool_(pool), scratch_(runner->threads()) {}
 
 void GatedExpertProducts::Run(const std::vector<GatedExpertTask>& tasks, int n, int tokens,
@@ -35,25 +38,19 @@ void GatedExpertProducts::Run(const std::vector<GatedExpertTask>& tasks, int n, 
   int64_t macs = 0;
   int64_t rows = 0;
   bool rows_in = false;
-  int64_t element_bytes = 4;
   for (const GatedExpertTask& task : tasks) {
     const MatmulArgs& g = task.product.args;
     macs += static_cast<int64_t>(g.m) * n * g.k;
     rows += g.m;
-    if (task.product.layout == WeightLayout::kRowsIn) {
-      rows_in = true;
-      element_bytes = std::min<int64_t>(element_bytes, DTypeSize(g.w.dtype));
-    }
+    rows_in = rows_in || task.product.layout == WeightLayout::kRowsIn;
+  }
+  if (rows <= kFewRows * static_cast<int64_t>(tasks.size())) {
+    return RunWhole(tasks, n, tokens, rows, dst, dst_stride);
   }
   const int threads = runner_->threads();
   const bool parallel = threads > 1 && macs >= runner_->parallel_min_macs();
   const int workers = parallel ? threads : 1;
-  int step = rows_in ? kRowsInColumnStep : kRowsOutColumnStep;
-  const int long_columns = static_cast<int>(kRowsInLongRowBytes / element_bytes);
-  if (rows_in && rows <= kFewRows * static_cast<int64_t>(tasks.size()) &&
-      n >= long_columns * workers) {
-    step = std::max(step, long_columns);
-  }
+  const int step = rows_in ? kRowsInColumnStep : kRowsOutColumnStep;
   const auto round_up = [step](int64_t c) { return CeilDiv(c, step) * step; };
   int cols = round_up(CeilDiv(n, kPiecesPerThread * workers));
   while (cols > step && static_cast<int64_t>(tokens) * cols * sizeof(float) > kDstBlockBytes) {
@@ -77,6 +74,34 @@ void GatedExpertProducts::Run(const std::vector<GatedExpertTask>& tasks, int n, 
   } else {
     pool_->Run(pieces, piece);
   }
+}
+
+void GatedExpertProducts::RunWhole(const std::vector<GatedExpertTask>& tasks, int n, int tokens,
+                                   int64_t rows, float* dst, int64_t dst_stride) {
+  if (product_.size() < static_cast<size_t>(rows) * n) product_.resize(rows * n);
+  whole_.clear();
+  outputs_.clear();
+  int64_t base = 0;
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    const ExpertAssignments& as = *tasks[i].assignments;
+    // A new group where the assignments change (each group's slots are
+    // [0, offsets.back()), in its own stretch of product_).
+    if (i == 0 || tasks[i - 1].assignments != &as || tasks[i - 1].expert >= tasks[i].expert) {
+      if (i > 0) base += tasks[i - 1].assignments->offsets.back();
+      outputs_.push_back({&as, product_.data() + base * n, dst, dst_stride});
+    }
+    MatmulTask whole = tasks[i].product;
+    whole.args.c = product_.data() + (base + as.begin(tasks[i].expert)) * n;
+    whole.args.ldc = n;
+    whole.args.accumulate = false;
+    whole_.push_back(whole);
+  }
+  runner_->Run(whole_);
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    const MatmulArgs& g = whole_[i].args;
+    AddBiasRows(g.c, g.m, n, n, tasks[i].bias);
+  }
+  AddExpertOutputs(outputs_, n, tokens, pool_, runner_->parallel_min_macs());
 }
 
 void GatedExpertProducts::RunBlock(const std::vector<GatedExpertTask>& tasks, int t0, int t1,

@@ -1,12 +1,14 @@
 // The products of a module's experts whose rows go back into token rows,
 // scaled by their gates (SwitchHead's output experts, the MoE FFN's down
-// projection): each expert's product is computed a block of columns and of
-// tokens at a time into a small per-thread buffer and added to its tokens'
-// rows at once, while both are in the cache, instead of being written whole
-// ([slots, n]: 16 MiB for a 512-token prefill of the paper's output experts)
-// and read back by AddExpertOutputs.
+// projection). Where the experts have many rows each (prefill), each
+// expert's product is computed a block of columns and of tokens at a time
+// into a small per-thread buffer and added to its tokens' rows at once,
+// while both are in the cache, instead of being written whole ([slots, n]:
+// 16 MiB for a 512-token prefill of the paper's output experts) and read
+// back. A few rows each (decode) take the products whole (MatmulRunner)
+// and then AddExpertOutputs.
 //
-// Same bits as the products (MatmulRunner) followed by AddExpertOutputs: no
+// Both give the same bits: no
 // product element depends on the rows and columns a call covers (matmul.h),
 // a token has at most one slot per expert, and a block's tasks are added in
 // task order, so each row receives the same additions in the same order.
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "engine/moe/expert_dispatch.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/matmul_runner.h"
 #include "kernels/cpu/worker_pool.h"
 
@@ -37,15 +40,17 @@ struct GatedExpertTask {
 
 class GatedExpertProducts {
  public:
-  // `runner` (its kernels, thread count and parallel threshold) and `pool`
-  // must outlive this object.
-  GatedExpertProducts(const MatmulRunner* runner, WorkerPool* pool);
+  // `runner` and `pool` must outlive this object.
+  GatedExpertProducts(MatmulRunner* runner, WorkerPool* pool);
 
   // For every task in order, every slot s of its expert:
   //   dst[token(s), 0 .. n) += weight(s) * (product row of s + bias)
   // one multiply and one add per element, as AddExpertOutputs adds them when
   // the tasks come in (group, expert) order. Every task's product has n
-  // columns; `tokens` bounds the assignments' token indices.
+  // columns; `tokens` bounds the assignments' token indices. A group's
+  // tasks come together, its experts in increasing order; consecutive
+  // groups with the same assignments (a shared router) have the same
+  // experts.
   void Run(const std::vector<GatedExpertTask>& tasks, int n, int tokens, float* dst,
            int64_t dst_stride);
 
@@ -58,10 +63,16 @@ class GatedExpertProducts {
   // Tasks' columns [j0, j0 + cols) for the tokens [t0, t1).
   void RunBlock(const std::vector<GatedExpertTask>& tasks, int t0, int t1, int j0, int cols,
                 int tokens, float* dst, int64_t dst_stride, Scratch& scratch) const;
+  // Every product whole (`rows` in all), then AddExpertOutputs.
+  void RunWhole(const std::vector<GatedExpertTask>& tasks, int n, int tokens, int64_t rows,
+                float* dst, int64_t dst_stride);
 
-  const MatmulRunner* runner_;
+  MatmulRunner* runner_;
   WorkerPool* pool_;
   std::vector<Scratch> scratch_;  // per pool slot
+  std::vector<float> product_;    // RunWhole's products, [slots, n]
+  std::vector<MatmulTask> whole_;
+  std::vector<ExpertOutputs> outputs_;
 };
 
 }  // namespace switchserve::cpu

@@ -2,8 +2,9 @@
 // expert's product rows into its tokens' rows a block of columns and tokens
 // at a time. Its results must be the bits of the whole products
 // (MatmulRunner) followed by AddExpertOutputs, for every kernel build, weight
-// dtype and layout, on one thread and on two, whether the tasks' tokens fit
-// one block or many, and whether an expert's slots list its tokens in order
+// dtype and layout, on one thread and on two, whether the products are
+// taken whole (a few rows per expert) or by blocks, the tokens in one
+// block or many, and whether an expert's slots list its tokens in order
 // or not (step-scope dispatch lists them rank by rank).
 #include <gtest/gtest.h>
 
@@ -84,10 +85,10 @@ class GatedExpertProductsTest : public ::testing::TestWithParam<Param> {};
 TEST_P(GatedExpertProductsTest, AddsTheBitsOfWholeProductsThenAddExpertOutputs) {
   const auto [isa, dtype, layout, threads] = GetParam();
   const bool rows_in = layout == WeightLayout::kRowsIn;
-  // One token block; several token blocks (5000 tokens over one column
-  // step); a
-  // few rows per expert against weight rows of over 1 KiB (decode).
-  const Case cases[] = {{70, 200, 40}, {5000, 40, 16}, {24, 1100, 19}};
+  // Blocks of columns, one token block; several token blocks (5000 tokens
+  // over one column step); a few rows per expert (decode), which take the
+  // products whole, groups sharing assignments included.
+  const Case cases[] = {{100, 200, 40}, {5000, 40, 16}, {24, 1100, 19}};
   constexpr int kGroups = 3, kExperts = 4, kTopK = 2;
   std::mt19937 rng(7);
   for (const Case& c : cases) {
