@@ -12,8 +12,8 @@ namespace {
 // come from memory, which MatmulRunner's pieces (a whole expert's columns
 // each) stream better than column blocks of every expert. Measured
 // (matmul_bench BM_GatedExpertOutputs, bf16, 12 interleaved repetitions,
-// fastest): by blocks, 1 and 32 tokens took 1.07-1.35x as long; 512 tokens
-// of the output experts 0.88x.
+// fastest, first quartile and median): by blocks, 1 and 32 tokens took
+// 1.03-1.35x as long; 512 tokens of the output experts 0.83-0.90x.
 constexpr int kFewRows = 32;
 // Columns of a block: whole vectors of eight (kRowsIn in MatmulRunner's
 // steps of 64; a kRowsOut block takes any number of weight rows).
