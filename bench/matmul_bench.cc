@@ -324,7 +324,7 @@ void BM_GatedExpertOutputs(benchmark::State& state) {
           args.a_rows = as.token.data() + as.begin(e);
         }
         tasks.push_back({layout, args});
-        gated_tasks.push_back({{layout, args}, nullptr, &as, e});
+        gated_tasks.push_back({{layout, args}, &as, e});
       }
       outputs.push_back({&as, product.data() + base * n, x.data(), n});
       base += as.offsets[experts];

@@ -217,7 +217,6 @@ void CpuAttention::ProjectOutput(const AttentionWeights& w, const StepBatch& ste
             {as.count(e), d_, dh, a_.data() + static_cast<int64_t>(h) * dh, H * dh,
              as.token.data() + as.begin(e),
              MatrixOf(w.o, d_, static_cast<int64_t>(h * E + e) * dh * d_), nullptr, 0}},
-           nullptr,
            &as,
            e});
     }

@@ -6,12 +6,7 @@ namespace switchserve::cpu {
 
 CpuFfn::CpuFfn(const ModelConfig& config, const DispatchConfig& dispatch, MatmulRunner* runner,
                WorkerPool* pool)
-    : ffn_(config.ffn),
-      dispatch_(dispatch),
-      d_(config.d_model),
-      runner_(runner),
-      pool_(pool),
-      gated_(runner, pool) {}
+    : ffn_(config.ffn), dispatch_(dispatch), d_(config.d_model), runner_(runner), pool_(pool) {}
 
 void CpuFfn::Run(const FfnWeights& w, int tokens, const float* xn, float* x, int router_index,
                  const RoutingRecorder& recorder) {
@@ -39,10 +34,11 @@ void CpuFfn::Run(const FfnWeights& w, int tokens, const float* xn, float* x, int
   RouteAndDispatch(logits_.data(), X, T, X, ffn_.top_k, gate, ffn_.renormalize, dispatch_,
                    router_index, recorder, &decision_, &assignments_);
 
-  // Slot s of expert e (assignments order) owns row s of hidden_.
+  // Slot s of expert e (assignments order) owns row s of hidden_ and product_.
   const ExpertAssignments& as = assignments_;
   const int slots = as.offsets[X];
   Grow(hidden_, static_cast<size_t>(slots) * F);
+  Grow(product_, static_cast<size_t>(slots) * d);
   tasks_.clear();
   for (int e = 0; e < X; ++e) {
     if (as.count(e) == 0) continue;
@@ -57,20 +53,21 @@ void CpuFfn::Run(const FfnWeights& w, int tokens, const float* xn, float* x, int
                 F32OrNull(w.b1, static_cast<int64_t>(e) * F));
   }
   ApplyActivation(ffn_.activation, hidden_.data(), static_cast<int64_t>(slots) * F);
-  // The down projections, each token's kept outputs (plus bias) added to x
-  // in expert order.
-  gated_tasks_.clear();
+  tasks_.clear();
   for (int e = 0; e < X; ++e) {
     if (as.count(e) == 0) continue;
-    gated_tasks_.push_back(
-        {{WeightLayout::kRowsOut,
-          {as.count(e), d, F, hidden_.data() + static_cast<int64_t>(as.begin(e)) * F, F, nullptr,
-           MatrixOf(w.w2, F, static_cast<int64_t>(e) * d * F), nullptr, 0}},
-         F32OrNull(w.b2, static_cast<int64_t>(e) * d),
-         &as,
-         e});
+    tasks_.push_back({WeightLayout::kRowsOut,
+                      {as.count(e), d, F, hidden_.data() + static_cast<int64_t>(as.begin(e)) * F, F,
+                       nullptr, MatrixOf(w.w2, F, static_cast<int64_t>(e) * d * F),
+                       product_.data() + static_cast<int64_t>(as.begin(e)) * d, d}});
   }
-  gated_.Run(gated_tasks_, d, T, x, d);
+  runner_->Run(tasks_);
+  for (int e = 0; e < X; ++e) {
+    AddBiasRows(product_.data() + static_cast<int64_t>(as.begin(e)) * d, as.count(e), d, d,
+                F32OrNull(w.b2, static_cast<int64_t>(e) * d));
+  }
+  outputs_.assign(1, {&as, product_.data(), x, d});
+  AddExpertOutputs(outputs_, d, T, pool_, runner_->parallel_min_macs());
 }
 
 }  // namespace switchserve::cpu

@@ -14,7 +14,6 @@
 #include "engine/model/model_weights.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/cpu_step.h"
-#include "kernels/cpu/gated_expert_products.h"
 #include "kernels/cpu/matmul_runner.h"
 
 namespace switchserve::cpu {
@@ -36,11 +35,11 @@ class CpuFfn {
   MatmulRunner* runner_;
   WorkerPool* pool_;
 
-  std::vector<float> logits_;  // [T, X]
-  std::vector<float> hidden_;  // [slots, F] (dense: [T, F])
+  std::vector<float> logits_;   // [T, X]
+  std::vector<float> hidden_;   // [slots, F] (dense: [T, F])
+  std::vector<float> product_;  // [slots, d]
   std::vector<MatmulTask> tasks_;
-  GatedExpertProducts gated_;  // the down projections
-  std::vector<GatedExpertTask> gated_tasks_;
+  std::vector<ExpertOutputs> outputs_;
   RouterDecision decision_;
   ExpertAssignments assignments_;
 };

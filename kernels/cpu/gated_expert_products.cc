@@ -97,10 +97,6 @@ void GatedExpertProducts::RunWhole(const std::vector<GatedExpertTask>& tasks, in
     whole_.push_back(whole);
   }
   runner_->Run(whole_);
-  for (size_t i = 0; i < tasks.size(); ++i) {
-    const MatmulArgs& g = whole_[i].args;
-    AddBiasRows(g.c, g.m, n, n, tasks[i].bias);
-  }
   AddExpertOutputs(outputs_, n, tokens, pool_, runner_->parallel_min_macs());
 }
 
@@ -138,8 +134,7 @@ void GatedExpertProducts::RunBlock(const std::vector<GatedExpertTask>& tasks, in
     (rows_out ? runner_->kernels().rows_out : runner_->kernels().rows_in)(args);
     for (int r = 0; r < args.m; ++r) {
       const int s = all_tokens ? begin + r : scratch.slots[r];
-      float* product = scratch.product.data() + static_cast<int64_t>(r) * cols;
-      if (task.bias != nullptr) AddBiasRows(product, 1, cols, cols, task.bias + j0);
+      const float* product = scratch.product.data() + static_cast<int64_t>(r) * cols;
       AddScaledRow(dst + as.token[s] * dst_stride + j0, product, as.weight[s], cols);
     }
   }

@@ -1,6 +1,5 @@
 // The products of a module's experts whose rows go back into token rows,
-// scaled by their gates (SwitchHead's output experts, the MoE FFN's down
-// projection). Where the experts have many rows each (prefill), each
+// scaled by their gates (SwitchHead's output experts). Where the experts have many rows each (prefill), each
 // expert's product is computed a block of columns and of tokens at a time
 // into a small per-thread buffer and added to its tokens' rows at once,
 // while both are in the cache, instead of being written whole ([slots, n]:
@@ -8,10 +7,10 @@
 // back. A few rows each (decode) take the products whole (MatmulRunner)
 // and then AddExpertOutputs.
 //
-// Both give the same bits: no
-// product element depends on the rows and columns a call covers (matmul.h),
-// a token has at most one slot per expert, and a block's tasks are added in
-// task order, so each row receives the same additions in the same order.
+// Both give the same bits: no product element depends on the rows and
+// columns a call covers (matmul.h), a token has at most one slot per expert,
+// and a block's tasks are added in task order, so each row receives the same
+// additions in the same order.
 //
 // Not thread-safe: owns per-thread scratch, reused across calls.
 #ifndef SWITCHSERVE_KERNELS_CPU_GATED_EXPERT_PRODUCTS_H_
@@ -29,11 +28,9 @@ namespace switchserve::cpu {
 
 // One expert's product: `product` covers all of the expert's slots (args.m =
 // assignments->count(expert); row i of a is that of slot begin(expert) + i;
-// args.c, ldc and accumulate unused). `bias` ([n], or null) is added to each
-// product row before it is scaled.
+// args.c, ldc and accumulate unused).
 struct GatedExpertTask {
   MatmulTask product;
-  const float* bias = nullptr;
   const ExpertAssignments* assignments = nullptr;
   int expert = 0;
 };
@@ -44,7 +41,7 @@ class GatedExpertProducts {
   GatedExpertProducts(MatmulRunner* runner, WorkerPool* pool);
 
   // For every task in order, every slot s of its expert:
-  //   dst[token(s), 0 .. n) += weight(s) * (product row of s + bias)
+  //   dst[token(s), 0 .. n) += weight(s) * product row of s
   // one multiply and one add per element, as AddExpertOutputs adds them when
   // the tasks come in (group, expert) order. Every task's product has n
   // columns; `tokens` bounds the assignments' token indices. A group's

@@ -79,8 +79,8 @@ using Param = std::tuple<KernelIsa, DType, WeightLayout, int>;
 class GatedExpertProductsTest : public ::testing::TestWithParam<Param> {};
 
 // Rows-in tasks read a's rows by token (as the output experts read the
-// attention outputs), rows-out tasks read them by slot and add a bias (as the
-// FFN's down projections read the hidden rows). Groups 0 and 1 share their
+// attention outputs), rows-out tasks read them by slot (as an FFN's down
+// projections would read its hidden rows). Groups 0 and 1 share their
 // assignments (a shared router), group 2 has its own.
 TEST_P(GatedExpertProductsTest, AddsTheBitsOfWholeProductsThenAddExpertOutputs) {
   const auto [isa, dtype, layout, threads] = GetParam();
@@ -102,7 +102,6 @@ TEST_P(GatedExpertProductsTest, AddsTheBitsOfWholeProductsThenAddExpertOutputs) 
     const Tensor weights =
         Tensor::F32({kGroups * kExperts * matrix}, RandomValues(kGroups * kExperts * matrix, rng))
             .ConvertedTo(dtype);
-    const std::vector<float> bias = RandomValues(static_cast<size_t>(kExperts) * c.n, rng);
     // By token: [tokens, groups * k]; by slot: each group's slots, [slots, k].
     int64_t a_rows = rows_in ? c.tokens : 0;
     for (int g = 0; g < kGroups && !rows_in; ++g) a_rows += group_assignments[g]->offsets.back();
@@ -137,8 +136,7 @@ TEST_P(GatedExpertProductsTest, AddsTheBitsOfWholeProductsThenAddExpertOutputs) 
           args.lda = c.k;
         }
         args.w = MatrixOf(weights, rows_in ? c.n : c.k, (g * kExperts + e) * matrix);
-        const float* expert_bias = rows_in ? nullptr : bias.data() + static_cast<int64_t>(e) * c.n;
-        gated.push_back({{layout, args}, expert_bias, &as, e});
+        gated.push_back({{layout, args}, &as, e});
         args.c = product.data() + (slot_base + as.begin(e)) * c.n;
         args.ldc = c.n;
         products.push_back({layout, args});
@@ -147,14 +145,9 @@ TEST_P(GatedExpertProductsTest, AddsTheBitsOfWholeProductsThenAddExpertOutputs) 
       slot_base += as.offsets.back();
     }
 
-    // The whole products, their biases, then AddExpertOutputs.
+    // The whole products, then AddExpertOutputs.
     std::vector<float> expected = dst_before;
     runner.Run(products);
-    for (const GatedExpertTask& task : gated) {
-      if (task.bias == nullptr) continue;
-      const MatmulTask& whole = products[&task - gated.data()];
-      AddBiasRows(whole.args.c, whole.args.m, c.n, c.n, task.bias);
-    }
     for (ExpertOutputs& group : outputs) group.dst = expected.data();
     AddExpertOutputs(outputs, c.n, c.tokens, &pool, /*parallel_min_values=*/0);
 
