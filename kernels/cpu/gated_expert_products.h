@@ -1,11 +1,11 @@
 // The products of a module's experts whose rows go back into token rows,
-// scaled by their gates (SwitchHead's output experts). Where the experts have many rows each (prefill), each
-// expert's product is computed a block of columns and of tokens at a time
-// into a small per-thread buffer and added to its tokens' rows at once,
-// while both are in the cache, instead of being written whole ([slots, n]:
-// 16 MiB for a 512-token prefill of the paper's output experts) and read
-// back. A few rows each (decode) take the products whole (MatmulRunner)
-// and then AddExpertOutputs.
+// scaled by their gates (SwitchHead's output experts). Where the experts
+// have many rows each (prefill), each expert's product is computed a block
+// of columns and of tokens at a time into a small per-thread buffer and
+// added to its tokens' rows at once, while both are in the cache, instead
+// of being written whole ([slots, n]: 16 MiB for a 512-token prefill of the
+// paper's output experts) and read back. A few rows each (decode) take the
+// products whole (MatmulRunner) and then AddExpertOutputs.
 //
 // Both give the same bits: no product element depends on the rows and
 // columns a call covers (matmul.h), a token has at most one slot per expert,
@@ -45,9 +45,9 @@ class GatedExpertProducts {
   // one multiply and one add per element, as AddExpertOutputs adds them when
   // the tasks come in (group, expert) order. Every task's product has n
   // columns; `tokens` bounds the assignments' token indices. A group's
-  // tasks come together, its experts in increasing order; consecutive
-  // groups with the same assignments (a shared router) have the same
-  // experts.
+  // tasks come together, one for each of its experts with slots, in
+  // increasing order; consecutive groups with the same assignments (a
+  // shared router) therefore have the same experts.
   void Run(const std::vector<GatedExpertTask>& tasks, int n, int tokens, float* dst,
            int64_t dst_stride);
 
