@@ -15,10 +15,9 @@ namespace {
 // fastest, first quartile and median): by blocks, 1 and 32 tokens took
 // 1.03-1.35x as long; 512 tokens of the output experts 0.83-0.90x.
 constexpr int kFewRows = 32;
-// Columns of a block: whole vectors of eight (kRowsIn in MatmulRunner's
-// steps of 64; a kRowsOut block takes any number of weight rows).
+// Columns of a kRowsOut block: whole vectors of eight (kRowsIn blocks take
+// MatmulRunner's kRowsInColumnStep).
 constexpr int kRowsOutColumnStep = 8;
-constexpr int kRowsInColumnStep = 64;
 // Destination bytes of one block ([tokens, columns]): they stay in the L2
 // cache with the block's product while every task adds to them. Blocks
 // narrow down to one column step before the tokens are split, since each

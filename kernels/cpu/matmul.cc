@@ -37,6 +37,14 @@ bool CpuSupports(KernelIsa isa) {
   return false;
 }
 
+std::vector<KernelIsa> SupportedKernelIsas() {
+  std::vector<KernelIsa> out;
+  for (KernelIsa isa : {KernelIsa::kGeneric, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+    if (CpuSupports(isa)) out.push_back(isa);
+  }
+  return out;
+}
+
 KernelIsa BestKernelIsa() {
   if (CpuSupports(KernelIsa::kAvx512)) return KernelIsa::kAvx512;
   return CpuSupports(KernelIsa::kAvx2) ? KernelIsa::kAvx2 : KernelIsa::kGeneric;

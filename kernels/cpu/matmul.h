@@ -32,6 +32,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "engine/model/dtype.h"
 #include "engine/model/model_weights.h"
@@ -48,6 +49,8 @@ std::string_view ToString(KernelIsa isa);  // "generic", "avx2", "avx512"
 bool CpuSupports(KernelIsa isa);
 // The fastest build this CPU supports.
 KernelIsa BestKernelIsa();
+// Every build this CPU supports, kGeneric first.
+std::vector<KernelIsa> SupportedKernelIsas();
 
 // A row-major weight matrix as stored: element (r, c) at data + r * ld + c
 // (in elements of `dtype`: F32, BF16 or F16).

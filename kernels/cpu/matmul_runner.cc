@@ -6,10 +6,9 @@ namespace switchserve::cpu {
 namespace {
 
 // Piece boundaries fall on multiples of these columns (whole register tiles:
-// three weight rows for kRowsOut, eight vectors of eight for kRowsIn; for
-// kRowsIn, 1 KiB of weights where the matrix is wide enough) and rows.
+// three weight rows for kRowsOut, kRowsInColumnStep for kRowsIn; for kRowsIn,
+// 1 KiB of weights where the matrix is wide enough) and rows.
 constexpr int kRowsOutColumnStep = 24;
-constexpr int kRowsInColumnStep = 64;
 constexpr int kRowStep = 64;
 constexpr int64_t kMinPieceMacs = 1 << 15;
 

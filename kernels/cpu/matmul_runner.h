@@ -21,6 +21,10 @@ namespace switchserve::cpu {
 // nn.Linear) or inputs ([k, n]).
 enum class WeightLayout { kRowsOut, kRowsIn };
 
+// Rows-in pieces start on multiples of these columns: eight vectors of
+// eight.
+inline constexpr int kRowsInColumnStep = 64;
+
 struct MatmulTask {
   WeightLayout layout = WeightLayout::kRowsOut;
   MatmulArgs args;

@@ -25,13 +25,6 @@
 namespace switchserve::cpu {
 namespace {
 
-std::vector<KernelIsa> SupportedIsas() {
-  std::vector<KernelIsa> out = {KernelIsa::kGeneric};
-  if (CpuSupports(KernelIsa::kAvx2)) out.push_back(KernelIsa::kAvx2);
-  if (CpuSupports(KernelIsa::kAvx512)) out.push_back(KernelIsa::kAvx512);
-  return out;
-}
-
 std::vector<float> RandomValues(size_t n, std::mt19937& rng) {
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   std::vector<float> v(n);
@@ -170,7 +163,7 @@ std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
 
 INSTANTIATE_TEST_SUITE_P(
     AllBuilds, GatedExpertProductsTest,
-    ::testing::Combine(::testing::ValuesIn(SupportedIsas()),
+    ::testing::Combine(::testing::ValuesIn(SupportedKernelIsas()),
                        ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
                        ::testing::Values(WeightLayout::kRowsOut, WeightLayout::kRowsIn),
                        ::testing::Values(1, 2)),

@@ -42,13 +42,6 @@ const Shape kShapes[] = {
 
 using Param = std::tuple<KernelIsa, DType, WeightLayout>;
 
-std::vector<KernelIsa> SupportedIsas() {
-  std::vector<KernelIsa> out = {KernelIsa::kGeneric};
-  if (CpuSupports(KernelIsa::kAvx2)) out.push_back(KernelIsa::kAvx2);
-  if (CpuSupports(KernelIsa::kAvx512)) out.push_back(KernelIsa::kAvx512);
-  return out;
-}
-
 // Random values, with a few exact zeros and sign changes among them.
 std::vector<float> RandomValues(size_t n, std::mt19937& rng) {
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
@@ -287,7 +280,7 @@ std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
 
 INSTANTIATE_TEST_SUITE_P(
     AllBuilds, MatmulKernelTest,
-    ::testing::Combine(::testing::ValuesIn(SupportedIsas()),
+    ::testing::Combine(::testing::ValuesIn(SupportedKernelIsas()),
                        ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
                        ::testing::Values(WeightLayout::kRowsOut, WeightLayout::kRowsIn)),
     ParamName);
