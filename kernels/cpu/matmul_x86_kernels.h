@@ -453,13 +453,13 @@ void RowsOutManyRows(const MatmulArgs& g) {
 #endif  // SWITCHSERVE_MATMUL_ZMM
 
 // Whether one row's rows-out tiles prefetch the next tile's weight rows. In
-// the AVX2 build, f32 weights stream faster without (the hardware
-// prefetcher keeps up with 4 KiB rows read 32 bytes at a time): matmul_bench
-// FromMemory on an AMD EPYC (Zen 3) VM, two threads, one row, medians of 8
-// repetitions interleaved in one process, 1.09-1.29x for q, the FFN's up and
-// down projections (one and four experts) and the output head. bf16 weights
-// stream faster with it (0.70-0.76 of the read bandwidth against 0.53-0.63
-// without). The AVX-512 build keeps it for both (not measured there).
+// the AVX2 build, f32 weights stream faster without, from the hardware
+// prefetcher alone: matmul_bench FromMemory on an AMD EPYC (Zen 3) VM, two
+// threads, one row, medians of 8 repetitions interleaved in one process,
+// 1.09-1.29x for q, the FFN's up and down projections (one and four
+// experts) and the output head. bf16 weights stream faster with it
+// (0.66-0.84 of the read bandwidth against 0.50-0.63 without, in most
+// runs). The AVX-512 build keeps it for both (not measured there).
 template <DType WT>
 constexpr bool kOneRowPrefetch =
 #ifdef SWITCHSERVE_MATMUL_ZMM
