@@ -15,9 +15,9 @@ namespace {
 // fastest, first quartile and median): by blocks, 1 and 32 tokens took
 // 1.03-1.35x as long; 512 tokens of the output experts 0.83-0.90x.
 constexpr int kFewRows = 32;
-// Columns of a kRowsOut block: whole vectors of eight (kRowsIn blocks take
-// MatmulRunner's kRowsInColumnStep).
-constexpr int kRowsOutColumnStep = 8;
+// Columns of a kRowsOut block are a multiple of this (kRowsIn blocks take
+// MatmulRunner's kRowsInColumnStep). Any multiple gives the same bits.
+constexpr int kRowsOutBlockStep = 8;
 // Destination bytes of one block ([tokens, columns]): they stay in the L2
 // cache with the block's product while every task adds to them. Blocks
 // narrow down to one column step before the tokens are split, since each
@@ -49,7 +49,7 @@ void GatedExpertProducts::Run(const std::vector<GatedExpertTask>& tasks, int n, 
   const int threads = runner_->threads();
   const bool parallel = threads > 1 && macs >= runner_->parallel_min_macs();
   const int workers = parallel ? threads : 1;
-  const int step = rows_in ? kRowsInColumnStep : kRowsOutColumnStep;
+  const int step = rows_in ? kRowsInColumnStep : kRowsOutBlockStep;
   const auto round_up = [step](int64_t c) { return CeilDiv(c, step) * step; };
   int cols = round_up(CeilDiv(n, kPiecesPerThread * workers));
   while (cols > step && static_cast<int64_t>(tokens) * cols * sizeof(float) > kDstBlockBytes) {
@@ -83,8 +83,9 @@ void GatedExpertProducts::RunWhole(const std::vector<GatedExpertTask>& tasks, in
   int64_t base = 0;
   for (size_t i = 0; i < tasks.size(); ++i) {
     const ExpertAssignments& as = *tasks[i].assignments;
-    // A new group where the assignments change (each group's slots are
-    // [0, offsets.back()), in its own stretch of product_).
+    // A new group where the assignments change or the expert index does not
+    // increase (the next head of a shared router); each group's slots are
+    // [0, offsets.back()), in its own stretch of product_.
     if (i == 0 || tasks[i - 1].assignments != &as || tasks[i - 1].expert >= tasks[i].expert) {
       if (i > 0) base += tasks[i - 1].assignments->offsets.back();
       outputs_.push_back({&as, product_.data() + base * n, dst, dst_stride});
