@@ -19,7 +19,9 @@
 // same process (bench/roofline.h). huge_pages: the 256 MiB on 2 MiB pages,
 // as the model's weight tensors are held (engine/model/huge_pages.h), or
 // on 4 KiB pages (0); --benchmark_enable_random_interleaving with
-// repetitions alternates the two.
+// repetitions alternates the two. tiled: rows-out weights in the tiled
+// layout the CPU backend holds them in (kernels/cpu/matmul.h), or row-major
+// as stored (0); on huge pages.
 //
 // BM_GatedExpertOutputs runs a module's expert products whose rows go back
 // into the tokens' rows, scaled by their gates, for a step of `tokens`
@@ -154,7 +156,7 @@ std::shared_ptr<std::byte[]> PagedBytes(size_t bytes, bool huge_pages) {
 }
 
 // Args: n, k, layout (0 rows out, 1 rows in), dtype (0 f32, 1 bf16), m,
-// matrices, huge pages (0, 1).
+// matrices, huge pages (0, 1), tiled (0, 1; rows out only).
 void BM_MatmulFromMemory(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0)), k = static_cast<int>(state.range(1));
   const bool rows_in = state.range(2) == 1;
@@ -163,14 +165,17 @@ void BM_MatmulFromMemory(benchmark::State& state) {
   const int matrices = static_cast<int>(state.range(5));
   const double read_gb_per_s = bench::MeasureMachineLimits().read_gb_per_s;
   const Problem one = MakeProblem(m, n, k, dtype);
-  const int copies = static_cast<int>(
-      std::max<int64_t>(2 * matrices, (int64_t{256} << 20) / one.w.bytes() / matrices * matrices));
+  const bool tiled = state.range(7) == 1;
+  const TiledWeights tiled_one = tiled ? TiledWeights(one.w) : TiledWeights();
+  const WeightMatrix stored = tiled ? tiled_one.Matrix() : MatrixOf(one.w, rows_in ? n : k);
+  const size_t bytes_per = static_cast<size_t>(tiled ? tiled_one.bytes() : one.w.bytes());
+  const int copies = static_cast<int>(std::max<int64_t>(
+      2 * matrices, (int64_t{256} << 20) / static_cast<int64_t>(bytes_per) / matrices * matrices));
   // The copies one after another, on huge pages or not.
-  const size_t bytes_per = static_cast<size_t>(one.w.bytes());
   const std::shared_ptr<std::byte[]> copies_memory =
       PagedBytes(bytes_per * copies, state.range(6) == 1);
   std::byte* const copies_data = copies_memory.get();
-  for (int i = 0; i < copies; ++i) std::memcpy(copies_data + bytes_per * i, one.w.raw(), bytes_per);
+  for (int i = 0; i < copies; ++i) std::memcpy(copies_data + bytes_per * i, stored.data, bytes_per);
   std::vector<float> a = one.a, c(static_cast<size_t>(m) * n * matrices);
   WorkerPool pool(static_cast<int>(std::thread::hardware_concurrency()));
   MatmulRunner runner(BestKernelIsa(), &pool);
@@ -179,10 +184,10 @@ void BM_MatmulFromMemory(benchmark::State& state) {
   int next = 0;
   for (auto _ : state) {
     for (int i = 0; i < matrices; ++i) {
+      WeightMatrix w = stored;
+      w.data = copies_data + bytes_per * (next + i);
       tasks[i] = {layout,
-                  {m, n, k, a.data(), k, nullptr,
-                   WeightMatrix{dtype, copies_data + bytes_per * (next + i), rows_in ? n : k},
-                   c.data() + static_cast<size_t>(i) * m * n, n}};
+                  {m, n, k, a.data(), k, nullptr, w, c.data() + static_cast<size_t>(i) * m * n, n}};
     }
     runner.Run(tasks);
     benchmark::DoNotOptimize(c.data());
@@ -199,13 +204,16 @@ void BM_MatmulFromMemory(benchmark::State& state) {
 }
 
 void FromMemoryShapes(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"n", "k", "rows_in", "bf16", "m", "matrices", "huge_pages"});
-  // Every shape on 2 MiB pages and on 4 KiB pages.
+  b->ArgNames({"n", "k", "rows_in", "bf16", "m", "matrices", "huge_pages", "tiled"});
+  // Every shape on 2 MiB pages and on 4 KiB pages; rows-out shapes tiled too.
   const auto args = [b](std::vector<int64_t> shape) {
-    for (int64_t huge : {1, 0}) {
+    const bool rows_out = shape[2] == 0;
+    for (const auto& [huge, tiled] : {std::array<int64_t, 2>{1, 0}, {0, 0}, {1, 1}}) {
+      if (tiled == 1 && !rows_out) continue;
       shape.push_back(huge);
+      shape.push_back(tiled);
       b->Args(shape);
-      shape.pop_back();
+      shape.resize(shape.size() - 2);
     }
   };
   for (const auto& [n, k, rows_in] : {std::array<int, 3>{448, 1024, 0},

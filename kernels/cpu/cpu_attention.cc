@@ -24,11 +24,13 @@ void StoreRow(const float* row, int64_t n, DType dtype, void* cache, int64_t at)
 }  // namespace
 
 CpuAttention::CpuAttention(const ModelConfig& config, const DispatchConfig& dispatch, KernelIsa isa,
-                           MatmulRunner* runner, WorkerPool* pool, int64_t parallel_min_macs)
+                           MatmulRunner* runner, WorkerPool* pool, const OneRowWeights* one_row,
+                           int64_t parallel_min_macs)
     : attn_(config.attention),
       dispatch_(dispatch),
       runner_(runner),
       pool_(pool),
+      one_row_(one_row),
       d_(config.d_model),
       rope_(config.attention.RotaryDims(), config.attention.rope_base),
       paged_(config.attention, isa, pool, parallel_min_macs),
@@ -79,20 +81,21 @@ void CpuAttention::ProjectInputs(const AttentionWeights& w, const StepBatch& ste
   const int H = attn_.n_heads, G = attn_.n_kv_heads, dh = attn_.head_dim, E = attn_.n_experts;
   const float scale = static_cast<float>(std::pow(static_cast<double>(dh), -0.25));
   tasks_.clear();
-  MatmulArgs q{T, H * dh, d_, xn, d_, nullptr, MatrixOf(w.q, d_), q_.data(), H * dh};
+  MatmulArgs q{T, H * dh, d_, xn, d_, nullptr, one_row_->Matrix(w.q, d_, 0, T), q_.data(), H * dh};
   q.alpha = scale;
   tasks_.push_back({WeightLayout::kRowsOut, q});
-  MatmulArgs k{T, G * dh, d_, xn, d_, nullptr, MatrixOf(w.k, d_), k_.data(), G * dh};
+  MatmulArgs k{T, G * dh, d_, xn, d_, nullptr, one_row_->Matrix(w.k, d_, 0, T), k_.data(), G * dh};
   k.alpha = scale;
   tasks_.push_back({WeightLayout::kRowsOut, k});
   if (!attn_.IsRouted()) {
-    tasks_.push_back({WeightLayout::kRowsOut,
-                      {T, G * dh, d_, xn, d_, nullptr, MatrixOf(w.v, d_), v_.data(), G * dh}});
+    tasks_.push_back(
+        {WeightLayout::kRowsOut,
+         {T, G * dh, d_, xn, d_, nullptr, one_row_->Matrix(w.v, d_, 0, T), v_.data(), G * dh}});
     if (attn_.kind == AttentionKind::kSwitchHead) {  // E = 1: the per-head output gates
       Grow(output_logits_, static_cast<size_t>(T) * H);
-      tasks_.push_back(
-          {WeightLayout::kRowsOut,
-           {T, H, d_, xn, d_, nullptr, MatrixOf(w.sel_o, d_), output_logits_.data(), H}});
+      tasks_.push_back({WeightLayout::kRowsOut,
+                        {T, H, d_, xn, d_, nullptr, one_row_->Matrix(w.sel_o, d_, 0, T),
+                         output_logits_.data(), H}});
     }
   } else {
     const int value_routers = attn_.ValueRouterHeads() * E;
@@ -100,10 +103,10 @@ void CpuAttention::ProjectInputs(const AttentionWeights& w, const StepBatch& ste
     Grow(value_logits_, static_cast<size_t>(T) * value_routers);
     Grow(output_logits_, static_cast<size_t>(T) * output_routers);
     tasks_.push_back({WeightLayout::kRowsOut,
-                      {T, value_routers, d_, xn, d_, nullptr, MatrixOf(w.sel_v, d_),
+                      {T, value_routers, d_, xn, d_, nullptr, one_row_->Matrix(w.sel_v, d_, 0, T),
                        value_logits_.data(), value_routers}});
     tasks_.push_back({WeightLayout::kRowsOut,
-                      {T, output_routers, d_, xn, d_, nullptr, MatrixOf(w.sel_o, d_),
+                      {T, output_routers, d_, xn, d_, nullptr, one_row_->Matrix(w.sel_o, d_, 0, T),
                        output_logits_.data(), output_routers}});
   }
   runner_->Run(tasks_);
@@ -192,7 +195,8 @@ void CpuAttention::ProjectOutput(const AttentionWeights& w, const StepBatch& ste
         }
       }
     }
-    MatmulArgs o{T, d_, H * dh, a_.data(), H * dh, nullptr, MatrixOf(w.o, H * dh), x, d_};
+    MatmulArgs o{T, d_, H * dh, a_.data(), H * dh, nullptr, one_row_->Matrix(w.o, H * dh, 0, T),
+                 x, d_};
     o.accumulate = true;
     runner_->Run(WeightLayout::kRowsOut, o);
     return;

@@ -22,17 +22,20 @@
 #include "kernels/cpu/cpu_xl_positions.h"
 #include "kernels/cpu/gated_expert_products.h"
 #include "kernels/cpu/matmul_runner.h"
+#include "kernels/cpu/one_row_weights.h"
 #include "kernels/cpu/paged_attention.h"
 
 namespace switchserve::cpu {
 
 class CpuAttention {
  public:
-  // `runner` (the projections' matmuls) and `pool` must outlive this layer.
-  // Steps whose attention proper needs fewer multiply-adds than
-  // `parallel_min_macs` attend on the calling thread.
+  // `runner` (the projections' matmuls), `pool` and `one_row` (the weights'
+  // copies for products of one row) must outlive this layer. Steps whose
+  // attention proper needs fewer multiply-adds than `parallel_min_macs`
+  // attend on the calling thread.
   CpuAttention(const ModelConfig& config, const DispatchConfig& dispatch, KernelIsa isa,
-               MatmulRunner* runner, WorkerPool* pool, int64_t parallel_min_macs);
+               MatmulRunner* runner, WorkerPool* pool, const OneRowWeights* one_row,
+               int64_t parallel_min_macs);
 
   // x[T, d] += Attn(xn[T, d]) for the step. Writes the step's keys and values
   // to `cache` (this layer's; rounded to nearest even when bf16) before
@@ -57,6 +60,7 @@ class CpuAttention {
   DispatchConfig dispatch_;
   MatmulRunner* runner_;
   WorkerPool* pool_;
+  const OneRowWeights* one_row_;
   int d_ = 0;
   RopeTable rope_;
   PagedAttention paged_;

@@ -26,7 +26,8 @@ namespace {
 class CpuBackend final : public Backend {
  public:
   CpuBackend(const ModelConfig& config, const ModelWeights& weights, const DispatchConfig& dispatch,
-             const CpuBackendOptions& options, cpu::XlPositionTable positions)
+             const CpuBackendOptions& options, cpu::XlPositionTable positions,
+             cpu::OneRowWeights one_row)
       : config_(config),
         weights_(weights),
         positions_(std::move(positions)),
@@ -35,8 +36,10 @@ class CpuBackend final : public Backend {
         isa_(options.generic_kernels ? cpu::KernelIsa::kGeneric : cpu::BestKernelIsa()),
         pool_(num_threads_),
         runner_(isa_, &pool_, options.parallel_matmul_min_macs),
-        attention_(config, dispatch, isa_, &runner_, &pool_, options.parallel_attention_min_macs),
-        ffn_(config, dispatch, &runner_, &pool_),
+        one_row_(std::move(one_row)),
+        attention_(config, dispatch, isa_, &runner_, &pool_, &one_row_,
+                   options.parallel_attention_min_macs),
+        ffn_(config, dispatch, &runner_, &pool_, &one_row_),
         dispatch_(dispatch),
         layout_(config) {
     // Our kernels share the cores out (the worker pool). OpenBLAS, unused on
@@ -107,6 +110,7 @@ class CpuBackend final : public Backend {
   cpu::KernelIsa isa_;
   cpu::WorkerPool pool_;
   cpu::MatmulRunner runner_;
+  const cpu::OneRowWeights one_row_;
   cpu::CpuAttention attention_;
   cpu::CpuFfn ffn_;
   DispatchConfig dispatch_;
@@ -268,8 +272,8 @@ void CpuBackend::OutputHead(const std::vector<int>& rows, float* logits) {
   }
   const int vocab = config_.vocab_size;
   runner_.Run(cpu::WeightLayout::kRowsOut,
-              {n, vocab, d, xn_.data(), d, nullptr, cpu::MatrixOf(weights_.OutputHead(), d), logits,
-               vocab});
+              {n, vocab, d, xn_.data(), d, nullptr, one_row_.Matrix(weights_.OutputHead(), d, 0, n),
+               logits, vocab});
   cpu::AddBiasRows(logits, n, vocab, vocab, cpu::F32OrNull(weights_.lm_head_bias));
 }
 
@@ -311,7 +315,18 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const ModelConfig& con
   absl::StatusOr<cpu::XlPositionTable> positions =
       cpu::XlPositionTable::Create(config, weights, max_table_bytes);
   if (!positions.ok()) return positions.status();
-  return std::make_unique<CpuBackend>(config, weights, dispatch, options, *std::move(positions));
+  cpu::OneRowWeights one_row;
+  if (options.one_row_weights) {
+    if (absl::Status fits = CheckFitsInHostMemory(
+            cpu::OneRowWeights::BytesFor(config, weights),
+            "the tiled copies of the rows-out weights (CpuBackendOptions::one_row_weights)");
+        !fits.ok()) {
+      return fits;
+    }
+    one_row = cpu::OneRowWeights(config, weights);
+  }
+  return std::make_unique<CpuBackend>(config, weights, dispatch, options, *std::move(positions),
+                                      std::move(one_row));
 }
 
 }  // namespace switchserve

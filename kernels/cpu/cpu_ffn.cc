@@ -5,8 +5,13 @@
 namespace switchserve::cpu {
 
 CpuFfn::CpuFfn(const ModelConfig& config, const DispatchConfig& dispatch, MatmulRunner* runner,
-               WorkerPool* pool)
-    : ffn_(config.ffn), dispatch_(dispatch), d_(config.d_model), runner_(runner), pool_(pool) {}
+               WorkerPool* pool, const OneRowWeights* one_row)
+    : ffn_(config.ffn),
+      dispatch_(dispatch),
+      d_(config.d_model),
+      runner_(runner),
+      pool_(pool),
+      one_row_(one_row) {}
 
 void CpuFfn::Run(const FfnWeights& w, int tokens, const float* xn, float* x, int router_index,
                  const RoutingRecorder& recorder) {
@@ -14,10 +19,10 @@ void CpuFfn::Run(const FfnWeights& w, int tokens, const float* xn, float* x, int
   if (ffn_.kind == FfnKind::kDense) {
     Grow(hidden_, static_cast<size_t>(T) * F);
     runner_->Run(WeightLayout::kRowsOut,
-                 {T, F, d, xn, d, nullptr, MatrixOf(w.w1, d), hidden_.data(), F});
+                 {T, F, d, xn, d, nullptr, one_row_->Matrix(w.w1, d, 0, T), hidden_.data(), F});
     AddBiasRows(hidden_.data(), T, F, F, F32OrNull(w.b1));
     ApplyActivation(ffn_.activation, hidden_.data(), static_cast<int64_t>(T) * F);
-    MatmulArgs down{T, d, F, hidden_.data(), F, nullptr, MatrixOf(w.w2, F), x, d};
+    MatmulArgs down{T, d, F, hidden_.data(), F, nullptr, one_row_->Matrix(w.w2, F, 0, T), x, d};
     down.accumulate = true;
     runner_->Run(WeightLayout::kRowsOut, down);
     AddBiasRows(x, T, d, d, F32OrNull(w.b2));
@@ -27,7 +32,7 @@ void CpuFfn::Run(const FfnWeights& w, int tokens, const float* xn, float* x, int
   const int X = ffn_.n_experts;
   Grow(logits_, static_cast<size_t>(T) * X);
   runner_->Run(WeightLayout::kRowsOut,
-               {T, X, d, xn, d, nullptr, MatrixOf(w.router_w, d), logits_.data(), X});
+               {T, X, d, xn, d, nullptr, one_row_->Matrix(w.router_w, d, 0, T), logits_.data(), X});
   AddBiasRows(logits_.data(), T, X, X, F32OrNull(w.router_b));
   const GateFunction gate =
       ffn_.gate == FfnGate::kSoftmax ? GateFunction::kSoftmax : GateFunction::kSigmoid;
@@ -44,7 +49,7 @@ void CpuFfn::Run(const FfnWeights& w, int tokens, const float* xn, float* x, int
     if (as.count(e) == 0) continue;
     tasks_.push_back({WeightLayout::kRowsOut,
                       {as.count(e), F, d, xn, d, as.token.data() + as.begin(e),
-                       MatrixOf(w.w1, d, static_cast<int64_t>(e) * F * d),
+                       one_row_->Matrix(w.w1, d, static_cast<int64_t>(e) * F * d, as.count(e)),
                        hidden_.data() + static_cast<int64_t>(as.begin(e)) * F, F}});
   }
   runner_->Run(tasks_);
@@ -56,10 +61,11 @@ void CpuFfn::Run(const FfnWeights& w, int tokens, const float* xn, float* x, int
   tasks_.clear();
   for (int e = 0; e < X; ++e) {
     if (as.count(e) == 0) continue;
-    tasks_.push_back({WeightLayout::kRowsOut,
-                      {as.count(e), d, F, hidden_.data() + static_cast<int64_t>(as.begin(e)) * F, F,
-                       nullptr, MatrixOf(w.w2, F, static_cast<int64_t>(e) * d * F),
-                       product_.data() + static_cast<int64_t>(as.begin(e)) * d, d}});
+    tasks_.push_back(
+        {WeightLayout::kRowsOut,
+         {as.count(e), d, F, hidden_.data() + static_cast<int64_t>(as.begin(e)) * F, F, nullptr,
+          one_row_->Matrix(w.w2, F, static_cast<int64_t>(e) * d * F, as.count(e)),
+          product_.data() + static_cast<int64_t>(as.begin(e)) * d, d}});
   }
   runner_->Run(tasks_);
   for (int e = 0; e < X; ++e) {

@@ -15,14 +15,16 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/cpu_step.h"
 #include "kernels/cpu/matmul_runner.h"
+#include "kernels/cpu/one_row_weights.h"
 
 namespace switchserve::cpu {
 
 class CpuFfn {
  public:
-  // `runner` and `pool` must outlive this layer.
+  // `runner`, `pool` and `one_row` (the weights' copies for products of one
+  // row) must outlive this layer.
   CpuFfn(const ModelConfig& config, const DispatchConfig& dispatch, MatmulRunner* runner,
-         WorkerPool* pool);
+         WorkerPool* pool, const OneRowWeights* one_row);
 
   // x[T, d] += FFN(xn[T, d]). The MoE router is recorded at `router_index`.
   void Run(const FfnWeights& w, int tokens, const float* xn, float* x, int router_index,
@@ -34,6 +36,7 @@ class CpuFfn {
   int d_ = 0;
   MatmulRunner* runner_;
   WorkerPool* pool_;
+  const OneRowWeights* one_row_;
 
   std::vector<float> logits_;   // [T, X]
   std::vector<float> hidden_;   // [slots, F] (dense: [T, F])

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "engine/model/dtype.h"
+#include "engine/model/huge_pages.h"
 #include "engine/model/model_weights.h"
 
 namespace switchserve::cpu {
@@ -52,22 +53,70 @@ KernelIsa BestKernelIsa();
 // Every build this CPU supports, kGeneric first.
 std::vector<KernelIsa> SupportedKernelIsas();
 
-// A row-major weight matrix as stored: element (r, c) at data + r * ld + c
-// (in elements of `dtype`: F32, BF16 or F16).
+// A weight matrix as the kernels read it, in one of two layouts.
+//
+// Row-major (tiled false): element (r, c) at data + r * ld + c (in elements
+// of `dtype`: F32, BF16 or F16), as stored in a Tensor.
+//
+// Tiled (MatmulRowsOut weights only, TiledWeights below): rows in blocks of
+// kTileRows and each block's row length in groups of 8, the block's rows'
+// groups side by side: element (r, c) at data + TiledOffset(r, ld) +
+// (c / 8) * 8 * kTileRows + c % 8, with ld the row length rounded up to a
+// multiple of 8 and every padding element zero. One row's product then reads
+// a block of weights as one sequential stream rather than kTileRows strided
+// ones. `first_row` is the row the matrix starts at (At), which need not
+// start a block. The kernels multiply and add the same elements in the same
+// order in either layout, so both give the same bits.
+inline constexpr int kTileRows = 8;
+
 struct WeightMatrix {
   DType dtype = DType::kF32;
   const void* data = nullptr;
   int64_t ld = 0;
+  bool tiled = false;
+  int64_t first_row = 0;  // tiled only
 
-  // The matrix starting at element (row, column) of this one.
+  // The matrix starting at element (row, column) of this one; a tiled
+  // matrix's rows are never split, so its column must be 0.
   WeightMatrix At(int64_t row, int64_t column) const {
     WeightMatrix out = *this;
-    out.data = static_cast<const char*>(data) + (row * ld + column) * DTypeSize(dtype);
+    if (tiled) {
+      out.first_row += row;
+    } else {
+      out.data = static_cast<const char*>(data) + (row * ld + column) * DTypeSize(dtype);
+    }
     return out;
   }
 };
+
+// Elements from a tiled matrix's data to the first group of its row r.
+inline int64_t TiledOffset(int64_t r, int64_t ld) {
+  return r / kTileRows * kTileRows * ld + r % kTileRows * 8;
+}
+
 // The tensor from its flat element `offset` on, with leading dimension `ld`.
 WeightMatrix MatrixOf(const Tensor& tensor, int64_t ld, int64_t offset = 0);
+
+// A tensor of rows-out weight matrices [..., n, k] copied into the tiled
+// layout, each matrix on its own (n rounded up to whole blocks, k to groups of
+// 8), on huge pages.
+class TiledWeights {
+ public:
+  TiledWeights() = default;
+  // `tensor` must have at least two dimensions.
+  explicit TiledWeights(const Tensor& tensor);
+
+  // The matrix MatrixOf(tensor, k, offset) reads, tiled: `offset` must be a
+  // whole number of rows.
+  WeightMatrix Matrix(int64_t offset = 0) const;
+  int64_t bytes() const;
+
+ private:
+  DType dtype_ = DType::kF32;
+  int64_t n_ = 0, k_ = 0, ld_ = 0, rows_ = 0;  // rows_: n rounded up to a block
+  HugePageVector<float> f32_;
+  HugePageVector<uint16_t> half_;
+};
 
 struct MatmulArgs {
   int m = 0;  // rows of a and c

@@ -19,18 +19,23 @@ float Widen(const void* base, int64_t index) {
   }
 }
 
-// dot8 of matmul.h.
+// dot8 of matmul.h, of `a` and row j of w (in either layout).
 template <DType WT>
-float Dot8(const float* a, const void* w, int64_t w_offset, int k) {
+float Dot8(const float* a, const WeightMatrix& w, int64_t j, int k) {
+  const int64_t row = w.tiled ? TiledOffset(w.first_row + j, w.ld) : j * w.ld;
+  // Elements from one group of 8 of the row to the next.
+  const int64_t group = w.tiled ? 8 * kTileRows : 8;
   float lane[8] = {};
   int p = 0;
   for (; p + 8 <= k; p += 8) {
-    for (int l = 0; l < 8; ++l) lane[l] += a[p + l] * Widen<WT>(w, w_offset + p + l);
+    const int64_t at = row + p / 8 * group;
+    for (int l = 0; l < 8; ++l) lane[l] += a[p + l] * Widen<WT>(w.data, at + l);
   }
   if (p < k) {
     // The zero-padded last group: lanes past k add a zero product.
+    const int64_t at = row + p / 8 * group;
     for (int l = 0; l < 8; ++l) {
-      const float product = p + l < k ? a[p + l] * Widen<WT>(w, w_offset + p + l) : 0.0f;
+      const float product = p + l < k ? a[p + l] * Widen<WT>(w.data, at + l) : 0.0f;
       lane[l] += product;
     }
   }
@@ -43,7 +48,7 @@ void RowsOut(const MatmulArgs& g) {
     const float* a = RowOfA(g, i);
     float* c = g.c + i * g.ldc;
     for (int j = 0; j < g.n; ++j) {
-      const float r = g.alpha * Dot8<WT>(a, g.w.data, j * g.w.ld, g.k);
+      const float r = g.alpha * Dot8<WT>(a, g.w, j, g.k);
       c[j] = g.accumulate ? c[j] + r : r;
     }
   }

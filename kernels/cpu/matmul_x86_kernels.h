@@ -156,14 +156,46 @@ inline float FmaScalar(float a, float b, float c) {
 
 // ---- MatmulRowsOut ----
 
+// Row j of w's first element (either layout, matmul.h).
+template <DType WT>
+inline const char* RowStart(const WeightMatrix& w, int64_t j) {
+  const int64_t at = w.tiled ? TiledOffset(w.first_row + j, w.ld) : j * w.ld;
+  return static_cast<const char*>(w.data) + at * ElementBytes<WT>();
+}
+
+// Bytes from one group of 8 elements of a row to the next.
+template <DType WT>
+constexpr int64_t GroupBytes(bool tiled) {
+  return (tiled ? 8 * kTileRows : 8) * ElementBytes<WT>();
+}
+
+// How far ahead of its reads a tile of tiled weights prefetches: the block's
+// groups are one stream, which the hardware prefetcher alone follows slower
+// (measured on an AMD EPYC (Zen 3) VM, two threads, one row of the paper
+// shape's q projection and FFN down projections, bf16: 1 KiB ahead 0.81-0.96
+// of the read bandwidth, 2 KiB 0.91-1.07, 4 KiB 0.91-1.14, none 0.78-0.92).
+constexpr int64_t kTiledAheadBytes = 2048;
+
 // c[i][j] = alpha * dot8(a row i, w row j) (+ c[i][j] when accumulating) for
 // an MR x NR tile: the sum rounded, times alpha rounded, plus c rounded, the
 // same roundings whatever the tile. kPrefetch: the tile reads its weights
 // once, from memory (a tile that many rows share re-reads them from the
-// cache, where prefetching the next tile's would evict them).
-template <DType WT, int MR, int NR, bool kPrefetch>
-void DotTile(const float* const* a, const void* w, int64_t ldw, int k, float* c, int64_t ldc,
+// cache, where prefetching the next tile's would evict them). kTiled: w's
+// layout (matmul.h); the same products in the same order.
+template <DType WT, int MR, int NR, bool kPrefetch, bool kTiled>
+void DotTile(const float* const* a, const WeightMatrix& w, int k, float* c, int64_t ldc,
              float alpha, bool accumulate) {
+  constexpr int64_t kGroup = GroupBytes<WT>(kTiled);
+  const char* row[NR];
+#pragma GCC unroll 8
+  for (int j = 0; j < NR; ++j) row[j] = RowStart<WT>(w, j);
+  // Row-major: the next tile's rows, NR rows on. Tiled: the stream of the
+  // block that holds the first row, kTiledAheadBytes on.
+  const int64_t next_rows = NR * w.ld * ElementBytes<WT>();
+  const char* ahead = nullptr;
+  if constexpr (kTiled && NR == kTileRows) {
+    ahead = RowStart<WT>(w, -(w.first_row % kTileRows)) + kTiledAheadBytes;
+  }
   __m256 acc[MR][NR];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
@@ -172,20 +204,30 @@ void DotTile(const float* const* a, const void* w, int64_t ldw, int k, float* c,
   }
   const int k8 = k & ~7;
   for (int p = 0; p < k8; p += 8) {
-    // The rows of a weight matrix are short streams (0.5-4 KiB) that the
-    // hardware prefetcher picks up late: fetch the next tile's rows, one
-    // cache line each per line consumed here.
-    if (kPrefetch && ((p * ElementBytes<WT>()) & 63) == 0) {
+    const int64_t at = p / 8 * kGroup;
+    if constexpr (kPrefetch && kTiled && NR == kTileRows) {
+      // A block's worth of rows (one row's tiles): its whole group, further
+      // on in the block's stream. Several rows' tiles keep their inputs in
+      // the L1 cache: fetch into L2.
 #pragma GCC unroll 8
-      for (int j = 0; j < NR; ++j) {
-        // Several rows' tiles keep their inputs in the L1 cache: fetch into L2.
-        _mm_prefetch(static_cast<const char*>(w) + ((j + NR) * ldw + p) * ElementBytes<WT>(),
-                     _MM_HINT_T1);
+      for (int64_t line = 0; line < kGroup; line += 64) {
+        _mm_prefetch(ahead + at + line, _MM_HINT_T1);
       }
+    } else if constexpr (kPrefetch && kTiled) {
+      // Fewer rows, which may lie in two blocks: each row's piece, further on
+      // in its block's stream.
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) _mm_prefetch(row[j] + at + kTiledAheadBytes, _MM_HINT_T1);
+    } else if (kPrefetch && ((p * ElementBytes<WT>()) & 63) == 0) {
+      // The rows of a row-major matrix are short streams (0.5-4 KiB) that
+      // the hardware prefetcher picks up late: fetch the next tile's rows,
+      // one cache line each per line consumed here.
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) _mm_prefetch(row[j] + next_rows + at, _MM_HINT_T1);
     }
     __m256 wv[NR];
 #pragma GCC unroll 8
-    for (int j = 0; j < NR; ++j) wv[j] = Load8<WT>(w, j * ldw + p);
+    for (int j = 0; j < NR; ++j) wv[j] = Load8<WT>(row[j] + at, 0);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const __m256 av = _mm256_loadu_ps(a[i] + p);
@@ -197,7 +239,7 @@ void DotTile(const float* const* a, const void* w, int64_t ldw, int k, float* c,
     const int rest = k - k8;
     __m256 wv[NR];
 #pragma GCC unroll 8
-    for (int j = 0; j < NR; ++j) wv[j] = LoadPartial8<WT>(w, j * ldw + k8, rest);
+    for (int j = 0; j < NR; ++j) wv[j] = LoadPartial8<WT>(row[j] + k8 / 8 * kGroup, 0, rest);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const __m256 av = LoadPartial8<DType::kF32>(a[i], k8, rest);
@@ -249,19 +291,23 @@ void DotTile(const float* const* a, const void* w, int64_t ldw, int k, float* c,
   }
 }
 
-using DotTileFn = void (*)(const float* const*, const void*, int64_t, int, float*, int64_t, float,
+using DotTileFn = void (*)(const float* const*, const WeightMatrix&, int, float*, int64_t, float,
                            bool);
 
-// kTable[mr - 1][nr - 1] = DotTile<WT, mr, nr, kPrefetch>.
+// kTable[tiled][mr - 1][nr - 1] = DotTile<WT, mr, nr, kPrefetch, tiled>.
 template <DType WT, int MR, int NR, bool kPrefetch>
 struct DotTiles {
-  template <int... I>
+  template <bool kTiled, int... I>
   static constexpr auto Make(std::integer_sequence<int, I...>) {
-    return std::array<DotTileFn, MR * NR>{&DotTile<WT, I / NR + 1, I % NR + 1, kPrefetch>...};
+    return std::array<DotTileFn, MR * NR>{
+        &DotTile<WT, I / NR + 1, I % NR + 1, kPrefetch, kTiled>...};
   }
-  static constexpr std::array<DotTileFn, MR* NR> kTable =
-      Make(std::make_integer_sequence<int, MR * NR>());
-  static DotTileFn For(int mr, int nr) { return kTable[(mr - 1) * NR + (nr - 1)]; }
+  static constexpr std::array<DotTileFn, MR * NR> kTable[2] = {
+      Make<false>(std::make_integer_sequence<int, MR * NR>()),
+      Make<true>(std::make_integer_sequence<int, MR * NR>())};
+  static DotTileFn For(const WeightMatrix& w, int mr, int nr) {
+    return kTable[w.tiled][(mr - 1) * NR + (nr - 1)];
+  }
 };
 
 // Thread-local f32 copy of a tile of weights.
@@ -312,22 +358,22 @@ inline __m512 SumPairs(__m512 p0, __m512 p1, __m512 p2, __m512 p3) {
 // the 16 floats [w[2q][8c, 8c + 8) | w[2q + 1][8c, 8c + 8)], zero past k and
 // for rows past `rows`; out has kPairCols pairs of `chunks` chunks each.
 template <DType WT>
-void PackPairs(const void* w, int64_t ldw, int rows, int k, float* out) {
+void PackPairs(const WeightMatrix& w, int rows, int k, float* out) {
   const int chunks = (k + 7) / 8;
+  const int64_t group = GroupBytes<WT>(w.tiled);
   for (int r = 0; r < 2 * kPairCols; ++r) {
     float* o = out + (static_cast<int64_t>(r / 2) * chunks) * 16 + 8 * (r % 2);
     if (r >= rows) {
       for (int c = 0; c < chunks; ++c) _mm256_storeu_ps(o + 16 * c, _mm256_setzero_ps());
       continue;
     }
+    const char* row = RowStart<WT>(w, r);
+    const char* next = RowStart<WT>(w, r + rows);
     for (int c = 0; c < chunks; ++c) {
       const int p = 8 * c;
-      if (((p * ElementBytes<WT>()) & 63) == 0) {
-        _mm_prefetch(static_cast<const char*>(w) + ((r + rows) * ldw + p) * ElementBytes<WT>(),
-                     _MM_HINT_T1);
-      }
-      _mm256_storeu_ps(o + 16 * c, p + 8 <= k ? Load8<WT>(w, r * ldw + p)
-                                              : LoadPartial8<WT>(w, r * ldw + p, k - p));
+      if (((c * group) & 63) == 0) _mm_prefetch(next + c * group, _MM_HINT_T1);
+      _mm256_storeu_ps(o + 16 * c, p + 8 <= k ? Load8<WT>(row + c * group, 0)
+                                              : LoadPartial8<WT>(row + c * group, 0, k - p));
     }
   }
 }
@@ -434,7 +480,7 @@ void RowsOutManyRows(const MatmulArgs& g) {
     const int i_end = g.m < i_block + kRowBlock ? g.m : i_block + kRowBlock;
     for (int j0 = 0; j0 < g.n; j0 += kCols) {
       const int nr = g.n - j0 < kCols ? g.n - j0 : kCols;
-      PackPairs<WT>(g.w.At(j0, 0).data, g.w.ld, nr, g.k, pairs.data());
+      PackPairs<WT>(g.w.At(j0, 0), nr, g.k, pairs.data());
       const int block_chunks = g.m <= kRowBlock ? kPairChunksPerBlock : chunks;
       for (int ch0 = 0; ch0 < chunks; ch0 += block_chunks) {
         const int ch1 = chunks - ch0 < block_chunks ? chunks : ch0 + block_chunks;
@@ -452,14 +498,17 @@ void RowsOutManyRows(const MatmulArgs& g) {
 }
 #endif  // SWITCHSERVE_MATMUL_ZMM
 
-// Whether one row's rows-out tiles prefetch the next tile's weight rows. In
-// the AVX2 build, f32 weights stream faster without, from the hardware
-// prefetcher alone: matmul_bench FromMemory on an AMD EPYC (Zen 3) VM, two
-// threads, one row, medians of 8 repetitions interleaved in one process,
-// 1.09-1.29x for q, the FFN's up and down projections (one and four
-// experts) and the output head. bf16 weights stream faster with it
-// (0.66-0.84 of the read bandwidth against 0.50-0.63 without, in most
-// runs). The AVX-512 build keeps it for both (not measured there).
+// Whether one row's rows-out tiles prefetch the weights they read next (the
+// next tile's rows, or further on in a tiled block). In the AVX2 build, f32
+// weights stream faster without, from the hardware prefetcher alone:
+// matmul_bench FromMemory on an AMD EPYC (Zen 3) VM, two threads, one row,
+// medians of 8 repetitions interleaved in one process, 1.09-1.29x for q, the
+// FFN's up and down projections (one and four experts) and the output head
+// row-major; tiled, 0.86-0.96 of the read bandwidth with, 0.77-0.96 without
+// against k = 1024, 0.75-0.81 with and 0.80-0.93 without against k = 128.
+// bf16 weights stream faster with it (row-major: 0.66-0.84 of the read
+// bandwidth against 0.50-0.63 without, in most runs). The AVX-512 build keeps
+// it for both (not measured there).
 template <DType WT>
 constexpr bool kOneRowPrefetch =
 #ifdef SWITCHSERVE_MATMUL_ZMM
@@ -474,8 +523,9 @@ void RowsOutOneRow(const MatmulArgs& g) {
   const float* a[1] = {RowOfA(g, 0)};
   for (int j0 = 0; j0 < g.n; j0 += kCols) {
     const int nr = g.n - j0 < kCols ? g.n - j0 : kCols;
-    DotTiles<WT, 1, kCols, kOneRowPrefetch<WT>>::For(1, nr)(a, g.w.At(j0, 0).data, g.w.ld, g.k,
-                                                            g.c + j0, g.ldc, g.alpha, g.accumulate);
+    const WeightMatrix w = g.w.At(j0, 0);
+    DotTiles<WT, 1, kCols, kOneRowPrefetch<WT>>::For(w, 1, nr)(a, w, g.k, g.c + j0, g.ldc, g.alpha,
+                                                               g.accumulate);
   }
 }
 
@@ -504,14 +554,12 @@ void RowsOutColumnBlocks(const MatmulArgs& g, int block_cols) {
       for (int i = 0; i < mr; ++i) a[i] = RowOfA(g, i0 + i);
       for (int j0 = j_block; j0 < j_end; j0 += NR) {
         const int nr = j_end - j0 < NR ? j_end - j0 : NR;
-        const void* w = g.w.At(j0, 0).data;
+        const WeightMatrix w = g.w.At(j0, 0);
         float* c = g.c + i0 * g.ldc + j0;
         if (i0 == 0) {
-          DotTiles<WT, MR, NR, true>::For(mr, nr)(a, w, g.w.ld, g.k, c, g.ldc, g.alpha,
-                                                  g.accumulate);
+          DotTiles<WT, MR, NR, true>::For(w, mr, nr)(a, w, g.k, c, g.ldc, g.alpha, g.accumulate);
         } else {
-          DotTiles<WT, MR, NR, false>::For(mr, nr)(a, w, g.w.ld, g.k, c, g.ldc, g.alpha,
-                                                   g.accumulate);
+          DotTiles<WT, MR, NR, false>::For(w, mr, nr)(a, w, g.k, c, g.ldc, g.alpha, g.accumulate);
         }
       }
     }
@@ -528,7 +576,11 @@ void RowsOut(const MatmulArgs& g) {
   // weights in place instead of packing them.
   if (g.m >= 2 * kPairRows) return RowsOutManyRows<WT>(g);
 #endif
-  if (g.m <= kColumnBlockMinRowTiles * MR) return RowsOutColumnBlocks<WT>(g, NR);
+  // Tiled weights a block at a time, so that no register tile's rows lie in
+  // two blocks.
+  if (g.m <= kColumnBlockMinRowTiles * MR) {
+    return RowsOutColumnBlocks<WT>(g, g.w.tiled ? kTileRows : NR);
+  }
   const int64_t row_bytes = static_cast<int64_t>(g.k) * ElementBytes<WT>();
   const int block_cols = static_cast<int>(kOutColumnBlockBytes / row_bytes) / NR * NR;
   RowsOutColumnBlocks<WT>(g, block_cols > NR ? block_cols : NR);

@@ -3,12 +3,14 @@
 // contract every backend keeps is checked in backend_test.cc.
 #include "kernels/cpu/cpu_backend.h"
 
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "engine/model/host_memory.h"
+#include "engine/model/model_loader.h"
 #include "engine/moe/router_layout.h"
 #include "engine/runtime/kv_cache.h"
 #include "gtest/gtest.h"
@@ -93,6 +95,54 @@ TEST(CpuBackendTest, KvCacheLargerThanTheHostIsRefused) {
   const absl::Status status = backend->InitKvCache(rows, 1);
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(status.message().find("host's memory"), std::string::npos) << status;
+}
+
+// Products of one row read tiled copies of the rows-out weights
+// (CpuBackendOptions::one_row_weights), the rest the tensors as stored: the
+// same bits. A sequence decoded token by token after its prompt gets the
+// logits it gets without the copies, on the default build and the portable
+// one, for every weight dtype and the architectures whose rows-out weights
+// differ (routed, dense and single-expert attention; XL positions).
+TEST(CpuBackendTest, OneRowWeightsChangeNoBits) {
+  const std::vector<int32_t> tokens = testing::RandomTokens(12, 64, 3);
+  for (const ModelConfig& config :
+       {testing::TinySwitchAllConfig(), testing::DenseMhaConfig(),
+        testing::SwitchHeadSingleExpertConfig(), testing::XlSwitchAllConfig()}) {
+    for (WeightsDtype dtype : {WeightsDtype::kF32, WeightsDtype::kBF16, WeightsDtype::kF16}) {
+      const ModelWeights weights = ConvertWeights(config, RandomWeights(config, 9), dtype);
+      for (bool generic : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << config.attention.n_heads << " heads, "
+                                          << ToString(dtype) << (generic ? ", generic" : ""));
+        std::vector<float> logits[2];
+        for (bool one_row : {false, true}) {
+          CpuBackendOptions options;
+          options.one_row_weights = one_row;
+          options.generic_kernels = generic;
+          options.num_threads = 2;
+          options.parallel_matmul_min_macs = 0;
+          const testing::BackendUnderTest cpu = {
+              "cpu",
+              [options](const ModelConfig& c, const ModelWeights& w, const DispatchConfig& d) {
+                return *CreateCpuBackend(c, w, d, options);
+              }};
+          Harness h(cpu, config, weights, config.dispatch);
+          StepOutput out;
+          const int prompt = 4;
+          ASSERT_TRUE(
+              h.Step({{1, std::vector<int32_t>(tokens.begin(), tokens.begin() + prompt), 0}}, &out)
+                  .ok());
+          logits[one_row] = out.logits;
+          for (int p = prompt; p < static_cast<int>(tokens.size()); ++p) {
+            ASSERT_TRUE(h.Step({{1, {tokens[p] % config.vocab_size}, p}}, &out).ok());
+            logits[one_row].insert(logits[one_row].end(), out.logits.begin(), out.logits.end());
+          }
+        }
+        ASSERT_EQ(logits[0].size(), tokens.size() * config.vocab_size);
+        EXPECT_EQ(
+            0, std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)));
+      }
+    }
+  }
 }
 
 }  // namespace

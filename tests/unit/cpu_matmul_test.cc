@@ -2,7 +2,7 @@
 // element follows the documented operation order, so a row's result is the
 // same bits whatever rows, row order, columns, threads or k ranges surround it.
 // Run for every kernel build this CPU supports, every weight dtype and both
-// weight layouts.
+// products, rows-out weights row-major and tiled (matmul.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -40,7 +40,10 @@ const Shape kShapes[] = {
     {6, 139, 1001}, {24, 72, 128}, {25, 72, 128}, {24, 72, 129},
 };
 
-using Param = std::tuple<KernelIsa, DType, WeightLayout>;
+// The product, and for rows-out weights their layout.
+enum class Layout { kRowsOut, kRowsOutTiled, kRowsIn };
+
+using Param = std::tuple<KernelIsa, DType, Layout>;
 
 // Random values, with a few exact zeros and sign changes among them.
 std::vector<float> RandomValues(size_t n, std::mt19937& rng) {
@@ -51,17 +54,23 @@ std::vector<float> RandomValues(size_t n, std::mt19937& rng) {
   return v;
 }
 
+// A random matrix, row-major or (rows-out weights) tiled.
 class Weights {
  public:
-  Weights(DType dtype, int rows, int cols, std::mt19937& rng)
+  Weights(DType dtype, int rows, int cols, bool tiled, std::mt19937& rng)
       : tensor_(Tensor::F32({rows, cols}, RandomValues(static_cast<size_t>(rows) * cols, rng))
                     .ConvertedTo(dtype)),
-        cols_(cols) {}
-  WeightMatrix matrix() const { return MatrixOf(tensor_, cols_); }
+        cols_(cols) {
+    if (tiled) tiled_ = TiledWeights(tensor_);
+    matrix_ = tiled ? tiled_.Matrix() : MatrixOf(tensor_, cols_);
+  }
+  WeightMatrix matrix() const { return matrix_; }
   float At(int r, int c) const { return tensor_.At(static_cast<int64_t>(r) * cols_ + c); }
 
  private:
   Tensor tensor_;
+  TiledWeights tiled_;
+  WeightMatrix matrix_;
   int cols_;
 };
 
@@ -94,7 +103,11 @@ class MatmulKernelTest : public ::testing::TestWithParam<Param> {
  protected:
   KernelIsa isa() const { return std::get<0>(GetParam()); }
   DType dtype() const { return std::get<1>(GetParam()); }
-  WeightLayout layout() const { return std::get<2>(GetParam()); }
+  WeightLayout layout() const {
+    return std::get<2>(GetParam()) == Layout::kRowsIn ? WeightLayout::kRowsIn
+                                                      : WeightLayout::kRowsOut;
+  }
+  bool tiled() const { return std::get<2>(GetParam()) == Layout::kRowsOutTiled; }
   bool fused() const { return isa() != KernelIsa::kGeneric; }
 
   void Call(const MatmulArgs& args) const {
@@ -103,8 +116,8 @@ class MatmulKernelTest : public ::testing::TestWithParam<Param> {
   }
   // Weights of shape [n, k] (rows out) or [k, n] (rows in).
   Weights MakeWeights(const Shape& s, std::mt19937& rng) const {
-    return layout() == WeightLayout::kRowsOut ? Weights(dtype(), s.n, s.k, rng)
-                                              : Weights(dtype(), s.k, s.n, rng);
+    return layout() == WeightLayout::kRowsOut ? Weights(dtype(), s.n, s.k, tiled(), rng)
+                                              : Weights(dtype(), s.k, s.n, false, rng);
   }
   // The weights of output columns [j0, ...).
   WeightMatrix Columns(const Weights& w, int j0) const {
@@ -275,14 +288,16 @@ TEST_P(MatmulKernelTest, RunnerThreadsChangeNoBits) {
 std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
   const auto [isa, dtype, layout] = info.param;
   return std::string(ToString(isa)) + "_" + std::string(ToString(dtype)) +
-         (layout == WeightLayout::kRowsOut ? "_rows_out" : "_rows_in");
+         (layout == Layout::kRowsOut        ? "_rows_out"
+          : layout == Layout::kRowsOutTiled ? "_rows_out_tiled"
+                                            : "_rows_in");
 }
 
 INSTANTIATE_TEST_SUITE_P(
     AllBuilds, MatmulKernelTest,
     ::testing::Combine(::testing::ValuesIn(SupportedKernelIsas()),
                        ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
-                       ::testing::Values(WeightLayout::kRowsOut, WeightLayout::kRowsIn)),
+                       ::testing::Values(Layout::kRowsOut, Layout::kRowsOutTiled, Layout::kRowsIn)),
     ParamName);
 
 TEST(KernelIsaTest, BestIsSupportedAndTheWidestTheCpuHas) {
