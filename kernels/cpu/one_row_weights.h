@@ -22,8 +22,9 @@ class OneRowWeights {
  public:
   // No copies: every product reads the tensors as stored.
   OneRowWeights() = default;
-  // Tiled copies of every rows-out matrix a decode step multiplies: the
-  // projections, routers and FFN weights of each layer and the output head.
+  // Tiled copies of the rows-out matrices a decode step multiplies (the
+  // projections, routers and FFN weights of each layer and the output head)
+  // whose rows are shorter than 4 KiB: longer ones stream as fast as stored.
   OneRowWeights(const ModelConfig& config, const ModelWeights& weights);
 
   // Bytes the copies of `weights`' tensors would take.
