@@ -504,7 +504,7 @@ void RowsOutManyRows(const MatmulArgs& g) {
 // matmul_bench FromMemory on an AMD EPYC (Zen 3) VM, two threads, one row,
 // medians of 8 repetitions interleaved in one process, 1.09-1.29x for q, the
 // FFN's up and down projections (one and four experts) and the output head
-// row-major; tiled, 0.86-0.96 of the read bandwidth with, 0.77-0.96 without
+// row-major; tiled, 0.76-0.86 of the read bandwidth with, 0.77-0.96 without
 // against k = 1024, 0.75-0.81 with and 0.80-0.93 without against k = 128.
 // bf16 weights stream faster with it (row-major: 0.66-0.84 of the read
 // bandwidth against 0.50-0.63 without, in most runs). The AVX-512 build keeps
