@@ -19,9 +19,10 @@
 // same process (bench/roofline.h). huge_pages: the 256 MiB on 2 MiB pages,
 // as the model's weight tensors are held (engine/model/huge_pages.h), or
 // on 4 KiB pages (0); --benchmark_enable_random_interleaving with
-// repetitions alternates the two. tiled: rows-out weights in the tiled
-// layout the CPU backend holds them in (kernels/cpu/matmul.h), or row-major
-// as stored (0); on huge pages.
+// repetitions alternates the two. tiled: the weights in the tiled layout the
+// CPU backend holds a copy in for one-row products (kernels/cpu/matmul.h:
+// row blocks rows out, column panels rows in), or row-major as stored (0);
+// on huge pages.
 //
 // BM_GatedExpertOutputs runs a module's expert products whose rows go back
 // into the tokens' rows, scaled by their gates, for a step of `tokens`
@@ -156,7 +157,7 @@ std::shared_ptr<std::byte[]> PagedBytes(size_t bytes, bool huge_pages) {
 }
 
 // Args: n, k, layout (0 rows out, 1 rows in), dtype (0 f32, 1 bf16), m,
-// matrices, huge pages (0, 1), tiled (0, 1; rows out only).
+// matrices, huge pages (0, 1), tiled (0, 1).
 void BM_MatmulFromMemory(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0)), k = static_cast<int>(state.range(1));
   const bool rows_in = state.range(2) == 1;
@@ -166,7 +167,9 @@ void BM_MatmulFromMemory(benchmark::State& state) {
   const double read_gb_per_s = bench::MeasureMachineLimits().read_gb_per_s;
   const Problem one = MakeProblem(m, n, k, dtype);
   const bool tiled = state.range(7) == 1;
-  const TiledWeights tiled_one = tiled ? TiledWeights(one.w) : TiledWeights();
+  const TiledWeights tiled_one =
+      tiled ? TiledWeights(one.w, rows_in ? Tiling::kColumnPanels : Tiling::kRowBlocks)
+            : TiledWeights();
   const WeightMatrix stored = tiled ? tiled_one.Matrix() : MatrixOf(one.w, rows_in ? n : k);
   const size_t bytes_per = static_cast<size_t>(tiled ? tiled_one.bytes() : one.w.bytes());
   const int copies = static_cast<int>(std::max<int64_t>(
@@ -205,11 +208,9 @@ void BM_MatmulFromMemory(benchmark::State& state) {
 
 void FromMemoryShapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"n", "k", "rows_in", "bf16", "m", "matrices", "huge_pages", "tiled"});
-  // Every shape on 2 MiB pages and on 4 KiB pages; rows-out shapes tiled too.
+  // Every shape on 2 MiB pages and on 4 KiB pages, and tiled on 2 MiB pages.
   const auto args = [b](std::vector<int64_t> shape) {
-    const bool rows_out = shape[2] == 0;
     for (const auto& [huge, tiled] : {std::array<int64_t, 2>{1, 0}, {0, 0}, {1, 1}}) {
-      if (tiled == 1 && !rows_out) continue;
       shape.push_back(huge);
       shape.push_back(tiled);
       b->Args(shape);

@@ -220,7 +220,8 @@ void CpuAttention::ProjectOutput(const AttentionWeights& w, const StepBatch& ste
           {{WeightLayout::kRowsIn,
             {as.count(e), d_, dh, a_.data() + static_cast<int64_t>(h) * dh, H * dh,
              as.token.data() + as.begin(e),
-             MatrixOf(w.o, d_, static_cast<int64_t>(h * E + e) * dh * d_), nullptr, 0}},
+             one_row_->Matrix(w.o, d_, static_cast<int64_t>(h * E + e) * dh * d_, as.count(e)),
+             nullptr, 0}},
            &as,
            e});
     }

@@ -317,9 +317,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const ModelConfig& con
   if (!positions.ok()) return positions.status();
   cpu::OneRowWeights one_row;
   if (options.one_row_weights) {
-    if (absl::Status fits = CheckFitsInHostMemory(
-            cpu::OneRowWeights::BytesFor(config, weights),
-            "the tiled copies of the rows-out weights (CpuBackendOptions::one_row_weights)");
+    if (absl::Status fits =
+            CheckFitsInHostMemory(cpu::OneRowWeights::BytesFor(config, weights),
+                                  "the tiled copies of the weights for one-row products "
+                                  "(CpuBackendOptions::one_row_weights)");
         !fits.ok()) {
       return fits;
     }

@@ -45,8 +45,8 @@ struct CpuBackendOptions {
   // request's logits differ slightly from the f32 cache's, and stay the same
   // whatever its neighbours).
   DType kv_cache_dtype = DType::kF32;
-  // Keep a tiled copy of the rows-out weight matrices for the products of one
-  // row (kernels/cpu/one_row_weights.h): a batch-1 decode step streams them
+  // Keep tiled copies of weight matrices for the products of one row
+  // (kernels/cpu/one_row_weights.h): a batch-1 decode step streams them
   // faster, for about those weights' bytes again in memory. Same bits either
   // way.
   bool one_row_weights = true;

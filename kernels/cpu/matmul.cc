@@ -60,52 +60,80 @@ WeightMatrix MatrixOf(const Tensor& tensor, int64_t ld, int64_t offset) {
 
 namespace {
 
-// Copies `matrices` row-major [n, k] matrices of T from `in` into the tiled
-// layout at `out` (zeroed beforehand): `rows` rows and `ld` columns each.
+// Elements of one matrix of `rows` x `columns`, tiled.
+int64_t TiledElements(int64_t rows, int64_t columns, Tiling tiling) {
+  if (tiling == Tiling::kRowBlocks) {
+    return (rows + kTileRows - 1) / kTileRows * kTileRows * ((columns + 7) / 8 * 8);
+  }
+  return (columns + kPanelColumns - 1) / kPanelColumns * kPanelColumns * rows;
+}
+
+// Element (r, c) of a tiled matrix of `rows` x `columns`.
+int64_t TiledIndex(int64_t r, int64_t c, int64_t rows, int64_t columns, Tiling tiling) {
+  if (tiling == Tiling::kRowBlocks) {
+    return TiledOffset(r, (columns + 7) / 8 * 8) + c / 8 * 8 * kTileRows + c % 8;
+  }
+  return c / kPanelColumns * kPanelColumns * rows + r * kPanelColumns + c % kPanelColumns;
+}
+
+// Copies `matrices` row-major matrices of T from `in` into `tiling` at `out`
+// (zeroed beforehand).
 template <typename T>
-void Tile(const T* in, int64_t matrices, int64_t n, int64_t k, int64_t rows, int64_t ld, T* out) {
+void Tile(const T* in, int64_t matrices, int64_t rows, int64_t columns, Tiling tiling, T* out) {
+  const int64_t tiled = TiledElements(rows, columns, tiling);
   for (int64_t m = 0; m < matrices; ++m) {
-    const T* src = in + m * n * k;
-    T* dst = out + m * rows * ld;
-    for (int64_t r = 0; r < n; ++r) {
-      for (int64_t c = 0; c < k; ++c) {
-        dst[TiledOffset(r, ld) + c / 8 * 8 * kTileRows + c % 8] = src[r * k + c];
+    const T* src = in + m * rows * columns;
+    T* dst = out + m * tiled;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < columns; ++c) {
+        dst[TiledIndex(r, c, rows, columns, tiling)] = src[r * columns + c];
       }
     }
   }
 }
 
+int64_t MatricesOf(const Tensor& tensor, int64_t rows, int64_t columns) {
+  return rows * columns > 0 ? tensor.numel() / (rows * columns) : 0;
+}
+
 }  // namespace
 
-TiledWeights::TiledWeights(const Tensor& tensor) : dtype_(tensor.dtype()) {
+TiledWeights::TiledWeights(const Tensor& tensor, Tiling tiling)
+    : dtype_(tensor.dtype()), tiling_(tiling) {
   const std::vector<int64_t>& shape = tensor.shape();
-  n_ = shape[shape.size() - 2];
-  k_ = shape.back();
-  ld_ = (k_ + 7) / 8 * 8;
-  rows_ = (n_ + kTileRows - 1) / kTileRows * kTileRows;
-  const int64_t matrices = n_ * k_ > 0 ? tensor.numel() / (n_ * k_) : 0;
-  const size_t size = static_cast<size_t>(matrices * rows_ * ld_);
+  rows_ = shape[shape.size() - 2];
+  columns_ = shape.back();
+  matrix_elements_ = TiledElements(rows_, columns_, tiling);
+  ld_ = tiling == Tiling::kRowBlocks ? (columns_ + 7) / 8 * 8 : kPanelColumns * rows_;
+  const int64_t matrices = MatricesOf(tensor, rows_, columns_);
+  const size_t size = static_cast<size_t>(matrices * matrix_elements_);
   if (dtype_ == DType::kF32) {
     f32_.assign(size, 0.0f);
-    Tile(tensor.f32(), matrices, n_, k_, rows_, ld_, f32_.data());
+    Tile(tensor.f32(), matrices, rows_, columns_, tiling, f32_.data());
   } else {
     half_.assign(size, 0);
-    Tile(tensor.half(), matrices, n_, k_, rows_, ld_, half_.data());
+    Tile(tensor.half(), matrices, rows_, columns_, tiling, half_.data());
   }
 }
 
+int64_t TiledWeights::BytesFor(const Tensor& tensor, Tiling tiling) {
+  const std::vector<int64_t>& shape = tensor.shape();
+  const int64_t rows = shape[shape.size() - 2], columns = shape.back();
+  return MatricesOf(tensor, rows, columns) * TiledElements(rows, columns, tiling) *
+         DTypeSize(tensor.dtype());
+}
+
 WeightMatrix TiledWeights::Matrix(int64_t offset) const {
-  const int64_t row = offset / k_;
-  const int64_t matrix = row / n_;
+  const int64_t row = offset / columns_;
+  const int64_t matrix = row / rows_;
   WeightMatrix m;
   m.dtype = dtype_;
   const void* base = dtype_ == DType::kF32 ? static_cast<const void*>(f32_.data())
                                            : static_cast<const void*>(half_.data());
-  m.data = static_cast<const char*>(base) + matrix * rows_ * ld_ * DTypeSize(dtype_);
+  m.data = static_cast<const char*>(base) + matrix * matrix_elements_ * DTypeSize(dtype_);
   m.ld = ld_;
-  m.tiled = true;
-  m.first_row = row % n_;
-  return m;
+  m.tiling = tiling_;
+  return m.At(row % rows_, 0);
 }
 
 int64_t TiledWeights::bytes() const {

@@ -53,37 +53,57 @@ KernelIsa BestKernelIsa();
 // Every build this CPU supports, kGeneric first.
 std::vector<KernelIsa> SupportedKernelIsas();
 
-// A weight matrix as the kernels read it, in one of two layouts.
+// A weight matrix as the kernels read it, in one of three layouts.
 //
-// Row-major (tiled false): element (r, c) at data + r * ld + c (in elements
-// of `dtype`: F32, BF16 or F16), as stored in a Tensor.
+// Row-major (Tiling::kNone): element (r, c) at data + r * ld + c (in
+// elements of `dtype`: F32, BF16 or F16), as stored in a Tensor.
 //
-// Tiled (MatmulRowsOut weights only, TiledWeights below): rows in blocks of
+// Row blocks (MatmulRowsOut weights, TiledWeights below): rows in blocks of
 // kTileRows and each block's row length in groups of 8, the block's rows'
 // groups side by side: element (r, c) at data + TiledOffset(r, ld) +
 // (c / 8) * 8 * kTileRows + c % 8, with ld the row length rounded up to a
 // multiple of 8 and every padding element zero. One row's product then reads
 // a block of weights as one sequential stream rather than kTileRows strided
-// ones. `first_row` is the row the matrix starts at (At), which need not
-// start a block. The kernels multiply and add the same elements in the same
-// order in either layout, so both give the same bits.
+// ones. `first` is the row the matrix starts at (At), which need not start a
+// block.
+//
+// Column panels (MatmulRowsIn weights): the columns in panels of
+// kPanelColumns, each panel row-major with rows of kPanelColumns elements
+// (the last one zero-padded), one panel after the other, `ld` elements
+// apart: element (r, c) at data + (c / kPanelColumns) * ld + r *
+// kPanelColumns + c % kPanelColumns, for columns c from `first` on. One
+// row's product then reads each panel as one stream.
+//
+// The kernels multiply and add the same elements in the same order in every
+// layout, so all give the same bits.
 inline constexpr int kTileRows = 8;
+inline constexpr int kPanelColumns = 64;
+
+enum class Tiling { kNone, kRowBlocks, kColumnPanels };
 
 struct WeightMatrix {
   DType dtype = DType::kF32;
   const void* data = nullptr;
   int64_t ld = 0;
-  bool tiled = false;
-  int64_t first_row = 0;  // tiled only
+  Tiling tiling = Tiling::kNone;
+  int64_t first = 0;  // row blocks: the first row; column panels: the first column
 
-  // The matrix starting at element (row, column) of this one; a tiled
-  // matrix's rows are never split, so its column must be 0.
+  // The matrix starting at element (row, column) of this one; a matrix in
+  // row blocks is never split across its rows' length, so its column must
+  // be 0.
   WeightMatrix At(int64_t row, int64_t column) const {
     WeightMatrix out = *this;
-    if (tiled) {
-      out.first_row += row;
-    } else {
-      out.data = static_cast<const char*>(data) + (row * ld + column) * DTypeSize(dtype);
+    switch (tiling) {
+      case Tiling::kNone:
+        out.data = static_cast<const char*>(data) + (row * ld + column) * DTypeSize(dtype);
+        break;
+      case Tiling::kRowBlocks:
+        out.first += row;
+        break;
+      case Tiling::kColumnPanels:
+        out.data = static_cast<const char*>(data) + row * kPanelColumns * DTypeSize(dtype);
+        out.first += column;
+        break;
     }
     return out;
   }
@@ -97,23 +117,29 @@ inline int64_t TiledOffset(int64_t r, int64_t ld) {
 // The tensor from its flat element `offset` on, with leading dimension `ld`.
 WeightMatrix MatrixOf(const Tensor& tensor, int64_t ld, int64_t offset = 0);
 
-// A tensor of rows-out weight matrices [..., n, k] copied into the tiled
-// layout, each matrix on its own (n rounded up to whole blocks, k to groups of
-// 8), on huge pages.
+// A tensor of weight matrices [..., rows, columns] copied into row blocks
+// (rows-out weights: rows rounded up to whole blocks, columns to groups of 8)
+// or column panels (rows-in weights: columns rounded up to whole panels), each
+// matrix on its own, on huge pages.
 class TiledWeights {
  public:
   TiledWeights() = default;
-  // `tensor` must have at least two dimensions.
-  explicit TiledWeights(const Tensor& tensor);
+  // `tensor` must have at least two dimensions; `tiling` is not kNone.
+  TiledWeights(const Tensor& tensor, Tiling tiling);
 
-  // The matrix MatrixOf(tensor, k, offset) reads, tiled: `offset` must be a
-  // whole number of rows.
+  // The matrix MatrixOf(tensor, columns, offset) reads, tiled: `offset` must
+  // be a whole number of rows.
   WeightMatrix Matrix(int64_t offset = 0) const;
   int64_t bytes() const;
+  // Bytes a copy of `tensor` in `tiling` takes.
+  static int64_t BytesFor(const Tensor& tensor, Tiling tiling);
 
  private:
   DType dtype_ = DType::kF32;
-  int64_t n_ = 0, k_ = 0, ld_ = 0, rows_ = 0;  // rows_: n rounded up to a block
+  Tiling tiling_ = Tiling::kRowBlocks;
+  int64_t rows_ = 0, columns_ = 0;  // of each matrix, as stored
+  int64_t matrix_elements_ = 0;     // of each matrix, tiled
+  int64_t ld_ = 0;                  // WeightMatrix::ld
   HugePageVector<float> f32_;
   HugePageVector<uint16_t> half_;
 };
@@ -133,6 +159,29 @@ struct MatmulArgs {
   float alpha = 1.0f;       // MatmulRowsOut only
   bool accumulate = false;  // see the top of this file
 };
+
+// Calls fn(args) for each column panel's part of a column-panels product
+// `g`, as a row-major product over that panel.
+template <typename Fn>
+void ForEachPanel(const MatmulArgs& g, const Fn& fn) {
+  int64_t column = g.w.first;
+  for (int j = 0; j < g.n;) {
+    const int64_t within = column % kPanelColumns;
+    const int width =
+        static_cast<int>(g.n - j < kPanelColumns - within ? g.n - j : kPanelColumns - within);
+    MatmulArgs panel = g;
+    panel.n = width;
+    panel.c = g.c + j;
+    panel.w.data = static_cast<const char*>(g.w.data) +
+                   (column / kPanelColumns * g.w.ld + within) * DTypeSize(g.w.dtype);
+    panel.w.ld = kPanelColumns;
+    panel.w.tiling = Tiling::kNone;
+    panel.w.first = 0;
+    fn(panel);
+    j += width;
+    column += width;
+  }
+}
 
 // A MatmulRowsIn call of a few rows whose columns span at least this many
 // bytes of weights takes 8 weight rows at a time across all its columns, so

@@ -22,9 +22,10 @@ float Widen(const void* base, int64_t index) {
 // dot8 of matmul.h, of `a` and row j of w (in either layout).
 template <DType WT>
 float Dot8(const float* a, const WeightMatrix& w, int64_t j, int k) {
-  const int64_t row = w.tiled ? TiledOffset(w.first_row + j, w.ld) : j * w.ld;
+  const bool blocks = w.tiling == Tiling::kRowBlocks;
+  const int64_t row = blocks ? TiledOffset(w.first + j, w.ld) : j * w.ld;
   // Elements from one group of 8 of the row to the next.
-  const int64_t group = w.tiled ? 8 * kTileRows : 8;
+  const int64_t group = blocks ? 8 * kTileRows : 8;
   float lane[8] = {};
   int p = 0;
   for (; p + 8 <= k; p += 8) {
@@ -56,6 +57,7 @@ void RowsOut(const MatmulArgs& g) {
 
 template <DType WT>
 void RowsIn(const MatmulArgs& g) {
+  if (g.w.tiling == Tiling::kColumnPanels) return ForEachPanel(g, RowsIn<WT>);
   constexpr int kColumns = 64;  // accumulators kept per row while p runs
   float acc[kColumns];
   for (int i = 0; i < g.m; ++i) {

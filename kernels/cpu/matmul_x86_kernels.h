@@ -159,7 +159,7 @@ inline float FmaScalar(float a, float b, float c) {
 // Row j of w's first element (either layout, matmul.h).
 template <DType WT>
 inline const char* RowStart(const WeightMatrix& w, int64_t j) {
-  const int64_t at = w.tiled ? TiledOffset(w.first_row + j, w.ld) : j * w.ld;
+  const int64_t at = w.tiling == Tiling::kRowBlocks ? TiledOffset(w.first + j, w.ld) : j * w.ld;
   return static_cast<const char*>(w.data) + at * ElementBytes<WT>();
 }
 
@@ -180,8 +180,8 @@ constexpr int64_t kTiledAheadBytes = 2048;
 // an MR x NR tile: the sum rounded, times alpha rounded, plus c rounded, the
 // same roundings whatever the tile. kPrefetch: the tile reads its weights
 // once, from memory (a tile that many rows share re-reads them from the
-// cache, where prefetching the next tile's would evict them). kTiled: w's
-// layout (matmul.h); the same products in the same order.
+// cache, where prefetching the next tile's would evict them). kTiled: w in row
+// blocks (matmul.h); the same products in the same order.
 template <DType WT, int MR, int NR, bool kPrefetch, bool kTiled>
 void DotTile(const float* const* a, const WeightMatrix& w, int k, float* c, int64_t ldc,
              float alpha, bool accumulate) {
@@ -194,7 +194,7 @@ void DotTile(const float* const* a, const WeightMatrix& w, int k, float* c, int6
   const int64_t next_rows = NR * w.ld * ElementBytes<WT>();
   const char* ahead = nullptr;
   if constexpr (kTiled && NR == kTileRows) {
-    ahead = RowStart<WT>(w, -(w.first_row % kTileRows)) + kTiledAheadBytes;
+    ahead = RowStart<WT>(w, -(w.first % kTileRows)) + kTiledAheadBytes;
   }
   __m256 acc[MR][NR];
 #pragma GCC unroll 8
@@ -306,7 +306,7 @@ struct DotTiles {
       Make<false>(std::make_integer_sequence<int, MR * NR>()),
       Make<true>(std::make_integer_sequence<int, MR * NR>())};
   static DotTileFn For(const WeightMatrix& w, int mr, int nr) {
-    return kTable[w.tiled][(mr - 1) * NR + (nr - 1)];
+    return kTable[w.tiling == Tiling::kRowBlocks][(mr - 1) * NR + (nr - 1)];
   }
 };
 
@@ -360,7 +360,7 @@ inline __m512 SumPairs(__m512 p0, __m512 p1, __m512 p2, __m512 p3) {
 template <DType WT>
 void PackPairs(const WeightMatrix& w, int rows, int k, float* out) {
   const int chunks = (k + 7) / 8;
-  const int64_t group = GroupBytes<WT>(w.tiled);
+  const int64_t group = GroupBytes<WT>(w.tiling == Tiling::kRowBlocks);
   for (int r = 0; r < 2 * kPairCols; ++r) {
     float* o = out + (static_cast<int64_t>(r / 2) * chunks) * 16 + 8 * (r % 2);
     if (r >= rows) {
@@ -579,7 +579,7 @@ void RowsOut(const MatmulArgs& g) {
   // Tiled weights a block at a time, so that no register tile's rows lie in
   // two blocks.
   if (g.m <= kColumnBlockMinRowTiles * MR) {
-    return RowsOutColumnBlocks<WT>(g, g.w.tiled ? kTileRows : NR);
+    return RowsOutColumnBlocks<WT>(g, g.w.tiling == Tiling::kRowBlocks ? kTileRows : NR);
   }
   const int64_t row_bytes = static_cast<int64_t>(g.k) * ElementBytes<WT>();
   const int block_cols = static_cast<int>(kOutColumnBlockBytes / row_bytes) / NR * NR;
@@ -941,6 +941,7 @@ constexpr std::array<ChainTileZmmFn, kZmmInRows* kZmmInVectors> kChainTilesZmm =
 
 template <DType WT>
 void RowsIn(const MatmulArgs& g) {
+  if (g.w.tiling == Tiling::kColumnPanels) return ForEachPanel(g, RowsIn<WT>);
   const int n8 = g.n & ~7;
   const int vectors = n8 / 8;
   constexpr int MR = Tiles::kInRows, NV = Tiles::kInVectors;

@@ -1,11 +1,11 @@
-// The CPU backend's tiled copies of its rows-out weight matrices
-// (matmul.h, TiledWeights), for the products of a single row: a batch-1
-// decode step reads every weight once, from memory, and a tiled matrix
-// streams in order where the stored one takes eight rows at a time (bf16,
-// matmul_bench FromMemory, one row: 1.2-1.6x). Products of more rows read the
-// tensors as stored, whose tiles reuse each weight across rows from the
-// caches. Either layout gives the same bits, so which one a product reads
-// changes no result.
+// The CPU backend's tiled copies of its weight matrices (matmul.h,
+// TiledWeights), for the products of a single row: a batch-1 decode step
+// reads every weight once, from memory, and a tiled matrix streams in order
+// where the stored one gives a tile eight strided rows at a time (bf16
+// rows-out, matmul_bench FromMemory, one row: 1.2-1.6x). Products of more
+// rows read the tensors as stored, whose tiles reuse each weight across rows
+// from the caches. Every layout gives the same bits, so which one a product
+// reads changes no result.
 #ifndef SWITCHSERVE_KERNELS_CPU_ONE_ROW_WEIGHTS_H_
 #define SWITCHSERVE_KERNELS_CPU_ONE_ROW_WEIGHTS_H_
 
@@ -22,23 +22,23 @@ class OneRowWeights {
  public:
   // No copies: every product reads the tensors as stored.
   OneRowWeights() = default;
-  // Tiled copies of the rows-out matrices a decode step multiplies (the
-  // projections, routers and FFN weights of each layer and the output head)
-  // whose rows are shorter than 4 KiB: longer ones stream as fast as stored.
+  // Tiled copies of the matrices a decode step multiplies (projections,
+  // routers, experts, the output head): rows-out ones in row blocks where
+  // their rows are shorter than 4 KiB (longer ones stream as fast as
+  // stored), rows-in ones in column panels where their rows are 1 KiB or
+  // longer.
   OneRowWeights(const ModelConfig& config, const ModelWeights& weights);
 
   // Bytes the copies of `weights`' tensors would take.
   static int64_t BytesFor(const ModelConfig& config, const ModelWeights& weights);
 
-  // The rows-out matrix MatrixOf(tensor, ld, offset) for a product of `rows`
-  // rows: its tiled copy for one row where there is one, else the tensor.
+  // The matrix MatrixOf(tensor, ld, offset) for a product of `rows` rows: its
+  // tiled copy for one row where there is one, else the tensor.
   WeightMatrix Matrix(const Tensor& tensor, int64_t ld, int64_t offset, int rows) const;
 
   int64_t bytes() const { return bytes_; }
 
  private:
-  void Add(const Tensor& tensor);
-
   std::unordered_map<const Tensor*, TiledWeights> copies_;
   int64_t bytes_ = 0;
 };

@@ -97,22 +97,26 @@ TEST(CpuBackendTest, KvCacheLargerThanTheHostIsRefused) {
   EXPECT_NE(status.message().find("host's memory"), std::string::npos) << status;
 }
 
-// Products of one row read tiled copies of the rows-out weights
+// Products of one row read tiled copies of the weights
 // (CpuBackendOptions::one_row_weights), the rest the tensors as stored: the
 // same bits. A sequence decoded token by token after its prompt gets the
 // logits it gets without the copies, on the default build and the portable
-// one, for every weight dtype and the architectures whose rows-out weights
-// differ (routed, dense and single-expert attention; XL positions).
+// one, for every weight dtype and the architectures whose weights differ
+// (routed, dense and single-expert attention; XL positions; d = 512, whose
+// routed output experts' rows of 1 KiB or more get column panels).
 TEST(CpuBackendTest, OneRowWeightsChangeNoBits) {
   const std::vector<int32_t> tokens = testing::RandomTokens(12, 64, 3);
+  ModelConfig wide = testing::TinySwitchAllConfig();
+  wide.d_model = 512;
   for (const ModelConfig& config :
        {testing::TinySwitchAllConfig(), testing::DenseMhaConfig(),
-        testing::SwitchHeadSingleExpertConfig(), testing::XlSwitchAllConfig()}) {
+        testing::SwitchHeadSingleExpertConfig(), testing::XlSwitchAllConfig(), wide}) {
     for (WeightsDtype dtype : {WeightsDtype::kF32, WeightsDtype::kBF16, WeightsDtype::kF16}) {
       const ModelWeights weights = ConvertWeights(config, RandomWeights(config, 9), dtype);
       for (bool generic : {false, true}) {
-        SCOPED_TRACE(::testing::Message() << config.attention.n_heads << " heads, "
-                                          << ToString(dtype) << (generic ? ", generic" : ""));
+        SCOPED_TRACE(::testing::Message()
+                     << config.attention.n_heads << " heads, d " << config.d_model << ", "
+                     << ToString(dtype) << (generic ? ", generic" : ""));
         std::vector<float> logits[2];
         for (bool one_row : {false, true}) {
           CpuBackendOptions options;

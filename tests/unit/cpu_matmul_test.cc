@@ -2,7 +2,8 @@
 // element follows the documented operation order, so a row's result is the
 // same bits whatever rows, row order, columns, threads or k ranges surround it.
 // Run for every kernel build this CPU supports, every weight dtype and both
-// products, rows-out weights row-major and tiled (matmul.h).
+// products, with weights row-major and tiled (rows-out in row blocks, rows-in
+// in column panels: matmul.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -41,7 +42,7 @@ const Shape kShapes[] = {
 };
 
 // The product, and for rows-out weights their layout.
-enum class Layout { kRowsOut, kRowsOutTiled, kRowsIn };
+enum class Layout { kRowsOut, kRowsOutTiled, kRowsIn, kRowsInTiled };
 
 using Param = std::tuple<KernelIsa, DType, Layout>;
 
@@ -54,15 +55,15 @@ std::vector<float> RandomValues(size_t n, std::mt19937& rng) {
   return v;
 }
 
-// A random matrix, row-major or (rows-out weights) tiled.
+// A random matrix, row-major or tiled.
 class Weights {
  public:
-  Weights(DType dtype, int rows, int cols, bool tiled, std::mt19937& rng)
+  Weights(DType dtype, int rows, int cols, Tiling tiling, std::mt19937& rng)
       : tensor_(Tensor::F32({rows, cols}, RandomValues(static_cast<size_t>(rows) * cols, rng))
                     .ConvertedTo(dtype)),
         cols_(cols) {
-    if (tiled) tiled_ = TiledWeights(tensor_);
-    matrix_ = tiled ? tiled_.Matrix() : MatrixOf(tensor_, cols_);
+    if (tiling != Tiling::kNone) tiled_ = TiledWeights(tensor_, tiling);
+    matrix_ = tiling != Tiling::kNone ? tiled_.Matrix() : MatrixOf(tensor_, cols_);
   }
   WeightMatrix matrix() const { return matrix_; }
   float At(int r, int c) const { return tensor_.At(static_cast<int64_t>(r) * cols_ + c); }
@@ -104,10 +105,20 @@ class MatmulKernelTest : public ::testing::TestWithParam<Param> {
   KernelIsa isa() const { return std::get<0>(GetParam()); }
   DType dtype() const { return std::get<1>(GetParam()); }
   WeightLayout layout() const {
-    return std::get<2>(GetParam()) == Layout::kRowsIn ? WeightLayout::kRowsIn
-                                                      : WeightLayout::kRowsOut;
+    const Layout l = std::get<2>(GetParam());
+    return l == Layout::kRowsIn || l == Layout::kRowsInTiled ? WeightLayout::kRowsIn
+                                                             : WeightLayout::kRowsOut;
   }
-  bool tiled() const { return std::get<2>(GetParam()) == Layout::kRowsOutTiled; }
+  Tiling tiling() const {
+    switch (std::get<2>(GetParam())) {
+      case Layout::kRowsOutTiled:
+        return Tiling::kRowBlocks;
+      case Layout::kRowsInTiled:
+        return Tiling::kColumnPanels;
+      default:
+        return Tiling::kNone;
+    }
+  }
   bool fused() const { return isa() != KernelIsa::kGeneric; }
 
   void Call(const MatmulArgs& args) const {
@@ -116,8 +127,8 @@ class MatmulKernelTest : public ::testing::TestWithParam<Param> {
   }
   // Weights of shape [n, k] (rows out) or [k, n] (rows in).
   Weights MakeWeights(const Shape& s, std::mt19937& rng) const {
-    return layout() == WeightLayout::kRowsOut ? Weights(dtype(), s.n, s.k, tiled(), rng)
-                                              : Weights(dtype(), s.k, s.n, false, rng);
+    return layout() == WeightLayout::kRowsOut ? Weights(dtype(), s.n, s.k, tiling(), rng)
+                                              : Weights(dtype(), s.k, s.n, tiling(), rng);
   }
   // The weights of output columns [j0, ...).
   WeightMatrix Columns(const Weights& w, int j0) const {
@@ -290,14 +301,16 @@ std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
   return std::string(ToString(isa)) + "_" + std::string(ToString(dtype)) +
          (layout == Layout::kRowsOut        ? "_rows_out"
           : layout == Layout::kRowsOutTiled ? "_rows_out_tiled"
-                                            : "_rows_in");
+          : layout == Layout::kRowsIn       ? "_rows_in"
+                                            : "_rows_in_tiled");
 }
 
 INSTANTIATE_TEST_SUITE_P(
     AllBuilds, MatmulKernelTest,
     ::testing::Combine(::testing::ValuesIn(SupportedKernelIsas()),
                        ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
-                       ::testing::Values(Layout::kRowsOut, Layout::kRowsOutTiled, Layout::kRowsIn)),
+                       ::testing::Values(Layout::kRowsOut, Layout::kRowsOutTiled, Layout::kRowsIn,
+                                         Layout::kRowsInTiled)),
     ParamName);
 
 TEST(KernelIsaTest, BestIsSupportedAndTheWidestTheCpuHas) {
