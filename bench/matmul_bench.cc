@@ -167,8 +167,11 @@ void BM_MatmulFromMemory(benchmark::State& state) {
   const double read_gb_per_s = bench::MeasureMachineLimits().read_gb_per_s;
   const Problem one = MakeProblem(m, n, k, dtype);
   const bool tiled = state.range(7) == 1;
+  // MakeProblem's [n, k] values as the [k, n] matrix a rows-in product reads.
+  Tensor as_read = one.w;
+  if (rows_in) as_read.mutable_shape() = {k, n};
   const TiledWeights tiled_one =
-      tiled ? TiledWeights(one.w, rows_in ? Tiling::kColumnPanels : Tiling::kRowBlocks)
+      tiled ? TiledWeights(as_read, rows_in ? Tiling::kColumnPanels : Tiling::kRowBlocks)
             : TiledWeights();
   const WeightMatrix stored = tiled ? tiled_one.Matrix() : MatrixOf(one.w, rows_in ? n : k);
   const size_t bytes_per = static_cast<size_t>(tiled ? tiled_one.bytes() : one.w.bytes());

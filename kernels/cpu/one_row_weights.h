@@ -25,8 +25,7 @@ class OneRowWeights {
   // Tiled copies of the matrices a decode step multiplies (projections,
   // routers, experts, the output head): rows-out ones in row blocks where
   // their rows are shorter than 4 KiB (longer ones stream as fast as
-  // stored), rows-in ones in column panels where their rows are 1 KiB or
-  // longer.
+  // stored), rows-in ones in column panels.
   OneRowWeights(const ModelConfig& config, const ModelWeights& weights);
 
   // Bytes the copies of `weights`' tensors would take.

@@ -103,7 +103,7 @@ TEST(CpuBackendTest, KvCacheLargerThanTheHostIsRefused) {
 // logits it gets without the copies, on the default build and the portable
 // one, for every weight dtype and the architectures whose weights differ
 // (routed, dense and single-expert attention; XL positions; d = 512, whose
-// routed output experts' rows of 1 KiB or more get column panels).
+// routed output experts fill eight column panels each).
 TEST(CpuBackendTest, OneRowWeightsChangeNoBits) {
   const std::vector<int32_t> tokens = testing::RandomTokens(12, 64, 3);
   ModelConfig wide = testing::TinySwitchAllConfig();
