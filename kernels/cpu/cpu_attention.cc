@@ -129,10 +129,10 @@ void CpuAttention::ComputeValues(const AttentionWeights& w, const StepBatch& ste
   if (attn_.value_routing == ValueRouting::kDestination) {
     // Every expert's values are cached: v_[t, g*E + e, :] = x_t . v[g*E + e].
     for (int ge = 0; ge < G * E; ++ge) {
-      tasks_.push_back(
-          {WeightLayout::kRowsIn,
-           {T, dh, d_, xn, d_, nullptr, MatrixOf(w.v, dh, static_cast<int64_t>(ge) * d_ * dh),
-            v_.data() + static_cast<int64_t>(ge) * dh, G * E * dh}});
+      tasks_.push_back({WeightLayout::kRowsIn,
+                        {T, dh, d_, xn, d_, nullptr,
+                         one_row_->Matrix(w.v, dh, static_cast<int64_t>(ge) * d_ * dh, T),
+                         v_.data() + static_cast<int64_t>(ge) * dh, G * E * dh}});
     }
     runner_->Run(tasks_);
     // The destination token's kept gates, as a dense [T, G, E] matrix.
@@ -159,10 +159,11 @@ void CpuAttention::ComputeValues(const AttentionWeights& w, const StepBatch& ste
     const ExpertAssignments& as = assignments_[attn_.shared_router ? 0 : g];
     for (int e = 0; e < E; ++e) {
       if (as.count(e) == 0) continue;
-      tasks_.push_back({WeightLayout::kRowsIn,
-                        {as.count(e), dh, d_, xn, d_, as.token.data() + as.begin(e),
-                         MatrixOf(w.v, dh, static_cast<int64_t>(g * E + e) * d_ * dh),
-                         product_.data() + (base + as.begin(e)) * dh, dh}});
+      tasks_.push_back(
+          {WeightLayout::kRowsIn,
+           {as.count(e), dh, d_, xn, d_, as.token.data() + as.begin(e),
+            one_row_->Matrix(w.v, dh, static_cast<int64_t>(g * E + e) * d_ * dh, as.count(e)),
+            product_.data() + (base + as.begin(e)) * dh, dh}});
     }
     base += as.offsets[E];
   }
