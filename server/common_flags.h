@@ -26,6 +26,7 @@ ABSL_DECLARE_FLAG(int, threads);
 ABSL_DECLARE_FLAG(std::string, weights_dtype);
 ABSL_DECLARE_FLAG(std::string, kv_cache_dtype);
 ABSL_DECLARE_FLAG(bool, allow_non_finite_weights);
+ABSL_DECLARE_FLAG(bool, cpu_weight_copies);
 
 namespace switchserve {
 

@@ -25,6 +25,7 @@ class SlowedBackend : public Backend {
   }
   DType kv_cache_dtype() const override { return inner_->kv_cache_dtype(); }
   int64_t KvBytesPerToken() const override { return inner_->KvBytesPerToken(); }
+  int64_t WeightCopyBytes() const override { return inner_->WeightCopyBytes(); }
   absl::Status Forward(const StepBatch& batch, StepOutput* out) override {
     std::this_thread::sleep_for(delay_);
     return inner_->Forward(batch, out);
@@ -60,9 +61,11 @@ absl::StatusOr<EngineSetup> SetUpEngine(const ServerOptions& options) {
   if (!dispatch.ok()) return dispatch.status();
   setup.dispatch = *dispatch;
 
-  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend(
-      options.device, config, setup.model->weights, setup.dispatch,
-      BackendOptions{.num_threads = options.threads, .kv_cache_dtype = options.kv_cache_dtype});
+  absl::StatusOr<std::unique_ptr<Backend>> backend =
+      CreateBackend(options.device, config, setup.model->weights, setup.dispatch,
+                    BackendOptions{.num_threads = options.threads,
+                                   .kv_cache_dtype = options.kv_cache_dtype,
+                                   .cpu_weight_copies = options.cpu_weight_copies});
   if (!backend.ok()) {
     return absl::Status(backend.status().code(),
                         absl::StrCat("--device ", std::string(ToString(options.device)), ": ",

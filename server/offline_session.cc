@@ -35,9 +35,11 @@ absl::StatusOr<OfflineSession> OpenOfflineSession() {
       ApplyDispatchOverrides(session.model->config.dispatch, *overrides);
   if (!dispatch.ok()) return dispatch.status();
   session.dispatch = *dispatch;
-  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend(
-      *device, session.model->config, session.model->weights, session.dispatch,
-      BackendOptions{.num_threads = absl::GetFlag(FLAGS_threads), .kv_cache_dtype = *kv_dtype});
+  absl::StatusOr<std::unique_ptr<Backend>> backend =
+      CreateBackend(*device, session.model->config, session.model->weights, session.dispatch,
+                    BackendOptions{.num_threads = absl::GetFlag(FLAGS_threads),
+                                   .kv_cache_dtype = *kv_dtype,
+                                   .cpu_weight_copies = absl::GetFlag(FLAGS_cpu_weight_copies)});
   if (!backend.ok()) {
     return absl::Status(backend.status().code(),
                         absl::StrCat("--device ", std::string(ToString(*device)), ": ",

@@ -252,6 +252,14 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
       serving_nice, kv_cache.num_blocks(), kv_cache.block_size(), kv_cache.capacity_tokens(),
       kv_cache.bytes() >> 20, kv_cache.bytes_per_token(), kv_cache_dtype,
       std::string(ToString(options.kv_cache_dtype))));
+  if (backend->WeightCopyBytes() > 0) {
+    Log(absl::StrFormat(
+        "weight copies for batch-1 decode: %.1f MiB of host memory (--cpu-weight-copies=false "
+        "goes without)",
+        static_cast<double>(backend->WeightCopyBytes()) / (1 << 20)));
+  } else if (!options.cpu_weight_copies) {
+    Log("weight copies for batch-1 decode: off (--cpu-weight-copies=false)");
+  }
   Log(
       absl::StrFormat("scheduler: max_batch_tokens %d, max_running_requests %d, max_queue %d, "
                       "max_request_bytes %d, drain_timeout_s %g",

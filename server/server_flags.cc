@@ -96,6 +96,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.reflection = absl::GetFlag(FLAGS_reflection);
   o.moe_metrics = !absl::GetFlag(FLAGS_no_moe_metrics);
   o.threads = absl::GetFlag(FLAGS_threads);
+  o.cpu_weight_copies = absl::GetFlag(FLAGS_cpu_weight_copies);
   o.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
   o.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
   o.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);

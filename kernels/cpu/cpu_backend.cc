@@ -90,6 +90,7 @@ class CpuBackend final : public Backend {
   }
 
   DType kv_cache_dtype() const override { return kv_dtype_; }
+  int64_t WeightCopyBytes() const override { return one_row_.bytes(); }
   int64_t KvBytesPerToken() const override {
     return switchserve::KvBytesPerToken(config_, DTypeSize(kv_dtype_));
   }
@@ -320,7 +321,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const ModelConfig& con
     if (absl::Status fits =
             CheckFitsInHostMemory(cpu::OneRowWeights::BytesFor(config, weights),
                                   "the tiled copies of the weights for one-row products "
-                                  "(CpuBackendOptions::one_row_weights)");
+                                  "(CpuBackendOptions::one_row_weights; the server's "
+                                  "--cpu-weight-copies=false goes without them)");
         !fits.ok()) {
       return fits;
     }

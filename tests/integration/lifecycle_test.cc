@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -143,6 +144,28 @@ TEST(LifecycleTest, ServerThreadsAreNamed) {
   EXPECT_EQ(names.count("cpu-worker-1"), 1u);
   EXPECT_EQ(names.count("cpu-worker-2"), 1u);
   EXPECT_EQ(names.count("stream-writes"), 1u);
+}
+
+// The startup log says how much host memory the CPU backend's weight copies
+// take, or that --cpu-weight-copies=false turned them off.
+TEST(LifecycleTest, StartupLogReportsTheWeightCopies) {
+  for (bool on : {true, false}) {
+    auto server = ServerProcess::Start(on ? std::vector<std::string>{}
+                                          : std::vector<std::string>{"--cpu-weight-copies=false"});
+    ASSERT_TRUE(server.ok()) << server.status();
+    const std::string log = (*server)->Log();
+    const std::string line = "weight copies for batch-1 decode: ";
+    const size_t at = log.find(line);
+    ASSERT_NE(at, std::string::npos) << log;
+    const std::string said = log.substr(at + line.size(), log.find('\n', at) - at - line.size());
+    if (on) {
+      EXPECT_TRUE(said.find(" MiB of host memory") != std::string::npos &&
+                  std::isdigit(static_cast<unsigned char>(said[0])))
+          << said;
+    } else {
+      EXPECT_EQ(said, "off (--cpu-weight-copies=false)");
+    }
+  }
 }
 
 }  // namespace

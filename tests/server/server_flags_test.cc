@@ -79,6 +79,17 @@ TEST(ServerFlagsTest, ServingThreadsNiceIsZeroToNineteenTenByDefault) {
   absl::SetFlag(&FLAGS_serving_threads_nice, 10);
 }
 
+TEST(ServerFlagsTest, CpuWeightCopiesAreOnByDefaultAndCanBeTurnedOff) {
+  auto options = ServerOptionsFromFlags();
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_TRUE(options->cpu_weight_copies);
+  absl::SetFlag(&FLAGS_cpu_weight_copies, false);
+  options = ServerOptionsFromFlags();
+  absl::SetFlag(&FLAGS_cpu_weight_copies, true);
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_FALSE(options->cpu_weight_copies);
+}
+
 TEST(ServerFlagsTest, MetadataLimitIsBoundedAndBelowTheTransportLimit) {
   for (int64_t bytes : {int64_t{1023}, int64_t{1 << 20} + 1, int64_t{-1}}) {
     absl::SetFlag(&FLAGS_max_metadata_bytes, bytes);

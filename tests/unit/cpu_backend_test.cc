@@ -14,6 +14,8 @@
 #include "engine/moe/router_layout.h"
 #include "engine/runtime/kv_cache.h"
 #include "gtest/gtest.h"
+#include "kernels/backends.h"
+#include "kernels/cpu/one_row_weights.h"
 #include "tests/util/backend_harness.h"
 #include "tests/util/random_model.h"
 
@@ -146,6 +148,23 @@ TEST(CpuBackendTest, OneRowWeightsChangeNoBits) {
             0, std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)));
       }
     }
+  }
+}
+
+// BackendOptions::cpu_weight_copies (the server's --cpu-weight-copies) reaches
+// the CPU backend: with it, the backend holds the tiled copies and reports
+// their bytes; without, none.
+TEST(CpuBackendTest, WeightCopiesFollowTheBackendOptionAndAreCounted) {
+  const ModelConfig config = testing::TinySwitchAllConfig();
+  const ModelWeights weights =
+      ConvertWeights(config, RandomWeights(config, 5), WeightsDtype::kBF16);
+  const int64_t copies = cpu::OneRowWeights::BytesFor(config, weights);
+  ASSERT_GT(copies, 0);
+  for (bool on : {true, false}) {
+    auto backend = CreateBackend(DeviceKind::kCpu, config, weights, config.dispatch,
+                                 BackendOptions{.num_threads = 1, .cpu_weight_copies = on});
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    EXPECT_EQ((*backend)->WeightCopyBytes(), on ? copies : 0) << on;
   }
 }
 
