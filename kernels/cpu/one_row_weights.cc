@@ -1,5 +1,6 @@
 #include "kernels/cpu/one_row_weights.h"
 
+#include <unordered_set>
 #include <vector>
 
 namespace switchserve::cpu {
@@ -47,22 +48,29 @@ void ForEachMatrix(const ModelConfig& config, const ModelWeights& weights, const
   fn(weights.OutputHead(), false);
 }
 
+// Each tensor a copy is made of, once (a tensor may serve two roles), with
+// its tiling.
+template <typename Fn>
+void ForEachCopy(const ModelConfig& config, const ModelWeights& weights, const Fn& fn) {
+  std::unordered_set<const Tensor*> seen;
+  ForEachMatrix(config, weights, [&](const Tensor& t, bool rows_in) {
+    const Tiling tiling = TilingOf(t, rows_in);
+    if (tiling != Tiling::kNone && seen.insert(&t).second) fn(t, tiling);
+  });
+}
+
 }  // namespace
 
 OneRowWeights::OneRowWeights(const ModelConfig& config, const ModelWeights& weights) {
-  ForEachMatrix(config, weights, [this](const Tensor& t, bool rows_in) {
-    const Tiling tiling = TilingOf(t, rows_in);
-    if (tiling == Tiling::kNone || copies_.count(&t) > 0) return;
+  ForEachCopy(config, weights, [this](const Tensor& t, Tiling tiling) {
     bytes_ += copies_.emplace(&t, TiledWeights(t, tiling)).first->second.bytes();
   });
 }
 
 int64_t OneRowWeights::BytesFor(const ModelConfig& config, const ModelWeights& weights) {
   int64_t bytes = 0;
-  ForEachMatrix(config, weights, [&](const Tensor& t, bool rows_in) {
-    const Tiling tiling = TilingOf(t, rows_in);
-    if (tiling != Tiling::kNone) bytes += TiledWeights::BytesFor(t, tiling);
-  });
+  ForEachCopy(config, weights,
+              [&](const Tensor& t, Tiling tiling) { bytes += TiledWeights::BytesFor(t, tiling); });
   return bytes;
 }
 

@@ -153,18 +153,22 @@ TEST(CpuBackendTest, OneRowWeightsChangeNoBits) {
 
 // BackendOptions::cpu_weight_copies (the server's --cpu-weight-copies) reaches
 // the CPU backend: with it, the backend holds the tiled copies and reports
-// their bytes; without, none.
+// their bytes, the figure its memory check counted beforehand
+// (OneRowWeights::BytesFor) for every architecture; without, none.
 TEST(CpuBackendTest, WeightCopiesFollowTheBackendOptionAndAreCounted) {
-  const ModelConfig config = testing::TinySwitchAllConfig();
-  const ModelWeights weights =
-      ConvertWeights(config, RandomWeights(config, 5), WeightsDtype::kBF16);
-  const int64_t copies = cpu::OneRowWeights::BytesFor(config, weights);
-  ASSERT_GT(copies, 0);
-  for (bool on : {true, false}) {
-    auto backend = CreateBackend(DeviceKind::kCpu, config, weights, config.dispatch,
-                                 BackendOptions{.num_threads = 1, .cpu_weight_copies = on});
-    ASSERT_TRUE(backend.ok()) << backend.status();
-    EXPECT_EQ((*backend)->WeightCopyBytes(), on ? copies : 0) << on;
+  for (const testing::NamedConfig& named : testing::AllVariantConfigs()) {
+    SCOPED_TRACE(named.name);
+    const ModelConfig& config = named.config;
+    const ModelWeights weights =
+        ConvertWeights(config, RandomWeights(config, 5), WeightsDtype::kBF16);
+    const int64_t copies = cpu::OneRowWeights::BytesFor(config, weights);
+    ASSERT_GT(copies, 0);
+    for (bool on : {true, false}) {
+      auto backend = CreateBackend(DeviceKind::kCpu, config, weights, config.dispatch,
+                                   BackendOptions{.num_threads = 1, .cpu_weight_copies = on});
+      ASSERT_TRUE(backend.ok()) << backend.status();
+      EXPECT_EQ((*backend)->WeightCopyBytes(), on ? copies : 0) << on;
+    }
   }
 }
 
