@@ -25,7 +25,7 @@ class SlowedBackend : public Backend {
   }
   DType kv_cache_dtype() const override { return inner_->kv_cache_dtype(); }
   int64_t KvBytesPerToken() const override { return inner_->KvBytesPerToken(); }
-  int64_t WeightCopyBytes() const override { return inner_->WeightCopyBytes(); }
+  WeightCopies weight_copies() const override { return inner_->weight_copies(); }
   absl::Status Forward(const StepBatch& batch, StepOutput* out) override {
     std::this_thread::sleep_for(delay_);
     return inner_->Forward(batch, out);

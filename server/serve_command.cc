@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "engine/model/host_memory.h"
 #include "engine/model/model_loader.h"
 #include "engine/runtime/generation_engine.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -252,11 +253,22 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
       serving_nice, kv_cache.num_blocks(), kv_cache.block_size(), kv_cache.capacity_tokens(),
       kv_cache.bytes() >> 20, kv_cache.bytes_per_token(), kv_cache_dtype,
       std::string(ToString(options.kv_cache_dtype))));
-  if (backend->WeightCopyBytes() > 0) {
+  const WeightCopies copies = backend->weight_copies();
+  const auto mib = [](int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
+  if (copies.bytes > 0) {
     Log(absl::StrFormat(
         "weight copies for batch-1 decode: %.1f MiB of host memory (--cpu-weight-copies=false "
         "goes without)",
-        static_cast<double>(backend->WeightCopyBytes()) / (1 << 20)));
+        mib(copies.bytes)));
+  } else if (copies.skipped_bytes > 0) {
+    switchserve::Log(
+        LogLevel::kWarning,
+        absl::StrFormat("weight copies for batch-1 decode: off: their %.1f MiB do not fit beside "
+                        "the weights (%.1f MiB) and the KV cache (%d MiB) in 90%% of this host's "
+                        "memory (%.1f MiB); batch-1 decode reads the weights as stored (same "
+                        "logits, slower)",
+                        mib(copies.skipped_bytes), mib(setup->model->weights.Bytes()),
+                        kv_cache.bytes() >> 20, mib(HostMemoryBytes())));
   } else if (!options.cpu_weight_copies) {
     Log("weight copies for batch-1 decode: off (--cpu-weight-copies=false)");
   }

@@ -52,6 +52,11 @@ struct StepOutput {
   StepRoutingStats stats;             // every router (RouterLayout order), this step
 };
 
+struct WeightCopies {
+  int64_t bytes = 0;          // held
+  int64_t skipped_bytes = 0;  // asked for but left out: the host's memory had no room
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -63,10 +68,10 @@ class Backend {
   virtual DType kv_cache_dtype() const = 0;
   // Bytes of cache storage per token in that element type.
   virtual int64_t KvBytesPerToken() const = 0;
-  // Host bytes the backend holds in copies of the weights beyond the model's
-  // own tensors (the CPU backend's tiled copies for one-row products); 0
-  // where it holds none.
-  virtual int64_t WeightCopyBytes() const { return 0; }
+  // Copies of the weights it holds in host memory beyond the model's own
+  // tensors (the CPU backend's tiled copies for one-row products), known
+  // from InitKvCache on.
+  virtual WeightCopies weight_copies() const { return {}; }
   // Allocates storage for `num_blocks` KV blocks of `block_size` tokens.
   // Called once, by KvCache, before Forward. INVALID_ARGUMENT for
   // non-positive sizes, RESOURCE_EXHAUSTED when the storage cannot be had.

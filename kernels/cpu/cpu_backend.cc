@@ -26,8 +26,7 @@ namespace {
 class CpuBackend final : public Backend {
  public:
   CpuBackend(const ModelConfig& config, const ModelWeights& weights, const DispatchConfig& dispatch,
-             const CpuBackendOptions& options, cpu::XlPositionTable positions,
-             cpu::OneRowWeights one_row)
+             const CpuBackendOptions& options, cpu::XlPositionTable positions)
       : config_(config),
         weights_(weights),
         positions_(std::move(positions)),
@@ -36,7 +35,9 @@ class CpuBackend final : public Backend {
         isa_(options.generic_kernels ? cpu::KernelIsa::kGeneric : cpu::BestKernelIsa()),
         pool_(num_threads_),
         runner_(isa_, &pool_, options.parallel_matmul_min_macs),
-        one_row_(std::move(one_row)),
+        want_copies_(options.one_row_weights),
+        host_memory_bytes_(options.host_memory_bytes > 0 ? options.host_memory_bytes
+                                                         : HostMemoryBytes()),
         attention_(config, dispatch, isa_, &runner_, &pool_, &one_row_,
                    options.parallel_attention_min_macs),
         ffn_(config, dispatch, &runner_, &pool_, &one_row_),
@@ -86,11 +87,12 @@ class CpuBackend final : public Backend {
     }
     num_blocks_ = num_blocks;
     block_size_ = block_size;
+    MakeWeightCopies(KvBytesPerToken() * rows);
     return absl::OkStatus();
   }
 
   DType kv_cache_dtype() const override { return kv_dtype_; }
-  int64_t WeightCopyBytes() const override { return one_row_.bytes(); }
+  WeightCopies weight_copies() const override { return {one_row_.bytes(), skipped_copy_bytes_}; }
   int64_t KvBytesPerToken() const override {
     return switchserve::KvBytesPerToken(config_, DTypeSize(kv_dtype_));
   }
@@ -98,6 +100,24 @@ class CpuBackend final : public Backend {
   absl::Status Forward(const StepBatch& batch, StepOutput* out) override;
 
  private:
+  // The tiled copies for one-row products (CpuBackendOptions::one_row_weights)
+  // where they fit beside what the backend holds and the KV cache of
+  // `kv_bytes`, in all but a tenth of the host's memory; else none.
+  void MakeWeightCopies(int64_t kv_bytes) {
+    one_row_ = cpu::OneRowWeights();
+    skipped_copy_bytes_ = 0;
+    if (!want_copies_) return;
+    const int64_t copies = cpu::OneRowWeights::BytesFor(config_, weights_);
+    const int64_t tables =
+        positions_.empty() ? 0 : std::max<int64_t>(0, cpu::XlPositionTable::BytesFor(config_));
+    const int64_t held = SaturatingAdd(SaturatingAdd(weights_.Bytes(), kv_bytes), tables);
+    if (SaturatingAdd(held, copies) <= host_memory_bytes_ - host_memory_bytes_ / 10) {
+      one_row_ = cpu::OneRowWeights(config_, weights_);
+    } else {
+      skipped_copy_bytes_ = copies;
+    }
+  }
+
   // logits[r] = the output head's logits of the token at step row rows[r].
   void OutputHead(const std::vector<int>& rows, float* logits);
   // Appends the recorded routing of step token `token` (RouterLayout order).
@@ -111,7 +131,10 @@ class CpuBackend final : public Backend {
   cpu::KernelIsa isa_;
   cpu::WorkerPool pool_;
   cpu::MatmulRunner runner_;
-  const cpu::OneRowWeights one_row_;
+  const bool want_copies_;           // CpuBackendOptions::one_row_weights
+  const int64_t host_memory_bytes_;  // that the copies must fit in
+  cpu::OneRowWeights one_row_;       // made by InitKvCache
+  int64_t skipped_copy_bytes_ = 0;
   cpu::CpuAttention attention_;
   cpu::CpuFfn ffn_;
   DispatchConfig dispatch_;
@@ -316,20 +339,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const ModelConfig& con
   absl::StatusOr<cpu::XlPositionTable> positions =
       cpu::XlPositionTable::Create(config, weights, max_table_bytes);
   if (!positions.ok()) return positions.status();
-  cpu::OneRowWeights one_row;
-  if (options.one_row_weights) {
-    if (absl::Status fits =
-            CheckFitsInHostMemory(cpu::OneRowWeights::BytesFor(config, weights),
-                                  "the tiled copies of the weights for one-row products "
-                                  "(CpuBackendOptions::one_row_weights; the server's "
-                                  "--cpu-weight-copies=false goes without them)");
-        !fits.ok()) {
-      return fits;
-    }
-    one_row = cpu::OneRowWeights(config, weights);
-  }
-  return std::make_unique<CpuBackend>(config, weights, dispatch, options, *std::move(positions),
-                                      std::move(one_row));
+  return std::make_unique<CpuBackend>(config, weights, dispatch, options, *std::move(positions));
 }
 
 }  // namespace switchserve

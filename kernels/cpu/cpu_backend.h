@@ -48,8 +48,15 @@ struct CpuBackendOptions {
   // Keep tiled copies of weight matrices for the products of one row
   // (kernels/cpu/one_row_weights.h): a batch-1 decode step streams them
   // faster, for about those weights' bytes again in memory. Same bits either
-  // way.
+  // way. Made in InitKvCache, where the weights, the KV cache, the position
+  // tables and the copies fit in 90% of host_memory_bytes (the rest left to
+  // activations, the server and the allocator); else left out
+  // (Backend::weight_copies().skipped_bytes), so that a model which fits
+  // without them still starts.
   bool one_row_weights = true;
+  // The host memory the weight copies are fitted into; 0: HostMemoryBytes()
+  // (the physical memory, or the cgroup's limit). Tests set it.
+  int64_t host_memory_bytes = 0;
 };
 
 // `weights` must outlive the backend and match `config` (ValidateWeights).

@@ -15,6 +15,7 @@
 #include "engine/runtime/kv_cache.h"
 #include "gtest/gtest.h"
 #include "kernels/backends.h"
+#include "kernels/cpu/cpu_xl_positions.h"
 #include "kernels/cpu/one_row_weights.h"
 #include "tests/util/backend_harness.h"
 #include "tests/util/random_model.h"
@@ -152,9 +153,10 @@ TEST(CpuBackendTest, OneRowWeightsChangeNoBits) {
 }
 
 // BackendOptions::cpu_weight_copies (the server's --cpu-weight-copies) reaches
-// the CPU backend: with it, the backend holds the tiled copies and reports
-// their bytes, the figure its memory check counted beforehand
-// (OneRowWeights::BytesFor) for every architecture; without, none.
+// the CPU backend: with it, the backend holds the tiled copies once its KV
+// cache is set up and reports their bytes, the figure its memory check
+// counted beforehand (OneRowWeights::BytesFor), for every architecture;
+// without, none.
 TEST(CpuBackendTest, WeightCopiesFollowTheBackendOptionAndAreCounted) {
   for (const testing::NamedConfig& named : testing::AllVariantConfigs()) {
     SCOPED_TRACE(named.name);
@@ -167,7 +169,42 @@ TEST(CpuBackendTest, WeightCopiesFollowTheBackendOptionAndAreCounted) {
       auto backend = CreateBackend(DeviceKind::kCpu, config, weights, config.dispatch,
                                    BackendOptions{.num_threads = 1, .cpu_weight_copies = on});
       ASSERT_TRUE(backend.ok()) << backend.status();
-      EXPECT_EQ((*backend)->WeightCopyBytes(), on ? copies : 0) << on;
+      ASSERT_TRUE((*backend)->InitKvCache(4, 16).ok());
+      EXPECT_EQ((*backend)->weight_copies().bytes, on ? copies : 0) << on;
+      EXPECT_EQ((*backend)->weight_copies().skipped_bytes, 0) << on;
+    }
+  }
+}
+
+// The copies are made only where the weights, the KV cache, the position
+// tables and the copies fit in 90% of the host's memory; a model that fits
+// without them starts without them and says how much it left out.
+TEST(CpuBackendTest, WeightCopiesAreLeftOutWhereTheHostHasNoRoom) {
+  for (const ModelConfig& config : {testing::TinySwitchAllConfig(), testing::XlSwitchAllConfig()}) {
+    SCOPED_TRACE(config.attention.position == PositionKind::kXl ? "xl" : "rope");
+    const ModelWeights weights =
+        ConvertWeights(config, RandomWeights(config, 5), WeightsDtype::kBF16);
+    const int64_t copies = cpu::OneRowWeights::BytesFor(config, weights);
+    const int64_t blocks = 4, block_size = 16;
+    const int64_t kv = KvBytesPerToken(config, sizeof(float)) * blocks * block_size;
+    const int64_t tables =
+        config.attention.position == PositionKind::kXl ? cpu::XlPositionTable::BytesFor(config) : 0;
+    const int64_t needed = weights.Bytes() + kv + tables + copies;
+    // host - host / 10 >= needed holds from this many bytes on, and not below.
+    int64_t room = needed * 10 / 9;
+    while (room - room / 10 < needed) ++room;
+    while ((room - 1) - (room - 1) / 10 >= needed) --room;
+    for (int64_t host : {room, room - 1}) {
+      CpuBackendOptions options;
+      options.num_threads = 1;
+      options.host_memory_bytes = host;
+      absl::StatusOr<std::unique_ptr<Backend>> backend =
+          CreateCpuBackend(config, weights, config.dispatch, options);
+      ASSERT_TRUE(backend.ok()) << backend.status();
+      ASSERT_TRUE((*backend)->InitKvCache(blocks, block_size).ok());
+      const WeightCopies held = (*backend)->weight_copies();
+      EXPECT_EQ(held.bytes, host == room ? copies : 0) << host;
+      EXPECT_EQ(held.skipped_bytes, host == room ? 0 : copies) << host;
     }
   }
 }
