@@ -20,8 +20,10 @@ ABSL_FLAG(bool, cpu_weight_copies, true,
           "CPU backend: keep tiled copies of the weight matrices for batch-1 decode (one-row "
           "products stream them faster: 1.1-1.4x batch-1 tokens/s with bf16 weights, "
           "docs/performance.md), for about "
-          "those matrices' bytes again in memory (nearly all of a bf16 model's); "
-          "--cpu-weight-copies=false saves that memory. Same logits either way");
+          "those matrices' bytes again in memory (nearly all of a bf16 model's), made only where "
+          "they fit beside the weights and the KV cache in 90% of the host's memory (else left "
+          "out, with a warning); --cpu-weight-copies=false never makes them. Same logits either "
+          "way");
 ABSL_FLAG(bool, allow_non_finite_weights, false,
           "Load weights holding NaN or infinity (with a warning) instead of refusing the model");
 
