@@ -43,8 +43,9 @@ struct BackendOptions {
   int num_threads = 0;  // host threads the backend computes with; 0: all cores
   KvCacheDtype kv_cache_dtype = KvCacheDtype::kAuto;
   // CPU: keep tiled copies of the weight matrices for the products of one
-  // row (CpuBackendOptions::one_row_weights): faster batch-1 decode, for
-  // about those matrices' bytes again in host memory. Same bits either way.
+  // row (CpuBackendOptions::one_row_weights) where the host's memory has room
+  // for them: faster batch-1 decode, for about those matrices' bytes again in
+  // host memory. Same bits either way.
   bool cpu_weight_copies = true;
   // CUDA: keep every weight matrix in f32 (the parity mode) instead of 16-bit.
   bool cuda_f32_weights = false;
