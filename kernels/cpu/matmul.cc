@@ -92,35 +92,47 @@ void Tile(const T* in, int64_t matrices, int64_t rows, int64_t columns, Tiling t
   }
 }
 
-int64_t MatricesOf(const Tensor& tensor, int64_t rows, int64_t columns) {
-  return rows * columns > 0 ? tensor.numel() / (rows * columns) : 0;
+// The matrices of a tensor [..., rows, columns] and the elements each takes
+// tiled: what a copy holds.
+struct CopyShape {
+  int64_t rows = 0, columns = 0;
+  int64_t matrices = 0;
+  int64_t matrix_elements = 0;
+};
+
+CopyShape CopyShapeOf(const Tensor& tensor, Tiling tiling) {
+  const std::vector<int64_t>& shape = tensor.shape();
+  CopyShape copy;
+  copy.rows = shape[shape.size() - 2];
+  copy.columns = shape.back();
+  const int64_t elements = copy.rows * copy.columns;
+  copy.matrices = elements > 0 ? tensor.numel() / elements : 0;
+  copy.matrix_elements = TiledElements(copy.rows, copy.columns, tiling);
+  return copy;
 }
 
 }  // namespace
 
 TiledWeights::TiledWeights(const Tensor& tensor, Tiling tiling)
     : dtype_(tensor.dtype()), tiling_(tiling) {
-  const std::vector<int64_t>& shape = tensor.shape();
-  rows_ = shape[shape.size() - 2];
-  columns_ = shape.back();
-  matrix_elements_ = TiledElements(rows_, columns_, tiling);
+  const CopyShape shape = CopyShapeOf(tensor, tiling);
+  rows_ = shape.rows;
+  columns_ = shape.columns;
+  matrix_elements_ = shape.matrix_elements;
   ld_ = tiling == Tiling::kRowBlocks ? (columns_ + 7) / 8 * 8 : kPanelColumns * rows_;
-  const int64_t matrices = MatricesOf(tensor, rows_, columns_);
-  const size_t size = static_cast<size_t>(matrices * matrix_elements_);
+  const size_t size = static_cast<size_t>(shape.matrices * matrix_elements_);
   if (dtype_ == DType::kF32) {
     f32_.assign(size, 0.0f);
-    Tile(tensor.f32(), matrices, rows_, columns_, tiling, f32_.data());
+    Tile(tensor.f32(), shape.matrices, rows_, columns_, tiling, f32_.data());
   } else {
     half_.assign(size, 0);
-    Tile(tensor.half(), matrices, rows_, columns_, tiling, half_.data());
+    Tile(tensor.half(), shape.matrices, rows_, columns_, tiling, half_.data());
   }
 }
 
 int64_t TiledWeights::BytesFor(const Tensor& tensor, Tiling tiling) {
-  const std::vector<int64_t>& shape = tensor.shape();
-  const int64_t rows = shape[shape.size() - 2], columns = shape.back();
-  return MatricesOf(tensor, rows, columns) * TiledElements(rows, columns, tiling) *
-         DTypeSize(tensor.dtype());
+  const CopyShape shape = CopyShapeOf(tensor, tiling);
+  return shape.matrices * shape.matrix_elements * DTypeSize(tensor.dtype());
 }
 
 WeightMatrix TiledWeights::Matrix(int64_t offset) const {
