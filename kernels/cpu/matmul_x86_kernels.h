@@ -189,9 +189,8 @@ void DotTile(const float* const* a, const WeightMatrix& w, int k, float* c, int6
   const char* row[NR];
 #pragma GCC unroll 8
   for (int j = 0; j < NR; ++j) row[j] = RowStart<WT>(w, j);
-  // Row-major: the next tile's rows, NR rows on. Tiled: the stream of the
-  // block that holds the first row, kTiledAheadBytes on.
-  const int64_t next_rows = NR * w.ld * ElementBytes<WT>();
+  // Tiled: the stream of the block that holds the first row,
+  // kTiledAheadBytes on (row-major tiles prefetch the next tile's rows).
   const char* ahead = nullptr;
   if constexpr (kTiled && NR == kTileRows) {
     ahead = RowStart<WT>(w, -(w.first % kTileRows)) + kTiledAheadBytes;
@@ -222,6 +221,7 @@ void DotTile(const float* const* a, const WeightMatrix& w, int k, float* c, int6
       // The rows of a row-major matrix are short streams (0.5-4 KiB) that
       // the hardware prefetcher picks up late: fetch the next tile's rows,
       // one cache line each per line consumed here.
+      const int64_t next_rows = NR * w.ld * ElementBytes<WT>();
 #pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) _mm_prefetch(row[j] + next_rows + at, _MM_HINT_T1);
     }
