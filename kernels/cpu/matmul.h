@@ -195,6 +195,10 @@ constexpr int64_t kRowsInLongRowBytes = 1024;
 struct MatmulKernels {
   void (*rows_out)(const MatmulArgs& args);
   void (*rows_in)(const MatmulArgs& args);
+  // A rows_in product of one row reads each weight row whole, in one pass
+  // over the matrix, where the rows are at most this many columns and
+  // shorter than kRowsInLongRowBytes (0: never).
+  int one_row_whole_in_columns;
 };
 // `isa` must be supported by this CPU (CpuSupports).
 const MatmulKernels& KernelsFor(KernelIsa isa);

@@ -96,6 +96,7 @@ const MatmulKernels& GenericKernels() {
   static constexpr MatmulKernels kKernels = {
       &ByDtype<RowsOut<DType::kF32>, RowsOut<DType::kBF16>, RowsOut<DType::kF16>>,
       &ByDtype<RowsIn<DType::kF32>, RowsIn<DType::kBF16>, RowsIn<DType::kF16>>,
+      0,
   };
   return kKernels;
 }

@@ -1028,6 +1028,7 @@ const MatmulKernels& X86Kernels() {
   static constexpr MatmulKernels kKernels = {
       &ByDtype<RowsOut<DType::kF32>, RowsOut<DType::kBF16>, RowsOut<DType::kF16>>,
       &ByDtype<RowsIn<DType::kF32>, RowsIn<DType::kBF16>, RowsIn<DType::kF16>>,
+      8 * Tiles::kOneRowShortInVectors,  // ChainFewRows: one pass where vectors <= NV
   };
   return kKernels;
 }

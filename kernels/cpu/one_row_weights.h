@@ -23,13 +23,16 @@ class OneRowWeights {
   // No copies: every product reads the tensors as stored.
   OneRowWeights() = default;
   // Tiled copies of the matrices a decode step multiplies (projections,
-  // routers, experts, the output head): rows-out ones in row blocks where
-  // their rows are shorter than 4 KiB (longer ones stream as fast as
-  // stored), rows-in ones in column panels.
-  OneRowWeights(const ModelConfig& config, const ModelWeights& weights);
+  // routers, experts, the output head) for `kernels`: rows-out ones in row
+  // blocks where their rows are shorter than 4 KiB (longer ones stream as
+  // fast as stored), rows-in ones in column panels unless `kernels` read
+  // their rows whole at one row (MatmulKernels::one_row_whole_in_columns).
+  OneRowWeights(const ModelConfig& config, const ModelWeights& weights,
+                const MatmulKernels& kernels);
 
-  // Bytes the copies of `weights`' tensors would take.
-  static int64_t BytesFor(const ModelConfig& config, const ModelWeights& weights);
+  // Bytes the copies of `weights`' tensors for `kernels` would take.
+  static int64_t BytesFor(const ModelConfig& config, const ModelWeights& weights,
+                          const MatmulKernels& kernels);
 
   // The matrix MatrixOf(tensor, ld, offset) for a product of `rows` rows: its
   // tiled copy for one row where there is one, else the tensor.

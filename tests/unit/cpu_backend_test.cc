@@ -152,6 +152,35 @@ TEST(CpuBackendTest, OneRowWeightsChangeNoBits) {
   }
 }
 
+// Rows-in matrices whose rows the kernels read whole at one row
+// (MatmulKernels::one_row_whole_in_columns: the value experts' short rows)
+// get no copy, whose column panels would only pad them; longer rows-in rows
+// (the output experts' at d = 512, f32) still get one.
+TEST(CpuBackendTest, OneRowWeightsLeaveOutRowsInMatricesTheKernelsReadWhole) {
+  ModelConfig config = testing::TinySwitchAllConfig();
+  config.d_model = 512;
+  const ModelWeights weights = ConvertWeights(config, RandomWeights(config, 9), WeightsDtype::kF32);
+  const int dh = config.attention.head_dim;
+  int64_t value_copies = 0;
+  for (const LayerWeights& layer : weights.layers) {
+    value_copies += cpu::TiledWeights::BytesFor(layer.attn.v, cpu::Tiling::kColumnPanels);
+  }
+  ASSERT_GT(value_copies, 0);
+  cpu::MatmulKernels kernels = cpu::KernelsFor(cpu::KernelIsa::kGeneric);
+  kernels.one_row_whole_in_columns = dh - 1;
+  const int64_t all = cpu::OneRowWeights::BytesFor(config, weights, kernels);
+  kernels.one_row_whole_in_columns = dh;
+  const int64_t without_values = cpu::OneRowWeights::BytesFor(config, weights, kernels);
+  EXPECT_EQ(all - without_values, value_copies);
+  const cpu::OneRowWeights copies(config, weights, kernels);
+  EXPECT_EQ(copies.bytes(), without_values);
+  const AttentionWeights& attn = weights.layers[0].attn;
+  EXPECT_EQ(copies.Matrix(attn.v, dh, 0, 1).tiling, cpu::Tiling::kNone);
+  EXPECT_EQ(copies.Matrix(attn.o, config.d_model, 0, 1).tiling, cpu::Tiling::kColumnPanels);
+  kernels.one_row_whole_in_columns = config.d_model;
+  EXPECT_EQ(cpu::OneRowWeights::BytesFor(config, weights, kernels), without_values);
+}
+
 // BackendOptions::cpu_weight_copies (the server's --cpu-weight-copies) reaches
 // the CPU backend: with it, the backend holds the tiled copies once its KV
 // cache is set up and reports their bytes, the figure its memory check
@@ -163,7 +192,8 @@ TEST(CpuBackendTest, WeightCopiesFollowTheBackendOptionAndAreCounted) {
     const ModelConfig& config = named.config;
     const ModelWeights weights =
         ConvertWeights(config, RandomWeights(config, 5), WeightsDtype::kBF16);
-    const int64_t copies = cpu::OneRowWeights::BytesFor(config, weights);
+    const int64_t copies =
+        cpu::OneRowWeights::BytesFor(config, weights, cpu::KernelsFor(cpu::BestKernelIsa()));
     ASSERT_GT(copies, 0);
     for (bool on : {true, false}) {
       auto backend = CreateBackend(DeviceKind::kCpu, config, weights, config.dispatch,
@@ -184,7 +214,8 @@ TEST(CpuBackendTest, WeightCopiesAreLeftOutWhereTheHostHasNoRoom) {
     SCOPED_TRACE(config.attention.position == PositionKind::kXl ? "xl" : "rope");
     const ModelWeights weights =
         ConvertWeights(config, RandomWeights(config, 5), WeightsDtype::kBF16);
-    const int64_t copies = cpu::OneRowWeights::BytesFor(config, weights);
+    const int64_t copies =
+        cpu::OneRowWeights::BytesFor(config, weights, cpu::KernelsFor(cpu::BestKernelIsa()));
     const int64_t blocks = 4, block_size = 16;
     const int64_t kv = KvBytesPerToken(config, sizeof(float)) * blocks * block_size;
     const int64_t tables =
