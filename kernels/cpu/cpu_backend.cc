@@ -107,12 +107,13 @@ class CpuBackend final : public Backend {
     one_row_ = cpu::OneRowWeights();
     skipped_copy_bytes_ = 0;
     if (!want_copies_) return;
-    const int64_t copies = cpu::OneRowWeights::BytesFor(config_, weights_, cpu::KernelsFor(isa_));
+    const cpu::MatmulKernels& kernels = cpu::KernelsFor(isa_);
+    const int64_t copies = cpu::OneRowWeights::BytesFor(config_, weights_, kernels);
     const int64_t tables =
         positions_.empty() ? 0 : std::max<int64_t>(0, cpu::XlPositionTable::BytesFor(config_));
     const int64_t held = SaturatingAdd(SaturatingAdd(weights_.Bytes(), kv_bytes), tables);
     if (SaturatingAdd(held, copies) <= host_memory_bytes_ - host_memory_bytes_ / 10) {
-      one_row_ = cpu::OneRowWeights(config_, weights_, cpu::KernelsFor(isa_));
+      one_row_ = cpu::OneRowWeights(config_, weights_, kernels);
     } else {
       skipped_copy_bytes_ = copies;
     }
