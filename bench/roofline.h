@@ -1,7 +1,7 @@
 // This machine's limits, measured in the same process as the benchmark that
 // is compared with them: the f32 GEMM rate (OpenBLAS sgemm on all threads)
 // and the memory read bandwidth (a streaming OpenMP reduction over a buffer
-// much larger than the caches).
+// much larger than the caches, on huge pages as the weights are).
 #ifndef SWITCHSERVE_BENCH_ROOFLINE_H_
 #define SWITCHSERVE_BENCH_ROOFLINE_H_
 
