@@ -47,8 +47,6 @@ class MatmulRunner {
   int64_t parallel_min_macs() const { return parallel_min_macs_; }
 
  private:
-  void Split(const MatmulTask& task);
-
   const MatmulKernels* kernels_;
   WorkerPool* pool_;
   int64_t parallel_min_macs_;
