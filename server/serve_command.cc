@@ -19,7 +19,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "engine/model/host_memory.h"
 #include "engine/model/model_loader.h"
 #include "engine/runtime/generation_engine.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -264,11 +263,11 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
     switchserve::Log(
         LogLevel::kWarning,
         absl::StrFormat("weight copies for batch-1 decode: off: their %.1f MiB do not fit beside "
-                        "the weights (%.1f MiB) and the KV cache (%d MiB) in 90%% of this host's "
-                        "memory (%.1f MiB); batch-1 decode reads the weights as stored (same "
+                        "the weights (%.1f MiB) and the KV cache (%d MiB) in %.1f MiB (90%% of "
+                        "this host's memory); batch-1 decode reads the weights as stored (same "
                         "logits, slower)",
                         mib(copies.skipped_bytes), mib(setup->model->weights.Bytes()),
-                        kv_cache.bytes() >> 20, mib(HostMemoryBytes())));
+                        kv_cache.bytes() >> 20, mib(copies.budget_bytes)));
   } else if (!options.cpu_weight_copies) {
     Log("weight copies for batch-1 decode: off (--cpu-weight-copies=false)");
   }

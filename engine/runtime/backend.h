@@ -55,6 +55,9 @@ struct StepOutput {
 struct WeightCopies {
   int64_t bytes = 0;          // held
   int64_t skipped_bytes = 0;  // asked for but left out: the host's memory had no room
+  // What the weights, the KV cache and the copies had to fit in (0: no
+  // copies were asked for).
+  int64_t budget_bytes = 0;
 };
 
 class Backend {

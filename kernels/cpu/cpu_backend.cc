@@ -92,7 +92,10 @@ class CpuBackend final : public Backend {
   }
 
   DType kv_cache_dtype() const override { return kv_dtype_; }
-  WeightCopies weight_copies() const override { return {one_row_.bytes(), skipped_copy_bytes_}; }
+  WeightCopies weight_copies() const override {
+    return {one_row_.bytes(), skipped_copy_bytes_,
+            want_copies_ ? WeightCopiesBudget(host_memory_bytes_) : 0};
+  }
   int64_t KvBytesPerToken() const override {
     return switchserve::KvBytesPerToken(config_, DTypeSize(kv_dtype_));
   }
@@ -102,7 +105,7 @@ class CpuBackend final : public Backend {
  private:
   // The tiled copies for one-row products (CpuBackendOptions::one_row_weights)
   // where they fit beside what the backend holds and the KV cache of
-  // `kv_bytes`, in all but a tenth of the host's memory; else none.
+  // `kv_bytes`, in WeightCopiesBudget of the host's memory; else none.
   void MakeWeightCopies(int64_t kv_bytes) {
     one_row_ = cpu::OneRowWeights();
     skipped_copy_bytes_ = 0;
@@ -112,7 +115,7 @@ class CpuBackend final : public Backend {
     const int64_t tables =
         positions_.empty() ? 0 : std::max<int64_t>(0, cpu::XlPositionTable::BytesFor(config_));
     const int64_t held = SaturatingAdd(SaturatingAdd(weights_.Bytes(), kv_bytes), tables);
-    if (SaturatingAdd(held, copies) <= host_memory_bytes_ - host_memory_bytes_ / 10) {
+    if (SaturatingAdd(held, copies) <= WeightCopiesBudget(host_memory_bytes_)) {
       one_row_ = cpu::OneRowWeights(config_, weights_, kernels);
     } else {
       skipped_copy_bytes_ = copies;

@@ -59,6 +59,14 @@ struct CpuBackendOptions {
   int64_t host_memory_bytes = 0;
 };
 
+// The host memory the weights, the KV cache, the XL position tables and the
+// weight copies must fit in for the copies to be made: all but a tenth of
+// `host_memory_bytes`, the rest left to activations, the server and the
+// allocator.
+constexpr int64_t WeightCopiesBudget(int64_t host_memory_bytes) {
+  return host_memory_bytes - host_memory_bytes / 10;
+}
+
 // `weights` must outlive the backend and match `config` (ValidateWeights).
 // `dispatch` is the capacity policy in force (the model's, or the server's
 // override). With XL positions the position tables are computed here:

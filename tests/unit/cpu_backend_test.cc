@@ -221,10 +221,12 @@ TEST(CpuBackendTest, WeightCopiesAreLeftOutWhereTheHostHasNoRoom) {
     const int64_t tables =
         config.attention.position == PositionKind::kXl ? cpu::XlPositionTable::BytesFor(config) : 0;
     const int64_t needed = weights.Bytes() + kv + tables + copies;
-    // host - host / 10 >= needed holds from this many bytes on, and not below.
+    // WeightCopiesBudget(host) >= needed holds from this many bytes on, and
+    // not below.
     int64_t room = needed * 10 / 9;
-    while (room - room / 10 < needed) ++room;
-    while ((room - 1) - (room - 1) / 10 >= needed) --room;
+    while (WeightCopiesBudget(room) < needed) ++room;
+    while (WeightCopiesBudget(room - 1) >= needed) --room;
+    EXPECT_EQ(WeightCopiesBudget(room), room - room / 10);
     for (int64_t host : {room, room - 1}) {
       CpuBackendOptions options;
       options.num_threads = 1;
@@ -236,6 +238,7 @@ TEST(CpuBackendTest, WeightCopiesAreLeftOutWhereTheHostHasNoRoom) {
       const WeightCopies held = (*backend)->weight_copies();
       EXPECT_EQ(held.bytes, host == room ? copies : 0) << host;
       EXPECT_EQ(held.skipped_bytes, host == room ? 0 : copies) << host;
+      EXPECT_EQ(held.budget_bytes, WeightCopiesBudget(host)) << host;
     }
   }
 }
