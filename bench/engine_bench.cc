@@ -26,6 +26,10 @@
 //                  the KV cache's element type (BackendOptions; the CPU
 //                  backend's default is f32, the CUDA backend's follows its
 //                  weights); the bytes counted for attention follow it.
+//   --kernel-isa=avx512|avx2|generic
+//                  CPU: the build of the kernels (BackendOptions::cpu_kernels;
+//                  default: the fastest this CPU runs), to compare builds on
+//                  one machine.
 //   --threads=N    host threads of the backend (BackendOptions::num_threads;
 //                  default: all cores): how a step scales with cores. The
 //                  machine's limits are still measured on all cores.
@@ -78,7 +82,8 @@ struct Settings {
   bool smoke = false;
   int attention_segment_tokens = 0;  // CUDA; 0: the backend's default
   KvCacheDtype kv_cache_dtype = KvCacheDtype::kAuto;
-  int threads = 0;  // host threads of the backend; 0: all cores
+  int threads = 0;                           // host threads of the backend; 0: all cores
+  std::optional<cpu::KernelIsa> kernel_isa;  // CPU; none: the fastest
 };
 Settings& settings() {
   static Settings s;
@@ -259,6 +264,7 @@ std::unique_ptr<Backend> NewBackend(const BenchModel& model) {
       settings().device, model.config, model.weights, model.config.dispatch,
       BackendOptions{.num_threads = settings().threads,
                      .kv_cache_dtype = settings().kv_cache_dtype,
+                     .cpu_kernels = settings().kernel_isa,
                      .cuda_attention_segment_tokens = settings().attention_segment_tokens});
   return backend.ok() ? *std::move(backend) : nullptr;
 }
@@ -473,6 +479,16 @@ int main(int argc, char** argv) {
         return 2;
       }
       settings().kv_cache_dtype = *dtype;
+    } else if (std::strncmp(argv[i], "--kernel-isa=", 13) == 0) {
+      absl::StatusOr<switchserve::cpu::KernelIsa> isa =
+          switchserve::cpu::ParseKernelIsa(argv[i] + 13);
+      if (!isa.ok() || !switchserve::cpu::CpuSupports(*isa)) {
+        std::fprintf(stderr, "engine_bench: --kernel-isa: %s\n",
+                     isa.ok() ? "this CPU cannot run that build"
+                              : std::string(isa.status().message()).c_str());
+        return 2;
+      }
+      settings().kernel_isa = *isa;
     } else if (std::strncmp(argv[i], "--threads=", 10) == 0) {
       if (!absl::SimpleAtoi(argv[i] + 10, &settings().threads) || settings().threads < 1) {
         std::fprintf(stderr, "engine_bench: --threads: expected a positive count\n");

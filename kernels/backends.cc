@@ -108,6 +108,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(DeviceKind device, const 
       CpuBackendOptions cpu;
       cpu.num_threads = options.num_threads;
       cpu.one_row_weights = options.cpu_weight_copies;
+      cpu.kernel_isa = options.cpu_kernels;
       cpu.kv_cache_dtype =
           HeldKvCacheDtype(DeviceKind::kCpu, options, weights) == KvCacheDtype::kBF16 ? DType::kBF16
                                                                                       : DType::kF32;

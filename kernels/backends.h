@@ -6,6 +6,7 @@
 #define SWITCHSERVE_KERNELS_BACKENDS_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "engine/model/model_config.h"
 #include "engine/model/model_weights.h"
 #include "engine/runtime/backend.h"
+#include "kernels/cpu/kernel_isa.h"
 
 namespace switchserve {
 
@@ -47,6 +49,9 @@ struct BackendOptions {
   // for them: faster batch-1 decode, for about those matrices' bytes again in
   // host memory. Same bits either way.
   bool cpu_weight_copies = true;
+  // CPU: the build of the kernels (CpuBackendOptions::kernel_isa); none: the
+  // fastest this CPU supports.
+  std::optional<cpu::KernelIsa> cpu_kernels = std::nullopt;
   // CUDA: keep every weight matrix in f32 (the parity mode) instead of 16-bit.
   bool cuda_f32_weights = false;
   // CUDA: keys per attention segment (CudaBackendOptions); 0: its default.

@@ -24,6 +24,11 @@ ABSL_FLAG(bool, cpu_weight_copies, true,
           "they fit beside the weights and the KV cache in 90% of the host's memory (else left "
           "out, with a warning); --cpu-weight-copies=false never makes them. Same logits either "
           "way");
+ABSL_FLAG(std::string, cpu_kernels, "auto",
+          "CPU backend: auto (the fastest build this CPU runs) | avx512 | avx2 | generic: the "
+          "instruction set of the matrix kernels. avx512 and avx2 give the same logits; generic "
+          "(no fused multiply-add) rounds differently, on every x86-64 CPU alike. A build this "
+          "CPU cannot run is refused at startup");
 ABSL_FLAG(bool, allow_non_finite_weights, false,
           "Load weights holding NaN or infinity (with a warning) instead of refusing the model");
 
@@ -46,6 +51,17 @@ absl::StatusOr<KvCacheDtype> KvCacheDtypeFromFlags() {
     return absl::InvalidArgumentError(absl::StrCat("--kv-cache-dtype: ", dtype.status().message()));
   }
   return *dtype;
+}
+
+absl::StatusOr<std::optional<cpu::KernelIsa>> CpuKernelsFromFlags() {
+  const std::string text = absl::GetFlag(FLAGS_cpu_kernels);
+  if (text == "auto") return std::nullopt;
+  absl::StatusOr<cpu::KernelIsa> isa = cpu::ParseKernelIsa(text);
+  if (!isa.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cpu-kernels: ", isa.status().message(), " (or auto)"));
+  }
+  return *isa;
 }
 
 std::chrono::milliseconds MillisecondsFromSeconds(double seconds) {

@@ -4,6 +4,7 @@
 #define SWITCHSERVE_SERVER_COMMON_FLAGS_H_
 
 #include <chrono>
+#include <optional>
 #include <string>
 
 #include "absl/flags/declare.h"
@@ -17,6 +18,8 @@ namespace switchserve {
 absl::StatusOr<ModelLoadOptions> LoadOptionsFromFlags();
 // --kv-cache-dtype, parsed; INVALID_ARGUMENT names the flag.
 absl::StatusOr<KvCacheDtype> KvCacheDtypeFromFlags();
+// --cpu-kernels, parsed (auto: none); INVALID_ARGUMENT names the flag.
+absl::StatusOr<std::optional<cpu::KernelIsa>> CpuKernelsFromFlags();
 
 }  // namespace switchserve
 
@@ -27,6 +30,7 @@ ABSL_DECLARE_FLAG(std::string, weights_dtype);
 ABSL_DECLARE_FLAG(std::string, kv_cache_dtype);
 ABSL_DECLARE_FLAG(bool, allow_non_finite_weights);
 ABSL_DECLARE_FLAG(bool, cpu_weight_copies);
+ABSL_DECLARE_FLAG(std::string, cpu_kernels);
 
 namespace switchserve {
 

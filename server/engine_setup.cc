@@ -20,6 +20,7 @@ class SlowedBackend : public Backend {
   SlowedBackend(std::unique_ptr<Backend> inner, std::chrono::milliseconds delay)
       : inner_(std::move(inner)), delay_(delay) {}
   std::string_view name() const override { return inner_->name(); }
+  std::string_view kernels() const override { return inner_->kernels(); }
   absl::Status InitKvCache(int64_t num_blocks, int block_size) override {
     return inner_->InitKvCache(num_blocks, block_size);
   }
@@ -65,7 +66,8 @@ absl::StatusOr<EngineSetup> SetUpEngine(const ServerOptions& options) {
       CreateBackend(options.device, config, setup.model->weights, setup.dispatch,
                     BackendOptions{.num_threads = options.threads,
                                    .kv_cache_dtype = options.kv_cache_dtype,
-                                   .cpu_weight_copies = options.cpu_weight_copies});
+                                   .cpu_weight_copies = options.cpu_weight_copies,
+                                   .cpu_kernels = options.cpu_kernels});
   if (!backend.ok()) {
     return absl::Status(backend.status().code(),
                         absl::StrCat("--device ", std::string(ToString(options.device)), ": ",

@@ -29,6 +29,8 @@ absl::StatusOr<OfflineSession> OpenOfflineSession() {
   }
   absl::StatusOr<KvCacheDtype> kv_dtype = KvCacheDtypeFromFlags();
   if (!kv_dtype.ok()) return kv_dtype.status();
+  absl::StatusOr<std::optional<cpu::KernelIsa>> cpu_kernels = CpuKernelsFromFlags();
+  if (!cpu_kernels.ok()) return cpu_kernels.status();
   absl::StatusOr<DispatchOverrides> overrides = DispatchOverridesFromFlags();
   if (!overrides.ok()) return overrides.status();
   absl::StatusOr<DispatchConfig> dispatch =
@@ -39,7 +41,8 @@ absl::StatusOr<OfflineSession> OpenOfflineSession() {
       CreateBackend(*device, session.model->config, session.model->weights, session.dispatch,
                     BackendOptions{.num_threads = absl::GetFlag(FLAGS_threads),
                                    .kv_cache_dtype = *kv_dtype,
-                                   .cpu_weight_copies = absl::GetFlag(FLAGS_cpu_weight_copies)});
+                                   .cpu_weight_copies = absl::GetFlag(FLAGS_cpu_weight_copies),
+                                   .cpu_kernels = *cpu_kernels});
   if (!backend.ok()) {
     return absl::Status(backend.status().code(),
                         absl::StrCat("--device ", std::string(ToString(*device)), ": ",

@@ -245,11 +245,15 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
       config.tokenizer == TokenizerKind::kByte ? "byte" : "sentencepiece"));
   Log(absl::StrCat("dispatch: ", DescribeDispatch(dispatch)));
   if (const std::string warning = SharedCapacityWarning(dispatch); !warning.empty()) Log(warning);
+  const std::string kernels =
+      backend->kernels().empty() ? ""
+                                 : absl::StrCat(" (", std::string(backend->kernels()), " kernels)");
   Log(absl::StrFormat(
-      "backend %s, threads %s (serving threads %s); KV cache %d blocks x %d tokens = %d tokens "
+      "backend %s%s, threads %s (serving threads %s); KV cache %d blocks x %d tokens = %d tokens "
       "(%d MiB, %d bytes per token, %s; --kv-cache-dtype %s)",
-      std::string(backend->name()), options.threads == 0 ? "all" : std::to_string(options.threads),
-      serving_nice, kv_cache.num_blocks(), kv_cache.block_size(), kv_cache.capacity_tokens(),
+      std::string(backend->name()), kernels,
+      options.threads == 0 ? "all" : std::to_string(options.threads), serving_nice,
+      kv_cache.num_blocks(), kv_cache.block_size(), kv_cache.capacity_tokens(),
       kv_cache.bytes() >> 20, kv_cache.bytes_per_token(), kv_cache_dtype,
       std::string(ToString(options.kv_cache_dtype))));
   const WeightCopies copies = backend->weight_copies();

@@ -131,6 +131,9 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   absl::StatusOr<KvCacheDtype> kv_dtype = KvCacheDtypeFromFlags();
   if (!kv_dtype.ok()) return kv_dtype.status();
   o.kv_cache_dtype = *kv_dtype;
+  absl::StatusOr<std::optional<cpu::KernelIsa>> cpu_kernels = CpuKernelsFromFlags();
+  if (!cpu_kernels.ok()) return cpu_kernels.status();
+  o.cpu_kernels = *cpu_kernels;
   absl::StatusOr<DispatchOverrides> dispatch = DispatchOverridesFromFlags();
   if (!dispatch.ok()) return dispatch.status();
   o.dispatch = *dispatch;

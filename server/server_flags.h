@@ -58,7 +58,8 @@ struct ServerOptions {
   int threads = 0;        // backend threads; 0: all cores
   ModelLoadOptions load;  // --weights-dtype, --allow-non-finite-weights
   KvCacheDtype kv_cache_dtype = KvCacheDtype::kAuto;
-  bool cpu_weight_copies = true;  // BackendOptions::cpu_weight_copies
+  bool cpu_weight_copies = true;                             // BackendOptions::cpu_weight_copies
+  std::optional<cpu::KernelIsa> cpu_kernels = std::nullopt;  // BackendOptions::cpu_kernels
   // KV cache budget. The cache never gets larger than max_running_requests
   // full contexts, so small models do not reserve memory they cannot use.
   int64_t kv_cache_bytes = 0;

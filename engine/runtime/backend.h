@@ -67,6 +67,10 @@ class Backend {
   // The device it runs on, as logs, GetModelInfo and metrics report it
   // ("cpu", "cuda").
   virtual std::string_view name() const = 0;
+  // The build of its kernels, where it has a choice (the CPU backend's
+  // instruction set: "avx512", "avx2", "generic"), as the startup log says;
+  // empty otherwise.
+  virtual std::string_view kernels() const { return {}; }
   // The element type its KV cache holds (kF32 or kBF16), as metrics report it.
   virtual DType kv_cache_dtype() const = 0;
   // Bytes of cache storage per token in that element type.

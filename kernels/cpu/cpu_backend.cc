@@ -7,9 +7,11 @@
 #include <cstring>
 #include <limits>
 #include <new>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "engine/model/host_memory.h"
 #include "engine/model/huge_pages.h"
 #include "engine/runtime/kv_cache.h"
@@ -32,7 +34,7 @@ class CpuBackend final : public Backend {
         positions_(std::move(positions)),
         kv_dtype_(options.kv_cache_dtype),
         num_threads_(options.num_threads > 0 ? options.num_threads : omp_get_max_threads()),
-        isa_(options.generic_kernels ? cpu::KernelIsa::kGeneric : cpu::BestKernelIsa()),
+        isa_(options.kernel_isa.value_or(cpu::BestKernelIsa())),
         pool_(num_threads_),
         runner_(isa_, &pool_, options.parallel_matmul_min_macs),
         want_copies_(options.one_row_weights),
@@ -50,6 +52,7 @@ class CpuBackend final : public Backend {
   }
 
   std::string_view name() const override { return "cpu"; }
+  std::string_view kernels() const override { return ToString(isa_); }
 
   absl::Status InitKvCache(int64_t num_blocks, int block_size) override {
     if (num_blocks <= 0 || block_size <= 0) {
@@ -325,6 +328,13 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const ModelConfig& con
     return absl::InvalidArgumentError(
         absl::StrCat("the CPU backend's KV cache holds f32 or bf16, not ",
                      std::string(ToString(options.kv_cache_dtype))));
+  }
+  if (options.kernel_isa.has_value() && !cpu::CpuSupports(*options.kernel_isa)) {
+    std::vector<std::string> supported;
+    for (cpu::KernelIsa isa : cpu::SupportedKernelIsas()) supported.emplace_back(ToString(isa));
+    return absl::InvalidArgumentError(
+        absl::StrCat("this CPU cannot run the ", std::string(ToString(*options.kernel_isa)),
+                     " kernels; it runs: ", absl::StrJoin(supported, ", ")));
   }
   int64_t max_table_bytes = options.max_position_table_bytes;
   if (max_table_bytes <= 0) {

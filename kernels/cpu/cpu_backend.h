@@ -11,11 +11,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "absl/status/statusor.h"
 #include "engine/model/model_config.h"
 #include "engine/model/model_weights.h"
 #include "engine/runtime/backend.h"
+#include "kernels/cpu/kernel_isa.h"
 
 namespace switchserve {
 
@@ -33,9 +35,10 @@ struct CpuBackendOptions {
   // A group of matmuls with fewer multiply-adds runs on one thread. Tests set
   // 0 to exercise the split across threads on tiny models.
   int64_t parallel_matmul_min_macs = int64_t{1} << 17;
-  // Run the portable build of the kernels even where the CPU has AVX2 (tests
-  // of that build; it rounds differently, see matmul.h).
-  bool generic_kernels = false;
+  // The build of the kernels to run (kernel_isa.h); none: the fastest this
+  // CPU supports. CreateCpuBackend refuses one the CPU cannot run. kAvx2 and
+  // kAvx512 give the same bits; kGeneric rounds differently (matmul.h).
+  std::optional<cpu::KernelIsa> kernel_isa = std::nullopt;
   // XL positions: the most bytes the position tables (n_layers * n_heads *
   // max_seq_len * head_dim floats, cpu_xl_positions.h) may take; 0: this
   // host's memory (HostMemoryBytes, as for the KV cache and the weights).

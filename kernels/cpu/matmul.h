@@ -37,21 +37,9 @@
 #include "engine/model/dtype.h"
 #include "engine/model/huge_pages.h"
 #include "engine/model/model_weights.h"
+#include "kernels/cpu/kernel_isa.h"
 
 namespace switchserve::cpu {
-
-enum class KernelIsa {
-  kGeneric,  // any x86-64 (or other) CPU: plain C++, no fused multiply-add
-  kAvx2,     // AVX2 + FMA + F16C
-  kAvx512,   // the same operations with AVX-512VL's 32 registers: kAvx2's bits, faster
-};
-std::string_view ToString(KernelIsa isa);  // "generic", "avx2", "avx512"
-// Whether this CPU can run `isa`.
-bool CpuSupports(KernelIsa isa);
-// The fastest build this CPU supports.
-KernelIsa BestKernelIsa();
-// Every build this CPU supports, kGeneric first.
-std::vector<KernelIsa> SupportedKernelIsas();
 
 // A weight matrix as the kernels read it, in one of three layouts.
 //

@@ -168,5 +168,25 @@ TEST(LifecycleTest, StartupLogReportsTheWeightCopies) {
   }
 }
 
+// The startup log names the build of the CPU kernels: the fastest this CPU
+// runs by default, the one --cpu-kernels names otherwise.
+TEST(LifecycleTest, StartupLogNamesTheKernelBuild) {
+  for (const std::string& kernels : {std::string(), std::string("generic")}) {
+    auto server =
+        ServerProcess::Start(kernels.empty() ? std::vector<std::string>{}
+                                             : std::vector<std::string>{"--cpu-kernels", kernels});
+    ASSERT_TRUE(server.ok()) << server.status();
+    const std::string log = (*server)->Log();
+    if (kernels.empty()) {
+      EXPECT_TRUE(log.find("backend cpu (avx512 kernels),") != std::string::npos ||
+                  log.find("backend cpu (avx2 kernels),") != std::string::npos ||
+                  log.find("backend cpu (generic kernels),") != std::string::npos)
+          << log;
+    } else {
+      EXPECT_NE(log.find("backend cpu (generic kernels),"), std::string::npos) << log;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace switchserve::testing

@@ -90,6 +90,27 @@ TEST(ServerFlagsTest, CpuWeightCopiesAreOnByDefaultAndCanBeTurnedOff) {
   EXPECT_FALSE(options->cpu_weight_copies);
 }
 
+TEST(ServerFlagsTest, CpuKernelsAreTheFastestByDefaultAndNamedBuildsAreParsed) {
+  auto options = ServerOptionsFromFlags();
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_FALSE(options->cpu_kernels.has_value());
+  for (cpu::KernelIsa isa :
+       {cpu::KernelIsa::kGeneric, cpu::KernelIsa::kAvx2, cpu::KernelIsa::kAvx512}) {
+    absl::SetFlag(&FLAGS_cpu_kernels, std::string(cpu::ToString(isa)));
+    options = ServerOptionsFromFlags();
+    ASSERT_TRUE(options.ok()) << options.status();
+    EXPECT_EQ(options->cpu_kernels, isa);
+  }
+  for (const char* bad : {"sse", "AVX2", ""}) {
+    absl::SetFlag(&FLAGS_cpu_kernels, bad);
+    options = ServerOptionsFromFlags();
+    EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(options.status().message().find("--cpu-kernels"), std::string::npos)
+        << options.status();
+  }
+  absl::SetFlag(&FLAGS_cpu_kernels, "auto");
+}
+
 TEST(ServerFlagsTest, MetadataLimitIsBoundedAndBelowTheTransportLimit) {
   for (int64_t bytes : {int64_t{1023}, int64_t{1 << 20} + 1, int64_t{-1}}) {
     absl::SetFlag(&FLAGS_max_metadata_bytes, bytes);

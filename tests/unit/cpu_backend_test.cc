@@ -100,6 +100,42 @@ TEST(CpuBackendTest, KvCacheLargerThanTheHostIsRefused) {
   EXPECT_NE(status.message().find("host's memory"), std::string::npos) << status;
 }
 
+// The models whose weights the CPU backend reads differently: routed, dense
+// and single-expert attention; XL positions; d = 512, whose routed output
+// experts fill eight column panels each.
+std::vector<ModelConfig> WeightLayoutConfigs() {
+  ModelConfig wide = testing::TinySwitchAllConfig();
+  wide.d_model = 512;
+  return {testing::TinySwitchAllConfig(), testing::DenseMhaConfig(),
+          testing::SwitchHeadSingleExpertConfig(), testing::XlSwitchAllConfig(), wide};
+}
+
+// The logits of `tokens` as one sequence: its first `prompt` tokens as a
+// prompt (products of many rows), then decoded token by token (one-row
+// products), all of them concatenated.
+std::vector<float> PromptThenDecodeLogits(const ModelConfig& config, const ModelWeights& weights,
+                                          CpuBackendOptions options,
+                                          const std::vector<int32_t>& tokens, int prompt) {
+  options.num_threads = 2;
+  options.parallel_matmul_min_macs = 0;
+  const testing::BackendUnderTest cpu = {
+      "cpu", [options](const ModelConfig& c, const ModelWeights& w, const DispatchConfig& d) {
+        return *CreateCpuBackend(c, w, d, options);
+      }};
+  Harness h(cpu, config, weights, config.dispatch);
+  StepOutput out;
+  std::vector<float> logits;
+  if (!h.Step({{1, std::vector<int32_t>(tokens.begin(), tokens.begin() + prompt), 0}}, &out).ok()) {
+    return logits;
+  }
+  logits = out.logits;
+  for (int p = prompt; p < static_cast<int>(tokens.size()); ++p) {
+    if (!h.Step({{1, {tokens[p] % config.vocab_size}, p}}, &out).ok()) return {};
+    logits.insert(logits.end(), out.logits.begin(), out.logits.end());
+  }
+  return logits;
+}
+
 // Products of one row read tiled copies of the weights
 // (CpuBackendOptions::one_row_weights), the rest the tensors as stored: the
 // same bits. A sequence decoded token by token after its prompt gets the
@@ -109,11 +145,7 @@ TEST(CpuBackendTest, KvCacheLargerThanTheHostIsRefused) {
 // routed output experts fill eight column panels each).
 TEST(CpuBackendTest, OneRowWeightsChangeNoBits) {
   const std::vector<int32_t> tokens = testing::RandomTokens(12, 64, 3);
-  ModelConfig wide = testing::TinySwitchAllConfig();
-  wide.d_model = 512;
-  for (const ModelConfig& config :
-       {testing::TinySwitchAllConfig(), testing::DenseMhaConfig(),
-        testing::SwitchHeadSingleExpertConfig(), testing::XlSwitchAllConfig(), wide}) {
+  for (const ModelConfig& config : WeightLayoutConfigs()) {
     for (WeightsDtype dtype : {WeightsDtype::kF32, WeightsDtype::kBF16, WeightsDtype::kF16}) {
       const ModelWeights weights = ConvertWeights(config, RandomWeights(config, 9), dtype);
       for (bool generic : {false, true}) {
@@ -124,27 +156,79 @@ TEST(CpuBackendTest, OneRowWeightsChangeNoBits) {
         for (bool one_row : {false, true}) {
           CpuBackendOptions options;
           options.one_row_weights = one_row;
-          options.generic_kernels = generic;
-          options.num_threads = 2;
-          options.parallel_matmul_min_macs = 0;
-          const testing::BackendUnderTest cpu = {
-              "cpu",
-              [options](const ModelConfig& c, const ModelWeights& w, const DispatchConfig& d) {
-                return *CreateCpuBackend(c, w, d, options);
-              }};
-          Harness h(cpu, config, weights, config.dispatch);
-          StepOutput out;
-          const int prompt = 4;
-          ASSERT_TRUE(
-              h.Step({{1, std::vector<int32_t>(tokens.begin(), tokens.begin() + prompt), 0}}, &out)
-                  .ok());
-          logits[one_row] = out.logits;
-          for (int p = prompt; p < static_cast<int>(tokens.size()); ++p) {
-            ASSERT_TRUE(h.Step({{1, {tokens[p] % config.vocab_size}, p}}, &out).ok());
-            logits[one_row].insert(logits[one_row].end(), out.logits.begin(), out.logits.end());
-          }
+          if (generic) options.kernel_isa = cpu::KernelIsa::kGeneric;
+          logits[one_row] = PromptThenDecodeLogits(config, weights, options, tokens, 4);
         }
         ASSERT_EQ(logits[0].size(), tokens.size() * config.vocab_size);
+        ASSERT_EQ(logits[1].size(), logits[0].size());
+        EXPECT_EQ(
+            0, std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)));
+      }
+    }
+  }
+}
+
+// CpuBackendOptions::kernel_isa (the server's --cpu-kernels) picks the build
+// of the kernels, which the backend reports; without it the fastest this CPU
+// runs; a build this CPU cannot run is refused, by name. BackendOptions'
+// cpu_kernels reaches it.
+TEST(CpuBackendTest, KernelIsaOptionPicksTheBuildAndRefusesOneTheCpuLacks) {
+  const ModelConfig config = testing::TinySwitchAllConfig();
+  const ModelWeights weights = RandomWeights(config, 3);
+  absl::StatusOr<std::unique_ptr<Backend>> best =
+      CreateCpuBackend(config, weights, config.dispatch);
+  ASSERT_TRUE(best.ok()) << best.status();
+  EXPECT_EQ((*best)->kernels(), cpu::ToString(cpu::BestKernelIsa()));
+  for (cpu::KernelIsa isa :
+       {cpu::KernelIsa::kGeneric, cpu::KernelIsa::kAvx2, cpu::KernelIsa::kAvx512}) {
+    SCOPED_TRACE(cpu::ToString(isa));
+    CpuBackendOptions options;
+    options.kernel_isa = isa;
+    absl::StatusOr<std::unique_ptr<Backend>> backend =
+        CreateCpuBackend(config, weights, config.dispatch, options);
+    if (cpu::CpuSupports(isa)) {
+      ASSERT_TRUE(backend.ok()) << backend.status();
+      EXPECT_EQ((*backend)->kernels(), cpu::ToString(isa));
+    } else {
+      EXPECT_EQ(backend.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_NE(backend.status().message().find(std::string(cpu::ToString(isa))), std::string::npos)
+          << backend.status();
+    }
+  }
+  absl::StatusOr<std::unique_ptr<Backend>> generic =
+      CreateBackend(DeviceKind::kCpu, config, weights, config.dispatch,
+                    BackendOptions{.num_threads = 1, .cpu_kernels = cpu::KernelIsa::kGeneric});
+  ASSERT_TRUE(generic.ok()) << generic.status();
+  EXPECT_EQ((*generic)->kernels(), "generic");
+}
+
+// The AVX2 and AVX-512 builds compute the same operations in the same order
+// (matmul.h), so a backend on either gives the same logits, bit for bit: a
+// fleet whose CPUs differ serves the same tokens. A 40-token prompt takes
+// the products of many rows through their register tiles. Needs a CPU that
+// runs both builds.
+TEST(CpuBackendTest, Avx2AndAvx512BuildsGiveTheSameLogits) {
+  if (!cpu::CpuSupports(cpu::KernelIsa::kAvx512)) {
+    GTEST_SKIP() << "this CPU has no AVX-512: nothing to compare the AVX2 build with";
+  }
+  const std::vector<int32_t> tokens = testing::RandomTokens(48, 64, 4);
+  for (const ModelConfig& config : WeightLayoutConfigs()) {
+    for (WeightsDtype dtype : {WeightsDtype::kF32, WeightsDtype::kBF16, WeightsDtype::kF16}) {
+      const ModelWeights weights = ConvertWeights(config, RandomWeights(config, 11), dtype);
+      for (bool one_row : {false, true}) {
+        SCOPED_TRACE(::testing::Message()
+                     << config.attention.n_heads << " heads, d " << config.d_model << ", "
+                     << ToString(dtype) << (one_row ? ", one-row copies" : ""));
+        std::vector<float> logits[2];
+        for (cpu::KernelIsa isa : {cpu::KernelIsa::kAvx2, cpu::KernelIsa::kAvx512}) {
+          CpuBackendOptions options;
+          options.one_row_weights = one_row;
+          options.kernel_isa = isa;
+          logits[isa == cpu::KernelIsa::kAvx512] =
+              PromptThenDecodeLogits(config, weights, options, tokens, 40);
+        }
+        ASSERT_EQ(logits[0].size(), tokens.size() * config.vocab_size);
+        ASSERT_EQ(logits[1].size(), logits[0].size());
         EXPECT_EQ(
             0, std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)));
       }

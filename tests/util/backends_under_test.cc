@@ -54,7 +54,7 @@ const std::vector<BackendUnderTest>& BackendsUnderTest() {
            options.num_threads = 2;
            options.parallel_attention_min_macs = 0;
            options.parallel_matmul_min_macs = 0;
-           options.generic_kernels = true;
+           options.kernel_isa = cpu::KernelIsa::kGeneric;
            return OrFail(CreateCpuBackend(config, weights, dispatch, options));
          }},
 #if defined(SWITCHSERVE_TEST_CUDA_BACKEND)
