@@ -136,6 +136,25 @@ std::vector<float> PromptThenDecodeLogits(const ModelConfig& config, const Model
   return logits;
 }
 
+// The logits of `tokens` (the first `prompt` of them as the prompt) under
+// options `a` and under `b` are the same bits, for every model of
+// WeightLayoutConfigs and every weight dtype.
+void ExpectSameLogits(const CpuBackendOptions& a, const CpuBackendOptions& b,
+                      const std::vector<int32_t>& tokens, int prompt, uint64_t seed) {
+  for (const ModelConfig& config : WeightLayoutConfigs()) {
+    for (WeightsDtype dtype : {WeightsDtype::kF32, WeightsDtype::kBF16, WeightsDtype::kF16}) {
+      SCOPED_TRACE(::testing::Message() << config.attention.n_heads << " heads, d "
+                                        << config.d_model << ", " << ToString(dtype));
+      const ModelWeights weights = ConvertWeights(config, RandomWeights(config, seed), dtype);
+      const std::vector<float> under_a = PromptThenDecodeLogits(config, weights, a, tokens, prompt);
+      const std::vector<float> under_b = PromptThenDecodeLogits(config, weights, b, tokens, prompt);
+      ASSERT_EQ(under_a.size(), tokens.size() * config.vocab_size);
+      ASSERT_EQ(under_b.size(), under_a.size());
+      EXPECT_EQ(0, std::memcmp(under_a.data(), under_b.data(), under_a.size() * sizeof(float)));
+    }
+  }
+}
+
 // Products of one row read tiled copies of the weights
 // (CpuBackendOptions::one_row_weights), the rest the tensors as stored: the
 // same bits. A sequence decoded token by token after its prompt gets the
@@ -145,26 +164,13 @@ std::vector<float> PromptThenDecodeLogits(const ModelConfig& config, const Model
 // routed output experts fill eight column panels each).
 TEST(CpuBackendTest, OneRowWeightsChangeNoBits) {
   const std::vector<int32_t> tokens = testing::RandomTokens(12, 64, 3);
-  for (const ModelConfig& config : WeightLayoutConfigs()) {
-    for (WeightsDtype dtype : {WeightsDtype::kF32, WeightsDtype::kBF16, WeightsDtype::kF16}) {
-      const ModelWeights weights = ConvertWeights(config, RandomWeights(config, 9), dtype);
-      for (bool generic : {false, true}) {
-        SCOPED_TRACE(::testing::Message()
-                     << config.attention.n_heads << " heads, d " << config.d_model << ", "
-                     << ToString(dtype) << (generic ? ", generic" : ""));
-        std::vector<float> logits[2];
-        for (bool one_row : {false, true}) {
-          CpuBackendOptions options;
-          options.one_row_weights = one_row;
-          if (generic) options.kernel_isa = cpu::KernelIsa::kGeneric;
-          logits[one_row] = PromptThenDecodeLogits(config, weights, options, tokens, 4);
-        }
-        ASSERT_EQ(logits[0].size(), tokens.size() * config.vocab_size);
-        ASSERT_EQ(logits[1].size(), logits[0].size());
-        EXPECT_EQ(
-            0, std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)));
-      }
-    }
+  for (bool generic : {false, true}) {
+    SCOPED_TRACE(generic ? "generic" : "default build");
+    CpuBackendOptions without, with;
+    without.one_row_weights = false;
+    with.one_row_weights = true;
+    if (generic) without.kernel_isa = with.kernel_isa = cpu::KernelIsa::kGeneric;
+    ExpectSameLogits(without, with, tokens, 4, 9);
   }
 }
 
@@ -212,27 +218,13 @@ TEST(CpuBackendTest, Avx2AndAvx512BuildsGiveTheSameLogits) {
     GTEST_SKIP() << "this CPU has no AVX-512: nothing to compare the AVX2 build with";
   }
   const std::vector<int32_t> tokens = testing::RandomTokens(48, 64, 4);
-  for (const ModelConfig& config : WeightLayoutConfigs()) {
-    for (WeightsDtype dtype : {WeightsDtype::kF32, WeightsDtype::kBF16, WeightsDtype::kF16}) {
-      const ModelWeights weights = ConvertWeights(config, RandomWeights(config, 11), dtype);
-      for (bool one_row : {false, true}) {
-        SCOPED_TRACE(::testing::Message()
-                     << config.attention.n_heads << " heads, d " << config.d_model << ", "
-                     << ToString(dtype) << (one_row ? ", one-row copies" : ""));
-        std::vector<float> logits[2];
-        for (cpu::KernelIsa isa : {cpu::KernelIsa::kAvx2, cpu::KernelIsa::kAvx512}) {
-          CpuBackendOptions options;
-          options.one_row_weights = one_row;
-          options.kernel_isa = isa;
-          logits[isa == cpu::KernelIsa::kAvx512] =
-              PromptThenDecodeLogits(config, weights, options, tokens, 40);
-        }
-        ASSERT_EQ(logits[0].size(), tokens.size() * config.vocab_size);
-        ASSERT_EQ(logits[1].size(), logits[0].size());
-        EXPECT_EQ(
-            0, std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)));
-      }
-    }
+  for (bool one_row : {false, true}) {
+    SCOPED_TRACE(one_row ? "one-row copies" : "weights as stored");
+    CpuBackendOptions avx2, avx512;
+    avx2.one_row_weights = avx512.one_row_weights = one_row;
+    avx2.kernel_isa = cpu::KernelIsa::kAvx2;
+    avx512.kernel_isa = cpu::KernelIsa::kAvx512;
+    ExpectSameLogits(avx2, avx512, tokens, 40, 11);
   }
 }
 
