@@ -174,7 +174,11 @@ constexpr int64_t GroupBytes(bool tiled) {
 // (measured on an AMD EPYC (Zen 3) VM, two threads, one row of the paper
 // shape's q projection and FFN down projections, bf16: 1 KiB ahead 0.81-0.96
 // of the read bandwidth, 2 KiB 0.91-1.07, 4 KiB 0.91-1.14, none 0.78-0.92).
-constexpr int64_t kTiledAheadBytes = 2048;
+// On an AMD EPYC (Zen 4) VM, AVX-512 build, bf16 (matmul_bench FromMemory,
+// one row, medians of six alternated pairs): 4 KiB 1.15-1.22x faster than
+// 2 KiB for q, the FFN's down projections and the output head; 8 KiB no
+// faster than 4 KiB. The paper shape's bf16 batch-1 step 1.13x.
+constexpr int64_t kTiledAheadBytes = 4096;
 
 // c[i][j] = alpha * dot8(a row i, w row j) (+ c[i][j] when accumulating) for
 // an MR x NR tile: the sum rounded, times alpha rounded, plus c rounded, the
