@@ -5,11 +5,6 @@
 #include "absl/strings/str_cat.h"
 
 namespace switchserve::cpu {
-namespace {
-
-constexpr KernelIsa kKernelIsas[] = {KernelIsa::kGeneric, KernelIsa::kAvx2, KernelIsa::kAvx512};
-
-}  // namespace
 
 std::string_view ToString(KernelIsa isa) {
   switch (isa) {
@@ -47,7 +42,7 @@ bool CpuSupports(KernelIsa isa) {
 }
 
 absl::StatusOr<KernelIsa> ParseKernelIsa(std::string_view text) {
-  for (KernelIsa isa : kKernelIsas) {
+  for (KernelIsa isa : kAllKernelIsas) {
     if (text == ToString(isa)) return isa;
   }
   return absl::InvalidArgumentError(
@@ -56,7 +51,7 @@ absl::StatusOr<KernelIsa> ParseKernelIsa(std::string_view text) {
 
 std::vector<KernelIsa> SupportedKernelIsas() {
   std::vector<KernelIsa> out;
-  for (KernelIsa isa : kKernelIsas) {
+  for (KernelIsa isa : kAllKernelIsas) {
     if (CpuSupports(isa)) out.push_back(isa);
   }
   return out;

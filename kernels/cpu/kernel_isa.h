@@ -17,6 +17,9 @@ enum class KernelIsa {
   kAvx2,     // AVX2 + FMA + F16C
   kAvx512,   // the same operations with AVX-512VL's 32 registers: kAvx2's bits, faster
 };
+// Every build, kGeneric first.
+inline constexpr KernelIsa kAllKernelIsas[] = {KernelIsa::kGeneric, KernelIsa::kAvx2,
+                                               KernelIsa::kAvx512};
 std::string_view ToString(KernelIsa isa);  // "generic", "avx2", "avx512"
 // The inverse of ToString; INVALID_ARGUMENT names the accepted values.
 absl::StatusOr<KernelIsa> ParseKernelIsa(std::string_view text);

@@ -94,8 +94,7 @@ TEST(ServerFlagsTest, CpuKernelsAreTheFastestByDefaultAndNamedBuildsAreParsed) {
   auto options = ServerOptionsFromFlags();
   ASSERT_TRUE(options.ok()) << options.status();
   EXPECT_FALSE(options->cpu_kernels.has_value());
-  for (cpu::KernelIsa isa :
-       {cpu::KernelIsa::kGeneric, cpu::KernelIsa::kAvx2, cpu::KernelIsa::kAvx512}) {
+  for (cpu::KernelIsa isa : cpu::kAllKernelIsas) {
     absl::SetFlag(&FLAGS_cpu_kernels, std::string(cpu::ToString(isa)));
     options = ServerOptionsFromFlags();
     ASSERT_TRUE(options.ok()) << options.status();

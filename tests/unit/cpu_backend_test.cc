@@ -185,8 +185,7 @@ TEST(CpuBackendTest, KernelIsaOptionPicksTheBuildAndRefusesOneTheCpuLacks) {
       CreateCpuBackend(config, weights, config.dispatch);
   ASSERT_TRUE(best.ok()) << best.status();
   EXPECT_EQ((*best)->kernels(), cpu::ToString(cpu::BestKernelIsa()));
-  for (cpu::KernelIsa isa :
-       {cpu::KernelIsa::kGeneric, cpu::KernelIsa::kAvx2, cpu::KernelIsa::kAvx512}) {
+  for (cpu::KernelIsa isa : cpu::kAllKernelIsas) {
     SCOPED_TRACE(cpu::ToString(isa));
     CpuBackendOptions options;
     options.kernel_isa = isa;
