@@ -304,8 +304,8 @@ void CpuBackend::OutputHead(const std::vector<int>& rows, float* logits) {
   const int vocab = config_.vocab_size;
   runner_.Run(cpu::WeightLayout::kRowsOut,
               {n, vocab, d, xn_.data(), d, nullptr, one_row_.Matrix(weights_.OutputHead(), d, 0, n),
-               logits, vocab});
-  cpu::AddBiasRows(logits, n, vocab, vocab, cpu::F32OrNull(weights_.lm_head_bias));
+               logits, vocab},
+              {cpu::F32OrNull(weights_.lm_head_bias)});
 }
 
 void CpuBackend::AppendRouting(int token, TokenRouting* routing) const {

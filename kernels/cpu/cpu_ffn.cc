@@ -19,21 +19,19 @@ void CpuFfn::Run(const FfnWeights& w, int tokens, const float* xn, float* x, int
   if (ffn_.kind == FfnKind::kDense) {
     Grow(hidden_, static_cast<size_t>(T) * F);
     runner_->Run(WeightLayout::kRowsOut,
-                 {T, F, d, xn, d, nullptr, one_row_->Matrix(w.w1, d, 0, T), hidden_.data(), F});
-    AddBiasRows(hidden_.data(), T, F, F, F32OrNull(w.b1));
-    ApplyActivation(ffn_.activation, hidden_.data(), static_cast<int64_t>(T) * F);
+                 {T, F, d, xn, d, nullptr, one_row_->Matrix(w.w1, d, 0, T), hidden_.data(), F},
+                 {F32OrNull(w.b1), ffn_.activation});
     MatmulArgs down{T, d, F, hidden_.data(), F, nullptr, one_row_->Matrix(w.w2, F, 0, T), x, d};
     down.accumulate = true;
-    runner_->Run(WeightLayout::kRowsOut, down);
-    AddBiasRows(x, T, d, d, F32OrNull(w.b2));
+    runner_->Run(WeightLayout::kRowsOut, down, {F32OrNull(w.b2)});
     return;
   }
 
   const int X = ffn_.n_experts;
   Grow(logits_, static_cast<size_t>(T) * X);
   runner_->Run(WeightLayout::kRowsOut,
-               {T, X, d, xn, d, nullptr, one_row_->Matrix(w.router_w, d, 0, T), logits_.data(), X});
-  AddBiasRows(logits_.data(), T, X, X, F32OrNull(w.router_b));
+               {T, X, d, xn, d, nullptr, one_row_->Matrix(w.router_w, d, 0, T), logits_.data(), X},
+               {F32OrNull(w.router_b)});
   const GateFunction gate =
       ffn_.gate == FfnGate::kSoftmax ? GateFunction::kSoftmax : GateFunction::kSigmoid;
   RouteAndDispatch(logits_.data(), X, T, X, ffn_.top_k, gate, ffn_.renormalize, dispatch_,
@@ -50,14 +48,10 @@ void CpuFfn::Run(const FfnWeights& w, int tokens, const float* xn, float* x, int
     tasks_.push_back({WeightLayout::kRowsOut,
                       {as.count(e), F, d, xn, d, as.token.data() + as.begin(e),
                        one_row_->Matrix(w.w1, d, static_cast<int64_t>(e) * F * d, as.count(e)),
-                       hidden_.data() + static_cast<int64_t>(as.begin(e)) * F, F}});
+                       hidden_.data() + static_cast<int64_t>(as.begin(e)) * F, F},
+                      {F32OrNull(w.b1, static_cast<int64_t>(e) * F), ffn_.activation}});
   }
   runner_->Run(tasks_);
-  for (int e = 0; e < X; ++e) {
-    AddBiasRows(hidden_.data() + static_cast<int64_t>(as.begin(e)) * F, as.count(e), F, F,
-                F32OrNull(w.b1, static_cast<int64_t>(e) * F));
-  }
-  ApplyActivation(ffn_.activation, hidden_.data(), static_cast<int64_t>(slots) * F);
   tasks_.clear();
   for (int e = 0; e < X; ++e) {
     if (as.count(e) == 0) continue;
@@ -65,13 +59,10 @@ void CpuFfn::Run(const FfnWeights& w, int tokens, const float* xn, float* x, int
         {WeightLayout::kRowsOut,
          {as.count(e), d, F, hidden_.data() + static_cast<int64_t>(as.begin(e)) * F, F, nullptr,
           one_row_->Matrix(w.w2, F, static_cast<int64_t>(e) * d * F, as.count(e)),
-          product_.data() + static_cast<int64_t>(as.begin(e)) * d, d}});
+          product_.data() + static_cast<int64_t>(as.begin(e)) * d, d},
+         {F32OrNull(w.b2, static_cast<int64_t>(e) * d)}});
   }
   runner_->Run(tasks_);
-  for (int e = 0; e < X; ++e) {
-    AddBiasRows(product_.data() + static_cast<int64_t>(as.begin(e)) * d, as.count(e), d, d,
-                F32OrNull(w.b2, static_cast<int64_t>(e) * d));
-  }
   outputs_.assign(1, {&as, product_.data(), x, d});
   AddExpertOutputs(outputs_, d, T, pool_, runner_->parallel_min_macs());
 }

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "kernels/cpu/cpu_ops.h"
+
 namespace switchserve::cpu {
 namespace {
 
@@ -15,7 +17,16 @@ constexpr int64_t kMinPieceMacs = 1 << 15;
 int64_t Macs(const MatmulArgs& args) { return static_cast<int64_t>(args.m) * args.n * args.k; }
 
 void RunOne(const MatmulKernels& kernels, const MatmulTask& task) {
-  (task.layout == WeightLayout::kRowsOut ? kernels.rows_out : kernels.rows_in)(task.args);
+  const MatmulArgs& g = task.args;
+  (task.layout == WeightLayout::kRowsOut ? kernels.rows_out : kernels.rows_in)(g);
+  const MatmulEpilogue& e = task.epilogue;
+  AddBiasRows(g.c, g.m, g.n, static_cast<int>(g.ldc), e.bias);
+  if (!e.activation.has_value()) return;
+  if (g.ldc == g.n) {  // whole rows, one after another: one call (fewer vector tails)
+    ApplyActivation(*e.activation, g.c, static_cast<int64_t>(g.m) * g.n);
+    return;
+  }
+  for (int i = 0; i < g.m; ++i) ApplyActivation(*e.activation, g.c + i * g.ldc, g.n);
 }
 
 }  // namespace
@@ -23,9 +34,10 @@ void RunOne(const MatmulKernels& kernels, const MatmulTask& task) {
 MatmulRunner::MatmulRunner(KernelIsa isa, WorkerPool* pool, int64_t parallel_min_macs)
     : kernels_(&KernelsFor(isa)), pool_(pool), parallel_min_macs_(parallel_min_macs) {}
 
-void MatmulRunner::Run(WeightLayout layout, const MatmulArgs& args) {
+void MatmulRunner::Run(WeightLayout layout, const MatmulArgs& args,
+                       const MatmulEpilogue& epilogue) {
   single_.resize(1);
-  single_[0] = {layout, args};
+  single_[0] = {layout, args, epilogue};
   Run(single_);
 }
 
@@ -68,6 +80,7 @@ void MatmulRunner::Run(const std::vector<MatmulTask>& tasks) {
         }
         p.c = g.c + i0 * g.ldc + j0;
         p.w = task.layout == WeightLayout::kRowsOut ? g.w.At(j0, 0) : g.w.At(0, j0);
+        if (task.epilogue.bias != nullptr) piece.epilogue.bias = task.epilogue.bias + j0;
         pieces_.push_back(piece);
       }
     }

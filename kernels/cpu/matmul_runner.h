@@ -10,8 +10,10 @@
 #define SWITCHSERVE_KERNELS_CPU_MATMUL_RUNNER_H_
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
+#include "engine/model/model_config.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/worker_pool.h"
 
@@ -25,9 +27,21 @@ enum class WeightLayout { kRowsOut, kRowsIn };
 // eight.
 inline constexpr int kRowsInColumnStep = 64;
 
+// What happens to each output element once the product is in c: c += bias
+// (one add; `bias` holds the n columns' values, null: none), then the
+// activation. Each piece applies it to its own block of c right after
+// computing it, so the result is the same bits as AddBiasRows and
+// ApplyActivation over the whole output afterwards (both are elementwise), and
+// the work is shared out with the product instead of running alone after it.
+struct MatmulEpilogue {
+  const float* bias = nullptr;
+  std::optional<Activation> activation = std::nullopt;
+};
+
 struct MatmulTask {
   WeightLayout layout = WeightLayout::kRowsOut;
   MatmulArgs args;
+  MatmulEpilogue epilogue = {};
 };
 
 class MatmulRunner {
@@ -39,7 +53,7 @@ class MatmulRunner {
 
   // Computes every task (their outputs must not overlap).
   void Run(const std::vector<MatmulTask>& tasks);
-  void Run(WeightLayout layout, const MatmulArgs& args);
+  void Run(WeightLayout layout, const MatmulArgs& args, const MatmulEpilogue& epilogue = {});
 
   const MatmulKernels& kernels() const { return *kernels_; }
   int threads() const { return pool_ == nullptr ? 1 : pool_->threads(); }

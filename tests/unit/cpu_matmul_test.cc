@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/matmul_runner.h"
 
@@ -293,6 +294,38 @@ TEST_P(MatmulKernelTest, RunnerThreadsChangeNoBits) {
     EXPECT_EQ(0, std::memcmp(serial_out[t].data(), parallel_out[t].data(),
                              serial_out[t].size() * sizeof(float)))
         << "task " << t;
+  }
+}
+
+// A task's epilogue (bias, then activation) gives the bits of AddBiasRows and
+// ApplyActivation over the whole output after the product, however the runner
+// cuts the task into pieces.
+TEST_P(MatmulKernelTest, RunnerEpilogueEqualsBiasAndActivationAfterTheProduct) {
+  std::mt19937 rng(6);
+  for (const Shape& s : kShapes) {
+    const std::vector<float> a = RandomValues(static_cast<size_t>(s.m) * s.k, rng);
+    const std::vector<float> bias = RandomValues(static_cast<size_t>(s.n), rng);
+    const Weights w = MakeWeights(s, rng);
+    const MatmulArgs args{s.m, s.n, s.k, a.data(), s.k, nullptr, w.matrix(), nullptr, s.n};
+    for (const Activation act : {Activation::kRelu, Activation::kGelu, Activation::kSilu}) {
+      std::vector<float> expected(static_cast<size_t>(s.m) * s.n, NAN);
+      MatmulArgs plain = args;
+      plain.c = expected.data();
+      Call(plain);
+      AddBiasRows(expected.data(), s.m, s.n, s.n, bias.data());
+      ApplyActivation(act, expected.data(), static_cast<int64_t>(expected.size()));
+      for (const int threads : {1, 2}) {
+        std::vector<float> fused(expected.size(), NAN);
+        MatmulArgs into = args;
+        into.c = fused.data();
+        WorkerPool pool(threads);
+        MatmulRunner runner(isa(), &pool, /*parallel_min_macs=*/0);
+        runner.Run(layout(), into, {bias.data(), act});
+        EXPECT_EQ(0, std::memcmp(fused.data(), expected.data(), expected.size() * sizeof(float)))
+            << "m " << s.m << " n " << s.n << " k " << s.k << " threads " << threads
+            << " activation " << static_cast<int>(act);
+      }
+    }
   }
 }
 
