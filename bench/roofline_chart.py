@@ -4,14 +4,23 @@ batch, prefill; f32 and bf16 weights) at its arithmetic intensity (FLOPs per
 byte of weights and cache it read) and achieved GFLOP/s, under the two roofs
 measured in the same run: the memory read bandwidth and the sgemm rate.
 
+The roofs drawn are the medians of the limits measured beside each benchmark
+(engine_bench's adjacent_read_gb_per_s and adjacent_sgemm_gflops), and each
+label gives its step against the roofline measured beside it
+(of_adjacent_roofline), as docs/performance.md's tables do. A reading taken
+once at the process's start (machine_*) is used only for reports without the
+adjacent limits.
+
   build/release/bench/engine_bench --benchmark_out=engine_bench.json \\
       --benchmark_out_format=json [--benchmark_repetitions=3]
-  /usr/bin/python3 bench/roofline_chart.py engine_bench.json docs/roofline.png
+  /usr/bin/python3 bench/roofline_chart.py engine_bench.json docs/roofline.png \\
+      [--only 'switchall(_bf16)?/.*(context:128/|tokens:512)']
 
 With repetitions, the median of each benchmark is plotted.
 """
 import argparse
 import json
+import re
 import statistics
 
 import matplotlib
@@ -23,7 +32,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 def label(name):
     """'decode/switchall_bf16/batch:32/context:128/real_time' -> 'decode, batch 32, bf16'.
 
-    The model switchall_xl (XL positions) adds ', xl' after the weights' dtype."""
+    A context other than 128 tokens is named (', context 2000'); the model
+    switchall_xl (XL positions) adds ', xl' after the weights' dtype."""
     fields = name.split("/")
     if len(fields) < 3 or fields[0] not in ("decode", "prefill"):
         return name
@@ -33,7 +43,8 @@ def label(name):
     if model.endswith("_xl"):
         dtype += ", xl"
     if kind == "decode":
-        return f"decode, batch {parts['batch']}, {dtype}"
+        context = "" if parts.get("context", "128") == "128" else f", context {parts['context']}"
+        return f"decode, batch {parts['batch']}{context}, {dtype}"
     return f"prefill {parts['tokens']} tokens, {dtype}"
 
 
@@ -50,12 +61,24 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("benchmark_json")
     ap.add_argument("png")
+    ap.add_argument("--only", metavar="REGEX",
+                    help="plot only the benchmarks whose names this matches (re.search)")
     args = ap.parse_args()
     with open(args.benchmark_json) as f:
         report = json.load(f)
+    if args.only:
+        report["benchmarks"] = [b for b in report["benchmarks"]
+                                if re.search(args.only, b.get("run_name", b["name"]))]
     measured = points(report)
-    peak = statistics.median(b["machine_sgemm_gflops"] for b in measured.values())
-    bandwidth = statistics.median(b["machine_read_gb_per_s"] for b in measured.values())
+    adjacent = all("adjacent_read_gb_per_s" in b for b in measured.values())
+    prefix = "adjacent_" if adjacent else "machine_"
+    peak = statistics.median(b[prefix + "sgemm_gflops"] for b in measured.values())
+    bandwidth = statistics.median(b[prefix + "read_gb_per_s"] for b in measured.values())
+
+    def of_roof(b):
+        if adjacent:
+            return b["of_adjacent_roofline"]
+        return b["gflops"] / min(peak, bandwidth * b["step_gflop"] / b["step_gb"])
 
     fig, ax = plt.subplots(figsize=(8, 5.5))
     intensities = [b["step_gflop"] / b["step_gb"] for b in measured.values()]
@@ -67,21 +90,20 @@ def main():
     for name, b in sorted(measured.items()):
         x = b["step_gflop"] / b["step_gb"]
         y = b["gflops"]
-        roof = min(peak, bandwidth * x)
         kind = "decode" if name.startswith("decode") else "prefill"
         ax.scatter([x], [y], marker=markers[kind], s=60, zorder=3,
                    color="tab:green" if name.endswith("xl")
                    else "tab:blue" if name.endswith("f32") else "tab:orange")
-        # The two weight dtypes' points of one benchmark sit close together:
-        # decode labels bf16 to the left of its point and the others to the
-        # right; prefill (whose points can be less than a label apart) bf16
-        # above and the others below.
-        bf16 = name.endswith("bf16")
+        # One benchmark's points (f32, bf16, xl) sit close together: decode
+        # labels bf16 to the left of its point and the others to the right,
+        # xl a line lower; prefill (whose points can be less than a label
+        # apart) bf16 above, f32 below and xl a line further down.
+        bf16, xl = name.endswith("bf16"), name.endswith("xl")
         if kind == "decode":
-            offset, ha = (-8 if bf16 else 8, -3), "right" if bf16 else "left"
+            offset, ha = (-8 if bf16 else 8, -11 if xl else -3), "right" if bf16 else "left"
         else:
-            offset, ha = (0, 7 if bf16 else -13), "center"
-        ax.annotate(f"{name}: {y / roof:.0%} of roof", (x, y), textcoords="offset points",
+            offset, ha = (0, 7 if bf16 else -22 if xl else -13), "center"
+        ax.annotate(f"{name}: {of_roof(b):.0%} of roof", (x, y), textcoords="offset points",
                     xytext=offset, ha=ha, fontsize=7)
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -90,16 +112,16 @@ def main():
     context = report.get("context", {})
     ax.set_title(f"engine_bench, paper's 262M SwitchAll shape, CPU backend\n"
                  f"{context.get('num_cpus', '?')} CPUs at {context.get('mhz_per_cpu', '?')} MHz, "
-                 f"{context.get('date', '')[:16]}; blue f32 weights, orange bf16, "
-                 "green f32 with XL positions", fontsize=9)
+                 f"{context.get('date', '')[:16]}; blue f32 weights, orange bf16"
+                 f"{', green f32 with XL positions' if any(n.endswith('xl') for n in measured) else ''}\n"
+                 f"labels: of the roofline measured beside each step", fontsize=9)
     ax.grid(True, which="both", linewidth=0.3)
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(args.png, dpi=120)
     for name, b in sorted(measured.items()):
         x = b["step_gflop"] / b["step_gb"]
-        print(f"{name}: {x:.2f} FLOP/B, {b['gflops']:.1f} GFLOP/s, "
-              f"{b['gflops'] / min(peak, bandwidth * x):.0%} of roof")
+        print(f"{name}: {x:.2f} FLOP/B, {b['gflops']:.1f} GFLOP/s, {of_roof(b):.0%} of roof")
 
 
 if __name__ == "__main__":
