@@ -2,7 +2,8 @@
 // through the backend's ApplyActivation and Sigmoid as it compiles them):
 // accurate against double-precision libm, exact at the edges, and an
 // element's bits the same wherever it sits in the array (vector body or
-// scalar remainder of the loop).
+// scalar remainder of the loop). AddScaledRow, the weighted sum of expert
+// outputs, rounds the product and the sum apart, as the reference does.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -122,6 +123,32 @@ TEST(CpuVectorMathTest, AnElementsBitsDoNotDependOnItsPosition) {
         ASSERT_EQ(std::bit_cast<uint32_t>(alone), std::bit_cast<uint32_t>(together[i]))
             << "n " << n << " position " << i << " x " << x[i];
       }
+    }
+  }
+}
+
+// row + weight * product with the product rounded before the add, as the
+// reference does: a fused multiply-add would round once and give other bits
+// for most of these elements.
+TEST(CpuVectorMathTest, AddScaledRowRoundsTheProductThenTheSum) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> value(-3.0f, 3.0f);
+  for (const int n : {1, 7, 16, 28, 33, 1024}) {
+    std::vector<float> row(n), product(n);
+    for (int i = 0; i < n; ++i) {
+      row[i] = value(rng);
+      product[i] = value(rng);
+    }
+    const float weight = value(rng);
+    std::vector<float> expected(n);
+    for (int i = 0; i < n; ++i) {
+      volatile float scaled = weight * product[i];
+      expected[i] = row[i] + scaled;
+    }
+    AddScaledRow(row.data(), product.data(), weight, n);
+    for (int i = 0; i < n; ++i) {
+      EXPECT_EQ(std::bit_cast<uint32_t>(row[i]), std::bit_cast<uint32_t>(expected[i]))
+          << "n " << n << " element " << i;
     }
   }
 }
