@@ -26,9 +26,9 @@
 // widening is exact, so all give the same bits.
 //
 // Decode tiles read each weight once, from memory, in short pieces of many
-// rows; they prefetch the rows they will read next, and so do the loops that
-// widen or pack a tile of weights for many rows. Prefetches change no
-// arithmetic.
+// rows; they prefetch the rows they will read next (the AVX2 build's tiled
+// ones too, kTiledAheadBytes), and so do the loops that widen or pack a tile
+// of weights for many rows. Prefetches change no arithmetic.
 
 #include <immintrin.h>
 
@@ -178,7 +178,19 @@ constexpr int64_t GroupBytes(bool tiled) {
 // one row, medians of six alternated pairs): 4 KiB 1.15-1.22x faster than
 // 2 KiB for q, the FFN's down projections and the output head; 8 KiB no
 // faster than 4 KiB. The paper shape's bf16 batch-1 step 1.13x.
+// 0: no software prefetch in tiled tiles, the hardware prefetcher alone. So
+// the AVX-512 build, measured on the Zen 4 VM (matmul_bench FromMemory, one
+// row, tiled, 40 processes per distance alternated, each followed by a
+// read-bandwidth probe): where that VM's plain streaming read ran at 33-36
+// GB/s, none streamed the output head and q as fast as 4 KiB ahead (bf16
+// medians 33.9 / 33.0 and 31.5 / 31.9 GB/s; f32 alike); where it ran at
+// 55-64 GB/s (periods of seconds to minutes), faster (bf16 51.7 / 40.6 and
+// 38.7 / 34.5 GB/s). 2 KiB was the slowest of the three in both.
+#ifdef SWITCHSERVE_MATMUL_ZMM
+constexpr int64_t kTiledAheadBytes = 0;
+#else
 constexpr int64_t kTiledAheadBytes = 4096;
+#endif
 
 // c[i][j] = alpha * dot8(a row i, w row j) (+ c[i][j] when accumulating) for
 // an MR x NR tile: the sum rounded, times alpha rounded, plus c rounded, the
@@ -195,8 +207,9 @@ void DotTile(const float* const* a, const WeightMatrix& w, int k, float* c, int6
   for (int j = 0; j < NR; ++j) row[j] = RowStart<WT>(w, j);
   // Tiled: the stream of the block that holds the first row,
   // kTiledAheadBytes on (row-major tiles prefetch the next tile's rows).
+  constexpr bool kTiledAhead = kPrefetch && kTiled && kTiledAheadBytes > 0;
   const char* ahead = nullptr;
-  if constexpr (kTiled && NR == kTileRows) {
+  if constexpr (kTiledAhead && NR == kTileRows) {
     ahead = RowStart<WT>(w, -(w.first % kTileRows)) + kTiledAheadBytes;
   }
   __m256 acc[MR][NR];
@@ -208,7 +221,7 @@ void DotTile(const float* const* a, const WeightMatrix& w, int k, float* c, int6
   const int k8 = k & ~7;
   for (int p = 0; p < k8; p += 8) {
     const int64_t at = p / 8 * kGroup;
-    if constexpr (kPrefetch && kTiled && NR == kTileRows) {
+    if constexpr (kTiledAhead && NR == kTileRows) {
       // A block's worth of rows (one row's tiles): its whole group, further
       // on in the block's stream. Several rows' tiles keep their inputs in
       // the L1 cache: fetch into L2.
@@ -216,12 +229,12 @@ void DotTile(const float* const* a, const WeightMatrix& w, int k, float* c, int6
       for (int64_t line = 0; line < kGroup; line += 64) {
         _mm_prefetch(ahead + at + line, _MM_HINT_T1);
       }
-    } else if constexpr (kPrefetch && kTiled) {
+    } else if constexpr (kTiledAhead) {
       // Fewer rows, which may lie in two blocks: each row's piece, further on
       // in its block's stream.
 #pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) _mm_prefetch(row[j] + at + kTiledAheadBytes, _MM_HINT_T1);
-    } else if (kPrefetch && ((p * ElementBytes<WT>()) & 63) == 0) {
+    } else if (kPrefetch && !kTiled && ((p * ElementBytes<WT>()) & 63) == 0) {
       // The rows of a row-major matrix are short streams (0.5-4 KiB) that
       // the hardware prefetcher picks up late: fetch the next tile's rows,
       // one cache line each per line consumed here.
@@ -512,7 +525,8 @@ void RowsOutManyRows(const MatmulArgs& g) {
 // against k = 1024, 0.75-0.81 with and 0.80-0.93 without against k = 128.
 // bf16 weights stream faster with it (row-major: 0.66-0.84 of the read
 // bandwidth against 0.50-0.63 without, in most runs). The AVX-512 build keeps
-// it for both (not measured there).
+// it for both row-major (not measured there); its tiled tiles do without
+// (kTiledAheadBytes).
 template <DType WT>
 constexpr bool kOneRowPrefetch =
 #ifdef SWITCHSERVE_MATMUL_ZMM
