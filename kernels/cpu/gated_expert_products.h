@@ -28,7 +28,8 @@ namespace switchserve::cpu {
 
 // One expert's product: `product` covers all of the expert's slots (args.m =
 // assignments->count(expert); row i of a is that of slot begin(expert) + i;
-// args.c, ldc and accumulate unused).
+// args.c, ldc and accumulate unused; its epilogue must be empty: the blocks
+// that sum products as they go would not apply it).
 struct GatedExpertTask {
   MatmulTask product;
   const ExpertAssignments* assignments = nullptr;
