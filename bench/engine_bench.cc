@@ -49,7 +49,11 @@
 // the limits are measured again right before and right after each run of
 // the timed loop: of_adjacent_roofline is of_roofline against the larger
 // of each pair (adjacent_read_gb_per_s, adjacent_sgemm_gflops), limits of
-// the same minutes on a machine whose limits drift.
+// the same minutes on a machine whose limits drift; adjacent_round_trip_ns
+// (the larger of the pair) says how the cores sat meanwhile: a VM whose
+// vCPUs the host moves between one core complex and two (bench/roofline.h)
+// reads memory up to twice as fast in the second placement, and the step
+// follows only where each core streams at its own link's rate.
 //
 //   build/release/bench/engine_bench --benchmark_counters_tabular=true
 //       --benchmark_out=engine_bench.json --benchmark_out_format=json
@@ -237,6 +241,10 @@ void Report(benchmark::State& state, const StepWork& work, int64_t tokens_per_st
         benchmark::Counter(roofline_s * steps, benchmark::Counter::kIsRate);
     state.counters["adjacent_read_gb_per_s"] = gb_per_s;
     state.counters["adjacent_sgemm_gflops"] = gflops;
+    // How the cores sat while the loop ran (bench/roofline.h): the larger
+    // round trip of the two.
+    state.counters["adjacent_round_trip_ns"] =
+        std::max(before->core_round_trip_ns, after.core_round_trip_ns);
   }
   state.counters["tokens_per_s"] =
       benchmark::Counter(tokens_per_step * steps, benchmark::Counter::kIsRate);

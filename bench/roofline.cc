@@ -2,10 +2,14 @@
 
 #include <cblas.h>
 #include <omp.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <thread>
 #include <vector>
 
 #include "engine/model/huge_pages.h"
@@ -91,15 +95,71 @@ double MeasureReadBandwidth(int reps) {
   return static_cast<double>(count * sizeof(float)) / best / 1e9;
 }
 
+void PinTo(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+}
+
+// Mean time of `trips` round trips of one cache line between a thread on
+// `cpu_a` and one on `cpu_b`: each waits for the other's number, then writes
+// its own.
+double RoundTripNs(int cpu_a, int cpu_b, int trips) {
+  alignas(64) std::atomic<int> turn{0};
+  std::chrono::steady_clock::time_point start;
+  std::thread b([&] {
+    PinTo(cpu_b);
+    for (int i = 0; i < trips; ++i) {
+      while (turn.load(std::memory_order_acquire) != 2 * i + 1) {
+      }
+      turn.store(2 * i + 2, std::memory_order_release);
+    }
+  });
+  std::thread a([&] {
+    PinTo(cpu_a);
+    start = std::chrono::steady_clock::now();
+    for (int i = 0; i < trips; ++i) {
+      turn.store(2 * i + 1, std::memory_order_release);
+      while (turn.load(std::memory_order_acquire) != 2 * i + 2) {
+      }
+    }
+  });
+  a.join();
+  const double seconds = Seconds(start);
+  b.join();
+  return seconds * 1e9 / trips;
+}
+
 }  // namespace
+
+double MeasureCoreRoundTripNs() {
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return 0;
+  std::vector<int> cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &allowed)) cpus.push_back(cpu);
+  }
+  double slowest = 0;
+  for (size_t i = 1; i < cpus.size(); ++i) {
+    double best = 1e30;
+    for (int rep = 0; rep < 3; ++rep) best = std::min(best, RoundTripNs(cpus[0], cpus[i], 4000));
+    slowest = std::max(slowest, best);
+  }
+  return slowest;
+}
 
 const MachineLimits& MeasureMachineLimits() {
   static const MachineLimits limits = [] {
     MachineLimits measured;
     measured.sgemm_gflops = MeasureSgemm(4);
     measured.read_gb_per_s = MeasureReadBandwidth(5);
-    std::fprintf(stderr, "machine limits: sgemm %.1f GFLOP/s, memory read %.1f GB/s (%d threads)\n",
-                 measured.sgemm_gflops, measured.read_gb_per_s, omp_get_max_threads());
+    measured.core_round_trip_ns = MeasureCoreRoundTripNs();
+    std::fprintf(stderr,
+                 "machine limits: sgemm %.1f GFLOP/s, memory read %.1f GB/s (%d threads); "
+                 "core-to-core round trip %.0f ns\n",
+                 measured.sgemm_gflops, measured.read_gb_per_s, omp_get_max_threads(),
+                 measured.core_round_trip_ns);
     return measured;
   }();
   return limits;
@@ -109,6 +169,7 @@ MachineLimits MeasureMachineLimitsNow() {
   MachineLimits measured;
   measured.sgemm_gflops = MeasureSgemm(2);
   measured.read_gb_per_s = MeasureReadBandwidth(3);
+  measured.core_round_trip_ns = MeasureCoreRoundTripNs();
   return measured;
 }
 

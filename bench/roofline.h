@@ -1,7 +1,9 @@
 // This machine's limits, measured in the same process as the benchmark that
 // is compared with them: the f32 GEMM rate (OpenBLAS sgemm on all threads)
 // and the memory read bandwidth (a streaming OpenMP reduction over a buffer
-// much larger than the caches, on huge pages as the weights are).
+// much larger than the caches, on huge pages as the weights are); beside
+// them, the round trip of a cache line between cores, which tells how the
+// cores are placed.
 #ifndef SWITCHSERVE_BENCH_ROOFLINE_H_
 #define SWITCHSERVE_BENCH_ROOFLINE_H_
 
@@ -10,6 +12,15 @@ namespace switchserve::bench {
 struct MachineLimits {
   double sgemm_gflops = 0;   // best of a few 2048^3 sgemm calls
   double read_gb_per_s = 0;  // best of a few passes over 1 GiB
+  // How long one cache line takes to go to another core and back (two
+  // threads handing it to each other; the slowest pair of the first CPU the
+  // process may run on and each other one; 0 with one CPU). Where two cores
+  // sit behind separate memory links (AMD's core complexes, separate
+  // sockets) this is several times what it is between cores that share a
+  // last-level cache, and the read bandwidth of all cores together is the
+  // sum of the links': a VM whose vCPUs the host moves between those
+  // placements changes both together.
+  double core_round_trip_ns = 0;
 };
 
 // Measures once per process and caches the result.
@@ -20,6 +31,10 @@ const MachineLimits& MeasureMachineLimits();
 // up to 1.5x within minutes; a benchmark measured between two of these
 // compares itself with limits of the same minutes.
 MachineLimits MeasureMachineLimitsNow();
+
+// MachineLimits::core_round_trip_ns alone, now, among the CPUs the calling
+// thread may run on (best of three runs of each pair; a few milliseconds).
+double MeasureCoreRoundTripNs();
 
 }  // namespace switchserve::bench
 

@@ -3,6 +3,10 @@
 
 #include <cblas.h>
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <sched.h>
+
+#include <thread>
 
 namespace switchserve::bench {
 namespace {
@@ -26,6 +30,33 @@ TEST(MachineLimits, FirstMeasurementIsKeptForTheProcess) {
   EXPECT_EQ(&first, &again);
   EXPECT_GT(first.sgemm_gflops, 0);
   EXPECT_GT(first.read_gb_per_s, 0);
+}
+
+// Two CPUs: a positive time well under a millisecond (a cache line goes
+// and comes back in tens to hundreds of nanoseconds). A thread that may run
+// on one CPU only has no pair to measure: 0.
+TEST(MachineLimits, CoreRoundTripNeedsTwoCpus) {
+  cpu_set_t allowed;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+  int first = -1;
+  for (int cpu = 0; cpu < CPU_SETSIZE && first < 0; ++cpu) {
+    if (CPU_ISSET(cpu, &allowed)) first = cpu;
+  }
+  if (CPU_COUNT(&allowed) >= 2) {
+    const double ns = MeasureCoreRoundTripNs();
+    EXPECT_GT(ns, 0);
+    EXPECT_LT(ns, 1e6);
+  }
+  double on_one = -1;
+  std::thread pinned([&] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(first, &one);
+    pthread_setaffinity_np(pthread_self(), sizeof(one), &one);
+    on_one = MeasureCoreRoundTripNs();
+  });
+  pinned.join();
+  EXPECT_EQ(on_one, 0);
 }
 
 }  // namespace
