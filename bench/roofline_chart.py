@@ -17,8 +17,13 @@ adjacent limits.
       [--only 'switchall(_bf16)?/.*(context:128/|tokens:512)']
 
 With repetitions, the median of each benchmark is plotted.
+--max-round-trip-ns NS keeps only the repetitions whose cores sat close
+together (engine_bench's adjacent_round_trip_ns at most NS; bench/roofline.h)
+and plots the medians of those: a VM whose host moves its vCPUs between
+placements measures two machines in one run.
 """
 import argparse
+import collections
 import json
 import re
 import statistics
@@ -48,12 +53,32 @@ def label(name):
     return f"prefill {parts['tokens']} tokens, {dtype}"
 
 
-def points(report):
-    """{label: benchmark entry}, the median aggregate when there are repetitions."""
+def points(report, max_round_trip_ns=None):
+    """{label: benchmark entry}, the median aggregate when there are repetitions.
+
+    With max_round_trip_ns, each entry holds the medians of the repetitions
+    whose adjacent_round_trip_ns is at most that (and `repetitions_kept`); a
+    benchmark with none left is left out."""
     runs = report["benchmarks"]
-    medians = [b for b in runs if b.get("aggregate_name") == "median"]
-    chosen = medians if medians else [b for b in runs if b.get("run_type") != "aggregate"]
-    return {label(b["run_name"] if "run_name" in b else b["name"]): b for b in chosen}
+    if max_round_trip_ns is None:
+        medians = [b for b in runs if b.get("aggregate_name") == "median"]
+        chosen = medians if medians else [b for b in runs if b.get("run_type") != "aggregate"]
+        return {label(b["run_name"] if "run_name" in b else b["name"]): b for b in chosen}
+    kept = collections.defaultdict(list)
+    for b in runs:
+        if b.get("run_type") == "aggregate":
+            continue
+        if b.get("adjacent_round_trip_ns", float("inf")) <= max_round_trip_ns:
+            kept[b.get("run_name", b["name"])].append(b)
+    result = {}
+    for name, reps in kept.items():
+        entry = dict(reps[0])
+        for key, value in reps[0].items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                entry[key] = statistics.median(r[key] for r in reps)
+        entry["repetitions_kept"] = len(reps)
+        result[label(name)] = entry
+    return result
 
 
 def main():
@@ -63,13 +88,18 @@ def main():
     ap.add_argument("png")
     ap.add_argument("--only", metavar="REGEX",
                     help="plot only the benchmarks whose names this matches (re.search)")
+    ap.add_argument("--max-round-trip-ns", type=float, metavar="NS",
+                    help="plot the medians of the repetitions whose adjacent_round_trip_ns "
+                         "is at most NS only")
     args = ap.parse_args()
     with open(args.benchmark_json) as f:
         report = json.load(f)
     if args.only:
         report["benchmarks"] = [b for b in report["benchmarks"]
                                 if re.search(args.only, b.get("run_name", b["name"]))]
-    measured = points(report)
+    measured = points(report, args.max_round_trip_ns)
+    if not measured:
+        raise SystemExit("roofline_chart: no benchmark left to plot")
     adjacent = all("adjacent_read_gb_per_s" in b for b in measured.values())
     prefix = "adjacent_" if adjacent else "machine_"
     peak = statistics.median(b[prefix + "sgemm_gflops"] for b in measured.values())
@@ -114,14 +144,18 @@ def main():
                  f"{context.get('num_cpus', '?')} CPUs at {context.get('mhz_per_cpu', '?')} MHz, "
                  f"{context.get('date', '')[:16]}; blue f32 weights, orange bf16"
                  f"{', green f32 with XL positions' if any(n.endswith('xl') for n in measured) else ''}\n"
-                 f"labels: of the roofline measured beside each step", fontsize=9)
+                 f"labels: of the roofline measured beside each step"
+                 + ("" if args.max_round_trip_ns is None else
+                    f"; repetitions with a core round trip of at most "
+                    f"{args.max_round_trip_ns:g} ns"), fontsize=9)
     ax.grid(True, which="both", linewidth=0.3)
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(args.png, dpi=120)
     for name, b in sorted(measured.items()):
         x = b["step_gflop"] / b["step_gb"]
-        print(f"{name}: {x:.2f} FLOP/B, {b['gflops']:.1f} GFLOP/s, {of_roof(b):.0%} of roof")
+        kept = f", {b['repetitions_kept']} repetitions" if "repetitions_kept" in b else ""
+        print(f"{name}: {x:.2f} FLOP/B, {b['gflops']:.1f} GFLOP/s, {of_roof(b):.0%} of roof{kept}")
 
 
 if __name__ == "__main__":
