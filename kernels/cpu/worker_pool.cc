@@ -44,11 +44,13 @@ WorkerPool::~WorkerPool() {
   for (std::thread& worker : workers_) worker.join();
 }
 
-void WorkerPool::Rest() { resting_.store(true, std::memory_order_relaxed); }
+void WorkerPool::Rest() {
+  if (!resting_.load(std::memory_order_relaxed)) resting_.store(true, std::memory_order_relaxed);
+}
 
 void WorkerPool::Run(int count, PieceFn fn, const void* context) {
   if (count <= 0) return;
-  resting_.store(false, std::memory_order_relaxed);
+  if (resting_.load(std::memory_order_relaxed)) resting_.store(false, std::memory_order_relaxed);
   if (workers_.empty() || count == 1) {
     for (int i = 0; i < count; ++i) fn(context, i, 0);
     return;
@@ -75,18 +77,23 @@ void WorkerPool::TakePieces(uint64_t cursor, int slot) {
   // Read under `cursor`'s generation: if the job changed since, the exchange
   // below fails and nothing read here is used.
   const int count = job.count.load(std::memory_order_relaxed);
+  int ran = 0;
   while (Index(cursor) < static_cast<uint32_t>(count)) {
     if (!cursor_.compare_exchange_weak(cursor, cursor + 1, std::memory_order_acq_rel,
                                        std::memory_order_acquire)) {
-      if (Generation(cursor) != generation) return;
+      if (Generation(cursor) != generation) break;
       continue;
     }
     job.fn.load(std::memory_order_relaxed)(job.context.load(std::memory_order_relaxed),
                                            static_cast<int>(Index(cursor)), slot);
-    job.done.fetch_add(1, std::memory_order_release);
+    ++ran;
     cursor = cursor_.load(std::memory_order_acquire);
-    if (Generation(cursor) != generation) return;
+    if (Generation(cursor) != generation) break;
   }
+  // One add for every piece this thread ran, once it has taken its last:
+  // the caller spins on `done`, and each add takes the line from it. No
+  // newer job can be published before this add (Run waits for it).
+  if (ran > 0) job.done.fetch_add(ran, std::memory_order_release);
 }
 
 void WorkerPool::WorkerLoop(int slot) {

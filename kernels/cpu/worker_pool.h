@@ -58,8 +58,12 @@ class WorkerPool {
  private:
   // A job's description; two alternate so that the next job can be written
   // while a late worker may still read the previous one (the cursor's
-  // generation tells it the data went stale).
-  struct Job {
+  // generation tells it the data went stale). Each on a cache line of its
+  // own, apart from the cursor: the caller waits on `done` while the
+  // workers take pieces from the cursor, and a line both write to moves
+  // between their cores at every write (several hundred nanoseconds where
+  // the cores do not share a cache).
+  struct alignas(64) Job {
     std::atomic<PieceFn> fn{nullptr};
     std::atomic<const void*> context{nullptr};
     std::atomic<int> count{0};
@@ -73,14 +77,16 @@ class WorkerPool {
 
   // generation << 32 | next piece index: one atomic, so a piece is taken only
   // from the job it was read for.
-  std::atomic<uint64_t> cursor_{0};
+  alignas(64) std::atomic<uint64_t> cursor_{0};
   Job jobs_[2];
+  // What a polling worker reads besides the cursor, written rarely: Run
+  // writes resting_ only when it changes.
+  alignas(64) std::atomic<bool> resting_{false};
+  std::atomic<bool> stop_{false};
   // Idle workers sleep on wake_ (a job or stop ends their sleep).
+  alignas(64) std::atomic<int> sleepers_{0};
   std::mutex mutex_;
   std::condition_variable wake_;
-  std::atomic<int> sleepers_{0};
-  std::atomic<bool> resting_{false};
-  std::atomic<bool> stop_{false};
   std::vector<std::thread> workers_;
 };
 
