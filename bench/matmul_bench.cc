@@ -24,6 +24,9 @@
 // row blocks rows out, column panels rows in), or row-major as stored (0);
 // on huge pages.
 //
+// BM_WorkerPoolJob: what one job of the worker pool costs, empty or with
+// small pieces, on all cores.
+//
 // BM_GatedExpertOutputs runs a module's expert products whose rows go back
 // into the tokens' rows, scaled by their gates, for a step of `tokens`
 // tokens routed at random, bf16 weights from memory (256 MiB of copies on
@@ -358,6 +361,32 @@ BENCHMARK(BM_GatedExpertOutputs)
     ->ArgNames({"module", "tokens", "fused"})
     ->ArgsProduct({{0, 1}, {1, 32, 512}, {0, 1}})
     ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
+// One job of the worker pool on all cores: `pieces` pieces that each sum
+// `floats` floats of a 256 KiB buffer (0: empty pieces, the job's own cost).
+// round_trip_ns: the cores' cache-line round trip measured after the loop
+// (bench/roofline.h), which says how far apart the cores sat.
+void BM_WorkerPoolJob(benchmark::State& state) {
+  const int pieces = static_cast<int>(state.range(0));
+  const int floats = static_cast<int>(state.range(1));
+  WorkerPool pool(static_cast<int>(std::thread::hardware_concurrency()));
+  std::vector<float> data(size_t{1} << 16, 1.0f);
+  std::vector<float> sums(static_cast<size_t>(pieces));
+  for (auto _ : state) {
+    pool.Run(pieces, [&](int i, int) {
+      float sum = 0;
+      for (int j = 0; j < floats; ++j) sum += data[(static_cast<size_t>(i) * floats + j) & 0xffff];
+      sums[i] = sum;
+    });
+    benchmark::DoNotOptimize(sums.data());
+  }
+  state.counters["round_trip_ns"] = bench::MeasureCoreRoundTripNs();
+}
+BENCHMARK(BM_WorkerPoolJob)
+    ->ArgNames({"pieces", "floats"})
+    ->ArgsProduct({{2, 8, 32}, {0, 2048}})
+    ->Unit(benchmark::kNanosecond)
     ->UseRealTime();
 
 }  // namespace
