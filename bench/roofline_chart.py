@@ -53,6 +53,11 @@ def label(name):
     return f"prefill {parts['tokens']} tokens, {dtype}"
 
 
+def run_name(b):
+    """A benchmark entry's name without the aggregate's suffix."""
+    return b.get("run_name", b["name"])
+
+
 def points(report, max_round_trip_ns=None):
     """{label: benchmark entry}, the median aggregate when there are repetitions.
 
@@ -63,13 +68,13 @@ def points(report, max_round_trip_ns=None):
     if max_round_trip_ns is None:
         medians = [b for b in runs if b.get("aggregate_name") == "median"]
         chosen = medians if medians else [b for b in runs if b.get("run_type") != "aggregate"]
-        return {label(b["run_name"] if "run_name" in b else b["name"]): b for b in chosen}
+        return {label(run_name(b)): b for b in chosen}
     kept = collections.defaultdict(list)
     for b in runs:
         if b.get("run_type") == "aggregate":
             continue
         if b.get("adjacent_round_trip_ns", float("inf")) <= max_round_trip_ns:
-            kept[b.get("run_name", b["name"])].append(b)
+            kept[run_name(b)].append(b)
     result = {}
     for name, reps in kept.items():
         entry = dict(reps[0])
@@ -96,7 +101,7 @@ def main():
         report = json.load(f)
     if args.only:
         report["benchmarks"] = [b for b in report["benchmarks"]
-                                if re.search(args.only, b.get("run_name", b["name"]))]
+                                if re.search(args.only, run_name(b))]
     measured = points(report, args.max_round_trip_ns)
     if not measured:
         raise SystemExit("roofline_chart: no benchmark left to plot")

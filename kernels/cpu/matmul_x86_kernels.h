@@ -184,7 +184,8 @@ constexpr int64_t GroupBytes(bool tiled) {
 // read-bandwidth probe): where that VM's plain streaming read ran at 33-36
 // GB/s, none streamed the output head and q as fast as 4 KiB ahead (bf16
 // medians 33.9 / 33.0 and 31.5 / 31.9 GB/s; f32 alike); where it ran at
-// 55-64 GB/s (periods of seconds to minutes), faster (bf16 51.7 / 40.6 and
+// 55-64 GB/s (the host had placed the two vCPUs apart, each core with a
+// memory link of its own: bench/roofline.h), faster (bf16 51.7 / 40.6 and
 // 38.7 / 34.5 GB/s). 2 KiB was the slowest of the three in both.
 #ifdef SWITCHSERVE_MATMUL_ZMM
 constexpr int64_t kTiledAheadBytes = 0;
