@@ -42,27 +42,24 @@ void CpuFfn::Run(const FfnWeights& w, int tokens, const float* xn, float* x, int
   const int slots = as.offsets[X];
   Grow(hidden_, static_cast<size_t>(slots) * F);
   Grow(product_, static_cast<size_t>(slots) * d);
+  // Each expert's up projection, then its down projection of those rows.
   tasks_.clear();
+  down_tasks_.clear();
   for (int e = 0; e < X; ++e) {
     if (as.count(e) == 0) continue;
-    tasks_.push_back({WeightLayout::kRowsOut,
-                      {as.count(e), F, d, xn, d, as.token.data() + as.begin(e),
-                       one_row_->Matrix(w.w1, d, static_cast<int64_t>(e) * F * d, as.count(e)),
-                       hidden_.data() + static_cast<int64_t>(as.begin(e)) * F, F},
-                      {F32OrNull(w.b1, static_cast<int64_t>(e) * F), ffn_.activation}});
-  }
-  runner_->Run(tasks_);
-  tasks_.clear();
-  for (int e = 0; e < X; ++e) {
-    if (as.count(e) == 0) continue;
+    float* hidden = hidden_.data() + static_cast<int64_t>(as.begin(e)) * F;
     tasks_.push_back(
         {WeightLayout::kRowsOut,
-         {as.count(e), d, F, hidden_.data() + static_cast<int64_t>(as.begin(e)) * F, F, nullptr,
-          one_row_->Matrix(w.w2, F, static_cast<int64_t>(e) * d * F, as.count(e)),
-          product_.data() + static_cast<int64_t>(as.begin(e)) * d, d},
-         {F32OrNull(w.b2, static_cast<int64_t>(e) * d)}});
+         {as.count(e), F, d, xn, d, as.token.data() + as.begin(e),
+          one_row_->Matrix(w.w1, d, static_cast<int64_t>(e) * F * d, as.count(e)), hidden, F},
+         {F32OrNull(w.b1, static_cast<int64_t>(e) * F), ffn_.activation}});
+    down_tasks_.push_back({WeightLayout::kRowsOut,
+                           {as.count(e), d, F, hidden, F, nullptr,
+                            one_row_->Matrix(w.w2, F, static_cast<int64_t>(e) * d * F, as.count(e)),
+                            product_.data() + static_cast<int64_t>(as.begin(e)) * d, d},
+                           {F32OrNull(w.b2, static_cast<int64_t>(e) * d)}});
   }
-  runner_->Run(tasks_);
+  runner_->RunPairs(tasks_, down_tasks_);
   outputs_.assign(1, {&as, product_.data(), x, d});
   AddExpertOutputs(outputs_, d, T, pool_, runner_->parallel_min_macs());
 }

@@ -38,10 +38,11 @@ class CpuFfn {
   WorkerPool* pool_;
   const OneRowWeights* one_row_;
 
-  std::vector<float> logits_;   // [T, X]
-  std::vector<float> hidden_;   // [slots, F] (dense: [T, F])
-  std::vector<float> product_;  // [slots, d]
-  std::vector<MatmulTask> tasks_;
+  std::vector<float> logits_;           // [T, X]
+  std::vector<float> hidden_;           // [slots, F] (dense: [T, F])
+  std::vector<float> product_;          // [slots, d]
+  std::vector<MatmulTask> tasks_;       // the experts' up projections
+  std::vector<MatmulTask> down_tasks_;  // and their down projections
   std::vector<ExpertOutputs> outputs_;
   RouterDecision decision_;
   ExpertAssignments assignments_;

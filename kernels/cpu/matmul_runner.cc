@@ -13,6 +13,9 @@ namespace {
 constexpr int kRowsOutColumnStep = 24;
 constexpr int kRowStep = 64;
 constexpr int64_t kMinPieceMacs = 1 << 15;
+// RunPairs takes a pair whole where its products average at most this many
+// rows (GatedExpertProducts' line between decode and prefill).
+constexpr int kPairFewRows = 32;
 
 int64_t Macs(const MatmulArgs& args) { return static_cast<int64_t>(args.m) * args.n * args.k; }
 
@@ -87,6 +90,27 @@ void MatmulRunner::Run(const std::vector<MatmulTask>& tasks) {
   }
   pool_->Run(static_cast<int>(pieces_.size()),
              [this](int i, int) { RunOne(*kernels_, pieces_[i]); });
+}
+
+void MatmulRunner::RunPairs(const std::vector<MatmulTask>& first,
+                            const std::vector<MatmulTask>& second) {
+  const int threads = this->threads();
+  const int pairs = static_cast<int>(first.size());
+  int64_t macs = 0, rows = 0;
+  for (int i = 0; i < pairs; ++i) {
+    macs += Macs(first[i].args) + Macs(second[i].args);
+    rows += first[i].args.m + second[i].args.m;
+  }
+  if (threads == 1 || pairs < 2 * threads || macs < parallel_min_macs_ ||
+      rows > int64_t{2} * kPairFewRows * pairs) {
+    Run(first);
+    Run(second);
+    return;
+  }
+  pool_->Run(pairs, [&](int i, int) {
+    RunOne(*kernels_, first[i]);
+    RunOne(*kernels_, second[i]);
+  });
 }
 
 }  // namespace switchserve::cpu

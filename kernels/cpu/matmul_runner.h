@@ -55,6 +55,17 @@ class MatmulRunner {
   void Run(const std::vector<MatmulTask>& tasks);
   void Run(WeightLayout layout, const MatmulArgs& args, const MatmulEpilogue& epilogue = {});
 
+  // Computes first[i] and then second[i], which may read first[i]'s output
+  // (an expert's up projection, then its down projection), for every i; no
+  // output overlaps another, nor an input of another pair. Where the pairs
+  // have few rows each (a decode step's experts, whose weights come from
+  // memory) and there are at least two per thread, each piece is one pair
+  // whole: one parallel region instead of two, and the rows between the two
+  // products stay in the cache of the core that wrote them. Otherwise
+  // Run(first), then Run(second). The same bits either way (matmul.h: no
+  // element depends on the rows and columns a call covers).
+  void RunPairs(const std::vector<MatmulTask>& first, const std::vector<MatmulTask>& second);
+
   const MatmulKernels& kernels() const { return *kernels_; }
   int threads() const { return pool_ == nullptr ? 1 : pool_->threads(); }
   // Work smaller than this (multiply-adds) stays on the calling thread.

@@ -329,6 +329,58 @@ TEST_P(MatmulKernelTest, RunnerEpilogueEqualsBiasAndActivationAfterTheProduct) {
   }
 }
 
+// RunPairs (each pair's second product reads its first's output: an
+// expert's up and down projections) gives the bits of each product run alone,
+// first products then second, whether the pairs are taken whole on two
+// threads (a few rows each, two pairs or more per thread) or each half is
+// shared out on its own (many rows).
+TEST_P(MatmulKernelTest, RunPairsEqualsEachProductAlone) {
+  std::mt19937 rng(8);
+  const int k = 70, hidden = 40, n = 52;
+  for (const int rows : {1, 3, 9, 100}) {
+    constexpr int kPairs = 6;
+    const std::vector<float> a = RandomValues(static_cast<size_t>(kPairs) * rows * k, rng);
+    const std::vector<float> bias = RandomValues(static_cast<size_t>(kPairs) * hidden, rng);
+    std::vector<Weights> up, down;
+    for (int i = 0; i < kPairs; ++i) {
+      up.push_back(MakeWeights({rows, hidden, k}, rng));
+      down.push_back(MakeWeights({rows, n, hidden}, rng));
+    }
+    // Outputs start as NaN: a second product that ran before its first
+    // would read NaN.
+    auto run = [&](int threads, bool pairs, std::vector<float>& h, std::vector<float>& out) {
+      h.assign(static_cast<size_t>(kPairs) * rows * hidden, NAN);
+      out.assign(static_cast<size_t>(kPairs) * rows * n, NAN);
+      std::vector<MatmulTask> first, second;
+      for (int i = 0; i < kPairs; ++i) {
+        float* hi = h.data() + static_cast<size_t>(i) * rows * hidden;
+        first.push_back({layout(),
+                         {rows, hidden, k, a.data() + static_cast<size_t>(i) * rows * k, k, nullptr,
+                          up[i].matrix(), hi, hidden},
+                         {bias.data() + i * hidden, Activation::kGelu}});
+        second.push_back({layout(),
+                          {rows, n, hidden, hi, hidden, nullptr, down[i].matrix(),
+                           out.data() + static_cast<size_t>(i) * rows * n, n}});
+      }
+      WorkerPool pool(threads);
+      MatmulRunner runner(isa(), &pool, /*parallel_min_macs=*/0);
+      if (pairs) {
+        runner.RunPairs(first, second);
+      } else {
+        runner.Run(first);
+        runner.Run(second);
+      }
+    };
+    std::vector<float> h_alone, out_alone, h_pairs, out_pairs;
+    run(1, false, h_alone, out_alone);
+    run(2, true, h_pairs, out_pairs);
+    EXPECT_EQ(0, std::memcmp(h_pairs.data(), h_alone.data(), h_alone.size() * sizeof(float)))
+        << "rows " << rows;
+    EXPECT_EQ(0, std::memcmp(out_pairs.data(), out_alone.data(), out_alone.size() * sizeof(float)))
+        << "rows " << rows;
+  }
+}
+
 std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
   const auto [isa, dtype, layout] = info.param;
   return std::string(ToString(isa)) + "_" + std::string(ToString(dtype)) +
