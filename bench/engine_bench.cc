@@ -33,6 +33,12 @@
 //   --threads=N    host threads of the backend (BackendOptions::num_threads;
 //                  default: all cores): how a step scales with cores. The
 //                  machine's limits are still measured on all cores.
+//   --pool-timeline=FILE
+//                  CPU: appends a timeline of each timed loop to FILE: when
+//                  every step started and every job the worker pool shared
+//                  out (bench/pool_timeline.py summarizes it: the time a
+//                  step spends inside parallel jobs and between them, job
+//                  by job).
 //   --attention-segment-tokens=N
 //                  CUDA: keys per attention segment (default 128, or
 //                  max_seq_len / 64 where that is more; rounded up to whole
@@ -62,7 +68,9 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -76,6 +84,7 @@
 #include "engine/runtime/kv_cache.h"
 #include "engine/runtime/sampler.h"
 #include "kernels/backends.h"
+#include "kernels/cpu/worker_pool.h"
 #include "tests/util/random_model.h"
 
 namespace switchserve {
@@ -88,10 +97,59 @@ struct Settings {
   KvCacheDtype kv_cache_dtype = KvCacheDtype::kAuto;
   int threads = 0;                           // host threads of the backend; 0: all cores
   std::optional<cpu::KernelIsa> kernel_isa;  // CPU; none: the fastest
+  std::string pool_timeline;                 // CPU; empty: no timeline
 };
 Settings& settings() {
   static Settings s;
   return s;
+}
+
+// The timed loop: `backend` computes `step` once an iteration. With
+// --pool-timeline=FILE, the start of every step, the end of the last and
+// every job the CPU backend's worker pool shared out meanwhile
+// (cpu::WorkerPool::RecordJobs) are appended to FILE under `name` (the
+// benchmark's), for bench/pool_timeline.py:
+//   <name> step <start ns>
+//   <name> job <start ns> <end ns> <pieces> <pieces the engine thread ran>
+//   <name> end <end ns>
+// Returns false (and marks the run failed) where a step failed.
+bool TimedSteps(benchmark::State& state, const std::string& name, Backend& backend,
+                const StepBatch& step, StepOutput* out) {
+  const bool timeline = !settings().pool_timeline.empty();
+  const auto now_ns = [] {
+    return static_cast<long long>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                      std::chrono::steady_clock::now().time_since_epoch())
+                                      .count());
+  };
+  std::vector<long long> starts;
+  std::vector<cpu::PoolJobSpan> jobs;
+  if (timeline) cpu::WorkerPool::RecordJobs(&jobs);
+  bool ok = true;
+  for (auto _ : state) {
+    if (timeline) starts.push_back(now_ns());
+    if (!backend.Forward(step, out).ok()) {
+      state.SkipWithError("step failed");
+      ok = false;
+      break;
+    }
+  }
+  if (!timeline) return ok;
+  const long long end = now_ns();
+  cpu::WorkerPool::RecordJobs(nullptr);
+  FILE* file = std::fopen(settings().pool_timeline.c_str(), "a");
+  if (file == nullptr) {
+    state.SkipWithError("--pool-timeline: cannot open the file");
+    return false;
+  }
+  for (const long long start : starts) std::fprintf(file, "%s step %lld\n", name.c_str(), start);
+  for (const cpu::PoolJobSpan& job : jobs) {
+    std::fprintf(file, "%s job %lld %lld %d %d\n", name.c_str(),
+                 static_cast<long long>(job.start_ns), static_cast<long long>(job.end_ns),
+                 job.pieces, job.caller_pieces);
+  }
+  std::fprintf(file, "%s end %lld\n", name.c_str(), end);
+  std::fclose(file);
+  return ok;
 }
 
 // The dense-attention baseline of `config`: dense multi-head attention with
@@ -285,8 +343,8 @@ std::unique_ptr<Backend> NewBackend(const BenchModel& model) {
 // same batch is its comparison (no prompts: DecodeStep). On the CUDA backend
 // a decode step replays a captured graph, a step with prompts launches its
 // kernels one by one.
-void MixedStep(benchmark::State& state, const std::string& model_name, int decoding, int prompts,
-               int prompt_tokens, int context) {
+void MixedStep(benchmark::State& state, const std::string& name, const std::string& model_name,
+               int decoding, int prompts, int prompt_tokens, int context) {
   const BenchModel& model = Model(model_name);
   const int vocab = model.config.vocab_size;
   MeasuredLimits();
@@ -350,12 +408,7 @@ void MixedStep(benchmark::State& state, const std::string& model_name, int decod
     }
   }
   const std::optional<bench::MachineLimits> before = LimitsBefore();
-  for (auto _ : state) {
-    if (!backend->Forward(step, &out).ok()) {
-      state.SkipWithError("step failed");
-      return;
-    }
-  }
+  if (!TimedSteps(state, name, *backend, step, &out)) return;
   const int64_t new_tokens = decoding + int64_t{prompts} * prompt_tokens;
   const int64_t pairs = int64_t{decoding} * (context + 1) +
                         int64_t{prompts} * prompt_tokens * (prompt_tokens + 1) / 2;
@@ -367,12 +420,14 @@ void MixedStep(benchmark::State& state, const std::string& model_name, int decod
 }
 
 // A decode step for `batch` sequences that each hold `context` tokens.
-void DecodeStep(benchmark::State& state, const std::string& model_name, int batch, int context) {
-  MixedStep(state, model_name, batch, 0, 0, context);
+void DecodeStep(benchmark::State& state, const std::string& name, const std::string& model_name,
+                int batch, int context) {
+  MixedStep(state, name, model_name, batch, 0, 0, context);
 }
 
 // A prefill chunk of `length` tokens of one new sequence.
-void PrefillChunk(benchmark::State& state, const std::string& model_name, int length) {
+void PrefillChunk(benchmark::State& state, const std::string& name, const std::string& model_name,
+                  int length) {
   const BenchModel& model = Model(model_name);
   const int vocab = model.config.vocab_size;
   MeasuredLimits();
@@ -396,12 +451,7 @@ void PrefillChunk(benchmark::State& state, const std::string& model_name, int le
   input.Add(tokens, 0, (*kv_cache)->allocator().BlockTable(0)).logits = LogitsMode::kLast;
   StepOutput out;
   const std::optional<bench::MachineLimits> before = LimitsBefore();
-  for (auto _ : state) {
-    if (!backend->Forward(input, &out).ok()) {
-      state.SkipWithError("prefill failed");
-      return;
-    }
-  }
+  if (!TimedSteps(state, name, *backend, input, &out)) return;
   const int64_t pairs = static_cast<int64_t>(length) * (length + 1) / 2;
   Report(state, MeasureWork(model.config, model.weights, out, length, pairs, length, length, 1),
          length, before);
@@ -433,7 +483,7 @@ void RegisterBenchmarks() {
   const auto add_decode = [](const std::string& model, int batch, int context_tokens) {
     const std::string name = "decode/" + model + "/batch:" + std::to_string(batch) +
                              "/context:" + std::to_string(context_tokens);
-    benchmark::RegisterBenchmark(name.c_str(), DecodeStep, model, batch, context_tokens)
+    benchmark::RegisterBenchmark(name.c_str(), DecodeStep, name, model, batch, context_tokens)
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime();
   };
@@ -446,8 +496,8 @@ void RegisterBenchmarks() {
                              "/prompts:" + std::to_string(mixed_prompts) + "x" +
                              std::to_string(mixed_prompt_tokens) +
                              "/context:" + std::to_string(context);
-    benchmark::RegisterBenchmark(name.c_str(), MixedStep, model, mixed_decoding, mixed_prompts,
-                                 mixed_prompt_tokens, context)
+    benchmark::RegisterBenchmark(name.c_str(), MixedStep, name, model, mixed_decoding,
+                                 mixed_prompts, mixed_prompt_tokens, context)
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime();
   };
@@ -456,7 +506,7 @@ void RegisterBenchmarks() {
     if (!cpu) add_mixed(model);
     for (int batch : long_batches) add_decode(model, batch, long_context);
     const std::string name = "prefill/" + model + "/tokens:" + std::to_string(prefill);
-    benchmark::RegisterBenchmark(name.c_str(), PrefillChunk, model, prefill)
+    benchmark::RegisterBenchmark(name.c_str(), PrefillChunk, name, model, prefill)
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime();
   }
@@ -500,6 +550,12 @@ int main(int argc, char** argv) {
     } else if (std::strncmp(argv[i], "--threads=", 10) == 0) {
       if (!absl::SimpleAtoi(argv[i] + 10, &settings().threads) || settings().threads < 1) {
         std::fprintf(stderr, "engine_bench: --threads: expected a positive count\n");
+        return 2;
+      }
+    } else if (std::strncmp(argv[i], "--pool-timeline=", 16) == 0) {
+      settings().pool_timeline = argv[i] + 16;
+      if (settings().pool_timeline.empty()) {
+        std::fprintf(stderr, "engine_bench: --pool-timeline: expected a file\n");
         return 2;
       }
     } else if (std::strncmp(argv[i], "--attention-segment-tokens=", 27) == 0) {

@@ -21,6 +21,17 @@ inline void Relax() {
 #endif
 }
 
+// RecordJobs' list: null, or where every pool appends its jobs (under the
+// mutex: tests run pools side by side).
+std::atomic<std::vector<PoolJobSpan>*> recorded_jobs{nullptr};
+std::mutex recorded_jobs_mutex;
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 constexpr uint64_t Generation(uint64_t cursor) { return cursor >> 32; }
 constexpr uint32_t Index(uint64_t cursor) { return static_cast<uint32_t>(cursor); }
 
@@ -44,6 +55,11 @@ WorkerPool::~WorkerPool() {
   for (std::thread& worker : workers_) worker.join();
 }
 
+void WorkerPool::RecordJobs(std::vector<PoolJobSpan>* spans) {
+  std::lock_guard<std::mutex> lock(recorded_jobs_mutex);
+  recorded_jobs.store(spans, std::memory_order_relaxed);
+}
+
 void WorkerPool::Rest() {
   if (!resting_.load(std::memory_order_relaxed)) resting_.store(true, std::memory_order_relaxed);
 }
@@ -55,6 +71,8 @@ void WorkerPool::Run(int count, PieceFn fn, const void* context) {
     for (int i = 0; i < count; ++i) fn(context, i, 0);
     return;
   }
+  const bool record = recorded_jobs.load(std::memory_order_relaxed) != nullptr;
+  const int64_t start_ns = record ? NowNs() : 0;
   const uint64_t generation = Generation(cursor_.load(std::memory_order_relaxed)) + 1;
   Job& job = jobs_[generation & 1];
   job.fn.store(fn, std::memory_order_relaxed);
@@ -66,12 +84,19 @@ void WorkerPool::Run(int count, PieceFn fn, const void* context) {
     std::lock_guard<std::mutex> lock(mutex_);
     wake_.notify_all();
   }
-  TakePieces(generation << 32, 0);
+  const int ran = TakePieces(generation << 32, 0);
   // Only pieces a worker has taken can still be running.
   while (job.done.load(std::memory_order_acquire) < count) Relax();
+  if (record) {
+    const int64_t end_ns = NowNs();
+    std::lock_guard<std::mutex> lock(recorded_jobs_mutex);
+    if (std::vector<PoolJobSpan>* spans = recorded_jobs.load(std::memory_order_relaxed)) {
+      spans->push_back({start_ns, end_ns, count, ran});
+    }
+  }
 }
 
-void WorkerPool::TakePieces(uint64_t cursor, int slot) {
+int WorkerPool::TakePieces(uint64_t cursor, int slot) {
   const uint64_t generation = Generation(cursor);
   Job& job = jobs_[generation & 1];
   // Read under `cursor`'s generation: if the job changed since, the exchange
@@ -94,6 +119,7 @@ void WorkerPool::TakePieces(uint64_t cursor, int slot) {
   // the caller spins on `done`, and each add takes the line from it. No
   // newer job can be published before this add (Run waits for it).
   if (ran > 0) job.done.fetch_add(ran, std::memory_order_release);
+  return ran;
 }
 
 void WorkerPool::WorkerLoop(int slot) {

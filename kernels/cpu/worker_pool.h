@@ -27,6 +27,17 @@ namespace switchserve::cpu {
 // (and a thread the OS runs late) even out.
 inline constexpr int kPiecesPerThread = 4;
 
+// One job a pool shared out, for a timeline of a backend's parallel work
+// (engine_bench --pool-timeline): when Run published it and when its last
+// piece had finished (steady clock, nanoseconds), its pieces, and how many
+// of them the calling thread ran.
+struct PoolJobSpan {
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+  int pieces = 0;
+  int caller_pieces = 0;
+};
+
 class WorkerPool {
  public:
   // `threads` >= 1 counts the caller: threads - 1 workers are started.
@@ -47,6 +58,12 @@ class WorkerPool {
   // per-slot scratch); returns when all calls have returned.
   using PieceFn = void (*)(const void* context, int piece, int slot);
   void Run(int count, PieceFn fn, const void* context);
+
+  // From now on every pool of the process appends each job it shares out
+  // (two pieces or more, on two threads or more) to `spans`, until called
+  // with null. Not for concurrent use with Run. Off, it costs each job one
+  // atomic load.
+  static void RecordJobs(std::vector<PoolJobSpan>* spans);
 
   // The same with any callable taking (piece, slot).
   template <typename Fn>
@@ -72,8 +89,9 @@ class WorkerPool {
 
   void WorkerLoop(int slot);
   // Takes and runs pieces of the job of `cursor` while any are left. Returns
-  // when the job's pieces are all taken or a newer job was published.
-  void TakePieces(uint64_t cursor, int slot);
+  // when the job's pieces are all taken or a newer job was published; the
+  // number of pieces it ran.
+  int TakePieces(uint64_t cursor, int slot);
 
   // generation << 32 | next piece index: one atomic, so a piece is taken only
   // from the job it was read for.

@@ -109,5 +109,58 @@ TEST(WorkerPoolTest, RestingWorkersStillTakePartInTheNextJob) {
   }
 }
 
+// RecordJobs: one span per job shared out, in order, with its pieces, the
+// caller's share of them, and a start no later than the end; nothing for a
+// job of one piece or a pool of one thread, and nothing once it is off.
+TEST(WorkerPoolTest, RecordJobsListsEverySharedJob) {
+  WorkerPool pool(2), alone(1);
+  std::vector<PoolJobSpan> spans;
+  WorkerPool::RecordJobs(&spans);
+  for (int count : {2, 1, 8, 5}) {
+    std::atomic<int> ran{0};
+    pool.Run(count, [&](int, int) { ran.fetch_add(1); });
+    ASSERT_EQ(ran.load(), count);
+  }
+  alone.Run(4, [](int, int) {});
+  WorkerPool::RecordJobs(nullptr);
+  pool.Run(3, [](int, int) {});
+
+  ASSERT_EQ(spans.size(), 3u);
+  const int pieces[] = {2, 8, 5};
+  for (size_t i = 0; i < spans.size(); ++i) {
+    EXPECT_EQ(spans[i].pieces, pieces[i]) << i;
+    EXPECT_GE(spans[i].caller_pieces, 0) << i;
+    EXPECT_LE(spans[i].caller_pieces, spans[i].pieces) << i;
+    EXPECT_LE(spans[i].start_ns, spans[i].end_ns) << i;
+    if (i > 0) {
+      EXPECT_LE(spans[i - 1].end_ns, spans[i].start_ns) << i;
+    }
+  }
+}
+
+// The caller's share is what it ran: a job whose pieces only a worker can
+// run (the caller's first piece waits for all the others) records one.
+TEST(WorkerPoolTest, RecordJobsCountsTheCallersPieces) {
+  WorkerPool pool(2);
+  std::vector<PoolJobSpan> spans;
+  WorkerPool::RecordJobs(&spans);
+  const int count = 6;
+  std::atomic<int> others{0};
+  std::atomic<bool> caller_in{false};
+  const std::thread::id caller = std::this_thread::get_id();
+  pool.Run(count, [&](int, int) {
+    if (std::this_thread::get_id() == caller && !caller_in.exchange(true)) {
+      // Hold the caller in its first piece until the worker ran the rest.
+      while (others.load() < count - 1) std::this_thread::yield();
+    } else {
+      others.fetch_add(1);
+    }
+  });
+  WorkerPool::RecordJobs(nullptr);
+  ASSERT_EQ(spans.size(), 1u);
+  EXPECT_EQ(spans[0].caller_pieces, 1);
+  EXPECT_EQ(spans[0].pieces, count);
+}
+
 }  // namespace
 }  // namespace switchserve::cpu

@@ -1,0 +1,59 @@
+"""bench/pool_timeline.py on a small timeline in engine_bench's
+--pool-timeline format: a step's share inside the pool's jobs, its time
+between them, and each job in order; only a benchmark's last timed run
+counts; a line of another form is refused."""
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TIMELINE = ROOT / "bench" / "pool_timeline.py"
+
+NAME = "decode/switchall_bf16/batch:1/context:128"
+
+# A calibration run (one step, no job), then the run that counts: two steps
+# of 100 us, each with a job of 8 pieces (30 us) and one of 4 (40 us), 10 us
+# apart and 10 us from either end of the step.
+LINES = [
+    f"{NAME} step 0",
+    f"{NAME} end 5000",
+    f"{NAME} step 1000000",
+    f"{NAME} step 1100000",
+    f"{NAME} job 1010000 1040000 8 4",
+    f"{NAME} job 1050000 1090000 4 2",
+    f"{NAME} job 1110000 1140000 8 3",
+    f"{NAME} job 1150000 1190000 4 2",
+    f"{NAME} end 1200000",
+]
+
+
+def run(tmp_path, lines, *args):
+    path = tmp_path / "timeline.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return subprocess.run([sys.executable, str(TIMELINE), str(path), *args],
+                          capture_output=True, text=True)
+
+
+def test_a_step_inside_and_between_jobs(tmp_path):
+    out = run(tmp_path, LINES)
+    assert out.returncode == 0, out.stderr
+    assert f"| {NAME} | 2 | 100.0 µs | 2 | 0.700 | 30.0 µs |" in out.stdout
+
+
+def test_each_job_in_order(tmp_path):
+    out = run(tmp_path, LINES, "--jobs")
+    assert out.returncode == 0, out.stderr
+    rows = out.stdout.splitlines()
+    assert "steps with these jobs: 2 of 2" in rows
+    assert "| 1 | 8 | 3.5 | 30.0 | 10.0 |" in rows
+    assert "| 2 | 4 | 2 | 40.0 | 10.0 |" in rows
+    assert "| after the last | | | | 10.0 |" in rows
+
+
+def test_nothing_matching_and_a_bad_line_are_errors(tmp_path):
+    out = run(tmp_path, LINES, "--filter", "prefill")
+    assert out.returncode != 0
+    assert "no timed steps of a benchmark matching 'prefill'" in out.stderr
+    out = run(tmp_path, LINES + [f"{NAME} job 1 2 3"])
+    assert out.returncode != 0
+    assert "timeline.txt:10: not a timeline line" in out.stderr
