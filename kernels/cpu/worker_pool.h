@@ -61,8 +61,8 @@ class WorkerPool {
 
   // From now on every pool of the process appends each job it shares out
   // (two pieces or more, on two threads or more) to `spans`, until called
-  // with null. Not for concurrent use with Run. Off, it costs each job one
-  // atomic load.
+  // with null; a job that runs while the list changes may be left out.
+  // Off, it costs each job one atomic load.
   static void RecordJobs(std::vector<PoolJobSpan>* spans);
 
   // The same with any callable taking (piece, slot).
