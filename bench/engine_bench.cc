@@ -84,7 +84,6 @@
 #include "engine/runtime/kv_cache.h"
 #include "engine/runtime/sampler.h"
 #include "kernels/backends.h"
-#include "kernels/cpu/worker_pool.h"
 #include "tests/util/random_model.h"
 
 namespace switchserve {
@@ -107,7 +106,7 @@ Settings& settings() {
 // The timed loop: `backend` computes `step` once an iteration. With
 // --pool-timeline=FILE, the start of every step, the end of the last and
 // every job the CPU backend's worker pool shared out meanwhile
-// (cpu::WorkerPool::RecordJobs) are appended to FILE under `name` (the
+// (RecordCpuPoolJobs) are appended to FILE under `name` (the
 // benchmark's), for bench/pool_timeline.py:
 //   <name> step <start ns>
 //   <name> job <start ns> <end ns> <pieces> <pieces the engine thread ran>
@@ -123,7 +122,7 @@ bool TimedSteps(benchmark::State& state, const std::string& name, Backend& backe
   };
   std::vector<long long> starts;
   std::vector<cpu::PoolJobSpan> jobs;
-  if (timeline) cpu::WorkerPool::RecordJobs(&jobs);
+  if (timeline) RecordCpuPoolJobs(&jobs);
   bool ok = true;
   for (auto _ : state) {
     if (timeline) starts.push_back(now_ns());
@@ -135,7 +134,7 @@ bool TimedSteps(benchmark::State& state, const std::string& name, Backend& backe
   }
   if (!timeline) return ok;
   const long long end = now_ns();
-  cpu::WorkerPool::RecordJobs(nullptr);
+  RecordCpuPoolJobs(nullptr);
   FILE* file = std::fopen(settings().pool_timeline.c_str(), "a");
   if (file == nullptr) {
     state.SkipWithError("--pool-timeline: cannot open the file");

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/worker_pool.h"
 #if defined(SWITCHSERVE_HAVE_CUDA_BACKEND)
 #include "kernels/cuda/cuda_backend.h"
 #endif
@@ -163,5 +164,7 @@ absl::StatusOr<DeviceLimits> MeasureDeviceLimits(DeviceKind device, [[maybe_unus
   return absl::FailedPreconditionError(
       absl::StrCat("this build has no ", std::string(ToString(device)), " backend"));
 }
+
+void RecordCpuPoolJobs(std::vector<cpu::PoolJobSpan>* spans) { cpu::WorkerPool::RecordJobs(spans); }
 
 }  // namespace switchserve

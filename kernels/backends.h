@@ -16,6 +16,7 @@
 #include "engine/model/model_weights.h"
 #include "engine/runtime/backend.h"
 #include "kernels/cpu/kernel_isa.h"
+#include "kernels/cpu/pool_job_span.h"
 
 namespace switchserve {
 
@@ -92,6 +93,11 @@ struct DeviceLimits {
   double gemm_tflops = 0;
 };
 absl::StatusOr<DeviceLimits> MeasureDeviceLimits(DeviceKind device, bool small = false);
+
+// A timeline of the CPU backend's parallel work (engine_bench
+// --pool-timeline): from now on every job its worker pools share out is
+// appended to `spans`, until called with null (cpu::WorkerPool::RecordJobs).
+void RecordCpuPoolJobs(std::vector<cpu::PoolJobSpan>* spans);
 
 }  // namespace switchserve
 

@@ -21,22 +21,13 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/cpu/pool_job_span.h"
+
 namespace switchserve::cpu {
 
 // Jobs aim for at least this many pieces per thread, so that uneven pieces
 // (and a thread the OS runs late) even out.
 inline constexpr int kPiecesPerThread = 4;
-
-// One job a pool shared out, for a timeline of a backend's parallel work
-// (engine_bench --pool-timeline): when Run published it and when its last
-// piece had finished (steady clock, nanoseconds), its pieces, and how many
-// of them the calling thread ran.
-struct PoolJobSpan {
-  int64_t start_ns = 0;
-  int64_t end_ns = 0;
-  int pieces = 0;
-  int caller_pieces = 0;
-};
 
 class WorkerPool {
  public:

@@ -1,0 +1,23 @@
+// One job a CPU worker pool shared out (WorkerPool::RecordJobs), for a
+// timeline of the backend's parallel work (engine_bench --pool-timeline,
+// through kernels/backends.h).
+#ifndef SWITCHSERVE_KERNELS_CPU_POOL_JOB_SPAN_H_
+#define SWITCHSERVE_KERNELS_CPU_POOL_JOB_SPAN_H_
+
+#include <cstdint>
+
+namespace switchserve::cpu {
+
+// When Run published the job and when its last piece had finished (steady
+// clock, nanoseconds), its pieces, and how many of them the calling thread
+// ran.
+struct PoolJobSpan {
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+  int pieces = 0;
+  int caller_pieces = 0;
+};
+
+}  // namespace switchserve::cpu
+
+#endif  // SWITCHSERVE_KERNELS_CPU_POOL_JOB_SPAN_H_
