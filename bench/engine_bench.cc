@@ -68,7 +68,6 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -115,17 +114,12 @@ Settings& settings() {
 bool TimedSteps(benchmark::State& state, const std::string& name, Backend& backend,
                 const StepBatch& step, StepOutput* out) {
   const bool timeline = !settings().pool_timeline.empty();
-  const auto now_ns = [] {
-    return static_cast<long long>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                      std::chrono::steady_clock::now().time_since_epoch())
-                                      .count());
-  };
-  std::vector<long long> starts;
+  std::vector<int64_t> starts;
   std::vector<cpu::PoolJobSpan> jobs;
   if (timeline) RecordCpuPoolJobs(&jobs);
   bool ok = true;
   for (auto _ : state) {
-    if (timeline) starts.push_back(now_ns());
+    if (timeline) starts.push_back(cpu::SteadyNowNs());
     if (!backend.Forward(step, out).ok()) {
       state.SkipWithError("step failed");
       ok = false;
@@ -133,20 +127,22 @@ bool TimedSteps(benchmark::State& state, const std::string& name, Backend& backe
     }
   }
   if (!timeline) return ok;
-  const long long end = now_ns();
+  const int64_t end = cpu::SteadyNowNs();
   RecordCpuPoolJobs(nullptr);
   FILE* file = std::fopen(settings().pool_timeline.c_str(), "a");
   if (file == nullptr) {
     state.SkipWithError("--pool-timeline: cannot open the file");
     return false;
   }
-  for (const long long start : starts) std::fprintf(file, "%s step %lld\n", name.c_str(), start);
+  for (const int64_t start : starts) {
+    std::fprintf(file, "%s step %lld\n", name.c_str(), static_cast<long long>(start));
+  }
   for (const cpu::PoolJobSpan& job : jobs) {
     std::fprintf(file, "%s job %lld %lld %d %d\n", name.c_str(),
                  static_cast<long long>(job.start_ns), static_cast<long long>(job.end_ns),
                  job.pieces, job.caller_pieces);
   }
-  std::fprintf(file, "%s end %lld\n", name.c_str(), end);
+  std::fprintf(file, "%s end %lld\n", name.c_str(), static_cast<long long>(end));
   std::fclose(file);
   return ok;
 }

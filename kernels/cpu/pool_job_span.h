@@ -4,6 +4,7 @@
 #ifndef SWITCHSERVE_KERNELS_CPU_POOL_JOB_SPAN_H_
 #define SWITCHSERVE_KERNELS_CPU_POOL_JOB_SPAN_H_
 
+#include <chrono>
 #include <cstdint>
 
 namespace switchserve::cpu {
@@ -17,6 +18,13 @@ struct PoolJobSpan {
   int pieces = 0;
   int caller_pieces = 0;
 };
+
+// Now on the clock of PoolJobSpan's times.
+inline int64_t SteadyNowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 }  // namespace switchserve::cpu
 

@@ -26,12 +26,6 @@ inline void Relax() {
 std::atomic<std::vector<PoolJobSpan>*> recorded_jobs{nullptr};
 std::mutex recorded_jobs_mutex;
 
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 constexpr uint64_t Generation(uint64_t cursor) { return cursor >> 32; }
 constexpr uint32_t Index(uint64_t cursor) { return static_cast<uint32_t>(cursor); }
 
@@ -72,7 +66,7 @@ void WorkerPool::Run(int count, PieceFn fn, const void* context) {
     return;
   }
   const bool record = recorded_jobs.load(std::memory_order_relaxed) != nullptr;
-  const int64_t start_ns = record ? NowNs() : 0;
+  const int64_t start_ns = record ? SteadyNowNs() : 0;
   const uint64_t generation = Generation(cursor_.load(std::memory_order_relaxed)) + 1;
   Job& job = jobs_[generation & 1];
   job.fn.store(fn, std::memory_order_relaxed);
@@ -88,7 +82,7 @@ void WorkerPool::Run(int count, PieceFn fn, const void* context) {
   // Only pieces a worker has taken can still be running.
   while (job.done.load(std::memory_order_acquire) < count) Relax();
   if (record) {
-    const int64_t end_ns = NowNs();
+    const int64_t end_ns = SteadyNowNs();
     std::lock_guard<std::mutex> lock(recorded_jobs_mutex);
     if (std::vector<PoolJobSpan>* spans = recorded_jobs.load(std::memory_order_relaxed)) {
       spans->push_back({start_ns, end_ns, count, ran});
