@@ -15,6 +15,11 @@ constexpr int kQueryTile = 64;
 // kPiecesPerThread tiles per thread and the heads' scores take at most
 // kAllHeadsScoreBytes; else one head per piece.
 constexpr int64_t kAllHeadsScoreBytes = 128 << 10;
+// Tiles of at most this many rows (decode) read each KV block whole, in
+// address order, before their heads read it (TouchInOrder), where the block's
+// rows are all theirs; more rows compute long enough on each block to hide
+// its strided reads.
+constexpr int kTouchMaxRows = 8;
 
 template <typename T>
 void Grow(std::vector<T>& buffer, size_t n) {
@@ -40,6 +45,28 @@ __attribute__((target_clones("avx2", "default"))) float ExpInPlace(float* e, int
   float sum = 0.0f;
   for (j = 0; j < n; ++j) sum += e[j];
   return sum;
+}
+
+// Reads one byte of every cache line of [begin, begin + bytes), in address
+// order. A tile reads a KV block a head at a time: a short piece of every
+// row, a strided pattern that the hardware prefetcher follows from memory at
+// about 60% of the streaming rate. Touching the block in order first brings
+// it in at the streaming rate, and the heads then read it from the cache.
+// Software prefetches of the same lines did not (a probe on an AMD EPYC
+// (Zen 4) VM, two threads, 32 sequences of 8 blocks of 16 rows of 896 bytes:
+// head by head 19-21 GB/s, touched first 29-34, prefetched into L2 first
+// 20-24, read whole in order 33-36). Changes no arithmetic.
+void TouchInOrder(const void* begin, int64_t bytes) {
+  const char* first = static_cast<const char*>(begin);
+  const char* last = first + bytes - 1;
+  unsigned char sum = 0;
+  // first, then a line on, ..., and the last byte: every line, no byte
+  // outside the range.
+  for (const char* p = first; p < last; p += 64) {
+    sum += *reinterpret_cast<const volatile unsigned char*>(p);
+  }
+  sum += *reinterpret_cast<const volatile unsigned char*>(last);
+  asm volatile("" : : "r"(sum));
 }
 
 }  // namespace
@@ -111,8 +138,15 @@ void PagedAttention::AttendTile(const StepBatch& step, const Piece& piece, const
 
   // Scores, KV block by KV block, for the rows that see any key of it (keys
   // past a row's horizon are computed and never read).
+  const bool touch = rows <= kTouchMaxRows && KvHead(piece.head) == 0 &&
+                     KvHead(piece.head + piece.heads - 1) == G - 1;
+  const int64_t row_bytes = k_cache.ld * DTypeSize(cache.dtype);
   for (int b0 = 0; b0 < keys; b0 += bs) {
     const int r0 = std::max(0, b0 - start);
+    if (touch) {
+      TouchInOrder(k_cache.At(static_cast<int64_t>(table[b0 / bs]) * bs, 0).data,
+                   std::min(bs, keys - b0) * row_bytes);
+    }
     for (int hh = 0; hh < piece.heads; ++hh) {
       MatmulArgs args{rows - r0,
                       std::min(bs, keys - b0),
@@ -199,8 +233,15 @@ void PagedAttention::ReduceValues(const StepBatch& step, const Piece& piece, con
   const int32_t* table = step.block_table(piece.sequence);
   const WeightMatrix v_cache{cache.dtype, cache.v,
                              static_cast<int64_t>(kv_heads_) * values_per_kv_head_ * dh};
+  // With one cached value per KV head, the piece's heads read whole rows.
+  const bool touch = rows <= kTouchMaxRows && values_per_kv_head_ == 1 && KvHead(piece.head) == 0 &&
+                     KvHead(piece.head + piece.heads - 1) == kv_heads_ - 1;
+  const int64_t row_bytes = v_cache.ld * DTypeSize(cache.dtype);
   for (int b0 = 0; b0 < keys; b0 += bs) {
     const int n = std::min(bs, keys - b0);
+    if (touch) {
+      TouchInOrder(v_cache.At(static_cast<int64_t>(table[b0 / bs]) * bs, 0).data, n * row_bytes);
+    }
     // Row r sees keys [0, start + r]: all of this block from r_full on.
     const int r_first = std::max(0, b0 - start);
     const int r_full = std::min(rows, std::max(0, b0 + n - 1 - start));
