@@ -118,6 +118,11 @@ void PagedAttention::Run(const StepBatch& step, const float* q, const KvLayerCac
   }
 }
 
+bool PagedAttention::TouchesBlocks(const Piece& piece) const {
+  return piece.rows <= kTouchMaxRows && KvHead(piece.head) == 0 &&
+         KvHead(piece.head + piece.heads - 1) == kv_heads_ - 1;
+}
+
 void PagedAttention::AttendTile(const StepBatch& step, const Piece& piece, const float* q,
                                 const KvLayerCache& cache, const XlPositionKeys& positions,
                                 const float* value_gates, float* a, Scratch& scratch) const {
@@ -138,8 +143,7 @@ void PagedAttention::AttendTile(const StepBatch& step, const Piece& piece, const
 
   // Scores, KV block by KV block, for the rows that see any key of it (keys
   // past a row's horizon are computed and never read).
-  const bool touch = rows <= kTouchMaxRows && KvHead(piece.head) == 0 &&
-                     KvHead(piece.head + piece.heads - 1) == G - 1;
+  const bool touch = TouchesBlocks(piece);
   const int64_t row_bytes = k_cache.ld * DTypeSize(cache.dtype);
   for (int b0 = 0; b0 < keys; b0 += bs) {
     const int r0 = std::max(0, b0 - start);
@@ -234,8 +238,7 @@ void PagedAttention::ReduceValues(const StepBatch& step, const Piece& piece, con
   const WeightMatrix v_cache{cache.dtype, cache.v,
                              static_cast<int64_t>(kv_heads_) * values_per_kv_head_ * dh};
   // With one cached value per KV head, the piece's heads read whole rows.
-  const bool touch = rows <= kTouchMaxRows && values_per_kv_head_ == 1 && KvHead(piece.head) == 0 &&
-                     KvHead(piece.head + piece.heads - 1) == kv_heads_ - 1;
+  const bool touch = values_per_kv_head_ == 1 && TouchesBlocks(piece);
   const int64_t row_bytes = v_cache.ld * DTypeSize(cache.dtype);
   for (int b0 = 0; b0 < keys; b0 += bs) {
     const int n = std::min(bs, keys - b0);

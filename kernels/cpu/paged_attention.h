@@ -76,6 +76,9 @@ class PagedAttention {
   };
   // The KV head query head `head` reads.
   int KvHead(int head) const { return head / (heads_ / kv_heads_); }
+  // Whether `piece` reads each KV block's rows once in address order before
+  // its heads read them (a decode tile whose heads cover every KV head).
+  bool TouchesBlocks(const Piece& piece) const;
   void AttendTile(const StepBatch& step, const Piece& piece, const float* q,
                   const KvLayerCache& cache, const XlPositionKeys& positions,
                   const float* value_gates, float* a, Scratch& scratch) const;
