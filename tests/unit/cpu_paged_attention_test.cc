@@ -1,0 +1,114 @@
+// PagedAttention (kernels/cpu/paged_attention.h) over a cache whose arrays sit
+// between inaccessible pages: decode tiles read their KV blocks in order
+// before their heads do (TouchInOrder), and no read may leave the rows of
+// the sequences' blocks.
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "engine/model/model_config.h"
+#include "engine/runtime/step_batch.h"
+#include "kernels/cpu/cpu_xl_positions.h"
+#include "kernels/cpu/kernel_isa.h"
+#include "kernels/cpu/paged_attention.h"
+#include "kernels/cpu/worker_pool.h"
+
+namespace switchserve::cpu {
+namespace {
+
+// `bytes` (a whole number of pages) with an inaccessible page right before
+// and right after them: a read past either end faults.
+class GuardedArray {
+ public:
+  explicit GuardedArray(size_t bytes) : bytes_(bytes) {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    EXPECT_EQ(bytes % page, 0u);
+    void* map = mmap(nullptr, bytes + 2 * page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    EXPECT_NE(map, MAP_FAILED);
+    map_ = static_cast<char*>(map);
+    EXPECT_EQ(mprotect(map_ + page, bytes, PROT_READ | PROT_WRITE), 0);
+    data_ = reinterpret_cast<float*>(map_ + page);
+  }
+  ~GuardedArray() { munmap(map_, bytes_ + 2 * static_cast<size_t>(sysconf(_SC_PAGESIZE))); }
+  GuardedArray(const GuardedArray&) = delete;
+  GuardedArray& operator=(const GuardedArray&) = delete;
+  float* data() const { return data_; }
+
+ private:
+  size_t bytes_;
+  char* map_ = nullptr;
+  float* data_ = nullptr;
+};
+
+// Eight sequences decode one token each on two threads, so that every piece
+// is a whole sequence (all heads) and touches its blocks; their block tables
+// cover every block of the cache, the first and the last included. The
+// outputs must match softmax(q . k) v computed directly.
+TEST(PagedAttentionTest, DecodeTilesReadOnlyTheirBlocksRows) {
+  AttentionConfig config;
+  config.kind = AttentionKind::kDense;
+  config.n_heads = 4;
+  config.n_kv_heads = 2;
+  config.head_dim = 16;
+  const int H = config.n_heads, G = config.n_kv_heads, dh = config.head_dim;
+  constexpr int kBlockSize = 4, kSequences = 8, kBlocksEach = 2, kContext = 7;
+  constexpr int kBlocks = kSequences * kBlocksEach;
+  const size_t cache_bytes = static_cast<size_t>(kBlocks) * kBlockSize * G * dh * sizeof(float);
+  ASSERT_EQ(cache_bytes % static_cast<size_t>(sysconf(_SC_PAGESIZE)), 0u);
+  GuardedArray k(cache_bytes), v(cache_bytes);
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  const size_t cache_floats = cache_bytes / sizeof(float);
+  for (size_t i = 0; i < cache_floats; ++i) k.data()[i] = uniform(rng);
+  for (size_t i = 0; i < cache_floats; ++i) v.data()[i] = uniform(rng);
+
+  // Sequence s holds blocks s and kBlocks - 1 - s: 0 and 15 among them.
+  StepBatch step;
+  step.Clear(kBlockSize);
+  for (int s = 0; s < kSequences; ++s) {
+    const std::vector<int32_t> table = {s, kBlocks - 1 - s};
+    step.Add(std::vector<int32_t>{1}, kContext, table);
+  }
+  std::vector<float> q(static_cast<size_t>(kSequences) * H * dh);
+  for (float& x : q) x = uniform(rng);
+  std::vector<float> a(q.size(), NAN);
+
+  WorkerPool pool(2);
+  PagedAttention attention(config, BestKernelIsa(), &pool, /*parallel_min_macs=*/0);
+  attention.Run(step, q.data(), KvLayerCache{DType::kF32, k.data(), v.data()}, XlPositionKeys{},
+                /*value_gates=*/nullptr, a.data());
+
+  const int keys = kContext + 1;
+  for (int s = 0; s < kSequences; ++s) {
+    for (int h = 0; h < H; ++h) {
+      const int g = h / (H / G);
+      const float* qh = q.data() + (static_cast<int64_t>(s) * H + h) * dh;
+      std::vector<double> p(keys);
+      double max = -INFINITY, sum = 0;
+      for (int j = 0; j < keys; ++j) {
+        const float* kj = k.data() + (step.CacheRow(s, j) * G + g) * dh;
+        double dot = 0;
+        for (int i = 0; i < dh; ++i) dot += static_cast<double>(qh[i]) * kj[i];
+        p[j] = dot;
+        max = std::max(max, dot);
+      }
+      for (double& x : p) sum += (x = std::exp(x - max));
+      for (int i = 0; i < dh; ++i) {
+        double expected = 0;
+        for (int j = 0; j < keys; ++j) {
+          expected += p[j] / sum * v.data()[(step.CacheRow(s, j) * G + g) * dh + i];
+        }
+        EXPECT_NEAR(a[(static_cast<int64_t>(s) * H + h) * dh + i], expected, 1e-5)
+            << "sequence " << s << " head " << h << " channel " << i;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace switchserve::cpu
