@@ -47,18 +47,17 @@ __attribute__((target_clones("avx2", "default"))) float ExpInPlace(float* e, int
   return sum;
 }
 
-// Reads one byte of every cache line of [begin, begin + bytes), in address
-// order. A tile reads a KV block a head at a time: a short piece of every
-// row, a strided pattern that the hardware prefetcher follows from memory at
-// about 60% of the streaming rate. Touching the block in order first brings
-// it in at the streaming rate, and the heads then read it from the cache.
-// Software prefetches of the same lines did not (a probe on an AMD EPYC
-// (Zen 4) VM, two threads, 32 sequences of 8 blocks of 16 rows of 896 bytes:
-// head by head 19-21 GB/s, touched first 29-34, prefetched into L2 first
-// 20-24, read whole in order 33-36). Changes no arithmetic.
-void TouchInOrder(const void* begin, int64_t bytes) {
-  const char* first = static_cast<const char*>(begin);
-  const char* last = first + bytes - 1;
+// Reads one byte of every cache line of rows [row, row + rows) of a
+// row-major cache, in address order. A tile reads a KV block a head at a time: a short piece of
+// every row, a strided pattern that the hardware prefetcher follows from memory at about 60% of the
+// streaming rate. Touching the block in order first brings it in at the streaming rate, and the
+// heads then read it from the cache. Software prefetches of the same lines did not (a probe on an
+// AMD EPYC (Zen 4) VM, two threads, 32 sequences of 8 blocks of 16 rows of 896 bytes: head by head
+// 19-21 GB/s, touched first 29-34, prefetched into L2 first 20-24, read whole in order 33-36).
+// Changes no arithmetic.
+void TouchInOrder(const WeightMatrix& cache, int64_t row, int rows) {
+  const char* first = static_cast<const char*>(cache.At(row, 0).data);
+  const char* last = first + rows * cache.ld * DTypeSize(cache.dtype) - 1;
   unsigned char sum = 0;
   // first, then a line on, ..., and the last byte: every line, no byte
   // outside the range.
@@ -144,12 +143,10 @@ void PagedAttention::AttendTile(const StepBatch& step, const Piece& piece, const
   // Scores, KV block by KV block, for the rows that see any key of it (keys
   // past a row's horizon are computed and never read).
   const bool touch = TouchesBlocks(piece);
-  const int64_t row_bytes = k_cache.ld * DTypeSize(cache.dtype);
   for (int b0 = 0; b0 < keys; b0 += bs) {
     const int r0 = std::max(0, b0 - start);
     if (touch) {
-      TouchInOrder(k_cache.At(static_cast<int64_t>(table[b0 / bs]) * bs, 0).data,
-                   std::min(bs, keys - b0) * row_bytes);
+      TouchInOrder(k_cache, static_cast<int64_t>(table[b0 / bs]) * bs, std::min(bs, keys - b0));
     }
     for (int hh = 0; hh < piece.heads; ++hh) {
       MatmulArgs args{rows - r0,
@@ -239,11 +236,10 @@ void PagedAttention::ReduceValues(const StepBatch& step, const Piece& piece, con
                              static_cast<int64_t>(kv_heads_) * values_per_kv_head_ * dh};
   // With one cached value per KV head, the piece's heads read whole rows.
   const bool touch = values_per_kv_head_ == 1 && TouchesBlocks(piece);
-  const int64_t row_bytes = v_cache.ld * DTypeSize(cache.dtype);
   for (int b0 = 0; b0 < keys; b0 += bs) {
     const int n = std::min(bs, keys - b0);
     if (touch) {
-      TouchInOrder(v_cache.At(static_cast<int64_t>(table[b0 / bs]) * bs, 0).data, n * row_bytes);
+      TouchInOrder(v_cache, static_cast<int64_t>(table[b0 / bs]) * bs, n);
     }
     // Row r sees keys [0, start + r]: all of this block from r_full on.
     const int r_first = std::max(0, b0 - start);
