@@ -20,7 +20,11 @@
 // rows-in chain over p ranges gives the same bits as one call over their
 // union). Work is shared out over (sequence, query tile, head); with enough
 // tiles, each tile's heads stay together, reading each KV block once for all
-// of them.
+// of them. With too few tiles for that, a decode tile over a long context
+// first has its scores computed for all heads, its KV blocks shared out in
+// ranges (each key's score is its own dot8: the same bits), reading the keys
+// whole and in address order and touching the values likewise; its heads'
+// pieces then take the scores from there.
 //
 // Not thread-safe: owns per-thread scratch, reused across calls.
 #ifndef SWITCHSERVE_KERNELS_CPU_PAGED_ATTENTION_H_
@@ -68,6 +72,14 @@ class PagedAttention {
     int heads;  // query heads [head, head + heads)
     int first;  // first token of the tile (step order)
     int rows;   // tokens in the tile
+    // Where the tile's scores were computed beforehand ([H, rows, keys] in
+    // split_scores_), or -1: the piece computes its own.
+    int64_t scores_at = -1;
+  };
+  // Scores of a tile's KV blocks [block_begin, block_end), for all heads.
+  struct ScorePiece {
+    Piece tile;  // all heads
+    int block_begin, block_end;
   };
   struct Scratch {
     std::vector<float> scores;  // [heads, tile rows, keys]: s, then e
@@ -79,9 +91,19 @@ class PagedAttention {
   // Whether `piece` reads each KV block's rows once in address order before
   // its heads read them (a decode tile whose heads cover every KV head).
   bool TouchesBlocks(const Piece& piece) const;
+  // s_j = dot8(q, k_j) for the piece's heads and tile rows and the keys of
+  // its sequence's KV blocks [block_begin, block_end), block by block, for
+  // the rows that see any key of a block (keys past a row's horizon are
+  // computed and never read). Head hh's row r at scores + hh * head_scores +
+  // r * lds.
+  void Scores(const StepBatch& step, const Piece& piece, int block_begin, int block_end,
+              const float* q, const KvLayerCache& cache, float* scores, int64_t lds,
+              int64_t head_scores) const;
+  // `split_scores`: split_scores_'s data (the piece's scores where
+  // scores_at >= 0).
   void AttendTile(const StepBatch& step, const Piece& piece, const float* q,
                   const KvLayerCache& cache, const XlPositionKeys& positions,
-                  const float* value_gates, float* a, Scratch& scratch) const;
+                  const float* value_gates, float* a, float* split_scores, Scratch& scratch) const;
   // out[r] (+)= sum over keys of e[r][j] * v_j (cached value `expert` of the
   // head's KV head) for each of the piece's heads and tile rows, block by
   // block and head by head within a block, each row over its visible keys
@@ -95,6 +117,9 @@ class PagedAttention {
   WorkerPool* pool_;
   int64_t parallel_min_macs_;
   std::vector<Piece> pieces_;
+  std::vector<Piece> split_tiles_;  // the tiles whose scores come first
+  std::vector<ScorePiece> score_pieces_;
+  std::vector<float> split_scores_;
   std::vector<Scratch> scratch_;  // per pool slot
 };
 

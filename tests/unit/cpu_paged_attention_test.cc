@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -106,6 +107,89 @@ TEST(PagedAttentionTest, DecodeTilesReadOnlyTheirBlocksRows) {
         EXPECT_NEAR(a[(static_cast<int64_t>(s) * H + h) * dh + i], expected, 1e-5)
             << "sequence " << s << " head " << h << " channel " << i;
       }
+    }
+  }
+}
+
+// A lone sequence decoding over a long context (more keys than
+// kSplitScoresMinKeys) on two threads: its scores are computed first, its KV
+// blocks shared out in ranges that read whole rows, and touching its values.
+// Its outputs must be the bits of one thread and of the same token among
+// eight sequences (whose tiles keep their heads together), must match
+// softmax(q . k) v computed directly, and no read may leave its blocks' rows:
+// its table holds the cache's first and last blocks.
+TEST(PagedAttentionTest, LongContextDecodeSharesOutItsScoresWithTheSameBits) {
+  AttentionConfig config;
+  config.kind = AttentionKind::kDense;
+  config.n_heads = 4;
+  config.n_kv_heads = 2;
+  config.head_dim = 16;
+  const int H = config.n_heads, G = config.n_kv_heads, dh = config.head_dim;
+  constexpr int kBlockSize = 16, kBlocks = 64, kContext = 700;
+  constexpr int kLoneBlocks = (kContext + 1 + kBlockSize - 1) / kBlockSize;
+  const size_t cache_bytes = static_cast<size_t>(kBlocks) * kBlockSize * G * dh * sizeof(float);
+  ASSERT_EQ(cache_bytes % static_cast<size_t>(sysconf(_SC_PAGESIZE)), 0u);
+  GuardedArray k(cache_bytes), v(cache_bytes);
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  const size_t cache_floats = cache_bytes / sizeof(float);
+  for (size_t i = 0; i < cache_floats; ++i) k.data()[i] = uniform(rng);
+  for (size_t i = 0; i < cache_floats; ++i) v.data()[i] = uniform(rng);
+  const KvLayerCache cache{DType::kF32, k.data(), v.data()};
+
+  // The lone sequence's blocks: the last one of the cache first, then
+  // 0, 1, ... (the last one of its table is the cache's first).
+  std::vector<int32_t> lone_table;
+  lone_table.push_back(kBlocks - 1);
+  for (int b = kLoneBlocks - 2; b >= 0; --b) lone_table.push_back(b);
+  std::vector<float> q(static_cast<size_t>(8) * H * dh);
+  for (float& x : q) x = uniform(rng);
+
+  auto attend = [&](int threads, int sequences) {
+    StepBatch step;
+    step.Clear(kBlockSize);
+    step.Add(std::vector<int32_t>{1}, kContext, lone_table);
+    for (int s = 1; s < sequences; ++s) {  // short neighbours in blocks of their own
+      step.Add(std::vector<int32_t>{1}, 20,
+               std::vector<int32_t>{kLoneBlocks + 2 * s, kLoneBlocks + 2 * s + 1});
+    }
+    std::vector<float> a(static_cast<size_t>(sequences) * H * dh, NAN);
+    WorkerPool pool(threads);
+    PagedAttention attention(config, BestKernelIsa(), &pool, /*parallel_min_macs=*/0);
+    attention.Run(step, q.data(), cache, XlPositionKeys{}, /*value_gates=*/nullptr, a.data());
+    a.resize(static_cast<size_t>(H) * dh);  // the lone sequence's
+    return a;
+  };
+  const std::vector<float> split = attend(2, 1);
+  const std::vector<float> one_thread = attend(1, 1);
+  const std::vector<float> among_eight = attend(2, 8);
+  EXPECT_EQ(0, std::memcmp(split.data(), one_thread.data(), split.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(split.data(), among_eight.data(), split.size() * sizeof(float)));
+
+  const int keys = kContext + 1;
+  const auto cache_row = [&](int j) {
+    return static_cast<int64_t>(lone_table[j / kBlockSize]) * kBlockSize + j % kBlockSize;
+  };
+  for (int h = 0; h < H; ++h) {
+    const int g = h / (H / G);
+    const float* qh = q.data() + static_cast<int64_t>(h) * dh;
+    std::vector<double> p(keys);
+    double max = -INFINITY, sum = 0;
+    for (int j = 0; j < keys; ++j) {
+      const float* kj = k.data() + (cache_row(j) * G + g) * dh;
+      double dot = 0;
+      for (int i = 0; i < dh; ++i) dot += static_cast<double>(qh[i]) * kj[i];
+      p[j] = dot;
+      max = std::max(max, dot);
+    }
+    for (double& x : p) sum += (x = std::exp(x - max));
+    for (int i = 0; i < dh; ++i) {
+      double expected = 0;
+      for (int j = 0; j < keys; ++j) {
+        expected += p[j] / sum * v.data()[(cache_row(j) * G + g) * dh + i];
+      }
+      EXPECT_NEAR(split[static_cast<int64_t>(h) * dh + i], expected, 1e-5)
+          << "head " << h << " channel " << i;
     }
   }
 }
