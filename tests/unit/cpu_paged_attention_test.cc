@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -46,27 +47,71 @@ class GuardedArray {
   float* data_ = nullptr;
 };
 
-// Eight sequences decode one token each on two threads, so that every piece
-// is a whole sequence (all heads) and touches its blocks; their block tables
-// cover every block of the cache, the first and the last included. The
-// outputs must match softmax(q . k) v computed directly.
-TEST(PagedAttentionTest, DecodeTilesReadOnlyTheirBlocksRows) {
+// Dense attention, 4 query heads over 2 KV heads of 16 channels.
+AttentionConfig FourHeadsOverTwo() {
   AttentionConfig config;
   config.kind = AttentionKind::kDense;
   config.n_heads = 4;
   config.n_kv_heads = 2;
   config.head_dim = 16;
+  return config;
+}
+
+// An f32 KV cache of `rows` rows for `config`, keys and values uniform in
+// [-1, 1), each array between inaccessible pages.
+class RandomGuardedCache {
+ public:
+  RandomGuardedCache(const AttentionConfig& config, int rows, std::mt19937& rng)
+      : bytes_(static_cast<size_t>(rows) * config.n_kv_heads * config.head_dim * sizeof(float)),
+        k_(bytes_),
+        v_(bytes_) {
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    for (size_t i = 0; i < bytes_ / sizeof(float); ++i) k_.data()[i] = uniform(rng);
+    for (size_t i = 0; i < bytes_ / sizeof(float); ++i) v_.data()[i] = uniform(rng);
+  }
+  const float* k() const { return k_.data(); }
+  const float* v() const { return v_.data(); }
+  KvLayerCache layer() const { return KvLayerCache{DType::kF32, k_.data(), v_.data()}; }
+
+ private:
+  size_t bytes_;
+  GuardedArray k_, v_;
+};
+
+// Expects out[0, dh) to be softmax over keys j < keys of (q . k_j), times
+// v_j, computed directly in double (within 1e-5), for KV head g of caches
+// [rows, G, dh]: key j at cache row row(j).
+template <typename Row>
+void ExpectDirectAttention(const float* q, const float* out, const float* k, const float* v, int G,
+                           int g, int dh, int keys, const Row& row) {
+  std::vector<double> p(keys);
+  double max = -INFINITY, sum = 0;
+  for (int j = 0; j < keys; ++j) {
+    const float* kj = k + (row(j) * G + g) * dh;
+    double dot = 0;
+    for (int i = 0; i < dh; ++i) dot += static_cast<double>(q[i]) * kj[i];
+    p[j] = dot;
+    max = std::max(max, dot);
+  }
+  for (double& x : p) sum += (x = std::exp(x - max));
+  for (int i = 0; i < dh; ++i) {
+    double expected = 0;
+    for (int j = 0; j < keys; ++j) expected += p[j] / sum * v[(row(j) * G + g) * dh + i];
+    EXPECT_NEAR(out[i], expected, 1e-5) << "channel " << i;
+  }
+}
+
+// Eight sequences decode one token each on two threads, so that every piece
+// is a whole sequence (all heads) and touches its blocks; their block tables
+// cover every block of the cache, the first and the last included. The
+// outputs must match softmax(q . k) v computed directly.
+TEST(PagedAttentionTest, DecodeTilesReadOnlyTheirBlocksRows) {
+  const AttentionConfig config = FourHeadsOverTwo();
   const int H = config.n_heads, G = config.n_kv_heads, dh = config.head_dim;
   constexpr int kBlockSize = 4, kSequences = 8, kBlocksEach = 2, kContext = 7;
   constexpr int kBlocks = kSequences * kBlocksEach;
-  const size_t cache_bytes = static_cast<size_t>(kBlocks) * kBlockSize * G * dh * sizeof(float);
-  ASSERT_EQ(cache_bytes % static_cast<size_t>(sysconf(_SC_PAGESIZE)), 0u);
-  GuardedArray k(cache_bytes), v(cache_bytes);
   std::mt19937 rng(7);
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  const size_t cache_floats = cache_bytes / sizeof(float);
-  for (size_t i = 0; i < cache_floats; ++i) k.data()[i] = uniform(rng);
-  for (size_t i = 0; i < cache_floats; ++i) v.data()[i] = uniform(rng);
+  const RandomGuardedCache cache(config, kBlocks * kBlockSize, rng);
 
   // Sequence s holds blocks s and kBlocks - 1 - s: 0 and 15 among them.
   StepBatch step;
@@ -76,37 +121,22 @@ TEST(PagedAttentionTest, DecodeTilesReadOnlyTheirBlocksRows) {
     step.Add(std::vector<int32_t>{1}, kContext, table);
   }
   std::vector<float> q(static_cast<size_t>(kSequences) * H * dh);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   for (float& x : q) x = uniform(rng);
   std::vector<float> a(q.size(), NAN);
 
   WorkerPool pool(2);
   PagedAttention attention(config, BestKernelIsa(), &pool, /*parallel_min_macs=*/0);
-  attention.Run(step, q.data(), KvLayerCache{DType::kF32, k.data(), v.data()}, XlPositionKeys{},
+  attention.Run(step, q.data(), cache.layer(), XlPositionKeys{},
                 /*value_gates=*/nullptr, a.data());
 
   const int keys = kContext + 1;
   for (int s = 0; s < kSequences; ++s) {
     for (int h = 0; h < H; ++h) {
-      const int g = h / (H / G);
-      const float* qh = q.data() + (static_cast<int64_t>(s) * H + h) * dh;
-      std::vector<double> p(keys);
-      double max = -INFINITY, sum = 0;
-      for (int j = 0; j < keys; ++j) {
-        const float* kj = k.data() + (step.CacheRow(s, j) * G + g) * dh;
-        double dot = 0;
-        for (int i = 0; i < dh; ++i) dot += static_cast<double>(qh[i]) * kj[i];
-        p[j] = dot;
-        max = std::max(max, dot);
-      }
-      for (double& x : p) sum += (x = std::exp(x - max));
-      for (int i = 0; i < dh; ++i) {
-        double expected = 0;
-        for (int j = 0; j < keys; ++j) {
-          expected += p[j] / sum * v.data()[(step.CacheRow(s, j) * G + g) * dh + i];
-        }
-        EXPECT_NEAR(a[(static_cast<int64_t>(s) * H + h) * dh + i], expected, 1e-5)
-            << "sequence " << s << " head " << h << " channel " << i;
-      }
+      SCOPED_TRACE(testing::Message() << "sequence " << s << " head " << h);
+      const int64_t at = (static_cast<int64_t>(s) * H + h) * dh;
+      ExpectDirectAttention(q.data() + at, a.data() + at, cache.k(), cache.v(), G, h / (H / G), dh,
+                            keys, [&](int j) { return step.CacheRow(s, j); });
     }
   }
 }
@@ -119,23 +149,12 @@ TEST(PagedAttentionTest, DecodeTilesReadOnlyTheirBlocksRows) {
 // softmax(q . k) v computed directly, and no read may leave its blocks' rows:
 // its table holds the cache's first and last blocks.
 TEST(PagedAttentionTest, LongContextDecodeSharesOutItsScoresWithTheSameBits) {
-  AttentionConfig config;
-  config.kind = AttentionKind::kDense;
-  config.n_heads = 4;
-  config.n_kv_heads = 2;
-  config.head_dim = 16;
+  const AttentionConfig config = FourHeadsOverTwo();
   const int H = config.n_heads, G = config.n_kv_heads, dh = config.head_dim;
   constexpr int kBlockSize = 16, kBlocks = 64, kContext = 700;
   constexpr int kLoneBlocks = (kContext + 1 + kBlockSize - 1) / kBlockSize;
-  const size_t cache_bytes = static_cast<size_t>(kBlocks) * kBlockSize * G * dh * sizeof(float);
-  ASSERT_EQ(cache_bytes % static_cast<size_t>(sysconf(_SC_PAGESIZE)), 0u);
-  GuardedArray k(cache_bytes), v(cache_bytes);
   std::mt19937 rng(11);
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  const size_t cache_floats = cache_bytes / sizeof(float);
-  for (size_t i = 0; i < cache_floats; ++i) k.data()[i] = uniform(rng);
-  for (size_t i = 0; i < cache_floats; ++i) v.data()[i] = uniform(rng);
-  const KvLayerCache cache{DType::kF32, k.data(), v.data()};
+  const RandomGuardedCache cache(config, kBlocks * kBlockSize, rng);
 
   // The lone sequence's blocks: the last one of the cache first, then
   // 0, 1, ... (the last one of its table is the cache's first).
@@ -143,6 +162,7 @@ TEST(PagedAttentionTest, LongContextDecodeSharesOutItsScoresWithTheSameBits) {
   lone_table.push_back(kBlocks - 1);
   for (int b = kLoneBlocks - 2; b >= 0; --b) lone_table.push_back(b);
   std::vector<float> q(static_cast<size_t>(8) * H * dh);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   for (float& x : q) x = uniform(rng);
 
   auto attend = [&](int threads, int sequences) {
@@ -156,7 +176,8 @@ TEST(PagedAttentionTest, LongContextDecodeSharesOutItsScoresWithTheSameBits) {
     std::vector<float> a(static_cast<size_t>(sequences) * H * dh, NAN);
     WorkerPool pool(threads);
     PagedAttention attention(config, BestKernelIsa(), &pool, /*parallel_min_macs=*/0);
-    attention.Run(step, q.data(), cache, XlPositionKeys{}, /*value_gates=*/nullptr, a.data());
+    attention.Run(step, q.data(), cache.layer(), XlPositionKeys{}, /*value_gates=*/nullptr,
+                  a.data());
     a.resize(static_cast<size_t>(H) * dh);  // the lone sequence's
     return a;
   };
@@ -171,26 +192,10 @@ TEST(PagedAttentionTest, LongContextDecodeSharesOutItsScoresWithTheSameBits) {
     return static_cast<int64_t>(lone_table[j / kBlockSize]) * kBlockSize + j % kBlockSize;
   };
   for (int h = 0; h < H; ++h) {
-    const int g = h / (H / G);
-    const float* qh = q.data() + static_cast<int64_t>(h) * dh;
-    std::vector<double> p(keys);
-    double max = -INFINITY, sum = 0;
-    for (int j = 0; j < keys; ++j) {
-      const float* kj = k.data() + (cache_row(j) * G + g) * dh;
-      double dot = 0;
-      for (int i = 0; i < dh; ++i) dot += static_cast<double>(qh[i]) * kj[i];
-      p[j] = dot;
-      max = std::max(max, dot);
-    }
-    for (double& x : p) sum += (x = std::exp(x - max));
-    for (int i = 0; i < dh; ++i) {
-      double expected = 0;
-      for (int j = 0; j < keys; ++j) {
-        expected += p[j] / sum * v.data()[(cache_row(j) * G + g) * dh + i];
-      }
-      EXPECT_NEAR(split[static_cast<int64_t>(h) * dh + i], expected, 1e-5)
-          << "head " << h << " channel " << i;
-    }
+    SCOPED_TRACE(testing::Message() << "head " << h);
+    const int64_t at = static_cast<int64_t>(h) * dh;
+    ExpectDirectAttention(q.data() + at, split.data() + at, cache.k(), cache.v(), G, h / (H / G),
+                          dh, keys, cache_row);
   }
 }
 
