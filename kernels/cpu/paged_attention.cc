@@ -156,8 +156,7 @@ void PagedAttention::Run(const StepBatch& step, const float* q, const KvLayerCac
              split_scores_.data() + sp.tile.scores_at, lds, sp.tile.rows * lds);
       // Their values too: the heads' pieces then read them from the cache.
       if (values_per_kv_head_ == 1) {
-        const WeightMatrix v_cache{cache.dtype, cache.v,
-                                   static_cast<int64_t>(kv_heads_) * head_dim_};
+        const WeightMatrix v_cache = ValueCache(cache);
         const int32_t* table = step.block_table(sp.tile.sequence);
         for (int b = sp.block_begin; b < sp.block_end; ++b) {
           TouchInOrder(v_cache, static_cast<int64_t>(table[b]) * bs,
@@ -180,13 +179,13 @@ void PagedAttention::Run(const StepBatch& step, const float* q, const KvLayerCac
 void PagedAttention::Scores(const StepBatch& step, const Piece& piece, int block_begin,
                             int block_end, const float* q, const KvLayerCache& cache, float* scores,
                             int64_t lds, int64_t head_scores) const {
-  const int H = heads_, G = kv_heads_, dh = head_dim_;
+  const int H = heads_, dh = head_dim_;
   const int rows = piece.rows;
   const int start = step.positions[piece.first];
   const int keys = start + rows;
   const int bs = step.block_size;
   const int32_t* table = step.block_table(piece.sequence);
-  const WeightMatrix k_cache{cache.dtype, cache.k, static_cast<int64_t>(G) * dh};
+  const WeightMatrix k_cache = KeyCache(cache);
   const bool touch = TouchesBlocks(piece);
   const int end = std::min(keys, block_end * bs);
   for (int b0 = block_begin * bs; b0 < end; b0 += bs) {
@@ -309,8 +308,7 @@ void PagedAttention::ReduceValues(const StepBatch& step, const Piece& piece, con
   const int keys = start + rows;
   const int64_t head_scores = static_cast<int64_t>(rows) * lde;
   const int32_t* table = step.block_table(piece.sequence);
-  const WeightMatrix v_cache{cache.dtype, cache.v,
-                             static_cast<int64_t>(kv_heads_) * values_per_kv_head_ * dh};
+  const WeightMatrix v_cache = ValueCache(cache);
   // With one cached value per KV head, the piece's heads read whole rows.
   const bool touch = values_per_kv_head_ == 1 && TouchesBlocks(piece);
   for (int b0 = 0; b0 < keys; b0 += bs) {

@@ -88,6 +88,15 @@ class PagedAttention {
   };
   // The KV head query head `head` reads.
   int KvHead(int head) const { return head / (heads_ / kv_heads_); }
+  // The layer's keys [rows, G * dh] and values [rows, G * Ev * dh] as the
+  // products read them.
+  WeightMatrix KeyCache(const KvLayerCache& cache) const {
+    return {cache.dtype, cache.k, static_cast<int64_t>(kv_heads_) * head_dim_};
+  }
+  WeightMatrix ValueCache(const KvLayerCache& cache) const {
+    return {cache.dtype, cache.v,
+            static_cast<int64_t>(kv_heads_) * values_per_kv_head_ * head_dim_};
+  }
   // Whether `piece` reads each KV block's rows once in address order before
   // its heads read them (a decode tile whose heads cover every KV head).
   bool TouchesBlocks(const Piece& piece) const;
