@@ -109,7 +109,6 @@ void PagedAttention::Run(const StepBatch& step, const float* q, const KvLayerCac
   const int threads = pool_->threads();
   const bool many_tiles = tiles >= kPiecesPerThread * threads;
   const bool parallel = threads > 1 && macs >= parallel_min_macs_;
-  const int bs = step.block_size;
   split_tiles_.clear();
   int64_t split_floats = 0;
   int split_blocks = 0;
@@ -125,7 +124,7 @@ void PagedAttention::Run(const StepBatch& step, const float* q, const KvLayerCac
       if (parallel && !many_tiles && rows <= kTouchMaxRows && keys >= kSplitScoresMinKeys) {
         tile.scores_at = split_floats;
         split_floats += heads_ * rows * keys;
-        split_blocks += static_cast<int>((keys + bs - 1) / bs);
+        split_blocks += KeyBlocks(step, tile);
         split_tiles_.push_back(tile);
       }
       for (int h = 0; h < heads_; h += heads) {
@@ -143,7 +142,7 @@ void PagedAttention::Run(const StepBatch& step, const float* q, const KvLayerCac
     const int per_piece = std::max(kMinScoreBlocks, (split_blocks + wanted - 1) / wanted);
     score_pieces_.clear();
     for (const Piece& tile : split_tiles_) {
-      const int blocks = (step.positions[tile.first] + tile.rows + bs - 1) / bs;
+      const int blocks = KeyBlocks(step, tile);
       for (int b = 0; b < blocks; b += per_piece) {
         score_pieces_.push_back({tile, b, std::min(blocks, b + per_piece)});
       }
@@ -151,18 +150,10 @@ void PagedAttention::Run(const StepBatch& step, const float* q, const KvLayerCac
     Grow(split_scores_, static_cast<size_t>(split_floats));
     pool_->Run(static_cast<int>(score_pieces_.size()), [&](int i, int) {
       const ScorePiece& sp = score_pieces_[i];
-      const int64_t lds = step.positions[sp.tile.first] + sp.tile.rows;
       Scores(step, sp.tile, sp.block_begin, sp.block_end, q, cache,
-             split_scores_.data() + sp.tile.scores_at, lds, sp.tile.rows * lds);
+             split_scores_.data() + sp.tile.scores_at);
       // Their values too: the heads' pieces then read them from the cache.
-      if (values_per_kv_head_ == 1) {
-        const WeightMatrix v_cache = ValueCache(cache);
-        const int32_t* table = step.block_table(sp.tile.sequence);
-        for (int b = sp.block_begin; b < sp.block_end; ++b) {
-          TouchInOrder(v_cache, static_cast<int64_t>(table[b]) * bs,
-                       static_cast<int>(std::min<int64_t>(bs, lds - int64_t{b} * bs)));
-        }
-      }
+      if (values_per_kv_head_ == 1) TouchValues(step, sp.tile, sp.block_begin, sp.block_end, cache);
     });
   }
   const auto attend = [&](int i, int slot) {
@@ -177,12 +168,13 @@ void PagedAttention::Run(const StepBatch& step, const float* q, const KvLayerCac
 }
 
 void PagedAttention::Scores(const StepBatch& step, const Piece& piece, int block_begin,
-                            int block_end, const float* q, const KvLayerCache& cache, float* scores,
-                            int64_t lds, int64_t head_scores) const {
+                            int block_end, const float* q, const KvLayerCache& cache,
+                            float* scores) const {
   const int H = heads_, dh = head_dim_;
   const int rows = piece.rows;
   const int start = step.positions[piece.first];
-  const int keys = start + rows;
+  const int keys = Keys(step, piece);
+  const int64_t lds = keys, head_scores = static_cast<int64_t>(rows) * lds;
   const int bs = step.block_size;
   const int32_t* table = step.block_table(piece.sequence);
   const WeightMatrix k_cache = KeyCache(cache);
@@ -206,6 +198,16 @@ void PagedAttention::Scores(const StepBatch& step, const Piece& piece, int block
                       lds};
       kernels_->rows_out(args);
     }
+  }
+}
+
+void PagedAttention::TouchValues(const StepBatch& step, const Piece& piece, int block_begin,
+                                 int block_end, const KvLayerCache& cache) const {
+  const int bs = step.block_size, keys = Keys(step, piece);
+  const WeightMatrix v_cache = ValueCache(cache);
+  const int32_t* table = step.block_table(piece.sequence);
+  for (int b = block_begin; b < block_end; ++b) {
+    TouchInOrder(v_cache, static_cast<int64_t>(table[b]) * bs, std::min(bs, keys - b * bs));
   }
 }
 
@@ -235,8 +237,7 @@ void PagedAttention::AttendTile(const StepBatch& step, const Piece& piece, const
   } else {
     Grow(scratch.scores, static_cast<size_t>(piece.heads) * head_scores);
     all_scores = scratch.scores.data();
-    Scores(step, piece, 0, (keys + step.block_size - 1) / step.block_size, q, cache, all_scores,
-           lds, head_scores);
+    Scores(step, piece, 0, KeyBlocks(step, piece), q, cache, all_scores);
   }
   for (int hh = 0; hh < piece.heads; ++hh) {
     float* scores = all_scores + hh * head_scores;

@@ -100,14 +100,24 @@ class PagedAttention {
   // Whether `piece` reads each KV block's rows once in address order before
   // its heads read them (a decode tile whose heads cover every KV head).
   bool TouchesBlocks(const Piece& piece) const;
+  // The keys the tile's last row sees, and the KV blocks that hold them.
+  static int Keys(const StepBatch& step, const Piece& piece) {
+    return step.positions[piece.first] + piece.rows;
+  }
+  static int KeyBlocks(const StepBatch& step, const Piece& piece) {
+    return (Keys(step, piece) + step.block_size - 1) / step.block_size;
+  }
   // s_j = dot8(q, k_j) for the piece's heads and tile rows and the keys of
   // its sequence's KV blocks [block_begin, block_end), block by block, for
   // the rows that see any key of a block (keys past a row's horizon are
-  // computed and never read). Head hh's row r at scores + hh * head_scores +
-  // r * lds.
+  // computed and never read). Head hh's row r at scores + (hh * rows + r) *
+  // keys.
   void Scores(const StepBatch& step, const Piece& piece, int block_begin, int block_end,
-              const float* q, const KvLayerCache& cache, float* scores, int64_t lds,
-              int64_t head_scores) const;
+              const float* q, const KvLayerCache& cache, float* scores) const;
+  // Reads the values of the piece's sequence's KV blocks [block_begin,
+  // block_end) in address order (TouchInOrder).
+  void TouchValues(const StepBatch& step, const Piece& piece, int block_begin, int block_end,
+                   const KvLayerCache& cache) const;
   // `split_scores`: split_scores_'s data (the piece's scores where
   // scores_at >= 0).
   void AttendTile(const StepBatch& step, const Piece& piece, const float* q,
