@@ -656,7 +656,7 @@ def blas_pool_threads_under_load(server, env):
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
-        while "nexting_thread" not in thread_names(process.pid).values():  # the client runs
+        while "grpc-client" not in thread_names(process.pid).values():  # the client runs
             assert process.poll() is None, process.stderr.read()
             assert time.monotonic() < deadline, "the load generator's gRPC client did not start"
             time.sleep(0.005)
@@ -721,6 +721,36 @@ def test_load_generator_in_process_counts_the_engines_steps():
     count, per_step = steps(4)
     assert 10 <= count <= 40
     assert count * per_step == pytest.approx(40, abs=0.01 * count)
+
+
+@pytest.mark.bench
+def test_load_generator_over_grpc():
+    """switchserve-bench --address completes every request and counts each
+    streamed token; a request the server refuses counts as failed, with its
+    status code, and the run still ends."""
+    server = Server()
+    try:
+        def bench(*args):
+            result = subprocess.run(
+                [os.environ["SWITCHSERVE_BENCH"], "--address", server.address, "--requests", "8",
+                 "--concurrency", "4", "--max-new-tokens", "5", "--ignore-eos", *args],
+                capture_output=True, text=True, timeout=120)
+            assert result.returncode == 0, result.stderr
+            return result.stdout
+
+        out = bench("--prompt-ids", "81,85,37")
+        assert "requests: 8 ok, 0 failed" in out, out
+        rates = re.search(r"throughput: ([\d.]+) requests/s, ([\d.]+) tokens/s", out)
+        assert float(rates.group(2)) / float(rates.group(1)) == pytest.approx(5, rel=1e-3)
+        records = [json.loads(l) for l in server.log().splitlines()]
+        tokens = [r["completion_tokens"] for r in records if r["msg"] == "request"]
+        assert tokens == [5] * 8
+        # Token id 256 is outside the byte vocabulary: INVALID_ARGUMENT (3).
+        out = bench("--prompt-ids", "81,256")
+        assert "requests: 0 ok, 8 failed" in out, out
+        assert re.search(r"^error 3 .*: 8$", out, re.M), out
+    finally:
+        server.close()
 
 
 @pytest.mark.bench
