@@ -17,13 +17,19 @@ machine's cores. On a machine whose cores the load fills, throughput is
 about cores / CPU per token, so these shares explain the ratio and are far
 steadier than it on a shared machine.
 
+Each run is sized to last about --min-seconds (default 1) at the engine's
+rate, measured by one uncounted in-process run per concurrency: on a model
+whose steps are cheap, a few waves of requests are over in hundredths of a
+second, shorter than a shared machine's swings.
+
   /usr/bin/python3 bench/serving_overhead.py --model DIR [--concurrency 1,8,32,128]
-      [--prompt-len 16] [--new-tokens 32] [--repeats 3] [--device cpu|cuda]
+      [--prompt-len 16] [--new-tokens 32] [--repeats 3] [--min-seconds 1] [--device cpu|cuda]
       [--serving-threads-nice N]   (the server's flag; default: the server's default)
 """
 import argparse
 import collections
 import json
+import math
 import os
 import re
 import statistics
@@ -70,6 +76,9 @@ def main():
     ap.add_argument("--waves", type=int, default=4, help="requests per run: waves x concurrency")
     ap.add_argument("--min-requests", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--min-seconds", type=float, default=1.0,
+                    help="size each run to last about this long at the engine's rate (0: "
+                         "--waves and --min-requests alone)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--serving-threads-nice", type=int,
                     help="the server's --serving-threads-nice (default: the server's default)")
@@ -89,13 +98,22 @@ def main():
     # Per concurrency: CPU seconds and generated tokens, summed over the repeats.
     cpu = {c: collections.Counter() for c in concurrency}
     load_start = os.getloadavg()[0]
+    requests = {}
     try:
         for c in concurrency:
+            run_args = args
+            if args.min_seconds > 0:
+                # The engine's rate at this concurrency, from a run of its own.
+                rate, _ = run_bench(args, engine_target, prompt, args.new_tokens, c)
+                wanted = math.ceil(rate * args.min_seconds / args.new_tokens / c) * c
+                run_args = argparse.Namespace(**{**vars(args),
+                                                 "min_requests": max(args.min_requests, wanted)})
+            requests[c] = max(run_args.min_requests, args.waves * c)
             for r in range(args.repeats):
                 print(f"concurrency {c}, repeat {r + 1}", file=sys.stderr, flush=True)
-                eng, eng_out = run_bench(args, engine_target, prompt, args.new_tokens, c)
+                eng, eng_out = run_bench(run_args, engine_target, prompt, args.new_tokens, c)
                 before = thread_cpu(server.proc.pid)
-                rpc, rpc_out = run_bench(args, ["--address", server.address], prompt,
+                rpc, rpc_out = run_bench(run_args, ["--address", server.address], prompt,
                                          args.new_tokens, c)
                 after = thread_cpu(server.proc.pid)
                 tokens = int(TOKENS.search(rpc_out).group(1)) * args.new_tokens
@@ -115,17 +133,20 @@ def main():
           f"{'' if args.serving_threads_nice is None else f', serving threads nice +{args.serving_threads_nice}'}"
           f", load average {load_start:.1f} -> "
           f"{os.getloadavg()[0]:.1f})")
+    sizing = (f"sized to about {args.min_seconds:g} s at the engine's rate, "
+              if args.min_seconds > 0 else "")
     print(f"prompt {args.prompt_len} tokens, {args.new_tokens} new tokens, greedy, ignore_eos; "
-          f"closed loop, max({args.min_requests}, {args.waves} x concurrency) requests per run "
-          f"after one wave of warm-up; "
+          f"closed loop, requests per run {sizing}at least max({args.min_requests}, "
+          f"{args.waves} x concurrency), after one wave of warm-up; "
           f"median of {args.repeats} alternating engine/gRPC pairs\n")
     print("| concurrency | engine tokens/s | gRPC tokens/s | gRPC / engine (median of pairs) "
-          "| range of pair ratios |")
-    print("| --- | --- | --- | --- | --- |")
+          "| range of pair ratios | requests per run |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for c in concurrency:
         res = results[c]
         print(f"| {c} | {statistics.median(res['engine']):.1f} | {statistics.median(res['grpc']):.1f} "
-              f"| {statistics.median(res['ratio']):.3f} | {min(res['ratio']):.3f}–{max(res['ratio']):.3f} |")
+              f"| {statistics.median(res['ratio']):.3f} | {min(res['ratio']):.3f}–{max(res['ratio']):.3f} "
+              f"| {requests[c]} |")
     print("\nCPU per generated token (µs, user + system, summed over the repeats). Where the load "
           "fills the cores, gRPC / engine ≈ in-process ÷ (server + client); without a client on "
           "the same cores, ≈ in-process ÷ server.\n")
