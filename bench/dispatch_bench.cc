@@ -4,6 +4,7 @@
 // step (4 sequences x 512 tokens), drop and reroute, on the paper's FFN
 // router (32 experts, k = 4) and an attention router (4 experts, k = 2).
 // Random normal logits; capacity factor 1.0 (assignments are dropped).
+// BM_Route: the routing itself, on the same logits.
 //
 //   build/release/bench/dispatch_bench --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
@@ -72,6 +73,29 @@ void BM_Dispatch(benchmark::State& state) {
 // Args: scope (0 step, 1 sequence), overflow (0 drop, 1 reroute), step (0
 // decode, 1 prefill), experts.
 BENCHMARK(BM_Dispatch)->ArgsProduct({{0, 1}, {0, 1}, {0, 1}, {4, 32}});
+
+// The routing before it (RouteTokens: sigmoid gates, top-k by logit, the
+// statistics' probabilities) for 32 decode tokens and a 512-token prefill.
+void BM_Route(benchmark::State& state) {
+  const int T = static_cast<int>(state.range(0));
+  const int E = static_cast<int>(state.range(1));
+  const int k = E == 32 ? 4 : 2;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  std::vector<float> logits(static_cast<size_t>(T) * E);
+  for (float& z : logits) z = normal(rng);
+  RouterDecision decision;
+  for (auto _ : state) {
+    RouteTokens(logits.data(), E, T, E, k, GateFunction::kSigmoid, false, &decision);
+    benchmark::DoNotOptimize(decision.expert.data());
+  }
+  state.counters["ns_per_token"] =
+      benchmark::Counter(static_cast<double>(T), benchmark::Counter::kIsIterationInvariantRate |
+                                                     benchmark::Counter::kInvert);
+}
+
+// Args: tokens, experts.
+BENCHMARK(BM_Route)->ArgsProduct({{32, 512}, {4, 32}});
 
 }  // namespace
 }  // namespace switchserve

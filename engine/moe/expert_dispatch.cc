@@ -20,6 +20,40 @@ int BestExpert(const float* score, int n_experts, Excluded excluded) {
   return best;
 }
 
+// The top_k experts by score, ties to the lower index, into chosen[0 ..
+// top_k) in rank order: what top_k scans of BestExpert choose. Without a NaN
+// score, in one pass: the experts in index order enter a list kept in rank
+// order while it is short or where they score strictly higher than its last,
+// and move ahead only of strictly lower scores, so of equal scores the lower
+// index ranks first (32 experts, k = 4: 1.45x faster than the scans,
+// dispatch_bench BM_Route). A NaN compares false with every score, so where
+// it stands decides what the scans choose: such a row takes the scans
+// (`taken`: n_experts zero flags, left zero).
+void TopK(const float* score, int n_experts, int top_k, uint8_t* taken, int32_t* chosen) {
+  bool nan = false;
+  for (int e = 0; e < n_experts; ++e) nan |= score[e] != score[e];
+  if (nan) {
+    for (int r = 0; r < top_k; ++r) {
+      chosen[r] = BestExpert(score, n_experts, [&](int e) { return taken[e] != 0; });
+      taken[chosen[r]] = 1;
+    }
+    for (int r = 0; r < top_k; ++r) taken[chosen[r]] = 0;
+    return;
+  }
+  int count = 0;
+  for (int e = 0; e < n_experts; ++e) {
+    const float s = score[e];
+    if (count == top_k) {
+      if (!(s > score[chosen[top_k - 1]])) continue;
+      --count;  // the last one leaves the list
+    }
+    int p = count;
+    for (; p > 0 && s > score[chosen[p - 1]]; --p) chosen[p] = chosen[p - 1];
+    chosen[p] = e;
+    ++count;
+  }
+}
+
 }  // namespace
 
 void RouteTokens(const float* logits, int64_t ld, int tokens, int n_experts, int top_k,
@@ -64,13 +98,7 @@ void RouteTokens(const float* logits, int64_t ld, int tokens, int n_experts, int
     // monotonic; logits do not saturate into false ties).
     for (int e = 0; e < n_experts; ++e) score[e] = z[e];
 
-    // The experts already chosen, as flags: one test per expert instead of a
-    // scan of the choices (the same scan order, so the same choices).
-    for (int r = 0; r < top_k; ++r) {
-      chosen[r] = BestExpert(score, n_experts, [&](int e) { return taken[e] != 0; });
-      taken[chosen[r]] = 1;
-    }
-    for (int r = 0; r < top_k; ++r) taken[chosen[r]] = 0;
+    TopK(score, n_experts, top_k, taken.data(), chosen);
 
     if (gate == GateFunction::kSoftmaxTopK) {
       const float zk = z[chosen[0]];  // the largest selected logit

@@ -1,7 +1,10 @@
 #include "engine/moe/expert_dispatch.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -60,6 +63,49 @@ TEST(ExpertDispatchTest, TopKSigmoidWeightsAndTiesToLowerIndex) {
   double sum = 0;
   for (int e = 0; e < 4; ++e) sum += 1.0 / (1.0 + std::exp(-z[4 + e]));
   EXPECT_NEAR(d.prob[4], 1.0 / (1.0 + std::exp(-2.0)) / sum, 1e-6);
+}
+
+// The top k by repeated scans: each rank takes the first expert not yet
+// chosen, then any later one with a strictly higher logit (a NaN is never
+// higher, nor is anything higher than a NaN).
+std::vector<int32_t> ScannedTopK(const float* z, int n_experts, int top_k) {
+  std::vector<int32_t> chosen;
+  for (int r = 0; r < top_k; ++r) {
+    int best = -1;
+    for (int e = 0; e < n_experts; ++e) {
+      if (std::find(chosen.begin(), chosen.end(), e) != chosen.end()) continue;
+      if (best < 0 || z[e] > z[best]) best = e;
+    }
+    chosen.push_back(best);
+  }
+  return chosen;
+}
+
+TEST(ExpertDispatchTest, TopKMatchesRepeatedScansWithTiesInfinitiesAndNaNs) {
+  // Logits from a few values, so that most rows hold ties; some rows hold
+  // infinities and NaNs, at every position.
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> values = {-1.0f, 0.0f, 0.0f, 0.5f, 2.0f, 2.0f, -inf, inf, nan};
+  std::mt19937 rng(11);
+  for (const auto& [n_experts, top_k] : std::vector<std::pair<int, int>>{
+           {4, 1}, {4, 2}, {4, 4}, {8, 3}, {16, 4}, {32, 4}, {32, 8}}) {
+    const int tokens = 400;
+    std::vector<float> z(static_cast<size_t>(tokens) * n_experts);
+    for (int t = 0; t < tokens; ++t) {
+      // Every fourth row without the NaN and the infinities.
+      const int choices = t % 4 == 0 ? 6 : static_cast<int>(values.size());
+      for (int e = 0; e < n_experts; ++e) z[t * n_experts + e] = values[rng() % choices];
+    }
+    RouterDecision d;
+    RouteTokens(z.data(), n_experts, tokens, n_experts, top_k, GateFunction::kSigmoid, false, &d);
+    for (int t = 0; t < tokens; ++t) {
+      const std::vector<int32_t> want = ScannedTopK(z.data() + t * n_experts, n_experts, top_k);
+      const std::vector<int32_t> got(d.expert.begin() + t * top_k,
+                                     d.expert.begin() + (t + 1) * top_k);
+      ASSERT_EQ(got, want) << "E " << n_experts << " k " << top_k << " token " << t;
+    }
+  }
 }
 
 TEST(ExpertDispatchTest, RanksByLogitNotBySaturatedGate) {
