@@ -103,8 +103,11 @@ def main():
         for c in concurrency:
             run_args = args
             if args.min_seconds > 0:
-                # The engine's rate at this concurrency, from a run of its own.
-                rate, _ = run_bench(args, engine_target, prompt, args.new_tokens, c)
+                # The engine's rate at this concurrency, from a run of its own
+                # (at least 64 requests: a few are over too soon to say).
+                sizing = argparse.Namespace(**{**vars(args),
+                                               "min_requests": max(args.min_requests, 64)})
+                rate, _ = run_bench(sizing, engine_target, prompt, args.new_tokens, c)
                 wanted = math.ceil(rate * args.min_seconds / args.new_tokens / c) * c
                 run_args = argparse.Namespace(**{**vars(args),
                                                  "min_requests": max(args.min_requests, wanted)})
