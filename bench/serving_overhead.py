@@ -64,6 +64,11 @@ def cpu_seconds(out):
     return float(CPU.search(out).group(1))
 
 
+def at_least(args, requests):
+    """`args` with --min-requests raised to at least `requests`."""
+    return argparse.Namespace(**{**vars(args), "min_requests": max(args.min_requests, requests)})
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -105,12 +110,9 @@ def main():
             if args.min_seconds > 0:
                 # The engine's rate at this concurrency, from a run of its own
                 # (at least 64 requests: a few are over too soon to say).
-                sizing = argparse.Namespace(**{**vars(args),
-                                               "min_requests": max(args.min_requests, 64)})
-                rate, _ = run_bench(sizing, engine_target, prompt, args.new_tokens, c)
+                rate, _ = run_bench(at_least(args, 64), engine_target, prompt, args.new_tokens, c)
                 wanted = math.ceil(rate * args.min_seconds / args.new_tokens / c) * c
-                run_args = argparse.Namespace(**{**vars(args),
-                                                 "min_requests": max(args.min_requests, wanted)})
+                run_args = at_least(args, wanted)
             requests[c] = max(run_args.min_requests, args.waves * c)
             for r in range(args.repeats):
                 print(f"concurrency {c}, repeat {r + 1}", file=sys.stderr, flush=True)

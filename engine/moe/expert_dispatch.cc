@@ -27,17 +27,16 @@ int BestExpert(const float* score, int n_experts, Excluded excluded) {
 // and move ahead only of strictly lower scores, so of equal scores the lower
 // index ranks first (32 experts, k = 4: 1.45x faster than the scans,
 // dispatch_bench BM_Route). A NaN compares false with every score, so where
-// it stands decides what the scans choose: such a row takes the scans
-// (`taken`: n_experts zero flags, left zero).
-void TopK(const float* score, int n_experts, int top_k, uint8_t* taken, int32_t* chosen) {
+// it stands decides what the scans choose: such a row takes the scans.
+void TopK(const float* score, int n_experts, int top_k, int32_t* chosen) {
   bool nan = false;
   for (int e = 0; e < n_experts; ++e) nan |= score[e] != score[e];
   if (nan) {
+    std::vector<uint8_t> taken(n_experts, 0);  // the experts already chosen
     for (int r = 0; r < top_k; ++r) {
       chosen[r] = BestExpert(score, n_experts, [&](int e) { return taken[e] != 0; });
       taken[chosen[r]] = 1;
     }
-    for (int r = 0; r < top_k; ++r) taken[chosen[r]] = 0;
     return;
   }
   int count = 0;
@@ -66,7 +65,6 @@ void RouteTokens(const float* logits, int64_t ld, int tokens, int n_experts, int
   out->gate_value.resize(static_cast<size_t>(tokens) * n_experts);
   out->expert.resize(static_cast<size_t>(tokens) * top_k);
   out->weight.resize(static_cast<size_t>(tokens) * top_k);
-  std::vector<uint8_t> taken(n_experts, 0);
   for (int t = 0; t < tokens; ++t) {
     const float* z = logits + t * ld;
     float* score = out->score.data() + static_cast<size_t>(t) * n_experts;
@@ -98,7 +96,7 @@ void RouteTokens(const float* logits, int64_t ld, int tokens, int n_experts, int
     // monotonic; logits do not saturate into false ties).
     for (int e = 0; e < n_experts; ++e) score[e] = z[e];
 
-    TopK(score, n_experts, top_k, taken.data(), chosen);
+    TopK(score, n_experts, top_k, chosen);
 
     if (gate == GateFunction::kSoftmaxTopK) {
       const float zk = z[chosen[0]];  // the largest selected logit

@@ -223,7 +223,7 @@ void PagedAttention::AttendTile(const StepBatch& step, const Piece& piece, const
   const int H = heads_, G = kv_heads_, dh = head_dim_, ev = values_per_kv_head_;
   const int rows = piece.rows;
   const int start = step.positions[piece.first];  // the tile's positions are start, start + 1, ...
-  const int keys = start + rows;                  // its last row sees keys [0, keys)
+  const int keys = Keys(step, piece);             // its last row sees keys [0, keys)
   const int64_t lds = keys;
   const int64_t head_scores = static_cast<int64_t>(rows) * lds;  // [rows, keys] per head
   Grow(scratch.sums, static_cast<size_t>(piece.heads) * rows);
@@ -306,7 +306,7 @@ void PagedAttention::ReduceValues(const StepBatch& step, const Piece& piece, con
   const int bs = step.block_size;
   const int rows = piece.rows;
   const int start = step.positions[piece.first];
-  const int keys = start + rows;
+  const int keys = Keys(step, piece);
   const int64_t head_scores = static_cast<int64_t>(rows) * lde;
   const int32_t* table = step.block_table(piece.sequence);
   const WeightMatrix v_cache = ValueCache(cache);
