@@ -191,6 +191,22 @@ struct MatmulKernels {
 // `isa` must be supported by this CPU (CpuSupports).
 const MatmulKernels& KernelsFor(KernelIsa isa);
 
+// A build's entry for all three weight dtypes: calls the kernel for
+// args.w.dtype, or none for an empty block.
+template <void (*F32)(const MatmulArgs&), void (*BF16)(const MatmulArgs&),
+          void (*F16)(const MatmulArgs&)>
+void ByDtype(const MatmulArgs& args) {
+  if (args.m <= 0 || args.n <= 0) return;
+  switch (args.w.dtype) {
+    case DType::kBF16:
+      return BF16(args);
+    case DType::kF16:
+      return F16(args);
+    default:
+      return F32(args);
+  }
+}
+
 // Row i of args.a.
 inline const float* RowOfA(const MatmulArgs& args, int i) {
   return args.a + (args.a_rows != nullptr ? args.a_rows[i] : i) * args.lda;

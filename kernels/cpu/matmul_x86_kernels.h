@@ -1029,20 +1029,6 @@ void RowsIn(const MatmulArgs& g) {
   if (n8 < g.n) ChainColumnsScalar<WT>(g, n8);
 }
 
-template <void (*F32)(const MatmulArgs&), void (*BF16)(const MatmulArgs&),
-          void (*F16)(const MatmulArgs&)>
-void ByDtype(const MatmulArgs& g) {
-  if (g.m <= 0 || g.n <= 0) return;
-  switch (g.w.dtype) {
-    case DType::kBF16:
-      return BF16(g);
-    case DType::kF16:
-      return F16(g);
-    default:
-      return F32(g);
-  }
-}
-
 const MatmulKernels& X86Kernels() {
   static constexpr MatmulKernels kKernels = {
       &ByDtype<RowsOut<DType::kF32>, RowsOut<DType::kBF16>, RowsOut<DType::kF16>>,
