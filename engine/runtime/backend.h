@@ -50,6 +50,18 @@ struct StepOutput {
   std::vector<TokenRouting> routing;  // per row when any sequence collects
                                       // routing; empty for the others
   StepRoutingStats stats;             // every router (RouterLayout order), this step
+
+  // Empty for a step of `vocab` logits a row and these routers' statistics
+  // (zeroed): where every backend's Forward starts.
+  void Clear(int32_t vocab, const std::vector<RouterId>& routers) {
+    samples.clear();
+    vocab_size = vocab;
+    logits.clear();
+    row_sequence.clear();
+    row_position.clear();
+    routing.clear();
+    stats.Reset(routers);
+  }
 };
 
 struct WeightCopies {

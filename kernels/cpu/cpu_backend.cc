@@ -186,13 +186,7 @@ absl::Status CpuBackend::Forward(const StepBatch& batch, StepOutput* out) {
   const int vocab = config_.vocab_size;
   const float eps = static_cast<float>(config_.norm_eps);
 
-  out->samples.clear();
-  out->vocab_size = vocab;
-  out->logits.clear();
-  out->row_sequence.clear();
-  out->row_position.clear();
-  out->routing.clear();
-  out->stats.Reset(layout_.routers());
+  out->Clear(vocab, layout_.routers());
 
   bool collect = false;
   for (const StepSequence& sequence : batch.sequences) collect |= sequence.collect_routing;

@@ -251,13 +251,7 @@ absl::Status CudaBackend::Forward(const StepBatch& batch, StepOutput* out) {
   if (absl::Status s = group_loads_.Gather(batch, dispatch_, layout_.total_experts()); !s.ok()) {
     return s;
   }
-  out->samples.clear();
-  out->vocab_size = config_.vocab_size;
-  out->logits.clear();
-  out->row_sequence.clear();
-  out->row_position.clear();
-  out->routing.clear();
-  out->stats.Reset(layout_.routers());
+  out->Clear(config_.vocab_size, layout_.routers());
   const int T = batch.num_tokens();
   if (T == 0) return absl::OkStatus();
 

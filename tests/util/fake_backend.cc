@@ -32,12 +32,7 @@ absl::Status FakeBackend::Forward(const StepBatch& batch, StepOutput* out) {
   for (int32_t t : batch.token_ids) {
     if (t < 0 || t >= vocab_size_) return absl::InvalidArgumentError(absl::StrCat("token ", t));
   }
-  out->samples.clear();
-  out->vocab_size = vocab_size_;
-  out->logits.clear();
-  out->row_sequence.clear();
-  out->row_position.clear();
-  out->routing.clear();
+  out->Clear(vocab_size_, {});
   for (int t = 0; t < batch.num_tokens(); ++t) cache_[batch.cache_rows[t]] = batch.token_ids[t];
   std::vector<float> row(vocab_size_);
   for (int s = 0; s < batch.num_sequences(); ++s) {
