@@ -92,8 +92,14 @@ THROUGHPUT = re.compile(r"throughput: ([\d.]+) requests/s, ([\d.]+) tokens/s")
 OKS = re.compile(r"requests: (\d+) ok, (\d+) failed")
 
 
+def requests_per_run(args, concurrency):
+    """How many timed requests run_bench sends: --waves x concurrency, at
+    least --min-requests."""
+    return max(args.min_requests, args.waves * concurrency)
+
+
 def run_bench(args, target, prompt, new_tokens, concurrency):
-    requests = max(args.min_requests, args.waves * concurrency)
+    requests = requests_per_run(args, concurrency)
     # One wave of warm-up requests first, left out of the figures (the
     # reference's generate() is warmed up too).
     cmd = [args.bench, *target, "--mode", "closed", "--concurrency", str(concurrency),

@@ -37,7 +37,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_pytorch import ROOT, Server, prompt_ids, run_bench  # noqa: E402
+from compare_pytorch import ROOT, Server, prompt_ids, requests_per_run, run_bench  # noqa: E402
 
 CPU = re.compile(r"cpu: ([\d.]+) s user\+system")
 TOKENS = re.compile(r"requests: (\d+) ok")
@@ -113,7 +113,7 @@ def main():
                 rate, _ = run_bench(at_least(args, 64), engine_target, prompt, args.new_tokens, c)
                 wanted = math.ceil(rate * args.min_seconds / args.new_tokens / c) * c
                 run_args = at_least(args, wanted)
-            requests[c] = max(run_args.min_requests, args.waves * c)
+            requests[c] = requests_per_run(run_args, c)
             for r in range(args.repeats):
                 print(f"concurrency {c}, repeat {r + 1}", file=sys.stderr, flush=True)
                 eng, eng_out = run_bench(run_args, engine_target, prompt, args.new_tokens, c)
