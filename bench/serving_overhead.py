@@ -25,6 +25,7 @@ second, shorter than a shared machine's swings.
   /usr/bin/python3 bench/serving_overhead.py --model DIR [--concurrency 1,8,32,128]
       [--prompt-len 16] [--new-tokens 32] [--repeats 3] [--min-seconds 1] [--device cpu|cuda]
       [--serving-threads-nice N]   (the server's flag; default: the server's default)
+      [--stream-interval N]        (the server's flag, given to both; default: the server's, 1)
 """
 import argparse
 import collections
@@ -87,6 +88,9 @@ def main():
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--serving-threads-nice", type=int,
                     help="the server's --serving-threads-nice (default: the server's default)")
+    ap.add_argument("--stream-interval", type=int,
+                    help="the server's --stream-interval, for the server and the in-process "
+                         "engine alike (default: the server's default)")
     args = ap.parse_args()
     args.bench = os.path.join(args.build_dir, "bench", "switchserve-bench")
     concurrency = [int(c) for c in args.concurrency.split(",")]
@@ -95,10 +99,13 @@ def main():
     prompt = prompt_ids(cfg, args.prompt_len)
     server_args = ([] if args.serving_threads_nice is None
                    else ["--serving-threads-nice", str(args.serving_threads_nice)])
+    streaming = ([] if args.stream_interval is None
+                 else ["--stream-interval", str(args.stream_interval)])
+    server_args += streaming
     server = Server(os.path.join(args.build_dir, "server", "switchserve"), args.model, args.threads,
                     args.device, server_args)
     engine_target = ["--engine-model", args.model, "--threads", str(args.threads),
-                     "--device", args.device]
+                     "--device", args.device, *streaming]
     results = {c: {"engine": [], "grpc": [], "ratio": []} for c in concurrency}
     # Per concurrency: CPU seconds and generated tokens, summed over the repeats.
     cpu = {c: collections.Counter() for c in concurrency}
@@ -136,6 +143,7 @@ def main():
     print(f"# serving overhead: {args.model} ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
           f"{os.cpu_count()} cores, threads {args.threads}"
           f"{'' if args.serving_threads_nice is None else f', serving threads nice +{args.serving_threads_nice}'}"
+          f"{'' if args.stream_interval is None else f', stream interval {args.stream_interval}'}"
           f", load average {load_start:.1f} -> "
           f"{os.getloadavg()[0]:.1f})")
     sizing = (f"sized to about {args.min_seconds:g} s at the engine's rate, "

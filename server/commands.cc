@@ -36,6 +36,7 @@ const std::vector<Command>& AllCommands() {
         "max_batch_tokens",
         "max_running_requests",
         "max_queue",
+        "stream_interval",
         "max_request_bytes",
         "max_metadata_bytes",
         "capacity_factor",

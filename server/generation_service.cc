@@ -134,6 +134,7 @@ grpc::ServerUnaryReactor* GenerationService::Generate(grpc::CallbackServerContex
                                                       grpc::ByteBuffer* response) {
   auto prepared = AdmitGenerate(context, *request, "Generate");
   if (!prepared.ok()) return new FinishedCall(this, ToGrpcStatus(prepared.status()));
+  prepared->stream_interval = 0;  // answered at the end
   return StartUnaryGenerate(this, context, std::move(*prepared), response);
 }
 
@@ -141,6 +142,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationService::GenerateStream(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
   auto prepared = AdmitGenerate(context, *request, "GenerateStream");
   if (!prepared.ok()) return new FailedStream(this, ToGrpcStatus(prepared.status()));
+  prepared->stream_interval = options_.stream_interval;
   return StartStreamingGenerate(this, context, std::move(*prepared));
 }
 

@@ -38,6 +38,8 @@ struct GenerationServiceOptions {
   int64_t max_metadata_bytes = 0;
   ServingMetrics* metrics = nullptr;  // null: no metrics; must outlive the service
   CallGate* gate = nullptr;           // drain state shared with HTTP; null: the service's own
+  // GenerateStream: tokens per message after the first (--stream-interval).
+  int stream_interval = 1;
 };
 
 // Generate, GenerateStream and Tokenize take raw byte buffers so that request

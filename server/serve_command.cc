@@ -190,6 +190,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   service_options.max_metadata_bytes = options.max_metadata_bytes;
   service_options.metrics = serving_metrics.get();
   service_options.gate = &gate;
+  service_options.stream_interval = options.stream_interval;
   GenerationService service(service_options);
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -220,7 +221,8 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
                         .auth = auth.get(),
                         .metrics = serving_metrics.get(),
                         .gate = &gate,
-                        .created_unix_s = absl::ToUnixSeconds(absl::Now())});
+                        .created_unix_s = absl::ToUnixSeconds(absl::Now()),
+                        .stream_interval = options.stream_interval});
   std::unique_ptr<HttpServer> http;
   if (options.http_port != 0) {
     auto started = HttpServer::Start(
@@ -277,9 +279,9 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   }
   Log(
       absl::StrFormat("scheduler: max_batch_tokens %d, max_running_requests %d, max_queue %d, "
-                      "max_request_bytes %d, drain_timeout_s %g",
+                      "stream_interval %d, max_request_bytes %d, drain_timeout_s %g",
                       options.max_batch_tokens, options.max_running_requests, options.max_queue,
-                      options.max_request_bytes, options.drain_timeout_s));
+                      options.stream_interval, options.max_request_bytes, options.drain_timeout_s));
   Log(absl::StrFormat("security: %s, %s",
                       !options.tls.enabled()               ? "plaintext"
                       : options.tls.client_ca_file.empty() ? "TLS"

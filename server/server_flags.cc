@@ -34,6 +34,9 @@ ABSL_FLAG(int64_t, max_batch_tokens, 2048,
 ABSL_FLAG(int, max_running_requests, 64, "Requests in the running batch at once");
 ABSL_FLAG(int, max_queue, 1024,
           "Requests waiting for admission; beyond it calls get RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, stream_interval, 1,
+          "Streamed generations (GenerateStream, HTTP stream): the first token goes out at once, "
+          "then one message per this many tokens; larger: fewer messages, less CPU per token");
 ABSL_FLAG(int64_t, max_request_bytes, 4194304,
           "Largest request message gRPC accepts (RESOURCE_EXHAUSTED beyond)");
 ABSL_FLAG(int64_t, max_metadata_bytes, 16384,
@@ -102,6 +105,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   o.max_running_requests = absl::GetFlag(FLAGS_max_running_requests);
   o.max_queue = absl::GetFlag(FLAGS_max_queue);
+  o.stream_interval = absl::GetFlag(FLAGS_stream_interval);
   o.max_request_bytes = absl::GetFlag(FLAGS_max_request_bytes);
   o.max_metadata_bytes = absl::GetFlag(FLAGS_max_metadata_bytes);
   o.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
@@ -170,6 +174,9 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   if (o.max_batch_tokens < 1) return FlagError("max-batch-tokens", "must be >= 1");
   if (o.max_running_requests < 1) return FlagError("max-running-requests", "must be >= 1");
   if (o.max_queue < 1) return FlagError("max-queue", "must be >= 1");
+  if (o.stream_interval < 1 || o.stream_interval > 4096) {
+    return FlagError("stream-interval", "must be in [1, 4096]");
+  }
   if (o.max_request_bytes < 1024 || o.max_request_bytes > (int64_t{1} << 31) - 1) {
     return FlagError("max-request-bytes", "must be in [1024, 2^31)");
   }

@@ -67,6 +67,9 @@ struct ServerOptions {
   int64_t max_batch_tokens = 0;
   int max_running_requests = 0;
   int max_queue = 0;
+  // Streamed generations: tokens per message after the first
+  // (GenerationRequest::stream_interval).
+  int stream_interval = 0;
   int64_t max_request_bytes = 0;
   // Request metadata of one call, counted as HPACK does (name + value + 32
   // bytes per entry). The service refuses a call above it; the transport

@@ -13,8 +13,8 @@
 // client. With --engine-model the same load goes through an in-process
 // GenerationEngine built exactly as `switchserve serve` builds it (the serve
 // flags --threads, --max-batch-tokens, --max-running-requests,
-// --kv-cache-bytes, ... apply, with the same defaults): the gRPC figures
-// divided by these are the cost of serving.
+// --kv-cache-bytes, --stream-interval, ... apply, with the same defaults):
+// the gRPC figures divided by these are the cost of serving.
 #include <unistd.h>
 
 #include <atomic>
@@ -201,6 +201,7 @@ int RunInProcess(const v1::GenerateRequest& request, LoadOptions load,
   absl::StatusOr<GenerationRequest> validated =
       ValidateGenerateRequest(request, *setup->model->tokenizer, limits);
   if (!validated.ok()) return Usage(validated.status().ToString());
+  validated->stream_interval = options->stream_interval;  // a streaming client, as over gRPC
 
   StepCounter counter;
   GenerationEngine engine(setup->engine_options, setup->backend.get(), setup->kv_cache.get(),

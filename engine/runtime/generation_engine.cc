@@ -37,6 +37,8 @@ struct GenerationEngine::RequestState : Sequence {
   // position 0 when a preempted request is recomputed.
   GroupLoads group_loads;
   int generated = 0;
+  // Tokens sampled and not yet delivered (request.stream_interval).
+  GenerationUpdate held;
   CancelCause cancelled = CancelCause::kNone;  // set: leaves at the next step
   bool done = false;
   std::optional<Clock::time_point> first_scheduled;
@@ -102,7 +104,7 @@ void GenerationEngine::Stop() {
     TakeInbox();  // never started: still owe every accepted request its end
     for (auto& state : active_) {
       if (!state->done) {
-        Finish(state.get(), {}, FinishReason::kCancelled, absl::OkStatus(), CancelCause::kShutdown);
+        Finish(state.get(), FinishReason::kCancelled, absl::OkStatus(), CancelCause::kShutdown);
       }
     }
     active_.clear();
@@ -123,7 +125,7 @@ void GenerationEngine::Loop() {
   }
   for (auto& state : active_) {
     if (!state->done) {
-      Finish(state.get(), {}, FinishReason::kCancelled, absl::OkStatus(), CancelCause::kShutdown);
+      Finish(state.get(), FinishReason::kCancelled, absl::OkStatus(), CancelCause::kShutdown);
     }
   }
   active_.clear();
@@ -165,9 +167,9 @@ void GenerationEngine::DropCancelledAndExpired() {
   for (auto& state : active_) {
     const auto& deadline = state->request.deadline;
     if (state->cancelled != CancelCause::kNone) {
-      Finish(state.get(), {}, FinishReason::kCancelled, absl::OkStatus(), state->cancelled);
+      Finish(state.get(), FinishReason::kCancelled, absl::OkStatus(), state->cancelled);
     } else if (deadline && now >= *deadline) {
-      Finish(state.get(), {}, FinishReason::kCancelled, absl::OkStatus(), CancelCause::kDeadline);
+      Finish(state.get(), FinishReason::kCancelled, absl::OkStatus(), CancelCause::kDeadline);
     }
   }
   std::erase_if(active_, [](const auto& state) { return state->done; });
@@ -211,7 +213,7 @@ void GenerationEngine::RunStep() {
     // rest carry on.
     for (const ScheduledChunk& chunk : schedule.chunks) {
       RequestState* state = StateOf(chunk.sequence);
-      Finish(state, {}, FinishReason::kNone, status);
+      Finish(state, FinishReason::kNone, status);
     }
   } else {
     scheduler_.CommitStep(schedule);
@@ -224,7 +226,7 @@ void GenerationEngine::RunStep() {
       ++state->generated;
       if (!state->first_token) state->first_token = Clock::now();
 
-      GenerationUpdate update;
+      GenerationUpdate& update = state->held;
       GeneratedTokenInfo& info = update.tokens.emplace_back();
       info.token_id = token;
       info.logprob = sampled.sample.logprob;
@@ -239,7 +241,7 @@ void GenerationEngine::RunStep() {
         reason = FinishReason::kStop;
       } else {
         bool stopped = false;
-        update.text = state->detokenizer.Add(token, &stopped);
+        update.text += state->detokenizer.Add(token, &stopped);
         if (stopped) reason = FinishReason::kStop;
       }
       if (reason == FinishReason::kNone &&
@@ -247,10 +249,12 @@ void GenerationEngine::RunStep() {
            static_cast<int64_t>(chunk.sequence->tokens.size()) >= options_.context_length)) {
         reason = FinishReason::kLength;
       }
+      const int interval = state->request.stream_interval;
       if (reason != FinishReason::kNone) {
-        Finish(state, std::move(update), reason, absl::OkStatus());
-      } else {
-        state->request.sink->OnUpdate(std::move(update));
+        Finish(state, reason, absl::OkStatus());
+      } else if (interval > 0 &&
+                 (state->generated == 1 || static_cast<int>(update.tokens.size()) >= interval)) {
+        state->request.sink->OnUpdate(std::exchange(update, {}));
       }
     }
   }
@@ -275,9 +279,15 @@ void GenerationEngine::RunStep() {
   }
 }
 
-void GenerationEngine::Finish(RequestState* state, GenerationUpdate update, FinishReason reason,
-                              absl::Status status, CancelCause cause) {
+void GenerationEngine::Finish(RequestState* state, FinishReason reason, absl::Status status,
+                              CancelCause cause) {
   const Clock::time_point now = Clock::now();
+  // A request that ends early (cancelled, failed) first gets its held tokens
+  // as an ordinary update, as it would have with an interval of 1.
+  if ((!status.ok() || reason == FinishReason::kCancelled) && !state->held.tokens.empty()) {
+    state->request.sink->OnUpdate(std::exchange(state->held, {}));
+  }
+  GenerationUpdate update = std::exchange(state->held, {});
   if (status.ok()) {
     bool stopped = false;
     update.text += state->detokenizer.Finish(&stopped);

@@ -119,8 +119,9 @@ class GenerationEngine {
   bool TakeInbox();
   void DropCancelledAndExpired();
   void RunStep();
-  void Finish(RequestState* state, GenerationUpdate update, FinishReason reason,
-              absl::Status status, CancelCause cause = CancelCause::kNone);
+  // Delivers the request's final update (with the tokens it still holds).
+  void Finish(RequestState* state, FinishReason reason, absl::Status status,
+              CancelCause cause = CancelCause::kNone);
   void PublishSnapshot();
 
   const EngineOptions options_;

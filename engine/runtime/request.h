@@ -99,6 +99,13 @@ struct GenerationRequest {
   // The request leaves the batch (FinishReason::kCancelled) once this passes.
   std::optional<Clock::time_point> deadline;
   std::shared_ptr<GenerationSink> sink;
+  // How the engine groups the request's tokens into updates: the first token
+  // alone, as soon as it is sampled (the time to first token never waits),
+  // then one update per `stream_interval` tokens, and what is left with the
+  // final update. 0: the final update carries everything (a caller that
+  // answers only at the end). A streaming server sends a message per update,
+  // so a larger interval costs it fewer messages per token. >= 0.
+  int stream_interval = 1;
   RequestOrigin origin;
 };
 

@@ -144,6 +144,7 @@ void OpenAiService::Completions(const std::shared_ptr<HttpExchange>& exchange) c
     prepared->origin = {.request_id = access.request_id, .protocol = "http"};
     // "logprobs": 0 still reports each token's own logprob.
     prepared->sampling.sampled_logprob = parsed->logprobs.has_value();
+    prepared->stream_interval = parsed->stream ? options_.stream_interval : 0;
     prompts.push_back(std::move(*prepared));
   }
   CompletionOptions options;

@@ -38,6 +38,7 @@ struct OpenAiServiceOptions {
   ServingMetrics* metrics = nullptr;      // null: no metrics
   CallGate* gate = nullptr;               // shared with the gRPC service
   int64_t created_unix_s = 0;             // the model's `created` (server start)
+  int stream_interval = 1;                // streamed completions: tokens per event after the first
 };
 
 class OpenAiService {

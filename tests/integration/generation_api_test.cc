@@ -81,6 +81,36 @@ TEST_F(GenerationApiTest, UnaryAndStreamingAgree) {
   EXPECT_EQ(stream.last.usage().completion_tokens(), unary.usage().completion_tokens());
 }
 
+TEST(StreamIntervalTest, StreamSendsTheFirstTokenAloneThenGroupsAndAgreesWithUnary) {
+  // Steps of >= 5 ms: a group's message is written long before the next.
+  auto server = ServerProcess::Start({"--stream-interval", "4", "--debug-step-delay-ms", "5"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = v1::Generation::NewStub((*server)->Channel());
+  v1::GenerateRequest request = TextRequest("The experts say", 30, 0.9f);
+  request.mutable_sampling()->set_seed(99);
+  request.mutable_sampling()->set_ignore_eos(true);
+  request.set_logprobs(2);
+
+  v1::GenerateResponse unary;
+  auto context = ContextWithDeadline();
+  ASSERT_TRUE(stub->Generate(context.get(), request, &unary).ok());
+  ASSERT_EQ(unary.token_ids_size(), 30);
+
+  auto stream_context = ContextWithDeadline();
+  StreamResult stream = ReadStream(*stub, request, stream_context.get());
+  ASSERT_TRUE(stream.status.ok()) << stream.status.error_message();
+  EXPECT_EQ(stream.text, unary.text());
+  EXPECT_EQ(stream.token_ids,
+            std::vector<int32_t>(unary.token_ids().begin(), unary.token_ids().end()));
+  EXPECT_EQ(stream.last.usage().completion_tokens(), 30);
+  // 1, then 4 at a time (7 groups), the last token with the end: 9 messages.
+  const std::vector<int>& sizes = stream.tokens_per_message;
+  ASSERT_EQ(sizes.size(), 9u) << ::testing::PrintToString(sizes);
+  EXPECT_EQ(sizes.front(), 1);
+  for (size_t i = 1; i + 1 < sizes.size(); ++i) EXPECT_EQ(sizes[i], 4) << i;
+  EXPECT_EQ(sizes.back(), 1);
+}
+
 TEST_F(GenerationApiTest, TokenizeAndModelInfo) {
   v1::TokenizeRequest request;
   request.set_text("h\xC3\xA9!");

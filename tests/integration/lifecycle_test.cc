@@ -44,7 +44,8 @@ void ExpectSigtermDrainsRunningStreams(const std::string& drain_timeout_s) {
       v1::GenerateStreamResponse message;
       StreamResult& result = results[i];
       while (reader->Read(&message)) {
-        if (result.messages++ == 0) ++started;
+        if (result.tokens_per_message.empty()) ++started;
+        result.tokens_per_message.push_back(message.token_ids_size());
         result.token_ids.insert(result.token_ids.end(), message.token_ids().begin(),
                                 message.token_ids().end());
         result.last = message;

@@ -62,7 +62,7 @@ struct StreamResult {
   grpc::Status status;
   std::string text;
   std::vector<int32_t> token_ids;
-  int messages = 0;
+  std::vector<int> tokens_per_message;  // one entry per message
   v1::GenerateStreamResponse last;
 };
 
@@ -76,7 +76,7 @@ inline StreamResult ReadStream(v1::Generation::Stub& stub, const v1::GenerateReq
     result.text += message.text();
     result.token_ids.insert(result.token_ids.end(), message.token_ids().begin(),
                             message.token_ids().end());
-    ++result.messages;
+    result.tokens_per_message.push_back(message.token_ids_size());
     result.last = message;
   }
   result.status = reader->Finish();

@@ -164,6 +164,25 @@ def test_stream_ends_with_done_and_equals_unary(server, client):
         unary.choices[0].text
 
 
+def test_stream_interval_groups_tokens_after_the_first():
+    grouping = Server("--stream-interval", "4")
+    try:
+        client = grouping.client()
+        kwargs = dict(model=MODEL, prompt="The experts say", max_tokens=30, temperature=0.9, seed=7,
+                      logprobs=0, extra_body={"ignore_eos": True})
+        unary = client.completions.create(**kwargs)
+        chunks = [c for c in client.completions.create(stream=True, **kwargs) if c.choices]
+        assert "".join(c.choices[0].text for c in chunks) == unary.choices[0].text
+        sizes = [len(c.choices[0].logprobs.tokens) for c in chunks]
+        # 1, then 4 at a time (7 events), the last token with the end.
+        assert sizes == [1] + [4] * 7 + [1]
+        assert chunks[-1].choices[0].finish_reason == "length"
+        streamed = [t for c in chunks for t in c.choices[0].logprobs.token_logprobs]
+        assert streamed == unary.choices[0].logprobs.token_logprobs
+    finally:
+        grouping.close()
+
+
 def test_stop_string(server, client):
     reference = client.completions.create(model=MODEL, prompt="stop test", max_tokens=20,
                                           temperature=0, extra_body={"ignore_eos": True})

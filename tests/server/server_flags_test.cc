@@ -15,6 +15,7 @@ ABSL_DECLARE_FLAG(double, drain_timeout_s);
 ABSL_DECLARE_FLAG(std::optional<double>, capacity_factor);
 ABSL_DECLARE_FLAG(int64_t, max_metadata_bytes);
 ABSL_DECLARE_FLAG(int, serving_threads_nice);
+ABSL_DECLARE_FLAG(int, stream_interval);
 
 namespace switchserve {
 namespace {
@@ -77,6 +78,25 @@ TEST(ServerFlagsTest, ServingThreadsNiceIsZeroToNineteenTenByDefault) {
     EXPECT_NE(options.status().message().find("--serving-threads-nice"), std::string::npos);
   }
   absl::SetFlag(&FLAGS_serving_threads_nice, 10);
+}
+
+TEST(ServerFlagsTest, StreamIntervalIsOneByDefaultAndOneTo4096) {
+  auto options = ServerOptionsFromFlags();
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->stream_interval, 1);
+  for (int interval : {1, 8, 4096}) {
+    absl::SetFlag(&FLAGS_stream_interval, interval);
+    options = ServerOptionsFromFlags();
+    ASSERT_TRUE(options.ok()) << options.status();
+    EXPECT_EQ(options->stream_interval, interval);
+  }
+  for (int bad : {0, -1, 4097}) {
+    absl::SetFlag(&FLAGS_stream_interval, bad);
+    options = ServerOptionsFromFlags();
+    EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(options.status().message().find("--stream-interval"), std::string::npos);
+  }
+  absl::SetFlag(&FLAGS_stream_interval, 1);
 }
 
 TEST(ServerFlagsTest, CpuWeightCopiesAreOnByDefaultAndCanBeTurnedOff) {

@@ -24,6 +24,7 @@ class CollectingSink : public GenerationSink {
     std::lock_guard<std::mutex> lock(mu_);
     text_ += update.text;
     for (const auto& t : update.tokens) ids_.push_back(t.token_id);
+    sizes_.push_back(static_cast<int>(update.tokens.size()));
     ++updates_;
     if (update.finished) {
       final_ = std::move(update);
@@ -42,6 +43,7 @@ class CollectingSink : public GenerationSink {
   }
   std::string text_;
   std::vector<int32_t> ids_;
+  std::vector<int> sizes_;  // tokens in each update, in order
 
  private:
   std::mutex mu_;
@@ -56,6 +58,13 @@ class PreemptionCounter : public EngineObserver {
  public:
   void OnStep(const StepReport& report) override { preempted += report.preempted; }
   std::atomic<int64_t> preempted{0};
+};
+
+// Counts the engine's steps.
+class StepCounter : public EngineObserver {
+ public:
+  void OnStep(const StepReport&) override { ++steps; }
+  std::atomic<int64_t> steps{0};
 };
 
 class GenerationEngineTest : public ::testing::Test {
@@ -79,11 +88,13 @@ class GenerationEngineTest : public ::testing::Test {
     engine_ = std::make_unique<GenerationEngine>(options, backend_.get(), kv_cache_.get(),
                                                  tokenizer_.get(), observer);
   }
-  std::shared_ptr<CollectingSink> Submit(const std::string& prompt, SamplingParams params) {
+  std::shared_ptr<CollectingSink> Submit(const std::string& prompt, SamplingParams params,
+                                         int stream_interval = 1) {
     auto sink = std::make_shared<CollectingSink>();
     GenerationRequest request;
     request.prompt.assign(prompt.begin(), prompt.end());
     request.sampling = params;
+    request.stream_interval = stream_interval;
     request.sink = sink;
     auto id = engine_->Submit(std::move(request));
     EXPECT_TRUE(id.ok()) << id.status();
@@ -271,6 +282,77 @@ TEST_F(GenerationEngineTest, DeadlineEndsRequest) {
   EXPECT_EQ(final.finish_reason, FinishReason::kCancelled);
   EXPECT_EQ(final.cancel_cause, CancelCause::kDeadline);
   EXPECT_LT(final.completion_tokens, 250);
+}
+
+TEST_F(GenerationEngineTest, StreamIntervalSendsTheFirstTokenAloneThenGroups) {
+  Init(256, 256, 16);
+  engine_->Start();
+  auto each = Submit("interval", Greedy(10));
+  each->Wait();
+  EXPECT_EQ(each->sizes_, std::vector<int>(10, 1));
+
+  auto grouped = Submit("interval", Greedy(10), /*stream_interval=*/4);
+  const GenerationUpdate& final = grouped->Wait();
+  EXPECT_EQ(final.finish_reason, FinishReason::kLength);
+  EXPECT_EQ(final.completion_tokens, 10);
+  // The first token at once, then 4 at a time, the rest with the end.
+  EXPECT_EQ(grouped->sizes_, (std::vector<int>{1, 4, 4, 1}));
+  EXPECT_EQ(grouped->ids_, each->ids_);
+  EXPECT_EQ(grouped->text_, each->text_);
+
+  // A stop string inside a group: the text ends where it did token by token.
+  SamplingParams p = Greedy(10);
+  p.stop = {each->text_.substr(6, 2)};
+  auto stopped_each = Submit("interval", p);
+  stopped_each->Wait();
+  auto stopped_grouped = Submit("interval", p, 4);
+  EXPECT_EQ(stopped_grouped->Wait().finish_reason, FinishReason::kStop);
+  EXPECT_EQ(stopped_grouped->text_, stopped_each->text_);
+  EXPECT_EQ(stopped_grouped->ids_, stopped_each->ids_);
+}
+
+TEST_F(GenerationEngineTest, StreamIntervalZeroSendsOnlyTheFinalUpdate) {
+  Init(256, 256, 16);
+  engine_->Start();
+  auto each = Submit("at the end", Greedy(10));
+  each->Wait();
+  auto at_end = Submit("at the end", Greedy(10), /*stream_interval=*/0);
+  const GenerationUpdate& final = at_end->Wait();
+  EXPECT_EQ(final.finish_reason, FinishReason::kLength);
+  EXPECT_EQ(at_end->sizes_, std::vector<int>{10});
+  EXPECT_EQ(at_end->ids_, each->ids_);
+  EXPECT_EQ(at_end->text_, each->text_);
+}
+
+TEST_F(GenerationEngineTest, HeldTokensReachTheSinkBeforeAnEarlyEnd) {
+  // Cancelled (by the client, by the deadline) while holding tokens: they
+  // come in an ordinary update, then the final one, as token by token.
+  StepCounter steps;
+  Init(256, 256, 16, 1000, std::nullopt, &steps);
+  backend_->set_step_delay_ms(2);
+  engine_->Start();
+  auto cancelled = Submit("cancel me", Greedy(200), /*stream_interval=*/1000);
+  const RequestId id = last_id_;
+  auto sink = std::make_shared<CollectingSink>();
+  GenerationRequest request;
+  request.prompt = {1, 2, 3};
+  request.sampling = Greedy(250);
+  request.stream_interval = 1000;
+  // 250 steps of >= 2 ms cannot end before it.
+  request.deadline = Clock::now() + std::chrono::milliseconds(300);
+  request.sink = sink;
+  ASSERT_TRUE(engine_->Submit(std::move(request)).ok());
+  // Every step samples a token of each.
+  while (steps.steps < 5) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  engine_->Cancel(id);
+  for (const auto& s : {cancelled, sink}) {
+    const GenerationUpdate& final = s->Wait();
+    EXPECT_EQ(final.finish_reason, FinishReason::kCancelled);
+    ASSERT_GT(final.completion_tokens, 1);
+    EXPECT_EQ(static_cast<int>(s->ids_.size()), final.completion_tokens);
+    EXPECT_EQ(s->sizes_, (std::vector<int>{1, final.completion_tokens - 1, 0}));
+    EXPECT_EQ(s->text_.size(), s->ids_.size());  // printable ASCII from the fake backend
+  }
 }
 
 TEST_F(GenerationEngineTest, QueueLimitAndStop) {
