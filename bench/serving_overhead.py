@@ -4,14 +4,18 @@ in-process (switchserve-bench --engine-model) and over gRPC (switchserve serve
 + switchserve-bench --address), same model, same requests, at each
 concurrency (default 1, 8, 32, 128). gRPC / engine throughput is what the
 server (gRPC, protobuf, validation, detokenized streaming, threads) costs.
+With --protocol http the served runs go to the OpenAI-compatible HTTP API
+instead (streamed /v1/completions, one connection a request: the load
+generator's HTTP client).
 
-Engine and gRPC runs alternate (--repeats times) so that slow drifts of a
+Engine and served runs alternate (--repeats times) so that slow drifts of a
 shared machine's load hit both; the table gives the median of each and the
 median of the per-pair ratios.
 
 A second table says where the CPU goes, per generated token (summed over the
 repeats): the in-process run's whole process; the server's engine threads
-(`engine`, `cpu-worker-N`) and its serving threads (gRPC's, `stream-writes`)
+(`engine`, `cpu-worker-N`) and its serving threads (gRPC's, `stream-writes`,
+the HTTP API's)
 from /proc/PID/task; and the load generator's client, which shares the
 machine's cores. On a machine whose cores the load fills, throughput is
 about cores / CPU per token, so these shares explain the ratio and are far
@@ -26,6 +30,7 @@ second, shorter than a shared machine's swings.
       [--prompt-len 16] [--new-tokens 32] [--repeats 3] [--min-seconds 1] [--device cpu|cuda]
       [--serving-threads-nice N]   (the server's flag; default: the server's default)
       [--stream-interval N]        (the server's flag, given to both; default: the server's, 1)
+      [--protocol grpc|http]
 """
 import argparse
 import collections
@@ -33,6 +38,7 @@ import json
 import math
 import os
 import re
+import socket
 import statistics
 import sys
 import time
@@ -91,6 +97,9 @@ def main():
     ap.add_argument("--stream-interval", type=int,
                     help="the server's --stream-interval, for the server and the in-process "
                          "engine alike (default: the server's default)")
+    ap.add_argument("--protocol", default="grpc", choices=["grpc", "http"],
+                    help="what the served runs use: gRPC GenerateStream, or the HTTP API's "
+                         "streamed completions")
     args = ap.parse_args()
     args.bench = os.path.join(args.build_dir, "bench", "switchserve-bench")
     concurrency = [int(c) for c in args.concurrency.split(",")]
@@ -102,11 +111,19 @@ def main():
     streaming = ([] if args.stream_interval is None
                  else ["--stream-interval", str(args.stream_interval)])
     server_args += streaming
+    if args.protocol == "http":
+        with socket.socket() as probe:  # a free port for the HTTP API
+            probe.bind(("127.0.0.1", 0))
+            http_port = probe.getsockname()[1]
+        server_args += ["--http-port", str(http_port)]
     server = Server(os.path.join(args.build_dir, "server", "switchserve"), args.model, args.threads,
                     args.device, server_args)
     engine_target = ["--engine-model", args.model, "--threads", str(args.threads),
                      "--device", args.device, *streaming]
-    results = {c: {"engine": [], "grpc": [], "ratio": []} for c in concurrency}
+    served_target = (["--address", server.address] if args.protocol == "grpc"
+                     else ["--http-address", f"127.0.0.1:{http_port}"])
+    served = "gRPC" if args.protocol == "grpc" else "HTTP"
+    results = {c: {"engine": [], "served": [], "ratio": []} for c in concurrency}
     # Per concurrency: CPU seconds and generated tokens, summed over the repeats.
     cpu = {c: collections.Counter() for c in concurrency}
     load_start = os.getloadavg()[0]
@@ -125,8 +142,7 @@ def main():
                 print(f"concurrency {c}, repeat {r + 1}", file=sys.stderr, flush=True)
                 eng, eng_out = run_bench(run_args, engine_target, prompt, args.new_tokens, c)
                 before = thread_cpu(server.proc.pid)
-                rpc, rpc_out = run_bench(run_args, ["--address", server.address], prompt,
-                                         args.new_tokens, c)
+                rpc, rpc_out = run_bench(run_args, served_target, prompt, args.new_tokens, c)
                 after = thread_cpu(server.proc.pid)
                 tokens = int(TOKENS.search(rpc_out).group(1)) * args.new_tokens
                 cpu[c]["in-process"] += cpu_seconds(eng_out)
@@ -136,7 +152,7 @@ def main():
                     group = "engine threads" if ENGINE_THREADS.match(name) else "serving threads"
                     cpu[c][group] += after[name] - before.get(name, 0)
                 results[c]["engine"].append(eng)
-                results[c]["grpc"].append(rpc)
+                results[c]["served"].append(rpc)
                 results[c]["ratio"].append(rpc / eng)
     finally:
         server.close()
@@ -151,17 +167,17 @@ def main():
     print(f"prompt {args.prompt_len} tokens, {args.new_tokens} new tokens, greedy, ignore_eos; "
           f"closed loop, requests per run {sizing}at least max({args.min_requests}, "
           f"{args.waves} x concurrency), after one wave of warm-up; "
-          f"median of {args.repeats} alternating engine/gRPC pairs\n")
-    print("| concurrency | engine tokens/s | gRPC tokens/s | gRPC / engine (median of pairs) "
+          f"median of {args.repeats} alternating engine/{served} pairs\n")
+    print(f"| concurrency | engine tokens/s | {served} tokens/s | {served} / engine (median of pairs) "
           "| range of pair ratios | requests per run |")
     print("| --- | --- | --- | --- | --- | --- |")
     for c in concurrency:
         res = results[c]
-        print(f"| {c} | {statistics.median(res['engine']):.1f} | {statistics.median(res['grpc']):.1f} "
+        print(f"| {c} | {statistics.median(res['engine']):.1f} | {statistics.median(res['served']):.1f} "
               f"| {statistics.median(res['ratio']):.3f} | {min(res['ratio']):.3f}–{max(res['ratio']):.3f} "
               f"| {requests[c]} |")
     print("\nCPU per generated token (µs, user + system, summed over the repeats). Where the load "
-          "fills the cores, gRPC / engine ≈ in-process ÷ (server + client); without a client on "
+          f"fills the cores, {served} / engine ≈ in-process ÷ (server + client); without a client on "
           "the same cores, ≈ in-process ÷ server.\n")
     print("| concurrency | in-process | server: engine threads | server: serving threads "
           "| client | serving / engine threads | in-process ÷ (server + client) "

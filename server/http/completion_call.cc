@@ -4,7 +4,9 @@
 #include <ctime>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
@@ -98,7 +100,7 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
       Choice& choice = *choices_[index];
       if (!rejected_ && !gone_) {
         if (options_.stream) {
-          StreamUpdateLocked(index, update);
+          StreamUpdateLocked(index, &update);
         } else {
           choice.text += update.text;
           if (options_.logprobs >= 0) {
@@ -134,17 +136,33 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
     return chunk;
   }
 
-  void StreamUpdateLocked(int index, const GenerationUpdate& update) {
-    if (!update.status.ok() || update.finish_reason == FinishReason::kCancelled) return;
-    if (update.text.empty() && update.tokens.empty() && !update.finished) return;
+  // Engine thread: hands the update's text and tokens (moved out of it) to
+  // the connection's I/O thread, which renders the event (RenderEvent).
+  void StreamUpdateLocked(int index, GenerationUpdate* update) {
+    if (!update->status.ok() || update->finish_reason == FinishReason::kCancelled) return;
+    if (update->text.empty() && update->tokens.empty() && !update->finished) return;
+    exchange_->WriteRendered(
+        [self = shared_from_this(), index, text = std::move(update->text),
+         tokens = std::move(update->tokens),
+         finish_reason =
+             update->finished ? std::optional<FinishReason>(update->finish_reason) : std::nullopt] {
+          return self->RenderEvent(index, text, tokens, finish_reason);
+        });
+  }
+
+  // The connection's I/O thread, in the order of the updates.
+  std::string RenderEvent(int index, const std::string& text,
+                          const std::vector<GeneratedTokenInfo>& tokens,
+                          std::optional<FinishReason> finish_reason) {
+    std::lock_guard<std::mutex> lock(mu_);
     Json choice = {
-        {"index", index}, {"text", update.text}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
-    if (options_.logprobs >= 0 && !update.tokens.empty()) {
-      choice["logprobs"] = LogprobsObject(*context_.tokenizer, update.tokens, options_.logprobs,
+        {"index", index}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+    if (options_.logprobs >= 0 && !tokens.empty()) {
+      choice["logprobs"] = LogprobsObject(*context_.tokenizer, tokens, options_.logprobs,
                                           &choices_[index]->text_offset);
     }
-    if (update.finished) choice["finish_reason"] = OpenAiFinishReason(update.finish_reason);
-    exchange_->Write(Event(Chunk(Json::array({std::move(choice)}))));
+    if (finish_reason) choice["finish_reason"] = OpenAiFinishReason(*finish_reason);
+    return Event(Chunk(Json::array({std::move(choice)})));
   }
 
   // Every prompt has finished: the response (or its end), the access log.

@@ -2,7 +2,8 @@
 // choice each) and the response they build, unary JSON or server-sent
 // events. The engine's updates arrive on the engine thread, a disconnect on
 // an HTTP thread; the call answers through its HttpExchange and ends with one
-// access-log line.
+// access-log line. A streamed update's event is rendered (JSON, logprobs) on
+// the connection's I/O thread, not the engine's.
 #ifndef SWITCHSERVE_SERVER_HTTP_COMPLETION_CALL_H_
 #define SWITCHSERVE_SERVER_HTTP_COMPLETION_CALL_H_
 

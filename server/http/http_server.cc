@@ -16,6 +16,7 @@
 #include <mutex>
 #include <thread>
 #include <type_traits>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -43,11 +44,14 @@ std::string PeerName(const tcp::endpoint& endpoint) {
 // What a connection is asked to send, in order.
 struct OutPiece {
   enum Kind { kFull, kHead, kChunk, kEnd };
-  OutPiece(Kind k, HttpResponse r, std::string d)
-      : kind(k), response(std::move(r)), data(std::move(d)) {}
+  OutPiece(Kind k, HttpResponse r, std::string d, std::function<std::string()> f = nullptr)
+      : kind(k), response(std::move(r)), data(std::move(d)), render(std::move(f)) {}
   Kind kind;
   HttpResponse response;  // kFull, kHead
   std::string data;       // kChunk
+  // kChunk: set, it makes `data` on the connection's strand as the piece
+  // arrives there.
+  std::function<std::string()> render;
 };
 
 // The part of a connection an exchange talks to.
@@ -75,6 +79,9 @@ class ExchangeImpl : public HttpExchange {
   }
   void Write(std::string data) override {
     if (!data.empty()) Send(OutPiece(OutPiece::kChunk, {}, std::move(data)));
+  }
+  void WriteRendered(std::function<std::string()> render) override {
+    Send(OutPiece(OutPiece::kChunk, {}, {}, std::move(render)));
   }
   void End() override { Send(OutPiece(OutPiece::kEnd, {}, {})); }
   void OnClientGone(std::function<void()> on_gone) override {
@@ -197,6 +204,10 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     net::post(stream_.get_executor(),
               [self = this->shared_from_this(), piece = std::move(piece)]() mutable {
                 if (self->closed_ || self->exchange_ == nullptr) return;
+                if (piece.render) {
+                  piece.data = std::exchange(piece.render, nullptr)();
+                  if (piece.data.empty()) return;
+                }
                 self->pending_.push_back(std::move(piece));
                 self->WriteNext();
               });

@@ -63,6 +63,11 @@ class HttpExchange {
   // body as it is written.
   virtual void StartStream(HttpResponse head) = 0;
   virtual void Write(std::string data) = 0;
+  // A Write whose data `render` makes on the connection's I/O thread, when
+  // the pieces sent before it have been taken in: work (such as building
+  // JSON) that the calling thread hands off. Not called once the client is
+  // gone. An empty result writes nothing.
+  virtual void WriteRendered(std::function<std::string()> render) = 0;
   virtual void End() = 0;
 
   // `on_gone` runs once, on an I/O thread, if the client disconnects (or a

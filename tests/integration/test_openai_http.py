@@ -177,8 +177,11 @@ def test_stream_interval_groups_tokens_after_the_first():
         # 1, then 4 at a time (7 events), the last token with the end.
         assert sizes == [1] + [4] * 7 + [1]
         assert chunks[-1].choices[0].finish_reason == "length"
-        streamed = [t for c in chunks for t in c.choices[0].logprobs.token_logprobs]
-        assert streamed == unary.choices[0].logprobs.token_logprobs
+        # Each event's logprobs continue the last one's: the same tokens and
+        # text offsets as the unary answer.
+        for field in ("token_logprobs", "tokens", "text_offset"):
+            streamed = [v for c in chunks for v in getattr(c.choices[0].logprobs, field)]
+            assert streamed == getattr(unary.choices[0].logprobs, field), field
     finally:
         grouping.close()
 
