@@ -150,11 +150,14 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
         });
   }
 
-  // The connection's I/O thread, in the order of the updates.
+  // The connection's I/O thread, one event at a time in the order of the
+  // updates. Without mu_, so that the engine thread never waits for a
+  // (niced) I/O thread: it reads what does not change once the call has
+  // started, and the choice's text_offset, which in a streamed call nothing
+  // else uses.
   std::string RenderEvent(int index, const std::string& text,
                           const std::vector<GeneratedTokenInfo>& tokens,
                           std::optional<FinishReason> finish_reason) {
-    std::lock_guard<std::mutex> lock(mu_);
     Json choice = {
         {"index", index}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
     if (options_.logprobs >= 0 && !tokens.empty()) {
