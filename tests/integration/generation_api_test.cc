@@ -51,6 +51,13 @@ class GenerationApiTest : public ::testing::Test {
 ServerProcess* GenerationApiTest::server_ = nullptr;
 v1::Generation::Stub* GenerationApiTest::stub_ = nullptr;
 
+// The stream's text and token ids are the unary answer's.
+void ExpectStreamIsUnary(const StreamResult& stream, const v1::GenerateResponse& unary) {
+  EXPECT_EQ(stream.text, unary.text());
+  EXPECT_EQ(stream.token_ids,
+            std::vector<int32_t>(unary.token_ids().begin(), unary.token_ids().end()));
+}
+
 TEST_F(GenerationApiTest, UnaryAndStreamingAgree) {
   v1::GenerateRequest request = TextRequest("The experts say", 30, 0.9f);
   request.mutable_sampling()->set_seed(1234);
@@ -74,9 +81,7 @@ TEST_F(GenerationApiTest, UnaryAndStreamingAgree) {
   auto stream_context = ContextWithDeadline();
   StreamResult stream = ReadStream(*stub_, request, stream_context.get());
   ASSERT_TRUE(stream.status.ok()) << stream.status.error_message();
-  EXPECT_EQ(stream.text, unary.text());
-  EXPECT_EQ(stream.token_ids,
-            std::vector<int32_t>(unary.token_ids().begin(), unary.token_ids().end()));
+  ExpectStreamIsUnary(stream, unary);
   EXPECT_TRUE(stream.last.finished());
   EXPECT_EQ(stream.last.finish_reason(), unary.finish_reason());
   EXPECT_EQ(stream.last.usage().completion_tokens(), unary.usage().completion_tokens());
@@ -99,9 +104,7 @@ TEST(StreamIntervalTest, StreamSendsTheFirstTokenAloneThenGroupsAndAgreesWithUna
   auto stream_context = ContextWithDeadline();
   StreamResult stream = ReadStream(*stub, request, stream_context.get());
   ASSERT_TRUE(stream.status.ok()) << stream.status.error_message();
-  EXPECT_EQ(stream.text, unary.text());
-  EXPECT_EQ(stream.token_ids,
-            std::vector<int32_t>(unary.token_ids().begin(), unary.token_ids().end()));
+  ExpectStreamIsUnary(stream, unary);
   EXPECT_EQ(stream.last.usage().completion_tokens(), 30);
   // The engine hands the call 1 token, then 4 at a time (7 groups), then the
   // last with the end; a message carries one or more whole groups (groups

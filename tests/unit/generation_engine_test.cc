@@ -53,6 +53,12 @@ class CollectingSink : public GenerationSink {
   GenerationUpdate final_;
 };
 
+// Two requests gave the same tokens and text.
+void ExpectSameOutput(const CollectingSink& a, const CollectingSink& b) {
+  EXPECT_EQ(a.ids_, b.ids_);
+  EXPECT_EQ(a.text_, b.text_);
+}
+
 // Counts the preemptions the engine reports, step by step.
 class PreemptionCounter : public EngineObserver {
  public:
@@ -297,8 +303,7 @@ TEST_F(GenerationEngineTest, StreamIntervalSendsTheFirstTokenAloneThenGroups) {
   EXPECT_EQ(final.completion_tokens, 10);
   // The first token at once, then 4 at a time, the rest with the end.
   EXPECT_EQ(grouped->sizes_, (std::vector<int>{1, 4, 4, 1}));
-  EXPECT_EQ(grouped->ids_, each->ids_);
-  EXPECT_EQ(grouped->text_, each->text_);
+  ExpectSameOutput(*grouped, *each);
 
   // A stop string inside a group: the text ends where it did token by token.
   SamplingParams p = Greedy(10);
@@ -307,8 +312,7 @@ TEST_F(GenerationEngineTest, StreamIntervalSendsTheFirstTokenAloneThenGroups) {
   stopped_each->Wait();
   auto stopped_grouped = Submit("interval", p, 4);
   EXPECT_EQ(stopped_grouped->Wait().finish_reason, FinishReason::kStop);
-  EXPECT_EQ(stopped_grouped->text_, stopped_each->text_);
-  EXPECT_EQ(stopped_grouped->ids_, stopped_each->ids_);
+  ExpectSameOutput(*stopped_grouped, *stopped_each);
 }
 
 TEST_F(GenerationEngineTest, StreamIntervalZeroSendsOnlyTheFinalUpdate) {
@@ -320,8 +324,7 @@ TEST_F(GenerationEngineTest, StreamIntervalZeroSendsOnlyTheFinalUpdate) {
   const GenerationUpdate& final = at_end->Wait();
   EXPECT_EQ(final.finish_reason, FinishReason::kLength);
   EXPECT_EQ(at_end->sizes_, std::vector<int>{10});
-  EXPECT_EQ(at_end->ids_, each->ids_);
-  EXPECT_EQ(at_end->text_, each->text_);
+  ExpectSameOutput(*at_end, *each);
 }
 
 TEST_F(GenerationEngineTest, HeldTokensReachTheSinkBeforeAnEarlyEnd) {
