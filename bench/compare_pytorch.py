@@ -34,6 +34,7 @@ with random weights, written once (--paper-dtype: f32, ~1 GB, or bf16) to
 --paper-dir (default: one folder per dtype); switchserve holds them as stored.
 """
 import argparse
+import ctypes
 import json
 import math
 import os
@@ -44,7 +45,19 @@ import sys
 import tempfile
 import time
 
-import torch
+# The reference at its best: its f32 products run on OpenBLAS, with the
+# kernels OpenBLAS picks for this CPU. An inherited OPENBLAS_CORETYPE that
+# names an older core (some environments set Haswell) slows them: 1.7x on an
+# AMD EPYC (Zen 5) VM. OpenBLAS reads it when it loads, so the script starts
+# again without it, unless --keep-openblas-coretype.
+if "OPENBLAS_CORETYPE" in os.environ and "--keep-openblas-coretype" not in sys.argv:
+    print(f"compare_pytorch: starting again without OPENBLAS_CORETYPE="
+          f"{os.environ['OPENBLAS_CORETYPE']}, so that OpenBLAS picks its kernels for this CPU "
+          "(--keep-openblas-coretype keeps it)", file=sys.stderr, flush=True)
+    os.execve(sys.executable, [sys.executable, *sys.argv],
+              {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"})
+
+import torch  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools", "reference"))
@@ -244,6 +257,18 @@ def score(args, model_dir):
 REF_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 
 
+def openblas_kernels():
+    """OpenBLAS's name for the kernels it runs here, and what chose them."""
+    try:
+        lib = ctypes.CDLL("libopenblas.so.0")
+        lib.openblas_get_corename.restype = ctypes.c_char_p
+        name = lib.openblas_get_corename().decode()
+    except (OSError, AttributeError):
+        return "(no libopenblas.so.0)"
+    forced = os.environ.get("OPENBLAS_CORETYPE")
+    return f"{name} (OPENBLAS_CORETYPE={forced})" if forced else name
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -278,6 +303,8 @@ def main():
                     help="run the reference's forward through torch.compile")
     ap.add_argument("--paper-dtype", default="f32", choices=["f32", "bf16"],
                     help="the dtype the paper-shaped model is stored (and served) in")
+    ap.add_argument("--keep-openblas-coretype", action="store_true",
+                    help="keep an inherited OPENBLAS_CORETYPE (by default the script drops it)")
     args = ap.parse_args()
     if args.ref_device is None:
         args.ref_device = args.device
@@ -298,7 +325,7 @@ def main():
 
     print(f"# switchserve vs PyTorch reference ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
           f"{os.cpu_count()} cores, torch {torch.__version__} threads {torch.get_num_threads()}, "
-          f"load average {os.getloadavg()[0]:.1f})")
+          f"OpenBLAS kernels {openblas_kernels()}, load average {os.getloadavg()[0]:.1f})")
     agree = True
     if not args.skip_model:
         compare(args, args.model, args.prompt_len, args.new_tokens, "model")

@@ -200,6 +200,7 @@ const Limits& MeasuredLimits() {
       const bench::MachineLimits& m = bench::MeasureMachineLimits();
       l->gb_per_s = m.read_gb_per_s;
       l->gflops = m.sgemm_gflops;
+      benchmark::AddCustomContext("sgemm_kernels", bench::SgemmKernels());
     } else {
       absl::StatusOr<DeviceLimits> m = MeasureDeviceLimits(settings().device, settings().smoke);
       if (m.ok()) {

@@ -392,4 +392,12 @@ BENCHMARK(BM_WorkerPoolJob)
 }  // namespace
 }  // namespace switchserve::cpu
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  // blas:1 runs OpenBLAS's kernels for this CPU, or those OPENBLAS_CORETYPE names.
+  benchmark::AddCustomContext("blas_kernels", switchserve::bench::SgemmKernels());
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

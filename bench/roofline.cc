@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <thread>
 #include <vector>
 
@@ -133,6 +134,16 @@ double RoundTripNs(int cpu_a, int cpu_b, int trips) {
 
 }  // namespace
 
+std::string DescribeSgemmKernels(const char* core_name, const char* forced_core) {
+  std::string kernels = core_name != nullptr ? core_name : "unknown";
+  if (forced_core != nullptr) kernels += std::string(" (OPENBLAS_CORETYPE=") + forced_core + ")";
+  return kernels;
+}
+
+std::string SgemmKernels() {
+  return DescribeSgemmKernels(openblas_get_corename(), std::getenv("OPENBLAS_CORETYPE"));
+}
+
 double MeasureCoreRoundTripNs() {
   cpu_set_t allowed;
   if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return 0;
@@ -155,11 +166,19 @@ const MachineLimits& MeasureMachineLimits() {
     measured.sgemm_gflops = MeasureSgemm(4);
     measured.read_gb_per_s = MeasureReadBandwidth(5);
     measured.core_round_trip_ns = MeasureCoreRoundTripNs();
+    const std::string kernels = SgemmKernels();
     std::fprintf(stderr,
-                 "machine limits: sgemm %.1f GFLOP/s, memory read %.1f GB/s (%d threads); "
-                 "core-to-core round trip %.0f ns\n",
-                 measured.sgemm_gflops, measured.read_gb_per_s, omp_get_max_threads(),
-                 measured.core_round_trip_ns);
+                 "machine limits: sgemm %.1f GFLOP/s (OpenBLAS %s kernels), memory read %.1f "
+                 "GB/s (%d threads); core-to-core round trip %.0f ns\n",
+                 measured.sgemm_gflops, kernels.c_str(), measured.read_gb_per_s,
+                 omp_get_max_threads(), measured.core_round_trip_ns);
+    if (const char* forced = std::getenv("OPENBLAS_CORETYPE"); forced != nullptr) {
+      std::fprintf(stderr,
+                   "warning: OPENBLAS_CORETYPE=%s chose OpenBLAS's kernels instead of its own "
+                   "detection; on a CPU with wider vectors than that core's the sgemm limit is "
+                   "understated (run with `env -u OPENBLAS_CORETYPE` to measure this CPU's)\n",
+                   forced);
+    }
     return measured;
   }();
   return limits;

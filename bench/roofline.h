@@ -7,6 +7,8 @@
 #ifndef SWITCHSERVE_BENCH_ROOFLINE_H_
 #define SWITCHSERVE_BENCH_ROOFLINE_H_
 
+#include <string>
+
 namespace switchserve::bench {
 
 struct MachineLimits {
@@ -23,7 +25,18 @@ struct MachineLimits {
   double core_round_trip_ns = 0;
 };
 
-// Measures once per process and caches the result.
+// The OpenBLAS kernels the sgemm limit runs on, as OpenBLAS names them
+// ("Cooperlake", "Haswell"), marked "(OPENBLAS_CORETYPE=...)" where that
+// environment variable chose them instead of OpenBLAS's own detection. A
+// forced older core understates the limit: Haswell's AVX2 kernels reach
+// about half the sgemm rate of the AVX-512 ones on a CPU with full-width
+// AVX-512 (measured on an AMD EPYC Zen 5 VM, docs/performance.md).
+std::string SgemmKernels();
+// The same from OpenBLAS's core name and the variable's value (null: unset).
+std::string DescribeSgemmKernels(const char* core_name, const char* forced_core);
+
+// Measures once per process and caches the result; prints the limits, and
+// on stderr a warning where OPENBLAS_CORETYPE chose the sgemm kernels.
 const MachineLimits& MeasureMachineLimits();
 
 // Measures again, now, with the buffers of the first measurement and fewer

@@ -119,8 +119,10 @@ def main():
     intensities = [b["step_gflop"] / b["step_gb"] for b in measured.values()]
     lo, hi = min(intensities + [peak / bandwidth]) / 3, max(intensities + [peak / bandwidth]) * 3
     xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+    kernels = report.get("context", {}).get("sgemm_kernels")
+    sgemm = f"sgemm {peak:.1f} GFLOP/s" + (f" (OpenBLAS {kernels})" if kernels else "")
     ax.plot(xs, [min(peak, bandwidth * x) for x in xs], color="black", linewidth=1.5,
-            label=f"roofline: read {bandwidth:.1f} GB/s, sgemm {peak:.1f} GFLOP/s")
+            label=f"roofline: read {bandwidth:.1f} GB/s, {sgemm}")
     markers = {"decode": "o", "prefill": "s"}
     for name, b in sorted(measured.items()):
         x = b["step_gflop"] / b["step_gb"]
@@ -157,6 +159,7 @@ def main():
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(args.png, dpi=120)
+    print(f"roofline: read {bandwidth:.1f} GB/s, {sgemm}")
     for name, b in sorted(measured.items()):
         x = b["step_gflop"] / b["step_gb"]
         kept = f", {b['repetitions_kept']} repetitions" if "repetitions_kept" in b else ""

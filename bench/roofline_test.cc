@@ -6,6 +6,8 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <cstdlib>
+#include <string>
 #include <thread>
 
 namespace switchserve::bench {
@@ -22,6 +24,18 @@ TEST(MachineLimits, MeasuringAgainKeepsTheCallersOpenBlasThreads) {
   EXPECT_GT(now.sgemm_gflops, 0);
   EXPECT_GT(now.read_gb_per_s, 0);
   openblas_set_num_threads(original);
+}
+
+// The limit names the kernels it ran on, and says when an environment
+// variable, not OpenBLAS's detection of this CPU, chose them.
+TEST(MachineLimits, SgemmKernelsSayWhenOpenBlasCoretypeChoseThem) {
+  EXPECT_EQ(DescribeSgemmKernels("Cooperlake", nullptr), "Cooperlake");
+  EXPECT_EQ(DescribeSgemmKernels("Haswell", "Haswell"), "Haswell (OPENBLAS_CORETYPE=Haswell)");
+  EXPECT_EQ(DescribeSgemmKernels(nullptr, nullptr), "unknown");
+  const std::string here = SgemmKernels();
+  EXPECT_EQ(here.find("OPENBLAS_CORETYPE") != std::string::npos,
+            std::getenv("OPENBLAS_CORETYPE") != nullptr)
+      << here;
 }
 
 TEST(MachineLimits, FirstMeasurementIsKeptForTheProcess) {

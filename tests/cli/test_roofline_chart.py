@@ -43,9 +43,9 @@ def report():
             "benchmarks": benchmarks}
 
 
-def run_chart(tmp_path, *extra):
+def run_chart(tmp_path, *extra, report_data=None):
     data = tmp_path / "engine_bench.json"
-    data.write_text(json.dumps(report()))
+    data.write_text(json.dumps(report() if report_data is None else report_data))
     png = tmp_path / "roofline.png"
     result = subprocess.run([sys.executable, str(CHART), str(data), str(png), *extra],
                             capture_output=True, text=True, timeout=120)
@@ -64,6 +64,18 @@ def test_without_a_filter_the_median_aggregates_are_plotted(tmp_path):
     assert png.stat().st_size > 0
     assert "80% of roof" in line_for(result.stdout, "decode, batch 1, bf16")
     assert "65% of roof" in line_for(result.stdout, "prefill 512 tokens, bf16")
+
+
+def test_the_compute_roof_names_the_sgemm_kernels_it_was_measured_on(tmp_path):
+    result, _ = run_chart(tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "OpenBLAS" not in line_for(result.stdout, "roofline")
+    data = report()
+    data["context"]["sgemm_kernels"] = "Haswell (OPENBLAS_CORETYPE=Haswell)"
+    result, _ = run_chart(tmp_path, report_data=data)
+    assert result.returncode == 0, result.stderr
+    assert line_for(result.stdout, "roofline").endswith(
+        "(OpenBLAS Haswell (OPENBLAS_CORETYPE=Haswell))")
 
 
 def test_max_round_trip_keeps_only_the_repetitions_of_one_placement(tmp_path):
