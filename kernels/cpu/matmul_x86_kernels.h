@@ -514,6 +514,157 @@ void RowsOutManyRows(const MatmulArgs& g) {
     }
   }
 }
+
+// ---- 16-lane tiles for a few rows (the AVX-512 build) ----
+//
+// The pair accumulators above, for products of 2 to 2 * kPairRows - 1 rows,
+// whose weights a tile reads once, from memory or the L1 cache, as DotTile
+// does: no packing. Each zmm of weights is two rows' groups of 8, [w[2q][p ..
+// p + 8) | w[2q + 1][p .. p + 8)], widened in registers; each input group
+// of 8 is broadcast to both halves. The same lanes take the same fused
+// multiply-adds in the same order as DotTile's, and SumPairs sums them as
+// DotTile's reductions do, so the bits are DotTile's; on a CPU that executes
+// 16 lanes at once (AMD Zen 5), half the multiply-add instructions.
+constexpr int kFewPairRows = 4;  // 16 accumulators, 4 weight vectors, 1 input
+
+// [lo | hi]. (Zero-masking forms with every lane kept, as in Broadcast8.)
+inline __m512 Join8(__m256 lo, __m256 hi) {
+  return _mm512_castpd_ps(
+      _mm512_maskz_insertf64x4(0xFF, _mm512_castps_pd(Broadcast8(lo)), _mm256_castps_pd(hi), 1));
+}
+
+// Lanes 0-7.
+inline __m256 Low8(__m512 v) {
+  return _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0x0F, _mm512_castps_pd(v), 0));
+}
+
+// Rows j and j + 1's 8 elements from byte `at` of each, widened exactly.
+template <DType WT>
+inline __m512 LoadPair8(const char* row0, const char* row1, int64_t at) {
+  if constexpr (WT == DType::kF32) {
+    return Join8(_mm256_loadu_ps(reinterpret_cast<const float*>(row0 + at)),
+                 _mm256_loadu_ps(reinterpret_cast<const float*>(row1 + at)));
+  } else {
+    const __m256i h = _mm256_inserti128_si256(
+        _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row0 + at))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(row1 + at)), 1);
+    if constexpr (WT == DType::kBF16) {
+      return _mm512_castsi512_ps(
+          _mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, h), 16));
+    } else {
+      return _mm512_maskz_cvtph_ps(0xFFFF, h);
+    }
+  }
+}
+
+// DotTile<WT, MR, 8, kPrefetch, kTiled> in pair accumulators: MR rows x 8
+// columns of w, every element with DotTile's operations.
+template <DType WT, int MR, bool kPrefetch, bool kTiled>
+void DotTileFewPairs(const float* const* a, const WeightMatrix& w, int k, float* c, int64_t ldc,
+                     float alpha, bool accumulate) {
+  constexpr int64_t kGroup = GroupBytes<WT>(kTiled);
+  const char* row[2 * kPairCols];
+#pragma GCC unroll 8
+  for (int j = 0; j < 2 * kPairCols; ++j) row[j] = RowStart<WT>(w, j);
+  __m512 acc[MR][kPairCols];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int q = 0; q < kPairCols; ++q) acc[i][q] = _mm512_setzero_ps();
+  }
+  const int k8 = k & ~7;
+  for (int p = 0; p < k8; p += 8) {
+    const int64_t at = p / 8 * kGroup;
+    if (kPrefetch && !kTiled && ((p * ElementBytes<WT>()) & 63) == 0) {
+      // As DotTile: the next tile's rows, a line each per line consumed here.
+      const int64_t next_rows = 2 * kPairCols * w.ld * ElementBytes<WT>();
+#pragma GCC unroll 8
+      for (int j = 0; j < 2 * kPairCols; ++j) _mm_prefetch(row[j] + next_rows + at, _MM_HINT_T1);
+    }
+    __m512 wv[kPairCols];
+#pragma GCC unroll 8
+    for (int q = 0; q < kPairCols; ++q) wv[q] = LoadPair8<WT>(row[2 * q], row[2 * q + 1], at);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m512 av = Broadcast8(_mm256_loadu_ps(a[i] + p));
+#pragma GCC unroll 8
+      for (int q = 0; q < kPairCols; ++q) acc[i][q] = _mm512_fmadd_ps(av, wv[q], acc[i][q]);
+    }
+  }
+  if (k8 < k) {
+    const int rest = k - k8;
+    const int64_t at = k8 / 8 * kGroup;
+    __m512 wv[kPairCols];
+#pragma GCC unroll 8
+    for (int q = 0; q < kPairCols; ++q) {
+      wv[q] = Join8(LoadPartial8<WT>(row[2 * q] + at, 0, rest),
+                    LoadPartial8<WT>(row[2 * q + 1] + at, 0, rest));
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m512 av = Broadcast8(LoadPartial8<DType::kF32>(a[i], k8, rest));
+#pragma GCC unroll 8
+      for (int q = 0; q < kPairCols; ++q) acc[i][q] = _mm512_fmadd_ps(av, wv[q], acc[i][q]);
+    }
+  }
+  // As DotTilePairs: alpha * sum, added to what is there when accumulating.
+  const __m256 alpha8 = _mm256_set1_ps(alpha);
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    float* out = c + i * ldc;
+    __m256 sums = _mm256_mul_ps(alpha8, Low8(SumPairs(acc[i][0], acc[i][1], acc[i][2], acc[i][3])));
+    if (accumulate) sums = _mm256_add_ps(_mm256_loadu_ps(out), sums);
+    _mm256_storeu_ps(out, sums);
+  }
+}
+
+// kTable[tiled][mr - 1] = DotTileFewPairs<WT, mr, kPrefetch, tiled>.
+template <DType WT, bool kPrefetch>
+struct FewPairTiles {
+  template <bool kTiled, int... I>
+  static constexpr auto Make(std::integer_sequence<int, I...>) {
+    return std::array<DotTileFn, kFewPairRows>{&DotTileFewPairs<WT, I + 1, kPrefetch, kTiled>...};
+  }
+  static constexpr std::array<DotTileFn, kFewPairRows> kTable[2] = {
+      Make<false>(std::make_integer_sequence<int, kFewPairRows>()),
+      Make<true>(std::make_integer_sequence<int, kFewPairRows>())};
+  static DotTileFn For(const WeightMatrix& w, int mr) {
+    return kTable[w.tiling == Tiling::kRowBlocks][mr - 1];
+  }
+};
+
+// MatmulRowsOut for a few rows: one tile of 8 columns of weights at a time,
+// which every row tile takes in turn, the first from memory (prefetching the
+// next tile's rows) and the others from the L1 cache. A last tile of fewer
+// than 8 columns takes DotTile's, in pieces of at most Tiles::kOutCols.
+template <DType WT>
+void RowsOutFewRows(const MatmulArgs& g) {
+  constexpr int kCols = 2 * kPairCols;
+  constexpr int NR = Tiles::kOutCols;
+  static_assert(Tiles::kOutRows == kFewPairRows);
+  for (int j0 = 0; j0 < g.n; j0 += kCols) {
+    const int nr = g.n - j0 < kCols ? g.n - j0 : kCols;
+    for (int i0 = 0; i0 < g.m; i0 += kFewPairRows) {
+      const int mr = g.m - i0 < kFewPairRows ? g.m - i0 : kFewPairRows;
+      const float* a[kFewPairRows];
+      for (int i = 0; i < mr; ++i) a[i] = RowOfA(g, i0 + i);
+      float* c = g.c + i0 * g.ldc + j0;
+      if (nr == kCols) {
+        const WeightMatrix w = g.w.At(j0, 0);
+        const DotTileFn tile =
+            i0 == 0 ? FewPairTiles<WT, true>::For(w, mr) : FewPairTiles<WT, false>::For(w, mr);
+        tile(a, w, g.k, c, g.ldc, g.alpha, g.accumulate);
+        continue;
+      }
+      for (int j = 0; j < nr; j += NR) {
+        const int part = nr - j < NR ? nr - j : NR;
+        const WeightMatrix w = g.w.At(j0 + j, 0);
+        DotTiles<WT, kFewPairRows, NR, false>::For(w, mr, part)(a, w, g.k, c + j, g.ldc, g.alpha,
+                                                                g.accumulate);
+      }
+    }
+  }
+}
 #endif  // SWITCHSERVE_MATMUL_ZMM
 
 // Whether one row's rows-out tiles prefetch the weights they read next (the
@@ -590,10 +741,19 @@ void RowsOut(const MatmulArgs& g) {
   if (g.m == 1) return RowsOutOneRow<WT>(g);
   constexpr int MR = Tiles::kOutRows, NR = Tiles::kOutCols;
 #ifdef SWITCHSERVE_MATMUL_ZMM
-  // From two full 16-lane row tiles on; fewer rows (a decode step's
-  // projections at small batches) keep the 8-lane tiles, which read f32
-  // weights in place instead of packing them.
+  // From two full 16-lane row tiles on, weights packed into pairs. Fewer
+  // rows (a decode step's projections and experts at small batches) read
+  // them in place (packing a tile that few rows share cost more than it
+  // saved: 1.4-1.5x as long for bf16 experts of 4 rows): in pairs where the
+  // weight rows are short, whose products the multiply-adds bound (the FFN's
+  // down projections, k 128), and with the 8-lane tiles where they are long,
+  // whose products stream (32 bf16 experts of 4 rows, matmul_bench FromMemory
+  // on an AMD EPYC Zen 5 VM: k 128 1.25x faster in pairs, k 1024 1.15x
+  // slower).
   if (g.m >= 2 * kPairRows) return RowsOutManyRows<WT>(g);
+  if (static_cast<int64_t>(g.k) * ElementBytes<WT>() < kRowsInLongRowBytes) {
+    return RowsOutFewRows<WT>(g);
+  }
 #endif
   // Tiled weights a block at a time, so that no register tile's rows lie in
   // two blocks.
