@@ -166,13 +166,14 @@ const MachineLimits& MeasureMachineLimits() {
     measured.sgemm_gflops = MeasureSgemm(4);
     measured.read_gb_per_s = MeasureReadBandwidth(5);
     measured.core_round_trip_ns = MeasureCoreRoundTripNs();
-    const std::string kernels = SgemmKernels();
+    const char* forced = std::getenv("OPENBLAS_CORETYPE");
+    const std::string kernels = DescribeSgemmKernels(openblas_get_corename(), forced);
     std::fprintf(stderr,
                  "machine limits: sgemm %.1f GFLOP/s (OpenBLAS %s kernels), memory read %.1f "
                  "GB/s (%d threads); core-to-core round trip %.0f ns\n",
                  measured.sgemm_gflops, kernels.c_str(), measured.read_gb_per_s,
                  omp_get_max_threads(), measured.core_round_trip_ns);
-    if (const char* forced = std::getenv("OPENBLAS_CORETYPE"); forced != nullptr) {
+    if (forced != nullptr) {
       std::fprintf(stderr,
                    "warning: OPENBLAS_CORETYPE=%s chose OpenBLAS's kernels instead of its own "
                    "detection; on a CPU with wider vectors than that core's the sgemm limit is "
