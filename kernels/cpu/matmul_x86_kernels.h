@@ -633,38 +633,6 @@ struct FewPairTiles {
   }
 };
 
-// MatmulRowsOut for a few rows: one tile of 8 columns of weights at a time,
-// which every row tile takes in turn, the first from memory (prefetching the
-// next tile's rows) and the others from the L1 cache. A last tile of fewer
-// than 8 columns takes DotTile's, in pieces of at most Tiles::kOutCols.
-template <DType WT>
-void RowsOutFewRows(const MatmulArgs& g) {
-  constexpr int kCols = 2 * kPairCols;
-  constexpr int NR = Tiles::kOutCols;
-  static_assert(Tiles::kOutRows == kFewPairRows);
-  for (int j0 = 0; j0 < g.n; j0 += kCols) {
-    const int nr = g.n - j0 < kCols ? g.n - j0 : kCols;
-    for (int i0 = 0; i0 < g.m; i0 += kFewPairRows) {
-      const int mr = g.m - i0 < kFewPairRows ? g.m - i0 : kFewPairRows;
-      const float* a[kFewPairRows];
-      for (int i = 0; i < mr; ++i) a[i] = RowOfA(g, i0 + i);
-      float* c = g.c + i0 * g.ldc + j0;
-      if (nr == kCols) {
-        const WeightMatrix w = g.w.At(j0, 0);
-        const DotTileFn tile =
-            i0 == 0 ? FewPairTiles<WT, true>::For(w, mr) : FewPairTiles<WT, false>::For(w, mr);
-        tile(a, w, g.k, c, g.ldc, g.alpha, g.accumulate);
-        continue;
-      }
-      for (int j = 0; j < nr; j += NR) {
-        const int part = nr - j < NR ? nr - j : NR;
-        const WeightMatrix w = g.w.At(j0 + j, 0);
-        DotTiles<WT, kFewPairRows, NR, false>::For(w, mr, part)(a, w, g.k, c + j, g.ldc, g.alpha,
-                                                                g.accumulate);
-      }
-    }
-  }
-}
 #endif  // SWITCHSERVE_MATMUL_ZMM
 
 // Whether one row's rows-out tiles prefetch the weights they read next (the
@@ -735,6 +703,35 @@ void RowsOutColumnBlocks(const MatmulArgs& g, int block_cols) {
     }
   }
 }
+
+#ifdef SWITCHSERVE_MATMUL_ZMM
+// MatmulRowsOut for a few rows: one tile of 8 columns of weights at a time,
+// which every row tile takes in turn, the first from memory (prefetching the
+// next tile's rows) and the others from the L1 cache. Columns past the last
+// whole tile take the 8-lane tiles (RowsOutColumnBlocks).
+template <DType WT>
+void RowsOutFewRows(const MatmulArgs& g) {
+  constexpr int kCols = 2 * kPairCols;
+  const int whole = g.n / kCols * kCols;
+  for (int j0 = 0; j0 < whole; j0 += kCols) {
+    const WeightMatrix w = g.w.At(j0, 0);
+    for (int i0 = 0; i0 < g.m; i0 += kFewPairRows) {
+      const int mr = g.m - i0 < kFewPairRows ? g.m - i0 : kFewPairRows;
+      const float* a[kFewPairRows];
+      for (int i = 0; i < mr; ++i) a[i] = RowOfA(g, i0 + i);
+      const DotTileFn tile =
+          i0 == 0 ? FewPairTiles<WT, true>::For(w, mr) : FewPairTiles<WT, false>::For(w, mr);
+      tile(a, w, g.k, g.c + i0 * g.ldc + j0, g.ldc, g.alpha, g.accumulate);
+    }
+  }
+  if (whole == g.n) return;
+  MatmulArgs rest = g;
+  rest.n = g.n - whole;
+  rest.c = g.c + whole;
+  rest.w = g.w.At(whole, 0);
+  RowsOutColumnBlocks<WT>(rest, Tiles::kOutCols);
+}
+#endif
 
 template <DType WT>
 void RowsOut(const MatmulArgs& g) {
