@@ -63,16 +63,43 @@ constexpr int kOneRowChainRows = 8;
 // experts of 6 or 8 rows, bf16 and f32): 1.1-1.4x from 5 rows on.
 constexpr int kColumnBlockMinRowTiles = 3;
 
-// Prefetches the `bytes` from `row` on, kPrefetchRows rows of `row_bytes`
-// further on: a MatmulRowsIn tile of a few rows reads a short piece of each
-// of k rows, a strided pattern the hardware prefetcher follows late.
-// Prefetches go to the L2 cache: fetched into L1 they evicted the lines the
-// tile was still reading (measured: up to 1.5x slower than into L2).
+// Whether this is an Intel CPU, whose hardware prefetchers run less far ahead
+// of a weight stream than the AMD ones the distances below were first
+// measured on (TiledAhead, RowsInAheadBytes).
+inline bool IntelCpu() {
+  static const bool intel = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("intel") != 0;
+  }();
+  return intel;
+}
+
+// On Intel CPUs a MatmulRowsIn tile reading from memory prefetches at least
+// this far ahead: kPrefetchRows rows of a short row (a panel's 64 columns,
+// the value experts' 112) are under 1.5 KiB. Intel Xeon VM with AVX-512 (2.6
+// GHz, 2 MiB L2 a core, streaming read 33-35 GB/s), matmul_bench FromMemory,
+// one row, eight matrices, three alternated rounds, 2 KiB against kPrefetchRows
+// rows: the SwitchHead output experts [112, 1024] in panels, bf16 63.6-65.7
+// against 72.9-76.8 us; the value experts [1024, 112] as stored, bf16
+// 59.5-64.9 against 65.0-66.5; f32 within the spread (4 KiB: bf16 alike, f32
+// up to 1.13x slower).
+constexpr int64_t kRowsInAheadMinBytes = 2048;
+
+// How far ahead of the row it reads a MatmulRowsIn tile prefetches: a tile of
+// a few rows reads a short piece of each of k rows, a strided pattern the
+// hardware prefetcher follows late.
+inline int64_t RowsInAheadBytes(int64_t row_bytes) {
+  const int64_t rows = kPrefetchRows * row_bytes;
+  return IntelCpu() && rows < kRowsInAheadMinBytes ? kRowsInAheadMinBytes : rows;
+}
+
+// Prefetches `kBytes` from `at` on. Prefetches go to the L2 cache: fetched
+// into L1 they evicted the lines the tile was still reading (measured: up to
+// 1.5x slower than into L2).
 template <int kBytes>
-inline void PrefetchRowAhead(const void* row, int64_t row_bytes) {
-  const char* ahead = static_cast<const char*>(row) + kPrefetchRows * row_bytes;
+inline void PrefetchBytes(const char* at) {
 #pragma GCC unroll 8
-  for (int line = 0; line < kBytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T1);
+  for (int line = 0; line < kBytes; line += 64) _mm_prefetch(at + line, _MM_HINT_T1);
 }
 
 template <DType WT>
@@ -187,11 +214,23 @@ constexpr int64_t GroupBytes(bool tiled) {
 // 55-64 GB/s (the host had placed the two vCPUs apart, each core with a
 // memory link of its own: bench/roofline.h), faster (bf16 51.7 / 40.6 and
 // 38.7 / 34.5 GB/s). 2 KiB was the slowest of the three in both.
-#ifdef SWITCHSERVE_MATMUL_ZMM
-constexpr int64_t kTiledAheadBytes = 0;
-#else
+// On an Intel Xeon VM with AVX-512 (2.6 GHz, 2 MiB L2 a core, streaming read
+// 33-35 GB/s), 4 KiB ahead against none, AVX-512 build, bf16 (matmul_bench
+// FromMemory, one row, tiled, three alternated rounds): 1.39-1.44x for q,
+// one and four of the FFN's up and down projections, 1.15x for the output
+// head; the paper shape's bf16 batch-1 step 1.2x (engine_bench). So the
+// AVX-512 build prefetches ahead on Intel CPUs only (TiledAhead).
 constexpr int64_t kTiledAheadBytes = 4096;
+
+// Whether this build's tiled tiles prefetch kTiledAheadBytes ahead of their
+// reads (DotTiles::For), else leave the stream to the hardware prefetcher.
+inline bool TiledAhead() {
+#ifdef SWITCHSERVE_MATMUL_ZMM
+  return IntelCpu();
+#else
+  return true;
 #endif
+}
 
 // c[i][j] = alpha * dot8(a row i, w row j) (+ c[i][j] when accumulating) for
 // an MR x NR tile: the sum rounded, times alpha rounded, plus c rounded, the
@@ -208,7 +247,7 @@ void DotTile(const float* const* a, const WeightMatrix& w, int k, float* c, int6
   for (int j = 0; j < NR; ++j) row[j] = RowStart<WT>(w, j);
   // Tiled: the stream of the block that holds the first row,
   // kTiledAheadBytes on (row-major tiles prefetch the next tile's rows).
-  constexpr bool kTiledAhead = kPrefetch && kTiled && kTiledAheadBytes > 0;
+  constexpr bool kTiledAhead = kPrefetch && kTiled;
   const char* ahead = nullptr;
   if constexpr (kTiledAhead && NR == kTileRows) {
     ahead = RowStart<WT>(w, -(w.first % kTileRows)) + kTiledAheadBytes;
@@ -312,7 +351,9 @@ void DotTile(const float* const* a, const WeightMatrix& w, int k, float* c, int6
 using DotTileFn = void (*)(const float* const*, const WeightMatrix&, int, float*, int64_t, float,
                            bool);
 
-// kTable[tiled][mr - 1][nr - 1] = DotTile<WT, mr, nr, kPrefetch, tiled>.
+// kTable[tiled][mr - 1][nr - 1] = DotTile<WT, mr, nr, kPrefetch, tiled>;
+// For: tiled weights without prefetching where TiledAhead() says so (a tiled
+// tile prefetches nothing else).
 template <DType WT, int MR, int NR, bool kPrefetch>
 struct DotTiles {
   template <bool kTiled, int... I>
@@ -324,7 +365,9 @@ struct DotTiles {
       Make<false>(std::make_integer_sequence<int, MR * NR>()),
       Make<true>(std::make_integer_sequence<int, MR * NR>())};
   static DotTileFn For(const WeightMatrix& w, int mr, int nr) {
-    return kTable[w.tiling == Tiling::kRowBlocks][(mr - 1) * NR + (nr - 1)];
+    const bool tiled = w.tiling == Tiling::kRowBlocks;
+    if (kPrefetch && tiled && !TiledAhead()) return DotTiles<WT, MR, NR, false>::For(w, mr, nr);
+    return kTable[tiled][(mr - 1) * NR + (nr - 1)];
   }
 };
 
@@ -645,8 +688,8 @@ struct FewPairTiles {
 // against k = 1024, 0.75-0.81 with and 0.80-0.93 without against k = 128.
 // bf16 weights stream faster with it (row-major: 0.66-0.84 of the read
 // bandwidth against 0.50-0.63 without, in most runs). The AVX-512 build keeps
-// it for both row-major (not measured there); its tiled tiles do without
-// (kTiledAheadBytes).
+// it for both row-major (not measured there); its tiled tiles prefetch on
+// Intel CPUs only (TiledAhead).
 template <DType WT>
 constexpr bool kOneRowPrefetch =
 #ifdef SWITCHSERVE_MATMUL_ZMM
@@ -803,8 +846,10 @@ void ChainTileBf16Pairs(const float* const* a, const uint16_t* w, int64_t ldw, i
     }
   }
   const __m256i high_half = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const int64_t ahead = kPrefetch ? RowsInAheadBytes(2 * ldw) : 0;
   for (int p = 0; p < k; ++p) {
-    if constexpr (kPrefetch) PrefetchRowAhead<32 * kPairs>(w + p * ldw, 2 * ldw);
+    if constexpr (kPrefetch)
+      PrefetchBytes<32 * kPairs>(reinterpret_cast<const char*>(w + p * ldw) + ahead);
     __m256 we[kPairs], wo[kPairs];
 #pragma GCC unroll 8
     for (int q = 0; q < kPairs; ++q) {
@@ -841,10 +886,11 @@ void ChainTileVectors(const float* const* a, const void* w, int64_t ldw, int k, 
       acc[i][v] = accumulate ? _mm256_loadu_ps(c + i * ldc + 8 * v) : _mm256_setzero_ps();
     }
   }
+  const int64_t ahead = kPrefetch ? RowsInAheadBytes(ldw * ElementBytes<WT>()) : 0;
   for (int p = 0; p < k; ++p) {
     if constexpr (kPrefetch) {
-      PrefetchRowAhead<8 * NV * ElementBytes<WT>()>(
-          static_cast<const char*>(w) + p * ldw * ElementBytes<WT>(), ldw * ElementBytes<WT>());
+      PrefetchBytes<8 * NV * ElementBytes<WT>()>(static_cast<const char*>(w) +
+                                                 p * ldw * ElementBytes<WT>() + ahead);
     }
     __m256 wv[NV];
 #pragma GCC unroll 8
