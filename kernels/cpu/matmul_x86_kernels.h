@@ -206,19 +206,20 @@ constexpr int64_t GroupBytes(bool tiled) {
 // one row, medians of six alternated pairs): 4 KiB 1.15-1.22x faster than
 // 2 KiB for q, the FFN's down projections and the output head; 8 KiB no
 // faster than 4 KiB. The paper shape's bf16 batch-1 step 1.13x.
-// None (the hardware prefetcher alone) against 4 KiB, AVX-512 build, on the
-// Zen 4 VM (matmul_bench FromMemory, one row, tiled, 40 processes per
-// distance alternated, each followed by a read-bandwidth probe): where that
-// VM's plain streaming read ran at 33-36 GB/s, none streamed the output head
-// and q as fast as 4 KiB ahead (bf16 medians 33.9 / 33.0 and 31.5 / 31.9
-// GB/s; f32 alike); where it ran at 55-64 GB/s (the host had placed the two vCPUs apart, each core
-// with a memory link of its own: bench/roofline.h), faster (bf16 51.7 / 40.6 and 38.7 / 34.5 GB/s).
-// 2 KiB was the slowest of the three in both. On an Intel Xeon VM with AVX-512 (2.6 GHz, 2 MiB L2 a
-// core, streaming read 33-35 GB/s), 4 KiB ahead against none, AVX-512 build, bf16 (matmul_bench
-// FromMemory, one row, tiled, three alternated rounds): 1.39-1.44x for q,
-// one and four of the FFN's up and down projections, 1.15x for the output
-// head; the paper shape's bf16 batch-1 step 1.2x (engine_bench). So the
-// AVX-512 build prefetches ahead on Intel CPUs only (TiledAhead).
+// None (the hardware prefetcher alone) against 4 KiB, AVX-512 build, on the Zen
+// 4 VM (matmul_bench FromMemory, one row, tiled, 40 processes per distance
+// alternated, each followed by a read-bandwidth probe): where that VM's plain
+// streaming read ran at 33-36 GB/s, none streamed the output head and q as fast
+// as 4 KiB ahead (bf16 medians 33.9 / 33.0 and 31.5 / 31.9 GB/s; f32 alike);
+// where it ran at 55-64 GB/s (the host had placed the two vCPUs apart, each
+// core with a memory link of its own: bench/roofline.h), faster (bf16 51.7 /
+// 40.6 and 38.7 / 34.5 GB/s). 2 KiB was the slowest of the three in both.
+// On an Intel Xeon VM with AVX-512 (2.6 GHz, 2 MiB L2 a core, streaming read
+// 33-35 GB/s), 4 KiB ahead against none, AVX-512 build, bf16 (matmul_bench
+// FromMemory, one row, tiled, three alternated rounds): 1.39-1.44x for q, one
+// and four of the FFN's up and down projections, 1.15x for the output head; the
+// paper shape's bf16 batch-1 step 1.2x (engine_bench). So the AVX-512 build
+// prefetches ahead on Intel CPUs only (TiledAhead).
 constexpr int64_t kTiledAheadBytes = 4096;
 
 // Whether this build's tiled tiles prefetch kTiledAheadBytes ahead of their
