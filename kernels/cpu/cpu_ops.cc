@@ -143,7 +143,13 @@ void RopeTable::Apply(float* x, int heads, int head_dim, int position) const {
   }
 }
 
-void AddScaledRow(float* row, const float* product, float weight, int n) {
+// Built for AVX-512 and AVX2 too, picked at load time where the CPU has
+// them: the same multiply and add per element at any width (no fused
+// multiply-add), so the same bits.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void AddScaledRow(float* row,
+                                                                               const float* product,
+                                                                               float weight,
+                                                                               int n) {
 #pragma omp simd
   for (int c = 0; c < n; ++c) row[c] += weight * product[c];
 }
