@@ -11,7 +11,10 @@ namespace switchserve::cpu {
 namespace {
 
 // row[0, n) into the cache at element `at`, as the cache holds it.
-void StoreRow(const float* row, int64_t n, DType dtype, void* cache, int64_t at) {
+// Built for AVX2 too: integer rounding to bf16, the same bits at any width.
+__attribute__((target_clones("avx2", "default"))) void StoreRow(const float* row, int64_t n,
+                                                                DType dtype, void* cache,
+                                                                int64_t at) {
   if (dtype == DType::kBF16) {
     uint16_t* out = static_cast<uint16_t*>(cache) + at;
 #pragma omp simd
@@ -53,24 +56,26 @@ void CpuAttention::Run(const AttentionWeights& w, const StepBatch& step, const f
   Grow(a_, static_cast<size_t>(T) * H * dh);
 
   ProjectInputs(w, step, xn);
+  ComputeValues(w, step, xn, router_base, recorder);
+
+  // Each token's queries and keys rotated, and its keys and values appended
+  // to the cache, tokens shared out on the pool (a token's rows are its own).
   // Scratch follows the positions in use (ValidateStepBatch keeps them below
   // max_seq_len), not the model's context length.
   const int used_positions =
       T > 0 ? *std::max_element(step.positions.begin(), step.positions.end()) + 1 : 0;
   rope_.Reserve(used_positions);
-  for (int t = 0; t < T; ++t) {
-    rope_.Apply(q_.data() + static_cast<int64_t>(t) * H * dh, H, dh, step.positions[t]);
-    rope_.Apply(k_.data() + static_cast<int64_t>(t) * G * dh, G, dh, step.positions[t]);
-  }
-  ComputeValues(w, step, xn, router_base, recorder);
-
-  // Append the step's keys and values to the cache.
   const int64_t krow = static_cast<int64_t>(G) * dh;
   const int64_t vrow = static_cast<int64_t>(G) * ev * dh;
-  for (int t = 0; t < T; ++t) {
-    StoreRow(k_.data() + t * krow, krow, cache.dtype, cache.k, step.cache_rows[t] * krow);
-    StoreRow(v_.data() + t * vrow, vrow, cache.dtype, cache.v, step.cache_rows[t] * vrow);
-  }
+  ForRowRanges(
+      pool_, T, T * (H * dh + krow + vrow), runner_->parallel_min_macs(), [&](int begin, int end) {
+        for (int t = begin; t < end; ++t) {
+          rope_.Apply(q_.data() + t * H * dh, H, dh, step.positions[t]);
+          rope_.Apply(k_.data() + t * krow, G, dh, step.positions[t]);
+          StoreRow(k_.data() + t * krow, krow, cache.dtype, cache.k, step.cache_rows[t] * krow);
+          StoreRow(v_.data() + t * vrow, vrow, cache.dtype, cache.v, step.cache_rows[t] * vrow);
+        }
+      });
   paged_.Run(step, q_.data(), cache, positions, ev > 1 ? vweight_.data() : nullptr, a_.data());
   ProjectOutput(w, step, xn, x, router_base, recorder);
 }

@@ -172,7 +172,11 @@ void RopeTable::Reserve(int positions) {
   positions_ = positions;
 }
 
-void RopeTable::Apply(float* x, int heads, int head_dim, int position) const {
+// Built for AVX2 too (as ApplyActivation): the same multiplies and adds per
+// element at any width, so the same bits.
+__attribute__((target_clones("avx2", "default"))) void RopeTable::Apply(float* x, int heads,
+                                                                        int head_dim,
+                                                                        int position) const {
   const int half = n_rot_ / 2;
   if (half == 0) return;
   const float* c = cos_.data() + static_cast<size_t>(position) * half;
