@@ -70,7 +70,7 @@ void CpuAttention::Run(const AttentionWeights& w, const StepBatch& step, const f
   ForRowRanges(
       pool_, T, T * (H * dh + krow + vrow), runner_->parallel_min_macs(), [&](int begin, int end) {
         for (int t = begin; t < end; ++t) {
-          rope_.Apply(q_.data() + t * H * dh, H, dh, step.positions[t]);
+          rope_.Apply(q_.data() + static_cast<int64_t>(t) * H * dh, H, dh, step.positions[t]);
           rope_.Apply(k_.data() + t * krow, G, dh, step.positions[t]);
           StoreRow(k_.data() + t * krow, krow, cache.dtype, cache.k, step.cache_rows[t] * krow);
           StoreRow(v_.data() + t * vrow, vrow, cache.dtype, cache.v, step.cache_rows[t] * vrow);
