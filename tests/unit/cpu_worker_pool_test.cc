@@ -139,7 +139,10 @@ TEST(WorkerPoolTest, RecordJobsListsEverySharedJob) {
 }
 
 // The caller's share is what it ran: a job whose pieces only a worker can
-// run (the caller's first piece waits for all the others) records one.
+// run (the caller's first piece waits for all the others) records one. The
+// worker's pieces wait for the caller to be in its first, so the worker
+// cannot take them all before the caller takes one, however the threads are
+// scheduled.
 TEST(WorkerPoolTest, RecordJobsCountsTheCallersPieces) {
   WorkerPool pool(2);
   std::vector<PoolJobSpan> spans;
@@ -153,6 +156,7 @@ TEST(WorkerPoolTest, RecordJobsCountsTheCallersPieces) {
       // Hold the caller in its first piece until the worker ran the rest.
       while (others.load() < count - 1) std::this_thread::yield();
     } else {
+      while (!caller_in.load()) std::this_thread::yield();
       others.fetch_add(1);
     }
   });
