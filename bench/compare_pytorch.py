@@ -45,21 +45,49 @@ import sys
 import tempfile
 import time
 
-# The reference at its best: its f32 products run on OpenBLAS, with the
-# kernels OpenBLAS picks for this CPU. An inherited OPENBLAS_CORETYPE that
-# names an older core (some environments set Haswell) slows them: 1.7x on an
-# AMD EPYC (Zen 5) VM. OpenBLAS reads it when it loads, so the script starts
-# again without it, unless --keep-openblas-coretype.
-if "OPENBLAS_CORETYPE" in os.environ and "--keep-openblas-coretype" not in sys.argv:
-    print(f"compare_pytorch: starting again without OPENBLAS_CORETYPE="
-          f"{os.environ['OPENBLAS_CORETYPE']}, so that OpenBLAS picks its kernels for this CPU "
-          "(--keep-openblas-coretype keeps it)", file=sys.stderr, flush=True)
-    os.execve(sys.executable, [sys.executable, *sys.argv],
-              {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"})
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def openblas_coretype_for_this_cpu(build_dir):
+    """The core OPENBLAS_CORETYPE should name here, as `engine_bench
+    --openblas-core` decides it (bench/roofline.h), or None where OpenBLAS's
+    own detection picks this CPU's widest kernels (or engine_bench is not
+    built)."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+    try:
+        out = subprocess.run([os.path.join(build_dir, "bench", "engine_bench"), "--openblas-core"],
+                             env=env, check=True, capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.strip() or None
+
+
+# The reference at its best: its f32 products run on OpenBLAS, on the widest
+# kernels this CPU runs. OpenBLAS picks those itself, except where an
+# inherited OPENBLAS_CORETYPE names an older core (some environments set
+# Haswell: 1.7x slower on an AMD EPYC (Zen 5) VM) or where the CPU is newer
+# than the library (Debian 12's OpenBLAS runs its Prescott kernels on Intel's
+# Emerald Rapids). OpenBLAS reads the variable when it loads, so the script
+# starts again with the core engine_bench names (or without the variable),
+# unless --keep-openblas-coretype.
+_early = argparse.ArgumentParser(add_help=False)
+_early.add_argument("--build-dir", default=os.path.join(ROOT, "build", "release"))
+_early.add_argument("--keep-openblas-coretype", action="store_true")
+_early = _early.parse_known_args()[0]
+if not _early.keep_openblas_coretype:
+    _core = openblas_coretype_for_this_cpu(_early.build_dir)
+    if os.environ.get("OPENBLAS_CORETYPE") != _core:
+        print(f"compare_pytorch: starting again with "
+              f"{'OPENBLAS_CORETYPE=' + _core if _core else 'no OPENBLAS_CORETYPE'} "
+              f"(was {os.environ.get('OPENBLAS_CORETYPE', 'unset')}), so that OpenBLAS runs "
+              "this CPU's widest kernels (--keep-openblas-coretype keeps the environment's)",
+              file=sys.stderr, flush=True)
+        _env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+        if _core:
+            _env["OPENBLAS_CORETYPE"] = _core
+        os.execve(sys.executable, [sys.executable, *sys.argv], _env)
 
 import torch  # noqa: E402
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools", "reference"))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 from export import init_random, load_model, save_model  # noqa: E402
@@ -304,7 +332,8 @@ def main():
     ap.add_argument("--paper-dtype", default="f32", choices=["f32", "bf16"],
                     help="the dtype the paper-shaped model is stored (and served) in")
     ap.add_argument("--keep-openblas-coretype", action="store_true",
-                    help="keep an inherited OPENBLAS_CORETYPE (by default the script drops it)")
+                    help="keep the environment's OPENBLAS_CORETYPE (by default the script sets "
+                    "the core engine_bench --openblas-core names, or drops the variable)")
     args = ap.parse_args()
     if args.ref_device is None:
         args.ref_device = args.device

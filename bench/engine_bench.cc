@@ -39,6 +39,14 @@
 //                  out (bench/pool_timeline.py summarizes it: the time a
 //                  step spends inside parallel jobs and between them, job
 //                  by job).
+//   --openblas-core
+//                  prints the core OPENBLAS_CORETYPE should name on this CPU
+//                  where OpenBLAS's own detection picks narrower kernels
+//                  (bench/roofline.h, OpenBlasCoreToForce), else nothing,
+//                  and exits; run it without the variable. Without this
+//                  flag, engine_bench starts itself again with that core
+//                  (UseThisCpusOpenBlasKernels), so that the sgemm limit is
+//                  this CPU's; compare_pytorch.py runs the reference on it.
 //   --attention-segment-tokens=N
 //                  CUDA: keys per attention segment (default 128, or
 //                  max_seq_len / 64 where that is more; rounded up to whole
@@ -513,6 +521,14 @@ void RegisterBenchmarks() {
 
 int main(int argc, char** argv) {
   using switchserve::settings;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--openblas-core") == 0) {
+      const char* core = switchserve::bench::OpenBlasCoreToForceHere();
+      std::printf("%s\n", core != nullptr ? core : "");
+      return 0;
+    }
+  }
+  switchserve::bench::UseThisCpusOpenBlasKernels(argv);
   // Our flags first; the rest are Google Benchmark's.
   std::vector<char*> rest = {argv[0]};
   for (int i = 1; i < argc; ++i) {

@@ -393,6 +393,8 @@ BENCHMARK(BM_WorkerPoolJob)
 }  // namespace switchserve::cpu
 
 int main(int argc, char** argv) {
+  // blas:1 compares with OpenBLAS's kernels for this CPU (bench/roofline.h).
+  switchserve::bench::UseThisCpusOpenBlasKernels(argv);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   // blas:1 runs OpenBLAS's kernels for this CPU, or those OPENBLAS_CORETYPE names.

@@ -4,12 +4,14 @@
 #include <omp.h>
 #include <pthread.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -134,14 +136,89 @@ double RoundTripNs(int cpu_a, int cpu_b, int trips) {
 
 }  // namespace
 
-std::string DescribeSgemmKernels(const char* core_name, const char* forced_core) {
+// The environment variable UseThisCpusOpenBlasKernels leaves for the new
+// start: the core OpenBLAS's detection had picked.
+constexpr char kDetectedCoreVariable[] = "SWITCHSERVE_OPENBLAS_DETECTED_CORE";
+
+std::string DescribeSgemmKernels(const char* core_name, const char* forced_core,
+                                 const char* detected_core) {
   std::string kernels = core_name != nullptr ? core_name : "unknown";
-  if (forced_core != nullptr) kernels += std::string(" (OPENBLAS_CORETYPE=") + forced_core + ")";
+  if (forced_core != nullptr) {
+    kernels += std::string(" (OPENBLAS_CORETYPE=") + forced_core;
+    if (detected_core != nullptr) {
+      kernels += std::string(", set for this CPU: OpenBLAS detected ") + detected_core;
+    }
+    kernels += ")";
+  }
   return kernels;
 }
 
 std::string SgemmKernels() {
-  return DescribeSgemmKernels(openblas_get_corename(), std::getenv("OPENBLAS_CORETYPE"));
+  return DescribeSgemmKernels(openblas_get_corename(), std::getenv("OPENBLAS_CORETYPE"),
+                              std::getenv(kDetectedCoreVariable));
+}
+
+CpuVectorFeatures ThisCpusVectorFeatures() {
+  CpuVectorFeatures cpu;
+  cpu.avx = __builtin_cpu_supports("avx");
+  cpu.avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  cpu.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+               __builtin_cpu_supports("avx512cd");
+  cpu.avx512_bf16 = cpu.avx512 && __builtin_cpu_supports("avx512bf16");
+  cpu.amx = cpu.avx512_bf16 && __builtin_cpu_supports("amx-tile");
+  return cpu;
+}
+
+namespace {
+
+// OpenBLAS's x86 cores by the widest instructions their kernels use: 0 SSE,
+// 1 AVX, 2 AVX2 and FMA, 3 AVX-512, 4 AVX-512 BF16, 5 AMX.
+int CoreLevel(std::string_view core) {
+  if (core == "SapphireRapids") return 5;
+  if (core == "Cooperlake") return 4;
+  if (core == "SkylakeX") return 3;
+  if (core == "Haswell" || core == "Zen" || core == "Excavator") return 2;
+  if (core == "Sandybridge" || core == "Bulldozer" || core == "Piledriver" ||
+      core == "Steamroller") {
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+const char* OpenBlasCoreToForce(const char* detected, const CpuVectorFeatures& cpu) {
+  const char* widest = cpu.amx           ? "SapphireRapids"
+                       : cpu.avx512_bf16 ? "Cooperlake"
+                       : cpu.avx512      ? "SkylakeX"
+                       : cpu.avx2_fma    ? "Haswell"
+                       : cpu.avx         ? "Sandybridge"
+                                         : nullptr;
+  if (widest == nullptr) return nullptr;
+  return CoreLevel(detected != nullptr ? detected : "") < CoreLevel(widest) ? widest : nullptr;
+}
+
+const char* OpenBlasCoreToForceHere() {
+  return OpenBlasCoreToForce(openblas_get_corename(), ThisCpusVectorFeatures());
+}
+
+void UseThisCpusOpenBlasKernels(char** argv) {
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return;
+  const char* detected = openblas_get_corename();
+  const char* core = OpenBlasCoreToForceHere();
+  if (core == nullptr) return;
+  std::fprintf(stderr,
+               "OpenBLAS detected its %s kernels for this CPU, which runs %s's: starting again "
+               "with OPENBLAS_CORETYPE=%s\n",
+               detected != nullptr ? detected : "unknown", core, core);
+  if (setenv("OPENBLAS_CORETYPE", core, /*overwrite=*/1) != 0 ||
+      setenv(kDetectedCoreVariable, detected != nullptr ? detected : "unknown", 1) != 0) {
+    return;
+  }
+  execv("/proc/self/exe", argv);  // returns only if it failed: go on as we are
+  unsetenv("OPENBLAS_CORETYPE");
+  unsetenv(kDetectedCoreVariable);
 }
 
 double MeasureCoreRoundTripNs() {
@@ -167,18 +244,19 @@ const MachineLimits& MeasureMachineLimits() {
     measured.read_gb_per_s = MeasureReadBandwidth(5);
     measured.core_round_trip_ns = MeasureCoreRoundTripNs();
     const char* forced = std::getenv("OPENBLAS_CORETYPE");
-    const std::string kernels = DescribeSgemmKernels(openblas_get_corename(), forced);
+    const std::string kernels = SgemmKernels();
     std::fprintf(stderr,
                  "machine limits: sgemm %.1f GFLOP/s (OpenBLAS %s kernels), memory read %.1f "
                  "GB/s (%d threads); core-to-core round trip %.0f ns\n",
                  measured.sgemm_gflops, kernels.c_str(), measured.read_gb_per_s,
                  omp_get_max_threads(), measured.core_round_trip_ns);
-    if (forced != nullptr) {
+    const char* wider = OpenBlasCoreToForceHere();
+    if (forced != nullptr && wider != nullptr) {
       std::fprintf(stderr,
-                   "warning: OPENBLAS_CORETYPE=%s chose OpenBLAS's kernels instead of its own "
-                   "detection; on a CPU with wider vectors than that core's the sgemm limit is "
-                   "understated (run with `env -u OPENBLAS_CORETYPE` to measure this CPU's)\n",
-                   forced);
+                   "warning: OPENBLAS_CORETYPE=%s chose OpenBLAS's %s kernels, narrower than "
+                   "this CPU's (%s): the sgemm limit is understated (run with `env -u "
+                   "OPENBLAS_CORETYPE` to measure this CPU's)\n",
+                   forced, openblas_get_corename(), wider);
     }
     return measured;
   }();

@@ -27,13 +27,46 @@ struct MachineLimits {
 
 // The OpenBLAS kernels the sgemm limit runs on, as OpenBLAS names them
 // ("Cooperlake", "Haswell"), marked "(OPENBLAS_CORETYPE=...)" where that
-// environment variable chose them instead of OpenBLAS's own detection. A
-// forced older core understates the limit: Haswell's AVX2 kernels reach
-// about half the sgemm rate of the AVX-512 ones on a CPU with full-width
-// AVX-512 (measured on an AMD EPYC Zen 5 VM, docs/performance.md).
+// environment variable chose them instead of OpenBLAS's own detection, and
+// with the core the detection picked where UseThisCpusOpenBlasKernels set
+// the variable. A forced older core understates the limit: Haswell's AVX2
+// kernels reach about half the sgemm rate of the AVX-512 ones on a CPU with
+// full-width AVX-512 (measured on an AMD EPYC Zen 5 VM, docs/performance.md).
 std::string SgemmKernels();
-// The same from OpenBLAS's core name and the variable's value (null: unset).
-std::string DescribeSgemmKernels(const char* core_name, const char* forced_core);
+// The same from OpenBLAS's core name, the variable's value and the core
+// OpenBLAS's detection picked before UseThisCpusOpenBlasKernels set it
+// (null: unset).
+std::string DescribeSgemmKernels(const char* core_name, const char* forced_core,
+                                 const char* detected_core = nullptr);
+
+// The vector instructions that decide which of OpenBLAS's x86 kernels a CPU
+// runs best.
+struct CpuVectorFeatures {
+  bool avx = false;
+  bool avx2_fma = false;
+  bool avx512 = false;  // F, BW, DQ, VL and CD, as OpenBLAS's SkylakeX kernels need
+  bool avx512_bf16 = false;
+  bool amx = false;
+};
+CpuVectorFeatures ThisCpusVectorFeatures();
+
+// The OpenBLAS core (its OPENBLAS_CORETYPE name) whose kernels use the
+// widest instructions `cpu` runs where `detected`, the core OpenBLAS's own
+// detection picked, uses narrower ones; null where `detected` is as wide.
+// OpenBLAS detects x86 CPUs by family and model, so a CPU newer than the
+// installed library gets a fallback: Debian 12's OpenBLAS 0.3.21 runs its
+// Prescott (SSE3) kernels on Intel's Emerald Rapids (family 6, model 207),
+// at a third of the sgemm rate of its SkylakeX ones there.
+const char* OpenBlasCoreToForce(const char* detected, const CpuVectorFeatures& cpu);
+// The same for the core OpenBLAS runs in this process, on this CPU.
+const char* OpenBlasCoreToForceHere();
+
+// Where OPENBLAS_CORETYPE is unset and OpenBLAS's detection picked kernels
+// narrower than this CPU runs (OpenBlasCoreToForce), starts the process
+// again with the variable naming this CPU's core (OpenBLAS reads it when it
+// loads), so that the sgemm limit is this machine's. Says so on stderr.
+// Returns where nothing needs to change or the new start failed.
+void UseThisCpusOpenBlasKernels(char** argv);
 
 // Measures once per process and caches the result; prints the limits, and
 // on stderr a warning where OPENBLAS_CORETYPE chose the sgemm kernels.

@@ -38,6 +38,43 @@ TEST(MachineLimits, SgemmKernelsSayWhenOpenBlasCoretypeChoseThem) {
       << here;
 }
 
+// Where UseThisCpusOpenBlasKernels chose the core, the description says
+// what OpenBLAS's own detection had picked.
+TEST(MachineLimits, SgemmKernelsNameTheDetectedCoreWhereTheBenchmarkChoseAnother) {
+  EXPECT_EQ(DescribeSgemmKernels("SkylakeX", "SkylakeX", "Prescott"),
+            "SkylakeX (OPENBLAS_CORETYPE=SkylakeX, set for this CPU: OpenBLAS detected Prescott)");
+}
+
+// A detected core narrower than the CPU's widest instructions gives way to
+// the core of those; a core as wide or wider, or a CPU without AVX, keeps
+// OpenBLAS's choice.
+TEST(MachineLimits, OpenBlasFallbackCoresGiveWayToTheCpusWidest) {
+  CpuVectorFeatures sse;
+  CpuVectorFeatures avx2 = sse;
+  avx2.avx = avx2.avx2_fma = true;
+  CpuVectorFeatures avx512 = avx2;
+  avx512.avx512 = true;
+  CpuVectorFeatures bf16 = avx512;
+  bf16.avx512_bf16 = true;
+  CpuVectorFeatures amx = bf16;
+  amx.amx = true;
+
+  // Debian 12's OpenBLAS on Intel's Emerald Rapids.
+  EXPECT_STREQ(OpenBlasCoreToForce("Prescott", avx512), "SkylakeX");
+  EXPECT_STREQ(OpenBlasCoreToForce("Prescott", bf16), "Cooperlake");
+  EXPECT_STREQ(OpenBlasCoreToForce("Prescott", amx), "SapphireRapids");
+  EXPECT_STREQ(OpenBlasCoreToForce("Nehalem", avx2), "Haswell");
+  EXPECT_STREQ(OpenBlasCoreToForce("Haswell", avx512), "SkylakeX");
+  EXPECT_STREQ(OpenBlasCoreToForce(nullptr, avx2), "Haswell");
+
+  EXPECT_EQ(OpenBlasCoreToForce("SkylakeX", avx512), nullptr);
+  EXPECT_EQ(OpenBlasCoreToForce("Cooperlake", avx512), nullptr);
+  EXPECT_EQ(OpenBlasCoreToForce("Zen", avx2), nullptr);
+  EXPECT_EQ(OpenBlasCoreToForce("Haswell", avx2), nullptr);
+  EXPECT_EQ(OpenBlasCoreToForce("SapphireRapids", amx), nullptr);
+  EXPECT_EQ(OpenBlasCoreToForce("Prescott", sse), nullptr);
+}
+
 TEST(MachineLimits, FirstMeasurementIsKeptForTheProcess) {
   const MachineLimits& first = MeasureMachineLimits();
   const MachineLimits& again = MeasureMachineLimits();
