@@ -48,12 +48,11 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def openblas_coretype_for_this_cpu(build_dir):
+def openblas_coretype_for_this_cpu(build_dir, env):
     """The core OPENBLAS_CORETYPE should name here, as `engine_bench
-    --openblas-core` decides it (bench/roofline.h), or None where OpenBLAS's
-    own detection picks this CPU's widest kernels (or engine_bench is not
-    built)."""
-    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+    --openblas-core` decides it (bench/roofline.h) run in `env` (without the
+    variable), or None where OpenBLAS's own detection picks this CPU's
+    widest kernels (or engine_bench is not built)."""
     try:
         out = subprocess.run([os.path.join(build_dir, "bench", "engine_bench"), "--openblas-core"],
                              env=env, check=True, capture_output=True, text=True).stdout
@@ -75,14 +74,14 @@ _early.add_argument("--build-dir", default=os.path.join(ROOT, "build", "release"
 _early.add_argument("--keep-openblas-coretype", action="store_true")
 _early = _early.parse_known_args()[0]
 if not _early.keep_openblas_coretype:
-    _core = openblas_coretype_for_this_cpu(_early.build_dir)
+    _env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+    _core = openblas_coretype_for_this_cpu(_early.build_dir, _env)
     if os.environ.get("OPENBLAS_CORETYPE") != _core:
         print(f"compare_pytorch: starting again with "
               f"{'OPENBLAS_CORETYPE=' + _core if _core else 'no OPENBLAS_CORETYPE'} "
               f"(was {os.environ.get('OPENBLAS_CORETYPE', 'unset')}), so that OpenBLAS runs "
               "this CPU's widest kernels (--keep-openblas-coretype keeps the environment's)",
               file=sys.stderr, flush=True)
-        _env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
         if _core:
             _env["OPENBLAS_CORETYPE"] = _core
         os.execve(sys.executable, [sys.executable, *sys.argv], _env)

@@ -393,11 +393,11 @@ BENCHMARK(BM_WorkerPoolJob)
 }  // namespace switchserve::cpu
 
 int main(int argc, char** argv) {
-  // blas:1 compares with OpenBLAS's kernels for this CPU (bench/roofline.h).
+  // blas:1 runs OpenBLAS's kernels for this CPU (its widest where OpenBLAS's
+  // detection falls back, bench/roofline.h), or those OPENBLAS_CORETYPE names.
   switchserve::bench::UseThisCpusOpenBlasKernels(argv);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  // blas:1 runs OpenBLAS's kernels for this CPU, or those OPENBLAS_CORETYPE names.
   benchmark::AddCustomContext("blas_kernels", switchserve::bench::SgemmKernels());
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -11,7 +11,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -205,18 +207,21 @@ const char* OpenBlasCoreToForceHere() {
 
 void UseThisCpusOpenBlasKernels(char** argv) {
   if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return;
-  const char* detected = openblas_get_corename();
   const char* core = OpenBlasCoreToForceHere();
   if (core == nullptr) return;
+  const char* detected = openblas_get_corename() != nullptr ? openblas_get_corename() : "unknown";
   std::fprintf(stderr,
                "OpenBLAS detected its %s kernels for this CPU, which runs %s's: starting again "
                "with OPENBLAS_CORETYPE=%s\n",
-               detected != nullptr ? detected : "unknown", core, core);
-  if (setenv("OPENBLAS_CORETYPE", core, /*overwrite=*/1) != 0 ||
-      setenv(kDetectedCoreVariable, detected != nullptr ? detected : "unknown", 1) != 0) {
+               detected, core, core);
+  // The program's own path, so that the process keeps its name.
+  std::error_code error;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (error || setenv("OPENBLAS_CORETYPE", core, /*overwrite=*/1) != 0 ||
+      setenv(kDetectedCoreVariable, detected, 1) != 0) {
     return;
   }
-  execv("/proc/self/exe", argv);  // returns only if it failed: go on as we are
+  execv(self.c_str(), argv);  // returns only if it failed: go on as we are
   unsetenv("OPENBLAS_CORETYPE");
   unsetenv(kDetectedCoreVariable);
 }

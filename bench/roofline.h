@@ -69,7 +69,8 @@ const char* OpenBlasCoreToForceHere();
 void UseThisCpusOpenBlasKernels(char** argv);
 
 // Measures once per process and caches the result; prints the limits, and
-// on stderr a warning where OPENBLAS_CORETYPE chose the sgemm kernels.
+// on stderr a warning where OPENBLAS_CORETYPE chose sgemm kernels narrower
+// than this CPU's (OpenBlasCoreToForceHere).
 const MachineLimits& MeasureMachineLimits();
 
 // Measures again, now, with the buffers of the first measurement and fewer
