@@ -82,6 +82,54 @@ Problem MakeProblem(int m, int n, int k, DType dtype) {
   return p;
 }
 
+// Args: m, n, k, layout, dtype, op as BM_Matmul's; the whole product on all
+// cores: ours through MatmulRunner (pieces on the worker pool, as a
+// prefill's products run), OpenBLAS's sgemm with as many threads.
+void BM_RunnerMatmul(benchmark::State& state) {
+  const int m = static_cast<int>(state.range(0)), n = static_cast<int>(state.range(1)),
+            k = static_cast<int>(state.range(2));
+  const bool rows_in = state.range(3) == 1;
+  const DType dtype = state.range(4) == 1 ? DType::kBF16 : DType::kF32;
+  const bool blas = state.range(5) == kOpenBlas;
+  if (blas && dtype != DType::kF32) {
+    state.SkipWithError("OpenBLAS runs f32 weights only");
+    return;
+  }
+  const int threads = static_cast<int>(std::thread::hardware_concurrency());
+  openblas_set_num_threads(threads);
+  Problem p = MakeProblem(m, n, k, dtype);
+  WorkerPool pool(threads);
+  MatmulRunner runner(BestKernelIsa(), &pool);
+  const MatmulArgs args{m,          n, k, p.a.data(), k, nullptr, MatrixOf(p.w, rows_in ? n : k),
+                        p.c.data(), n};
+  for (auto _ : state) {
+    if (blas) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, rows_in ? CblasNoTrans : CblasTrans, m, n, k, 1.0f,
+                  p.a.data(), k, p.w.f32(), rows_in ? n : k, 0.0f, p.c.data(), n);
+    } else {
+      runner.Run(rows_in ? WeightLayout::kRowsIn : WeightLayout::kRowsOut, args);
+    }
+    benchmark::DoNotOptimize(p.c.data());
+  }
+  openblas_set_num_threads(1);
+  state.counters["gflops"] =
+      benchmark::Counter(2.0 * m * n * k, benchmark::Counter::kIsIterationInvariantRate);
+}
+// A 512-token prefill's q projection and FFN up and down projections (rows
+// out), its value and output experts (rows in).
+BENCHMARK(BM_RunnerMatmul)
+    ->ArgNames({"m", "n", "k", "rows_in", "bf16", "blas"})
+    ->Args({512, 448, 1024, 0, 1, kOurs})
+    ->Args({512, 448, 1024, 0, 0, kOpenBlas})
+    ->Args({128, 128, 1024, 0, 1, kOurs})
+    ->Args({128, 128, 1024, 0, 0, kOpenBlas})
+    ->Args({128, 1024, 128, 0, 1, kOurs})
+    ->Args({128, 1024, 128, 0, 0, kOpenBlas})
+    ->Args({256, 112, 1024, 1, 1, kOurs})
+    ->Args({256, 112, 1024, 1, 0, kOpenBlas})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
 // Args: m, n, k, layout (0 rows out, 1 rows in), dtype (0 f32, 1 bf16), op.
 void BM_Matmul(benchmark::State& state) {
   const int m = static_cast<int>(state.range(0)), n = static_cast<int>(state.range(1)),

@@ -505,24 +505,24 @@ constexpr std::array<DotTilePairsFn, sizeof...(I)> MakeDotTilePairs(
 constexpr std::array<DotTilePairsFn, kPairRows> kDotTilePairs =
     MakeDotTilePairs(std::make_integer_sequence<int, kPairRows>());
 
-// Chunks of 8 k a tile takes before the next rows' tile, in products of at
-// most one row block: a block's packed weights (16 KiB) and six rows' inputs
-// (12 KiB) stay in the L1 cache while the block's tiles take it in turn,
-// instead of streaming all of k (32 and 24 KiB at k = 1024) from L2 for
-// every tile. Measured (matmul_bench, one thread, three windows of a noisy
-// VM): 32 rows against k = 1024 1.0-1.2x faster; 256 rows were not faster,
-// and take all of k at once.
+// Chunks of 8 k a tile takes before the next rows' tile: a block's packed
+// weights (16 KiB) and six rows' inputs (12 KiB) stay in the L1 cache while
+// the tiles of all the rows take it in turn, instead of streaming all of k (32
+// and 24 KiB at k = 1024) from L2 for every tile. 256 rows took all of k at
+// once before, one row block of 64 at a time (packing the weights again for
+// each); Intel Xeon (Emerald Rapids) VM, matmul_bench, one thread, three
+// alternated rounds, [256 x 1024] x [1024 x 448]: bf16 2951-3106 ->
+// 2206-2396 us, f32 2594-3102 -> 2137-2496 us.
 constexpr int kPairChunksPerBlock = 64;
 
-// The carried accumulators of the tiles of one row block.
+// The carried accumulators of the tiles of all the rows.
 std::vector<float>& CarryBuffer() {
   thread_local std::vector<float> buffer;
   return buffer;
 }
 
 // MatmulRowsOut for more rows than a register tile: 8 columns of weights at a
-// time, packed into pairs once and shared by every row (k a block at a time
-// where the rows are one row block).
+// time, packed into pairs once and shared by every row, k a block at a time.
 template <DType WT>
 void RowsOutManyRows(const MatmulArgs& g) {
   constexpr int kCols = 2 * kPairCols;
@@ -533,26 +533,22 @@ void RowsOutManyRows(const MatmulArgs& g) {
     pairs.resize(static_cast<size_t>(kPairCols) * chunks * 16);
   }
   std::vector<float>& carry = CarryBuffer();
-  constexpr int kTilesPerBlock = (kRowBlock + kPairRows - 1) / kPairRows;
-  if (carry.size() < static_cast<size_t>(kTilesPerBlock) * kTileCarry) {
-    carry.resize(static_cast<size_t>(kTilesPerBlock) * kTileCarry);
+  const int tiles = (g.m + kPairRows - 1) / kPairRows;
+  if (carry.size() < static_cast<size_t>(tiles) * kTileCarry) {
+    carry.resize(static_cast<size_t>(tiles) * kTileCarry);
   }
-  for (int i_block = 0; i_block < g.m; i_block += kRowBlock) {
-    const int i_end = g.m < i_block + kRowBlock ? g.m : i_block + kRowBlock;
-    for (int j0 = 0; j0 < g.n; j0 += kCols) {
-      const int nr = g.n - j0 < kCols ? g.n - j0 : kCols;
-      PackPairs<WT>(g.w.At(j0, 0), nr, g.k, pairs.data());
-      const int block_chunks = g.m <= kRowBlock ? kPairChunksPerBlock : chunks;
-      for (int ch0 = 0; ch0 < chunks; ch0 += block_chunks) {
-        const int ch1 = chunks - ch0 < block_chunks ? chunks : ch0 + block_chunks;
-        for (int i0 = i_block; i0 < i_end; i0 += kPairRows) {
-          const int mr = i_end - i0 < kPairRows ? i_end - i0 : kPairRows;
-          const float* a[kPairRows];
-          for (int i = 0; i < mr; ++i) a[i] = RowOfA(g, i0 + i);
-          float* tile_carry = carry.data() + (i0 - i_block) / kPairRows * kTileCarry;
-          kDotTilePairs[mr - 1](a, pairs.data(), g.k, ch0, ch1, tile_carry, g.c + i0 * g.ldc + j0,
-                                g.ldc, nr, g.alpha, g.accumulate);
-        }
+  for (int j0 = 0; j0 < g.n; j0 += kCols) {
+    const int nr = g.n - j0 < kCols ? g.n - j0 : kCols;
+    PackPairs<WT>(g.w.At(j0, 0), nr, g.k, pairs.data());
+    for (int ch0 = 0; ch0 < chunks; ch0 += kPairChunksPerBlock) {
+      const int ch1 = chunks - ch0 < kPairChunksPerBlock ? chunks : ch0 + kPairChunksPerBlock;
+      for (int i0 = 0; i0 < g.m; i0 += kPairRows) {
+        const int mr = g.m - i0 < kPairRows ? g.m - i0 : kPairRows;
+        const float* a[kPairRows];
+        for (int i = 0; i < mr; ++i) a[i] = RowOfA(g, i0 + i);
+        kDotTilePairs[mr - 1](a, pairs.data(), g.k, ch0, ch1,
+                              carry.data() + i0 / kPairRows * kTileCarry, g.c + i0 * g.ldc + j0,
+                              g.ldc, nr, g.alpha, g.accumulate);
       }
     }
   }

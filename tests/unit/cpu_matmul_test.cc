@@ -33,13 +33,15 @@ struct Shape {
 // blocks); one rows-in matrix over 512 KiB widened, which the AVX2
 // kernels pack a panel at a time instead of whole; and 24 and 25 rows
 // against k = 128 and rows over 64 columns, either side of the rows-in
-// products whose bf16 weights are read in place, 64 columns at a time.
+// products whose bf16 weights are read in place, 64 columns at a time; and
+// 70 rows against k = 600: the 16-lane rows-out tiles of more rows than 64
+// carry their chains between blocks of k too.
 const Shape kShapes[] = {
-    {1, 1, 1},      {1, 13, 7},    {1, 72, 100},  {2, 5, 8},     {3, 24, 13},  {4, 31, 16},
-    {5, 40, 33},    {7, 3, 257},   {9, 17, 64},   {64, 26, 24},  {65, 9, 130}, {70, 49, 41},
-    {131, 8, 96},   {33, 72, 1},   {6, 200, 112}, {1, 300, 9},   {1, 523, 21}, {4, 300, 19},
-    {6, 523, 21},   {20, 200, 37}, {13, 131, 29}, {8, 144, 8},   {1, 112, 40}, {20, 24, 601},
-    {6, 139, 1001}, {24, 72, 128}, {25, 72, 128}, {24, 72, 129},
+    {1, 1, 1},      {1, 13, 7},    {1, 72, 100},  {2, 5, 8},     {3, 24, 13},   {4, 31, 16},
+    {5, 40, 33},    {7, 3, 257},   {9, 17, 64},   {64, 26, 24},  {65, 9, 130},  {70, 49, 41},
+    {131, 8, 96},   {33, 72, 1},   {6, 200, 112}, {1, 300, 9},   {1, 523, 21},  {4, 300, 19},
+    {6, 523, 21},   {20, 200, 37}, {13, 131, 29}, {8, 144, 8},   {1, 112, 40},  {20, 24, 601},
+    {6, 139, 1001}, {24, 72, 128}, {25, 72, 128}, {24, 72, 129}, {70, 12, 600},
 };
 
 // The product, and for rows-out weights their layout.
