@@ -82,38 +82,63 @@ Problem MakeProblem(int m, int n, int k, DType dtype) {
   return p;
 }
 
-// Args: m, n, k, layout, dtype, op as BM_Matmul's; the whole product on all
-// cores: ours through MatmulRunner (pieces on the worker pool, as a
-// prefill's products run), OpenBLAS's sgemm with as many threads.
-void BM_RunnerMatmul(benchmark::State& state) {
-  const int m = static_cast<int>(state.range(0)), n = static_cast<int>(state.range(1)),
-            k = static_cast<int>(state.range(2));
-  const bool rows_in = state.range(3) == 1;
-  const DType dtype = state.range(4) == 1 ? DType::kBF16 : DType::kF32;
-  const bool blas = state.range(5) == kOpenBlas;
-  if (blas && dtype != DType::kF32) {
-    state.SkipWithError("OpenBLAS runs f32 weights only");
-    return;
+// One product of BM_Matmul or BM_RunnerMatmul. Args: m, n, k, layout (0 rows
+// out, 1 rows in), dtype (0 f32, 1 bf16), op.
+struct MatmulCase {
+  explicit MatmulCase(const benchmark::State& state)
+      : m(static_cast<int>(state.range(0))),
+        n(static_cast<int>(state.range(1))),
+        k(static_cast<int>(state.range(2))),
+        rows_in(state.range(3) == 1),
+        dtype(state.range(4) == 1 ? DType::kBF16 : DType::kF32),
+        blas(state.range(5) == kOpenBlas) {}
+
+  // False, and the benchmark skipped, for OpenBLAS with half-precision weights.
+  bool Runnable(benchmark::State& state) const {
+    if (blas && dtype != DType::kF32) state.SkipWithError("OpenBLAS runs f32 weights only");
+    return !blas || dtype == DType::kF32;
   }
+  // Rows in: W is [k, n] (the same bytes, read as k rows of n).
+  MatmulArgs Args(Problem& p) const {
+    return {m, n, k, p.a.data(), k, nullptr, MatrixOf(p.w, rows_in ? n : k), p.c.data(), n};
+  }
+  void Sgemm(Problem& p) const {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, rows_in ? CblasNoTrans : CblasTrans, m, n, k, 1.0f,
+                p.a.data(), k, p.w.f32(), rows_in ? n : k, 0.0f, p.c.data(), n);
+  }
+  void CountFlops(benchmark::State& state) const {
+    state.counters["gflops"] = benchmark::Counter(
+        2e-9 * m * n * k * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  }
+
+  int m, n, k;
+  bool rows_in;
+  DType dtype;
+  bool blas;
+};
+
+// The whole product on all cores: ours through MatmulRunner (pieces on the
+// worker pool, as a prefill's products run), OpenBLAS's sgemm with as many
+// threads.
+void BM_RunnerMatmul(benchmark::State& state) {
+  const MatmulCase mc(state);
+  if (!mc.Runnable(state)) return;
   const int threads = static_cast<int>(std::thread::hardware_concurrency());
   openblas_set_num_threads(threads);
-  Problem p = MakeProblem(m, n, k, dtype);
+  Problem p = MakeProblem(mc.m, mc.n, mc.k, mc.dtype);
   WorkerPool pool(threads);
   MatmulRunner runner(BestKernelIsa(), &pool);
-  const MatmulArgs args{m,          n, k, p.a.data(), k, nullptr, MatrixOf(p.w, rows_in ? n : k),
-                        p.c.data(), n};
+  const MatmulArgs args = mc.Args(p);
   for (auto _ : state) {
-    if (blas) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, rows_in ? CblasNoTrans : CblasTrans, m, n, k, 1.0f,
-                  p.a.data(), k, p.w.f32(), rows_in ? n : k, 0.0f, p.c.data(), n);
+    if (mc.blas) {
+      mc.Sgemm(p);
     } else {
-      runner.Run(rows_in ? WeightLayout::kRowsIn : WeightLayout::kRowsOut, args);
+      runner.Run(mc.rows_in ? WeightLayout::kRowsIn : WeightLayout::kRowsOut, args);
     }
     benchmark::DoNotOptimize(p.c.data());
   }
   openblas_set_num_threads(1);
-  state.counters["gflops"] =
-      benchmark::Counter(2.0 * m * n * k, benchmark::Counter::kIsIterationInvariantRate);
+  mc.CountFlops(state);
 }
 // A 512-token prefill's q projection and FFN up and down projections (rows
 // out), its value and output experts (rows in).
@@ -130,29 +155,21 @@ BENCHMARK(BM_RunnerMatmul)
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 
-// Args: m, n, k, layout (0 rows out, 1 rows in), dtype (0 f32, 1 bf16), op.
+// One thread.
 void BM_Matmul(benchmark::State& state) {
-  const int m = static_cast<int>(state.range(0)), n = static_cast<int>(state.range(1)),
-            k = static_cast<int>(state.range(2));
-  const bool rows_in = state.range(3) == 1;
-  const DType dtype = state.range(4) == 1 ? DType::kBF16 : DType::kF32;
-  const bool blas = state.range(5) == kOpenBlas;
-  if (blas && dtype != DType::kF32) {
-    state.SkipWithError("OpenBLAS runs f32 weights only");
-    return;
-  }
+  const MatmulCase mc(state);
+  if (!mc.Runnable(state)) return;
+  const int m = mc.m, n = mc.n, k = mc.k;
   openblas_set_num_threads(1);
-  Problem p = MakeProblem(m, n, k, dtype);
+  Problem p = MakeProblem(m, n, k, mc.dtype);
   const MatmulKernels& kernels = KernelsFor(BestKernelIsa());
-  // rows in: W is [k, n] (the same bytes, read as k rows of n).
-  const MatmulArgs args{m,          n, k, p.a.data(), k, nullptr, MatrixOf(p.w, rows_in ? n : k),
-                        p.c.data(), n};
+  const MatmulArgs args = mc.Args(p);
   for (auto _ : state) {
-    if (!blas) {
-      (rows_in ? kernels.rows_in : kernels.rows_out)(args);
+    if (!mc.blas) {
+      (mc.rows_in ? kernels.rows_in : kernels.rows_out)(args);
     } else if (m <= 4) {
       for (int r = 0; r < m; ++r) {
-        if (rows_in) {
+        if (mc.rows_in) {
           cblas_sgemv(CblasRowMajor, CblasTrans, k, n, 1.0f, p.w.f32(), n, p.a.data() + r * k, 1,
                       0.0f, p.c.data() + r * n, 1);
         } else {
@@ -161,16 +178,14 @@ void BM_Matmul(benchmark::State& state) {
         }
       }
     } else {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, rows_in ? CblasNoTrans : CblasTrans, m, n, k, 1.0f,
-                  p.a.data(), k, p.w.f32(), rows_in ? n : k, 0.0f, p.c.data(), n);
+      mc.Sgemm(p);
     }
     benchmark::DoNotOptimize(p.c.data());
   }
-  const double calls = static_cast<double>(state.iterations());
-  state.counters["gflops"] =
-      benchmark::Counter(2.0 * m * n * k * calls / 1e9, benchmark::Counter::kIsRate);
-  state.counters["gb_per_s"] = benchmark::Counter(static_cast<double>(p.w.bytes()) * calls / 1e9,
-                                                  benchmark::Counter::kIsRate);
+  mc.CountFlops(state);
+  state.counters["gb_per_s"] = benchmark::Counter(
+      static_cast<double>(p.w.bytes()) * static_cast<double>(state.iterations()) / 1e9,
+      benchmark::Counter::kIsRate);
 }
 
 void Shapes(benchmark::internal::Benchmark* b) {
