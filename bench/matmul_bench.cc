@@ -24,6 +24,12 @@
 // row blocks rows out, column panels rows in), or row-major as stored (0);
 // on huge pages.
 //
+// BM_RunnerMatmul runs a 512-token prefill's products whole on all cores:
+// ours through the MatmulRunner (64-row pieces on the worker pool, as the
+// engine runs them), OpenBLAS's sgemm with as many threads on f32 copies:
+// what sgemm itself reaches on these shapes, against the 2048^3 limit the
+// engine's benchmarks measure.
+//
 // BM_WorkerPoolJob: what one job of the worker pool costs, empty or with
 // small pieces, on all cores.
 //
