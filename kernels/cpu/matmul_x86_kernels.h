@@ -34,9 +34,11 @@
 #include <immintrin.h>
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <new>
 #include <utility>
-#include <vector>
 
 #include "kernels/cpu/matmul.h"
 
@@ -371,9 +373,32 @@ struct DotTiles {
   }
 };
 
+// A thread's scratch floats, reused across calls, starting on a cache line:
+// a 16-lane load or store at a multiple of 16 floats from it (packed pairs,
+// carried accumulators) never spans two lines. Unaligned, three of every four
+// did. What it holds does not survive a Reserve that grows it.
+class LineAlignedScratch {
+ public:
+  float* Reserve(size_t floats) {
+    if (floats > capacity_) {
+      data_.reset(static_cast<float*>(::operator new[](floats * sizeof(float), kAlign)));
+      capacity_ = floats;
+    }
+    return data_.get();
+  }
+
+ private:
+  static constexpr std::align_val_t kAlign{64};
+  struct Free {
+    void operator()(float* p) const { ::operator delete[](p, kAlign); }
+  };
+  std::unique_ptr<float[], Free> data_;
+  size_t capacity_ = 0;
+};
+
 // Thread-local f32 copy of a tile of weights.
-std::vector<float>& WidenBuffer() {
-  thread_local std::vector<float> buffer;
+LineAlignedScratch& WidenBuffer() {
+  thread_local LineAlignedScratch buffer;
   return buffer;
 }
 
@@ -415,26 +440,70 @@ inline __m512 SumPairs(__m512 p0, __m512 p1, __m512 p2, __m512 p3) {
       0xFFFF, _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0), f);
 }
 
+// [lo | hi]. (Zero-masking forms with every lane kept, as in Broadcast8.)
+inline __m512 Join8(__m256 lo, __m256 hi) {
+  return _mm512_castpd_ps(
+      _mm512_maskz_insertf64x4(0xFF, _mm512_castps_pd(Broadcast8(lo)), _mm256_castps_pd(hi), 1));
+}
+
+// Rows j and j + 1's 8 elements from byte `at` of each, widened exactly.
+template <DType WT>
+inline __m512 LoadPair8(const char* row0, const char* row1, int64_t at) {
+  if constexpr (WT == DType::kF32) {
+    return Join8(_mm256_loadu_ps(reinterpret_cast<const float*>(row0 + at)),
+                 _mm256_loadu_ps(reinterpret_cast<const float*>(row1 + at)));
+  } else {
+    const __m256i h = _mm256_inserti128_si256(
+        _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row0 + at))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(row1 + at)), 1);
+    if constexpr (WT == DType::kBF16) {
+      return _mm512_castsi512_ps(
+          _mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, h), 16));
+    } else {
+      return _mm512_maskz_cvtph_ps(0xFFFF, h);
+    }
+  }
+}
+
 // Widens (exactly) weight rows [0, rows) into pairs: pair q, chunk c holds
 // the 16 floats [w[2q][8c, 8c + 8) | w[2q + 1][8c, 8c + 8)], zero past k and
-// for rows past `rows`; out has kPairCols pairs of `chunks` chunks each.
+// for rows past `rows`; out has kPairCols pairs of `chunks` chunks each. Both
+// rows of a pair's full chunk in one widening and one 64-byte store
+// (LoadPair8), while the next column group's rows are prefetched.
 template <DType WT>
 void PackPairs(const WeightMatrix& w, int rows, int k, float* out) {
   const int chunks = (k + 7) / 8;
+  const int full = k / 8;
   const int64_t group = GroupBytes<WT>(w.tiling == Tiling::kRowBlocks);
-  for (int r = 0; r < 2 * kPairCols; ++r) {
-    float* o = out + (static_cast<int64_t>(r / 2) * chunks) * 16 + 8 * (r % 2);
-    if (r >= rows) {
-      for (int c = 0; c < chunks; ++c) _mm256_storeu_ps(o + 16 * c, _mm256_setzero_ps());
+  for (int q = 0; q < kPairCols; ++q) {
+    float* o = out + static_cast<int64_t>(q) * chunks * 16;
+    const int r0 = 2 * q, r1 = 2 * q + 1;
+    if (r0 >= rows) {
+      for (int c = 0; c < chunks; ++c) _mm512_storeu_ps(o + 16 * c, _mm512_setzero_ps());
       continue;
     }
-    const char* row = RowStart<WT>(w, r);
-    const char* next = RowStart<WT>(w, r + rows);
+    const char* row0 = RowStart<WT>(w, r0);
+    const char* next0 = RowStart<WT>(w, r0 + rows);
+    const auto row_chunk = [&](const char* row, int c) {
+      return c < full ? Load8<WT>(row + c * group, 0)
+                      : LoadPartial8<WT>(row + c * group, 0, k - 8 * c);
+    };
+    if (r1 >= rows) {
+      for (int c = 0; c < chunks; ++c) {
+        if (((c * group) & 63) == 0) _mm_prefetch(next0 + c * group, _MM_HINT_T1);
+        _mm512_storeu_ps(o + 16 * c, Join8(row_chunk(row0, c), _mm256_setzero_ps()));
+      }
+      continue;
+    }
+    const char* row1 = RowStart<WT>(w, r1);
+    const char* next1 = RowStart<WT>(w, r1 + rows);
     for (int c = 0; c < chunks; ++c) {
-      const int p = 8 * c;
-      if (((c * group) & 63) == 0) _mm_prefetch(next + c * group, _MM_HINT_T1);
-      _mm256_storeu_ps(o + 16 * c, p + 8 <= k ? Load8<WT>(row + c * group, 0)
-                                              : LoadPartial8<WT>(row + c * group, 0, k - p));
+      if (((c * group) & 63) == 0) {
+        _mm_prefetch(next0 + c * group, _MM_HINT_T1);
+        _mm_prefetch(next1 + c * group, _MM_HINT_T1);
+      }
+      _mm512_storeu_ps(o + 16 * c, c < full ? LoadPair8<WT>(row0, row1, c * group)
+                                            : Join8(row_chunk(row0, c), row_chunk(row1, c)));
     }
   }
 }
@@ -516,8 +585,8 @@ constexpr std::array<DotTilePairsFn, kPairRows> kDotTilePairs =
 constexpr int kPairChunksPerBlock = 64;
 
 // The carried accumulators of the tiles of all the rows.
-std::vector<float>& CarryBuffer() {
-  thread_local std::vector<float> buffer;
+LineAlignedScratch& CarryBuffer() {
+  thread_local LineAlignedScratch buffer;
   return buffer;
 }
 
@@ -528,27 +597,20 @@ void RowsOutManyRows(const MatmulArgs& g) {
   constexpr int kCols = 2 * kPairCols;
   constexpr int kTileCarry = kPairRows * kPairCols * 16;
   const int chunks = (g.k + 7) / 8;
-  std::vector<float>& pairs = WidenBuffer();
-  if (pairs.size() < static_cast<size_t>(kPairCols) * chunks * 16) {
-    pairs.resize(static_cast<size_t>(kPairCols) * chunks * 16);
-  }
-  std::vector<float>& carry = CarryBuffer();
+  float* pairs = WidenBuffer().Reserve(static_cast<size_t>(kPairCols) * chunks * 16);
   const int tiles = (g.m + kPairRows - 1) / kPairRows;
-  if (carry.size() < static_cast<size_t>(tiles) * kTileCarry) {
-    carry.resize(static_cast<size_t>(tiles) * kTileCarry);
-  }
+  float* carry = CarryBuffer().Reserve(static_cast<size_t>(tiles) * kTileCarry);
   for (int j0 = 0; j0 < g.n; j0 += kCols) {
     const int nr = g.n - j0 < kCols ? g.n - j0 : kCols;
-    PackPairs<WT>(g.w.At(j0, 0), nr, g.k, pairs.data());
+    PackPairs<WT>(g.w.At(j0, 0), nr, g.k, pairs);
     for (int ch0 = 0; ch0 < chunks; ch0 += kPairChunksPerBlock) {
       const int ch1 = chunks - ch0 < kPairChunksPerBlock ? chunks : ch0 + kPairChunksPerBlock;
       for (int i0 = 0; i0 < g.m; i0 += kPairRows) {
         const int mr = g.m - i0 < kPairRows ? g.m - i0 : kPairRows;
         const float* a[kPairRows];
         for (int i = 0; i < mr; ++i) a[i] = RowOfA(g, i0 + i);
-        kDotTilePairs[mr - 1](a, pairs.data(), g.k, ch0, ch1,
-                              carry.data() + i0 / kPairRows * kTileCarry, g.c + i0 * g.ldc + j0,
-                              g.ldc, nr, g.alpha, g.accumulate);
+        kDotTilePairs[mr - 1](a, pairs, g.k, ch0, ch1, carry + i0 / kPairRows * kTileCarry,
+                              g.c + i0 * g.ldc + j0, g.ldc, nr, g.alpha, g.accumulate);
       }
     }
   }
@@ -566,34 +628,9 @@ void RowsOutManyRows(const MatmulArgs& g) {
 // 16 lanes at once (AMD Zen 5), half the multiply-add instructions.
 constexpr int kFewPairRows = 4;  // 16 accumulators, 4 weight vectors, 1 input
 
-// [lo | hi]. (Zero-masking forms with every lane kept, as in Broadcast8.)
-inline __m512 Join8(__m256 lo, __m256 hi) {
-  return _mm512_castpd_ps(
-      _mm512_maskz_insertf64x4(0xFF, _mm512_castps_pd(Broadcast8(lo)), _mm256_castps_pd(hi), 1));
-}
-
 // Lanes 0-7.
 inline __m256 Low8(__m512 v) {
   return _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0x0F, _mm512_castps_pd(v), 0));
-}
-
-// Rows j and j + 1's 8 elements from byte `at` of each, widened exactly.
-template <DType WT>
-inline __m512 LoadPair8(const char* row0, const char* row1, int64_t at) {
-  if constexpr (WT == DType::kF32) {
-    return Join8(_mm256_loadu_ps(reinterpret_cast<const float*>(row0 + at)),
-                 _mm256_loadu_ps(reinterpret_cast<const float*>(row1 + at)));
-  } else {
-    const __m256i h = _mm256_inserti128_si256(
-        _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row0 + at))),
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(row1 + at)), 1);
-    if constexpr (WT == DType::kBF16) {
-      return _mm512_castsi512_ps(
-          _mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, h), 16));
-    } else {
-      return _mm512_maskz_cvtph_ps(0xFFFF, h);
-    }
-  }
 }
 
 // DotTile<WT, MR, 8, kPrefetch, kTiled> in pair accumulators: MR rows x 8
@@ -1188,10 +1225,7 @@ void RowsIn(const MatmulArgs& g) {
 #ifdef SWITCHSERVE_MATMUL_ZMM
     constexpr int kPanel = 2 * kZmmInVectors;  // 8-lane vectors per panel
     const int block_k = g.k <= kZmmInWholeK ? g.k : kZmmInBlockK;
-    std::vector<float>& panel = WidenBuffer();
-    if (panel.size() < static_cast<size_t>(8 * kPanel) * block_k) {
-      panel.resize(8 * kPanel * block_k);
-    }
+    float* panel = WidenBuffer().Reserve(static_cast<size_t>(8 * kPanel) * block_k);
     for (int i_block = 0; i_block < g.m; i_block += kRowBlock) {
       const int i_end = g.m < i_block + kRowBlock ? g.m : i_block + kRowBlock;
       for (int v0 = 0; v0 < vectors; v0 += kPanel) {
@@ -1200,12 +1234,12 @@ void RowsIn(const MatmulArgs& g) {
         const __mmask16 last_mask = nv % 2 == 0 ? 0xFFFF : 0x00FF;
         for (int p0 = 0; p0 < g.k; p0 += block_k) {
           const int kk = g.k - p0 < block_k ? g.k - p0 : block_k;
-          PackPanel<WT>(g.w.At(p0, 0).data, g.w.ld, kk, 8 * v0, nv, panel.data());
+          PackPanel<WT>(g.w.At(p0, 0).data, g.w.ld, kk, 8 * v0, nv, panel);
           for (int i0 = i_block; i0 < i_end; i0 += kZmmInRows) {
             const int mr = i_end - i0 < kZmmInRows ? i_end - i0 : kZmmInRows;
             const float* a[kZmmInRows];
             for (int i = 0; i < mr; ++i) a[i] = RowOfA(g, i0 + i) + p0;
-            kChainTilesZmm[(mr - 1) * kZmmInVectors + nz - 1](a, panel.data(), 8 * nv, kk,
+            kChainTilesZmm[(mr - 1) * kZmmInVectors + nz - 1](a, panel, 8 * nv, kk,
                                                               g.c + i0 * g.ldc + 8 * v0, g.ldc,
                                                               g.accumulate || p0 > 0, last_mask);
           }
@@ -1213,23 +1247,22 @@ void RowsIn(const MatmulArgs& g) {
       }
     }
 #else
-    std::vector<float>& panel = WidenBuffer();
     // The whole matrix packed at once where it fits (kPackWholeBytes), else
     // one panel at a time.
     const int64_t whole = static_cast<int64_t>(g.k) * n8;
     const bool pack_whole = whole * static_cast<int64_t>(sizeof(float)) <= kPackWholeBytes;
     const int64_t panel_floats = pack_whole ? whole : static_cast<int64_t>(8 * NV) * g.k;
-    if (panel.size() < static_cast<size_t>(panel_floats)) panel.resize(panel_floats);
-    if (pack_whole) PackPanels<WT>(g.w.data, g.w.ld, g.k, vectors, NV, panel.data());
+    float* panel = WidenBuffer().Reserve(static_cast<size_t>(panel_floats));
+    if (pack_whole) PackPanels<WT>(g.w.data, g.w.ld, g.k, vectors, NV, panel);
     for (int i_block = 0; i_block < g.m; i_block += kRowBlock) {
       const int i_end = g.m < i_block + kRowBlock ? g.m : i_block + kRowBlock;
       for (int v0 = 0; v0 < vectors; v0 += NV) {
         const int nv = vectors - v0 < NV ? vectors - v0 : NV;
-        const float* pv = panel.data();
+        const float* pv = panel;
         if (pack_whole) {
           pv += static_cast<int64_t>(g.k) * 8 * v0;
         } else {
-          PackPanel<WT>(g.w.data, g.w.ld, g.k, 8 * v0, nv, panel.data());
+          PackPanel<WT>(g.w.data, g.w.ld, g.k, 8 * v0, nv, panel);
         }
         for (int i0 = i_block; i0 < i_end; i0 += MR) {
           const int mr = i_end - i0 < MR ? i_end - i0 : MR;
