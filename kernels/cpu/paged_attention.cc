@@ -39,10 +39,10 @@ void Grow(std::vector<T>& buffer, size_t n) {
 
 // e_j = exp(s_j - max) over a row's n visible scores, in place; returns their
 // sum, added in key order. The maximum is taken eight lanes at a time (the
-// same value in any order), so the loops vectorize. Built for AVX2 too,
-// picked at load time where the CPU has it: the same IEEE operations per
-// element either way (vector_math.h), so the same bits.
-__attribute__((target_clones("avx2", "default"))) float ExpInPlace(float* e, int n) {
+// same value in any order), so the loops vectorize. Built for AVX-512 and
+// AVX2 too, picked at load time where the CPU has them: the same IEEE
+// operations per element at any width (vector_math.h), so the same bits.
+__attribute__((target_clones("avx512f", "avx2", "default"))) float ExpInPlace(float* e, int n) {
   float lane_max[8];
   for (float& m : lane_max) m = -INFINITY;
   int j = 0;
