@@ -482,28 +482,25 @@ void PackPairs(const WeightMatrix& w, int rows, int k, float* out) {
       for (int c = 0; c < chunks; ++c) _mm512_storeu_ps(o + 16 * c, _mm512_setzero_ps());
       continue;
     }
+    // A pair whose second row is past the last has a zero second half.
+    const bool both = r1 < rows;
     const char* row0 = RowStart<WT>(w, r0);
     const char* next0 = RowStart<WT>(w, r0 + rows);
+    const char* row1 = both ? RowStart<WT>(w, r1) : nullptr;
+    const char* next1 = both ? RowStart<WT>(w, r1 + rows) : nullptr;
     const auto row_chunk = [&](const char* row, int c) {
       return c < full ? Load8<WT>(row + c * group, 0)
                       : LoadPartial8<WT>(row + c * group, 0, k - 8 * c);
     };
-    if (r1 >= rows) {
-      for (int c = 0; c < chunks; ++c) {
-        if (((c * group) & 63) == 0) _mm_prefetch(next0 + c * group, _MM_HINT_T1);
-        _mm512_storeu_ps(o + 16 * c, Join8(row_chunk(row0, c), _mm256_setzero_ps()));
-      }
-      continue;
-    }
-    const char* row1 = RowStart<WT>(w, r1);
-    const char* next1 = RowStart<WT>(w, r1 + rows);
     for (int c = 0; c < chunks; ++c) {
       if (((c * group) & 63) == 0) {
         _mm_prefetch(next0 + c * group, _MM_HINT_T1);
-        _mm_prefetch(next1 + c * group, _MM_HINT_T1);
+        if (both) _mm_prefetch(next1 + c * group, _MM_HINT_T1);
       }
-      _mm512_storeu_ps(o + 16 * c, c < full ? LoadPair8<WT>(row0, row1, c * group)
-                                            : Join8(row_chunk(row0, c), row_chunk(row1, c)));
+      _mm512_storeu_ps(o + 16 * c, both && c < full
+                                       ? LoadPair8<WT>(row0, row1, c * group)
+                                       : Join8(row_chunk(row0, c),
+                                               both ? row_chunk(row1, c) : _mm256_setzero_ps()));
     }
   }
 }
