@@ -13,9 +13,17 @@ steps that ran the same jobs: its pieces, how many of them the engine thread
 ran, its time, and the time before it (since the step began or the previous
 job ended); the last row is the time after the last job.
 
+With --period N --ratio A+B/C+D, the time of jobs A and B over that of jobs
+C and D, positions counted from 1 within each period of N jobs from a step's
+first job (a layer: 12 jobs a layer in a prefill of the paper's shape), as
+the median and quartiles over every whole period of those steps: two jobs
+of the same step share whatever the machine did meanwhile, so on a shared
+machine this ratio holds far steadier than either time.
+
   build/release/bench/engine_bench --benchmark_filter='decode/switchall_bf16/batch:1/' \\
       --pool-timeline=timeline.txt
   /usr/bin/python3 bench/pool_timeline.py timeline.txt [--jobs] [--filter REGEX]
+      [--period N --ratio A+B/C+D]
 """
 import argparse
 import collections
@@ -74,13 +82,19 @@ def summary_row(name, steps):
             f"| {statistics.median(shares):.3f} | {statistics.median(between) / 1e3:.1f} µs |")
 
 
+def most_common_jobs(steps):
+    """The most common sequence of piece counts, how many steps had it, and
+    those steps."""
+    shapes = collections.Counter(tuple(j[2] for j in jobs) for _, _, jobs in steps)
+    shape, count = shapes.most_common(1)[0]
+    return shape, count, [(start, stop, jobs) for start, stop, jobs in steps
+                          if tuple(j[2] for j in jobs) == shape]
+
+
 def job_rows(steps):
     """Medians by position over the steps whose jobs had the most common
     sequence of piece counts."""
-    shapes = collections.Counter(tuple(j[2] for j in jobs) for _, _, jobs in steps)
-    shape, count = shapes.most_common(1)[0]
-    same = [(start, stop, jobs) for start, stop, jobs in steps
-            if tuple(j[2] for j in jobs) == shape]
+    shape, count, same = most_common_jobs(steps)
     rows = [f"steps with these jobs: {count} of {len(steps)}", "",
             "| job | pieces | engine thread's | µs | µs before |", "| --- | --- | --- | --- | --- |"]
     for k, pieces in enumerate(shape):
@@ -94,13 +108,46 @@ def job_rows(steps):
     return rows
 
 
+def parse_ratio(spec, period):
+    """([numerator positions], [denominator positions]), 0-based, of
+    "A+B/C+D" (1-based positions within a period)."""
+    try:
+        sides = [[int(p) - 1 for p in side.split("+")] for side in spec.split("/")]
+    except ValueError:
+        sides = []
+    if len(sides) != 2 or any(not 0 <= p < period for side in sides for p in side):
+        raise SystemExit(f"--ratio {spec!r}: want A+B/C+D, job positions 1 to {period}")
+    return sides
+
+
+def ratio_row(name, steps, period, spec):
+    numerator, denominator = parse_ratio(spec, period)
+    _, count, same = most_common_jobs(steps)
+    ratios = []
+    for _, _, jobs in same:
+        for first in range(0, len(jobs) - period + 1, period):
+            took = [e - s for s, e, _, _ in jobs[first:first + period]]
+            below = sum(took[p] for p in denominator)
+            if below > 0:
+                ratios.append(sum(took[p] for p in numerator) / below)
+    if not ratios:
+        return f"{name}: no whole period of {period} jobs"
+    q1, median, q3 = (statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3)
+    return (f"{name}: jobs {spec} per period of {period}: median {median:.3f} "
+            f"(quartiles {q1:.3f}-{q3:.3f}) over {len(ratios)} periods of {count} steps")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("timeline", help="the file engine_bench --pool-timeline wrote")
     ap.add_argument("--jobs", action="store_true", help="every job of a step, in order")
     ap.add_argument("--filter", default="", help="only benchmarks whose name matches (re.search)")
+    ap.add_argument("--period", type=int, default=0, help="jobs in a period (a layer), for --ratio")
+    ap.add_argument("--ratio", help="A+B/C+D: jobs' time over other jobs' time, within each period")
     args = ap.parse_args()
+    if (args.ratio is None) != (args.period <= 0):
+        ap.error("--ratio and --period N (N >= 1) go together")
     runs = {name: run for name, run in read_runs(args.timeline).items()
             if re.search(args.filter, name)}
     runs = {name: run for name, run in runs.items() if run[0]}
@@ -116,6 +163,10 @@ def main():
         for name, steps in split.items():
             print(f"\n{name}\n")
             print("\n".join(job_rows(steps)))
+    if args.ratio is not None:
+        print()
+        for name, steps in split.items():
+            print(ratio_row(name, steps, args.period, args.ratio))
     return 0
 
 

@@ -57,3 +57,41 @@ def test_nothing_matching_and_a_bad_line_are_errors(tmp_path):
     out = run(tmp_path, LINES + [f"{NAME} job 1 2 3"])
     assert out.returncode != 0
     assert "timeline.txt:10: not a timeline line" in out.stderr
+
+
+# One step of six jobs in periods of two (two "layers" of jobs a and b, then
+# a third): a 10, b 20; a 30, b 40; a 50, b 60 us.
+PERIODS = [
+    f"{NAME} step 1000000",
+    f"{NAME} job 1000000 1010000 8 4",
+    f"{NAME} job 1010000 1030000 8 4",
+    f"{NAME} job 1030000 1060000 8 4",
+    f"{NAME} job 1060000 1100000 8 4",
+    f"{NAME} job 1100000 1150000 8 4",
+    f"{NAME} job 1150000 1210000 8 4",
+    f"{NAME} end 1300000",
+]
+
+
+def test_a_ratio_of_jobs_per_period(tmp_path):
+    # a / b: 0.5, 0.75, 0.833; a / (a + b): 0.333, 0.429, 0.455.
+    out = run(tmp_path, PERIODS, "--period", "2", "--ratio", "1/2")
+    assert out.returncode == 0, out.stderr
+    assert f"{NAME}: jobs 1/2 per period of 2: median 0.750 " in out.stdout
+    assert "over 3 periods of 1 steps" in out.stdout
+    out = run(tmp_path, PERIODS, "--period", "2", "--ratio", "1/1+2")
+    assert out.returncode == 0, out.stderr
+    assert "median 0.429 " in out.stdout
+    # Periods of four: one whole period (the last two jobs are left out).
+    out = run(tmp_path, PERIODS, "--period", "4", "--ratio", "4/1+2")
+    assert out.returncode == 0, out.stderr
+    assert "median 1.333 (quartiles 1.333-1.333) over 1 periods" in out.stdout
+
+
+def test_a_ratio_needs_positions_within_the_period(tmp_path):
+    out = run(tmp_path, PERIODS, "--period", "2", "--ratio", "1/3")
+    assert out.returncode != 0
+    assert "--ratio '1/3': want A+B/C+D, job positions 1 to 2" in out.stderr
+    out = run(tmp_path, PERIODS, "--ratio", "1/2")
+    assert out.returncode != 0
+    assert "--ratio and --period N" in out.stderr
