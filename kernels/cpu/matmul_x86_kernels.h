@@ -858,12 +858,19 @@ void RowsOut(const MatmulArgs& g) {
   // them in place (packing a tile that few rows share cost more than it
   // saved: 1.4-1.5x as long for bf16 experts of 4 rows): in pairs where the
   // weight rows are short, whose products the multiply-adds bound (the FFN's
-  // down projections, k 128), and with the 8-lane tiles where they are long,
+  // down projections, k 128), or where there is more than one tile of rows;
+  // with the 8-lane tiles where one tile of rows takes long weight rows,
   // whose products stream (32 bf16 experts of 4 rows, matmul_bench FromMemory
   // on an AMD EPYC Zen 5 VM: k 128 1.25x faster in pairs, k 1024 1.15x
-  // slower).
+  // slower). With two or three tiles of rows the 8-lane tiles' multiply-adds
+  // bound long rows too: on the Intel Xeon (Emerald Rapids) VM, 32 bf16
+  // experts [128, 1024] of 8 rows from memory took 847 us with them, 663 in
+  // pairs (matmul_bench FromMemory, medians of five alternated runs); in
+  // engine_bench, batch 8, the q and k projections 0.92x as long and batch
+  // 32's FFN 0.97x (each against the value experts' time in the same steps,
+  // three alternated runs).
   if (g.m >= 2 * kPairRows) return RowsOutManyRows<WT>(g);
-  if (static_cast<int64_t>(g.k) * ElementBytes<WT>() < kRowsInLongRowBytes) {
+  if (static_cast<int64_t>(g.k) * ElementBytes<WT>() < kRowsInLongRowBytes || g.m > kFewPairRows) {
     return RowsOutFewRows<WT>(g);
   }
 #endif
