@@ -1194,7 +1194,9 @@ void RowsInColumnBlocks(const MatmulArgs& g, int vectors) {
 // ChainTile over a packed f32 panel with 16-lane vectors: each column's chain
 // is a lane's, as in the 8-lane tiles. c[i][0 .. 16 NZ) where `last_mask`
 // keeps only the first 8 columns of the last vector (0x00FF) or all of them.
-template <int MR, int NZ>
+// kAhead: prefetches a line of `ahead` a step of k (a few rows' tile, whose
+// next panel comes from memory); others take no per-step check.
+template <int MR, int NZ, bool kAhead>
 void ChainTileZmm(const float* const* a, const float* panel, int64_t ldp, int k, float* c,
                   int64_t ldc, bool accumulate, __mmask16 last_mask, PrefetchLines* ahead) {
   const auto mask = [&](int z) { return z == NZ - 1 ? last_mask : static_cast<__mmask16>(0xFFFF); };
@@ -1208,7 +1210,7 @@ void ChainTileZmm(const float* const* a, const float* panel, int64_t ldp, int k,
     }
   }
   for (int p = 0; p < k; ++p) {
-    ahead->Next();
+    if constexpr (kAhead) ahead->Next();
     __m512 wv[NZ];
 #pragma GCC unroll 8
     for (int z = 0; z < NZ; ++z) wv[z] = _mm512_maskz_loadu_ps(mask(z), panel + p * ldp + 16 * z);
@@ -1242,17 +1244,17 @@ constexpr int kZmmInVectors = 4;  // 64 columns: a panel of 8 8-lane vectors
 using ChainTileZmmFn = void (*)(const float* const*, const float*, int64_t, int, float*, int64_t,
                                 bool, __mmask16, PrefetchLines*);
 
-template <int... I>
+template <bool kAhead, int... I>
 constexpr std::array<ChainTileZmmFn, sizeof...(I)> MakeChainTilesZmm(
     std::integer_sequence<int, I...>) {
-  return {&ChainTileZmm<I / kZmmInVectors + 1, I % kZmmInVectors + 1>...};
+  return {&ChainTileZmm<I / kZmmInVectors + 1, I % kZmmInVectors + 1, kAhead>...};
 }
-// kChainTilesZmm[(mr - 1) * kZmmInVectors + nz - 1] = ChainTileZmm<mr, nz>.
-constexpr std::array<ChainTileZmmFn, kZmmInRows* kZmmInVectors> kChainTilesZmm =
-    MakeChainTilesZmm(std::make_integer_sequence<int, kZmmInRows * kZmmInVectors>());
-#endif  // SWITCHSERVE_MATMUL_ZMM
+// kChainTilesZmm[ahead][(mr - 1) * kZmmInVectors + nz - 1] =
+// ChainTileZmm<mr, nz, ahead>.
+constexpr std::array<ChainTileZmmFn, kZmmInRows * kZmmInVectors> kChainTilesZmm[2] = {
+    MakeChainTilesZmm<false>(std::make_integer_sequence<int, kZmmInRows * kZmmInVectors>()),
+    MakeChainTilesZmm<true>(std::make_integer_sequence<int, kZmmInRows * kZmmInVectors>())};
 
-#ifdef SWITCHSERVE_MATMUL_ZMM
 // Products of up to this many rows (a decode step's share of an expert) take
 // their panels a block of k at a time and prefetch the next one
 // (RowsInPanelsZmm); more rows reuse each panel long enough for the hardware
@@ -1279,7 +1281,7 @@ void RowsInPanelsZmm(const MatmulArgs& g, int vectors) {
   const int panels = (vectors + kPanel - 1) / kPanel;
   const int blocks = (g.k + block_k - 1) / block_k;
   const int steps = blocks * panels;
-  const bool few_rows = g.m <= kPrefetchPanelMaxRows && g.w.tiling == Tiling::kNone;
+  const bool few_rows = g.m <= kPrefetchPanelMaxRows;
   // Panel `step`'s first vector and row of k, and its size: a few rows take
   // a block of k's panels one after the other (each block's weight rows read
   // whole, in order), more rows all of a panel's blocks of k before the next
@@ -1313,7 +1315,7 @@ void RowsInPanelsZmm(const MatmulArgs& g, int vectors) {
         const int mr = i_end - i0 < kZmmInRows ? i_end - i0 : kZmmInRows;
         const float* a[kZmmInRows];
         for (int i = 0; i < mr; ++i) a[i] = RowOfA(g, i0 + i) + p.p0;
-        kChainTilesZmm[(mr - 1) * kZmmInVectors + nz - 1](
+        kChainTilesZmm[few_rows][(mr - 1) * kZmmInVectors + nz - 1](
             a, panel, 8 * p.nv, p.kk, g.c + i0 * g.ldc + 8 * p.v0, g.ldc, g.accumulate || p.p0 > 0,
             last_mask, &ahead);
       }
