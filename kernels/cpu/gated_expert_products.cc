@@ -108,34 +108,50 @@ void GatedExpertProducts::RunBlock(const std::vector<GatedExpertTask>& tasks, in
     const ExpertAssignments& as = *task.assignments;
     const int begin = as.begin(task.expert);
     MatmulArgs args = task.product.args;
+    const int32_t* slot_tokens = as.token.data() + begin;
+    const float* weights = as.weight.data() + begin;
     if (!all_tokens) {
-      // This block's tokens' slots, and the rows of a they read.
+      // This block's tokens' slots: the rows of a they read, their tokens
+      // and gates.
       scratch.rows.clear();
-      scratch.slots.clear();
+      scratch.tokens.clear();
+      scratch.weights.clear();
       for (int i = 0; i < args.m; ++i) {
         const int t = as.token[begin + i];
         if (t < t0 || t >= t1) continue;
         scratch.rows.push_back(args.a_rows != nullptr ? args.a_rows[i] : i);
-        scratch.slots.push_back(begin + i);
+        scratch.tokens.push_back(t);
+        scratch.weights.push_back(as.weight[begin + i]);
       }
       args.m = static_cast<int>(scratch.rows.size());
       args.a_rows = scratch.rows.data();
+      slot_tokens = scratch.tokens.data();
+      weights = scratch.weights.data();
     }
     if (args.m == 0) continue;
     const bool rows_out = task.product.layout == WeightLayout::kRowsOut;
     args.n = cols;
     args.w = rows_out ? args.w.At(j0, 0) : args.w.At(0, j0);
+    if (!rows_out) {
+      // Added to the tokens' rows by the kernel (from its tiles' registers
+      // where it can).
+      args.c = dst + j0;
+      args.ldc = dst_stride;
+      args.c_rows = slot_tokens;
+      args.c_scale = weights;
+      runner_->kernels().rows_in(args);
+      continue;
+    }
     if (scratch.product.size() < static_cast<size_t>(args.m) * cols) {
       scratch.product.resize(static_cast<size_t>(args.m) * cols);
     }
     args.c = scratch.product.data();
     args.ldc = cols;
     args.accumulate = false;
-    (rows_out ? runner_->kernels().rows_out : runner_->kernels().rows_in)(args);
+    runner_->kernels().rows_out(args);
     for (int r = 0; r < args.m; ++r) {
-      const int s = all_tokens ? begin + r : scratch.slots[r];
       const float* product = scratch.product.data() + static_cast<int64_t>(r) * cols;
-      AddScaledRow(dst + as.token[s] * dst_stride + j0, product, as.weight[s], cols);
+      AddScaledRow(dst + slot_tokens[r] * dst_stride + j0, product, weights[r], cols);
     }
   }
 }

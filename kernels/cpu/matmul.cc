@@ -1,6 +1,24 @@
 #include "kernels/cpu/matmul.h"
 
+#include "kernels/cpu/cpu_ops.h"
+
 namespace switchserve::cpu {
+
+void AddScaledProduct(const MatmulArgs& args, void (*kernel)(const MatmulArgs&)) {
+  thread_local std::vector<float> product;
+  const size_t n = static_cast<size_t>(args.n);
+  if (product.size() < static_cast<size_t>(args.m) * n) product.resize(args.m * n);
+  MatmulArgs plain = args;
+  plain.c = product.data();
+  plain.ldc = args.n;
+  plain.c_rows = nullptr;
+  plain.c_scale = nullptr;
+  plain.accumulate = false;
+  kernel(plain);
+  for (int i = 0; i < args.m; ++i) {
+    AddScaledRow(RowOfC(args, i), product.data() + i * n, args.c_scale[i], args.n);
+  }
+}
 
 WeightMatrix MatrixOf(const Tensor& tensor, int64_t ld, int64_t offset) {
   WeightMatrix m;

@@ -146,7 +146,26 @@ struct MatmulArgs {
   int64_t ldc = 0;
   float alpha = 1.0f;       // MatmulRowsOut only
   bool accumulate = false;  // see the top of this file
+  // MatmulRowsIn only: when set, the product (chains from 0; `accumulate`
+  // unused) is added to c scaled by its row, one multiply and one add:
+  //   c[i][j] = c[i][j] + c_scale[i] * product[i][j]
+  // with row i of c at c + c_rows[i] * ldc (c_rows must be set too): an
+  // expert's gated outputs added to its tokens' rows, as AddScaledRow adds
+  // them. The AVX-512 build's many-row tiles add from their registers where
+  // all of k fits one pass; other products go through a per-thread buffer
+  // (AddScaledProduct), with the same bits.
+  const float* c_scale = nullptr;
+  const int32_t* c_rows = nullptr;
 };
+
+// c's row i, where c_rows is set or not.
+inline float* RowOfC(const MatmulArgs& args, int i) {
+  return args.c + (args.c_rows != nullptr ? args.c_rows[i] : i) * args.ldc;
+}
+
+// A scaled product (args.c_scale set) by `kernel` into a per-thread buffer,
+// then added to c's rows, one multiply and one add per element.
+void AddScaledProduct(const MatmulArgs& args, void (*kernel)(const MatmulArgs&));
 
 // Calls fn(args) for each column panel's part of a column-panels product
 // `g`, as a row-major product over that panel.

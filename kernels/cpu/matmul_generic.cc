@@ -58,6 +58,7 @@ void RowsOut(const MatmulArgs& g) {
 template <DType WT>
 void RowsIn(const MatmulArgs& g) {
   if (g.w.tiling == Tiling::kColumnPanels) return ForEachPanel(g, RowsIn<WT>);
+  if (g.c_scale != nullptr) return AddScaledProduct(g, RowsIn<WT>);
   constexpr int kColumns = 64;  // accumulators kept per row while p runs
   float acc[kColumns];
   for (int i = 0; i < g.m; ++i) {

@@ -265,6 +265,42 @@ TEST_P(MatmulKernelTest, AccumulatingOverKRangesEqualsOneCall) {
   }
 }
 
+// MatmulArgs::c_scale: each row's product, from 0, added to the row of c that
+// c_rows names times its gate, one multiply and one add, as AddScaledRow adds
+// it; the other rows of c untouched.
+TEST_P(MatmulKernelTest, ScaledRowsAddTheProductTimesTheirGateToTheirRows) {
+  if (layout() != WeightLayout::kRowsIn) return;  // the rows-in contract only
+  std::mt19937 rng(6);
+  for (const Shape& s : kShapes) {
+    SCOPED_TRACE(::testing::Message() << "m " << s.m << " n " << s.n << " k " << s.k);
+    const std::vector<float> a = RandomValues(static_cast<size_t>(s.m) * s.k, rng);
+    const Weights w = MakeWeights(s, rng);
+    // Rows of c two apart, from the last down, among rows nobody adds to.
+    const int c_rows_total = 2 * s.m + 3;
+    std::vector<int32_t> rows(s.m);
+    for (int i = 0; i < s.m; ++i) rows[i] = 2 * (s.m - 1 - i) + 1;
+    const std::vector<float> scale = RandomValues(s.m, rng);
+    const std::vector<float> before = RandomValues(static_cast<size_t>(c_rows_total) * s.n, rng);
+    std::vector<float> c = before;
+    MatmulArgs args{s.m, s.n, s.k, a.data(), s.k, nullptr, w.matrix(), c.data(), s.n};
+    args.accumulate = true;  // unused with c_scale
+    args.c_rows = rows.data();
+    args.c_scale = scale.data();
+    Call(args);
+    std::vector<float> want = before;
+    for (int i = 0; i < s.m; ++i) {
+      for (int j = 0; j < s.n; ++j) {
+        const float product = ReferenceElement(layout(), fused(), a.data() + i * s.k, w, j, s.k,
+                                               1.0f, 0.0f, /*accumulate=*/false);
+        const float scaled = scale[i] * product;
+        float& out = want[static_cast<size_t>(rows[i]) * s.n + j];
+        out = out + scaled;
+      }
+    }
+    EXPECT_EQ(0, std::memcmp(c.data(), want.data(), want.size() * sizeof(float)));
+  }
+}
+
 // The runner splits a group of products across threads; no element changes.
 TEST_P(MatmulKernelTest, RunnerThreadsChangeNoBits) {
   std::mt19937 rng(5);
