@@ -132,27 +132,13 @@ void GatedExpertProducts::RunBlock(const std::vector<GatedExpertTask>& tasks, in
     const bool rows_out = task.product.layout == WeightLayout::kRowsOut;
     args.n = cols;
     args.w = rows_out ? args.w.At(j0, 0) : args.w.At(0, j0);
-    if (!rows_out) {
-      // Added to the tokens' rows by the kernel (from its tiles' registers
-      // where it can).
-      args.c = dst + j0;
-      args.ldc = dst_stride;
-      args.c_rows = slot_tokens;
-      args.c_scale = weights;
-      runner_->kernels().rows_in(args);
-      continue;
-    }
-    if (scratch.product.size() < static_cast<size_t>(args.m) * cols) {
-      scratch.product.resize(static_cast<size_t>(args.m) * cols);
-    }
-    args.c = scratch.product.data();
-    args.ldc = cols;
-    args.accumulate = false;
-    runner_->kernels().rows_out(args);
-    for (int r = 0; r < args.m; ++r) {
-      const float* product = scratch.product.data() + static_cast<int64_t>(r) * cols;
-      AddScaledRow(dst + slot_tokens[r] * dst_stride + j0, product, weights[r], cols);
-    }
+    // Added to the tokens' rows by the kernel (from its tiles' registers
+    // where it can).
+    args.c = dst + j0;
+    args.ldc = dst_stride;
+    args.c_rows = slot_tokens;
+    args.c_scale = weights;
+    (rows_out ? runner_->kernels().rows_out : runner_->kernels().rows_in)(args);
   }
 }
 

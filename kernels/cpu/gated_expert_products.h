@@ -4,13 +4,13 @@
 // of columns and of tokens at a time and added to its tokens' rows at once,
 // while they are in the cache, instead of being written whole ([slots, n]:
 // 16 MiB for a 512-token prefill of the paper's output experts) and read
-// back: rows-in products by the kernel itself (MatmulArgs::c_scale: from
-// the AVX-512 build's tile registers), rows-out ones through a small
-// per-thread buffer. (From the registers rather than a buffer then
+// back, by the kernels themselves (MatmulArgs::c_scale: from the AVX-512
+// build's many-row rows-in tiles' registers, elsewhere through a small
+// per-thread buffer). (From the registers rather than a buffer then
 // AddScaledRow: a 512-token prefill's output experts over its value experts
-// in the same steps, engine_bench, bf16, Intel Xeon (Emerald Rapids) VM, three
-// alternated runs: 1.18-1.22 -> 1.10-1.13.) A few rows each (decode) take the
-// products whole (MatmulRunner) and then AddExpertOutputs.
+// in the same steps, engine_bench, bf16, Intel Xeon (Emerald Rapids) VM,
+// three alternated runs: 1.18-1.22 -> 1.10-1.13.) A few rows each (decode)
+// take the products whole (MatmulRunner) and then AddExpertOutputs.
 //
 // Both give the same bits: no product element depends on the rows and
 // columns a call covers (matmul.h), a token has at most one slot per expert,
@@ -59,7 +59,6 @@ class GatedExpertProducts {
 
  private:
   struct Scratch {
-    std::vector<float> product;   // [rows, block columns]
     std::vector<int32_t> rows;    // the rows of a a token block reads
     std::vector<int32_t> tokens;  // and their slots' tokens
     std::vector<float> weights;   // and gates

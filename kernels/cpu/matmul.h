@@ -146,14 +146,14 @@ struct MatmulArgs {
   int64_t ldc = 0;
   float alpha = 1.0f;       // MatmulRowsOut only
   bool accumulate = false;  // see the top of this file
-  // MatmulRowsIn only: when set, the product (chains from 0; `accumulate`
+  // When set, the product (as computed without accumulating; `accumulate`
   // unused) is added to c scaled by its row, one multiply and one add:
   //   c[i][j] = c[i][j] + c_scale[i] * product[i][j]
   // with row i of c at c + c_rows[i] * ldc (c_rows must be set too): an
   // expert's gated outputs added to its tokens' rows, as AddScaledRow adds
-  // them. The AVX-512 build's many-row tiles add from their registers where
-  // all of k fits one pass; other products go through a per-thread buffer
-  // (AddScaledProduct), with the same bits.
+  // them. The AVX-512 build's many-row rows-in tiles add from their registers
+  // where all of k fits one pass; other products go through a per-thread
+  // buffer (AddScaledProduct), with the same bits.
   const float* c_scale = nullptr;
   const int32_t* c_rows = nullptr;
 };

@@ -45,6 +45,7 @@ float Dot8(const float* a, const WeightMatrix& w, int64_t j, int k) {
 
 template <DType WT>
 void RowsOut(const MatmulArgs& g) {
+  if (g.c_scale != nullptr) return AddScaledProduct(g, RowsOut<WT>);
   for (int i = 0; i < g.m; ++i) {
     const float* a = RowOfA(g, i);
     float* c = g.c + i * g.ldc;

@@ -850,6 +850,7 @@ void RowsOutFewRows(const MatmulArgs& g) {
 
 template <DType WT>
 void RowsOut(const MatmulArgs& g) {
+  if (g.c_scale != nullptr) return AddScaledProduct(g, RowsOut<WT>);
   if (g.m == 1) return RowsOutOneRow<WT>(g);
   constexpr int MR = Tiles::kOutRows, NR = Tiles::kOutCols;
 #ifdef SWITCHSERVE_MATMUL_ZMM

@@ -269,8 +269,8 @@ TEST_P(MatmulKernelTest, AccumulatingOverKRangesEqualsOneCall) {
 // c_rows names times its gate, one multiply and one add, as AddScaledRow adds
 // it; the other rows of c untouched.
 TEST_P(MatmulKernelTest, ScaledRowsAddTheProductTimesTheirGateToTheirRows) {
-  if (layout() != WeightLayout::kRowsIn) return;  // the rows-in contract only
   std::mt19937 rng(6);
+  const float alpha = layout() == WeightLayout::kRowsOut ? 0.37f : 1.0f;
   for (const Shape& s : kShapes) {
     SCOPED_TRACE(::testing::Message() << "m " << s.m << " n " << s.n << " k " << s.k);
     const std::vector<float> a = RandomValues(static_cast<size_t>(s.m) * s.k, rng);
@@ -283,6 +283,7 @@ TEST_P(MatmulKernelTest, ScaledRowsAddTheProductTimesTheirGateToTheirRows) {
     const std::vector<float> before = RandomValues(static_cast<size_t>(c_rows_total) * s.n, rng);
     std::vector<float> c = before;
     MatmulArgs args{s.m, s.n, s.k, a.data(), s.k, nullptr, w.matrix(), c.data(), s.n};
+    args.alpha = alpha;
     args.accumulate = true;  // unused with c_scale
     args.c_rows = rows.data();
     args.c_scale = scale.data();
@@ -291,7 +292,7 @@ TEST_P(MatmulKernelTest, ScaledRowsAddTheProductTimesTheirGateToTheirRows) {
     for (int i = 0; i < s.m; ++i) {
       for (int j = 0; j < s.n; ++j) {
         const float product = ReferenceElement(layout(), fused(), a.data() + i * s.k, w, j, s.k,
-                                               1.0f, 0.0f, /*accumulate=*/false);
+                                               alpha, 0.0f, /*accumulate=*/false);
         const float scaled = scale[i] * product;
         float& out = want[static_cast<size_t>(rows[i]) * s.n + j];
         out = out + scaled;
