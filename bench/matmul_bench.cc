@@ -63,6 +63,7 @@
 #include "kernels/cpu/gated_expert_products.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/matmul_runner.h"
+#include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/worker_pool.h"
 
 namespace switchserve::cpu {
@@ -429,6 +430,60 @@ void BM_GatedExpertOutputs(benchmark::State& state) {
 BENCHMARK(BM_GatedExpertOutputs)
     ->ArgNames({"module", "tokens", "fused"})
     ->ArgsProduct({{0, 1}, {1, 32, 512}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
+// Args: tokens (a prefill chunk of one sequence from position 0), kv_bf16
+// (0 f32, 1 bf16 cache), threads (the worker pool's). The paper shape's
+// attention (4 heads of 112 channels, RoPE, one value a KV head) over a
+// paged cache of 16-row blocks: scores, softmax and the value reduction of a prefill's
+// attention job. gflops counts 4 H dh per (query, visible key) pair.
+void BM_PagedAttentionPrefill(benchmark::State& state) {
+  const int tokens = static_cast<int>(state.range(0));
+  const DType kv_dtype = state.range(1) == 1 ? DType::kBF16 : DType::kF32;
+  const int threads = static_cast<int>(state.range(2));
+  AttentionConfig config;
+  config.kind = AttentionKind::kSwitchHead;
+  config.n_heads = 4;
+  config.n_kv_heads = 4;
+  config.head_dim = 112;
+  config.n_experts = 4;
+  config.top_k = 2;
+  const int H = config.n_heads, dh = config.head_dim;
+  constexpr int kBlockSize = 16;
+  const int blocks = (tokens + kBlockSize - 1) / kBlockSize;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  const auto random_tensor = [&](int64_t rows, int64_t cols) {
+    std::vector<float> x(static_cast<size_t>(rows * cols));
+    for (float& v : x) v = dist(rng);
+    return Tensor::F32({rows, cols}, std::move(x)).ConvertedTo(kv_dtype);
+  };
+  // Blocks in reverse order in the cache, as a table need not be ordered.
+  Tensor k = random_tensor(int64_t{blocks} * kBlockSize, int64_t{H} * dh);
+  Tensor v = random_tensor(int64_t{blocks} * kBlockSize, int64_t{H} * dh);
+  std::vector<int32_t> table(blocks);
+  for (int b = 0; b < blocks; ++b) table[b] = blocks - 1 - b;
+  StepBatch step;
+  step.Clear(kBlockSize);
+  step.Add(std::vector<int32_t>(tokens, 1), 0, table);
+  std::vector<float> q(static_cast<size_t>(tokens) * H * dh), a(q.size());
+  for (float& x : q) x = dist(rng);
+  WorkerPool pool(threads);
+  PagedAttention attention(config, BestKernelIsa(), &pool, /*parallel_min_macs=*/0);
+  // Attention only reads the cache.
+  const KvLayerCache cache{kv_dtype, const_cast<void*>(k.raw()), const_cast<void*>(v.raw())};
+  for (auto _ : state) {
+    attention.Run(step, q.data(), cache, XlPositionKeys{}, /*value_gates=*/nullptr, a.data());
+    benchmark::DoNotOptimize(a.data());
+  }
+  const double pairs = 0.5 * tokens * (tokens + 1.0);
+  state.counters["gflops"] = benchmark::Counter(
+      4e-9 * H * dh * pairs * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_PagedAttentionPrefill)
+    ->ArgNames({"tokens", "kv_bf16", "threads"})
+    ->ArgsProduct({{512}, {0, 1}, {1, 2}})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "kernels/cpu/vector_math.h"
 
@@ -37,25 +38,69 @@ void Grow(std::vector<T>& buffer, size_t n) {
   if (buffer.size() < n) buffer.resize(n);
 }
 
-// e_j = exp(s_j - max) over a row's n visible scores, in place; returns their
-// sum, added in key order. The maximum is taken eight lanes at a time (the
-// same value in any order), so the loops vectorize. Built for AVX-512 and
-// AVX2 too, picked at load time where the CPU has them: the same IEEE
-// operations per element at any width (vector_math.h), so the same bits.
-__attribute__((target_clones("avx512f", "avx2", "default"))) float ExpInPlace(float* e, int n) {
-  float lane_max[8];
-  for (float& m : lane_max) m = -INFINITY;
-  int j = 0;
-  for (; j + 8 <= n; j += 8) {
-    for (int l = 0; l < 8; ++l) lane_max[l] = e[j + l] > lane_max[l] ? e[j + l] : lane_max[l];
+// Sixteen floats, for the lane maxima below: GCC vectorizes a loop over an
+// array with a conditional only sometimes; a vector type always (two zmm
+// or four ymm chains of 32 elements).
+typedef float Lanes16 __attribute__((vector_size(64)));
+
+// Row r of `rows` rows (stride lds) holds first_n + r visible scores. Each
+// row in place: e_j = exp(s_j - max) over its visible scores, and sums[r]
+// their sum in key order. The maximum is taken 32 lanes at a time: the same
+// value in any order, but for the sign of a zero maximum, which no e_j
+// depends on (s - 0 and s - (-0) are equal, or zeros that Exp takes to 1).
+// Eight rows' sums are added side by side, eight independent chains instead
+// of one whose every addition waits for the last; each row's is still e_0 +
+// e_1 + ... in order. Built for AVX-512 and AVX2 too, picked at load time
+// where the CPU has them: the same IEEE operations per element at any width
+// (vector_math.h), so the same bits.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void ExpRows(float* scores,
+                                                                          int64_t lds, int rows,
+                                                                          int first_n,
+                                                                          float* sums) {
+  for (int r = 0; r < rows; ++r) {
+    float* e = scores + r * lds;
+    const int n = first_n + r;
+    constexpr float kLow = -INFINITY;
+    Lanes16 lane_max[2] = {{kLow, kLow, kLow, kLow, kLow, kLow, kLow, kLow, kLow, kLow, kLow, kLow,
+                            kLow, kLow, kLow, kLow},
+                           {kLow, kLow, kLow, kLow, kLow, kLow, kLow, kLow, kLow, kLow, kLow, kLow,
+                            kLow, kLow, kLow, kLow}};
+    int j = 0;
+    for (; j + 32 <= n; j += 32) {
+      for (int h = 0; h < 2; ++h) {
+        Lanes16 v;
+        std::memcpy(&v, e + j + 16 * h, sizeof(v));
+        lane_max[h] = v > lane_max[h] ? v : lane_max[h];
+      }
+    }
+    float smax = -INFINITY;
+    for (; j < n; ++j) smax = e[j] > smax ? e[j] : smax;
+    for (const Lanes16& m : lane_max) {
+      for (int l = 0; l < 16; ++l) smax = m[l] > smax ? m[l] : smax;
+    }
+    for (j = 0; j < n; ++j) e[j] = Exp(e[j] - smax);
   }
-  for (; j < n; ++j) lane_max[0] = e[j] > lane_max[0] ? e[j] : lane_max[0];
-  float smax = lane_max[0];
-  for (int l = 1; l < 8; ++l) smax = lane_max[l] > smax ? lane_max[l] : smax;
-  for (j = 0; j < n; ++j) e[j] = Exp(e[j] - smax);
-  float sum = 0.0f;
-  for (j = 0; j < n; ++j) sum += e[j];
-  return sum;
+  int r0 = 0;
+  for (; r0 + 8 <= rows; r0 += 8) {
+    const float* e = scores + r0 * lds;
+    float s[8] = {};
+    // All eight rows see the first row's keys.
+    const int common = first_n + r0;
+    for (int j = 0; j < common; ++j) {
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) s[i] += e[i * lds + j];
+    }
+    for (int i = 0; i < 8; ++i) {
+      for (int j = common; j < common + i; ++j) s[i] += e[i * lds + j];
+      sums[r0 + i] = s[i];
+    }
+  }
+  for (; r0 < rows; ++r0) {
+    const float* e = scores + r0 * lds;
+    float sum = 0.0f;
+    for (int j = 0; j < first_n + r0; ++j) sum += e[j];
+    sums[r0] = sum;
+  }
 }
 
 // Reads one byte of every cache line of rows [row, row + rows) of a
@@ -261,9 +306,7 @@ void PagedAttention::AttendTile(const StepBatch& step, const Piece& piece, const
       }
     }
     // e_j = exp(s_j - max) over each row's visible keys, and their sum in key order.
-    for (int r = 0; r < rows; ++r) {
-      scratch.sums[hh * rows + r] = ExpInPlace(scores + r * lds, start + r + 1);
-    }
+    ExpRows(scores, lds, rows, start + 1, scratch.sums.data() + hh * rows);
   }
 
   float* out = a + (static_cast<int64_t>(piece.first) * H + piece.head) * dh;
