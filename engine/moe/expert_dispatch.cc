@@ -57,6 +57,11 @@ void TopK(const float* score, int n_experts, int top_k, int32_t* chosen) {
 
 void RouteTokens(const float* logits, int64_t ld, int tokens, int n_experts, int top_k,
                  GateFunction gate, bool renormalize, RouterDecision* out) {
+  SizeRouterDecision(tokens, n_experts, top_k, out);
+  RouteTokenRows(logits, ld, 0, tokens, gate, renormalize, out);
+}
+
+void SizeRouterDecision(int tokens, int n_experts, int top_k, RouterDecision* out) {
   out->tokens = tokens;
   out->n_experts = n_experts;
   out->top_k = top_k;
@@ -65,7 +70,12 @@ void RouteTokens(const float* logits, int64_t ld, int tokens, int n_experts, int
   out->gate_value.resize(static_cast<size_t>(tokens) * n_experts);
   out->expert.resize(static_cast<size_t>(tokens) * top_k);
   out->weight.resize(static_cast<size_t>(tokens) * top_k);
-  for (int t = 0; t < tokens; ++t) {
+}
+
+void RouteTokenRows(const float* logits, int64_t ld, int begin, int end, GateFunction gate,
+                    bool renormalize, RouterDecision* out) {
+  const int n_experts = out->n_experts, top_k = out->top_k;
+  for (int t = begin; t < end; ++t) {
     const float* z = logits + t * ld;
     float* score = out->score.data() + static_cast<size_t>(t) * n_experts;
     float* prob = out->prob.data() + static_cast<size_t>(t) * n_experts;

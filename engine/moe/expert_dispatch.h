@@ -86,6 +86,14 @@ struct RouterDecision {
 void RouteTokens(const float* logits, int64_t ld, int tokens, int n_experts, int top_k,
                  GateFunction gate, bool renormalize, RouterDecision* out);
 
+// RouteTokens in two parts, for routing a step's rows in ranges (on several
+// threads): `out` sized for `tokens` rows, then rows [begin, end) of
+// `logits` (the whole [tokens, n_experts] matrix) routed into it. Each row's
+// decision is its own, so ranges that cover the rows give RouteTokens's.
+void SizeRouterDecision(int tokens, int n_experts, int top_k, RouterDecision* out);
+void RouteTokenRows(const float* logits, int64_t ld, int begin, int end, GateFunction gate,
+                    bool renormalize, RouterDecision* out);
+
 // The outcome of capacity dispatch: for each expert, the tokens it processes
 // (in slot order) with their weights, and the fate of every assignment.
 struct ExpertAssignments {

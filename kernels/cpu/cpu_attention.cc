@@ -37,7 +37,8 @@ CpuAttention::CpuAttention(const ModelConfig& config, const DispatchConfig& disp
       d_(config.d_model),
       rope_(config.attention.RotaryDims(), config.attention.rope_base),
       paged_(config.attention, isa, pool, parallel_min_macs),
-      gated_(runner, pool) {}
+      gated_(runner, pool),
+      routers_(pool, runner->parallel_min_macs()) {}
 
 GateFunction CpuAttention::gate() const {
   return attn_.gate == AttentionGate::kSigmoid ? GateFunction::kSigmoid
@@ -125,10 +126,8 @@ void CpuAttention::ComputeValues(const AttentionWeights& w, const StepBatch& ste
   // Value routers: logits [T, R*E], one dispatch per router head.
   const int routers = attn_.ValueRouterHeads();
   if (assignments_.size() < static_cast<size_t>(routers)) assignments_.resize(routers);
-  for (int r = 0; r < routers; ++r) {
-    RouteAndDispatch(value_logits_.data() + r * E, routers * E, T, E, attn_.top_k, gate(), false,
-                     dispatch_, router_base + r, recorder, &decision_, &assignments_[r]);
-  }
+  routers_.Run(value_logits_.data(), routers * E, routers, T, E, attn_.top_k, gate(), false,
+               dispatch_, router_base, recorder, assignments_.data());
 
   tasks_.clear();
   if (attn_.value_routing == ValueRouting::kDestination) {
@@ -211,10 +210,8 @@ void CpuAttention::ProjectOutput(const AttentionWeights& w, const StepBatch& ste
   const int routers = attn_.OutputRouterHeads();
   const int base_router = router_base + attn_.ValueRouterHeads();
   if (assignments_.size() < static_cast<size_t>(routers)) assignments_.resize(routers);
-  for (int r = 0; r < routers; ++r) {
-    RouteAndDispatch(output_logits_.data() + r * E, routers * E, T, E, attn_.top_k, gate(), false,
-                     dispatch_, base_router + r, recorder, &decision_, &assignments_[r]);
-  }
+  routers_.Run(output_logits_.data(), routers * E, routers, T, E, attn_.top_k, gate(), false,
+               dispatch_, base_router, recorder, assignments_.data());
   // One product per (head, expert) over the heads' attention outputs routed to
   // it, each token's kept outputs added to x in (head, expert) order.
   gated_tasks_.clear();

@@ -79,7 +79,7 @@ class CpuAttention {
   std::vector<ExpertOutputs> outputs_;
   std::vector<GatedExpertTask> gated_tasks_;
   std::vector<ExpertAssignments> assignments_;  // per router head
-  RouterDecision decision_;
+  StepRouters routers_;
 };
 
 }  // namespace switchserve::cpu

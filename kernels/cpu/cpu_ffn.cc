@@ -11,7 +11,8 @@ CpuFfn::CpuFfn(const ModelConfig& config, const DispatchConfig& dispatch, Matmul
       d_(config.d_model),
       runner_(runner),
       pool_(pool),
-      one_row_(one_row) {}
+      one_row_(one_row),
+      routers_(pool, runner->parallel_min_macs()) {}
 
 void CpuFfn::Run(const FfnWeights& w, int tokens, const float* xn, float* x, int router_index,
                  const RoutingRecorder& recorder) {
@@ -34,8 +35,8 @@ void CpuFfn::Run(const FfnWeights& w, int tokens, const float* xn, float* x, int
                {F32OrNull(w.router_b)});
   const GateFunction gate =
       ffn_.gate == FfnGate::kSoftmax ? GateFunction::kSoftmax : GateFunction::kSigmoid;
-  RouteAndDispatch(logits_.data(), X, T, X, ffn_.top_k, gate, ffn_.renormalize, dispatch_,
-                   router_index, recorder, &decision_, &assignments_);
+  routers_.Run(logits_.data(), X, 1, T, X, ffn_.top_k, gate, ffn_.renormalize, dispatch_,
+               router_index, recorder, &assignments_);
 
   // Slot s of expert e (assignments order) owns row s of hidden_ and product_.
   const ExpertAssignments& as = assignments_;

@@ -44,8 +44,8 @@ class CpuFfn {
   std::vector<MatmulTask> tasks_;       // the experts' up projections
   std::vector<MatmulTask> down_tasks_;  // and their down projections
   std::vector<ExpertOutputs> outputs_;
-  RouterDecision decision_;
   ExpertAssignments assignments_;
+  StepRouters routers_;
 };
 
 }  // namespace switchserve::cpu

@@ -1,6 +1,6 @@
 // What the CPU backend's layer kernels share within one engine step besides
-// the StepBatch: where routing statistics and traces go, and the sequences'
-// carried capacity loads. Internal to the CPU backend.
+// the StepBatch: where routing statistics and traces go, the sequences'
+// carried capacity loads, and the routers that fill them. Internal to the CPU backend.
 #ifndef SWITCHSERVE_KERNELS_CPU_CPU_STEP_H_
 #define SWITCHSERVE_KERNELS_CPU_CPU_STEP_H_
 
@@ -10,6 +10,8 @@
 #include "engine/moe/expert_dispatch.h"
 #include "engine/moe/router_layout.h"
 #include "engine/moe/routing_stats.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/worker_pool.h"
 
 namespace switchserve::cpu {
 
@@ -28,23 +30,62 @@ struct RoutingRecorder {
   const RouterLayout* layout = nullptr;
 };
 
-// Routes `tokens` rows of router logits, dispatches them under capacity and
-// records statistics and trace under `router_index`.
-inline void RouteAndDispatch(const float* logits, int64_t ld, int tokens, int n_experts, int top_k,
-                             GateFunction gate, bool renormalize, const DispatchConfig& dispatch,
-                             int router_index, const RoutingRecorder& recorder,
-                             RouterDecision* decision, ExpertAssignments* out) {
-  RouteTokens(logits, ld, tokens, n_experts, top_k, gate, renormalize, decision);
-  SequenceGroups groups;
-  if (recorder.group_loads != nullptr) {
-    groups = {recorder.token_sequence, recorder.positions,
-              recorder.group_loads + recorder.layout->ExpertOffset(router_index),
-              recorder.loads_width};
+// Routes a module's routers over a step's tokens, dispatches each under
+// capacity and records statistics and traces. Not thread-safe: owns the
+// routers' decisions, reused across calls.
+class StepRouters {
+ public:
+  // `pool` must outlive this. Routing shares rows out on it when it costs at
+  // least `parallel_min_macs` multiply-adds' worth of work.
+  StepRouters(WorkerPool* pool, int64_t parallel_min_macs)
+      : pool_(pool), parallel_min_macs_(parallel_min_macs) {}
+
+  // `count` routers of one shape: router r's [tokens, n_experts] logits at
+  // logits + r * n_experts (row stride ld), recorded under first_router + r,
+  // dispatched into out[r]. Their rows are routed in ranges on the pool
+  // (each row's decision is its own: RouteTokenRows), then each router is
+  // dispatched, one piece of a pool job each where there are several (a
+  // router's dispatch reads and writes only its own assignments, loads,
+  // statistics and trace).
+  void Run(const float* logits, int64_t ld, int count, int tokens, int n_experts, int top_k,
+           GateFunction gate, bool renormalize, const DispatchConfig& dispatch, int first_router,
+           const RoutingRecorder& recorder, ExpertAssignments* out) {
+    if (decisions_.size() < static_cast<size_t>(count)) decisions_.resize(count);
+    for (int r = 0; r < count; ++r) SizeRouterDecision(tokens, n_experts, top_k, &decisions_[r]);
+    // A logit's routing (its gate, its place in the top k, the statistics'
+    // probability) costs about as much as kMacsPerLogit multiply-adds.
+    constexpr int64_t kMacsPerLogit = 512;
+    const int64_t macs = int64_t{tokens} * n_experts * count * kMacsPerLogit;
+    ForRowRanges(pool_, tokens, macs, parallel_min_macs_, [&](int begin, int end) {
+      for (int r = 0; r < count; ++r) {
+        RouteTokenRows(logits + static_cast<int64_t>(r) * n_experts, ld, begin, end, gate,
+                       renormalize, &decisions_[r]);
+      }
+    });
+    const auto dispatch_router = [&](int r, int) {
+      const int router = first_router + r;
+      SequenceGroups groups;
+      if (recorder.group_loads != nullptr) {
+        groups = {recorder.token_sequence, recorder.positions,
+                  recorder.group_loads + recorder.layout->ExpertOffset(router),
+                  recorder.loads_width};
+      }
+      DispatchTokens(decisions_[r], dispatch, recorder.group_loads != nullptr ? &groups : nullptr,
+                     &out[r], &recorder.stats->routers[router]);
+      if (recorder.traces != nullptr) (*recorder.traces)[router] = out[r].trace;
+    };
+    if (count > 1 && macs >= parallel_min_macs_) {
+      pool_->Run(count, dispatch_router);
+    } else {
+      for (int r = 0; r < count; ++r) dispatch_router(r, 0);
+    }
   }
-  DispatchTokens(*decision, dispatch, recorder.group_loads != nullptr ? &groups : nullptr, out,
-                 &recorder.stats->routers[router_index]);
-  if (recorder.traces != nullptr) (*recorder.traces)[router_index] = out->trace;
-}
+
+ private:
+  WorkerPool* pool_;
+  int64_t parallel_min_macs_;
+  std::vector<RouterDecision> decisions_;
+};
 
 }  // namespace switchserve::cpu
 

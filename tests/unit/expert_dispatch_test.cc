@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <utility>
@@ -104,6 +105,43 @@ TEST(ExpertDispatchTest, TopKMatchesRepeatedScansWithTiesInfinitiesAndNaNs) {
       const std::vector<int32_t> got(d.expert.begin() + t * top_k,
                                      d.expert.begin() + (t + 1) * top_k);
       ASSERT_EQ(got, want) << "E " << n_experts << " k " << top_k << " token " << t;
+    }
+  }
+}
+
+// A step's rows routed in ranges, last range first, into one sized decision
+// (as the CPU backend shares them out on its threads) give RouteTokens's
+// decision bit for bit, for every gate, with and without renormalizing: each
+// row reads its own logits (row stride ld past the router's columns) and
+// writes its own rows of the decision.
+TEST(ExpertDispatchTest, RowsRoutedInRangesGiveTheWholeStepsDecision) {
+  constexpr int kTokens = 37, kExperts = 6, kTopK = 2, kLd = 9;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> logits(kTokens * kLd);
+  for (float& z : logits) z = normal(rng);
+  const auto same_bits = [](const auto& x, const auto& y) {
+    return x.size() == y.size() && std::equal(x.begin(), x.end(), y.begin(), [](auto a, auto b) {
+             return std::memcmp(&a, &b, sizeof(a)) == 0;
+           });
+  };
+  for (const GateFunction gate :
+       {GateFunction::kSigmoid, GateFunction::kSoftmax, GateFunction::kSoftmaxTopK}) {
+    for (const bool renormalize : {false, true}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "gate " << static_cast<int>(gate) << " renormalize " << renormalize);
+      RouterDecision whole, ranges;
+      RouteTokens(logits.data(), kLd, kTokens, kExperts, kTopK, gate, renormalize, &whole);
+      SizeRouterDecision(kTokens, kExperts, kTopK, &ranges);
+      for (const auto& [begin, end] : {std::pair{25, 37}, std::pair{1, 25}, std::pair{0, 1}}) {
+        RouteTokenRows(logits.data(), kLd, begin, end, gate, renormalize, &ranges);
+      }
+      EXPECT_EQ(ranges.tokens, kTokens);
+      EXPECT_TRUE(same_bits(whole.score, ranges.score));
+      EXPECT_TRUE(same_bits(whole.gate_value, ranges.gate_value));
+      EXPECT_TRUE(same_bits(whole.prob, ranges.prob));
+      EXPECT_TRUE(same_bits(whole.expert, ranges.expert));
+      EXPECT_TRUE(same_bits(whole.weight, ranges.weight));
     }
   }
 }
