@@ -172,7 +172,6 @@ void CpuAttention::ComputeValues(const AttentionWeights& w, const StepBatch& ste
     base += as.offsets[E];
   }
   runner_->Run(tasks_);
-  std::fill(v_.begin(), v_.begin() + static_cast<int64_t>(T) * G * dh, 0.0f);
   outputs_.clear();
   base = 0;
   for (int g = 0; g < G; ++g) {
@@ -181,7 +180,8 @@ void CpuAttention::ComputeValues(const AttentionWeights& w, const StepBatch& ste
                         static_cast<int64_t>(G) * dh});
     base += as.offsets[E];
   }
-  AddExpertOutputs(outputs_, dh, T, pool_, runner_->parallel_min_macs());
+  // v_ starts from zero: the G groups' rows cover each token's.
+  AddExpertOutputs(outputs_, dh, T, pool_, runner_->parallel_min_macs(), /*from_zero=*/true);
 }
 
 void CpuAttention::ProjectOutput(const AttentionWeights& w, const StepBatch& step, const float* xn,

@@ -1,5 +1,6 @@
 #include "kernels/cpu/cpu_ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -205,10 +206,17 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void AddScaledRow(f
 }
 
 void AddExpertOutputs(const std::vector<ExpertOutputs>& groups, int width, int tokens,
-                      WorkerPool* pool, int64_t parallel_min_values) {
+                      WorkerPool* pool, int64_t parallel_min_values, bool from_zero) {
   // Each piece owns a range of token rows and walks every slot, adding those
   // of its tokens: a row's additions come in the same order in every piece.
   const auto add_range = [&](int t_begin, int t_end) {
+    if (from_zero) {
+      for (const ExpertOutputs& group : groups) {
+        for (int t = t_begin; t < t_end; ++t) {
+          std::fill_n(group.dst + t * group.dst_stride, width, 0.0f);
+        }
+      }
+    }
     for (const ExpertOutputs& group : groups) {
       const ExpertAssignments& as = *group.assignments;
       for (int e = 0; e < as.n_experts; ++e) {

@@ -82,9 +82,10 @@ struct ExpertOutputs {
 // `groups` order, within a group by expert then slot, one multiply and one
 // add per element. Token rows are shared out on `pool` when there are at
 // least `parallel_min_values` products to add; the order of the additions
-// into a row never changes.
+// into a row never changes. `from_zero`: each group's token rows are set to
+// zero first (by the piece that owns them) instead of added to.
 void AddExpertOutputs(const std::vector<ExpertOutputs>& groups, int width, int tokens,
-                      WorkerPool* pool, int64_t parallel_min_values);
+                      WorkerPool* pool, int64_t parallel_min_values, bool from_zero = false);
 
 // Rotate-half RoPE on the first n_rot channels of a head vector, cos/sin
 // tabulated for positions [0, positions()). The table grows with the
