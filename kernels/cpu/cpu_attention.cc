@@ -38,7 +38,7 @@ CpuAttention::CpuAttention(const ModelConfig& config, const DispatchConfig& disp
       rope_(config.attention.RotaryDims(), config.attention.rope_base),
       paged_(config.attention, isa, pool, parallel_min_macs),
       gated_(runner, pool),
-      routers_(pool, runner->parallel_min_macs()) {}
+      routers_(pool) {}
 
 GateFunction CpuAttention::gate() const {
   return attn_.gate == AttentionGate::kSigmoid ? GateFunction::kSigmoid

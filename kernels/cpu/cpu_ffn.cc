@@ -12,7 +12,7 @@ CpuFfn::CpuFfn(const ModelConfig& config, const DispatchConfig& dispatch, Matmul
       runner_(runner),
       pool_(pool),
       one_row_(one_row),
-      routers_(pool, runner->parallel_min_macs()) {}
+      routers_(pool) {}
 
 void CpuFfn::Run(const FfnWeights& w, int tokens, const float* xn, float* x, int router_index,
                  const RoutingRecorder& recorder) {

@@ -35,10 +35,8 @@ struct RoutingRecorder {
 // routers' decisions, reused across calls.
 class StepRouters {
  public:
-  // `pool` must outlive this. Routing shares rows out on it when it costs at
-  // least `parallel_min_macs` multiply-adds' worth of work.
-  StepRouters(WorkerPool* pool, int64_t parallel_min_macs)
-      : pool_(pool), parallel_min_macs_(parallel_min_macs) {}
+  // `pool` must outlive this.
+  explicit StepRouters(WorkerPool* pool) : pool_(pool) {}
 
   // `count` routers of one shape: router r's [tokens, n_experts] logits at
   // logits + r * n_experts (row stride ld), recorded under first_router + r,
@@ -52,11 +50,14 @@ class StepRouters {
            const RoutingRecorder& recorder, ExpertAssignments* out) {
     if (decisions_.size() < static_cast<size_t>(count)) decisions_.resize(count);
     for (int r = 0; r < count; ++r) SizeRouterDecision(tokens, n_experts, top_k, &decisions_[r]);
-    // A logit's routing (its gate, its place in the top k, the statistics'
-    // probability) costs about as much as kMacsPerLogit multiply-adds.
-    constexpr int64_t kMacsPerLogit = 512;
-    const int64_t macs = int64_t{tokens} * n_experts * count * kMacsPerLogit;
-    ForRowRanges(pool_, tokens, macs, parallel_min_macs_, [&](int begin, int end) {
+    // Routing a logit (its gate, its place in the top k, the statistics'
+    // probability) takes about 15 ns; a pool job pays where there are at
+    // least kMinParallelLogits (about 30 us on one thread): a prefill's, not
+    // a decode step's (the paper shape at batch 32: the same step time either
+    // way; the built-in model's small steps: pool jobs for nothing).
+    constexpr int64_t kMinParallelLogits = 2048;
+    const int64_t logits_routed = int64_t{tokens} * n_experts * count;
+    ForRowRanges(pool_, tokens, logits_routed, kMinParallelLogits, [&](int begin, int end) {
       for (int r = 0; r < count; ++r) {
         RouteTokenRows(logits + static_cast<int64_t>(r) * n_experts, ld, begin, end, gate,
                        renormalize, &decisions_[r]);
@@ -74,7 +75,7 @@ class StepRouters {
                      &out[r], &recorder.stats->routers[router]);
       if (recorder.traces != nullptr) (*recorder.traces)[router] = out[r].trace;
     };
-    if (count > 1 && macs >= parallel_min_macs_) {
+    if (count > 1 && logits_routed >= kMinParallelLogits) {
       pool_->Run(count, dispatch_router);
     } else {
       for (int r = 0; r < count; ++r) dispatch_router(r, 0);
@@ -83,7 +84,6 @@ class StepRouters {
 
  private:
   WorkerPool* pool_;
-  int64_t parallel_min_macs_;
   std::vector<RouterDecision> decisions_;
 };
 

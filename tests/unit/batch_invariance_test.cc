@@ -167,6 +167,45 @@ TEST_P(BatchInvarianceTest, ChunksAmongManyNeighboursGiveTheFullPassBits) {
   RunAmongNeighbours(harness, 3, "crowded", /*crowd=*/9);
 }
 
+// A prompt long enough that the CPU backend routes its rows in ranges on the
+// worker pool and dispatches each router in a piece of its own (StepRouters,
+// kernels/cpu/cpu_step.h: 160 tokens x 16 logits a module), under a capacity
+// that drops and reroutes (sequence scope): in one pass, its logits are those
+// of the same prompt in chunks of 8, whose routing one thread does, bit for
+// bit. Every CPU backend, the portable build too.
+TEST(LongPromptTest, RoutingSharedOutGivesTheBitsOfSmallChunks) {
+  ModelConfig config = testing::TinySwitchAllConfig();
+  config.ffn.n_experts = 16;
+  config.max_seq_len = 160;
+  config.dispatch.capacity_factor = 1.0;
+  config.dispatch.overflow = OverflowPolicy::kReroute;
+  config.dispatch.scope = CapacityScope::kSequence;
+  config.dispatch.capacity_group = 32;
+  const ModelWeights weights = testing::RandomWeights(config, 23);
+  const std::vector<int32_t> tokens =
+      testing::RandomTokens(config.max_seq_len, config.vocab_size, 29);
+  constexpr int kChunk = 8;
+  int tested = 0;
+  for (const BackendUnderTest& backend : testing::BackendsUnderTest()) {
+    if (backend.name.rfind("cpu", 0) != 0) continue;
+    SCOPED_TRACE(backend.name);
+    ++tested;
+    BackendHarness whole(backend, config, weights, config.dispatch);
+    const std::vector<float> full = whole.Run(kTarget, tokens, 0);
+    BackendHarness chunked(backend, config, weights, config.dispatch);
+    std::vector<float> chunks;
+    for (int p = 0; p < static_cast<int>(tokens.size()); p += kChunk) {
+      const std::vector<float> rows = chunked.Run(
+          kTarget, std::vector<int32_t>(tokens.begin() + p, tokens.begin() + p + kChunk), p);
+      chunks.insert(chunks.end(), rows.begin(), rows.end());
+    }
+    ASSERT_EQ(full.size(), static_cast<size_t>(tokens.size()) * config.vocab_size);
+    ASSERT_EQ(chunks.size(), full.size());
+    EXPECT_EQ(0, std::memcmp(full.data(), chunks.data(), full.size() * sizeof(float)));
+  }
+  EXPECT_EQ(tested, 3);
+}
+
 // Half-precision weights are widened exactly, in registers or a tile at a
 // time: the logits are those of the same values held in f32, bit for bit, in
 // a full pass and in decode.
