@@ -18,12 +18,15 @@ C and D, positions counted from 1 within each period of N jobs from a step's
 first job (a layer: 12 jobs a layer in a prefill of the paper's shape), as
 the median and quartiles over every whole period of those steps: two jobs
 of the same step share whatever the machine did meanwhile, so on a shared
-machine this ratio holds far steadier than either time.
+machine this ratio holds far steadier than either time. --ratio step/C+D
+takes the whole step (from its start to its end, the time between jobs
+included) over jobs C and D of all its whole periods: a change that moves
+work between jobs, or adds jobs, shows there against jobs it left alone.
 
   build/release/bench/engine_bench --benchmark_filter='decode/switchall_bf16/batch:1/' \\
       --pool-timeline=timeline.txt
   /usr/bin/python3 bench/pool_timeline.py timeline.txt [--jobs] [--filter REGEX]
-      [--period N --ratio A+B/C+D]
+      [--period N --ratio A+B/C+D | --ratio step/C+D]
 """
 import argparse
 import collections
@@ -109,14 +112,17 @@ def job_rows(steps):
 
 
 def parse_ratio(spec, period):
-    """([numerator positions], [denominator positions]), 0-based, of
-    "A+B/C+D" (1-based positions within a period)."""
+    """([numerator positions] or None for "step", [denominator positions]),
+    0-based, of "A+B/C+D" or "step/C+D" (1-based positions within a period)."""
+    parts = spec.split("/")
     try:
-        sides = [[int(p) - 1 for p in side.split("+")] for side in spec.split("/")]
+        sides = [None if side == "step" and i == 0 else [int(p) - 1 for p in side.split("+")]
+                 for i, side in enumerate(parts)]
     except ValueError:
         sides = []
-    if len(sides) != 2 or any(not 0 <= p < period for side in sides for p in side):
-        raise SystemExit(f"--ratio {spec!r}: want A+B/C+D, job positions 1 to {period}")
+    if (len(sides) != 2 or sides[1] is None or
+            any(not 0 <= p < period for side in sides if side is not None for p in side)):
+        raise SystemExit(f"--ratio {spec!r}: want A+B/C+D or step/C+D, job positions 1 to {period}")
     return sides
 
 
@@ -124,17 +130,22 @@ def ratio_row(name, steps, period, spec):
     numerator, denominator = parse_ratio(spec, period)
     _, count, same = most_common_jobs(steps)
     ratios = []
-    for _, _, jobs in same:
+    for start, stop, jobs in same:
+        below_step = 0
         for first in range(0, len(jobs) - period + 1, period):
             took = [e - s for s, e, _, _ in jobs[first:first + period]]
             below = sum(took[p] for p in denominator)
-            if below > 0:
+            below_step += below
+            if numerator is not None and below > 0:
                 ratios.append(sum(took[p] for p in numerator) / below)
+        if numerator is None and below_step > 0:
+            ratios.append((stop - start) / below_step)
+    unit = "steps" if numerator is None else f"periods of {count} steps"
     if not ratios:
         return f"{name}: no whole period of {period} jobs"
     q1, median, q3 = (statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3)
-    return (f"{name}: jobs {spec} per period of {period}: median {median:.3f} "
-            f"(quartiles {q1:.3f}-{q3:.3f}) over {len(ratios)} periods of {count} steps")
+    return (f"{name}: {'' if numerator is None else 'jobs '}{spec} per period of {period}: "
+            f"median {median:.3f} (quartiles {q1:.3f}-{q3:.3f}) over {len(ratios)} {unit}")
 
 
 def main():
