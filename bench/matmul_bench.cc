@@ -30,6 +30,9 @@
 // what sgemm itself reaches on these shapes, against the 2048^3 limit the
 // engine's benchmarks measure.
 //
+// BM_PagedAttentionPrefill: the paper shape's attention over a prefill chunk
+// (scores, softmax, value reduction; PagedAttention) on one or two threads.
+//
 // BM_WorkerPoolJob: what one job of the worker pool costs, empty or with
 // small pieces, on all cores.
 //
