@@ -68,6 +68,7 @@
 #include "kernels/cpu/matmul_runner.h"
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/worker_pool.h"
+#include "tests/util/random_model.h"
 
 namespace switchserve::cpu {
 namespace {
@@ -445,13 +446,7 @@ void BM_PagedAttentionPrefill(benchmark::State& state) {
   const int tokens = static_cast<int>(state.range(0));
   const DType kv_dtype = state.range(1) == 1 ? DType::kBF16 : DType::kF32;
   const int threads = static_cast<int>(state.range(2));
-  AttentionConfig config;
-  config.kind = AttentionKind::kSwitchHead;
-  config.n_heads = 4;
-  config.n_kv_heads = 4;
-  config.head_dim = 112;
-  config.n_experts = 4;
-  config.top_k = 2;
+  const AttentionConfig config = testing::PaperSwitchAllConfig().attention;
   const int H = config.n_heads, dh = config.head_dim;
   constexpr int kBlockSize = 16;
   const int blocks = (tokens + kBlockSize - 1) / kBlockSize;
