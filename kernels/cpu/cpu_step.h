@@ -1,6 +1,7 @@
 // What the CPU backend's layer kernels share within one engine step besides
 // the StepBatch: where routing statistics and traces go, the sequences'
-// carried capacity loads, and the routers that fill them. Internal to the CPU backend.
+// carried capacity loads, and the routers that fill them. Internal to the
+// CPU backend.
 #ifndef SWITCHSERVE_KERNELS_CPU_CPU_STEP_H_
 #define SWITCHSERVE_KERNELS_CPU_CPU_STEP_H_
 
