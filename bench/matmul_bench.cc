@@ -68,7 +68,6 @@
 #include "kernels/cpu/matmul_runner.h"
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/worker_pool.h"
-#include "tests/util/random_model.h"
 
 namespace switchserve::cpu {
 namespace {
@@ -446,7 +445,12 @@ void BM_PagedAttentionPrefill(benchmark::State& state) {
   const int tokens = static_cast<int>(state.range(0));
   const DType kv_dtype = state.range(1) == 1 ? DType::kBF16 : DType::kF32;
   const int threads = static_cast<int>(state.range(2));
-  const AttentionConfig config = testing::PaperSwitchAllConfig().attention;
+  // What attention proper reads of the paper shape's SwitchHead (source
+  // value routing: one cached value a KV head, as the default config has).
+  AttentionConfig config;
+  config.n_heads = 4;
+  config.n_kv_heads = 4;
+  config.head_dim = 112;
   const int H = config.n_heads, dh = config.head_dim;
   constexpr int kBlockSize = 16;
   const int blocks = (tokens + kBlockSize - 1) / kBlockSize;

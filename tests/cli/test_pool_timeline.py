@@ -88,10 +88,24 @@ def test_a_ratio_of_jobs_per_period(tmp_path):
     assert "median 1.333 (quartiles 1.333-1.333) over 1 periods" in out.stdout
 
 
+def test_a_step_over_jobs(tmp_path):
+    # The step (300 us, to the end, the time after the last job included)
+    # over jobs b of its three whole periods of two (20 + 40 + 60 us): 2.5;
+    # over a and b of its one whole period of four (10 + 20 + 30 + 40): 3.0.
+    for period, spec, median in (("2", "step/2", "2.500"), ("4", "step/1+2+3+4", "3.000")):
+        out = run(tmp_path, PERIODS, "--period", period, "--ratio", spec)
+        assert out.returncode == 0, out.stderr
+        assert (f"{NAME}: {spec} per period of {period}: median {median} "
+                f"(quartiles {median}-{median}) over 1 steps") in out.stdout
+
+
 def test_a_ratio_needs_positions_within_the_period(tmp_path):
     out = run(tmp_path, PERIODS, "--period", "2", "--ratio", "1/3")
     assert out.returncode != 0
-    assert "--ratio '1/3': want A+B/C+D, job positions 1 to 2" in out.stderr
+    assert "--ratio '1/3': want A+B/C+D or step/C+D, job positions 1 to 2" in out.stderr
+    out = run(tmp_path, PERIODS, "--period", "2", "--ratio", "2/step")
+    assert out.returncode != 0
+    assert "want A+B/C+D or step/C+D" in out.stderr
     out = run(tmp_path, PERIODS, "--ratio", "1/2")
     assert out.returncode != 0
     assert "--ratio and --period N" in out.stderr
