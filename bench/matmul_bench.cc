@@ -33,6 +33,9 @@
 // BM_PagedAttentionPrefill: the paper shape's attention over a prefill chunk
 // (scores, softmax, value reduction; PagedAttention) on one or two threads.
 //
+// BM_NormRows, BM_AddExpertOutputs: the elementwise work around a prefill's
+// products (norms, each token's expert rows added to its row).
+//
 // BM_WorkerPoolJob: what one job of the worker pool costs, empty or with
 // small pieces, on all cores.
 //
@@ -486,6 +489,90 @@ void BM_PagedAttentionPrefill(benchmark::State& state) {
 BENCHMARK(BM_PagedAttentionPrefill)
     ->ArgNames({"tokens", "kv_bf16", "threads"})
     ->ArgsProduct({{512}, {0, 1}, {1, 2}})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
+// The elementwise work around a prefill's products, on all cores, as the
+// engine calls it. BM_NormRows: LayerNorm (weight and bias) of `rows` rows of
+// the paper shape's 1024 channels. BM_AddExpertOutputs: each token's expert
+// rows added to its row, scaled by their gates, for `tokens` tokens routed at
+// random: the paper shape's value experts (module 0: 4 routers of 4 experts,
+// top 2, 112 channels each into the token's 448, from zero) or its FFN (1: 32
+// experts, top 4, 1024 channels onto the residual). gb_per_s counts the bytes
+// read and written once.
+void BM_NormRows(benchmark::State& state) {
+  const int rows = static_cast<int>(state.range(0));
+  constexpr int kD = 1024;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(rows) * kD), weight(kD), bias(kD), out(x.size());
+  for (float& v : x) v = dist(rng);
+  for (float& v : weight) v = dist(rng);
+  for (float& v : bias) v = dist(rng);
+  WorkerPool pool(static_cast<int>(std::thread::hardware_concurrency()));
+  MatmulRunner runner(BestKernelIsa(), &pool);
+  for (auto _ : state) {
+    NormRows(NormKind::kLayerNorm, 1e-5f, x.data(), rows, kD, weight.data(), bias.data(),
+             out.data(), &pool, runner.parallel_min_macs());
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["gb_per_s"] = benchmark::Counter(
+      8e-9 * rows * kD * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_NormRows)
+    ->ArgNames({"rows"})
+    ->ArgsProduct({{32, 512}})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
+void BM_AddExpertOutputs(benchmark::State& state) {
+  const bool ffn = state.range(0) == 1;
+  const int tokens = static_cast<int>(state.range(1));
+  const int groups = ffn ? 1 : 4, experts = ffn ? 32 : 4, top_k = ffn ? 4 : 2;
+  const int width = ffn ? 1024 : 112, row = width * groups;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<ExpertAssignments> assignments(groups);
+  for (ExpertAssignments& as : assignments) {
+    std::vector<std::vector<int>> chosen(experts);
+    for (int t = 0; t < tokens; ++t) {
+      std::vector<int> order(experts);
+      for (int e = 0; e < experts; ++e) order[e] = e;
+      std::shuffle(order.begin(), order.end(), rng);
+      for (int r = 0; r < top_k; ++r) chosen[order[r]].push_back(t);
+    }
+    as.n_experts = experts;
+    as.offsets.assign(experts + 1, 0);
+    for (int e = 0; e < experts; ++e) {
+      as.offsets[e + 1] = as.offsets[e] + static_cast<int32_t>(chosen[e].size());
+      as.token.insert(as.token.end(), chosen[e].begin(), chosen[e].end());
+    }
+    for (size_t s = 0; s < as.token.size(); ++s) as.weight.push_back(dist(rng));
+  }
+  const int64_t slots = static_cast<int64_t>(tokens) * top_k;
+  std::vector<float> product(static_cast<size_t>(slots * groups * width));
+  for (float& v : product) v = dist(rng);
+  std::vector<float> x(static_cast<size_t>(tokens) * row, 0.0f);
+  std::vector<ExpertOutputs> outputs;
+  for (int g = 0; g < groups; ++g) {
+    outputs.push_back({&assignments[g], product.data() + g * slots * width,
+                       x.data() + static_cast<int64_t>(g) * width, row});
+  }
+  WorkerPool pool(static_cast<int>(std::thread::hardware_concurrency()));
+  MatmulRunner runner(BestKernelIsa(), &pool);
+  for (auto _ : state) {
+    AddExpertOutputs(outputs, width, tokens, &pool, runner.parallel_min_macs(),
+                     /*from_zero=*/!ffn);
+    benchmark::DoNotOptimize(x.data());
+  }
+  state.counters["gb_per_s"] =
+      benchmark::Counter(4e-9 * static_cast<double>(product.size() + 2 * x.size()) *
+                             static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_AddExpertOutputs)
+    ->ArgNames({"module", "tokens"})
+    ->ArgsProduct({{0, 1}, {32, 512}})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 

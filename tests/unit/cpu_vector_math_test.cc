@@ -4,13 +4,17 @@
 // element's bits the same wherever it sits in the array (vector body or
 // scalar remainder of the loop). AddScaledRow, the weighted sum of expert
 // outputs, rounds the product and the sum apart, as the reference does.
+// NormRows takes its sums in the documented order (cpu_ops.cc), whichever
+// build and group of rows computes a row.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
@@ -149,6 +153,76 @@ TEST(CpuVectorMathTest, AddScaledRowRoundsTheProductThenTheSum) {
     for (int i = 0; i < n; ++i) {
       EXPECT_EQ(std::bit_cast<uint32_t>(row[i]), std::bit_cast<uint32_t>(expected[i]))
           << "n " << n << " element " << i;
+    }
+  }
+}
+
+// One row of NormRows written out: double sums with element i in partial
+// i mod 4, the partials added (s0 + s1) + (s2 + s3); then each element
+// ((x - mean) * inv) * weight, + bias, in float.
+std::vector<float> NormRowByTheOrder(NormKind kind, float eps, const float* x, int d,
+                                     const float* weight, const float* bias) {
+  const auto sum = [&](double center, bool squares) {
+    double part[4] = {};
+    for (int i = 0; i < d; ++i) {
+      double c = x[i];
+      if (squares) {
+        c -= center;
+        c *= c;
+      }
+      part[i % 4] += c;
+    }
+    return (part[0] + part[1]) + (part[2] + part[3]);
+  };
+  const double mean = kind == NormKind::kLayerNorm ? sum(0.0, false) / d : 0.0;
+  const float inv = static_cast<float>(1.0 / std::sqrt(sum(mean, true) / d + eps));
+  const float m = static_cast<float>(mean);
+  std::vector<float> out(d);
+  for (int i = 0; i < d; ++i) {
+    volatile float scaled = (x[i] - m) * inv;
+    volatile float weighted = scaled * weight[i];
+    out[i] = bias != nullptr ? weighted + bias[i] : weighted;
+  }
+  return out;
+}
+
+TEST(CpuVectorMathTest, NormRowsTakeTheirSumsInTheDocumentedOrder) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> value(-3.0f, 3.0f);
+  // LayerNorm with and without a bias, RMSNorm.
+  for (const auto& [kind, with_bias] :
+       {std::pair{NormKind::kLayerNorm, true}, std::pair{NormKind::kLayerNorm, false},
+        std::pair{NormKind::kRmsNorm, false}}) {
+    // Rows in groups of four and alone; d with and without a tail of 1-3.
+    for (const int rows : {1, 4, 7}) {
+      for (const int d : {5, 112, 1023, 1024}) {
+        std::vector<float> x(static_cast<size_t>(rows) * d), weight(d), bias(d);
+        for (float& v : x) v = value(rng) + 0.5f;  // a mean for LayerNorm to take out
+        for (float& v : weight) v = value(rng);
+        for (float& v : bias) v = value(rng);
+        if (rows > 1) {
+          // Row 1 is zeros that end in [2^54, 1, -2^54, 1, 1] from a multiple
+          // of 4: its sum is 0 in the documented order, 1 with the partials
+          // added in sequence and 2 with the elements in sequence, and
+          // without a bias the outputs show the mean.
+          std::fill(x.data() + d, x.data() + 2 * d, 0.0f);
+          const float big = std::ldexp(1.0f, 54);
+          const float pattern[5] = {big, 1.0f, -big, 1.0f, 1.0f};
+          std::copy(pattern, pattern + 5, x.data() + d + (d - 5) / 4 * 4);
+        }
+        const float* b = with_bias ? bias.data() : nullptr;
+        std::vector<float> out(x.size());
+        NormRows(kind, 1e-5f, x.data(), rows, d, weight.data(), b, out.data());
+        for (int r = 0; r < rows; ++r) {
+          const std::vector<float> want =
+              NormRowByTheOrder(kind, 1e-5f, x.data() + r * d, d, weight.data(), b);
+          for (int i = 0; i < d; ++i) {
+            ASSERT_EQ(std::bit_cast<uint32_t>(out[r * d + i]), std::bit_cast<uint32_t>(want[i]))
+                << (kind == NormKind::kLayerNorm ? "LayerNorm" : "RMSNorm") << " bias " << with_bias
+                << " rows " << rows << " d " << d << " row " << r << " element " << i;
+          }
+        }
+      }
     }
   }
 }
