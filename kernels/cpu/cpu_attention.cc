@@ -59,17 +59,28 @@ void CpuAttention::Run(const AttentionWeights& w, const StepBatch& step, const f
   ProjectInputs(w, step, xn);
   ComputeValues(w, step, xn, router_base, recorder);
 
-  // Each token's queries and keys rotated, and its keys and values appended
-  // to the cache, tokens shared out on the pool (a token's rows are its own).
-  // Scratch follows the positions in use (ValidateStepBatch keeps them below
-  // max_seq_len), not the model's context length.
+  // Each token's value row summed from its experts (source routing), its
+  // queries and keys rotated, and its keys and values appended to the cache,
+  // in one job over token rows (a token's rows are its own). The appends
+  // write rows of the cache no one has touched yet: in a batch-32 decode
+  // step of the paper shape (engine_bench, Intel Xeon VM) a rotated and
+  // appended value took about as long as 30 multiply-adds of a product, so
+  // they count 16 times toward sharing the job out. Scratch follows the
+  // positions in use (ValidateStepBatch keeps them below max_seq_len), not
+  // the model's context length.
   const int used_positions =
       T > 0 ? *std::max_element(step.positions.begin(), step.positions.end()) + 1 : 0;
   rope_.Reserve(used_positions);
   const int64_t krow = static_cast<int64_t>(G) * dh;
   const int64_t vrow = static_cast<int64_t>(G) * ev * dh;
+  int64_t sums = 0;
+  for (const ExpertOutputs& group : outputs_) sums += group.assignments->offsets.back() * dh;
+  constexpr int64_t kAppendCost = 16;
   ForRowRanges(
-      pool_, T, T * (H * dh + krow + vrow), runner_->parallel_min_macs(), [&](int begin, int end) {
+      pool_, T, sums + kAppendCost * T * (H * dh + krow + vrow), runner_->parallel_min_macs(),
+      [&](int begin, int end) {
+        // v_ starts from zero: the G groups' rows cover each token's.
+        AddExpertOutputRows(outputs_, dh, begin, end, /*from_zero=*/true);
         for (int t = begin; t < end; ++t) {
           rope_.Apply(q_.data() + static_cast<int64_t>(t) * H * dh, H, dh, step.positions[t]);
           rope_.Apply(k_.data() + t * krow, G, dh, step.positions[t]);
@@ -122,6 +133,7 @@ void CpuAttention::ComputeValues(const AttentionWeights& w, const StepBatch& ste
                                  int router_base, const RoutingRecorder& recorder) {
   const int T = step.num_tokens();
   const int G = attn_.n_kv_heads, dh = attn_.head_dim, E = attn_.n_experts;
+  outputs_.clear();
   if (!attn_.IsRouted()) return;  // v was projected with q and k
   // Value routers: logits [T, R*E], one dispatch per router head.
   const int routers = attn_.ValueRouterHeads();
@@ -172,7 +184,6 @@ void CpuAttention::ComputeValues(const AttentionWeights& w, const StepBatch& ste
     base += as.offsets[E];
   }
   runner_->Run(tasks_);
-  outputs_.clear();
   base = 0;
   for (int g = 0; g < G; ++g) {
     const ExpertAssignments& as = assignments_[attn_.shared_router ? 0 : g];
@@ -180,8 +191,6 @@ void CpuAttention::ComputeValues(const AttentionWeights& w, const StepBatch& ste
                         static_cast<int64_t>(G) * dh});
     base += as.offsets[E];
   }
-  // v_ starts from zero: the G groups' rows cover each token's.
-  AddExpertOutputs(outputs_, dh, T, pool_, runner_->parallel_min_macs(), /*from_zero=*/true);
 }
 
 void CpuAttention::ProjectOutput(const AttentionWeights& w, const StepBatch& step, const float* xn,

@@ -50,6 +50,8 @@ class CpuAttention {
  private:
   // q, k, the router logits and (unrouted) v: the products of xn.
   void ProjectInputs(const AttentionWeights& w, const StepBatch& step, const float* xn);
+  // Routed values: the expert products, and in outputs_ (source routing)
+  // what each token's v row sums, which Run adds with the cache appends.
   void ComputeValues(const AttentionWeights& w, const StepBatch& step, const float* xn,
                      int router_base, const RoutingRecorder& recorder);
   void ProjectOutput(const AttentionWeights& w, const StepBatch& step, const float* xn, float* x,
@@ -76,7 +78,7 @@ class CpuAttention {
   std::vector<float> vweight_;        // destination routing: [T, G, E] value gate weights
   std::vector<float> product_;        // [routed slots, dh] value expert outputs
   std::vector<MatmulTask> tasks_;
-  std::vector<ExpertOutputs> outputs_;
+  std::vector<ExpertOutputs> outputs_;  // source-routed values' sums, or none
   std::vector<GatedExpertTask> gated_tasks_;
   std::vector<ExpertAssignments> assignments_;  // per router head
   StepRouters routers_;

@@ -255,34 +255,38 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void AddScaledRow(f
   for (int c = 0; c < n; ++c) row[c] += weight * product[c];
 }
 
+void AddExpertOutputRows(const std::vector<ExpertOutputs>& groups, int width, int t_begin,
+                         int t_end, bool from_zero) {
+  // Every slot is walked, those of the range's tokens added: a row's
+  // additions come in the same order whatever the range.
+  if (from_zero) {
+    for (const ExpertOutputs& group : groups) {
+      for (int t = t_begin; t < t_end; ++t) {
+        std::fill_n(group.dst + t * group.dst_stride, width, 0.0f);
+      }
+    }
+  }
+  for (const ExpertOutputs& group : groups) {
+    const ExpertAssignments& as = *group.assignments;
+    for (int e = 0; e < as.n_experts; ++e) {
+      for (int s = as.begin(e); s < as.end(e); ++s) {
+        const int t = as.token[s];
+        if (t < t_begin || t >= t_end) continue;
+        const float wt = as.weight[s];
+        const float* product = group.product + static_cast<int64_t>(s) * width;
+        AddScaledRow(group.dst + t * group.dst_stride, product, wt, width);
+      }
+    }
+  }
+}
+
 void AddExpertOutputs(const std::vector<ExpertOutputs>& groups, int width, int tokens,
                       WorkerPool* pool, int64_t parallel_min_values, bool from_zero) {
-  // Each piece owns a range of token rows and walks every slot, adding those
-  // of its tokens: a row's additions come in the same order in every piece.
-  const auto add_range = [&](int t_begin, int t_end) {
-    if (from_zero) {
-      for (const ExpertOutputs& group : groups) {
-        for (int t = t_begin; t < t_end; ++t) {
-          std::fill_n(group.dst + t * group.dst_stride, width, 0.0f);
-        }
-      }
-    }
-    for (const ExpertOutputs& group : groups) {
-      const ExpertAssignments& as = *group.assignments;
-      for (int e = 0; e < as.n_experts; ++e) {
-        for (int s = as.begin(e); s < as.end(e); ++s) {
-          const int t = as.token[s];
-          if (t < t_begin || t >= t_end) continue;
-          const float wt = as.weight[s];
-          const float* product = group.product + static_cast<int64_t>(s) * width;
-          AddScaledRow(group.dst + t * group.dst_stride, product, wt, width);
-        }
-      }
-    }
-  };
   int64_t slots = 0;
   for (const ExpertOutputs& group : groups) slots += group.assignments->offsets.back();
-  ForRowRanges(pool, tokens, slots * width, parallel_min_values, add_range);
+  ForRowRanges(pool, tokens, slots * width, parallel_min_values, [&](int t_begin, int t_end) {
+    AddExpertOutputRows(groups, width, t_begin, t_end, from_zero);
+  });
 }
 
 }  // namespace switchserve::cpu

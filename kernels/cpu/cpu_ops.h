@@ -86,6 +86,10 @@ struct ExpertOutputs {
 // zero first (by the piece that owns them) instead of added to.
 void AddExpertOutputs(const std::vector<ExpertOutputs>& groups, int width, int tokens,
                       WorkerPool* pool, int64_t parallel_min_values, bool from_zero = false);
+// The same for token rows [t_begin, t_end) only, on the calling thread (a
+// piece of a caller's own job over token rows).
+void AddExpertOutputRows(const std::vector<ExpertOutputs>& groups, int width, int t_begin,
+                         int t_end, bool from_zero);
 
 // Rotate-half RoPE on the first n_rot channels of a head vector, cos/sin
 // tabulated for positions [0, positions()). The table grows with the
