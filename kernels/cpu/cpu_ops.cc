@@ -32,50 +32,31 @@ void WidenValues(const Tensor& t, int64_t offset, int count, float* out) {
 
 namespace {
 
-// Four doubles, and four floats to widen into them: GCC's vector extensions,
-// built as SSE2 pairs or as one AVX2 register by NormRows's builds.
-typedef float Floats4 __attribute__((vector_size(16)));
-typedef double Doubles4 __attribute__((vector_size(32)));
-
-// The sums over each of R rows of (x_r[i] - center[r])^2 (`squares`) or of
-// x_r[i], in double: element i goes to partial sum i mod 4, and the partials
-// add as (s0 + s1) + (s2 + s3). Four independent chains a row instead of
-// one, so a row is not bound by the add's latency, and R rows at once, so
-// their chains overlap; a fixed order, so a row's sum depends on its values
-// alone.
-template <int R, bool kSquares>
-[[gnu::always_inline]] inline void RowSums(const float* const* x, int d, const double* center,
-                                           double* sums) {
-  Doubles4 s[R] = {};
-  int i = 0;
-  for (; i + 4 <= d; i += 4) {
-    for (int r = 0; r < R; ++r) {
-      Floats4 v;
-      std::memcpy(&v, x[r] + i, sizeof(v));
-      Doubles4 c = __builtin_convertvector(v, Doubles4);
-      if constexpr (kSquares) {
-        c -= center[r];
-        c *= c;
-      }
-      s[r] += c;
+// A row's sum of x[i] or of (x[i] - center)^2 (`squares`), in double:
+// element i goes to partial sum i mod 4, and the partials add as (s0 + s1) +
+// (s2 + s3). Four independent chains a row instead of one, so a row is not
+// bound by the add's latency; a fixed order, so a row's sum depends on its
+// values alone. AddToPartials adds elements [from, d).
+template <bool kSquares>
+inline void AddToPartials(const float* x, int from, int d, double center, double* part) {
+  for (int i = from; i < d; ++i) {
+    double c = x[i];
+    if constexpr (kSquares) {
+      c -= center;
+      c *= c;
     }
+    part[i % 4] += c;
   }
-  for (; i < d; ++i) {
-    for (int r = 0; r < R; ++r) {
-      double c = x[r][i];
-      if constexpr (kSquares) {
-        c -= center[r];
-        c *= c;
-      }
-      s[r][i % 4] += c;
-    }
-  }
-  for (int r = 0; r < R; ++r) sums[r] = (s[r][0] + s[r][1]) + (s[r][2] + s[r][3]);
 }
 
-// RowSums where the CPU has AVX2: the same operations on the same partials,
-// four floats widened by one instruction (GCC builds the generic widening as
-// two halves and an insert, which took most of a norm's time: BM_NormRows).
+inline double SumOfPartials(const double* part) {
+  return (part[0] + part[1]) + (part[2] + part[3]);
+}
+
+// Those sums for R rows at once where the CPU has AVX2 (their chains
+// overlap): the partials of a row in one register, four floats widened by
+// one instruction (GCC builds a generic four-float widening as two halves
+// and an insert, which took most of a norm's time: BM_NormRows).
 template <int R, bool kSquares>
 __attribute__((target("avx2"))) void RowSumsAvx2(const float* const* x, int d, const double* center,
                                                  double* sums) {
@@ -96,25 +77,22 @@ __attribute__((target("avx2"))) void RowSumsAvx2(const float* const* x, int d, c
   for (int r = 0; r < R; ++r) {
     alignas(32) double part[4];
     _mm256_store_pd(part, s[r]);
-    for (int j = i; j < d; ++j) {
-      double c = x[r][j];
-      if constexpr (kSquares) {
-        c -= center[r];
-        c *= c;
-      }
-      part[j % 4] += c;
-    }
-    sums[r] = (part[0] + part[1]) + (part[2] + part[3]);
+    AddToPartials<kSquares>(x[r], i, d, kSquares ? center[r] : 0.0, part);
+    sums[r] = SumOfPartials(part);
   }
 }
 
 template <int R, bool kSquares>
-void RowSumsBest(const float* const* x, int d, const double* center, double* sums) {
+void RowSums(const float* const* x, int d, const double* center, double* sums) {
   static const bool avx2 = __builtin_cpu_supports("avx2");
   if (avx2) {
     RowSumsAvx2<R, kSquares>(x, d, center, sums);
-  } else {
-    RowSums<R, kSquares>(x, d, center, sums);
+    return;
+  }
+  for (int r = 0; r < R; ++r) {
+    double part[4] = {};
+    AddToPartials<kSquares>(x[r], 0, d, kSquares ? center[r] : 0.0, part);
+    sums[r] = SumOfPartials(part);
   }
 }
 
@@ -128,11 +106,11 @@ template <int R>
   for (int r = 0; r < R; ++r) xr[r] = x + static_cast<int64_t>(r) * d;
   double mean[R] = {};
   if (kind == NormKind::kLayerNorm) {
-    RowSumsBest<R, false>(xr, d, nullptr, mean);
+    RowSums<R, false>(xr, d, nullptr, mean);
     for (int r = 0; r < R; ++r) mean[r] /= d;
   }
   double var[R];
-  RowSumsBest<R, true>(xr, d, mean, var);
+  RowSums<R, true>(xr, d, mean, var);
   for (int r = 0; r < R; ++r) {
     const float inv = static_cast<float>(1.0 / std::sqrt(var[r] / d + eps));
     const float m = static_cast<float>(mean[r]);
