@@ -337,17 +337,10 @@ BENCHMARK(BM_MatmulFromMemory)
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 
-// Args: module (0 SwitchHead output experts, 1 FFN down projections), tokens,
-// fused (0, 1).
-void BM_GatedExpertOutputs(benchmark::State& state) {
-  const bool ffn = state.range(0) == 1;
-  const int tokens = static_cast<int>(state.range(1));
-  const bool fused = state.range(2) == 1;
-  const int groups = ffn ? 1 : 4, experts = ffn ? 32 : 4, top_k = ffn ? 4 : 2;
-  const int n = 1024, k = ffn ? 128 : 112;
-  const WeightLayout layout = ffn ? WeightLayout::kRowsOut : WeightLayout::kRowsIn;
-  std::mt19937 rng(7);
-  // Each group's assignments: every token to top_k distinct experts.
+// `groups` routers' assignments of `tokens` tokens, each to top_k distinct
+// experts of `experts` at random, every gate 0.5.
+std::vector<ExpertAssignments> RandomAssignments(int groups, int experts, int top_k, int tokens,
+                                                 std::mt19937& rng) {
   std::vector<ExpertAssignments> assignments(groups);
   for (ExpertAssignments& as : assignments) {
     std::vector<std::vector<int>> chosen(experts);
@@ -365,6 +358,21 @@ void BM_GatedExpertOutputs(benchmark::State& state) {
     }
     as.weight.assign(as.token.size(), 0.5f);
   }
+  return assignments;
+}
+
+// Args: module (0 SwitchHead output experts, 1 FFN down projections), tokens,
+// fused (0, 1).
+void BM_GatedExpertOutputs(benchmark::State& state) {
+  const bool ffn = state.range(0) == 1;
+  const int tokens = static_cast<int>(state.range(1));
+  const bool fused = state.range(2) == 1;
+  const int groups = ffn ? 1 : 4, experts = ffn ? 32 : 4, top_k = ffn ? 4 : 2;
+  const int n = 1024, k = ffn ? 128 : 112;
+  const WeightLayout layout = ffn ? WeightLayout::kRowsOut : WeightLayout::kRowsIn;
+  std::mt19937 rng(7);
+  const std::vector<ExpertAssignments> assignments =
+      RandomAssignments(groups, experts, top_k, tokens, rng);
   const int64_t slots = static_cast<int64_t>(tokens) * top_k * groups;
   // Rows in: the tokens' attention outputs [tokens, groups * k]; rows out:
   // the slots' hidden rows [slots, k].
@@ -532,22 +540,10 @@ void BM_AddExpertOutputs(benchmark::State& state) {
   const int width = ffn ? 1024 : 112, row = width * groups;
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<ExpertAssignments> assignments(groups);
+  std::vector<ExpertAssignments> assignments =
+      RandomAssignments(groups, experts, top_k, tokens, rng);
   for (ExpertAssignments& as : assignments) {
-    std::vector<std::vector<int>> chosen(experts);
-    for (int t = 0; t < tokens; ++t) {
-      std::vector<int> order(experts);
-      for (int e = 0; e < experts; ++e) order[e] = e;
-      std::shuffle(order.begin(), order.end(), rng);
-      for (int r = 0; r < top_k; ++r) chosen[order[r]].push_back(t);
-    }
-    as.n_experts = experts;
-    as.offsets.assign(experts + 1, 0);
-    for (int e = 0; e < experts; ++e) {
-      as.offsets[e + 1] = as.offsets[e] + static_cast<int32_t>(chosen[e].size());
-      as.token.insert(as.token.end(), chosen[e].begin(), chosen[e].end());
-    }
-    for (size_t s = 0; s < as.token.size(); ++s) as.weight.push_back(dist(rng));
+    for (float& w : as.weight) w = dist(rng);
   }
   const int64_t slots = static_cast<int64_t>(tokens) * top_k;
   std::vector<float> product(static_cast<size_t>(slots * groups * width));
