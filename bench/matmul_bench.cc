@@ -505,7 +505,7 @@ BENCHMARK(BM_PagedAttentionPrefill)
 // the paper shape's 1024 channels. BM_AddExpertOutputs: each token's expert
 // rows added to its row, scaled by their gates, for `tokens` tokens routed at
 // random: the paper shape's value experts (module 0: 4 routers of 4 experts,
-// top 2, 112 channels each into the token's 448, from zero) or its FFN (1: 32
+// top 2, 112 channels each into the token's 448) or its FFN (1: 32
 // experts, top 4, 1024 channels onto the residual). gb_per_s counts the bytes
 // read and written once.
 void BM_NormRows(benchmark::State& state) {
@@ -557,8 +557,7 @@ void BM_AddExpertOutputs(benchmark::State& state) {
   WorkerPool pool(static_cast<int>(std::thread::hardware_concurrency()));
   MatmulRunner runner(BestKernelIsa(), &pool);
   for (auto _ : state) {
-    AddExpertOutputs(outputs, width, tokens, &pool, runner.parallel_min_macs(),
-                     /*from_zero=*/!ffn);
+    AddExpertOutputs(outputs, width, tokens, &pool, runner.parallel_min_macs());
     benchmark::DoNotOptimize(x.data());
   }
   state.counters["gb_per_s"] =

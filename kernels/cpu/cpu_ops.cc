@@ -259,11 +259,11 @@ void AddExpertOutputRows(const std::vector<ExpertOutputs>& groups, int width, in
 }
 
 void AddExpertOutputs(const std::vector<ExpertOutputs>& groups, int width, int tokens,
-                      WorkerPool* pool, int64_t parallel_min_values, bool from_zero) {
+                      WorkerPool* pool, int64_t parallel_min_values) {
   int64_t slots = 0;
   for (const ExpertOutputs& group : groups) slots += group.assignments->offsets.back();
   ForRowRanges(pool, tokens, slots * width, parallel_min_values, [&](int t_begin, int t_end) {
-    AddExpertOutputRows(groups, width, t_begin, t_end, from_zero);
+    AddExpertOutputRows(groups, width, t_begin, t_end, /*from_zero=*/false);
   });
 }
 

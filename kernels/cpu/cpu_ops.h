@@ -82,12 +82,12 @@ struct ExpertOutputs {
 // `groups` order, within a group by expert then slot, one multiply and one
 // add per element. Token rows are shared out on `pool` when there are at
 // least `parallel_min_values` products to add; the order of the additions
-// into a row never changes. `from_zero`: each group's token rows are set to
-// zero first (by the piece that owns them) instead of added to.
+// into a row never changes.
 void AddExpertOutputs(const std::vector<ExpertOutputs>& groups, int width, int tokens,
-                      WorkerPool* pool, int64_t parallel_min_values, bool from_zero = false);
+                      WorkerPool* pool, int64_t parallel_min_values);
 // The same for token rows [t_begin, t_end) only, on the calling thread (a
-// piece of a caller's own job over token rows).
+// piece of a caller's own job over token rows). `from_zero`: each group's
+// token rows are set to zero first instead of added to.
 void AddExpertOutputRows(const std::vector<ExpertOutputs>& groups, int width, int t_begin,
                          int t_end, bool from_zero);
 
