@@ -117,6 +117,7 @@ Settings& settings() {
 // benchmark's), for bench/pool_timeline.py:
 //   <name> step <start ns>
 //   <name> job <start ns> <end ns> <pieces> <pieces the engine thread ran>
+//       <when the engine thread ran out of pieces ns> <when the workers did ns, or 0>
 //   <name> end <end ns>
 // Returns false (and marks the run failed) where a step failed.
 bool TimedSteps(benchmark::State& state, const std::string& name, Backend& backend,
@@ -146,9 +147,10 @@ bool TimedSteps(benchmark::State& state, const std::string& name, Backend& backe
     std::fprintf(file, "%s step %lld\n", name.c_str(), static_cast<long long>(start));
   }
   for (const cpu::PoolJobSpan& job : jobs) {
-    std::fprintf(file, "%s job %lld %lld %d %d\n", name.c_str(),
+    std::fprintf(file, "%s job %lld %lld %d %d %lld %lld\n", name.c_str(),
                  static_cast<long long>(job.start_ns), static_cast<long long>(job.end_ns),
-                 job.pieces, job.caller_pieces);
+                 job.pieces, job.caller_pieces, static_cast<long long>(job.caller_end_ns),
+                 static_cast<long long>(job.workers_end_ns));
   }
   std::fprintf(file, "%s end %lld\n", name.c_str(), static_cast<long long>(end));
   std::fclose(file);

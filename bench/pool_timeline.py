@@ -10,8 +10,11 @@ run, or the last repetition): the steps, the median step, the jobs a step
 shares out, and the median share of a step inside jobs and its time between
 them. With --jobs, also every job of a step in order, as medians over the
 steps that ran the same jobs: its pieces, how many of them the engine thread
-ran, its time, and the time before it (since the step began or the previous
-job ended); the last row is the time after the last job.
+ran, its time, the time at its end that a thread had no piece left to take
+while another ran its last (from the first of the engine thread and the
+workers to run out of pieces; the whole job where no worker took one), and
+the time before it (since the step began or the previous job ended); the
+last row is the time after the last job.
 
 With --period N --ratio A+B/C+D, the time of jobs A and B over that of jobs
 C and D, positions counted from 1 within each period of N jobs from a step's
@@ -37,7 +40,9 @@ import sys
 
 def read_runs(path):
     """{benchmark: (step starts, jobs, end)} of each benchmark's last run;
-    a job is (start, end, pieces, engine thread's pieces), times in ns."""
+    a job is (start, end, pieces, engine thread's pieces, when the engine
+    thread ran out of pieces, when the workers did or 0), times in ns; a
+    timeline of an older engine_bench has no such times (both 0)."""
     runs = {}
     open_runs = collections.defaultdict(lambda: ([], []))
     with open(path) as f:
@@ -50,8 +55,8 @@ def read_runs(path):
                 steps, jobs = open_runs[name]
                 if kind == "step" and len(values) == 1:
                     steps.append(values[0])
-                elif kind == "job" and len(values) == 4:
-                    jobs.append(tuple(values))
+                elif kind == "job" and len(values) in (4, 6):
+                    jobs.append(tuple(values + [0] * (6 - len(values))))
                 elif kind == "end" and len(values) == 1:
                     runs[name] = (sorted(steps), sorted(jobs), values[0])
                     del open_runs[name]
@@ -77,7 +82,7 @@ def split_steps(starts, jobs, end):
 
 def summary_row(name, steps):
     durations = [stop - start for start, stop, _ in steps]
-    inside = [sum(e - s for s, e, _, _ in jobs) for _, _, jobs in steps]
+    inside = [sum(j[1] - j[0] for j in jobs) for _, _, jobs in steps]
     shares = [i / d for i, d in zip(inside, durations) if d > 0]
     between = [d - i for d, i in zip(durations, inside)]
     return (f"| {name} | {len(steps)} | {statistics.median(durations) / 1e3:.1f} µs "
@@ -94,20 +99,33 @@ def most_common_jobs(steps):
                           if tuple(j[2] for j in jobs) == shape]
 
 
+def uneven_ns(job):
+    """How long before a job's end the first thread ran out of pieces to
+    take: the engine thread or the workers, or the job's start where no
+    worker took a piece; 0 in a timeline without these times."""
+    start, end, _, _, caller_end, workers_end = job
+    if caller_end == 0:
+        return 0
+    return end - min(caller_end, workers_end if workers_end else start)
+
+
 def job_rows(steps):
     """Medians by position over the steps whose jobs had the most common
     sequence of piece counts."""
     shape, count, same = most_common_jobs(steps)
     rows = [f"steps with these jobs: {count} of {len(steps)}", "",
-            "| job | pieces | engine thread's | µs | µs before |", "| --- | --- | --- | --- | --- |"]
+            "| job | pieces | engine thread's | µs | µs uneven | µs before |",
+            "| --- | --- | --- | --- | --- | --- |"]
     for k, pieces in enumerate(shape):
         took = statistics.median(jobs[k][1] - jobs[k][0] for _, _, jobs in same)
         before = statistics.median(jobs[k][0] - (jobs[k - 1][1] if k else start)
                                    for start, _, jobs in same)
         mine = statistics.median(jobs[k][3] for _, _, jobs in same)
-        rows.append(f"| {k + 1} | {pieces} | {mine:g} | {took / 1e3:.1f} | {before / 1e3:.1f} |")
+        uneven = statistics.median(uneven_ns(jobs[k]) for _, _, jobs in same)
+        rows.append(f"| {k + 1} | {pieces} | {mine:g} | {took / 1e3:.1f} | {uneven / 1e3:.1f} "
+                    f"| {before / 1e3:.1f} |")
     after = statistics.median(stop - (jobs[-1][1] if jobs else start) for start, stop, jobs in same)
-    rows.append(f"| after the last | | | | {after / 1e3:.1f} |")
+    rows.append(f"| after the last | | | | | {after / 1e3:.1f} |")
     return rows
 
 
@@ -133,7 +151,7 @@ def ratio_row(name, steps, period, spec):
     for start, stop, jobs in same:
         below_step = 0
         for first in range(0, len(jobs) - period + 1, period):
-            took = [e - s for s, e, _, _ in jobs[first:first + period]]
+            took = [j[1] - j[0] for j in jobs[first:first + period]]
             below = sum(took[p] for p in denominator)
             below_step += below
             if numerator is not None and below > 0:

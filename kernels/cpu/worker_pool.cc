@@ -73,19 +73,22 @@ void WorkerPool::Run(int count, PieceFn fn, const void* context) {
   job.context.store(context, std::memory_order_relaxed);
   job.count.store(count, std::memory_order_relaxed);
   job.done.store(0, std::memory_order_relaxed);
+  if (record) job.workers_end_ns.store(0, std::memory_order_relaxed);
   cursor_.store(generation << 32);  // publishes the job (seq_cst: see WorkerLoop)
   if (sleepers_.load() > 0) {
     std::lock_guard<std::mutex> lock(mutex_);
     wake_.notify_all();
   }
   const int ran = TakePieces(generation << 32, 0);
+  const int64_t caller_end_ns = record ? SteadyNowNs() : 0;
   // Only pieces a worker has taken can still be running.
   while (job.done.load(std::memory_order_acquire) < count) Relax();
   if (record) {
     const int64_t end_ns = SteadyNowNs();
+    const int64_t workers_end_ns = job.workers_end_ns.load(std::memory_order_relaxed);
     std::lock_guard<std::mutex> lock(recorded_jobs_mutex);
     if (std::vector<PoolJobSpan>* spans = recorded_jobs.load(std::memory_order_relaxed)) {
-      spans->push_back({start_ns, end_ns, count, ran});
+      spans->push_back({start_ns, end_ns, count, ran, caller_end_ns, workers_end_ns});
     }
   }
 }
@@ -108,6 +111,13 @@ int WorkerPool::TakePieces(uint64_t cursor, int slot) {
     ++ran;
     cursor = cursor_.load(std::memory_order_acquire);
     if (Generation(cursor) != generation) break;
+  }
+  if (ran > 0 && slot > 0 && recorded_jobs.load(std::memory_order_relaxed) != nullptr) {
+    const int64_t now = SteadyNowNs();
+    int64_t latest = job.workers_end_ns.load(std::memory_order_relaxed);
+    while (latest < now &&
+           !job.workers_end_ns.compare_exchange_weak(latest, now, std::memory_order_relaxed)) {
+    }
   }
   // One add for every piece this thread ran, once it has taken its last:
   // the caller spins on `done`, and each add takes the line from it. No

@@ -76,6 +76,9 @@ class WorkerPool {
     std::atomic<const void*> context{nullptr};
     std::atomic<int> count{0};
     std::atomic<int> done{0};
+    // RecordJobs on: when the last worker that ran a piece had run its last
+    // (PoolJobSpan::workers_end_ns).
+    std::atomic<int64_t> workers_end_ns{0};
   };
 
   void WorkerLoop(int slot);

@@ -45,9 +45,31 @@ def test_each_job_in_order(tmp_path):
     assert out.returncode == 0, out.stderr
     rows = out.stdout.splitlines()
     assert "steps with these jobs: 2 of 2" in rows
-    assert "| 1 | 8 | 3.5 | 30.0 | 10.0 |" in rows
-    assert "| 2 | 4 | 2 | 40.0 | 10.0 |" in rows
-    assert "| after the last | | | | 10.0 |" in rows
+    # An older timeline has no times of the threads running out: uneven 0.
+    assert "| 1 | 8 | 3.5 | 30.0 | 0.0 | 10.0 |" in rows
+    assert "| 2 | 4 | 2 | 40.0 | 0.0 | 10.0 |" in rows
+    assert "| after the last | | | | | 10.0 |" in rows
+
+
+def test_how_long_a_thread_had_no_piece_left(tmp_path):
+    # Step 1: job 1's caller ran out at 25 us of 30, the workers at 28 (5 us
+    # uneven); job 2's workers first, at 20 of 40 (20 us). Step 2: job 1's
+    # workers took no piece (the whole 30 us); job 2's caller at 30 of 40,
+    # the workers at 40 (10 us). Medians: 17.5 and 15.
+    lines = [
+        f"{NAME} step 1000000",
+        f"{NAME} step 1100000",
+        f"{NAME} job 1010000 1040000 8 4 1035000 1038000",
+        f"{NAME} job 1050000 1090000 4 2 1090000 1070000",
+        f"{NAME} job 1110000 1140000 8 8 1140000 0",
+        f"{NAME} job 1150000 1190000 4 2 1180000 1190000",
+        f"{NAME} end 1200000",
+    ]
+    out = run(tmp_path, lines, "--jobs")
+    assert out.returncode == 0, out.stderr
+    rows = out.stdout.splitlines()
+    assert "| 1 | 8 | 6 | 30.0 | 17.5 | 10.0 |" in rows
+    assert "| 2 | 4 | 2 | 40.0 | 15.0 | 10.0 |" in rows
 
 
 def test_nothing_matching_and_a_bad_line_are_errors(tmp_path):

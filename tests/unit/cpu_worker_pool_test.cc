@@ -110,8 +110,10 @@ TEST(WorkerPoolTest, RestingWorkersStillTakePartInTheNextJob) {
 }
 
 // RecordJobs: one span per job shared out, in order, with its pieces, the
-// caller's share of them, and a start no later than the end; nothing for a
-// job of one piece or a pool of one thread, and nothing once it is off.
+// caller's share of them, a start no later than the end and, between them,
+// when the caller and the workers ran out of pieces (0 for workers that took
+// none); nothing for a job of one piece or a pool of one thread, and nothing
+// once it is off.
 TEST(WorkerPoolTest, RecordJobsListsEverySharedJob) {
   WorkerPool pool(2), alone(1);
   std::vector<PoolJobSpan> spans;
@@ -132,6 +134,14 @@ TEST(WorkerPoolTest, RecordJobsListsEverySharedJob) {
     EXPECT_GE(spans[i].caller_pieces, 0) << i;
     EXPECT_LE(spans[i].caller_pieces, spans[i].pieces) << i;
     EXPECT_LE(spans[i].start_ns, spans[i].end_ns) << i;
+    EXPECT_LE(spans[i].start_ns, spans[i].caller_end_ns) << i;
+    EXPECT_LE(spans[i].caller_end_ns, spans[i].end_ns) << i;
+    if (spans[i].caller_pieces < spans[i].pieces) {
+      EXPECT_LE(spans[i].start_ns, spans[i].workers_end_ns) << i;
+      EXPECT_LE(spans[i].workers_end_ns, spans[i].end_ns) << i;
+    } else {
+      EXPECT_EQ(spans[i].workers_end_ns, 0) << i;
+    }
     if (i > 0) {
       EXPECT_LE(spans[i - 1].end_ns, spans[i].start_ns) << i;
     }
@@ -164,6 +174,36 @@ TEST(WorkerPoolTest, RecordJobsCountsTheCallersPieces) {
   ASSERT_EQ(spans.size(), 1u);
   EXPECT_EQ(spans[0].caller_pieces, 1);
   EXPECT_EQ(spans[0].pieces, count);
+  // The worker ran out of pieces first, the caller last.
+  EXPECT_GT(spans[0].workers_end_ns, 0);
+  EXPECT_LE(spans[0].workers_end_ns, spans[0].caller_end_ns);
+}
+
+// When each side ran out of pieces: a worker's piece that goes on 2 ms after
+// the caller's has returned ends the job 2 ms after the caller ran out, and
+// the span says so (the time engine_bench's timeline reports as uneven).
+TEST(WorkerPoolTest, RecordJobsTellsWhenEachSideRanOutOfPieces) {
+  WorkerPool pool(2);
+  std::vector<PoolJobSpan> spans;
+  WorkerPool::RecordJobs(&spans);
+  std::atomic<bool> worker_in{false}, caller_out{false};
+  const std::thread::id caller = std::this_thread::get_id();
+  pool.Run(2, [&](int, int) {
+    if (std::this_thread::get_id() == caller) {
+      // The caller's one piece: wait until a worker holds the other.
+      while (!worker_in.load()) std::this_thread::yield();
+      caller_out.store(true);
+    } else {
+      worker_in.store(true);
+      while (!caller_out.load()) std::this_thread::yield();
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
+  WorkerPool::RecordJobs(nullptr);
+  ASSERT_EQ(spans.size(), 1u);
+  EXPECT_EQ(spans[0].caller_pieces, 1);
+  EXPECT_GE(spans[0].workers_end_ns - spans[0].caller_end_ns, 1'000'000);
+  EXPECT_LE(spans[0].workers_end_ns, spans[0].end_ns);
 }
 
 }  // namespace
