@@ -88,6 +88,12 @@ void MatmulRunner::Run(const std::vector<MatmulTask>& tasks) {
       }
     }
   }
+  // Largest first: the threads take pieces in this order, so the last ones
+  // taken, which decide how long one thread waits for the other at the
+  // end, are the smallest (experts of a decode step differ in rows).
+  std::stable_sort(pieces_.begin(), pieces_.end(), [](const MatmulTask& a, const MatmulTask& b) {
+    return Macs(a.args) > Macs(b.args);
+  });
   pool_->Run(static_cast<int>(pieces_.size()),
              [this](int i, int) { RunOne(*kernels_, pieces_[i]); });
 }
@@ -107,9 +113,15 @@ void MatmulRunner::RunPairs(const std::vector<MatmulTask>& first,
     Run(second);
     return;
   }
+  // Largest first, as in Run.
+  order_.resize(pairs);
+  for (int i = 0; i < pairs; ++i) order_[i] = i;
+  std::stable_sort(order_.begin(), order_.end(), [&](int a, int b) {
+    return Macs(first[a].args) + Macs(second[a].args) > Macs(first[b].args) + Macs(second[b].args);
+  });
   pool_->Run(pairs, [&](int i, int) {
-    RunOne(*kernels_, first[i]);
-    RunOne(*kernels_, second[i]);
+    RunOne(*kernels_, first[order_[i]]);
+    RunOne(*kernels_, second[order_[i]]);
   });
 }
 

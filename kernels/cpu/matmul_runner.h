@@ -77,6 +77,7 @@ class MatmulRunner {
   int64_t parallel_min_macs_;
   std::vector<MatmulTask> pieces_;
   std::vector<MatmulTask> single_;
+  std::vector<int> order_;  // RunPairs: the pairs, largest first
 };
 
 }  // namespace switchserve::cpu
