@@ -1,6 +1,7 @@
 #include "kernels/cpu/matmul_runner.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "kernels/cpu/cpu_ops.h"
 
@@ -18,6 +19,17 @@ constexpr int64_t kMinPieceMacs = 1 << 15;
 constexpr int kPairFewRows = 32;
 
 int64_t Macs(const MatmulArgs& args) { return static_cast<int64_t>(args.m) * args.n * args.k; }
+
+// `order` = 0 .. count - 1 by decreasing macs(i), ties in index order: the
+// order the pool hands pieces out in, so that the last ones taken, which
+// decide how long one thread waits for the other at the end of a job, are
+// the smallest (the experts of a decode step differ in rows).
+template <typename MacsOf>
+void LargestFirst(int count, const MacsOf& macs, std::vector<int>* order) {
+  order->resize(count);
+  std::iota(order->begin(), order->end(), 0);
+  std::stable_sort(order->begin(), order->end(), [&](int a, int b) { return macs(a) > macs(b); });
+}
 
 void RunOne(const MatmulKernels& kernels, const MatmulTask& task) {
   const MatmulArgs& g = task.args;
@@ -88,14 +100,10 @@ void MatmulRunner::Run(const std::vector<MatmulTask>& tasks) {
       }
     }
   }
-  // Largest first: the threads take pieces in this order, so the last ones
-  // taken, which decide how long one thread waits for the other at the
-  // end, are the smallest (experts of a decode step differ in rows).
-  std::stable_sort(pieces_.begin(), pieces_.end(), [](const MatmulTask& a, const MatmulTask& b) {
-    return Macs(a.args) > Macs(b.args);
-  });
-  pool_->Run(static_cast<int>(pieces_.size()),
-             [this](int i, int) { RunOne(*kernels_, pieces_[i]); });
+  const int count = static_cast<int>(pieces_.size());
+  LargestFirst(
+      count, [this](int i) { return Macs(pieces_[i].args); }, &order_);
+  pool_->Run(count, [this](int i, int) { RunOne(*kernels_, pieces_[order_[i]]); });
 }
 
 void MatmulRunner::RunPairs(const std::vector<MatmulTask>& first,
@@ -113,12 +121,8 @@ void MatmulRunner::RunPairs(const std::vector<MatmulTask>& first,
     Run(second);
     return;
   }
-  // Largest first, as in Run.
-  order_.resize(pairs);
-  for (int i = 0; i < pairs; ++i) order_[i] = i;
-  std::stable_sort(order_.begin(), order_.end(), [&](int a, int b) {
-    return Macs(first[a].args) + Macs(second[a].args) > Macs(first[b].args) + Macs(second[b].args);
-  });
+  LargestFirst(
+      pairs, [&](int i) { return Macs(first[i].args) + Macs(second[i].args); }, &order_);
   pool_->Run(pairs, [&](int i, int) {
     RunOne(*kernels_, first[order_[i]]);
     RunOne(*kernels_, second[order_[i]]);

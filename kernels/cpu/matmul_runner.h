@@ -77,7 +77,7 @@ class MatmulRunner {
   int64_t parallel_min_macs_;
   std::vector<MatmulTask> pieces_;
   std::vector<MatmulTask> single_;
-  std::vector<int> order_;  // RunPairs: the pairs, largest first
+  std::vector<int> order_;  // the pieces (Run) or pairs (RunPairs), largest first
 };
 
 }  // namespace switchserve::cpu

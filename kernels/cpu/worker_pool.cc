@@ -73,6 +73,7 @@ void WorkerPool::Run(int count, PieceFn fn, const void* context) {
   job.context.store(context, std::memory_order_relaxed);
   job.count.store(count, std::memory_order_relaxed);
   job.done.store(0, std::memory_order_relaxed);
+  job.record.store(record, std::memory_order_relaxed);
   if (record) job.workers_end_ns.store(0, std::memory_order_relaxed);
   cursor_.store(generation << 32);  // publishes the job (seq_cst: see WorkerLoop)
   if (sleepers_.load() > 0) {
@@ -112,7 +113,7 @@ int WorkerPool::TakePieces(uint64_t cursor, int slot) {
     cursor = cursor_.load(std::memory_order_acquire);
     if (Generation(cursor) != generation) break;
   }
-  if (ran > 0 && slot > 0 && recorded_jobs.load(std::memory_order_relaxed) != nullptr) {
+  if (ran > 0 && slot > 0 && job.record.load(std::memory_order_relaxed)) {
     const int64_t now = SteadyNowNs();
     int64_t latest = job.workers_end_ns.load(std::memory_order_relaxed);
     while (latest < now &&
