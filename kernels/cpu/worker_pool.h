@@ -76,10 +76,10 @@ class WorkerPool {
     std::atomic<const void*> context{nullptr};
     std::atomic<int> count{0};
     std::atomic<int> done{0};
-    // Whether RecordJobs was on when the job was published, and then when
-    // the last worker that ran a piece had run its last
-    // (PoolJobSpan::workers_end_ns).
+    // Whether RecordJobs was on when the job was published.
     std::atomic<bool> record{false};
+    // If so: when the last worker that ran a piece had run its last
+    // (PoolJobSpan::workers_end_ns).
     std::atomic<int64_t> workers_end_ns{0};
   };
 
