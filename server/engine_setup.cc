@@ -111,6 +111,7 @@ absl::Status WarmUpEngine(GenerationEngine& engine, const ModelConfig& config) {
   request.sampling.max_new_tokens = std::min(2, config.max_seq_len - 1);
   request.sampling.ignore_eos = true;
   request.sink = sink;
+  request.observed = false;  // the metrics start from zero
   if (auto id = engine.Submit(std::move(request)); !id.ok()) return id.status();
   GenerationUpdate final = future.get();
   if (!final.status.ok()) {

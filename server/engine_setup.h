@@ -36,6 +36,8 @@ absl::StatusOr<EngineSetup> SetUpEngine(const ServerOptions& options);
 // One short greedy request through the whole engine (backend, cache,
 // sampler); returns its error, if any. The server reports SERVING only after
 // it; the load generator uses it to keep first-call costs out of the figures.
+// The engine's observer does not see it (GenerationRequest::observed): the
+// metrics start from zero.
 absl::Status WarmUpEngine(GenerationEngine& engine, const ModelConfig& config);
 
 }  // namespace switchserve

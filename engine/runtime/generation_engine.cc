@@ -191,8 +191,10 @@ void GenerationEngine::RunStep() {
   PublishSnapshot();
 
   batch_.Clear(allocator_.block_size());
+  bool observed = false;
   for (const ScheduledChunk& chunk : schedule.chunks) {
     RequestState* state = StateOf(chunk.sequence);
+    observed = observed || state->request.observed;
     if (!state->first_scheduled) state->first_scheduled = t0;
     StepSequence& sequence =
         batch_.Add(absl::MakeConstSpan(chunk.sequence->tokens).subspan(chunk.start, chunk.length),
@@ -261,7 +263,7 @@ void GenerationEngine::RunStep() {
   const Clock::time_point t3 = Clock::now();
   std::erase_if(active_, [](const auto& state) { return state->done; });
 
-  if (observer_ != nullptr) {
+  if (observer_ != nullptr && observed) {
     StepReport report;
     report.num_sequences = static_cast<int>(schedule.chunks.size());
     report.num_tokens = schedule.num_tokens;
@@ -307,7 +309,9 @@ void GenerationEngine::Finish(RequestState* state, FinishReason reason, absl::St
   scheduler_.Remove(state);
   state->done = true;
   PublishSnapshot();  // a client that saw its request end sees its blocks freed
-  if (observer_ != nullptr) observer_->OnRequestFinished(state->request, update);
+  if (observer_ != nullptr && state->request.observed) {
+    observer_->OnRequestFinished(state->request, update);
+  }
   state->request.sink->OnUpdate(std::move(update));
 }
 

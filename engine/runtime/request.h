@@ -107,6 +107,11 @@ struct GenerationRequest {
   // so a larger interval costs it fewer messages per token. >= 0.
   int stream_interval = 1;
   RequestOrigin origin;
+  // Whether the engine's observer sees the request: the steps it takes part
+  // in and its end. The server's own warm-up request is not observed, so
+  // that the metrics start from zero; a step with any observed request in it
+  // is reported whole.
+  bool observed = true;
 };
 
 }  // namespace switchserve

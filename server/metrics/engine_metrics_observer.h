@@ -30,8 +30,8 @@ class EngineMetricsObserver : public EngineObserver {
   // (ended by the server's shutdown) or the engine error's code; and by
   // finish reason, prompt and generation length. Requests rejected before
   // reaching the engine are counted by the gRPC and HTTP services
-  // (ServingMetrics::RecordFinished). Requests without a protocol (the
-  // server's warm-up) are not counted.
+  // (ServingMetrics::RecordFinished). Requests without a protocol are not
+  // counted (the server's warm-up is not even observed).
   void OnRequestFinished(const GenerationRequest& request,
                          const GenerationUpdate& final_update) override;
 

@@ -509,6 +509,36 @@ def test_http_requests_in_the_metrics():
         server.close()
 
 
+def test_metrics_start_from_zero_after_the_warm_up():
+    """The server's own warm-up request runs before it reports SERVING and is
+    in no metric: a fresh server's step, token and MoE counters read zero, and
+    after one request they hold that request's tokens exactly."""
+    server = Server(metrics=True)
+    try:
+        def series(text, name):
+            return [float(v) for v in re.findall(r"^" + name + r"(?:\{[^}]*\})? (\S+)$", text, re.M)]
+
+        text = server.scrape_metrics()
+        for name in ["switchserve_step_duration_seconds_count", "switchserve_step_tokens_sum",
+                     "switchserve_prompt_tokens_total", "switchserve_generation_tokens_total"]:
+            assert series(text, name) == [0.0], name
+        routers = series(text, "switchserve_moe_router_tokens_total")
+        assert routers and set(routers) == {0.0}
+        assert set(series(text, "switchserve_moe_assignments_total")) == {0.0}
+        assert set(series(text, "switchserve_moe_aux_loss")) == {0.0}
+
+        response = grpc_generate(server, "abc", max_new_tokens=3, temperature=0, ignore_eos=True)
+        assert response.usage.prompt_tokens == 3
+        text = server.scrape_metrics()
+        assert series(text, "switchserve_prompt_tokens_total") == [3.0]
+        assert series(text, "switchserve_generation_tokens_total") == [3.0]
+        # The 3-token prompt and two decode steps (the third token ends it).
+        assert series(text, "switchserve_step_tokens_sum") == [5.0]
+        assert set(series(text, "switchserve_moe_router_tokens_total")) == {5.0}
+    finally:
+        server.close()
+
+
 @pytest.mark.parametrize("args, held", [
     (["--kv-cache-dtype", "bf16"], "bf16"),
     # auto follows the weight matrices: the f16 golden model keeps an f32
