@@ -163,11 +163,17 @@ grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContex
 }
 
 grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerContext* context,
-                                                          const v1::GetModelInfoRequest*,
-                                                          v1::ModelInfo* response) {
+                                                          const grpc::ByteBuffer* request_buffer,
+                                                          grpc::ByteBuffer* response_buffer) {
   if (grpc::Status status = Admit(context); !status.ok()) return new FinishedCall(this, status);
+  v1::GetModelInfoRequest request;
+  if (absl::Status status = ParseMessage(*request_buffer, &request); !status.ok()) {
+    return new FinishedCall(this, ToGrpcStatus(status));
+  }
+  v1::ModelInfo response;
   FillModelInfo(*options_.config, options_.dispatch, options_.device, options_.engine->Snapshot(),
-                response);
+                &response);
+  *response_buffer = SerializeMessage(response);
   return new FinishedCall(this, grpc::Status::OK);
 }
 

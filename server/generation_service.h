@@ -42,13 +42,14 @@ struct GenerationServiceOptions {
   int stream_interval = 1;
 };
 
-// Generate, GenerateStream and Tokenize take raw byte buffers so that request
-// parsing errors (invalid UTF-8) get a precise INVALID_ARGUMENT
-// (server/wire_format.h); GetModelInfo is an ordinary typed method.
+// Every method takes raw byte buffers, so that a malformed request (bad
+// wire format, invalid UTF-8) gets a precise INVALID_ARGUMENT
+// (server/wire_format.h), after the token check: gRPC's own parsing of a
+// typed request answers UNIMPLEMENTED before the handler runs.
 using GenerationServiceBase = v1::Generation::WithRawCallbackMethod_Generate<
     v1::Generation::WithRawCallbackMethod_GenerateStream<
         v1::Generation::WithRawCallbackMethod_Tokenize<
-            v1::Generation::WithCallbackMethod_GetModelInfo<v1::Generation::Service>>>>;
+            v1::Generation::WithRawCallbackMethod_GetModelInfo<v1::Generation::Service>>>>;
 
 class GenerationService final : public GenerationServiceBase {
  public:
@@ -67,8 +68,8 @@ class GenerationService final : public GenerationServiceBase {
                                      const grpc::ByteBuffer* request,
                                      grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
-                                         const v1::GetModelInfoRequest* request,
-                                         v1::ModelInfo* response) override;
+                                         const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
 
   // Used by the call objects (server/generate_calls.h).
   GenerationEngine* engine() const { return options_.engine; }

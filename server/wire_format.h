@@ -1,7 +1,7 @@
-// Request parsing and response serialization for the methods the Generation
-// service handles as raw gRPC byte buffers (Generate, GenerateStream,
-// Tokenize). Parsing them ourselves lets a string field with invalid UTF-8 be
-// reported as INVALID_ARGUMENT naming the field, instead of a generic
+// Request parsing and response serialization for the Generation service's
+// methods, which it handles as raw gRPC byte buffers. Parsing them ourselves
+// lets a malformed request be INVALID_ARGUMENT, and a string field with
+// invalid UTF-8 one that names the field, instead of a generic
 // deserialization failure from inside gRPC.
 #ifndef SWITCHSERVE_SERVER_WIRE_FORMAT_H_
 #define SWITCHSERVE_SERVER_WIRE_FORMAT_H_

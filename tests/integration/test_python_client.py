@@ -286,6 +286,30 @@ def test_invalid_utf8_prompt(server, stub):
     expect_good_request_works(stub)
 
 
+@pytest.mark.parametrize("method", ["Generate", "GenerateStream", "Tokenize", "GetModelInfo"])
+def test_malformed_request_bytes_are_invalid_argument(server, stub, method):
+    """Bytes that are no protobuf message (a lone 0xFF tag, a truncated
+    length) get INVALID_ARGUMENT on every method, not a status from inside
+    gRPC, and the server goes on serving."""
+    with server.channel() as channel:
+        if method == "GenerateStream":
+            call = channel.unary_stream(f"/switchserve.v1.Generation/{method}",
+                                        request_serializer=lambda b: b,
+                                        response_deserializer=lambda b: b)
+            send = lambda payload: list(call(payload, timeout=30))
+        else:
+            call = channel.unary_unary(f"/switchserve.v1.Generation/{method}",
+                                       request_serializer=lambda b: b,
+                                       response_deserializer=lambda b: b)
+            send = lambda payload: call(payload, timeout=30)
+        for payload in [b"\xff", b"\x0a\x05ab"]:
+            with pytest.raises(grpc.RpcError) as error:
+                send(payload)
+            assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, payload)
+            assert "malformed switchserve.v1." in error.value.details()
+    expect_good_request_works(stub)
+
+
 def make_certs():
     directory = tempfile.mkdtemp(prefix="switchserve_certs_")
     subprocess.run([os.path.join(SOURCE_DIR, "tests/integration/make_test_certs.sh"), directory],
