@@ -1,5 +1,6 @@
 #include "server/request_validation.h"
 
+#include <charconv>
 #include <cmath>
 #include <random>
 #include <string>
@@ -12,6 +13,14 @@ namespace {
 
 absl::Status Invalid(const char* field, const std::string& problem) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", problem));
+}
+
+// The shortest text that reads back as `value` ("1.0000001", "1e-45", "nan"):
+// a message's "found" shows what the client sent, not 6 rounded digits.
+std::string FloatText(float value) {
+  char text[32];
+  const auto [end, error] = std::to_chars(text, text + sizeof(text), value);
+  return error == std::errc() ? std::string(text, end) : absl::StrCat(value);
 }
 
 uint64_t RandomSeed() {
@@ -79,8 +88,8 @@ absl::StatusOr<GenerationRequest> ValidateGenerateRequest(const v1::GenerateRequ
   }
   if (s.has_temperature()) {
     if (!(s.temperature() >= 0) || !std::isfinite(s.temperature())) {
-      return Invalid("sampling.temperature",
-                     absl::StrCat("must be a finite value >= 0, found ", s.temperature()));
+      return Invalid("sampling.temperature", absl::StrCat("must be a finite value >= 0, found ",
+                                                          FloatText(s.temperature())));
     }
     p.temperature = s.temperature();
   }
@@ -90,12 +99,14 @@ absl::StatusOr<GenerationRequest> ValidateGenerateRequest(const v1::GenerateRequ
   p.top_k = s.top_k();
   if (s.has_top_p()) {
     if (!(s.top_p() > 0 && s.top_p() <= 1)) {
-      return Invalid("sampling.top_p", absl::StrCat("must be in (0, 1], found ", s.top_p()));
+      return Invalid("sampling.top_p",
+                     absl::StrCat("must be in (0, 1], found ", FloatText(s.top_p())));
     }
     p.top_p = s.top_p();
   }
   if (!(s.min_p() >= 0 && s.min_p() <= 1)) {
-    return Invalid("sampling.min_p", absl::StrCat("must be in [0, 1], found ", s.min_p()));
+    return Invalid("sampling.min_p",
+                   absl::StrCat("must be in [0, 1], found ", FloatText(s.min_p())));
   }
   p.min_p = s.min_p();
   if (s.has_repetition_penalty()) {
@@ -103,9 +114,10 @@ absl::StatusOr<GenerationRequest> ValidateGenerateRequest(const v1::GenerateRequ
     // a denormal penalty such as 1e-45 overflows to infinity.
     if (!(s.repetition_penalty() >= kMinRepetitionPenalty &&
           s.repetition_penalty() <= kMaxRepetitionPenalty)) {
-      return Invalid("sampling.repetition_penalty",
-                     absl::StrCat("must be in [", kMinRepetitionPenalty, ", ",
-                                  kMaxRepetitionPenalty, "], found ", s.repetition_penalty()));
+      return Invalid(
+          "sampling.repetition_penalty",
+          absl::StrCat("must be in [", kMinRepetitionPenalty, ", ", kMaxRepetitionPenalty,
+                       "], found ", FloatText(s.repetition_penalty())));
     }
     p.repetition_penalty = s.repetition_penalty();
   }

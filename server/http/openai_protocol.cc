@@ -1,5 +1,6 @@
 #include "server/http/openai_protocol.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -7,6 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "engine/model/json_text.h"
 #include "engine/text/detokenizer.h"
 
 namespace switchserve {
@@ -16,6 +18,22 @@ using Json = nlohmann::json;
 
 absl::Status Invalid(std::string_view param, const std::string& problem) {
   return absl::InvalidArgumentError(absl::StrCat(std::string(param), ": ", problem));
+}
+
+// Arrays and objects nested deeper than this are refused before any value is
+// used: rendering one (an error message's "found ...") recurses per level. A
+// request needs three (the body, a list of prompts, a prompt's token ids).
+constexpr int kMaxJsonDepth = 16;
+
+// "must be <what>, found <the value>", the value shortened (DescribeJson).
+absl::Status WrongType(std::string_view param, const char* what, const Json& value) {
+  return Invalid(param, absl::StrCat("must be ", what, ", found ", DescribeJson(value)));
+}
+
+// The range message of an integer parameter: "must be in [lo, hi], found v".
+absl::Status OutOfRange(std::string_view param, int64_t lo, int64_t hi, int64_t value,
+                        const char* note = "") {
+  return Invalid(param, absl::StrCat("must be in [", lo, ", ", hi, "]", note, ", found ", value));
 }
 
 // Fields a client may send, beyond which every other field is refused.
@@ -58,24 +76,21 @@ absl::StatusOr<int64_t> Integer(const Json& value, std::string_view param) {
   if (value.is_number_unsigned()) {
     const uint64_t u = value.get<uint64_t>();
     if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      return Invalid(param, "is out of range");
+      return Invalid(param, absl::StrCat("is out of range, found ", u));
     }
     return static_cast<int64_t>(u);
   }
   if (value.is_number_integer()) return value.get<int64_t>();
-  return Invalid(param, absl::StrCat("must be an integer, found ", value.dump()));
+  return WrongType(param, "an integer", value);
 }
 
 absl::StatusOr<double> Number(const Json& value, std::string_view param) {
-  if (!value.is_number())
-    return Invalid(param, absl::StrCat("must be a number, found ", value.dump()));
+  if (!value.is_number()) return WrongType(param, "a number", value);
   return value.get<double>();
 }
 
 absl::StatusOr<bool> Boolean(const Json& value, std::string_view param) {
-  if (!value.is_boolean()) {
-    return Invalid(param, absl::StrCat("must be true or false, found ", value.dump()));
-  }
+  if (!value.is_boolean()) return WrongType(param, "true or false", value);
   return value.get<bool>();
 }
 
@@ -85,9 +100,16 @@ absl::StatusOr<v1::TokenIds> TokenIdList(const Json& list, std::string_view para
   v1::TokenIds ids;
   for (size_t i = 0; i < list.size(); ++i) {
     const Json& id = list[i];
-    if (!id.is_number_integer() || id.get<int64_t>() < std::numeric_limits<int32_t>::min() ||
-        id.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
-      return Invalid(param, absl::StrCat("token ids must be integers, found ", id.dump()));
+    if (!id.is_number_integer()) return WrongType(param, "a list of integer token ids", list);
+    // An id past int32 is outside every vocabulary (the unsigned ones past
+    // int64 too: read as int64 they would wrap to negative ids).
+    const bool fits = id.is_number_unsigned()
+                          ? id.get<uint64_t>() <= std::numeric_limits<int32_t>::max()
+                          : id.get<int64_t>() >= std::numeric_limits<int32_t>::min() &&
+                                id.get<int64_t>() <= std::numeric_limits<int32_t>::max();
+    if (!fits) {
+      return Invalid(param,
+                     absl::StrCat("ids[", i, "] = ", id.dump(), " is outside the vocabulary"));
     }
     ids.add_ids(static_cast<int32_t>(id.get<int64_t>()));
   }
@@ -151,7 +173,7 @@ absl::Status ParseField(const std::string& key, const Json& value, CompletionReq
     auto n = Integer(value, key);
     if (!n.ok()) return n.status();
     if (*n < 1 || *n > std::numeric_limits<int32_t>::max()) {
-      return Invalid(key, absl::StrCat("must be >= 1, found ", *n));
+      return OutOfRange(key, 1, std::numeric_limits<int32_t>::max(), *n);
     }
     sampling->set_max_new_tokens(static_cast<int32_t>(*n));
   } else if (key == "temperature" || key == "top_p" || key == "min_p" ||
@@ -168,7 +190,7 @@ absl::Status ParseField(const std::string& key, const Json& value, CompletionReq
     if (!k.ok()) return k.status();
     // vLLM spells "off" -1; 0 means the same here.
     if (*k < -1 || *k > std::numeric_limits<int32_t>::max()) {
-      return Invalid(key, absl::StrCat("must be >= -1 (-1 or 0: off), found ", *k));
+      return OutOfRange(key, -1, std::numeric_limits<int32_t>::max(), *k, " (-1 or 0: off)");
     }
     sampling->set_top_k(*k == -1 ? 0 : static_cast<int32_t>(*k));
   } else if (key == "n" || key == "best_of") {
@@ -196,7 +218,7 @@ absl::Status ParseField(const std::string& key, const Json& value, CompletionReq
     auto n = Integer(value, key);
     if (!n.ok()) return n.status();
     if (*n < 0 || *n > std::numeric_limits<int32_t>::max()) {
-      return Invalid(key, absl::StrCat("must be >= 0, found ", *n));
+      return OutOfRange(key, 0, std::numeric_limits<int32_t>::max(), *n);
     }
     *logprobs = static_cast<int>(*n);
     request->logprobs = *logprobs;
@@ -208,7 +230,7 @@ absl::Status ParseField(const std::string& key, const Json& value, CompletionReq
     } else if (value.is_number_integer()) {
       sampling->set_seed(static_cast<uint64_t>(value.get<int64_t>()));
     } else {
-      return Invalid(key, absl::StrCat("must be an integer, found ", value.dump()));
+      return WrongType(key, "an integer", value);
     }
   } else if (key == "user") {
     if (!value.is_string()) return Invalid(key, "must be a string");
@@ -283,8 +305,19 @@ int64_t CharacterCount(std::string_view text) {
 }  // namespace
 
 absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body) {
-  const Json json = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  int depth = 0;
+  const Json json = Json::parse(
+      body,
+      [&depth](int level, Json::parse_event_t, const Json&) {
+        depth = std::max(depth, level);
+        return true;
+      },
+      /*allow_exceptions=*/false);
   if (json.is_discarded()) return Invalid("body", "is not valid JSON");
+  if (depth > kMaxJsonDepth) {
+    return Invalid(
+        "body", absl::StrCat("nests arrays and objects more than ", kMaxJsonDepth, " levels deep"));
+  }
   if (!json.is_object()) return Invalid("body", "must be a JSON object");
   CompletionRequest request;
   v1::SamplingParams sampling;

@@ -95,6 +95,62 @@ TEST(OpenAiProtocolTest, RefusalsNameTheParameter) {
   }
 }
 
+TEST(OpenAiProtocolTest, RefusalsSayWhatWasSent) {
+  const struct {
+    const char* body;
+    const char* message;
+  } cases[] = {
+      {R"({"prompt": "x", "max_tokens": 2147483648})",
+       "max_tokens: must be in [1, 2147483647], found 2147483648"},
+      {R"({"prompt": "x", "max_tokens": 18446744073709551615})",
+       "max_tokens: is out of range, found 18446744073709551615"},
+      {R"({"prompt": "x", "top_k": 2147483648})",
+       "top_k: must be in [-1, 2147483647] (-1 or 0: off), found 2147483648"},
+      {R"({"prompt": "x", "logprobs": -1})", "logprobs: must be in [0, 2147483647], found -1"},
+      // Ids past int32 are outside the vocabulary, also those an int64 read
+      // would wrap to -1.
+      {R"({"prompt": [4294967361]})", "prompt: ids[0] = 4294967361 is outside the vocabulary"},
+      {R"({"prompt": [7, 18446744073709551615]})",
+       "prompt: ids[1] = 18446744073709551615 is outside the vocabulary"},
+      {R"({"prompt": [1, 2.5]})", "prompt: must be a list of integer token ids, found [1,2.5]"},
+      {R"({"prompt": "x", "stream": {"a": 1}})", "stream: must be true or false, found an object"},
+  };
+  for (const auto& c : cases) {
+    auto parsed = ParseCompletionRequest(c.body);
+    ASSERT_FALSE(parsed.ok()) << c.body;
+    EXPECT_EQ(parsed.status().message(), c.message) << c.body;
+  }
+  // A long value is shown shortened, not echoed whole.
+  const std::string long_value(100000, 'a');
+  auto parsed = ParseCompletionRequest(R"({"prompt": "x", "max_tokens": ")" + long_value + "\"}");
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_LT(parsed.status().message().size(), 200u) << parsed.status().message().substr(0, 200);
+}
+
+// Deeply nested arrays or objects are refused as a whole (rendering one for a
+// message would recurse once per level: 100,000 levels overflowed the stack).
+TEST(OpenAiProtocolTest, DeepNestingIsRefusedWithoutRecursion) {
+  const auto nested = [](int depth, const std::string& key) {
+    std::string body = R"({"prompt": "x", ")";
+    body.append(key).append("\": ").append(depth, '[').append("1").append(depth, ']');
+    return body.append("}");
+  };
+  for (const std::string key : {"max_tokens", "stream", "seed", "prompt", "user"}) {
+    auto parsed = ParseCompletionRequest(nested(200000, key));
+    ASSERT_FALSE(parsed.ok()) << key;
+    EXPECT_EQ(parsed.status().message(),
+              "body: nests arrays and objects more than 16 levels deep")
+        << key;
+  }
+  std::string objects = R"({"prompt": "x", "stream_options": )";
+  for (int i = 0; i < 100000; ++i) objects += R"({"a": )";
+  objects.append("1").append(100000, '}').append("}");
+  EXPECT_EQ(ParseCompletionRequest(objects).status().message(),
+            "body: nests arrays and objects more than 16 levels deep");
+  // What a request needs passes: a list of prompts of token ids.
+  EXPECT_TRUE(ParseCompletionRequest(R"({"prompt": [[1, 2], [3]], "max_tokens": 2})").ok());
+}
+
 TEST(OpenAiProtocolTest, ValidationFieldsBecomeRequestParameters) {
   auto mapped = [](const char* message, int index = 0, int count = 1) {
     return std::string(ToApiError(absl::InvalidArgumentError(message), index, count).message());

@@ -84,6 +84,12 @@ TEST_F(RequestValidationTest, SamplingRanges) {
   ExpectInvalid([](auto* r) { r->mutable_sampling()->set_top_p(0); }, "sampling.top_p");
   ExpectInvalid([](auto* r) { r->mutable_sampling()->set_top_p(1.0001f); }, "sampling.top_p");
   EXPECT_TRUE(Validate([](auto* r) { r->mutable_sampling()->set_top_p(1); }).ok());
+  // The value shown is the one sent, to the last digit that matters.
+  auto just_over = Validate([](auto* r) { r->mutable_sampling()->set_top_p(1.0000001f); });
+  EXPECT_EQ(just_over.status().message(), "sampling.top_p: must be in (0, 1], found 1.0000001");
+  auto tiny = Validate([](auto* r) { r->mutable_sampling()->set_repetition_penalty(1e-45f); });
+  EXPECT_EQ(tiny.status().message(),
+            "sampling.repetition_penalty: must be in [0.01, 100], found 1e-45");
   ExpectInvalid([](auto* r) { r->mutable_sampling()->set_min_p(-0.1f); }, "sampling.min_p");
   ExpectInvalid([](auto* r) { r->mutable_sampling()->set_repetition_penalty(0); },
                 "sampling.repetition_penalty");
