@@ -25,6 +25,17 @@ absl::Status Invalid(std::string_view param, const std::string& problem) {
 // request needs three (the body, a list of prompts, a prompt's token ids).
 constexpr int kMaxJsonDepth = 16;
 
+// A name the client sent (an unknown field or option), as an error message
+// shows it: at most 64 bytes, cut at a UTF-8 character boundary, "..." after
+// a cut. A message never echoes a long key back whole.
+std::string ShownName(std::string_view name) {
+  constexpr size_t kMaxBytes = 64;
+  if (name.size() <= kMaxBytes) return std::string(name);
+  size_t cut = kMaxBytes;
+  while (cut > 0 && (static_cast<unsigned char>(name[cut]) & 0xC0) == 0x80) --cut;
+  return absl::StrCat(std::string(name.substr(0, cut)), "...");
+}
+
 // "must be <what>, found <the value>", the value shortened (DescribeJson).
 absl::Status WrongType(std::string_view param, const char* what, const Json& value) {
   return Invalid(param, absl::StrCat("must be ", what, ", found ", DescribeJson(value)));
@@ -208,7 +219,7 @@ absl::Status ParseField(const std::string& key, const Json& value, CompletionReq
     if (!value.is_object()) return Invalid(key, "must be an object");
     for (const auto& [option, option_value] : value.items()) {
       if (option != "include_usage") {
-        return Invalid(absl::StrCat("stream_options.", option), "unknown option");
+        return Invalid(absl::StrCat("stream_options.", ShownName(option)), "unknown option");
       }
       auto b = Boolean(option_value, "stream_options.include_usage");
       if (!b.ok()) return b.status();
@@ -324,7 +335,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body) 
   int logprobs = 0;
   for (const auto& [key, value] : json.items()) {
     if (!Known(key)) {
-      return Invalid(key,
+      return Invalid(ShownName(key),
                      "unrecognized request argument (docs/serving.md lists the supported "
                      "ones)");
     }

@@ -125,6 +125,16 @@ TEST(OpenAiProtocolTest, RefusalsSayWhatWasSent) {
   auto parsed = ParseCompletionRequest(R"({"prompt": "x", "max_tokens": ")" + long_value + "\"}");
   ASSERT_FALSE(parsed.ok());
   EXPECT_LT(parsed.status().message().size(), 200u) << parsed.status().message().substr(0, 200);
+  // So is an unknown field's name: 64 bytes at most, cut between characters
+  // (a cut inside "é" would put invalid UTF-8 into the JSON error).
+  const std::string name = std::string(63, 'k') + "\xC3\xA9" + std::string(1000, 'k');
+  parsed = ParseCompletionRequest(R"({"prompt": "x", ")" + name + R"(": 1})");
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_EQ(parsed.status().message(),
+            std::string(63, 'k') +
+                "...: unrecognized request argument (docs/serving.md lists the "
+                "supported ones)");
+  EXPECT_EQ(MakeApiError(parsed.status()).body["error"]["param"], std::string(63, 'k') + "...");
 }
 
 // Deeply nested arrays or objects are refused as a whole (rendering one for a
@@ -138,8 +148,7 @@ TEST(OpenAiProtocolTest, DeepNestingIsRefusedWithoutRecursion) {
   for (const std::string key : {"max_tokens", "stream", "seed", "prompt", "user"}) {
     auto parsed = ParseCompletionRequest(nested(200000, key));
     ASSERT_FALSE(parsed.ok()) << key;
-    EXPECT_EQ(parsed.status().message(),
-              "body: nests arrays and objects more than 16 levels deep")
+    EXPECT_EQ(parsed.status().message(), "body: nests arrays and objects more than 16 levels deep")
         << key;
   }
   std::string objects = R"({"prompt": "x", "stream_options": )";
