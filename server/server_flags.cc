@@ -53,7 +53,8 @@ ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA bundle; clients must present a certificate it signed (mTLS)");
 ABSL_FLAG(std::string, auth_token_file, "",
-          "File holding the bearer token every Generation call must carry");
+          "File holding the bearer token every Generation call (and HTTP API request) must "
+          "carry, as the header \"authorization: Bearer <token>\"");
 ABSL_FLAG(double, max_connection_age_s, 300,
           "Ask clients to reconnect (GOAWAY) after a connection is this old, so that new "
           "replicas get traffic; 0: never");
