@@ -8,6 +8,13 @@
 namespace switchserve {
 
 absl::StatusOr<nlohmann::json> ParseJsonText(std::string_view text, std::string_view file_name) {
+  // nlohmann's lexer takes a NUL byte for the end of the input: a valid
+  // document followed by "\0" and anything would parse. JSON text has no NUL
+  // outside strings, and inside them only escaped.
+  if (const size_t nul = text.find('\0'); nul != std::string_view::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(file_name), ": invalid JSON at byte ", nul, ": a NUL byte"));
+  }
   // One set of seen keys per open object; the parser callback sees every key
   // in document order, so a repeat is found before nlohmann overwrites it.
   std::vector<std::set<std::string>> open_objects;

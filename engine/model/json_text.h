@@ -13,7 +13,8 @@
 namespace switchserve {
 
 // Parses `text` as one JSON document. No exception escapes: syntax errors
-// become INVALID_ARGUMENT "<file_name>: invalid JSON at byte N: <reason>", and
+// (a NUL byte anywhere among them) become INVALID_ARGUMENT "<file_name>:
+// invalid JSON at byte N: <reason>", and
 // a key repeated inside one object is an error naming the key (nlohmann would
 // silently keep the last value, which could hide a typo or a forged header).
 absl::StatusOr<nlohmann::json> ParseJsonText(std::string_view text, std::string_view file_name);

@@ -23,13 +23,18 @@ std::string JoinPath(const std::string& directory, const char* file) {
   return (std::filesystem::path(directory) / file).string();
 }
 
-absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
+// A text file of at most `max_bytes` bytes, whole.
+absl::StatusOr<std::string> ReadTextFile(const std::string& path, uintmax_t max_bytes) {
   std::error_code error;
   if (!std::filesystem::exists(path, error)) {
     return absl::NotFoundError(absl::StrCat(path, ": not found"));
   }
   if (!std::filesystem::is_regular_file(path, error)) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
+  }
+  if (const uintmax_t size = std::filesystem::file_size(path, error); !error && size > max_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", size, " bytes, more than the ", max_bytes, " this file may have"));
   }
   std::ifstream in(path, std::ios::binary);
   std::ostringstream text;
@@ -240,7 +245,8 @@ absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& directory,
   auto model = std::make_unique<Model>();
   model->directory = directory;
   const std::string config_path = JoinPath(directory, "config.json");
-  absl::StatusOr<std::string> config_text = ReadTextFile(config_path);
+  // A config is a few KiB; 1 MiB leaves room for any name and comment.
+  absl::StatusOr<std::string> config_text = ReadTextFile(config_path, uintmax_t{1} << 20);
   if (!config_text.ok()) return config_text.status();
   absl::StatusOr<ModelConfig> config = ParseModelConfig(*config_text, config_path);
   if (!config.ok()) return config.status();

@@ -69,6 +69,14 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePieceTokenizer(
   if (!std::filesystem::is_regular_file(model_path, fs_error)) {
     return absl::InvalidArgumentError(absl::StrCat(model_path, ": not a regular file"));
   }
+  // libsentencepiece aborts the process on a file of 2 GiB or more (a
+  // 32-bit length); real models are a few MiB.
+  constexpr uintmax_t kMaxModelBytes = uintmax_t{1} << 30;
+  if (const uintmax_t size = std::filesystem::file_size(model_path, fs_error);
+      !fs_error && size > kMaxModelBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        model_path, ": ", size, " bytes, more than the 1 GiB a SentencePiece model may have"));
+  }
   absl::StatusOr<std::unique_ptr<SentencePieceModel>> model = SentencePieceModel::Load(model_path);
   if (!model.ok()) {
     if (!absl::IsInvalidArgument(model.status())) return model.status();

@@ -316,6 +316,10 @@ int64_t CharacterCount(std::string_view text) {
 }  // namespace
 
 absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body) {
+  // nlohmann's lexer ends the input at a NUL byte, which JSON text never has.
+  if (body.find('\0') != std::string_view::npos) {
+    return Invalid("body", "is not valid JSON (a NUL byte)");
+  }
   int depth = 0;
   const Json json = Json::parse(
       body,

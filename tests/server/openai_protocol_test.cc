@@ -156,6 +156,10 @@ TEST(OpenAiProtocolTest, DeepNestingIsRefusedWithoutRecursion) {
   objects.append("1").append(100000, '}').append("}");
   EXPECT_EQ(ParseCompletionRequest(objects).status().message(),
             "body: nests arrays and objects more than 16 levels deep");
+  // A NUL ends nlohmann's input: a valid body followed by one is refused.
+  std::string nul = R"({"prompt": "x"})";
+  nul.append(1, '\0').append("{{{");
+  EXPECT_EQ(ParseCompletionRequest(nul).status().message(), "body: is not valid JSON (a NUL byte)");
   // What a request needs passes: a list of prompts of token ids.
   EXPECT_TRUE(ParseCompletionRequest(R"({"prompt": [[1, 2], [3]], "max_tokens": 2})").ok());
 }

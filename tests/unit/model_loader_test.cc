@@ -383,6 +383,19 @@ TEST_F(BrokenModelTest, BadConfigNamesTheFile) {
                                      "(attention.n_experts), found 7"));
 }
 
+TEST_F(BrokenModelTest, ConfigWithANulByteOrOverAMebibyteIsRefused) {
+  const std::string config = dir_ + "/config.json";
+  const std::string valid = BaseConfig().dump();
+  std::ofstream(config, std::ios::trunc | std::ios::binary)
+      << valid << std::string(1, '\0') << "not json {{{";
+  EXPECT_THAT(LoadError(), HasSubstr("config.json: invalid JSON at byte " +
+                                     std::to_string(valid.size()) + ": a NUL byte"));
+  // A valid document padded past 1 MiB with spaces: refused by its size,
+  // before it is read.
+  std::ofstream(config, std::ios::trunc) << valid << std::string((1 << 20) - valid.size() + 1, ' ');
+  EXPECT_THAT(LoadError(), HasSubstr("config.json: 1048577 bytes, more than the 1048576"));
+}
+
 TEST_F(BrokenModelTest, ConfigThatDisagreesWithTheWeights) {
   Json json = BaseConfig();
   json["d_model"] = 40;
@@ -493,6 +506,14 @@ TEST(SentencePieceModelTest, MissingOrOversizedTokenizer) {
   std::ofstream(dir + "/tokenizer.model", std::ios::trunc) << "garbage";
   EXPECT_THAT(LoadModel(dir).status().message(),
               HasSubstr("tokenizer.model: not a valid SentencePiece model"));
+
+  // libsentencepiece aborts on 2 GiB or more: refused by size before it reads
+  // (a sparse file: nothing is written).
+  std::filesystem::resize_file(dir + "/tokenizer.model", (uintmax_t{1} << 31) + 1);
+  EXPECT_THAT(LoadModel(dir).status().message(),
+              HasSubstr("tokenizer.model: 2147483649 bytes, more than the 1 GiB a SentencePiece "
+                        "model may have"));
+  std::filesystem::remove(dir + "/tokenizer.model");
 }
 
 TEST(ValidateWeightsTest, ReportsEveryKindOfMismatch) {

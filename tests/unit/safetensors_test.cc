@@ -205,6 +205,16 @@ TEST(SafetensorsTest, HeaderLengthTooBig) {
   EXPECT_THAT(OpenError(huge), HasSubstr("header length 18446744073709551615"));
 }
 
+// nlohmann's lexer ends its input at a NUL: a valid header followed by one
+// and garbage used to load.
+TEST(SafetensorsTest, NulByteInTheHeaderIsInvalid) {
+  const std::string header = R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+  const std::string path =
+      WriteRaw("nul.safetensors", header + std::string(1, '\0') + "garbage{{", 4);
+  EXPECT_THAT(OpenError(path),
+              HasSubstr("nul.safetensors (header): invalid JSON at byte 54: a NUL byte"));
+}
+
 TEST(SafetensorsTest, TruncatedData) {
   const std::string path = testing::MakeTempDir("safetensors_truncated") + "/t.safetensors";
   const std::vector<float> a(64, 1.0f);
