@@ -1,11 +1,15 @@
 #include "server/commands.h"
 
+#include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <string>
 
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/reflection.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/string_view.h"
 
 namespace switchserve {
 
@@ -96,6 +100,68 @@ bool WantsHelp(int argc, char** argv) {
     if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-help") == 0) return true;
   }
   return false;
+}
+
+std::string ArgumentProblem(const Command& command, int argc, char** argv) {
+  const auto spelled = [](absl::string_view name) {
+    return absl::StrReplaceAll(name, {{"_", "-"}});
+  };
+  const auto listed = [&](absl::string_view name) {
+    for (const char* flag : command.flags) {
+      if (name == flag) return true;
+    }
+    return false;
+  };
+  // absl's own flags, handled by absl::ParseCommandLine for every command.
+  static constexpr absl::string_view kAbslFlags[] = {
+      "flagfile", "fromenv",   "tryfromenv",  "undefok", "helpfull",       "helpshort",
+      "helpon",   "helpmatch", "helppackage", "version", "only_check_args"};
+  std::string last_bool;  // the flag before, when a boolean without "=value"
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") {
+      if (i + 1 < argc) return absl::StrCat("unexpected argument \"", argv[i + 1], "\"");
+      break;
+    }
+    if (arg.size() < 2 || arg[0] != '-') {
+      std::string problem = absl::StrCat("unexpected argument \"", arg, "\"");
+      if (!last_bool.empty()) {
+        absl::StrAppend(&problem, " (a boolean flag takes its value after \"=\": --",
+                        spelled(last_bool), "=", arg, ")");
+      }
+      return problem;
+    }
+    arg.remove_prefix(arg[1] == '-' ? 2 : 1);
+    const size_t equals = arg.find('=');
+    const absl::string_view name = arg.substr(0, equals);
+    last_bool.clear();
+    const absl::CommandLineFlag* flag = nullptr;
+    if (listed(name)) {
+      flag = absl::FindCommandLineFlag(name);
+    } else if (name.substr(0, 2) == "no" && listed(name.substr(2))) {
+      // --noflag: a boolean's false.
+      const absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));
+      if (negated != nullptr && negated->IsOfType<bool>()) continue;
+    } else if (std::find(std::begin(kAbslFlags), std::end(kAbslFlags), name) !=
+               std::end(kAbslFlags)) {
+      continue;
+    }
+    if (flag == nullptr) {
+      const bool elsewhere = absl::FindCommandLineFlag(name) != nullptr;
+      return absl::StrCat(elsewhere ? "" : "unknown flag ", "--", spelled(name),
+                          elsewhere ? " is not a flag of this subcommand" : "", " (`switchserve ",
+                          command.name, " --help` lists them)");
+    }
+    if (equals != absl::string_view::npos) continue;
+    // "--flag value": the next argument is the value, except after a
+    // boolean, which takes none.
+    if (flag->IsOfType<bool>()) {
+      last_bool = std::string(name);
+    } else {
+      ++i;
+    }
+  }
+  return "";
 }
 
 void PrintCommandHelp(const Command& command, std::FILE* out) {

@@ -1,5 +1,7 @@
 #include "server/common_flags.h"
 
+#include <arpa/inet.h>
+
 #include <algorithm>
 #include <cstdint>
 
@@ -62,6 +64,34 @@ absl::StatusOr<std::optional<cpu::KernelIsa>> CpuKernelsFromFlags() {
         absl::StrCat("--cpu-kernels: ", isa.status().message(), " (or auto)"));
   }
   return *isa;
+}
+
+absl::StatusOr<int> ThreadsFromFlags() {
+  const int threads = absl::GetFlag(FLAGS_threads);
+  if (threads < 0 || threads > kMaxThreads) {
+    return absl::InvalidArgumentError(absl::StrCat("--threads: must be in [0, ", kMaxThreads,
+                                                   "] (0: all cores), found ", threads));
+  }
+  return threads;
+}
+
+bool IsHostAddressOrName(const std::string& host) {
+  if (host.empty()) return false;
+  unsigned char address[16];
+  if (host.find(':') != std::string::npos) {
+    std::string literal = host;
+    if (literal.size() >= 2 && literal.front() == '[' && literal.back() == ']') {
+      literal = literal.substr(1, literal.size() - 2);
+    }
+    return inet_pton(AF_INET6, literal.c_str(), address) == 1;
+  }
+  if (host.find_first_not_of("0123456789.") == std::string::npos) {
+    return inet_pton(AF_INET, host.c_str(), address) == 1;
+  }
+  // A name: letters, digits, hyphens and dots (RFC 1123).
+  return host.find_first_not_of(
+             "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-.") ==
+         std::string::npos;
 }
 
 std::chrono::milliseconds MillisecondsFromSeconds(double seconds) {

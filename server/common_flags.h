@@ -21,6 +21,18 @@ absl::StatusOr<KvCacheDtype> KvCacheDtypeFromFlags();
 // --cpu-kernels, parsed (auto: none); INVALID_ARGUMENT names the flag.
 absl::StatusOr<std::optional<cpu::KernelIsa>> CpuKernelsFromFlags();
 
+// --threads, checked: 0 (all cores) to kMaxThreads; INVALID_ARGUMENT names the
+// flag. Each thread is a worker with its own scratch: 100,000 of them took
+// gigabytes before the model ran.
+inline constexpr int kMaxThreads = 1024;
+absl::StatusOr<int> ThreadsFromFlags();
+
+// Whether `host` can be an address to listen on or dial: a valid IPv4 or IPv6
+// literal (brackets allowed), or a name. Text that looks like a dotted quad
+// but is not one ("999.1.1.1") is refused: civetweb would read it as
+// 231.1.1.1.
+bool IsHostAddressOrName(const std::string& host);
+
 }  // namespace switchserve
 
 ABSL_DECLARE_FLAG(std::string, model);

@@ -10,6 +10,8 @@
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "grpc/grpc.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/client_context.h"
@@ -39,10 +41,39 @@ int HealthError(const std::string& message) {
   return 2;
 }
 
+// "--address: ..." when `address` is not HOST:PORT with a port in [1, 65535]
+// ("[::1]:50051" for IPv6); empty when it is. gRPC would dial port 443 for a
+// missing port and wrap 70000 to 4464. A gRPC target with a scheme
+// ("unix:/path", "dns:///host:port") is left to gRPC.
+std::string AddressProblem(const std::string& address) {
+  if (address.rfind("unix:", 0) == 0 || address.find("://") != std::string::npos) return "";
+  const size_t colon = address.rfind(':');
+  const std::string want = " (want HOST:PORT, e.g. localhost:50051 or [::1]:50051)";
+  if (colon == std::string::npos || colon == 0) {
+    return absl::StrCat("--address: no port in \"", address, "\"", want);
+  }
+  std::string host = address.substr(0, colon);
+  if (host.find(':') != std::string::npos && !(host.front() == '[' && host.back() == ']')) {
+    return absl::StrCat("--address: an IPv6 address goes in brackets: \"", address, "\"", want);
+  }
+  int port = 0;
+  if (!absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 1 || port > 65535) {
+    return absl::StrCat("--address: the port must be in [1, 65535], found \"",
+                        address.substr(colon + 1), "\"");
+  }
+  if (!IsHostAddressOrName(host)) {
+    return absl::StrCat("--address: not an IPv4 or IPv6 address or a host name: \"", host, "\"");
+  }
+  return "";
+}
+
 // Asks the server once. Every gRPC object of the check lives in this scope.
 int CheckHealth() {
   const double timeout_s = absl::GetFlag(FLAGS_timeout_s);
   if (!(timeout_s >= 0)) return HealthError("--timeout-s: must be >= 0");
+  if (const std::string problem = AddressProblem(absl::GetFlag(FLAGS_address)); !problem.empty()) {
+    return HealthError(problem);
+  }
 
   const std::string cert_file = absl::GetFlag(FLAGS_tls_cert);
   const std::string key_file = absl::GetFlag(FLAGS_tls_key);

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <exception>
 #include <new>
+#include <string>
 
 #include "absl/flags/usage.h"
 #include "server/commands.h"
@@ -37,6 +38,11 @@ int main(int argc, char** argv) {
   if (switchserve::WantsHelp(argc, argv)) {
     switchserve::PrintCommandHelp(*command, stdout);
     return 0;
+  }
+  if (const std::string problem = switchserve::ArgumentProblem(*command, argc, argv);
+      !problem.empty()) {
+    std::fprintf(stderr, "switchserve %s: %s\n", command->name, problem.c_str());
+    return 2;
   }
   absl::SetProgramUsageMessage(command->usage);
   // Sizes are checked before anything is allocated (engine/model/host_memory.h);

@@ -31,6 +31,8 @@ absl::StatusOr<OfflineSession> OpenOfflineSession() {
   if (!kv_dtype.ok()) return kv_dtype.status();
   absl::StatusOr<std::optional<cpu::KernelIsa>> cpu_kernels = CpuKernelsFromFlags();
   if (!cpu_kernels.ok()) return cpu_kernels.status();
+  absl::StatusOr<int> threads = ThreadsFromFlags();
+  if (!threads.ok()) return threads.status();
   absl::StatusOr<DispatchOverrides> overrides = DispatchOverridesFromFlags();
   if (!overrides.ok()) return overrides.status();
   absl::StatusOr<DispatchConfig> dispatch =
@@ -39,7 +41,7 @@ absl::StatusOr<OfflineSession> OpenOfflineSession() {
   session.dispatch = *dispatch;
   absl::StatusOr<std::unique_ptr<Backend>> backend =
       CreateBackend(*device, session.model->config, session.model->weights, session.dispatch,
-                    BackendOptions{.num_threads = absl::GetFlag(FLAGS_threads),
+                    BackendOptions{.num_threads = *threads,
                                    .kv_cache_dtype = *kv_dtype,
                                    .cpu_weight_copies = absl::GetFlag(FLAGS_cpu_weight_copies),
                                    .cpu_kernels = *cpu_kernels});

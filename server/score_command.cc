@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -105,14 +106,28 @@ int RunScoreCommand(int argc, char** argv) {
     if (!ids.ok()) return Fail(ids.status());
     tokens = *std::move(ids);
   } else {
+    // A regular file only: a device (/dev/zero) or a FIFO would be read
+    // without end, a directory reads as nothing.
+    std::error_code error;
+    if (!std::filesystem::exists(text_path, error)) {
+      return Fail(absl::NotFoundError(absl::StrCat("--text ", text_path, ": not found")));
+    }
+    if (!std::filesystem::is_regular_file(text_path, error)) {
+      return Fail(
+          absl::InvalidArgumentError(absl::StrCat("--text ", text_path, ": not a regular file")));
+    }
     std::ifstream in(text_path, std::ios::binary);
-    if (!in) return Fail(absl::NotFoundError(absl::StrCat(text_path, ": cannot open")));
+    if (!in) return Fail(absl::NotFoundError(absl::StrCat("--text ", text_path, ": cannot open")));
     std::stringstream contents;
     contents << in.rdbuf();
     absl::StatusOr<std::vector<int32_t>> ids = tokenizer.Encode(contents.str());
     if (!ids.ok()) return Fail(ids.status());
     if (config.bos_token_id) tokens.push_back(*config.bos_token_id);
     tokens.insert(tokens.end(), ids->begin(), ids->end());
+    if (tokens.size() < 2) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--text ", text_path, ": need at least 2 tokens, found ", tokens.size())));
+    }
     predicted_bytes =
         static_cast<int64_t>(tokenizer.Decode(absl::MakeConstSpan(tokens).subspan(1)).size());
   }

@@ -99,7 +99,9 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   if (o.metrics_host.empty()) o.metrics_host = o.host;
   o.reflection = absl::GetFlag(FLAGS_reflection);
   o.moe_metrics = !absl::GetFlag(FLAGS_no_moe_metrics);
-  o.threads = absl::GetFlag(FLAGS_threads);
+  absl::StatusOr<int> threads = ThreadsFromFlags();
+  if (!threads.ok()) return threads.status();
+  o.threads = *threads;
   o.cpu_weight_copies = absl::GetFlag(FLAGS_cpu_weight_copies);
   o.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
   o.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
@@ -144,6 +146,14 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.dispatch = *dispatch;
 
   if (o.host.empty()) return FlagError("host", "must not be empty");
+  if (!IsHostAddressOrName(o.host)) {
+    return FlagError("host",
+                     absl::StrCat("not an IPv4 or IPv6 address or a host name: \"", o.host, "\""));
+  }
+  if (!IsHostAddressOrName(o.metrics_host)) {
+    return FlagError("metrics-host", absl::StrCat("not an IPv4 or IPv6 address or a host name: \"",
+                                                  o.metrics_host, "\""));
+  }
   if (o.port < 0 || o.port > 65535) return FlagError("port", "must be in [0, 65535]");
   if (o.metrics_port < 0 || o.metrics_port > 65535) {
     return FlagError("metrics-port", "must be in [0, 65535]");
@@ -167,7 +177,6 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
       return FlagError(d.flag, absl::StrCat("must be in [", d.min, ", ", kMaxDurationS, "]"));
     }
   }
-  if (o.threads < 0) return FlagError("threads", "must be >= 0");
   if (o.kv_cache_bytes <= 0) return FlagError("kv-cache-bytes", "must be > 0");
   if (o.kv_block_size < 1 || o.kv_block_size > 1024) {
     return FlagError("kv-block-size", "must be in [1, 1024]");

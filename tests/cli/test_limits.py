@@ -117,3 +117,79 @@ def test_health_refuses_a_bad_timeout(value):
     code, stderr, _ = run_measured("health", "--address", "127.0.0.1:1", "--timeout-s", value,
                                    timeout=20)
     assert code == 2 and "--timeout-s" in stderr, stderr
+
+
+# absl's flags are process-wide and it drops stray words: each subcommand
+# checks its arguments first (server/commands.h, ArgumentProblem).
+@pytest.mark.parametrize("args, expected", [
+    # Without this check the flag was on and "false" was dropped.
+    (["generate", "--prompt", "x", "--allow-non-finite-weights", "false"],
+     'unexpected argument "false" (a boolean flag takes its value after "=": '
+     "--allow-non-finite-weights=false)"),
+    (["generate", "--prompt", "x", "foo"], 'unexpected argument "foo"'),
+    (["generate", "--prompt", "x", "--", "foo"], 'unexpected argument "foo"'),
+    (["score", "--tokens", "1,2", "--port", "1"],
+     "--port is not a flag of this subcommand (`switchserve score --help` lists them)"),
+    (["health", "--model", "x"], "--model is not a flag of this subcommand"),
+    (["generate", "--prompt", "x", "--no-such-flag", "1"], "unknown flag --no-such-flag"),
+])
+def test_arguments_another_subcommand_or_nobody_takes_are_refused(args, expected):
+    code, stderr, _ = run_measured(*args, timeout=20)
+    assert code == 2, stderr
+    assert f"switchserve {args[0]}: {expected}" in stderr, stderr
+
+
+def test_flag_spellings_that_are_accepted():
+    """--flag value, --flag=value, -flag, --noflag for a boolean."""
+    code, stderr, _ = run_measured("generate", "-prompt", "In", "--max-new-tokens=2", "--seed", "3",
+                                   "--noallow_non_finite_weights", "--allow-non-finite-weights=false",
+                                   timeout=60)
+    assert code == 0, stderr
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt", "x"], ["score", "--tokens", "1,2"],
+                                     ["serve", "--port", "0"]])
+@pytest.mark.parametrize("threads", ["-1", "1025", "100000"])
+def test_threads_out_of_range_are_refused_before_starting_them(command, threads):
+    code, stderr, rss = run_measured(*command, "--threads", threads, timeout=20)
+    assert code in (1, 2), stderr
+    assert f"--threads: must be in [0, 1024] (0: all cores), found {threads}" in stderr, stderr
+    assert rss < MAX_RSS_KB
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("/dev/zero", "--text /dev/zero: not a regular file"),  # read without end before
+    ("DIR", "not a regular file"),
+    ("EMPTY", "need at least 2 tokens, found 0"),  # "pos > size()" before
+])
+def test_score_text_must_be_a_file_of_two_tokens(tmp_path, text, expected):
+    if text == "DIR":
+        text = str(tmp_path)
+    elif text == "EMPTY":
+        text = str(tmp_path / "empty.txt")
+        pathlib.Path(text).write_text("")
+    code, stderr, rss = run_measured("score", "--text", text, timeout=20)
+    assert code == 1, stderr
+    assert expected in stderr, stderr
+    assert rss < MAX_RSS_KB
+
+
+@pytest.mark.parametrize("address, expected", [
+    ("localhost:70000", 'the port must be in [1, 65535], found "70000"'),  # dialled 4464 before
+    ("localhost:-1", 'the port must be in [1, 65535], found "-1"'),
+    ("localhost", 'no port in "localhost"'),  # dialled 443 before
+    ("::1:50051", "an IPv6 address goes in brackets"),
+    ("999.1.1.1:50051", 'not an IPv4 or IPv6 address or a host name: "999.1.1.1"'),
+])
+def test_health_refuses_an_address_that_is_not_host_and_port(address, expected):
+    code, stderr, _ = run_measured("health", "--address", address, timeout=20)
+    assert code == 2, stderr
+    assert f"--address: {expected}" in stderr, stderr
+
+
+@pytest.mark.parametrize("flag", ["--host", "--metrics-host"])
+def test_serve_refuses_an_address_that_is_no_address(flag):
+    # civetweb read "999.1.1.1" as 231.1.1.1 and listened there.
+    code, stderr, _ = run_measured("serve", flag, "999.1.1.1", "--port", "0", timeout=20)
+    assert code == 2, stderr
+    assert f'{flag}: not an IPv4 or IPv6 address or a host name: "999.1.1.1"' in stderr, stderr
