@@ -73,8 +73,12 @@ int RunGenerateCommand(int argc, char** argv) {
     std::fprintf(stderr, "generate: --top-p must be in (0, 1]\n");
     return 2;
   }
-  if (absl::GetFlag(FLAGS_top_k) < 0 || absl::GetFlag(FLAGS_max_new_tokens) < 0) {
-    std::fprintf(stderr, "generate: --top-k and --max-new-tokens must be >= 0\n");
+  if (absl::GetFlag(FLAGS_top_k) < 0) {
+    std::fprintf(stderr, "generate: --top-k must be >= 0 (0: off)\n");
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_max_new_tokens) < 0) {
+    std::fprintf(stderr, "generate: --max-new-tokens must be >= 0\n");
     return 2;
   }
   absl::StatusOr<OfflineSession> session = OpenOfflineSession();

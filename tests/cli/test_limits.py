@@ -105,11 +105,14 @@ def test_score_refuses_a_context_of_one(tmp_path):
 
 @pytest.mark.parametrize("flags", [["--temperature", "1e300"], ["--temperature", "nan"],
                                    ["--temperature", "-1"], ["--top-p", "2"],
-                                   ["--top-p", "nan"], ["--top-k", "-1"]])
+                                   ["--top-p", "nan"], ["--top-k", "-1"],
+                                   ["--max-new-tokens", "-1"]])
 def test_generate_refuses_sampling_flags_out_of_range(flags):
     code, stderr, _ = run_measured("generate", "--prompt", "In the", *flags, timeout=20)
     assert code == 2, stderr
-    assert flags[0] in stderr, stderr
+    # The message names the flag that is out of range, and no other.
+    others = {"--temperature", "--top-p", "--top-k", "--max-new-tokens"} - {flags[0]}
+    assert flags[0] in stderr and not any(other in stderr for other in others), stderr
 
 
 @pytest.mark.parametrize("value", ["nan", "-1"])
