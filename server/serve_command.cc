@@ -327,16 +327,38 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   return 0;
 }
 
+// The thread that takes the stop signals in sigwait (RunServeCommand's).
+pthread_t g_stop_signal_thread;
+
+// The stop signals' handler. It runs only on a thread that left them
+// unblocked: one a library started before RunServeCommand blocked them
+// (OpenBLAS starts its threads when it is loaded). With the default action a
+// signal delivered there ended the process: a second SIGTERM during the drain
+// killed the server, and so did one during start-up. Sent on to the sigwait
+// thread, it is pending there: the drain starts when the server reaches
+// sigwait, and a signal during the drain changes nothing.
+extern "C" void ForwardStopSignal(int signal_number) {
+  pthread_kill(g_stop_signal_thread, signal_number);
+}
+
 }  // namespace
 
 int RunServeCommand(int argc, char** argv) {
   // Every thread created from here on (gRPC, engine, OpenMP) inherits the
-  // mask; only this thread receives the stop signals, in sigwait.
+  // mask; only this thread receives the stop signals, in sigwait. Blocked
+  // here before the handler is set, the handler never runs on this thread.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  g_stop_signal_thread = pthread_self();
+  struct sigaction forward = {};
+  forward.sa_handler = ForwardStopSignal;
+  sigemptyset(&forward.sa_mask);
+  forward.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &forward, nullptr);
+  sigaction(SIGINT, &forward, nullptr);
 
   absl::ParseCommandLine(argc, argv);  // main() already turned --a-b into --a_b
   auto options = ServerOptionsFromFlags();

@@ -23,7 +23,9 @@ namespace {
 
 // Starts streams, sends SIGTERM once each has its first message, and checks
 // the drain: `drain_timeout_s` is long enough (or unbounded) for all to finish.
-void ExpectSigtermDrainsRunningStreams(const std::string& drain_timeout_s) {
+// `second_signal` (0: none) is sent while the streams drain.
+void ExpectSigtermDrainsRunningStreams(const std::string& drain_timeout_s,
+                                       int second_signal = 0) {
   auto server =
       ServerProcess::Start({"--debug-step-delay-ms", "25", "--drain-timeout-s", drain_timeout_s});
   ASSERT_TRUE(server.ok()) << server.status();
@@ -76,6 +78,7 @@ void ExpectSigtermDrainsRunningStreams(const std::string& drain_timeout_s) {
   }
   EXPECT_TRUE(saw_not_serving);
   EXPECT_TRUE(saw_unavailable);
+  if (second_signal != 0) (*server)->Signal(second_signal);
 
   for (auto& thread : threads) thread.join();
   for (int i = 0; i < kStreams; ++i) {
@@ -88,6 +91,14 @@ void ExpectSigtermDrainsRunningStreams(const std::string& drain_timeout_s) {
 
 TEST(LifecycleTest, SigtermDrainsRunningStreamsAndExitsZero) {
   ExpectSigtermDrainsRunningStreams("30");
+}
+
+// A second SIGTERM or a SIGINT while the streams drain changes nothing. The
+// kernel gave it to a thread OpenBLAS had started before the signals were
+// blocked, whose default action ended the process mid-drain.
+TEST(LifecycleTest, ASecondSignalDuringTheDrainChangesNothing) {
+  ExpectSigtermDrainsRunningStreams("30", SIGTERM);
+  ExpectSigtermDrainsRunningStreams("30", SIGINT);
 }
 
 // An unbounded grace period waits for the calls; it used to overflow in the
