@@ -316,10 +316,15 @@ void GenerationEngine::Finish(RequestState* state, FinishReason reason, absl::St
 }
 
 void GenerationEngine::PublishSnapshot() {
-  std::lock_guard<std::mutex> lock(mu_);
-  snapshot_.running = static_cast<int>(scheduler_.running().size());
-  snapshot_.waiting = static_cast<int>(scheduler_.waiting().size());
-  snapshot_.used_blocks = allocator_.used_blocks();
+  EngineSnapshot published;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    snapshot_.running = static_cast<int>(scheduler_.running().size());
+    snapshot_.waiting = static_cast<int>(scheduler_.waiting().size());
+    snapshot_.used_blocks = allocator_.used_blocks();
+    published = snapshot_;
+  }
+  if (observer_ != nullptr) observer_->OnStateChanged(published);
 }
 
 }  // namespace switchserve

@@ -56,6 +56,14 @@ struct StepReport {
   const StepRoutingStats* routing = nullptr;  // valid during OnStep only
 };
 
+struct EngineSnapshot {
+  int running = 0;
+  int waiting = 0;  // admitted to the queue, not yet in the batch
+  int64_t used_blocks = 0;
+  int64_t total_blocks = 0;
+  int block_size = 0;
+};
+
 // Called on the engine thread; must be quick and must not call back into the
 // engine.
 class EngineObserver {
@@ -68,14 +76,12 @@ class EngineObserver {
     (void)request;
     (void)final_update;
   }
-};
-
-struct EngineSnapshot {
-  int running = 0;
-  int waiting = 0;  // admitted to the queue, not yet in the batch
-  int64_t used_blocks = 0;
-  int64_t total_blocks = 0;
-  int block_size = 0;
+  // The running and waiting counts or the used blocks may have changed: after
+  // every step, and between steps when requests arrive, end or are dropped
+  // (cancelled, past their deadline) while the engine is idle. Unobserved
+  // requests included (GenerationRequest::observed): this is the engine's
+  // state, not a request's.
+  virtual void OnStateChanged(const EngineSnapshot& snapshot) { (void)snapshot; }
 };
 
 using RequestId = int64_t;

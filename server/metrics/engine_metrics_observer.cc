@@ -33,6 +33,13 @@ void EngineMetricsObserver::OnStep(const StepReport& report) {
        .preemptions = report.preempted});
 }
 
+void EngineMetricsObserver::OnStateChanged(const EngineSnapshot& snapshot) {
+  serving_->SetEngineState(snapshot.running, snapshot.waiting,
+                           total_kv_blocks_ > 0 ? static_cast<double>(snapshot.used_blocks) /
+                                                      static_cast<double>(total_kv_blocks_)
+                                                : 0.0);
+}
+
 void EngineMetricsObserver::OnRequestFinished(const GenerationRequest& request,
                                               const GenerationUpdate& final_update) {
   // Requests from clients only: the server's own warm-up has no protocol.

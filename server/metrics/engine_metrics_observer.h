@@ -24,6 +24,9 @@ class EngineMetricsObserver : public EngineObserver {
   EngineMetricsObserver(ServingMetrics* serving, MoeMetrics* moe, int64_t total_kv_blocks);
 
   void OnStep(const StepReport& report) override;
+  // The running and waiting gauges and the KV cache's usage, also between
+  // steps: a request cancelled while the engine idles leaves them at zero.
+  void OnStateChanged(const EngineSnapshot& snapshot) override;
   // Counts the request by protocol (its origin's) and by the status its
   // client sees: OK (finished by length, stop or EOS), CANCELLED (cancelled
   // by the client), DEADLINE_EXCEEDED (past its deadline), UNAVAILABLE

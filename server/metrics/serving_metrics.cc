@@ -167,9 +167,10 @@ void ServingMetrics::RecordEngineFinished(FinishedBy reason, int64_t prompt_toke
   generation_length_->Observe(static_cast<double>(generated_tokens));
 }
 
-void ServingMetrics::SetQueueDepth(int64_t running, int64_t waiting) {
+void ServingMetrics::SetEngineState(int64_t running, int64_t waiting, double kv_cache_usage_ratio) {
   running_->Set(static_cast<double>(running));
   waiting_->Set(static_cast<double>(waiting));
+  kv_usage_->Set(kv_cache_usage_ratio);
 }
 
 void RegisterModelInfo(prometheus::Registry& registry, const ModelInfoLabels& info) {

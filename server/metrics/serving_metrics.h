@@ -81,8 +81,10 @@ class ServingMetrics {
   // A request the engine ran ended: why, and how long its prompt and
   // generation were (requests rejected before the engine are not counted).
   void RecordEngineFinished(FinishedBy reason, int64_t prompt_tokens, int64_t generated_tokens);
-  // Queue depths outside a step (a request rejected or cancelled while idle).
-  void SetQueueDepth(int64_t running, int64_t waiting);
+  // The engine's state whenever it changes, also between steps (requests
+  // cancelled or past their deadline while it is idle): the running and
+  // waiting gauges and the KV cache's usage.
+  void SetEngineState(int64_t running, int64_t waiting, double kv_cache_usage_ratio);
 
   // The status codes that have their own series; any other code counts as
   // UNKNOWN.

@@ -539,6 +539,42 @@ def test_metrics_start_from_zero_after_the_warm_up():
         server.close()
 
 
+def test_gauges_follow_requests_cancelled_while_the_engine_idles():
+    """Requests cancelled (or running, then cancelled) leave the running and
+    waiting gauges and the KV usage at zero once the engine has dropped them,
+    though no step runs after: they were only set by steps, and stayed at 2
+    running and 4 waiting (the HPA scales on waiting)."""
+    server = Server("--debug-step-delay-ms", "20", "--max-running-requests", "2", metrics=True)
+    try:
+        def gauge(text, name):
+            return float(re.search(r"^" + name + r" (\S+)$", text, re.M).group(1))
+
+        stub = server.grpc_stub()
+        request = pb.GenerateRequest(text="cancel me", sampling=pb.SamplingParams(
+            max_new_tokens=50, ignore_eos=True))
+        calls = [stub.GenerateStream(request, timeout=60) for _ in range(6)]
+        for call in calls[:2]:
+            next(call)  # two running (streaming), four waiting
+        text = server.scrape_metrics()
+        assert gauge(text, "switchserve_requests_running") == 2
+        assert gauge(text, "switchserve_kv_cache_usage_ratio") > 0
+        for call in calls:
+            call.cancel()
+        deadline = time.monotonic() + 10
+        while True:
+            text = server.scrape_metrics()
+            state = [gauge(text, "switchserve_requests_running"),
+                     gauge(text, "switchserve_requests_waiting"),
+                     gauge(text, "switchserve_kv_cache_usage_ratio")]
+            if state == [0, 0, 0] or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert state == [0, 0, 0]
+        assert server.grpc_stub().GetModelInfo(pb.GetModelInfoRequest()).cache.running_requests == 0
+    finally:
+        server.close()
+
+
 @pytest.mark.parametrize("args, held", [
     (["--kv-cache-dtype", "bf16"], "bf16"),
     # auto follows the weight matrices: the f16 golden model keeps an f32
