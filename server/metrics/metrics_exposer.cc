@@ -20,7 +20,12 @@ absl::StatusOr<std::unique_ptr<MetricsExposer>> MetricsExposer::Start(
   out->collectables_.push_back(std::make_shared<ProcessMetrics>());
   try {
     // civetweb throws when it cannot bind; keep exceptions inside this call.
-    out->exposer_ = std::make_unique<prometheus::Exposer>(address, /*num_threads=*/2);
+    // Each connection holds one of its threads until its request has come:
+    // with prometheus-cpp's 2 threads and civetweb's 30 s wait, two idle
+    // connections kept every scrape waiting for 30 s. A scraper sends its
+    // request at once.
+    out->exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", address, "num_threads", "8", "request_timeout_ms", "2000"});
   } catch (const std::exception& e) {
     return absl::UnavailableError(
         absl::StrCat("metrics: cannot listen on ", address, ": ", e.what()));

@@ -539,6 +539,24 @@ def test_metrics_start_from_zero_after_the_warm_up():
         server.close()
 
 
+def test_idle_connections_to_the_metrics_port_do_not_hold_up_a_scrape():
+    """Each connection holds an exporter thread until its request comes: with
+    2 threads and civetweb's 30 s wait, two idle connections delayed every
+    scrape by 30 s (a 10 s Prometheus scrape timed out)."""
+    server = Server(metrics=True)
+    idle = []
+    try:
+        idle = [socket.create_connection(("127.0.0.1", server.metrics_port)) for _ in range(4)]
+        time.sleep(0.2)
+        started = time.monotonic()
+        assert "switchserve_requests_running" in server.scrape_metrics()
+        assert time.monotonic() - started < 1.5
+    finally:
+        for connection in idle:
+            connection.close()
+        server.close()
+
+
 def test_gauges_follow_requests_cancelled_while_the_engine_idles():
     """Requests cancelled (or running, then cancelled) leave the running and
     waiting gauges and the KV usage at zero once the engine has dropped them,
