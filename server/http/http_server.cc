@@ -6,6 +6,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/ssl.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -159,6 +160,7 @@ struct HttpServerState {
   net::io_context ioc;
   std::optional<tcp::acceptor> acceptor;  // used on `acceptor_strand` only
   std::optional<net::strand<net::io_context::executor_type>> acceptor_strand;
+  std::optional<net::steady_timer> accept_pause;  // on `acceptor_strand`
 
   std::string ErrorBody(int status, const std::string& message) const {
     return options.error_body ? options.error_body(status, message) : message;
@@ -445,6 +447,16 @@ void StartSession(HttpServerState* state, Stream stream, std::string peer) {
 void HttpServerState::Accept() {
   acceptor->async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
     if (ec == net::error::operation_aborted || !acceptor->is_open()) return;
+    if (ec) {
+      // Out of file descriptors (EMFILE) or memory: the connection stays in
+      // the backlog and the next accept fails at once. Accepting again
+      // without a pause spun the I/O threads at 100% until connections closed.
+      accept_pause->expires_after(std::chrono::milliseconds(50));
+      accept_pause->async_wait([this](beast::error_code wait_ec) {
+        if (!wait_ec && acceptor->is_open()) Accept();
+      });
+      return;
+    }
     if (!ec && !stopping) {
       beast::error_code peer_error;
       std::string peer = PeerName(socket.remote_endpoint(peer_error));
@@ -492,6 +504,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
   const tcp::endpoint endpoint(address, static_cast<unsigned short>(options.port));
   state->acceptor_strand.emplace(net::make_strand(state->ioc));
   state->acceptor.emplace(*state->acceptor_strand);
+  state->accept_pause.emplace(*state->acceptor_strand);
   tcp::acceptor& acceptor = *state->acceptor;
   auto cannot_listen = [&](const char* what) {
     return absl::UnavailableError(absl::StrCat("HTTP: cannot listen on ", options.host, ":",
@@ -534,6 +547,7 @@ void HttpServer::Stop(std::chrono::milliseconds timeout) {
   net::dispatch(*state.acceptor_strand, [&state] {
     beast::error_code ignored;
     state.acceptor->close(ignored);
+    state.accept_pause->cancel();
   });
   for (const auto& session : sessions) session->Shutdown(/*force=*/false);
   sessions.clear();  // the sessions' own handlers keep them alive

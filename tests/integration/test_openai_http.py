@@ -557,6 +557,39 @@ def test_idle_connections_to_the_metrics_port_do_not_hold_up_a_scrape():
         server.close()
 
 
+def test_running_out_of_file_descriptors_does_not_spin_the_io_threads():
+    """With every file descriptor taken by idle HTTP connections, the next
+    accept fails at once (EMFILE) and the connection stays in the backlog:
+    accepting again without a pause ran the two I/O threads at 100%. Once the
+    connections close, the API answers again."""
+    import resource
+    server = Server()
+    connections = []
+    try:
+        resource.prlimit(server.process.pid, resource.RLIMIT_NOFILE, (128, 128))
+        for _ in range(200):  # past the limit: the rest wait in the backlog
+            connections.append(socket.create_connection(("127.0.0.1", server.http_port), timeout=5))
+        time.sleep(0.5)
+
+        def cpu_ticks():
+            with open(f"/proc/{server.process.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return int(fields[11]) + int(fields[12])  # utime + stime
+
+        before = cpu_ticks()
+        time.sleep(2)
+        spent_s = (cpu_ticks() - before) / os.sysconf("SC_CLK_TCK")
+        assert spent_s < 0.2, f"{spent_s:.2f} s of CPU in 2 s while idle"
+        for connection in connections:
+            connection.close()
+        connections = []
+        assert json.loads(curl(server.url + "/health").stdout) == {"status": "ok"}
+    finally:
+        for connection in connections:
+            connection.close()
+        server.close()
+
+
 def test_gauges_follow_requests_cancelled_while_the_engine_idles():
     """Requests cancelled (or running, then cancelled) leave the running and
     waiting gauges and the KV usage at zero once the engine has dropped them,
