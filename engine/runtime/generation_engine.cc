@@ -284,6 +284,14 @@ void GenerationEngine::RunStep() {
 void GenerationEngine::Finish(RequestState* state, FinishReason reason, absl::Status status,
                               CancelCause cause) {
   const Clock::time_point now = Clock::now();
+  // A request whose deadline passed during its last step ends by its
+  // deadline: its client has stopped waiting (gRPC ends the call there), so
+  // it is not reported, counted or logged as a success the client never saw.
+  const std::optional<Clock::time_point>& deadline = state->request.deadline;
+  if (status.ok() && reason != FinishReason::kCancelled && deadline && now >= *deadline) {
+    reason = FinishReason::kCancelled;
+    cause = CancelCause::kDeadline;
+  }
   // A request that ends early (cancelled, failed) first gets its held tokens
   // as an ordinary update, as it would have with an interval of 1.
   if ((!status.ok() || reason == FinishReason::kCancelled) && !state->held.tokens.empty()) {

@@ -290,6 +290,28 @@ TEST_F(GenerationEngineTest, DeadlineEndsRequest) {
   EXPECT_LT(final.completion_tokens, 250);
 }
 
+// A deadline that passes during a request's last step: the client has
+// stopped waiting, so the request ends by its deadline with the token it got,
+// not as finished by its length (the server counted and logged OK for a call
+// whose client saw DEADLINE_EXCEEDED).
+TEST_F(GenerationEngineTest, DeadlinePassingDuringTheLastStepEndsTheRequestByIt) {
+  Init(256, 256, 16);
+  backend_->set_step_delay_ms(60);
+  engine_->Start();
+  auto sink = std::make_shared<CollectingSink>();
+  GenerationRequest request;
+  request.prompt = {1, 2, 3};
+  request.sampling = Greedy(1);  // its first step is its last
+  request.deadline = Clock::now() + std::chrono::milliseconds(15);
+  request.sink = sink;
+  ASSERT_TRUE(engine_->Submit(std::move(request)).ok());
+  const GenerationUpdate& final = sink->Wait();
+  EXPECT_EQ(final.finish_reason, FinishReason::kCancelled);
+  EXPECT_EQ(final.cancel_cause, CancelCause::kDeadline);
+  EXPECT_EQ(final.completion_tokens, 1);  // sampled in the step, before the deadline was seen
+  EXPECT_EQ(sink->ids_.size(), 1u);
+}
+
 TEST_F(GenerationEngineTest, StreamIntervalSendsTheFirstTokenAloneThenGroups) {
   Init(256, 256, 16);
   engine_->Start();
