@@ -75,6 +75,24 @@ class StepCounter : public EngineObserver {
 
 class GenerationEngineTest : public ::testing::Test {
  protected:
+  // A greedy request of `max_new_tokens` with a deadline `deadline_ms` from
+  // now, on a started engine whose steps take `step_delay_ms`; its sink, ended.
+  std::shared_ptr<CollectingSink> RunWithDeadline(int step_delay_ms, int max_new_tokens,
+                                                  int deadline_ms) {
+    Init(256, 256, 16);
+    backend_->set_step_delay_ms(step_delay_ms);
+    engine_->Start();
+    auto sink = std::make_shared<CollectingSink>();
+    GenerationRequest request;
+    request.prompt = {1, 2, 3};
+    request.sampling = Greedy(max_new_tokens);
+    request.deadline = Clock::now() + std::chrono::milliseconds(deadline_ms);
+    request.sink = sink;
+    EXPECT_TRUE(engine_->Submit(std::move(request)).ok());
+    sink->Wait();
+    return sink;
+  }
+
   void Init(int64_t blocks, int64_t max_tokens, int max_running, int max_queue = 1000,
             std::optional<int32_t> eos_token_id = std::nullopt,
             EngineObserver* observer = nullptr) {
@@ -274,16 +292,7 @@ TEST_F(GenerationEngineTest, CancelFreesBlocks) {
 }
 
 TEST_F(GenerationEngineTest, DeadlineEndsRequest) {
-  Init(256, 256, 16);
-  backend_->set_step_delay_ms(2);
-  engine_->Start();
-  auto sink = std::make_shared<CollectingSink>();
-  GenerationRequest request;
-  request.prompt = {1, 2, 3};
-  request.sampling = Greedy(250);
-  request.deadline = Clock::now() + std::chrono::milliseconds(30);
-  request.sink = sink;
-  ASSERT_TRUE(engine_->Submit(std::move(request)).ok());
+  auto sink = RunWithDeadline(/*step_delay_ms=*/2, 250, /*deadline_ms=*/30);
   const GenerationUpdate& final = sink->Wait();
   EXPECT_EQ(final.finish_reason, FinishReason::kCancelled);
   EXPECT_EQ(final.cancel_cause, CancelCause::kDeadline);
@@ -295,16 +304,8 @@ TEST_F(GenerationEngineTest, DeadlineEndsRequest) {
 // not as finished by its length (the server counted and logged OK for a call
 // whose client saw DEADLINE_EXCEEDED).
 TEST_F(GenerationEngineTest, DeadlinePassingDuringTheLastStepEndsTheRequestByIt) {
-  Init(256, 256, 16);
-  backend_->set_step_delay_ms(60);
-  engine_->Start();
-  auto sink = std::make_shared<CollectingSink>();
-  GenerationRequest request;
-  request.prompt = {1, 2, 3};
-  request.sampling = Greedy(1);  // its first step is its last
-  request.deadline = Clock::now() + std::chrono::milliseconds(15);
-  request.sink = sink;
-  ASSERT_TRUE(engine_->Submit(std::move(request)).ok());
+  // One token: its first step is its last.
+  auto sink = RunWithDeadline(/*step_delay_ms=*/60, 1, /*deadline_ms=*/15);
   const GenerationUpdate& final = sink->Wait();
   EXPECT_EQ(final.finish_reason, FinishReason::kCancelled);
   EXPECT_EQ(final.cancel_cause, CancelCause::kDeadline);
