@@ -24,8 +24,7 @@ namespace {
 // Starts streams, sends SIGTERM once each has its first message, and checks
 // the drain: `drain_timeout_s` is long enough (or unbounded) for all to finish.
 // `second_signal` (0: none) is sent while the streams drain.
-void ExpectSigtermDrainsRunningStreams(const std::string& drain_timeout_s,
-                                       int second_signal = 0) {
+void ExpectSigtermDrainsRunningStreams(const std::string& drain_timeout_s, int second_signal = 0) {
   auto server =
       ServerProcess::Start({"--debug-step-delay-ms", "25", "--drain-timeout-s", drain_timeout_s});
   ASSERT_TRUE(server.ok()) << server.status();

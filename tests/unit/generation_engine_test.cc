@@ -379,6 +379,7 @@ TEST_F(GenerationEngineTest, HeldTokensReachTheSinkBeforeAnEarlyEnd) {
     EXPECT_EQ(s->sizes_, (std::vector<int>{1, final.completion_tokens - 1, 0}));
     EXPECT_EQ(s->text_.size(), s->ids_.size());  // printable ASCII from the fake backend
   }
+  engine_->Stop();  // the engine reports to `steps` until it stops
 }
 
 TEST_F(GenerationEngineTest, QueueLimitAndStop) {
