@@ -75,6 +75,8 @@ absl::StatusOr<int> ThreadsFromFlags() {
   return threads;
 }
 
+namespace {
+
 bool IsHostAddressOrName(const std::string& host) {
   if (host.empty()) return false;
   unsigned char address[16];
@@ -92,6 +94,13 @@ bool IsHostAddressOrName(const std::string& host) {
   return host.find_first_not_of(
              "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-.") ==
          std::string::npos;
+}
+
+}  // namespace
+
+std::string HostProblem(const std::string& host) {
+  if (IsHostAddressOrName(host)) return "";
+  return absl::StrCat("not an IPv4 or IPv6 address or a host name: \"", host, "\"");
 }
 
 std::chrono::milliseconds MillisecondsFromSeconds(double seconds) {

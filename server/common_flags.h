@@ -27,11 +27,12 @@ absl::StatusOr<std::optional<cpu::KernelIsa>> CpuKernelsFromFlags();
 inline constexpr int kMaxThreads = 1024;
 absl::StatusOr<int> ThreadsFromFlags();
 
-// Whether `host` can be an address to listen on or dial: a valid IPv4 or IPv6
-// literal (brackets allowed), or a name. Text that looks like a dotted quad
+// Why `host` cannot be an address to listen on or dial ("not an IPv4 or IPv6
+// address or a host name: ..."), or "" when it is a valid IPv4 or IPv6
+// literal (brackets allowed) or a name. Text that looks like a dotted quad
 // but is not one ("999.1.1.1") is refused: civetweb would read it as
 // 231.1.1.1.
-bool IsHostAddressOrName(const std::string& host);
+std::string HostProblem(const std::string& host);
 
 }  // namespace switchserve
 

@@ -61,8 +61,8 @@ std::string AddressProblem(const std::string& address) {
     return absl::StrCat("--address: the port must be in [1, 65535], found \"",
                         address.substr(colon + 1), "\"");
   }
-  if (!IsHostAddressOrName(host)) {
-    return absl::StrCat("--address: not an IPv4 or IPv6 address or a host name: \"", host, "\"");
+  if (const std::string problem = HostProblem(host); !problem.empty()) {
+    return absl::StrCat("--address: ", problem);
   }
   return "";
 }

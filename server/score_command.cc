@@ -12,9 +12,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -24,6 +21,7 @@
 #include "engine/model/npy.h"
 #include "engine/moe/router_layout.h"
 #include "engine/runtime/sequence_runner.h"
+#include "server/auth.h"
 #include "server/offline_session.h"
 
 ABSL_FLAG(std::string, text, "", "file whose contents to score");
@@ -108,19 +106,12 @@ int RunScoreCommand(int argc, char** argv) {
   } else {
     // A regular file only: a device (/dev/zero) or a FIFO would be read
     // without end, a directory reads as nothing.
-    std::error_code error;
-    if (!std::filesystem::exists(text_path, error)) {
-      return Fail(absl::NotFoundError(absl::StrCat("--text ", text_path, ": not found")));
+    absl::StatusOr<std::string> contents = ReadFileToString(text_path);
+    if (!contents.ok()) {
+      return Fail(absl::Status(contents.status().code(),
+                               absl::StrCat("--text ", contents.status().message())));
     }
-    if (!std::filesystem::is_regular_file(text_path, error)) {
-      return Fail(
-          absl::InvalidArgumentError(absl::StrCat("--text ", text_path, ": not a regular file")));
-    }
-    std::ifstream in(text_path, std::ios::binary);
-    if (!in) return Fail(absl::NotFoundError(absl::StrCat("--text ", text_path, ": cannot open")));
-    std::stringstream contents;
-    contents << in.rdbuf();
-    absl::StatusOr<std::vector<int32_t>> ids = tokenizer.Encode(contents.str());
+    absl::StatusOr<std::vector<int32_t>> ids = tokenizer.Encode(*contents);
     if (!ids.ok()) return Fail(ids.status());
     if (config.bos_token_id) tokens.push_back(*config.bos_token_id);
     tokens.insert(tokens.end(), ids->begin(), ids->end());

@@ -146,13 +146,11 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.dispatch = *dispatch;
 
   if (o.host.empty()) return FlagError("host", "must not be empty");
-  if (!IsHostAddressOrName(o.host)) {
-    return FlagError("host",
-                     absl::StrCat("not an IPv4 or IPv6 address or a host name: \"", o.host, "\""));
+  if (const std::string problem = HostProblem(o.host); !problem.empty()) {
+    return FlagError("host", problem);
   }
-  if (!IsHostAddressOrName(o.metrics_host)) {
-    return FlagError("metrics-host", absl::StrCat("not an IPv4 or IPv6 address or a host name: \"",
-                                                  o.metrics_host, "\""));
+  if (const std::string problem = HostProblem(o.metrics_host); !problem.empty()) {
+    return FlagError("metrics-host", problem);
   }
   if (o.port < 0 || o.port > 65535) return FlagError("port", "must be in [0, 65535]");
   if (o.metrics_port < 0 || o.metrics_port > 65535) {
