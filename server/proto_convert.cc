@@ -19,8 +19,7 @@ const char* FateName(RouteFate fate) {
 
 std::string TokenText(const Tokenizer* tokenizer, int32_t id) {
   std::string text;
-  const int32_t ids[1] = {id};
-  AppendSanitizedUtf8(tokenizer->Decode(ids), true, &text);
+  AppendSanitizedUtf8(tokenizer->PieceBytes(id), true, &text);
   return text;
 }
 

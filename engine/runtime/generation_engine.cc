@@ -25,7 +25,7 @@ struct GenerationEngine::RequestState : Sequence {
   RequestState(RequestId request_id, GenerationRequest r, const Tokenizer* tokenizer)
       : request(std::move(r)),
         rng(request.sampling.seed),
-        detokenizer(tokenizer, request.sampling.stop) {
+        detokenizer(tokenizer, request.sampling.stop, request.prompt) {
     id = request_id;
     tokens = request.prompt;
   }

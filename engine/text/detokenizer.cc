@@ -66,6 +66,19 @@ size_t AppendSanitizedUtf8(std::string_view bytes, bool final_chunk, std::string
   return i;
 }
 
+size_t CharactersEndedWithin(std::string_view bytes, size_t boundary) {
+  size_t count = 0, i = 0;
+  while (i < bytes.size()) {
+    size_t length = 0;
+    const CharScan scan = ScanChar(bytes.substr(i), &length);
+    if (scan == CharScan::kIncomplete) break;
+    i += scan == CharScan::kValid ? length : 1;
+    if (i > boundary) break;
+    ++count;
+  }
+  return count;
+}
+
 bool IsValidUtf8(std::string_view text) {
   size_t i = 0;
   while (i < text.size()) {
@@ -77,19 +90,21 @@ bool IsValidUtf8(std::string_view text) {
 }
 
 IncrementalDetokenizer::IncrementalDetokenizer(const Tokenizer* tokenizer,
-                                               std::vector<std::string> stop_strings)
-    : tokenizer_(tokenizer), stop_strings_(std::move(stop_strings)) {}
+                                               std::vector<std::string> stop_strings,
+                                               absl::Span<const int32_t> prompt)
+    : tokenizer_(tokenizer),
+      stop_strings_(std::move(stop_strings)),
+      text_started_(std::any_of(prompt.begin(), prompt.end(), [tokenizer](int32_t id) {
+        return !tokenizer->PieceBytes(id, /*first=*/true).empty();
+      })) {}
 
 std::string IncrementalDetokenizer::Add(int32_t token_id, bool* stopped) {
   *stopped = false;
   if (stopped_) return "";
-  ids_.push_back(token_id);
-  std::string raw = tokenizer_->Decode(ids_);
-  // Decoding is assumed prefix-stable; if a tokenizer rewrites earlier text,
-  // only the part past what was already consumed is used.
-  if (raw.size() < raw_consumed_) raw.resize(raw_consumed_);
-  raw_ = std::move(raw);
-  raw_consumed_ += AppendSanitizedUtf8(std::string_view(raw_).substr(raw_consumed_), false, &text_);
+  const std::string_view bytes = tokenizer_->PieceBytes(token_id, !text_started_);
+  text_started_ = text_started_ || !bytes.empty();
+  pending_.append(bytes);
+  pending_.erase(0, AppendSanitizedUtf8(pending_, false, &text_));
 
   if (const size_t stop_at = FindStop(); stop_at != std::string::npos) {
     stopped_ = true;
@@ -116,7 +131,8 @@ std::string IncrementalDetokenizer::Add(int32_t token_id, bool* stopped) {
 std::string IncrementalDetokenizer::Finish(bool* stopped) {
   if (stopped != nullptr) *stopped = false;
   if (stopped_) return "";
-  raw_consumed_ += AppendSanitizedUtf8(std::string_view(raw_).substr(raw_consumed_), true, &text_);
+  AppendSanitizedUtf8(pending_, true, &text_);
+  pending_.clear();
   // The last replacement character may complete a stop string.
   if (const size_t stop_at = FindStop(); stop_at != std::string::npos) {
     stopped_ = true;

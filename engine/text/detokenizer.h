@@ -3,6 +3,10 @@
 // holds back text that may be the start of a stop string, and reports when a
 // stop string completes. The text released over a request's life is the same
 // however the ids arrive, so streamed chunks concatenate to the unary text.
+// Each id costs its own bytes (Tokenizer::PieceBytes), not a decode of all
+// the ids so far, and the text is what the ids add after the prompt's: a
+// SentencePiece piece keeps its leading space unless the prompt decodes to
+// nothing.
 //
 // Thread-compatible; one per request, owned by the engine thread.
 #ifndef SWITCHSERVE_ENGINE_TEXT_DETOKENIZER_H_
@@ -13,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/types/span.h"
 #include "engine/text/tokenizer.h"
 
 namespace switchserve {
@@ -23,13 +28,20 @@ namespace switchserve {
 // `final_chunk` is false (it is replaced by U+FFFD when true).
 size_t AppendSanitizedUtf8(std::string_view bytes, bool final_chunk, std::string* out);
 
+// How many of the characters AppendSanitizedUtf8 makes of `bytes` (not the
+// final chunk) end within its first `boundary` bytes: a character the bytes
+// after `boundary` complete is not one of them, a byte they show to start no
+// character (a U+FFFD) is.
+size_t CharactersEndedWithin(std::string_view bytes, size_t boundary);
+
 // True when `text` is valid UTF-8 (no overlong forms or surrogates).
 bool IsValidUtf8(std::string_view text);
 
 class IncrementalDetokenizer {
  public:
-  // `tokenizer` must outlive this object.
-  IncrementalDetokenizer(const Tokenizer* tokenizer, std::vector<std::string> stop_strings);
+  // `tokenizer` must outlive this object; `prompt` is read here only.
+  IncrementalDetokenizer(const Tokenizer* tokenizer, std::vector<std::string> stop_strings,
+                         absl::Span<const int32_t> prompt = {});
 
   // Adds one generated id; returns the text it releases. Sets `*stopped` when
   // a stop string completed: the text up to the stop string has then been
@@ -47,10 +59,9 @@ class IncrementalDetokenizer {
 
   const Tokenizer* tokenizer_;
   std::vector<std::string> stop_strings_;
-  std::vector<int32_t> ids_;
-  std::string raw_;          // Decode(ids_) as of the last call
-  size_t raw_consumed_ = 0;  // bytes of raw_ already turned into text_
-  std::string text_;         // sanitized text of raw_[0, raw_consumed_)
+  bool text_started_ = false;  // some id (of the prompt too) added bytes
+  std::string pending_;        // bytes not yet in text_: an incomplete character
+  std::string text_;           // sanitized text of the bytes so far
   size_t released_ = 0;      // bytes of text_ handed out
   bool stopped_ = false;
 };

@@ -103,4 +103,47 @@ SWITCHSERVE_SPM_EXPORT int64_t switchserve_spm_decode(const void* processor, con
   }
 }
 
+SWITCHSERVE_SPM_EXPORT int64_t switchserve_spm_piece_bytes(const void* processor, int32_t id,
+                                                           int first, char* bytes,
+                                                           size_t capacity, char* error,
+                                                           size_t error_size) {
+  try {
+    const SentencePieceProcessor& spm = Processor(processor);
+    if (id < 0 || id >= spm.GetPieceSize()) {
+      WriteError("piece id out of range", error, error_size);
+      return -1;
+    }
+    std::string out;
+    if (spm.IsByte(id)) {
+      // "<0xAB>": Decode would make U+FFFD of a byte that is no character
+      // alone; the caller joins bytes into characters itself.
+      const std::string piece = spm.IdToPiece(id);
+      out.push_back(static_cast<char>(std::stoi(piece.substr(3, 2), nullptr, 16)));
+    } else if (first != 0 || spm.IsUnknown(id)) {
+      const sentencepiece::util::Status status = spm.Decode(std::vector<int>{id}, &out);
+      if (!status.ok()) {
+        WriteError(status.ToString(), error, error_size);
+        return -1;
+      }
+    } else if (!spm.IsControl(id)) {
+      // After other text Decode keeps every U+2581 of a piece, as a space.
+      constexpr std::string_view kSpaceSymbol = "\xE2\x96\x81";
+      const std::string piece = spm.IdToPiece(id);
+      for (size_t i = 0; i < piece.size();) {
+        if (std::string_view(piece).substr(i, kSpaceSymbol.size()) == kSpaceSymbol) {
+          out.push_back(' ');
+          i += kSpaceSymbol.size();
+        } else {
+          out.push_back(piece[i++]);
+        }
+      }
+    }
+    if (capacity > 0) std::memcpy(bytes, out.data(), std::min(out.size(), capacity));
+    return static_cast<int64_t>(out.size());
+  } catch (const std::exception& e) {
+    WriteError(e.what(), error, error_size);
+    return -1;
+  }
+}
+
 }  // extern "C"

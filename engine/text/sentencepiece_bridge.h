@@ -23,7 +23,7 @@
 
 // Bumped whenever a signature below changes; the loader refuses a bridge of
 // another version.
-#define SWITCHSERVE_SPM_BRIDGE_VERSION 1
+#define SWITCHSERVE_SPM_BRIDGE_VERSION 2
 
 extern "C" {
 
@@ -44,6 +44,15 @@ int64_t switchserve_spm_encode(const void* processor, const char* text, size_t t
 // bytes, of which the first min(size, capacity) are written to `text`.
 int64_t switchserve_spm_decode(const void* processor, const int32_t* ids, size_t count, char* text,
                                size_t capacity, char* error, size_t error_size);
+
+// The bytes piece `id` (in [0, piece_size)) adds to a decoded text: after
+// other text when `first` is 0, as the text's first visible piece when it is
+// 1 (where Decode drops a piece's leading space). A byte piece is its byte
+// (also when it is no UTF-8 on its own), a control piece nothing, any other
+// what Decode makes of it there. Returns the size in bytes, of which the
+// first min(size, capacity) are written to `bytes`.
+int64_t switchserve_spm_piece_bytes(const void* processor, int32_t id, int first, char* bytes,
+                                    size_t capacity, char* error, size_t error_size);
 
 }  // extern "C"
 

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <cstdint>
 #include <filesystem>
 #include <system_error>
 
@@ -21,6 +22,7 @@ struct SentencePieceBridge {
   decltype(&switchserve_spm_piece_size) piece_size = nullptr;
   decltype(&switchserve_spm_encode) encode = nullptr;
   decltype(&switchserve_spm_decode) decode = nullptr;
+  decltype(&switchserve_spm_piece_bytes) piece_bytes = nullptr;
 };
 
 namespace {
@@ -77,7 +79,8 @@ absl::StatusOr<SentencePieceBridge> LoadBridge() {
         !Resolve(library, "switchserve_spm_free", &bridge.free) ||
         !Resolve(library, "switchserve_spm_piece_size", &bridge.piece_size) ||
         !Resolve(library, "switchserve_spm_encode", &bridge.encode) ||
-        !Resolve(library, "switchserve_spm_decode", &bridge.decode)) {
+        !Resolve(library, "switchserve_spm_decode", &bridge.decode) ||
+        !Resolve(library, "switchserve_spm_piece_bytes", &bridge.piece_bytes)) {
       problems.push_back(absl::StrCat(path, ": not a version ", SWITCHSERVE_SPM_BRIDGE_VERSION,
                                       " SentencePiece bridge"));
       continue;  // the namespace stays: it cannot be unloaded cleanly
@@ -118,7 +121,46 @@ absl::StatusOr<std::unique_ptr<SentencePieceModel>> SentencePieceModel::Load(
   std::array<char, kErrorSize> error{};
   void* handle = bridge->load(path.c_str(), error.data(), error.size());
   if (handle == nullptr) return absl::InvalidArgumentError(ErrorText(error));
-  return std::unique_ptr<SentencePieceModel>(new SentencePieceModel(&*bridge, handle));
+  std::unique_ptr<SentencePieceModel> model(new SentencePieceModel(&*bridge, handle));
+  if (absl::Status pieces = model->LoadPieceBytes(); !pieces.ok()) return pieces;
+  return model;
+}
+
+absl::Status SentencePieceModel::LoadPieceBytes() {
+  std::string piece(64, '\0');
+  for (const bool first : {false, true}) {
+    PieceTable& table = first ? first_ : after_text_;
+    table.ends.reserve(static_cast<size_t>(piece_size_));
+    for (int32_t id = 0; id < piece_size_; ++id) {
+      int64_t size = -1;
+      std::array<char, kErrorSize> error{};
+      for (int attempt = 0; attempt < 2; ++attempt) {
+        size = bridge_->piece_bytes(handle_, id, first ? 1 : 0, piece.data(), piece.size(),
+                                    error.data(), error.size());
+        if (size < 0 || static_cast<size_t>(size) <= piece.size()) break;
+        piece.resize(static_cast<size_t>(size));
+      }
+      if (size < 0 || static_cast<size_t>(size) > piece.size()) {
+        return absl::InvalidArgumentError(absl::StrCat("piece ", id, ": ", ErrorText(error)));
+      }
+      table.bytes.append(piece, 0, static_cast<size_t>(size));
+      if (table.bytes.size() > UINT32_MAX) {
+        return absl::InvalidArgumentError("the pieces' text exceeds 4 GiB");
+      }
+      table.ends.push_back(static_cast<uint32_t>(table.bytes.size()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string_view SentencePieceModel::PieceTable::operator[](size_t i) const {
+  const size_t start = i == 0 ? 0 : ends[i - 1];
+  return std::string_view(bytes).substr(start, ends[i] - start);
+}
+
+std::string_view SentencePieceModel::PieceBytes(int32_t id, bool first) const {
+  if (id < 0 || id >= piece_size_) return {};
+  return (first ? first_ : after_text_)[static_cast<size_t>(id)];
 }
 
 absl::StatusOr<std::vector<int32_t>> SentencePieceModel::Encode(std::string_view text) const {

@@ -32,14 +32,28 @@ class SentencePieceModel {
   absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text) const;
   // Ids outside [0, PieceSize()) are skipped.
   std::string Decode(absl::Span<const int32_t> ids) const;
+  // What piece `id` adds to a text, after other text or as its first
+  // visible piece (switchserve_spm_piece_bytes); nothing for ids outside
+  // [0, PieceSize()).
+  std::string_view PieceBytes(int32_t id, bool first) const;
   int PieceSize() const { return piece_size_; }
 
  private:
   SentencePieceModel(const SentencePieceBridge* bridge, void* handle);
+  // Fills the two tables of PieceBytes, one bridge call per piece and place.
+  absl::Status LoadPieceBytes();
+
+  // Every piece's bytes one after another; piece i's are [ends[i - 1], ends[i]).
+  struct PieceTable {
+    std::string bytes;
+    std::vector<uint32_t> ends;
+    std::string_view operator[](size_t i) const;
+  };
 
   const SentencePieceBridge* bridge_;
   void* handle_;  // owned; lives in the bridge's namespace
   int piece_size_ = 0;
+  PieceTable after_text_, first_;
 };
 
 // Where the bridge library was found, or why it could not be loaded

@@ -1,5 +1,6 @@
 #include "engine/text/tokenizer.h"
 
+#include <array>
 #include <filesystem>
 #include <system_error>
 
@@ -8,6 +9,13 @@
 
 namespace switchserve {
 namespace {
+
+// Every byte value once, in order: a byte token's PieceBytes points into it.
+constexpr std::array<char, 256> kBytes = [] {
+  std::array<char, 256> bytes{};
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i);
+  return bytes;
+}();
 
 class ByteTokenizer final : public Tokenizer {
  public:
@@ -25,6 +33,11 @@ class ByteTokenizer final : public Tokenizer {
       if (id >= 0 && id < 256) text.push_back(static_cast<char>(static_cast<unsigned char>(id)));
     }
     return text;
+  }
+
+  std::string_view PieceBytes(int32_t id, bool /*first*/) const override {
+    if (id < 0 || id >= 256) return {};
+    return std::string_view(&kBytes[static_cast<size_t>(id)], 1);
   }
 
   std::string_view kind() const override { return "byte"; }
@@ -48,6 +61,10 @@ class SentencePieceTokenizer final : public Tokenizer {
   // Ids the model does not know (the config's vocab_size may exceed the piece
   // count) are special and decode to nothing.
   std::string Decode(absl::Span<const int32_t> ids) const override { return model_->Decode(ids); }
+
+  std::string_view PieceBytes(int32_t id, bool first) const override {
+    return model_->PieceBytes(id, first);
+  }
 
   std::string_view kind() const override { return "sentencepiece"; }
   int vocab_size() const override { return model_->PieceSize(); }

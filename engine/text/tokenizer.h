@@ -23,6 +23,12 @@ class Tokenizer {
   // Ids to text (bytes; may end inside a multi-byte UTF-8 character when the
   // ids do). Special ids decode to nothing.
   virtual std::string Decode(absl::Span<const int32_t> ids) const = 0;
+  // The bytes `id` adds to a text: after other text, or as the text's first
+  // visible piece (`first`), where Decode drops a SentencePiece piece's
+  // leading space. Decoding ids one by one with this gives Decode's bytes,
+  // except that bytes no character alone stay bytes (Decode makes a
+  // SentencePiece byte piece that is no character U+FFFD). Special ids: nothing.
+  virtual std::string_view PieceBytes(int32_t id, bool first = false) const = 0;
   virtual std::string_view kind() const = 0;  // "byte" or "sentencepiece"
   // Number of ids the tokenizer itself can produce (256 for bytes; the
   // SentencePiece piece count). The model's vocab_size may be larger.

@@ -16,7 +16,7 @@
 namespace switchserve {
 namespace {
 
-using Json = nlohmann::json;
+using Json = nlohmann::ordered_json;
 
 std::string Dump(const Json& json) {
   return json.dump(-1, ' ', false, Json::error_handler_t::replace);
@@ -78,7 +78,7 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
     EngineRequestHandle handle;
     std::string text;                        // unary: everything so far
     std::vector<GeneratedTokenInfo> tokens;  // unary with logprobs
-    int64_t text_offset = 0;                 // characters of token text so far
+    TextOffset text_offset;                  // of the next token, for logprobs
     std::optional<GenerationUpdate> final_update;
   };
 

@@ -428,9 +428,8 @@ const char* OpenAiFinishReason(FinishReason reason) {
 }
 
 std::string TokenString(const Tokenizer& tokenizer, int32_t id) {
-  const int32_t ids[1] = {id};
-  const std::string bytes = tokenizer.Decode(ids);
-  if (IsValidUtf8(bytes)) return bytes;
+  const std::string_view bytes = tokenizer.PieceBytes(id);
+  if (IsValidUtf8(bytes)) return std::string(bytes);
   std::string escaped = "bytes:";
   for (const char c : bytes) {
     absl::StrAppend(&escaped, "\\x", absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2));
@@ -438,21 +437,26 @@ std::string TokenString(const Tokenizer& tokenizer, int32_t id) {
   return escaped;
 }
 
-Json LogprobsObject(const Tokenizer& tokenizer, const std::vector<GeneratedTokenInfo>& tokens,
-                    int top_n, int64_t* first_offset) {
-  Json strings = Json::array(), logprobs = Json::array(), tops = Json::array(),
-       offsets = Json::array();
+nlohmann::ordered_json LogprobsObject(const Tokenizer& tokenizer,
+                                      const std::vector<GeneratedTokenInfo>& tokens, int top_n,
+                                      TextOffset* offset) {
+  using OrderedJson = nlohmann::ordered_json;
+  OrderedJson strings = OrderedJson::array(), logprobs = OrderedJson::array(),
+              tops = OrderedJson::array(), offsets = OrderedJson::array();
   for (const GeneratedTokenInfo& token : tokens) {
-    offsets.push_back(*first_offset);
-    // The token's share of the text: bytes that are no UTF-8 on their own
-    // count as the U+FFFD each becomes.
-    const int32_t ids[1] = {token.token_id};
+    // Where the token starts in the text: the characters the bytes before it
+    // end. A token that completes a character another began starts at that
+    // character; bytes it shows to start none are a U+FFFD each before it.
+    const size_t before = offset->pending.size();
+    offset->pending.append(tokenizer.PieceBytes(token.token_id));
+    offsets.push_back(offset->characters +
+                      static_cast<int64_t>(CharactersEndedWithin(offset->pending, before)));
     std::string text;
-    AppendSanitizedUtf8(tokenizer.Decode(ids), true, &text);
-    *first_offset += CharacterCount(text);
+    offset->pending.erase(0, AppendSanitizedUtf8(offset->pending, false, &text));
+    offset->characters += CharacterCount(text);
     strings.push_back(TokenString(tokenizer, token.token_id));
     logprobs.push_back(token.logprob);
-    Json top = Json::object();
+    OrderedJson top = OrderedJson::object();
     for (size_t i = 0; i < token.top_logprobs.size() && static_cast<int>(i) < top_n; ++i) {
       const auto& [id, logprob] = token.top_logprobs[i];
       top.emplace(TokenString(tokenizer, id), logprob);

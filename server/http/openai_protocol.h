@@ -59,15 +59,24 @@ int HttpStatusFor(absl::StatusCode code);
 // "stop" (stop string or token, EOS) or "length".
 const char* OpenAiFinishReason(FinishReason reason);
 
-// A token as the logprobs object names it: its text, or "bytes:\xNN..."
-// when its bytes are not valid UTF-8 on their own (byte-level models).
+// A token as the logprobs object names it: its text (Tokenizer::PieceBytes),
+// or "bytes:\xNN..." when those bytes are no valid UTF-8 on their own.
 std::string TokenString(const Tokenizer& tokenizer, int32_t id);
 
-// The legacy completions `logprobs` object of some generated tokens;
-// `text_offset` counts characters from `first_offset`, which is advanced.
-nlohmann::json LogprobsObject(const Tokenizer& tokenizer,
-                              const std::vector<GeneratedTokenInfo>& tokens, int top_n,
-                              int64_t* first_offset);
+// How far a choice's text has come, for the next token's `text_offset`: the
+// characters of its tokens so far, and the bytes of a character they have
+// begun and not ended (which a later token completes).
+struct TextOffset {
+  int64_t characters = 0;
+  std::string pending;
+};
+
+// The legacy completions `logprobs` object of some generated tokens (each
+// one's alternatives most likely first); `text_offset` counts characters
+// from `offset`, which is advanced past the tokens.
+nlohmann::ordered_json LogprobsObject(const Tokenizer& tokenizer,
+                                      const std::vector<GeneratedTokenInfo>& tokens, int top_n,
+                                      TextOffset* offset);
 
 }  // namespace switchserve
 

@@ -107,7 +107,11 @@ TEST_F(SentencePieceServingTest, GenerateAndStreamDecodeThePieces) {
   ASSERT_EQ(unary.token_ids_size(), 24);
   EXPECT_EQ(unary.finish_reason(), v1::FINISH_REASON_LENGTH);
   const std::vector<int32_t> ids(unary.token_ids().begin(), unary.token_ids().end());
-  EXPECT_EQ(unary.text(), tokenizer_->Decode(ids));
+  // The text the generated pieces add to the prompt's, leading space and all.
+  const std::vector<int32_t> prompt = *tokenizer_->Encode(kText);
+  std::vector<int32_t> whole = prompt;
+  whole.insert(whole.end(), ids.begin(), ids.end());
+  EXPECT_EQ(tokenizer_->Decode(prompt) + unary.text(), tokenizer_->Decode(whole));
 
   auto stream_context = ContextWithDeadline();
   const StreamResult stream = ReadStream(*stub_, request, stream_context.get());

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "engine/text/tokenizer.h"
+#include "tests/util/test_util.h"
 
 namespace switchserve {
 namespace {
@@ -209,7 +210,8 @@ TEST(OpenAiProtocolTest, TokenStringsOfByteTokens) {
   const auto tokenizer = CreateByteTokenizer();
   EXPECT_EQ(TokenString(*tokenizer, 'a'), "a");
   EXPECT_EQ(TokenString(*tokenizer, 0xC3), "bytes:\\xc3");
-  int64_t offset = 5;
+  TextOffset offset;
+  offset.characters = 5;
   std::vector<GeneratedTokenInfo> tokens(3);
   tokens[0].token_id = 'h';
   tokens[0].logprob = -0.5f;
@@ -219,12 +221,59 @@ TEST(OpenAiProtocolTest, TokenStringsOfByteTokens) {
   tokens[1].top_logprobs = {{0xC3, -2.0f}};
   tokens[2].token_id = 'i';
   tokens[2].logprob = -0.25f;
-  const nlohmann::json logprobs = LogprobsObject(*tokenizer, tokens, 1, &offset);
-  EXPECT_EQ(logprobs["tokens"], nlohmann::json({"h", "bytes:\\xc3", "i"}));
-  EXPECT_EQ(logprobs["token_logprobs"], nlohmann::json({-0.5, -2.0, -0.25}));
-  EXPECT_EQ(logprobs["text_offset"], nlohmann::json({5, 6, 7}));  // the stray byte is one U+FFFD
-  EXPECT_EQ(offset, 8);
-  EXPECT_EQ(logprobs["top_logprobs"][0], nlohmann::json({{"h", -0.5}}));  // top 1 of 2
+  const nlohmann::ordered_json logprobs = LogprobsObject(*tokenizer, tokens, 1, &offset);
+  EXPECT_EQ(logprobs["tokens"], nlohmann::ordered_json({"h", "bytes:\\xc3", "i"}));
+  EXPECT_EQ(logprobs["token_logprobs"], nlohmann::ordered_json({-0.5, -2.0, -0.25}));
+  // The stray byte is one U+FFFD.
+  EXPECT_EQ(logprobs["text_offset"], nlohmann::ordered_json({5, 6, 7}));
+  EXPECT_EQ(offset.characters, 8);
+  EXPECT_EQ(logprobs["top_logprobs"][0], nlohmann::ordered_json({{"h", -0.5}}));  // top 1 of 2
+}
+
+// `text_offset` indexes the choice's text in characters: the byte tokens of
+// one character start where it starts, also when a character spans two
+// calls (stream events).
+TEST(OpenAiProtocolTest, TextOffsetsCountCharacters) {
+  const auto tokenizer = CreateByteTokenizer();
+  const std::string text = "a\xc3\xa9" "b\xe2\x82\xac";  // aéb€
+  std::vector<GeneratedTokenInfo> first(3), second(text.size() - 3);
+  for (size_t i = 0; i < text.size(); ++i) {
+    (i < 3 ? first[i] : second[i - 3]).token_id = static_cast<unsigned char>(text[i]);
+  }
+  TextOffset offset;
+  const nlohmann::ordered_json one = LogprobsObject(*tokenizer, first, 0, &offset);
+  const nlohmann::ordered_json two = LogprobsObject(*tokenizer, second, 0, &offset);
+  EXPECT_EQ(one["text_offset"], nlohmann::ordered_json({0, 1, 1}));
+  EXPECT_EQ(two["text_offset"], nlohmann::ordered_json({2, 3, 3, 3}));
+  EXPECT_EQ(offset.characters, 4);
+  EXPECT_TRUE(offset.pending.empty());
+}
+
+// A token's alternatives come most likely first, as the engine ranks them
+// (OpenAI's order; a JSON object sorted by key would put "b" first).
+TEST(OpenAiProtocolTest, TopLogprobsKeepTheirRank) {
+  const auto tokenizer = CreateByteTokenizer();
+  std::vector<GeneratedTokenInfo> tokens(1);
+  tokens[0].token_id = 'z';
+  tokens[0].logprob = -0.25f;
+  tokens[0].top_logprobs = {{'z', -0.25f}, {'b', -2.5f}, {'m', -3.0f}};
+  TextOffset offset;
+  const nlohmann::ordered_json logprobs = LogprobsObject(*tokenizer, tokens, 3, &offset);
+  EXPECT_EQ(logprobs["top_logprobs"][0].dump(), R"({"z":-0.25,"b":-2.5,"m":-3.0})");
+}
+
+// SentencePiece pieces are named by the text they add after other text, so
+// "▁o" and "o" stay two tokens.
+TEST(OpenAiProtocolTest, TokenStringsOfSentencePieces) {
+  auto tokenizer = LoadSentencePieceTokenizer(testing::SourcePath("tests/data/spm/tokenizer.model"));
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  const std::vector<int32_t> mill = *(*tokenizer)->Encode("mill");
+  ASSERT_EQ(mill.size(), 1u);
+  EXPECT_EQ(TokenString(**tokenizer, mill[0]), " mill");
+  const std::vector<int32_t> ids = *(*tokenizer)->Encode("the old mill");
+  std::string joined;
+  for (int32_t id : ids) joined += TokenString(**tokenizer, id);
+  EXPECT_EQ(joined, " the old mill");
 }
 
 }  // namespace

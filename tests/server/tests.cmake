@@ -10,3 +10,5 @@ foreach(test_name request_validation_test wire_format_test server_flags_test acc
                                              switchserve_warnings)
   gtest_discover_tests(${test_name} PROPERTIES LABELS unit DISCOVERY_TIMEOUT 60)
 endforeach()
+# Token strings of the SentencePiece test model (testing::SourcePath).
+target_link_libraries(openai_protocol_test PRIVATE switchserve_test_util)

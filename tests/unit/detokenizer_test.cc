@@ -6,6 +6,7 @@
 #include "engine/text/tokenizer.h"
 #include "gtest/gtest.h"
 #include "tests/util/fake_backend.h"
+#include "tests/util/test_util.h"
 
 namespace switchserve {
 namespace {
@@ -90,6 +91,62 @@ TEST(DetokenizerTest, StopStringCompletedAtTheEndIsNotReleased) {
   EXPECT_TRUE(stopped);
   EXPECT_EQ(released, "ab");
   EXPECT_EQ(detok.Finish(), "");
+}
+
+// The text a SentencePiece generation releases is what its ids add to the
+// prompt's text: a piece after the prompt keeps its leading space.
+TEST(DetokenizerTest, GeneratedPiecesContinueThePromptsText) {
+  for (const char* model : {"tokenizer.model", "byte_fallback.model"}) {
+    auto tokenizer = LoadSentencePieceTokenizer(
+        testing::SourcePath(std::string("tests/data/spm/") + model));
+    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+    const std::string text = "The river runs past the old mill mill, and the baker opens the shop.";
+    const std::vector<int32_t> ids = *(*tokenizer)->Encode(text);
+    for (size_t split = 1; split < ids.size(); ++split) {
+      const std::vector<int32_t> prompt(ids.begin(), ids.begin() + split);
+      IncrementalDetokenizer detok(tokenizer->get(), {}, prompt);
+      std::string released;
+      bool stopped = false;
+      for (size_t i = split; i < ids.size(); ++i) released += detok.Add(ids[i], &stopped);
+      released += detok.Finish();
+      EXPECT_EQ((*tokenizer)->Decode(prompt) + released, text) << model << ", split " << split;
+    }
+  }
+}
+
+// A prompt that decodes to nothing (a control piece alone): the first
+// generated piece is the text's first, without its leading space, as
+// Decode gives it.
+TEST(DetokenizerTest, APromptWithoutTextDropsTheFirstPiecesSpace) {
+  auto tokenizer = LoadSentencePieceTokenizer(testing::SourcePath("tests/data/spm/tokenizer.model"));
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  const std::vector<int32_t> ids = *(*tokenizer)->Encode("the old mill");
+  const std::vector<int32_t> bos = {1};
+  IncrementalDetokenizer detok(tokenizer->get(), {}, bos);
+  std::string released;
+  bool stopped = false;
+  for (int32_t id : ids) released += detok.Add(id, &stopped);
+  EXPECT_EQ(released + detok.Finish(), "the old mill");
+}
+
+// Byte pieces that spell one character, generated one by one, release the
+// character once it is whole (not a U+FFFD per byte), and a stop string
+// made of it stops the generation.
+TEST(DetokenizerTest, BytePiecesJoinIntoTheirCharacter) {
+  auto tokenizer =
+      LoadSentencePieceTokenizer(testing::SourcePath("tests/data/spm/byte_fallback.model"));
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  const std::vector<int32_t> prompt = *(*tokenizer)->Encode("The price:");
+  const std::vector<int32_t> ids = *(*tokenizer)->Encode("The price: \xe2\x82\xac" "5 and \xe2\x82\xac" "6");
+  std::vector<std::string> chunks;
+  IncrementalDetokenizer detok(tokenizer->get(), {"\xe2\x82\xac" "6"}, prompt);
+  bool stopped = false;
+  for (size_t i = prompt.size(); i < ids.size() && !stopped; ++i) {
+    chunks.push_back(detok.Add(ids[i], &stopped));
+    EXPECT_TRUE(IsValidUtf8(chunks.back()));
+  }
+  EXPECT_TRUE(stopped);
+  EXPECT_EQ(Join(chunks), " \xe2\x82\xac" "5 and ");
 }
 
 }  // namespace

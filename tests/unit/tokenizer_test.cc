@@ -15,6 +15,16 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 std::string SpmModelPath() { return testing::SourcePath("tests/data/spm/tokenizer.model"); }
+std::string ByteFallbackModelPath() {
+  return testing::SourcePath("tests/data/spm/byte_fallback.model");
+}
+
+// The ids' bytes one by one, the first visible piece as a text's first.
+std::string JoinPieceBytes(const Tokenizer& tokenizer, const std::vector<int32_t>& ids) {
+  std::string text;
+  for (int32_t id : ids) text.append(tokenizer.PieceBytes(id, /*first=*/text.empty()));
+  return text;
+}
 
 TEST(ByteTokenizerTest, IdsAreBytes) {
   auto tokenizer = CreateByteTokenizer();
@@ -81,6 +91,60 @@ TEST(SentencePieceTokenizerTest, UnknownAndSpecialIds) {
   auto unknown = (*tokenizer)->Encode("\xe6\x97\xa5");
   ASSERT_TRUE(unknown.ok());
   EXPECT_THAT(*unknown, ::testing::Contains(0));
+}
+
+TEST(ByteTokenizerTest, PieceBytesAreTheByte) {
+  auto tokenizer = CreateByteTokenizer();
+  for (int32_t id = 0; id < 256; ++id) {
+    EXPECT_EQ(tokenizer->PieceBytes(id), std::string(1, static_cast<char>(id)));
+    EXPECT_EQ(tokenizer->PieceBytes(id, /*first=*/true), std::string(1, static_cast<char>(id)));
+  }
+  EXPECT_EQ(tokenizer->PieceBytes(256), "");
+  EXPECT_EQ(tokenizer->PieceBytes(-1), "");
+}
+
+// Pieces decoded one by one give what decoding them together gives, and a
+// piece after text keeps the space Decode drops from a text's first piece.
+TEST(SentencePieceTokenizerTest, PieceBytesJoinToWhatDecodeGives) {
+  auto tokenizer = LoadSentencePieceTokenizer(SpmModelPath());
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  const std::string text = "The river runs past the old mill, and the baker opens the shop.";
+  const std::vector<int32_t> ids = *(*tokenizer)->Encode(text);
+  EXPECT_EQ(JoinPieceBytes(**tokenizer, ids), text);
+  for (size_t split = 1; split < ids.size(); ++split) {
+    const std::vector<int32_t> head(ids.begin(), ids.begin() + split);
+    std::string tail;
+    for (size_t i = split; i < ids.size(); ++i) tail.append((*tokenizer)->PieceBytes(ids[i]));
+    EXPECT_EQ((*tokenizer)->Decode(head) + tail, text) << "split " << split;
+  }
+  const std::vector<int32_t> mill = *(*tokenizer)->Encode("mill");
+  ASSERT_EQ(mill.size(), 1u);
+  EXPECT_EQ((*tokenizer)->PieceBytes(mill[0]), " mill");
+  EXPECT_EQ((*tokenizer)->PieceBytes(mill[0], /*first=*/true), "mill");
+  // Control pieces and ids outside the model add nothing; the unknown piece
+  // its surface, wherever it is.
+  EXPECT_EQ((*tokenizer)->PieceBytes(1), "");
+  EXPECT_EQ((*tokenizer)->PieceBytes(2, /*first=*/true), "");
+  EXPECT_EQ((*tokenizer)->PieceBytes(5000), "");
+  const std::vector<int32_t> unknown = {0};
+  EXPECT_EQ((*tokenizer)->PieceBytes(0), (*tokenizer)->Decode(unknown));
+  EXPECT_EQ((*tokenizer)->PieceBytes(0, /*first=*/true), (*tokenizer)->Decode(unknown));
+}
+
+// A character the pieces do not cover is spelt as byte pieces; each is its
+// byte, although Decode makes U+FFFD of one alone.
+TEST(SentencePieceTokenizerTest, BytePiecesAreTheirBytes) {
+  auto tokenizer = LoadSentencePieceTokenizer(ByteFallbackModelPath());
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  const std::string text = "The caf\xc3\xa9 sells bread for \xe2\x82\xac" "5.";  // café, €
+  const std::vector<int32_t> ids = *(*tokenizer)->Encode(text);
+  EXPECT_EQ((*tokenizer)->Decode(ids), text);
+  EXPECT_EQ(JoinPieceBytes(**tokenizer, ids), text);
+  const std::vector<int32_t> euro = *(*tokenizer)->Encode("\xe2\x82\xac");
+  ASSERT_EQ(euro.size(), 4u);  // "▁" then the three bytes
+  EXPECT_EQ((*tokenizer)->PieceBytes(euro[1]), "\xe2");
+  EXPECT_EQ((*tokenizer)->PieceBytes(euro[1], /*first=*/true), "\xe2");
+  EXPECT_EQ((*tokenizer)->Decode({euro[1]}), "\xef\xbf\xbd");
 }
 
 TEST(SentencePieceTokenizerTest, MissingModelIsNotFound) {

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Rebuilds tests/data/spm/tokenizer.model, the tiny SentencePiece model used by
-# tokenizer_test and model_loader_test. Needs `spm_train` (Debian package
+# tokenizer_test and model_loader_test, and byte_fallback.model. Needs `spm_train` (Debian package
 # `sentencepiece`). The training text below was written for this project and is
 # dedicated to the public domain.
 set -eu
@@ -60,16 +60,25 @@ TEXT
 # not byte-identical between runs; the tests only rely on its behaviour.)
 for i in 1 2 3 4 5 6 7 8; do cat "$work/corpus.txt"; done > "$work/train.txt"
 
-spm_train \
-  --input="$work/train.txt" \
-  --model_prefix="$work/tokenizer" \
-  --vocab_size=300 \
-  --model_type=unigram \
-  --character_coverage=1.0 \
-  --normalization_rule_name=identity \
-  --num_threads=1 \
-  --unk_id=0 --bos_id=1 --eos_id=2 --pad_id=-1 \
-  --minloglevel=2
+train() {  # train MODEL_NAME VOCAB_SIZE [FLAG...]
+  name=$1 vocab=$2
+  shift 2
+  spm_train \
+    --input="$work/train.txt" \
+    --model_prefix="$work/$name" \
+    --vocab_size="$vocab" \
+    --model_type=unigram \
+    --character_coverage=1.0 \
+    --normalization_rule_name=identity \
+    --num_threads=1 \
+    --unk_id=0 --bos_id=1 --eos_id=2 --pad_id=-1 \
+    --minloglevel=2 "$@"
+  cp "$work/$name.model" "$name.model"
+  echo "wrote $(pwd)/$name.model"
+}
 
-cp "$work/tokenizer.model" tokenizer.model
-echo "wrote $(pwd)/tokenizer.model"
+# tokenizer.model: 300 pieces, characters outside the text are <unk>.
+train tokenizer 300
+# byte_fallback.model: the same with SentencePiece's 256 byte pieces, which
+# spell any other character as its UTF-8 bytes (detokenizer_test).
+train byte_fallback 400 --byte_fallback=true
