@@ -53,7 +53,7 @@ GenerationService::GenerationService(const GenerationServiceOptions& options) : 
 
 void GenerationService::FinishRejected(const AccessRecord& record) const {
   if (options_.metrics != nullptr) {
-    options_.metrics->RecordFinished({.protocol = RequestProtocol::kGrpc, .status = record.status});
+    options_.metrics->RecordRequest(RequestProtocol::kGrpc, record.status);
   }
   LogAccess(record);
 }

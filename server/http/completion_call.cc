@@ -191,6 +191,12 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
       // Cancelled by the server: the drain timeout passed.
       failure = absl::UnavailableError("the server stopped before the request finished");
     }
+    // The request once, whatever its number of prompts, before the response
+    // goes out (RejectLocked says why).
+    if (context_.metrics != nullptr) {
+      context_.metrics->RecordRequest(RequestProtocol::kHttp,
+                                      gone_ ? absl::StatusCode::kCancelled : failure.code());
+    }
     const Json usage = {{"prompt_tokens", prompt_tokens},
                         {"completion_tokens", completion_tokens},
                         {"total_tokens", prompt_tokens + completion_tokens}};
@@ -244,14 +250,13 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
                         .body = Dump(error.body)});
   }
 
-  // The engine refused a prompt: answered now, counted here (the engine
-  // never saw the request, its observer does not count it).
+  // The engine refused a prompt: answered now, counted here (the engine's
+  // observer counts no HTTP request; those submitted before are cancelled).
   // Counted before the response goes out: a client that reads the metrics
   // after its answer finds the request there.
   void RejectLocked(const absl::Status& status) {
     if (context_.metrics != nullptr) {
-      context_.metrics->RecordFinished(
-          {.protocol = RequestProtocol::kHttp, .status = status.code()});
+      context_.metrics->RecordRequest(RequestProtocol::kHttp, status.code());
     }
     RespondErrorLocked(status);
     LogAccess(access_);

@@ -63,20 +63,20 @@ void OpenAiService::Handle(const std::shared_ptr<HttpExchange>& exchange) const 
     return exchange->Respond(
         ErrorResponse(absl::NotFoundError(absl::StrCat(path, ": no such endpoint"))));
   }
+  absl::Status authorized;
   if (options_.auth != nullptr) {
     if (absl::Status status = options_.auth->CheckAuthorization(request.Header("authorization"));
         !status.ok()) {
       // The gRPC message speaks of metadata; HTTP clients send a header.
-      return exchange->Respond(ErrorResponse(
-          absl::UnauthenticatedError(status.message() == "invalid bearer token"
-                                         ? "invalid bearer token"
-                                         : "missing `Authorization: Bearer <token>` header")));
+      authorized = absl::UnauthenticatedError(status.message() == "invalid bearer token"
+                                                  ? "invalid bearer token"
+                                                  : "missing `Authorization: Bearer <token>` header");
     }
   }
-  if (path == "/v1/completions") {
-    if (request.method != "POST") return wrong_method("POST");
-    return Completions(exchange);
-  }
+  // A completion refused for its token is counted and logged as a request.
+  if (path == "/v1/completions" && request.method == "POST") return Completions(exchange, authorized);
+  if (!authorized.ok()) return exchange->Respond(ErrorResponse(authorized));
+  if (path == "/v1/completions") return wrong_method("POST");
   const Json model = {{"id", options_.model_name},
                       {"object", "model"},
                       {"created", options_.created_unix_s},
@@ -102,7 +102,8 @@ void OpenAiService::Handle(const std::shared_ptr<HttpExchange>& exchange) const 
   exchange->Respond(ErrorResponse(absl::NotFoundError(absl::StrCat(path, ": no such endpoint"))));
 }
 
-void OpenAiService::Completions(const std::shared_ptr<HttpExchange>& exchange) const {
+void OpenAiService::Completions(const std::shared_ptr<HttpExchange>& exchange,
+                                const absl::Status& authorized) const {
   const HttpRequest& request = exchange->request();
   AccessRecord access;
   access.request_id = AcceptOrMakeRequestId(request.Header(kRequestIdHeader));
@@ -115,13 +116,13 @@ void OpenAiService::Completions(const std::shared_ptr<HttpExchange>& exchange) c
     access.status = status.code();
     access.http_status = response.status;
     if (options_.metrics != nullptr) {
-      options_.metrics->RecordFinished(
-          {.protocol = RequestProtocol::kHttp, .status = status.code()});
+      options_.metrics->RecordRequest(RequestProtocol::kHttp, status.code());
     }
     LogAccess(access);
     exchange->Respond(std::move(response));
   };
 
+  if (!authorized.ok()) return reject(authorized);
   if (options_.gate->draining()) {
     return reject(absl::UnavailableError("the server is shutting down; retry on another replica"));
   }

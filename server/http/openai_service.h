@@ -48,7 +48,10 @@ class OpenAiService {
   void Handle(const std::shared_ptr<HttpExchange>& exchange) const;
 
  private:
-  void Completions(const std::shared_ptr<HttpExchange>& exchange) const;
+  // POST /v1/completions; `authorized` is the bearer token's check (OK
+  // without --auth-token-file), refused here so the request is counted.
+  void Completions(const std::shared_ptr<HttpExchange>& exchange,
+                   const absl::Status& authorized) const;
 
   OpenAiServiceOptions options_;
 };

@@ -47,6 +47,9 @@ void EngineMetricsObserver::OnRequestFinished(const GenerationRequest& request,
   if (!protocol) return;
   FinishedRequestSample sample;
   sample.protocol = *protocol;
+  // An HTTP request's prompts are its choices: the request is counted once,
+  // by its front end (server/http/completion_call.cc).
+  sample.count_request = *protocol == RequestProtocol::kGrpc;
   FinishedBy finished_by = FinishedBy::kError;
   if (!final_update.status.ok()) {
     sample.status = final_update.status.code();

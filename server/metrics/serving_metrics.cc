@@ -139,13 +139,16 @@ void ServingMetrics::RecordQueueTime(double seconds) { queue_->Observe(seconds);
 
 void ServingMetrics::RecordFirstToken(double seconds) { ttft_->Observe(seconds); }
 
-void ServingMetrics::RecordFinished(const FinishedRequestSample& request) {
+void ServingMetrics::RecordRequest(RequestProtocol protocol, absl::StatusCode status) {
   size_t index = kStatusCodes.size() - 1;  // UNKNOWN
   for (size_t i = 0; i < kStatusCodes.size(); ++i) {
-    if (kStatusCodes[i] == request.status) index = i;
+    if (kStatusCodes[i] == status) index = i;
   }
-  const size_t protocol = request.protocol == RequestProtocol::kHttp ? 1 : 0;
-  requests_[protocol][index]->Increment();
+  requests_[protocol == RequestProtocol::kHttp ? 1 : 0][index]->Increment();
+}
+
+void ServingMetrics::RecordFinished(const FinishedRequestSample& request) {
+  if (request.count_request) RecordRequest(request.protocol, request.status);
   if (request.generated_tokens > 0) {
     generation_tokens_->Increment(static_cast<double>(request.generated_tokens));
   }

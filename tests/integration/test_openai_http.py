@@ -349,14 +349,20 @@ def test_bearer_token():
     token_file = os.path.join(tempfile.mkdtemp(prefix="switchserve_token_"), "token")
     with open(token_file, "w") as f:
         f.write("http-token\n")
-    server = Server("--auth-token-file", token_file)
+    server = Server("--auth-token-file", token_file, metrics=True)
     try:
         for key in ("nope", ""):
             with pytest.raises(openai.AuthenticationError) as error:
-                server.client(api_key=key).completions.create(model=MODEL, prompt="x",
-                                                              max_tokens=2)
+                server.client(api_key=key).completions.create(
+                    model=MODEL, prompt="x", max_tokens=2,
+                    extra_headers={"x-request-id": f"refused-{key}"})
             assert error.value.status_code == 401
             assert error.value.body["code"] == "unauthenticated"
+            # Counted and logged as a request, as gRPC's refusals are.
+            assert server.access_line(f"refused-{key}")["status"] == "UNAUTHENTICATED"
+        text = server.scrape_metrics()
+        assert re.search(r'switchserve_requests_total\{protocol="http",status="UNAUTHENTICATED"\} 2\n',
+                         text), text
         result = curl("-i", server.url + "/v1/models")
         assert result.stdout.startswith("HTTP/1.1 401")
         good = server.client(api_key="http-token")
@@ -492,16 +498,19 @@ def test_http_requests_in_the_metrics():
         assert stopped.choices[0].finish_reason == "stop"
         with pytest.raises(openai.BadRequestError):
             client.completions.create(model=MODEL, prompt="x", top_p=7)
+        # One request of three prompts: one request, three generations.
+        assert len(client.completions.create(model=MODEL, prompt=["a", "b", "c"], max_tokens=2,
+                                             extra_body={"ignore_eos": True}).choices) == 3
         grpc_generate(server, "grpc", max_new_tokens=2)
         text = server.scrape_metrics()
         value = lambda series: float(re.search(re.escape(series) + r" (\S+)", text).group(1))
-        assert value('switchserve_requests_total{protocol="http",status="OK"}') == 3
+        assert value('switchserve_requests_total{protocol="http",status="OK"}') == 4
         assert value('switchserve_requests_total{protocol="http",status="INVALID_ARGUMENT"}') == 1
         assert value('switchserve_requests_total{protocol="grpc",status="OK"}') == 2
-        assert value('switchserve_request_finish_reason_total{reason="length"}') == 4
+        assert value('switchserve_request_finish_reason_total{reason="length"}') == 4 + 3
         assert value('switchserve_request_finish_reason_total{reason="stop"}') == 1
-        assert value("switchserve_request_generation_tokens_sum") == 4 + 4 + 1 + 1 + 2
-        assert value("switchserve_request_prompt_tokens_count") == 5
+        assert value("switchserve_request_generation_tokens_sum") == 4 + 4 + 1 + 1 + 2 + 3 * 2
+        assert value("switchserve_request_prompt_tokens_count") == 5 + 3
         assert re.search(r'switchserve_model_info\{.*model="switchall_f16".*\} 1', text)
         assert 'device="cpu"' in re.search(r"switchserve_model_info\{.*\}", text).group(0)
         assert 'kv_cache_dtype="f32"' in re.search(r"switchserve_model_info\{.*\}", text).group(0)

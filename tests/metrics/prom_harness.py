@@ -103,14 +103,16 @@ class Prometheus:
 
 @contextlib.contextmanager
 def running_prometheus(tmp, targets):
-    """Debian's prometheus scraping `targets` ({job: port}) every second with
-    the alert rules loaded; yields a Prometheus once every target is up."""
+    """Debian's prometheus scraping `targets` ({job: port or [ports]}) every
+    second with the alert rules loaded; yields a Prometheus once every target
+    is up."""
     assert os.access(PROMETHEUS, os.X_OK), "Debian's prometheus is needed (scripts/install-deps.sh)"
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [ALERTS],
         "scrape_configs": [
-            {"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
+            {"job_name": job, "static_configs": [{"targets": [
+                f"127.0.0.1:{p}" for p in (port if isinstance(port, list) else [port])]}]}
             for job, port in targets.items()
         ],
     }
@@ -211,9 +213,25 @@ def alert_rules():
     return rules
 
 
-def aux_loss_query():
-    """The aux-loss PromQL of docs/metrics.md (the block after the marker)."""
+def doc_block(marker):
+    """The PromQL block of docs/metrics.md after `<!-- marker -->`."""
     text = open(METRICS_DOC).read()
-    match = re.search(r"<!-- aux-loss-query -->\s*```promql\n(.*?)```", text, re.S)
-    assert match, "docs/metrics.md lost its aux-loss query block"
+    match = re.search(r"<!-- " + re.escape(marker) + r" -->\s*```promql\n(.*?)```", text, re.S)
+    assert match, f"docs/metrics.md lost its {marker} block"
     return match.group(1)
+
+
+def aux_loss_query():
+    """The per-replica aux-loss PromQL of docs/metrics.md."""
+    return doc_block("aux-loss-query")
+
+
+def doc_queries(marker):
+    """The queries of a block: expressions separated by blank lines, each
+    after its `#` comment."""
+    queries = []
+    for chunk in doc_block(marker).split("\n\n"):
+        lines = [line for line in chunk.splitlines() if not line.lstrip().startswith("#")]
+        if any(line.strip() for line in lines):
+            queries.append("\n".join(lines))
+    return queries

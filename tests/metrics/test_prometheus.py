@@ -37,6 +37,8 @@ from prom_harness import (
     aux_loss_query,
     check_every_dashboard_query,
     dashboard_expressions,
+    doc_block,
+    doc_queries,
     eventually,
     free_port,
     running_prometheus,
@@ -46,6 +48,7 @@ from prom_harness import (
 
 BATCH_STEPS = 20
 BATCH_TOKENS = 48
+POOLED = ["pooled-a", "pooled-b"]
 
 
 class Exporter:
@@ -87,7 +90,12 @@ def stack(tmp_path_factory):
             binary, "reroute", [*common, "--capacity_factor=1", "--overflow=reroute"]
         )
         exporters["dropless"] = Exporter(binary, "dropless", [*common, "--capacity_factor=0"])
-        targets = {f"switchserve-{name}": e.port for name, e in exporters.items()}
+        # Two replicas of one job, for the pooled queries.
+        for name in POOLED:
+            exporters[name] = Exporter(binary, name, [*common, "--capacity_factor=1"])
+        targets = {f"switchserve-{name}": e.port for name, e in exporters.items()
+                   if name not in POOLED}
+        targets["switchserve-pooled"] = [exporters[name].port for name in POOLED]
         with running_prometheus(tmp_path_factory.mktemp("prometheus"), targets) as prom:
             yield prom, exporters
     finally:
@@ -120,7 +128,8 @@ def batches(stack):
     commanded = ["known", "reroute", "dropless"]
 
     def zeros_scraped():
-        v = prom.vector('sum by (job) (switchserve_moe_router_tokens_total{job!="switchserve-load"})')
+        v = prom.vector(
+            'sum by (job) (switchserve_moe_router_tokens_total{job!~"switchserve-(load|pooled)"})')
         return len(v) == len(commanded) and all(x == 0 for x in v.values())
 
     wait_for("zero counters scraped", zeros_scraped)
@@ -210,6 +219,63 @@ def test_aux_loss_promql_equals_engine(batches):
             assert from_counters[key] == pytest.approx(router["aux_loss"], rel=1e-9), key
             # The gauge's window (64 steps) holds the whole batch.
             assert gauges[key] == pytest.approx(router["aux_loss"], rel=1e-9), key
+
+
+def test_pooled_aux_loss_promql_equals_engine(stack):
+    """The pooled query of docs/metrics.md over two replicas that ran the same
+    batch: their pooled f_e and P_e are each one's, so is the aux loss."""
+    prom, exporters = stack
+
+    def zeros_scraped():
+        v = prom.vector('switchserve_moe_router_tokens_total{job="switchserve-pooled"}')
+        replicas = {dict(labels)["instance"] for labels in v}
+        return len(replicas) == len(POOLED) and all(x == 0 for x in v.values())
+
+    wait_for("pooled zero counters scraped", zeros_scraped)
+    time.sleep(1.5)  # a second scrape at zero, strictly before the batch
+    totals = [exporters[name].run_batch(BATCH_STEPS, BATCH_TOKENS) for name in POOLED]
+    assert totals[0] == totals[1]
+    want = 2 * sum(r["tokens"] for r in totals[0]["routers"])
+    wait_for("pooled batches scraped", lambda: list(prom.vector(
+        'sum(switchserve_moe_router_tokens_total{job="switchserve-pooled"})').values()) == [want])
+    query = doc_block("aux-loss-query-pooled").replace("$window", "2m")
+
+    def pooled():
+        return {key: value for key, value in by_router(prom.vector(query)).items()
+                if key[0] == "switchserve-pooled"}
+
+    def settled():
+        got = pooled()
+        return len(got) == len(totals[0]["routers"]) and all(
+            got[("switchserve-pooled", r["layer"], r["module"], r["head"])]
+            == pytest.approx(r["aux_loss"], rel=1e-9) for r in totals[0]["routers"])
+
+    eventually(settled, True)
+    got = pooled()
+    for router in totals[0]["routers"]:
+        key = ("switchserve-pooled", router["layer"], router["module"], router["head"])
+        assert got[key] == pytest.approx(router["aux_loss"], rel=1e-9), key
+
+
+def test_window_queries_of_the_docs(batches):
+    """Every query under "Other windows" parses and returns data; a router's
+    expert utilisations add up to its number of experts."""
+    prom, _, _ = batches
+    queries = doc_queries("window-queries")
+    assert len(queries) == 3
+    for query in queries:
+        assert prom.vector(query), query
+    utilisation = prom.vector(queries[2])
+    experts = prom.vector("count by (layer, module, head) (count by (layer, module, head, expert) "
+                          "(switchserve_moe_assignments_total))")
+    sums = {}
+    for labels, value in utilisation.items():
+        d = dict(labels)
+        key = frozenset({"layer": d["layer"], "module": d["module"], "head": d["head"]}.items())
+        sums[key] = sums.get(key, 0.0) + value
+    assert sums.keys() == experts.keys()
+    for key, count in experts.items():
+        assert sums[key] == pytest.approx(count, rel=1e-9), dict(key)
 
 
 def test_exposition_passes_promtool_lint(stack):
