@@ -80,13 +80,7 @@ namespace {
 bool IsHostAddressOrName(const std::string& host) {
   if (host.empty()) return false;
   unsigned char address[16];
-  if (host.find(':') != std::string::npos) {
-    std::string literal = host;
-    if (literal.size() >= 2 && literal.front() == '[' && literal.back() == ']') {
-      literal = literal.substr(1, literal.size() - 2);
-    }
-    return inet_pton(AF_INET6, literal.c_str(), address) == 1;
-  }
+  if (host.find(':') != std::string::npos) return Ipv6Literal(host).has_value();
   if (host.find_first_not_of("0123456789.") == std::string::npos) {
     return inet_pton(AF_INET, host.c_str(), address) == 1;
   }
@@ -97,6 +91,17 @@ bool IsHostAddressOrName(const std::string& host) {
 }
 
 }  // namespace
+
+std::optional<std::string> Ipv6Literal(const std::string& host) {
+  if (host.find(':') == std::string::npos) return std::nullopt;
+  std::string literal = host;
+  if (literal.size() >= 2 && literal.front() == '[' && literal.back() == ']') {
+    literal = literal.substr(1, literal.size() - 2);
+  }
+  unsigned char address[16];
+  if (inet_pton(AF_INET6, literal.c_str(), address) != 1) return std::nullopt;
+  return literal;
+}
 
 std::string HostProblem(const std::string& host) {
   if (IsHostAddressOrName(host)) return "";

@@ -33,6 +33,9 @@ absl::StatusOr<int> ThreadsFromFlags();
 // but is not one ("999.1.1.1") is refused: civetweb would read it as
 // 231.1.1.1.
 std::string HostProblem(const std::string& host);
+// The address of an IPv6 literal (`::1` or `[::1]`), without brackets;
+// nullopt for anything else.
+std::optional<std::string> Ipv6Literal(const std::string& host);
 
 }  // namespace switchserve
 

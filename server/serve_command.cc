@@ -289,18 +289,18 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
                       auth ? "bearer token required" : "no authentication"));
   Log(ConnectionSummary(options.connections));
   if (exposer != nullptr) {
-    Log(absl::StrCat("metrics on http://", options.metrics_host, ":", exposer->port(), "/metrics",
+    Log(absl::StrCat("metrics on http://", HostPort(options.metrics_host, exposer->port()), "/metrics",
                      moe_metrics ? "" : " (--no-moe-metrics: serving and process only)"));
   } else {
     Log("metrics disabled (--metrics-port 0)");
   }
   if (http != nullptr) {
-    Log(absl::StrCat("HTTP API on ", options.tls.enabled() ? "https://" : "http://", options.host,
-                     ":", http->port(),
+    Log(absl::StrCat("HTTP API on ", options.tls.enabled() ? "https://" : "http://",
+                     HostPort(options.host, http->port()),
                      " (OpenAI-compatible: /v1/completions, /v1/models; /health, /ready; model \"",
                      model_name, "\")"));
   }
-  Log(absl::StrCat("listening on ", options.host, ":", bound_port,
+  Log(absl::StrCat("listening on ", HostPort(options.host, bound_port),
                    " (grpc: switchserve.v1.Generation, grpc.health.v1.Health",
                    options.reflection ? ", reflection)" : ")"));
 

@@ -152,6 +152,25 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   if (const std::string problem = HostProblem(o.metrics_host); !problem.empty()) {
     return FlagError("metrics-host", problem);
   }
+  // The exporter's HTTP server (Debian's civetweb) is built without IPv6.
+  if (const std::optional<std::string> v6 = Ipv6Literal(o.metrics_host);
+      v6 && o.metrics_port != 0) {
+    if (!absl::GetFlag(FLAGS_metrics_host).empty()) {
+      return FlagError("metrics-host", absl::StrCat("the metrics exporter listens on IPv4 only: give "
+                                                    "an IPv4 address or a host name, found \"",
+                                                    o.metrics_host, "\""));
+    }
+    // Taken from an IPv6 --host: its IPv4 counterpart, where there is one.
+    if (*v6 == "::") {
+      o.metrics_host = "0.0.0.0";
+    } else if (*v6 == "::1") {
+      o.metrics_host = "127.0.0.1";
+    } else {
+      return FlagError("metrics-host", absl::StrCat("needed with --host ", o.host,
+                                                    ": the metrics exporter listens on IPv4 only "
+                                                    "(or --metrics-port 0)"));
+    }
+  }
   if (o.port < 0 || o.port > 65535) return FlagError("port", "must be in [0, 65535]");
   if (o.metrics_port < 0 || o.metrics_port > 65535) {
     return FlagError("metrics-port", "must be in [0, 65535]");
@@ -220,10 +239,13 @@ std::string ServedModelName(const std::string& flag_value, const ModelConfig& co
   return std::string(slash == std::string_view::npos ? dir : dir.substr(slash + 1));
 }
 
+std::string HostPort(const std::string& host, int port) {
+  const bool ipv6 = host.find(':') != std::string::npos && host.front() != '[';
+  return ipv6 ? absl::StrCat("[", host, "]:", port) : absl::StrCat(host, ":", port);
+}
+
 std::string ListenAddress(const ServerOptions& options) {
-  const bool ipv6 = options.host.find(':') != std::string::npos && options.host.front() != '[';
-  return ipv6 ? absl::StrCat("[", options.host, "]:", options.port)
-              : absl::StrCat(options.host, ":", options.port);
+  return HostPort(options.host, options.port);
 }
 
 }  // namespace switchserve

@@ -104,7 +104,9 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags();
 std::string ServedModelName(const std::string& flag_value, const ModelConfig& config,
                             const std::string& model_dir);
 
-// "host:port" as gRPC wants it (IPv6 hosts bracketed).
+// "host:port" as gRPC and URLs want it (an IPv6 host bracketed).
+std::string HostPort(const std::string& host, int port);
+// HostPort of --host and --port.
 std::string ListenAddress(const ServerOptions& options);
 
 }  // namespace switchserve

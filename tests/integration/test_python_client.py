@@ -509,3 +509,37 @@ def test_max_connection_age_moves_a_long_lived_channel_to_new_connections():
     # Without a maximum age the same channel keeps its one connection.
     peers = peers_seen(["--max-connection-age-s", "0"], calls=30, interval_s=0.1)
     assert len(set(peers)) == 1, peers
+
+
+def test_an_ipv6_host_serves_grpc_there_and_metrics_on_its_ipv4_counterpart():
+    """The exporter listens on IPv4 only (Debian's civetweb): `--host ::1`
+    serves gRPC on [::1] and the metrics on 127.0.0.1, and says so."""
+    import socket
+    from server_process import free_port
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError as e:
+        pytest.skip(f"no IPv6 loopback here: {e}")
+    metrics_port = free_port()
+    log_path = os.path.join(tempfile.mkdtemp(prefix="switchserve_v6_"), "server.log")
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            [BINARY, "serve", "--model", MODEL, "--host", "::1", "--port", "0", "--metrics-port",
+             str(metrics_port), "--threads", "1"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while (match := re.search(r"listening on \[::1\]:(\d+)", open(log_path).read())) is None:
+            assert process.poll() is None and time.monotonic() < deadline, open(log_path).read()
+            time.sleep(0.05)
+        assert f"metrics on http://127.0.0.1:{metrics_port}/metrics" in open(log_path).read()
+        channel = grpc.insecure_channel(f"[::1]:{match.group(1)}")
+        health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
+                                                           timeout=10)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+        import urllib.request
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
+            assert b"switchserve_requests_total" in r.read()
+    finally:
+        process.kill()
+        process.wait()

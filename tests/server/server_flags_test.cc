@@ -6,6 +6,8 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <string>
+#include <utility>
 
 #include "absl/flags/flag.h"
 #include "gtest/gtest.h"
@@ -16,6 +18,9 @@ ABSL_DECLARE_FLAG(std::optional<double>, capacity_factor);
 ABSL_DECLARE_FLAG(int64_t, max_metadata_bytes);
 ABSL_DECLARE_FLAG(int, serving_threads_nice);
 ABSL_DECLARE_FLAG(int, stream_interval);
+ABSL_DECLARE_FLAG(std::string, host);
+ABSL_DECLARE_FLAG(std::string, metrics_host);
+ABSL_DECLARE_FLAG(int, metrics_port);
 
 namespace switchserve {
 namespace {
@@ -78,6 +83,40 @@ TEST(ServerFlagsTest, ServingThreadsNiceIsZeroToNineteenTenByDefault) {
     EXPECT_NE(options.status().message().find("--serving-threads-nice"), std::string::npos);
   }
   absl::SetFlag(&FLAGS_serving_threads_nice, 10);
+}
+
+// The exporter listens on IPv4 only: an IPv6 --host gives it the IPv4
+// counterpart where there is one; an IPv6 --metrics-host is refused.
+TEST(ServerFlagsTest, MetricsHostIsIpv4) {
+  const std::pair<const char*, const char*> inherited[] = {
+      {"::", "0.0.0.0"}, {"[::]", "0.0.0.0"}, {"::1", "127.0.0.1"}, {"[::1]", "127.0.0.1"},
+      {"127.0.0.2", "127.0.0.2"}, {"localhost", "localhost"}};
+  for (const auto& [host, metrics_host] : inherited) {
+    absl::SetFlag(&FLAGS_host, host);
+    auto options = ServerOptionsFromFlags();
+    ASSERT_TRUE(options.ok()) << host << ": " << options.status();
+    EXPECT_EQ(options->host, host);
+    EXPECT_EQ(options->metrics_host, metrics_host) << host;
+  }
+  absl::SetFlag(&FLAGS_host, "fe80::1");
+  auto options = ServerOptionsFromFlags();
+  EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(options.status().message().find("--metrics-host"), std::string::npos);
+  absl::SetFlag(&FLAGS_metrics_port, 0);  // no exporter: nothing to listen on
+  EXPECT_TRUE(ServerOptionsFromFlags().ok());
+  absl::SetFlag(&FLAGS_metrics_port, 9090);
+  absl::SetFlag(&FLAGS_metrics_host, "10.0.0.1");
+  options = ServerOptionsFromFlags();
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->metrics_host, "10.0.0.1");
+  absl::SetFlag(&FLAGS_host, "0.0.0.0");
+  for (const char* v6 : {"::1", "[::]"}) {
+    absl::SetFlag(&FLAGS_metrics_host, v6);
+    options = ServerOptionsFromFlags();
+    EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument) << v6;
+    EXPECT_NE(options.status().message().find("IPv4 only"), std::string::npos);
+  }
+  absl::SetFlag(&FLAGS_metrics_host, "");
 }
 
 TEST(ServerFlagsTest, StreamIntervalIsOneByDefaultAndOneTo4096) {
