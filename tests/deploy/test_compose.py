@@ -5,6 +5,7 @@ the server's flags. The alert rules (deploy/prometheus/alerts.yml) and the
 dashboard (deploy/grafana/switchserve.json) come from the metrics work: their
 contents are checked only when they exist."""
 import json
+import re
 import shutil
 import subprocess
 
@@ -103,6 +104,12 @@ def test_server_healthcheck_and_drain(compose, name):
         "drain_timeout_s", server_facts.drain_timeout_s()))
     assert int(grace[:-1]) > drain_s
     assert service["read_only"] is True
+    # The start period the service's image gives itself (a compose
+    # healthcheck replaces the image's): the GPU image's covers loading the
+    # weights onto the GPU.
+    dockerfile = (REPO_ROOT / service["build"]["dockerfile"]).read_text()
+    image_start = re.search(r"^HEALTHCHECK .*--start-period=(\d+s)", dockerfile, re.M).group(1)
+    assert service["healthcheck"]["start_period"] == image_start
 
 
 def _prometheus_config(compose):

@@ -198,5 +198,9 @@ def test_cuda_image_builds_the_cuda_backend_with_a_toolkit_that_has_what_it_call
     copied = " ".join(runs(("cuda-runtime", None, cuda_runtime)))
     for library in ("libcudart.so", "libcublas.so", "libcublasLt.so"):
         assert library in copied
-    final_env = " ".join(a for i, a in stages[-1][2] if i == "ENV")
-    assert f"cuda>={major_minor.group(1)}" in final_env
+    # The driver requirement follows the toolkit (a CUDA 12 build for
+    # pre-R580 drivers asks for CUDA 12): the runtime stage reads the ARG.
+    final = stages[-1][2]
+    assert ("ARG", "CUDA_MAJOR_MINOR") in final
+    final_env = " ".join(a for i, a in final if i == "ENV")
+    assert 'NVIDIA_REQUIRE_CUDA="cuda>=${CUDA_MAJOR_MINOR}"' in final_env
