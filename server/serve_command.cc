@@ -222,7 +222,8 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
                         .metrics = serving_metrics.get(),
                         .gate = &gate,
                         .created_unix_s = absl::ToUnixSeconds(absl::Now()),
-                        .stream_interval = options.stream_interval});
+                        .stream_interval = options.stream_interval,
+                        .max_prompts = options.max_queue});
   std::unique_ptr<HttpServer> http;
   if (options.http_port != 0) {
     auto started = HttpServer::Start(

@@ -74,7 +74,13 @@ void GenerationEngine::Start() {
 absl::StatusOr<RequestId> GenerationEngine::Submit(GenerationRequest request) {
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) return absl::UnavailableError("the engine is shutting down");
-  const int64_t waiting = static_cast<int64_t>(inbox_.size()) + snapshot_.waiting;
+  // Requests the running batch has room for join it at the next step and
+  // do not wait; none does while others wait already (the queue is FIFO).
+  const int64_t inbox = static_cast<int64_t>(inbox_.size());
+  const int64_t free_slots =
+      std::max(0, options_.scheduler.max_running_requests - snapshot_.running);
+  const int64_t waiting = snapshot_.waiting > 0 ? inbox + snapshot_.waiting
+                                                : std::max<int64_t>(0, inbox - free_slots);
   if (waiting >= options_.max_queue) {
     return absl::ResourceExhaustedError(
         absl::StrCat("the request queue is full (", options_.max_queue,

@@ -134,6 +134,11 @@ void OpenAiService::Completions(const std::shared_ptr<HttpExchange>& exchange,
                                                    options_.model_name, "`")));
   }
   const int count = static_cast<int>(parsed->prompts.size());
+  if (options_.max_prompts > 0 && count > options_.max_prompts) {
+    return reject(absl::InvalidArgumentError(
+        absl::StrCat("prompt: at most ", options_.max_prompts,
+                     " prompts in one request (--max-queue), found ", count)));
+  }
   std::vector<GenerationRequest> prompts;
   prompts.reserve(count);
   const auto arrival = Clock::now();

@@ -39,6 +39,9 @@ struct OpenAiServiceOptions {
   CallGate* gate = nullptr;               // shared with the gRPC service
   int64_t created_unix_s = 0;             // the model's `created` (server start)
   int stream_interval = 1;                // streamed completions: tokens per event after the first
+  // Prompts one request may hold (--max-queue: more could never be queued
+  // together, and a retry would not help); 0: no limit.
+  int max_prompts = 0;
 };
 
 class OpenAiService {

@@ -407,6 +407,12 @@ def test_full_queue_is_429():
         assert sum(len(c.choices[0].text) >= 0 for c in running) >= 1
         # The server keeps serving.
         assert client.completions.create(model=MODEL, prompt="ok", max_tokens=2).usage
+        # More prompts than --max-queue could never be queued together: not
+        # a 429 to retry forever.
+        with pytest.raises(openai.BadRequestError) as error:
+            client.completions.create(model=MODEL, prompt=["a", "b"], max_tokens=2)
+        assert error.value.body["param"] == "prompt"
+        assert "at most 1 prompts in one request (--max-queue), found 2" in error.value.body["message"]
     finally:
         server.close()
 

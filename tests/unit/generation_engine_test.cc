@@ -382,21 +382,23 @@ TEST_F(GenerationEngineTest, HeldTokensReachTheSinkBeforeAnEarlyEnd) {
   engine_->Stop();  // the engine reports to `steps` until it stops
 }
 
-TEST_F(GenerationEngineTest, QueueLimitAndStop) {
-  Init(256, 256, 16, /*max_queue=*/2);
+// --max-queue bounds the requests that must wait: those the running batch
+// has room for (3 here) join it at the next step and are not counted.
+TEST_F(GenerationEngineTest, QueueLimitCountsWhatTheBatchHasNoRoomForAndStop) {
+  Init(256, 256, /*max_running=*/3, /*max_queue=*/2);
   // Not started: submissions stay queued.
-  auto a = Submit("a", Greedy(5));
-  auto b = Submit("b", Greedy(5));
+  std::vector<std::shared_ptr<CollectingSink>> accepted;
+  for (const char* prompt : {"a", "b", "c", "d", "e"}) accepted.push_back(Submit(prompt, Greedy(5)));
   GenerationRequest request;
   request.prompt = {1};
   request.sink = std::make_shared<CollectingSink>();
   EXPECT_EQ(engine_->Submit(std::move(request)).status().code(),
             absl::StatusCode::kResourceExhausted);
   engine_->Stop();
-  EXPECT_EQ(a->Wait().finish_reason, FinishReason::kCancelled);
-  EXPECT_EQ(b->Wait().finish_reason, FinishReason::kCancelled);
-  EXPECT_EQ(a->Wait().cancel_cause, CancelCause::kShutdown);
-  EXPECT_EQ(b->Wait().cancel_cause, CancelCause::kShutdown);
+  for (const auto& sink : accepted) {
+    EXPECT_EQ(sink->Wait().finish_reason, FinishReason::kCancelled);
+    EXPECT_EQ(sink->Wait().cancel_cause, CancelCause::kShutdown);
+  }
   GenerationRequest late;
   late.prompt = {1};
   late.sink = std::make_shared<CollectingSink>();
