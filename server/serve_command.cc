@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "engine/model/host_cpus.h"
 #include "engine/model/model_loader.h"
 #include "engine/runtime/generation_engine.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -255,7 +256,11 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
       "backend %s%s, threads %s (serving threads %s); KV cache %d blocks x %d tokens = %d tokens "
       "(%d MiB, %d bytes per token, %s; --kv-cache-dtype %s)",
       std::string(backend->name()), kernels,
-      options.threads == 0 ? "all" : std::to_string(options.threads), serving_nice,
+      options.threads == 0
+          ? absl::StrCat(AvailableCpus().count,
+                         AvailableCpus().quota_limited ? " (the cgroup's CPU quota)" : " (all CPUs)")
+          : std::to_string(options.threads),
+      serving_nice,
       kv_cache.num_blocks(), kv_cache.block_size(), kv_cache.capacity_tokens(),
       kv_cache.bytes() >> 20, kv_cache.bytes_per_token(), kv_cache_dtype,
       std::string(ToString(options.kv_cache_dtype))));

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/model/host_cpus.h"
 #include "engine/model/host_memory.h"
 #include "engine/model/huge_pages.h"
 #include "engine/runtime/kv_cache.h"
@@ -33,7 +34,9 @@ class CpuBackend final : public Backend {
         weights_(weights),
         positions_(std::move(positions)),
         kv_dtype_(options.kv_cache_dtype),
-        num_threads_(options.num_threads > 0 ? options.num_threads : omp_get_max_threads()),
+        num_threads_(options.num_threads > 0
+                         ? options.num_threads
+                         : std::min(omp_get_max_threads(), AvailableCpus().count)),
         isa_(options.kernel_isa.value_or(cpu::BestKernelIsa())),
         pool_(num_threads_),
         runner_(isa_, &pool_, options.parallel_matmul_min_macs),
