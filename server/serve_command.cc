@@ -256,12 +256,11 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
       "backend %s%s, threads %s (serving threads %s); KV cache %d blocks x %d tokens = %d tokens "
       "(%d MiB, %d bytes per token, %s; --kv-cache-dtype %s)",
       std::string(backend->name()), kernels,
-      options.threads == 0
-          ? absl::StrCat(AvailableCpus().count,
-                         AvailableCpus().quota_limited ? " (the cgroup's CPU quota)" : " (all CPUs)")
-          : std::to_string(options.threads),
-      serving_nice,
-      kv_cache.num_blocks(), kv_cache.block_size(), kv_cache.capacity_tokens(),
+      options.threads == 0 ? absl::StrCat(AvailableCpus().count, AvailableCpus().quota_limited
+                                                                     ? " (the cgroup's CPU quota)"
+                                                                     : " (all CPUs)")
+                           : std::to_string(options.threads),
+      serving_nice, kv_cache.num_blocks(), kv_cache.block_size(), kv_cache.capacity_tokens(),
       kv_cache.bytes() >> 20, kv_cache.bytes_per_token(), kv_cache_dtype,
       std::string(ToString(options.kv_cache_dtype))));
   const WeightCopies copies = backend->weight_copies();
@@ -295,7 +294,8 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
                       auth ? "bearer token required" : "no authentication"));
   Log(ConnectionSummary(options.connections));
   if (exposer != nullptr) {
-    Log(absl::StrCat("metrics on http://", HostPort(options.metrics_host, exposer->port()), "/metrics",
+    Log(absl::StrCat("metrics on http://", HostPort(options.metrics_host, exposer->port()),
+                     "/metrics",
                      moe_metrics ? "" : " (--no-moe-metrics: serving and process only)"));
   } else {
     Log("metrics disabled (--metrics-port 0)");

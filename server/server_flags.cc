@@ -156,9 +156,10 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   if (const std::optional<std::string> v6 = Ipv6Literal(o.metrics_host);
       v6 && o.metrics_port != 0) {
     if (!absl::GetFlag(FLAGS_metrics_host).empty()) {
-      return FlagError("metrics-host", absl::StrCat("the metrics exporter listens on IPv4 only: give "
-                                                    "an IPv4 address or a host name, found \"",
-                                                    o.metrics_host, "\""));
+      return FlagError("metrics-host",
+                       absl::StrCat("the metrics exporter listens on IPv4 only: give "
+                                    "an IPv4 address or a host name, found \"",
+                                    o.metrics_host, "\""));
     }
     // Taken from an IPv6 --host: its IPv4 counterpart, where there is one.
     if (*v6 == "::") {

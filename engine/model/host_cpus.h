@@ -10,7 +10,7 @@
 namespace switchserve {
 
 struct HostCpus {
-  int count = 1;                // at least 1
+  int count = 1;               // at least 1
   bool quota_limited = false;  // the cgroup quota, not the affinity mask, set it
 };
 

@@ -79,8 +79,8 @@ absl::StatusOr<RequestId> GenerationEngine::Submit(GenerationRequest request) {
   const int64_t inbox = static_cast<int64_t>(inbox_.size());
   const int64_t free_slots =
       std::max(0, options_.scheduler.max_running_requests - snapshot_.running);
-  const int64_t waiting = snapshot_.waiting > 0 ? inbox + snapshot_.waiting
-                                                : std::max<int64_t>(0, inbox - free_slots);
+  const int64_t waiting =
+      snapshot_.waiting > 0 ? inbox + snapshot_.waiting : std::max<int64_t>(0, inbox - free_slots);
   if (waiting >= options_.max_queue) {
     return absl::ResourceExhaustedError(
         absl::StrCat("the request queue is full (", options_.max_queue,

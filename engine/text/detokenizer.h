@@ -62,7 +62,7 @@ class IncrementalDetokenizer {
   bool text_started_ = false;  // some id (of the prompt too) added bytes
   std::string pending_;        // bytes not yet in text_: an incomplete character
   std::string text_;           // sanitized text of the bytes so far
-  size_t released_ = 0;      // bytes of text_ handed out
+  size_t released_ = 0;        // bytes of text_ handed out
   bool stopped_ = false;
 };
 

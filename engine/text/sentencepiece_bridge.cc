@@ -104,9 +104,8 @@ SWITCHSERVE_SPM_EXPORT int64_t switchserve_spm_decode(const void* processor, con
 }
 
 SWITCHSERVE_SPM_EXPORT int64_t switchserve_spm_piece_bytes(const void* processor, int32_t id,
-                                                           int first, char* bytes,
-                                                           size_t capacity, char* error,
-                                                           size_t error_size) {
+                                                           int first, char* bytes, size_t capacity,
+                                                           char* error, size_t error_size) {
   try {
     const SentencePieceProcessor& spm = Processor(processor);
     if (id < 0 || id >= spm.GetPieceSize()) {

@@ -68,13 +68,15 @@ void OpenAiService::Handle(const std::shared_ptr<HttpExchange>& exchange) const 
     if (absl::Status status = options_.auth->CheckAuthorization(request.Header("authorization"));
         !status.ok()) {
       // The gRPC message speaks of metadata; HTTP clients send a header.
-      authorized = absl::UnauthenticatedError(status.message() == "invalid bearer token"
-                                                  ? "invalid bearer token"
-                                                  : "missing `Authorization: Bearer <token>` header");
+      authorized =
+          absl::UnauthenticatedError(status.message() == "invalid bearer token"
+                                         ? "invalid bearer token"
+                                         : "missing `Authorization: Bearer <token>` header");
     }
   }
   // A completion refused for its token is counted and logged as a request.
-  if (path == "/v1/completions" && request.method == "POST") return Completions(exchange, authorized);
+  if (path == "/v1/completions" && request.method == "POST")
+    return Completions(exchange, authorized);
   if (!authorized.ok()) return exchange->Respond(ErrorResponse(authorized));
   if (path == "/v1/completions") return wrong_method("POST");
   const Json model = {{"id", options_.model_name},

@@ -235,7 +235,9 @@ TEST(OpenAiProtocolTest, TokenStringsOfByteTokens) {
 // calls (stream events).
 TEST(OpenAiProtocolTest, TextOffsetsCountCharacters) {
   const auto tokenizer = CreateByteTokenizer();
-  const std::string text = "a\xc3\xa9" "b\xe2\x82\xac";  // aéb€
+  const std::string text =
+      "a\xc3\xa9"
+      "b\xe2\x82\xac";  // aéb€
   std::vector<GeneratedTokenInfo> first(3), second(text.size() - 3);
   for (size_t i = 0; i < text.size(); ++i) {
     (i < 3 ? first[i] : second[i - 3]).token_id = static_cast<unsigned char>(text[i]);
@@ -265,7 +267,8 @@ TEST(OpenAiProtocolTest, TopLogprobsKeepTheirRank) {
 // SentencePiece pieces are named by the text they add after other text, so
 // "▁o" and "o" stay two tokens.
 TEST(OpenAiProtocolTest, TokenStringsOfSentencePieces) {
-  auto tokenizer = LoadSentencePieceTokenizer(testing::SourcePath("tests/data/spm/tokenizer.model"));
+  auto tokenizer =
+      LoadSentencePieceTokenizer(testing::SourcePath("tests/data/spm/tokenizer.model"));
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
   const std::vector<int32_t> mill = *(*tokenizer)->Encode("mill");
   ASSERT_EQ(mill.size(), 1u);

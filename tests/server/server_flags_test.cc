@@ -89,8 +89,8 @@ TEST(ServerFlagsTest, ServingThreadsNiceIsZeroToNineteenTenByDefault) {
 // counterpart where there is one; an IPv6 --metrics-host is refused.
 TEST(ServerFlagsTest, MetricsHostIsIpv4) {
   const std::pair<const char*, const char*> inherited[] = {
-      {"::", "0.0.0.0"}, {"[::]", "0.0.0.0"}, {"::1", "127.0.0.1"}, {"[::1]", "127.0.0.1"},
-      {"127.0.0.2", "127.0.0.2"}, {"localhost", "localhost"}};
+      {"::", "0.0.0.0"},      {"[::]", "0.0.0.0"},        {"::1", "127.0.0.1"},
+      {"[::1]", "127.0.0.1"}, {"127.0.0.2", "127.0.0.2"}, {"localhost", "localhost"}};
   for (const auto& [host, metrics_host] : inherited) {
     absl::SetFlag(&FLAGS_host, host);
     auto options = ServerOptionsFromFlags();

@@ -97,8 +97,8 @@ TEST(DetokenizerTest, StopStringCompletedAtTheEndIsNotReleased) {
 // prompt's text: a piece after the prompt keeps its leading space.
 TEST(DetokenizerTest, GeneratedPiecesContinueThePromptsText) {
   for (const char* model : {"tokenizer.model", "byte_fallback.model"}) {
-    auto tokenizer = LoadSentencePieceTokenizer(
-        testing::SourcePath(std::string("tests/data/spm/") + model));
+    auto tokenizer =
+        LoadSentencePieceTokenizer(testing::SourcePath(std::string("tests/data/spm/") + model));
     ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
     const std::string text = "The river runs past the old mill mill, and the baker opens the shop.";
     const std::vector<int32_t> ids = *(*tokenizer)->Encode(text);
@@ -118,7 +118,8 @@ TEST(DetokenizerTest, GeneratedPiecesContinueThePromptsText) {
 // generated piece is the text's first, without its leading space, as
 // Decode gives it.
 TEST(DetokenizerTest, APromptWithoutTextDropsTheFirstPiecesSpace) {
-  auto tokenizer = LoadSentencePieceTokenizer(testing::SourcePath("tests/data/spm/tokenizer.model"));
+  auto tokenizer =
+      LoadSentencePieceTokenizer(testing::SourcePath("tests/data/spm/tokenizer.model"));
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
   const std::vector<int32_t> ids = *(*tokenizer)->Encode("the old mill");
   const std::vector<int32_t> bos = {1};
@@ -137,16 +138,25 @@ TEST(DetokenizerTest, BytePiecesJoinIntoTheirCharacter) {
       LoadSentencePieceTokenizer(testing::SourcePath("tests/data/spm/byte_fallback.model"));
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
   const std::vector<int32_t> prompt = *(*tokenizer)->Encode("The price:");
-  const std::vector<int32_t> ids = *(*tokenizer)->Encode("The price: \xe2\x82\xac" "5 and \xe2\x82\xac" "6");
+  const std::vector<int32_t> ids = *(*tokenizer)
+                                        ->Encode(
+                                            "The price: \xe2\x82\xac"
+                                            "5 and \xe2\x82\xac"
+                                            "6");
   std::vector<std::string> chunks;
-  IncrementalDetokenizer detok(tokenizer->get(), {"\xe2\x82\xac" "6"}, prompt);
+  IncrementalDetokenizer detok(tokenizer->get(),
+                               {"\xe2\x82\xac"
+                                "6"},
+                               prompt);
   bool stopped = false;
   for (size_t i = prompt.size(); i < ids.size() && !stopped; ++i) {
     chunks.push_back(detok.Add(ids[i], &stopped));
     EXPECT_TRUE(IsValidUtf8(chunks.back()));
   }
   EXPECT_TRUE(stopped);
-  EXPECT_EQ(Join(chunks), " \xe2\x82\xac" "5 and ");
+  EXPECT_EQ(Join(chunks),
+            " \xe2\x82\xac"
+            "5 and ");
 }
 
 }  // namespace

@@ -388,7 +388,8 @@ TEST_F(GenerationEngineTest, QueueLimitCountsWhatTheBatchHasNoRoomForAndStop) {
   Init(256, 256, /*max_running=*/3, /*max_queue=*/2);
   // Not started: submissions stay queued.
   std::vector<std::shared_ptr<CollectingSink>> accepted;
-  for (const char* prompt : {"a", "b", "c", "d", "e"}) accepted.push_back(Submit(prompt, Greedy(5)));
+  for (const char* prompt : {"a", "b", "c", "d", "e"})
+    accepted.push_back(Submit(prompt, Greedy(5)));
   GenerationRequest request;
   request.prompt = {1};
   request.sink = std::make_shared<CollectingSink>();

@@ -136,7 +136,9 @@ TEST(SentencePieceTokenizerTest, PieceBytesJoinToWhatDecodeGives) {
 TEST(SentencePieceTokenizerTest, BytePiecesAreTheirBytes) {
   auto tokenizer = LoadSentencePieceTokenizer(ByteFallbackModelPath());
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
-  const std::string text = "The caf\xc3\xa9 sells bread for \xe2\x82\xac" "5.";  // café, €
+  const std::string text =
+      "The caf\xc3\xa9 sells bread for \xe2\x82\xac"
+      "5.";  // café, €
   const std::vector<int32_t> ids = *(*tokenizer)->Encode(text);
   EXPECT_EQ((*tokenizer)->Decode(ids), text);
   EXPECT_EQ(JoinPieceBytes(**tokenizer, ids), text);
