@@ -120,10 +120,11 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(DeviceKind device, const 
     {
       const KvCacheDtype held = OwnKvCacheDtype(DeviceKind::kCuda, options, weights);
       if (options.kv_cache_dtype != KvCacheDtype::kAuto && options.kv_cache_dtype != held) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("the CUDA backend's KV cache is ", std::string(ToString(held)), " with ",
-                         options.cuda_f32_weights ? "f32" : "16-bit", " weights, not ",
-                         std::string(ToString(options.kv_cache_dtype))));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the CUDA backend's KV cache is ", std::string(ToString(held)), " with ",
+            options.cuda_f32_weights ? "f32 weights (--weights-dtype f32)"
+                                     : "16-bit weights (f32 ones with --weights-dtype f32)",
+            ", not ", std::string(ToString(options.kv_cache_dtype))));
       }
       CudaBackendOptions cuda;
       cuda.sixteen_bit_weights = !options.cuda_f32_weights;

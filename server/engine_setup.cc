@@ -62,12 +62,14 @@ absl::StatusOr<EngineSetup> SetUpEngine(const ServerOptions& options) {
   if (!dispatch.ok()) return dispatch.status();
   setup.dispatch = *dispatch;
 
-  absl::StatusOr<std::unique_ptr<Backend>> backend =
-      CreateBackend(options.device, config, setup.model->weights, setup.dispatch,
-                    BackendOptions{.num_threads = options.threads,
-                                   .kv_cache_dtype = options.kv_cache_dtype,
-                                   .cpu_weight_copies = options.cpu_weight_copies,
-                                   .cpu_kernels = options.cpu_kernels});
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend(
+      options.device, config, setup.model->weights, setup.dispatch,
+      BackendOptions{.num_threads = options.threads,
+                     .kv_cache_dtype = options.kv_cache_dtype,
+                     .cpu_weight_copies = options.cpu_weight_copies,
+                     .cpu_kernels = options.cpu_kernels,
+                     // --weights-dtype f32: the CUDA backend's f32 mode too.
+                     .cuda_f32_weights = options.load.weights_dtype == WeightsDtype::kF32});
   if (!backend.ok()) {
     return absl::Status(backend.status().code(),
                         absl::StrCat("--device ", std::string(ToString(options.device)), ": ",

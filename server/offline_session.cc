@@ -44,7 +44,8 @@ absl::StatusOr<OfflineSession> OpenOfflineSession() {
                     BackendOptions{.num_threads = *threads,
                                    .kv_cache_dtype = *kv_dtype,
                                    .cpu_weight_copies = absl::GetFlag(FLAGS_cpu_weight_copies),
-                                   .cpu_kernels = *cpu_kernels});
+                                   .cpu_kernels = *cpu_kernels,
+                                   .cuda_f32_weights = load->weights_dtype == WeightsDtype::kF32});
   if (!backend.ok()) {
     return absl::Status(backend.status().code(),
                         absl::StrCat("--device ", std::string(ToString(*device)), ": ",

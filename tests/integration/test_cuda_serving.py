@@ -120,3 +120,27 @@ def test_gpu_binary_refuses_device_cuda_without_a_gpu():
     assert process.returncode not in (0, None) and process.returncode > 0, output
     assert "--device cuda" in output and "CUDA" in output, output
     assert "no usable CUDA device" in output or "no CUDA device" in output, output
+
+
+def test_weights_dtype_f32_is_the_cuda_backends_f32_mode_on_the_executor():
+    """`--weights-dtype f32` holds the CUDA backend's matrices in f32 (its
+    parity mode, with an f32 KV cache) instead of 16 bits: its logprobs then
+    match the CPU's f32 path to float rounding, and `--kv-cache-dtype f32`
+    is accepted with it."""
+    binary = os.environ["SWITCHSERVE_BINARY"]
+    cuda = Server(binary, "--device", "cuda", "--weights-dtype", "f32", "--kv-cache-dtype", "f32")
+    cpu = Server(binary, "--device", "cpu", "--weights-dtype", "f32", "--kv-cache-dtype", "f32")
+    try:
+        assert re.search(r"bytes per token, f32;", cuda.log()), cuda.log()
+        with grpc.insecure_channel(cuda.address) as c, grpc.insecure_channel(cpu.address) as p:
+            prompt = "The experts say"
+            got = pb_grpc.GenerationStub(c).Generate(request(prompt, 6), timeout=300)
+            want = pb_grpc.GenerationStub(p).Generate(request(prompt, 6), timeout=60)
+    finally:
+        cuda.close()
+        cpu.close()
+    assert list(got.token_ids) == list(want.token_ids)
+    for g, w in zip(got.tokens, want.tokens):
+        assert abs(g.logprob - w.logprob) < 1e-4
+        for gt, wt in zip(g.top_logprobs, w.top_logprobs):
+            assert gt.token_id == wt.token_id and abs(gt.logprob - wt.logprob) < 1e-4
