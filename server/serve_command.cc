@@ -200,6 +200,9 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   int bound_port = 0;
   const std::string address = ListenAddress(options);
   builder.AddListeningPort(address, *credentials, &bound_port);
+  // No SO_REUSEPORT (gRPC's default): a second server on a port in use fails
+  // to start instead of sharing it, unseen, with the first.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_request_bytes));
   // gRPC 1.51 answers headers over this limit by failing every call on the
   // connection; the service enforces --max-metadata-bytes per call instead,

@@ -543,3 +543,13 @@ def test_an_ipv6_host_serves_grpc_there_and_metrics_on_its_ipv4_counterpart():
     finally:
         process.kill()
         process.wait()
+
+
+def test_a_second_server_on_a_port_in_use_fails_to_start(server):
+    """gRPC sets SO_REUSEPORT by default: a second server on the same port
+    used to start and share it unseen with the first."""
+    result = subprocess.run(
+        [BINARY, "serve", "--model", MODEL, "--host", "127.0.0.1", "--port", str(server.port),
+         "--metrics-port", "0", "--threads", "1"], capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert f"cannot listen on 127.0.0.1:{server.port}" in result.stderr, result.stderr
