@@ -171,8 +171,8 @@ grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerCo
     return new FinishedCall(this, ToGrpcStatus(status));
   }
   v1::ModelInfo response;
-  FillModelInfo(*options_.config, options_.dispatch, options_.device, options_.engine->Snapshot(),
-                &response);
+  FillModelInfo(*options_.config, options_.model_name, options_.dispatch, options_.device,
+                options_.engine->Snapshot(), &response);
   *response_buffer = SerializeMessage(response);
   return new FinishedCall(this, grpc::Status::OK);
 }

@@ -29,6 +29,9 @@ struct GenerationServiceOptions {
   GenerationEngine* engine = nullptr;  // must outlive the service
   const Tokenizer* tokenizer = nullptr;
   const ModelConfig* config = nullptr;
+  // GetModelInfo's `name`: the served model name (--served-model-name, else
+  // the config's name, else the directory's), as the HTTP API's `model`.
+  std::string model_name;
   DispatchConfig dispatch;  // the dispatch policy in force
   std::string device;       // the backend's name(): "cpu", "cuda"
   RequestLimits limits;

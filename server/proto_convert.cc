@@ -108,9 +108,10 @@ std::string ArchitectureName(const ModelConfig& config) {
   return "dense";
 }
 
-void FillModelInfo(const ModelConfig& config, const DispatchConfig& dispatch,
-                   const std::string& device, const EngineSnapshot& snapshot, v1::ModelInfo* info) {
-  info->set_name(config.name);
+void FillModelInfo(const ModelConfig& config, const std::string& name,
+                   const DispatchConfig& dispatch, const std::string& device,
+                   const EngineSnapshot& snapshot, v1::ModelInfo* info) {
+  info->set_name(name);
   info->set_architecture(ArchitectureName(config));
   info->set_vocab_size(config.vocab_size);
   info->set_d_model(config.d_model);
@@ -126,11 +127,17 @@ void FillModelInfo(const ModelConfig& config, const DispatchConfig& dispatch,
   attention->set_head_dim(config.attention.head_dim);
   attention->set_n_experts(config.attention.n_experts);
   attention->set_top_k(config.attention.top_k);
+  attention->set_position(ConfigName(config.attention.position));
+  attention->set_gate(ConfigName(config.attention.gate));
+  attention->set_value_routing(ConfigName(config.attention.value_routing));
+  attention->set_shared_router(config.attention.shared_router);
   v1::FfnInfo* ffn = info->mutable_ffn();
   ffn->set_type(config.ffn.kind == FfnKind::kMoe ? "moe" : "dense");
   ffn->set_d_ff(config.ffn.d_ff);
   ffn->set_n_experts(config.ffn.n_experts);
   ffn->set_top_k(config.ffn.top_k);
+  ffn->set_gate(ConfigName(config.ffn.gate));
+  ffn->set_activation(ConfigName(config.ffn.activation));
   v1::DispatchInfo* d = info->mutable_dispatch();
   d->set_capacity_factor(dispatch.capacity_factor);
   d->set_min_capacity(dispatch.min_capacity);

@@ -35,8 +35,10 @@ void FillUsageAndTiming(const GenerationUpdate& final_update, v1::Usage* usage, 
 
 // "switchall", "switchhead", "switch" or "dense".
 std::string ArchitectureName(const ModelConfig& config);
-void FillModelInfo(const ModelConfig& config, const DispatchConfig& dispatch,
-                   const std::string& device, const EngineSnapshot& snapshot, v1::ModelInfo* info);
+// `name` is the served model name (GenerationServiceOptions::model_name).
+void FillModelInfo(const ModelConfig& config, const std::string& name,
+                   const DispatchConfig& dispatch, const std::string& device,
+                   const EngineSnapshot& snapshot, v1::ModelInfo* info);
 
 }  // namespace switchserve
 

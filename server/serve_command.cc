@@ -183,6 +183,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   service_options.engine = &engine;
   service_options.tokenizer = setup->model->tokenizer.get();
   service_options.config = &config;
+  service_options.model_name = ServedModelName(options.served_model_name, config, model_dir);
   service_options.dispatch = dispatch;
   service_options.device = std::string(backend->name());
   service_options.limits.vocab_size = config.vocab_size;
@@ -217,7 +218,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
     return Fail(absl::UnavailableError(absl::StrCat("cannot listen on ", address)));
   }
   // The OpenAI-compatible HTTP API: same engine, gate, token, TLS and limits.
-  const std::string model_name = ServedModelName(options.served_model_name, config, model_dir);
+  const std::string& model_name = service_options.model_name;
   OpenAiService openai({.engine = &engine,
                         .tokenizer = setup->model->tokenizer.get(),
                         .limits = service_options.limits,

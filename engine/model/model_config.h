@@ -140,6 +140,13 @@ std::string_view ToString(OverflowPolicy policy);
 absl::StatusOr<OverflowPolicy> ParseOverflowPolicy(std::string_view text);
 std::string_view ToString(CapacityScope scope);  // "sequence", "step"
 absl::StatusOr<CapacityScope> ParseCapacityScope(std::string_view text);
+// The config.json spelling of a value ("softmax_topk", "destination", "xl",
+// "sigmoid", "silu", ...).
+std::string ConfigName(AttentionGate gate);
+std::string ConfigName(ValueRouting routing);
+std::string ConfigName(PositionKind position);
+std::string ConfigName(FfnGate gate);
+std::string ConfigName(Activation activation);
 
 }  // namespace switchserve
 

@@ -65,7 +65,10 @@ class ObjectReader {
       in_range = v >= min && v <= max;
     }
     if (!in_range || v < min) {
-      const std::string upper = max == std::numeric_limits<int32_t>::max()
+      // ">= 1" reads well for a value below; one above the 32-bit limit
+      // needs the limit.
+      const bool above = value.is_number_integer() && v > max;
+      const std::string upper = !above && max == std::numeric_limits<int32_t>::max()
                                     ? absl::StrCat("expected an integer >= ", min)
                                     : absl::StrCat("expected an integer in [", min, ", ", max, "]");
       return Error(key, absl::StrCat(upper, range_note.empty() ? "" : " ", range_note, ", found ",
@@ -315,6 +318,12 @@ absl::Status ParseDispatch(ObjectReader& reader, DispatchConfig* dispatch) {
 }
 
 }  // namespace
+
+std::string ConfigName(AttentionGate gate) { return NameOf(kAttentionGateNames, gate); }
+std::string ConfigName(ValueRouting routing) { return NameOf(kValueRoutingNames, routing); }
+std::string ConfigName(PositionKind position) { return NameOf(kPositionNames, position); }
+std::string ConfigName(FfnGate gate) { return NameOf(kFfnGateNames, gate); }
+std::string ConfigName(Activation activation) { return NameOf(kActivationNames, activation); }
 
 absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text,
                                              std::string_view file_name) {

@@ -142,9 +142,28 @@ def test_tokenize_and_model_info(stub):
     assert list(stub.Tokenize(pb.TokenizeRequest(text="hé!"), timeout=10).token_ids) == [
         104, 0xC3, 0xA9, 33]
     info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+    assert info.name == "switchall_f16"  # the served model name, as HTTP's `model`
     assert info.context_length == CONTEXT and info.vocab_size == 256
     assert info.tokenizer == "byte" and info.device == "cpu"
     assert info.cache.total_blocks > 0 and info.cache.block_size == 16
+    # The architecture as config.json gives it.
+    assert (info.attention.position, info.attention.gate, info.attention.value_routing,
+            info.attention.shared_router) == ("rope", "sigmoid", "source", False)
+    assert (info.ffn.gate, info.ffn.activation) == ("softmax", "relu")
+
+
+def test_model_info_names_the_served_model_and_xl_positions():
+    """`name` follows --served-model-name; an XL model says so."""
+    xl = Server("--served-model-name", "served-xl",
+                model=os.path.join(SOURCE_DIR, "tests/golden/xl_dense_gqa"))
+    try:
+        with xl.channel() as channel:
+            info = pb_grpc.GenerationStub(channel).GetModelInfo(pb.GetModelInfoRequest(),
+                                                                timeout=10)
+        assert info.name == "served-xl"
+        assert info.attention.position == "xl" and info.attention.type == "dense"
+    finally:
+        xl.close()
 
 
 def test_health_and_reflection(server):

@@ -83,12 +83,14 @@ def parse_config(raw):
         raise ValueError(f"config.json: dispatch.capacity_group: expected an integer >= 1, found {g!r}")
     if d["capacity_scope"] == "step" and "capacity_group" in raw_dispatch:
         raise ValueError('config.json: dispatch.capacity_group: applies to capacity_scope "sequence" only')
-    if a["type"] == "dense":
-        a["n_experts"], a["top_k"] = 1, 1
-    if f["type"] == "dense":
-        f["n_experts"], f["top_k"] = 1, 1
-    assert 1 <= a["top_k"] <= a["n_experts"] or a["n_experts"] == 1
-    assert 1 <= f["top_k"] <= f["n_experts"]
+    # As the loader (docs/model-format.md): a dense module takes n_experts and
+    # top_k only as 1; 1 <= top_k <= n_experts.
+    for name, m in (("attention", a), ("ffn", f)):
+        if m["type"] == "dense" and (m.get("n_experts", 1) != 1 or m.get("top_k", 1) != 1):
+            raise ValueError(f"config.json: {name}: a dense module has n_experts and top_k 1")
+        if not 1 <= m["top_k"] <= m["n_experts"]:
+            raise ValueError(f"config.json: {name}.top_k: must be in [1, n_experts = "
+                             f"{m['n_experts']}], found {m['top_k']}")
     return cfg
 
 

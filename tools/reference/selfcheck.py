@@ -422,6 +422,8 @@ def check_config_refusals():
         ("dispatch.capacity_group", {"dispatch": {"capacity_factor": 1.0, "capacity_group": 0}}),
         ("dispatch.capacity_group", {"dispatch": {"capacity_factor": 1.0, "capacity_group": 8.0}}),
         ("output_bias", {"output_bias": "yes"}),
+        ("attention.top_k", {"attention": {"type": "switchhead", "n_experts": 1, "top_k": 2}}),
+        ("ffn", {"ffn": {"type": "dense", "n_experts": 8}}),
     ]
     for key, change in cases:
         cfg = copy.deepcopy(base)
