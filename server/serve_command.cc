@@ -2,10 +2,12 @@
 // server, and drains gracefully on SIGTERM / SIGINT.
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -20,11 +22,13 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "engine/model/host_cpus.h"
+#include "engine/model/host_memory.h"
 #include "engine/model/model_loader.h"
 #include "engine/runtime/generation_engine.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/impl/server_builder_option.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "server/auth.h"
@@ -48,6 +52,13 @@
 namespace switchserve {
 namespace {
 
+// Concurrent calls one gRPC connection may hold (HTTP/2 streams; a client
+// with more opens another connection).
+constexpr int kMaxStreamsPerConnection = 256;
+
+// gRPC's memory quota: a quarter of the host's memory, at most 1 GiB.
+int64_t GrpcMemoryBytes() { return std::min<int64_t>(HostMemoryBytes() / 4, int64_t{1} << 30); }
+
 void Log(const std::string& message) { LogInfo(message); }
 
 // --noreflection: linking grpc++_reflection registers its plugin with every
@@ -68,6 +79,20 @@ int Fail(const absl::Status& status) {
 }
 
 int Milliseconds(double seconds) { return static_cast<int>(seconds * 1000.0 + 0.5); }
+
+// Raises the soft limit on open files to the hard one: every connection
+// takes a descriptor, and a server out of them refuses connections (gRPC
+// 1.51's listener stops accepting for good). Returns the limit in force.
+rlim_t RaiseOpenFileLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return 0;
+  if (limit.rlim_cur < limit.rlim_max) {
+    rlimit raised = limit;
+    raised.rlim_cur = limit.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) return raised.rlim_cur;
+  }
+  return limit.rlim_cur;
+}
 
 // Connection age and keepalive (docs/deploy.md, "Scaling out").
 void SetConnectionArguments(const ConnectionOptions& c, grpc::ServerBuilder* builder) {
@@ -110,6 +135,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
     if (!loaded.ok()) return Fail(loaded.status());
     auth = std::move(*loaded);
   }
+  const rlim_t open_files = RaiseOpenFileLimit();
   ServerOptions resolved = options;
   if (resolved.model_dir.empty()) resolved.model_dir = DefaultModelDirectory();
   Log(absl::StrCat("loading model from ", resolved.model_dir));
@@ -211,6 +237,14 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   builder.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE,
                              static_cast<int>(options.TransportMetadataLimit()));
   SetConnectionArguments(options.connections, &builder);
+  // What a few clients can make gRPC hold: streams per connection, and the
+  // memory of every connection's buffers together (a client that parks
+  // unfinished 4 MiB messages, or resets streams as fast as it opens them,
+  // meets these instead of the host's memory).
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxStreamsPerConnection);
+  grpc::ResourceQuota quota("switchserve-grpc");
+  quota.Resize(static_cast<size_t>(GrpcMemoryBytes()));
+  builder.SetResourceQuota(quota);
   builder.RegisterService(&service);
   if (!options.reflection) builder.SetOption(std::make_unique<WithoutReflection>());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -296,7 +330,9 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
                       : options.tls.client_ca_file.empty() ? "TLS"
                                                            : "mTLS (client certificates required)",
                       auth ? "bearer token required" : "no authentication"));
-  Log(ConnectionSummary(options.connections));
+  Log(absl::StrCat(ConnectionSummary(options.connections), "; open files up to ", open_files,
+                   "; gRPC: ", kMaxStreamsPerConnection, " calls a connection, buffers up to ",
+                   GrpcMemoryBytes() >> 20, " MiB"));
   if (exposer != nullptr) {
     Log(absl::StrCat("metrics on http://", HostPort(options.metrics_host, exposer->port()),
                      "/metrics",

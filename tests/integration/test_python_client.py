@@ -572,3 +572,30 @@ def test_a_second_server_on_a_port_in_use_fails_to_start(server):
          "--metrics-port", "0", "--threads", "1"], capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert f"cannot listen on 127.0.0.1:{server.port}" in result.stderr, result.stderr
+
+
+def test_the_server_raises_its_open_file_limit():
+    """Each connection takes a descriptor: started with a soft limit of 256
+    (a common service default is 1024), the server raises it to the hard
+    limit rather than refuse connections once it is reached."""
+    import resource
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard <= 256:
+        pytest.skip(f"the hard limit here is {hard}")
+    log_path = os.path.join(tempfile.mkdtemp(prefix="switchserve_nofile_"), "server.log")
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            [BINARY, "serve", "--model", MODEL, "--host", "127.0.0.1", "--port", "0",
+             "--metrics-port", "0", "--threads", "1"], stdout=log, stderr=subprocess.STDOUT,
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard)))
+    try:
+        deadline = time.monotonic() + 120
+        while "listening on" not in open(log_path).read():
+            assert process.poll() is None and time.monotonic() < deadline, open(log_path).read()
+            time.sleep(0.05)
+        soft = resource.prlimit(process.pid, resource.RLIMIT_NOFILE)[0]
+        assert soft == hard
+        assert f"open files up to {hard}" in open(log_path).read()
+    finally:
+        process.kill()
+        process.wait()
