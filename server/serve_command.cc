@@ -271,7 +271,8 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
          .tls = options.tls,
          .max_body_bytes = options.max_request_bytes,
          .max_connection_age_s = options.connections.max_connection_age_s,
-         .error_body = OpenAiErrorBody},
+         .error_body = OpenAiErrorBody,
+         .check_head = [&openai](const HttpRequest& head) { return openai.CheckHead(head); }},
         [&openai](std::shared_ptr<HttpExchange> exchange) { openai.Handle(exchange); });
     if (!started.ok()) return Fail(started.status());
     http = std::move(*started);

@@ -228,6 +228,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     if (closed_) return;
     if (state_->stopping) return Close();
     parser_.emplace();
+    head_only_ = false;
     parser_->body_limit(static_cast<uint64_t>(state_->options.max_body_bytes));
     Lowest().expires_after(Milliseconds(state_->options.idle_timeout_s));
     http::async_read_header(
@@ -237,6 +238,22 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
 
   void OnHeader(beast::error_code ec) {
     if (ec) return OnReadError(ec);
+    head_only_ = parser_->get().method() == http::verb::head;
+    // RFC 9112: a Transfer-Encoding this server does not decode, beside a
+    // Content-Length it would use instead, could frame the message unlike a
+    // proxy in front did.
+    if (const auto te = parser_->get()[http::field::transfer_encoding];
+        !te.empty() && !beast::iequals(te, "chunked")) {
+      return RespondAndClose(501, absl::StrCat("Transfer-Encoding \"", std::string(te),
+                                               "\": only \"chunked\" is supported"));
+    }
+    if (state_->options.check_head) {
+      if (std::optional<HttpResponse> refusal =
+              state_->options.check_head(RequestOf(parser_->get()));
+          refusal) {
+        return SendAndClose(std::move(*refusal));
+      }
+    }
     const auto expect = parser_->get()[http::field::expect];
     if (!beast::iequals(expect, "100-continue")) return ReadBody();
     // curl sends `Expect: 100-continue` with larger bodies and waits for it.
@@ -270,10 +287,8 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     Close();  // the client closed, timed out or reset the connection
   }
 
-  void OnRequest(beast::error_code ec) {
-    if (ec) return OnReadError(ec);
-    Lowest().expires_never();
-    http::request<http::string_body> message = parser_->release();
+  // The method, target, headers and peer of `message`, without its body.
+  HttpRequest RequestOf(const http::request<http::string_body>& message) const {
     HttpRequest request;
     request.method = std::string(message.method_string());
     request.target = std::string(message.target());
@@ -281,8 +296,16 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
       request.headers.emplace_back(absl::AsciiStrToLower(std::string(field.name_string())),
                                    std::string(field.value()));
     }
-    request.body = std::move(message.body());
     request.peer = peer_;
+    return request;
+  }
+
+  void OnRequest(beast::error_code ec) {
+    if (ec) return OnReadError(ec);
+    Lowest().expires_never();
+    http::request<http::string_body> message = parser_->release();
+    HttpRequest request = RequestOf(message);
+    request.body = std::move(message.body());
     const double max_age_s = state_->options.max_connection_age_s;
     keep_alive_ = message.keep_alive() && !state_->stopping &&
                   (max_age_s <= 0 || SteadyClock::now() - opened_ < Milliseconds(max_age_s));
@@ -293,11 +316,17 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
 
   // Answers without the handler (malformed request, body too large).
   void RespondAndClose(int status, const std::string& message) {
-    keep_alive_ = false;
-    exchange_ = std::make_shared<ExchangeImpl>(HttpRequest{}, this->weak_from_this());
     HttpResponse response;
     response.status = status;
     response.body = state_->ErrorBody(status, message);
+    SendAndClose(std::move(response));
+  }
+
+  // Answers `response` and closes the connection (its request's body, if
+  // any, unread).
+  void SendAndClose(HttpResponse response) {
+    keep_alive_ = false;
+    exchange_ = std::make_shared<ExchangeImpl>(HttpRequest{}, this->weak_from_this());
     pending_.emplace_back(OutPiece::kFull, std::move(response), std::string());
     WriteNext();
   }
@@ -358,6 +387,13 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
         SetHead(piece.response, &*full_);
         full_->body() = std::move(piece.response.body);
         full_->prepare_payload();
+        if (head_only_) {
+          // HEAD: the headers GET would get, Content-Length included, and
+          // no body (one would be read as the next response).
+          full_serializer_.emplace(*full_);
+          http::async_write_header(stream_, *full_serializer_, std::move(done));
+          return;
+        }
         http::async_write(stream_, *full_, std::move(done));
         return;
       case OutPiece::kHead:
@@ -425,6 +461,8 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   bool writing_ = false;
   // What the write in flight reads from.
   std::optional<http::response<http::string_body>> full_;
+  std::optional<http::response_serializer<http::string_body>> full_serializer_;
+  bool head_only_ = false;  // the request being answered is a HEAD
   std::optional<http::response<http::empty_body>> head_;
   std::optional<http::response_serializer<http::empty_body>> head_serializer_;
   std::string chunk_;
@@ -483,6 +521,11 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
     tls.set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 |
                         ssl::context::no_sslv3 | ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1,
                     ec);
+    // TLS 1.2 with forward secrecy and AEAD only, as gRPC's port offers (no
+    // CBC or SHA-1 suites); TLS 1.3's suites are all of that kind.
+    if (SSL_CTX_set_cipher_list(tls.native_handle(), "ECDHE+AESGCM:ECDHE+CHACHA20") != 1) {
+      return absl::InternalError("TLS: OpenSSL has none of the ECDHE AEAD cipher suites");
+    }
     if (tls.use_certificate_chain_file(options.tls.cert_file, ec); ec) {
       return absl::InvalidArgumentError(
           absl::StrCat(options.tls.cert_file, ": cannot use the certificate: ", ec.message()));

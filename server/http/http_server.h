@@ -95,6 +95,11 @@ struct HttpServerOptions {
   // The body of the error responses the server itself sends (400 for a
   // malformed request, 413 for a body over the limit). Default: the message.
   std::function<std::string(int status, const std::string& message)> error_body;
+  // Called with a request's head (its body empty) before the body is read
+  // (or `100 Continue` sent): a response to answer instead, after which the
+  // connection closes; nullopt to go on. Lets a token check refuse a request
+  // before its body is buffered.
+  std::function<std::optional<HttpResponse>(const HttpRequest& head)> check_head;
 };
 
 class HttpServer {

@@ -63,17 +63,7 @@ void OpenAiService::Handle(const std::shared_ptr<HttpExchange>& exchange) const 
     return exchange->Respond(
         ErrorResponse(absl::NotFoundError(absl::StrCat(path, ": no such endpoint"))));
   }
-  absl::Status authorized;
-  if (options_.auth != nullptr) {
-    if (absl::Status status = options_.auth->CheckAuthorization(request.Header("authorization"));
-        !status.ok()) {
-      // The gRPC message speaks of metadata; HTTP clients send a header.
-      authorized =
-          absl::UnauthenticatedError(status.message() == "invalid bearer token"
-                                         ? "invalid bearer token"
-                                         : "missing `Authorization: Bearer <token>` header");
-    }
-  }
+  const absl::Status authorized = Authorize(request);
   // A completion refused for its token is counted and logged as a request.
   if (path == "/v1/completions" && request.method == "POST")
     return Completions(exchange, authorized);
@@ -104,24 +94,56 @@ void OpenAiService::Handle(const std::shared_ptr<HttpExchange>& exchange) const 
   exchange->Respond(ErrorResponse(absl::NotFoundError(absl::StrCat(path, ": no such endpoint"))));
 }
 
-void OpenAiService::Completions(const std::shared_ptr<HttpExchange>& exchange,
-                                const absl::Status& authorized) const {
-  const HttpRequest& request = exchange->request();
+absl::Status OpenAiService::Authorize(const HttpRequest& request) const {
+  if (options_.auth == nullptr) return absl::OkStatus();
+  const absl::Status status = options_.auth->CheckAuthorization(request.Header("authorization"));
+  if (status.ok()) return status;
+  // The gRPC message speaks of metadata; HTTP clients send a header.
+  return absl::UnauthenticatedError(status.message() == "invalid bearer token"
+                                        ? "invalid bearer token"
+                                        : "missing `Authorization: Bearer <token>` header");
+}
+
+std::optional<HttpResponse> OpenAiService::CheckHead(const HttpRequest& head) const {
+  const std::string path(head.Path());
+  if (path.rfind("/v1/", 0) != 0) return std::nullopt;
+  const absl::Status authorized = Authorize(head);
+  if (authorized.ok()) return std::nullopt;
+  if (path == "/v1/completions" && head.method == "POST") {
+    AccessRecord access = CompletionAccess(head);
+    return RefuseCompletion(authorized, &access);
+  }
+  return ErrorResponse(authorized);
+}
+
+AccessRecord OpenAiService::CompletionAccess(const HttpRequest& request) const {
   AccessRecord access;
   access.request_id = AcceptOrMakeRequestId(request.Header(kRequestIdHeader));
   access.protocol = "http";
   access.method = "POST /v1/completions";
   access.peer = request.peer;
+  return access;
+}
+
+HttpResponse OpenAiService::RefuseCompletion(const absl::Status& status,
+                                             AccessRecord* access) const {
+  HttpResponse response = ErrorResponse(status);
+  response.headers.emplace_back("x-request-id", access->request_id);
+  access->status = status.code();
+  access->http_status = response.status;
+  if (options_.metrics != nullptr) {
+    options_.metrics->RecordRequest(RequestProtocol::kHttp, status.code());
+  }
+  LogAccess(*access);
+  return response;
+}
+
+void OpenAiService::Completions(const std::shared_ptr<HttpExchange>& exchange,
+                                const absl::Status& authorized) const {
+  const HttpRequest& request = exchange->request();
+  AccessRecord access = CompletionAccess(request);
   auto reject = [&](const absl::Status& status) {
-    HttpResponse response = ErrorResponse(status);
-    response.headers.emplace_back("x-request-id", access.request_id);
-    access.status = status.code();
-    access.http_status = response.status;
-    if (options_.metrics != nullptr) {
-      options_.metrics->RecordRequest(RequestProtocol::kHttp, status.code());
-    }
-    LogAccess(access);
-    exchange->Respond(std::move(response));
+    exchange->Respond(RefuseCompletion(status, &access));
   };
 
   if (!authorized.ok()) return reject(authorized);

@@ -17,10 +17,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "engine/runtime/generation_engine.h"
 #include "engine/text/tokenizer.h"
+#include "server/access_log.h"
 #include "server/auth.h"
 #include "server/call_gate.h"
 #include "server/http/http_server.h"
@@ -49,8 +51,17 @@ class OpenAiService {
   explicit OpenAiService(const OpenAiServiceOptions& options) : options_(options) {}
 
   void Handle(const std::shared_ptr<HttpExchange>& exchange) const;
+  // HttpServerOptions::check_head: a /v1/ request without the bearer token
+  // is refused at its head, its body never read (a completion counted and
+  // logged as Handle would).
+  std::optional<HttpResponse> CheckHead(const HttpRequest& head) const;
 
  private:
+  // OK, or UNAUTHENTICATED naming what is wrong with the header.
+  absl::Status Authorize(const HttpRequest& request) const;
+  AccessRecord CompletionAccess(const HttpRequest& request) const;
+  // The refusal of a completion, counted and logged.
+  HttpResponse RefuseCompletion(const absl::Status& status, AccessRecord* access) const;
   // POST /v1/completions; `authorized` is the bearer token's check (OK
   // without --auth-token-file), refused here so the request is counted.
   void Completions(const std::shared_ptr<HttpExchange>& exchange,

@@ -345,6 +345,36 @@ def test_curl_sends_expect_100_continue_for_larger_bodies(server):
     assert time.monotonic() - started < 0.9
 
 
+def raw_exchange(port, data):
+    """Sends `data` on one connection and returns everything the server
+    answers until it closes the connection (or 5 s pass)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(data)
+        received = b""
+        try:
+            while chunk := s.recv(65536):
+                received += chunk
+        except socket.timeout:
+            pass
+        return received
+
+
+def test_head_answers_no_body_and_odd_transfer_encodings_are_refused(server):
+    """HEAD gets GET's headers and no body (a body would be read as the next
+    response); a Transfer-Encoding other than chunked is 501, not framed by
+    Content-Length instead (RFC 9112)."""
+    answer = raw_exchange(server.http_port, b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n"
+                          b"GET /ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    head, rest = answer.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 200") and b"Content-Length: 15" in head
+    assert rest.startswith(b"HTTP/1.1 200"), answer
+    assert rest.endswith(b'{"status":"ready"}')
+    for encoding in (b"xchunked", b"chunked, identity", b"gzip"):
+        answer = raw_exchange(server.http_port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                              b"Transfer-Encoding: " + encoding + b"\r\nContent-Length: 0\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 501"), (encoding, answer)
+
+
 def test_bearer_token():
     token_file = os.path.join(tempfile.mkdtemp(prefix="switchserve_token_"), "token")
     with open(token_file, "w") as f:
@@ -365,6 +395,13 @@ def test_bearer_token():
                          text), text
         result = curl("-i", server.url + "/v1/models")
         assert result.stdout.startswith("HTTP/1.1 401")
+        # Refused at its head, before its body: no `100 Continue`, and a
+        # body announced and never sent is not waited for.
+        with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                      b"Content-Type: application/json\r\nContent-Length: 4000000\r\n"
+                      b"Expect: 100-continue\r\n\r\n")
+            assert s.recv(65536).startswith(b"HTTP/1.1 401")
         good = server.client(api_key="http-token")
         assert good.completions.create(model=MODEL, prompt="x", max_tokens=2).usage
         assert [m.id for m in good.models.list().data] == [MODEL]
@@ -482,6 +519,16 @@ def test_tls_with_the_grpc_certificate():
         client = server.client(
             http_client=httpx.Client(verify=ssl.create_default_context(cafile=path("ca.pem"))))
         assert client.completions.create(model=MODEL, prompt="tls", max_tokens=3).usage
+        # TLS 1.2 with ECDHE and AEAD suites only, as the gRPC port: no CBC
+        # or SHA-1 suites.
+        def handshake(*cipher):
+            return subprocess.run(
+                ["openssl", "s_client", "-connect", f"127.0.0.1:{server.http_port}", "-tls1_2",
+                 *cipher], input="", capture_output=True, text=True, timeout=30)
+        assert handshake().returncode == 0
+        for weak in ("ECDHE-ECDSA-AES128-SHA:ECDHE-RSA-AES128-SHA",
+                     "ECDHE-ECDSA-AES128-SHA256:ECDHE-RSA-AES128-SHA256"):
+            assert handshake("-cipher", weak).returncode != 0, weak
         raw = curl("--cacert", path("ca.pem"), "-N", server.url + "/v1/completions", "-d",
                    json.dumps({"prompt": "tls", "max_tokens": 3, "stream": True})).stdout
         assert raw.endswith("data: [DONE]\n\n")
