@@ -25,6 +25,7 @@
 #include "engine/model/host_memory.h"
 #include "engine/model/model_loader.h"
 #include "engine/runtime/generation_engine.h"
+#include "grpc/support/log.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/impl/server_builder_option.h"
@@ -123,8 +124,17 @@ std::string ConnectionSummary(const ConnectionOptions& c) {
                       " s), client pings every >= ", c.keepalive_min_client_interval_s, " s");
 }
 
+// gRPC core's own lines ("Failed accept4", ...) in the server's log format.
+void LogGrpcLine(gpr_log_func_args* args) {
+  const LogLevel level =
+      args->severity == GPR_LOG_SEVERITY_ERROR ? LogLevel::kError : LogLevel::kInfo;
+  Log(level, absl::StrCat("grpc: ", args->message),
+      {{"source", absl::StrCat(args->file, ":", args->line)}});
+}
+
 int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   SetLogFormat(options.log_format);
+  gpr_set_log_function(LogGrpcLine);
   // Credentials and the token first: a typo there is reported in a second,
   // not after the model has loaded and warmed up.
   auto credentials = MakeServerCredentials(options.tls);

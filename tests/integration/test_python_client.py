@@ -599,3 +599,24 @@ def test_the_server_raises_its_open_file_limit():
     finally:
         process.kill()
         process.wait()
+
+
+def test_grpc_cores_own_lines_follow_the_log_format():
+    """gRPC core writes lines of its own (`Failed accept4: Too many open
+    files`, ...): under --log-format json they are JSON like the rest."""
+    log_path = os.path.join(tempfile.mkdtemp(prefix="switchserve_grpclog_"), "server.log")
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            [BINARY, "serve", "--model", MODEL, "--host", "127.0.0.1", "--port", "0",
+             "--metrics-port", "0", "--threads", "1", "--log-format", "json"],
+            stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, GRPC_VERBOSITY="debug"))
+    try:
+        deadline = time.monotonic() + 120
+        while "listening on" not in open(log_path).read():
+            assert process.poll() is None and time.monotonic() < deadline, open(log_path).read()
+            time.sleep(0.05)
+    finally:
+        process.kill()
+        process.wait()
+    records = [json.loads(line) for line in open(log_path).read().splitlines()]
+    assert any(r["msg"].startswith("grpc: ") and "source" in r for r in records)
