@@ -249,8 +249,9 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   SetConnectionArguments(options.connections, &builder);
   // What a few clients can make gRPC hold: streams per connection, and the
   // memory of every connection's buffers together (a client that parks
-  // unfinished 4 MiB messages, or resets streams as fast as it opens them,
-  // meets these instead of the host's memory).
+  // unfinished 4 MiB messages meets these instead of the host's memory; one
+  // that resets streams as fast as it opens them does not, in gRPC 1.51:
+  // docs/deploy.md).
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxStreamsPerConnection);
   grpc::ResourceQuota quota("switchserve-grpc");
   quota.Resize(static_cast<size_t>(GrpcMemoryBytes()));
