@@ -154,6 +154,8 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   for (const std::string& warning : setup->model->warnings) Log(absl::StrCat("warning: ", warning));
   const std::string& model_dir = resolved.model_dir;
   const ModelConfig& config = setup->model->config;
+  // The gRPC ModelInfo's name, the HTTP API's `model`, switchserve_model_info.
+  const std::string model_name = ServedModelName(options.served_model_name, config, model_dir);
   const DispatchConfig& dispatch = setup->dispatch;
   Backend* backend = setup->backend.get();
   if (options.device == DeviceKind::kAuto) {
@@ -187,7 +189,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
                                                        kv_cache.num_blocks());
     RegisterModelInfo(
         *registry,
-        {.model = ServedModelName(options.served_model_name, config, model_dir),
+        {.model = model_name,
          .device = std::string(backend->name()),
          .architecture = ArchitectureName(config),
          .tokenizer = config.tokenizer == TokenizerKind::kByte ? "byte" : "sentencepiece",
@@ -219,7 +221,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   service_options.engine = &engine;
   service_options.tokenizer = setup->model->tokenizer.get();
   service_options.config = &config;
-  service_options.model_name = ServedModelName(options.served_model_name, config, model_dir);
+  service_options.model_name = model_name;
   service_options.dispatch = dispatch;
   service_options.device = std::string(backend->name());
   service_options.limits.vocab_size = config.vocab_size;
@@ -263,7 +265,6 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
     return Fail(absl::UnavailableError(absl::StrCat("cannot listen on ", address)));
   }
   // The OpenAI-compatible HTTP API: same engine, gate, token, TLS and limits.
-  const std::string& model_name = service_options.model_name;
   OpenAiService openai({.engine = &engine,
                         .tokenizer = setup->model->tokenizer.get(),
                         .limits = service_options.limits,

@@ -63,12 +63,15 @@ void OpenAiService::Handle(const std::shared_ptr<HttpExchange>& exchange) const 
     return exchange->Respond(
         ErrorResponse(absl::NotFoundError(absl::StrCat(path, ": no such endpoint"))));
   }
-  const absl::Status authorized = Authorize(request);
-  // A completion refused for its token is counted and logged as a request.
-  if (path == "/v1/completions" && request.method == "POST")
-    return Completions(exchange, authorized);
-  if (!authorized.ok()) return exchange->Respond(ErrorResponse(authorized));
-  if (path == "/v1/completions") return wrong_method("POST");
+  // The token, as the HTTP server checks it at the head (where the server
+  // has check_head, a request without it does not get here).
+  if (std::optional<HttpResponse> refusal = CheckHead(request)) {
+    return exchange->Respond(*std::move(refusal));
+  }
+  if (path == "/v1/completions") {
+    if (request.method != "POST") return wrong_method("POST");
+    return Completions(exchange);
+  }
   const Json model = {{"id", options_.model_name},
                       {"object", "model"},
                       {"created", options_.created_unix_s},
@@ -138,15 +141,13 @@ HttpResponse OpenAiService::RefuseCompletion(const absl::Status& status,
   return response;
 }
 
-void OpenAiService::Completions(const std::shared_ptr<HttpExchange>& exchange,
-                                const absl::Status& authorized) const {
+void OpenAiService::Completions(const std::shared_ptr<HttpExchange>& exchange) const {
   const HttpRequest& request = exchange->request();
   AccessRecord access = CompletionAccess(request);
   auto reject = [&](const absl::Status& status) {
     exchange->Respond(RefuseCompletion(status, &access));
   };
 
-  if (!authorized.ok()) return reject(authorized);
   if (options_.gate->draining()) {
     return reject(absl::UnavailableError("the server is shutting down; retry on another replica"));
   }

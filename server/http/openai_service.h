@@ -62,10 +62,8 @@ class OpenAiService {
   AccessRecord CompletionAccess(const HttpRequest& request) const;
   // The refusal of a completion, counted and logged.
   HttpResponse RefuseCompletion(const absl::Status& status, AccessRecord* access) const;
-  // POST /v1/completions; `authorized` is the bearer token's check (OK
-  // without --auth-token-file), refused here so the request is counted.
-  void Completions(const std::shared_ptr<HttpExchange>& exchange,
-                   const absl::Status& authorized) const;
+  // POST /v1/completions, its token checked.
+  void Completions(const std::shared_ptr<HttpExchange>& exchange) const;
 
   OpenAiServiceOptions options_;
 };

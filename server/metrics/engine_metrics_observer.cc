@@ -27,17 +27,18 @@ void EngineMetricsObserver::OnStep(const StepReport& report) {
        .decode_tokens = report.decode_tokens,
        .running_requests = report.running,
        .waiting_requests = report.waiting,
-       .kv_cache_usage_ratio = total_kv_blocks_ > 0 ? static_cast<double>(report.used_blocks) /
-                                                          static_cast<double>(total_kv_blocks_)
-                                                    : 0.0,
+       .kv_cache_usage_ratio = UsageRatio(report.used_blocks),
        .preemptions = report.preempted});
 }
 
 void EngineMetricsObserver::OnStateChanged(const EngineSnapshot& snapshot) {
-  serving_->SetEngineState(snapshot.running, snapshot.waiting,
-                           total_kv_blocks_ > 0 ? static_cast<double>(snapshot.used_blocks) /
-                                                      static_cast<double>(total_kv_blocks_)
-                                                : 0.0);
+  serving_->SetEngineState(snapshot.running, snapshot.waiting, UsageRatio(snapshot.used_blocks));
+}
+
+double EngineMetricsObserver::UsageRatio(int64_t used_blocks) const {
+  return total_kv_blocks_ > 0
+             ? static_cast<double>(used_blocks) / static_cast<double>(total_kv_blocks_)
+             : 0.0;
 }
 
 void EngineMetricsObserver::OnRequestFinished(const GenerationRequest& request,

@@ -39,6 +39,9 @@ class EngineMetricsObserver : public EngineObserver {
                          const GenerationUpdate& final_update) override;
 
  private:
+  // Used KV blocks over all of them (0 without a cache).
+  double UsageRatio(int64_t used_blocks) const;
+
   ServingMetrics* const serving_;
   MoeMetrics* const moe_;
   const int64_t total_kv_blocks_;
