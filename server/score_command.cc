@@ -115,14 +115,16 @@ int RunScoreCommand(int argc, char** argv) {
     if (!ids.ok()) return Fail(ids.status());
     if (config.bos_token_id) tokens.push_back(*config.bos_token_id);
     tokens.insert(tokens.end(), ids->begin(), ids->end());
-    if (tokens.size() < 2) {
-      return Fail(absl::InvalidArgumentError(
-          absl::StrCat("--text ", text_path, ": need at least 2 tokens, found ", tokens.size())));
-    }
+  }
+  if (tokens.size() < 2) {
+    const std::string source = token_list.empty() ? absl::StrCat("--text ", text_path) : "--tokens";
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat(source, ": need at least 2 tokens, found ", tokens.size())));
+  }
+  if (token_list.empty()) {
     predicted_bytes =
         static_cast<int64_t>(tokenizer.Decode(absl::MakeConstSpan(tokens).subspan(1)).size());
   }
-  if (tokens.size() < 2) return Fail(absl::InvalidArgumentError("need at least 2 tokens"));
 
   const std::string dump_path = absl::GetFlag(FLAGS_dump_logits);
   const int64_t n = static_cast<int64_t>(tokens.size());

@@ -177,6 +177,12 @@ def test_score_text_must_be_a_file_of_two_tokens(tmp_path, text, expected):
     assert rss < MAX_RSS_KB
 
 
+def test_score_tokens_must_be_two_or_more():
+    code, stderr, _ = run_measured("score", "--tokens", "73", timeout=20)
+    assert code == 1, stderr
+    assert "--tokens: need at least 2 tokens, found 1" in stderr, stderr
+
+
 @pytest.mark.parametrize("address, expected", [
     ("localhost:70000", 'the port must be in [1, 65535], found "70000"'),  # dialled 4464 before
     ("localhost:-1", 'the port must be in [1, 65535], found "-1"'),
