@@ -24,6 +24,7 @@
 #include "engine/model/host_cpus.h"
 #include "engine/model/host_memory.h"
 #include "engine/model/model_loader.h"
+#include "engine/runtime/backend.h"
 #include "engine/runtime/generation_engine.h"
 #include "grpc/support/log.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -130,6 +131,17 @@ void LogGrpcLine(gpr_log_func_args* args) {
       args->severity == GPR_LOG_SEVERITY_ERROR ? LogLevel::kError : LogLevel::kInfo;
   Log(level, absl::StrCat("grpc: ", args->message),
       {{"source", absl::StrCat(args->file, ":", args->line)}});
+}
+
+// The startup log's account of the step's CPU threads: the number the
+// backend runs, and where it came from when --threads left it open.
+std::string DescribeComputeThreads(const Backend& backend, int requested) {
+  const int threads = backend.compute_threads();
+  if (threads == 0) return "none (its steps run on the device)";
+  if (requested > 0) return absl::StrCat(threads);
+  const HostCpus cpus = AvailableCpus();
+  if (threads < cpus.count) return absl::StrCat(threads, " (OMP_NUM_THREADS)");
+  return absl::StrCat(threads, cpus.quota_limited ? " (the cgroup's CPU quota)" : " (all CPUs)");
 }
 
 int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
@@ -304,13 +316,9 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
       backend->kernels().empty() ? ""
                                  : absl::StrCat(" (", std::string(backend->kernels()), " kernels)");
   Log(absl::StrFormat(
-      "backend %s%s, threads %s (serving threads %s); KV cache %d blocks x %d tokens = %d tokens "
+      "backend %s%s, threads %s, serving threads %s; KV cache %d blocks x %d tokens = %d tokens "
       "(%d MiB, %d bytes per token, %s; --kv-cache-dtype %s)",
-      std::string(backend->name()), kernels,
-      options.threads == 0 ? absl::StrCat(AvailableCpus().count, AvailableCpus().quota_limited
-                                                                     ? " (the cgroup's CPU quota)"
-                                                                     : " (all CPUs)")
-                           : std::to_string(options.threads),
+      std::string(backend->name()), kernels, DescribeComputeThreads(*backend, options.threads),
       serving_nice, kv_cache.num_blocks(), kv_cache.block_size(), kv_cache.capacity_tokens(),
       kv_cache.bytes() >> 20, kv_cache.bytes_per_token(), kv_cache_dtype,
       std::string(ToString(options.kv_cache_dtype))));

@@ -83,6 +83,9 @@ class Backend {
   // instruction set: "avx512", "avx2", "generic"), as the startup log says;
   // empty otherwise.
   virtual std::string_view kernels() const { return {}; }
+  // The CPU threads a step runs on (the CPU backend's pool, the engine
+  // thread among them); 0 for a backend whose steps run elsewhere.
+  virtual int compute_threads() const { return 0; }
   // The element type its KV cache holds (kF32 or kBF16), as metrics report it.
   virtual DType kv_cache_dtype() const = 0;
   // Bytes of cache storage per token in that element type.

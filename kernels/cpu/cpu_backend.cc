@@ -56,6 +56,7 @@ class CpuBackend final : public Backend {
 
   std::string_view name() const override { return "cpu"; }
   std::string_view kernels() const override { return ToString(isa_); }
+  int compute_threads() const override { return num_threads_; }
 
   absl::Status InitKvCache(int64_t num_blocks, int block_size) override {
     if (num_blocks <= 0 || block_size <= 0) {

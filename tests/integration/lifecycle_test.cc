@@ -1,6 +1,7 @@
 // SIGTERM drain of the real server: readiness goes false, running streams
 // complete, new calls get UNAVAILABLE, the process exits 0.
 #include <signal.h>
+#include <stdlib.h>
 
 #include <atomic>
 #include <cctype>
@@ -197,6 +198,19 @@ TEST(LifecycleTest, StartupLogNamesTheKernelBuild) {
       EXPECT_NE(log.find("backend cpu (generic kernels),"), std::string::npos) << log;
     }
   }
+}
+
+// The startup log counts the threads a step runs on: with --threads 0, the
+// CPUs available and no more than OpenMP's OMP_NUM_THREADS allows.
+TEST(LifecycleTest, StartupLogCountsTheThreadsTheBackendRuns) {
+  ASSERT_EQ(setenv("OMP_NUM_THREADS", "1", 1), 0);
+  auto server = ServerProcess::Start({"--threads", "0"});
+  unsetenv("OMP_NUM_THREADS");
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string log = (*server)->Log();
+  EXPECT_TRUE(log.find(", threads 1 (OMP_NUM_THREADS), serving") != std::string::npos ||
+              log.find(", threads 1 (all CPUs), serving") != std::string::npos)
+      << log;
 }
 
 }  // namespace
