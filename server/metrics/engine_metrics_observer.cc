@@ -25,9 +25,6 @@ void EngineMetricsObserver::OnStep(const StepReport& report) {
       {.duration_seconds = (report.schedule_ms + report.forward_ms + report.update_ms) / 1e3,
        .prefill_tokens = report.prefill_tokens,
        .decode_tokens = report.decode_tokens,
-       .running_requests = report.running,
-       .waiting_requests = report.waiting,
-       .kv_cache_usage_ratio = UsageRatio(report.used_blocks),
        .preemptions = report.preempted});
 }
 

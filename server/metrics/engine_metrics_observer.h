@@ -1,7 +1,8 @@
 // Connects the engine to the metrics: an EngineObserver that turns each
-// engine step's report (batch shape, timings, queue depths, KV blocks, the
-// step's routing statistics) and each finished request into ServingMetrics
-// and MoeMetrics updates.
+// engine step's report (batch shape, timings, the step's routing
+// statistics), the engine's state whenever it changes (queue depths, KV
+// blocks) and each finished request into ServingMetrics and MoeMetrics
+// updates.
 //
 // Runs on the engine thread, once per step and once per finished request; it
 // never takes a lock per token (MoeMetrics takes one short lock per step).

@@ -130,9 +130,6 @@ void ServingMetrics::RecordStep(const ServingStepSample& step) {
   step_tokens_->Observe(static_cast<double>(step.prefill_tokens + step.decode_tokens));
   if (step.prefill_tokens > 0) prompt_tokens_->Increment(static_cast<double>(step.prefill_tokens));
   if (step.preemptions > 0) preemptions_->Increment(static_cast<double>(step.preemptions));
-  running_->Set(static_cast<double>(step.running_requests));
-  waiting_->Set(static_cast<double>(step.waiting_requests));
-  kv_usage_->Set(step.kv_cache_usage_ratio);
 }
 
 void ServingMetrics::RecordQueueTime(double seconds) { queue_->Observe(seconds); }

@@ -29,14 +29,10 @@ namespace switchserve {
 
 // One engine step, as the scheduler saw it.
 struct ServingStepSample {
-  double duration_seconds = 0;      // wall time of the step (schedule + forward + sample)
-  int64_t prefill_tokens = 0;       // prompt tokens computed (recomputed ones included)
-  int64_t decode_tokens = 0;        // tokens of running sequences decoded
-  int64_t generated_tokens = 0;     // tokens sampled and sent to clients
-  int64_t running_requests = 0;     // after the step
-  int64_t waiting_requests = 0;     // after the step
-  double kv_cache_usage_ratio = 0;  // used KV blocks / all KV blocks, after the step
-  int64_t preemptions = 0;          // sequences preempted (recompute) in this step
+  double duration_seconds = 0;  // wall time of the step (schedule + forward + sample)
+  int64_t prefill_tokens = 0;   // prompt tokens computed (recomputed ones included)
+  int64_t decode_tokens = 0;    // tokens of running sequences decoded
+  int64_t preemptions = 0;      // sequences preempted (recompute) in this step
 };
 
 // The protocols a request can arrive by (the `protocol` label).
@@ -89,9 +85,9 @@ class ServingMetrics {
   // A request the engine ran ended: why, and how long its prompt and
   // generation were (requests rejected before the engine are not counted).
   void RecordEngineFinished(FinishedBy reason, int64_t prompt_tokens, int64_t generated_tokens);
-  // The engine's state whenever it changes, also between steps (requests
-  // cancelled or past their deadline while it is idle): the running and
-  // waiting gauges and the KV cache's usage.
+  // The engine's state whenever it changes, after each step and between
+  // steps (requests cancelled or past their deadline while it is idle): the
+  // one setter of the running and waiting gauges and the KV cache's usage.
   void SetEngineState(int64_t running, int64_t waiting, double kv_cache_usage_ratio);
 
   // The status codes that have their own series; any other code counts as

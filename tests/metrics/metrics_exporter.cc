@@ -117,11 +117,10 @@ class SimulatedScheduler {
     running_ = std::move(still_running);
     serving_->RecordStep({.duration_seconds = Seconds(now - start),
                           .prefill_tokens = prefill_,
-                          .decode_tokens = decode_,
-                          .running_requests = static_cast<int64_t>(running_.size()),
-                          .waiting_requests = static_cast<int64_t>(waiting_.size()),
-                          .kv_cache_usage_ratio =
-                              std::min(1.0, static_cast<double>(kv_tokens) / kKvCapacityTokens)});
+                          .decode_tokens = decode_});
+    serving_->SetEngineState(static_cast<int64_t>(running_.size()),
+                             static_cast<int64_t>(waiting_.size()),
+                             std::min(1.0, static_cast<double>(kv_tokens) / kKvCapacityTokens));
   }
 
  private:
@@ -244,10 +243,8 @@ int RunBench(testing::SyntheticRouting& routing, prometheus::Registry& registry,
   const Clock::time_point start = Clock::now();
   for (int i = 0; i < steps; ++i) {
     if (moe != nullptr) (void)moe->RecordStep(inputs[i % inputs.size()]);
-    serving.RecordStep({.duration_seconds = 0.02,
-                        .decode_tokens = tokens,
-                        .running_requests = tokens,
-                        .kv_cache_usage_ratio = 0.5});
+    serving.RecordStep({.duration_seconds = 0.02, .decode_tokens = tokens});
+    serving.SetEngineState(tokens, 0, 0.5);
   }
   const double update_us = Seconds(Clock::now() - start) / steps * 1e6;
 

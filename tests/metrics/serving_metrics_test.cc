@@ -88,22 +88,14 @@ TEST(ServingMetricsTest, ModelInfoIsOneWithTheModelInItsLabels) {
   EXPECT_EQ(reader.AllExposedSeries(), 1u);
 }
 
-TEST(ServingMetricsTest, StepsUpdateTokensQueueAndKvUsage) {
+TEST(ServingMetricsTest, StepsCountTokensAndTheEngineStateSetsTheGauges) {
   prometheus::Registry registry;
   ServingMetrics metrics(registry);
-  metrics.RecordStep({.duration_seconds = 0.02,
-                      .prefill_tokens = 100,
-                      .decode_tokens = 3,
-                      .running_requests = 5,
-                      .waiting_requests = 7,
-                      .kv_cache_usage_ratio = 0.25,
-                      .preemptions = 1});
-  metrics.RecordStep({.duration_seconds = 0.004,
-                      .prefill_tokens = 0,
-                      .decode_tokens = 5,
-                      .running_requests = 4,
-                      .waiting_requests = 2,
-                      .kv_cache_usage_ratio = 0.5});
+  metrics.RecordStep(
+      {.duration_seconds = 0.02, .prefill_tokens = 100, .decode_tokens = 3, .preemptions = 1});
+  metrics.SetEngineState(5, 7, 0.25);
+  metrics.RecordStep({.duration_seconds = 0.004, .prefill_tokens = 0, .decode_tokens = 5});
+  metrics.SetEngineState(4, 2, 0.5);
   RegistryReader reader(registry);
   EXPECT_EQ(reader.Counter("switchserve_prompt_tokens_total", {}), 100.0);
   EXPECT_EQ(reader.Counter("switchserve_preemptions_total", {}), 1.0);
