@@ -1,8 +1,9 @@
 #include "server/metrics/engine_metrics_observer.h"
 
-#include <cstdio>
 #include <optional>
 #include <string>
+
+#include "server/log.h"
 
 namespace switchserve {
 
@@ -17,7 +18,9 @@ void EngineMetricsObserver::OnStep(const StepReport& report) {
     if (absl::Status status = moe_->RecordStep(*report.routing);
         !status.ok() && !moe_error_logged_) {
       // A backend/model mismatch; say so once rather than on every step.
-      std::fprintf(stderr, "switchserve: MoE metrics skip a step: %s\n", status.ToString().c_str());
+      Log(LogLevel::kWarning,
+          "MoE metrics leave out a step whose routing statistics do not fit the model (said once)",
+          {{"error", status.ToString()}});
       moe_error_logged_ = true;
     }
   }

@@ -3,12 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 #include <utility>
 
 #include "prometheus/text_serializer.h"
 #include "server/metrics/engine_metrics_observer.h"
 #include "server/metrics/process_metrics.h"
 #include "tests/metrics/registry_reader.h"
+#include "tests/metrics/synthetic_routing.h"
 
 namespace switchserve {
 namespace {
@@ -187,6 +189,37 @@ TEST(EngineMetricsObserverTest, CancelledRequestsCountAsTheClientSawThem) {
             3.0);
   EXPECT_EQ(reader.Counter("switchserve_requests_total", {{"protocol", "grpc"}, {"status", "OK"}}),
             1.0);
+}
+
+// A step whose routing statistics do not fit the model's routers (a backend
+// and model that disagree) is left out of the MoE metrics, with one warning
+// for however many such steps; the step's serving figures still count.
+TEST(EngineMetricsObserverTest, RoutingThatDoesNotFitIsLeftOutAndSaidOnce) {
+  testing::SyntheticRouting model_routing(testing::SmallSwitchAllConfig(2), /*seed=*/1, 1.0);
+  testing::SyntheticRouting other_routing(testing::SmallSwitchAllConfig(3), /*seed=*/1, 1.0);
+  MoeMetrics moe(model_routing.routers());
+  prometheus::Registry registry;
+  ServingMetrics serving(registry);
+  EngineMetricsObserver observer(&serving, &moe, 16);
+  const StepRoutingStats misfit = other_routing.Step(8, DispatchConfig{});
+  StepReport report;
+  report.decode_tokens = 8;
+  report.routing = &misfit;
+  ::testing::internal::CaptureStderr();
+  for (int i = 0; i < 3; ++i) observer.OnStep(report);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  const std::string warning = "MoE metrics leave out a step whose routing statistics";
+  const size_t first = log.find(warning);
+  ASSERT_NE(first, std::string::npos) << log;
+  EXPECT_EQ(log.find(warning, first + 1), std::string::npos) << log;
+  EXPECT_EQ(HistogramOf(RegistryReader(registry), "switchserve_step_tokens").sample_count, 3u);
+  RegistryReader moe_reader(moe);
+  const RouterId& router = model_routing.routers().front();
+  EXPECT_EQ(moe_reader.Counter("switchserve_moe_router_tokens_total",
+                               {{"layer", std::to_string(router.layer)},
+                                {"module", std::string(ToString(router.module))},
+                                {"head", std::to_string(router.head)}}),
+            0.0);
 }
 
 // The alert rules and dashboard select buckets by their `le` text, e.g.
