@@ -159,6 +159,14 @@ def sinusoid(p, width):
     return torch.stack([torch.sin(ang), torch.cos(ang)], -1).reshape(len(p), width)
 
 
+def router_logits(X, W):
+    """X [N, d] @ W [R, d].T, each column its own matrix-vector product: two
+    experts with identical rows get identical logits, a tie that goes to the
+    lower index as DESIGN.md says (one GEMM may round two equal columns 1 ulp
+    apart)."""
+    return torch.stack([X @ w for w in W], -1)
+
+
 def xl_position_scores(Q, rel, pos_to_pk, d_model, dh):
     """q_i . r_h(j - i) for every query and key of a padded step.
     Q [B, L, H, dh] (already scaled by dh^-1/4); rel [B, L, S] = key position -
@@ -213,7 +221,7 @@ class Attention(nn.Module):
 
     def _route(self, X, sel, heads, dispatch_cfg, rdtype, module, ctx):
         """Routes every router head; returns ([N, heads, E] weights, results)."""
-        logits = (X.to(rdtype) @ sel.to(rdtype).t()).view(X.shape[0], -1, self.E)
+        logits = router_logits(X.to(rdtype), sel.to(rdtype)).view(X.shape[0], -1, self.E)
         results = [route(logits[:, r], self.top_k, self.gate, dispatch_cfg, **ctx.router(module, r))
                    for r in range(logits.shape[1])]
         w = torch.stack([r.weights for r in results], 1).to(X.dtype)
@@ -313,7 +321,7 @@ class FeedForward(nn.Module):
         if self.kind == "dense":
             return self.w2(_act(self.act, self.w1(X))), []
         W = self.router.weight.to(rdtype)
-        z = X.to(rdtype) @ W.t()
+        z = router_logits(X.to(rdtype), W)
         if self.router.bias is not None:
             z = z + self.router.bias.to(rdtype)
         r = route(z, self.k, self.gate, dispatch_cfg, self.renorm, **ctx.router("ffn", 0))

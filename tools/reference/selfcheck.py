@@ -18,7 +18,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from export import init_random, load_model, save_model  # noqa: E402
-from reference_model import Model, apply_rope, parse_config, rotary_dims, sinusoid  # noqa: E402
+from reference_model import (Model, apply_rope, parse_config, rotary_dims, router_logits,  # noqa: E402
+                             sinusoid)
 from routing import (DROPPED, KEPT, REROUTED, DispatchConfig, SequenceSlots, dispatch,  # noqa: E402
                      dispatch_sequence, ranking, route)
 from safetensors_io import load_file, save_file  # noqa: E402
@@ -442,6 +443,23 @@ def check_config_refusals():
           "dispatch defaults: capacity_scope sequence, capacity_group 128")
 
 
+def check_router_ties():
+    # 18 experts, rows 1 and 2 identical, 3 and 4, ..., 15 and 16: their
+    # logits tie exactly (one f64 GEMM of this shape rounds 15 and 16 apart)
+    # and top-1 goes to the lower index (DESIGN.md).
+    g = torch.Generator().manual_seed(3)
+    for n in (2, 10, 50, 55):
+        X = torch.randn(n, 32, dtype=torch.float64, generator=g)
+        W = torch.randn(18, 32, dtype=torch.float64, generator=g)
+        for a in range(1, 17, 2):
+            W[a + 1] = W[a]
+        z = router_logits(X, W)
+        check(all(torch.equal(z[:, a], z[:, a + 1]) for a in range(1, 17, 2)),
+              f"router logits of identical rows are equal ({n} tokens)")
+        chosen = set(route(z, 1, "softmax", DispatchConfig(0.0, 0, "drop", "step")).expert.flatten().tolist())
+        check(not chosen & set(range(2, 18, 2)), f"top-1 of tied experts is the lower index ({n} tokens)")
+
+
 def check_rope():
     # dh 6, n_rot 4: pairs (0,2) at angle pos*1 and (1,3) at pos*base^(-1/2); channels 4,5 untouched.
     x = torch.arange(1.0, 7.0, dtype=torch.float64).view(1, 1, 6)
@@ -561,6 +579,7 @@ def main():
     check_sequence_dispatch_cases()
     check_sequence_dispatch_formulations()
     check_config_refusals()
+    check_router_ties()
     check_rope()
     check_model()
     if FAILURES:
