@@ -37,14 +37,16 @@ int32_t ArgMax(absl::Span<const float> values) {
 }
 
 // log-softmax of the raw logits at the sampled token and the top `n`
-// alternatives, when any logprob is wanted.
+// alternatives, when any logprob is wanted: (x - max) - log(sum), whose
+// error is relative to the logprob's own size (adding the max to the log-sum
+// first would round a likely token's logprob to the max's ulp).
 void FillLogprobs(absl::Span<const float> logits, int n, bool wanted, SampleResult* result) {
   if (!wanted && n <= 0) return;
   const float max_logit = *std::max_element(logits.begin(), logits.end());
   double sum = 0;
   for (float v : logits) sum += std::exp(static_cast<double>(v - max_logit));
-  const float log_norm = max_logit + static_cast<float>(std::log(sum));
-  result->logprob = logits[result->token_id] - log_norm;
+  const float log_sum = static_cast<float>(std::log(sum));
+  result->logprob = (logits[result->token_id] - max_logit) - log_sum;
   if (n <= 0) return;
   n = std::min<int>(n, logits.size());
   std::vector<int32_t> order(logits.size());
@@ -54,7 +56,7 @@ void FillLogprobs(absl::Span<const float> logits, int n, bool wanted, SampleResu
   });
   result->top_logprobs.reserve(n);
   for (int i = 0; i < n; ++i) {
-    result->top_logprobs.emplace_back(order[i], logits[order[i]] - log_norm);
+    result->top_logprobs.emplace_back(order[i], (logits[order[i]] - max_logit) - log_sum);
   }
 }
 

@@ -205,7 +205,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = tid; i < vocab; i += kThreads)
     exp_sum += exp(static_cast<double>(row[i] - top_logit));
   exp_sum = BlockSum(exp_sum, red_d);
-  const float log_norm = top_logit + static_cast<float>(log(exp_sum));
+  // (x - max) - log(sum), as the CPU sampler: exact for likely tokens.
+  const float log_sum = static_cast<float>(log(exp_sum));
 
   int chosen;
   if (p.temperature == 0.0f) {
@@ -296,7 +297,7 @@ __global__ void __launch_bounds__(kThreads)
 
   if (tid == 0) {
     token_out[sample] = chosen;
-    logprob_out[sample] = row[chosen] - log_norm;
+    logprob_out[sample] = (row[chosen] - top_logit) - log_sum;
   }
   // The n most likely tokens of the raw logits.
   const int n = min(p.n_logprobs, min(vocab, max_logprobs));
@@ -312,7 +313,7 @@ __global__ void __launch_bounds__(kThreads)
     BlockBest(&best, &id, red_v, red_i);
     if (tid == 0) {
       top_ids[sample * max_logprobs + r] = id;
-      top_logprobs[sample * max_logprobs + r] = row[id] - log_norm;
+      top_logprobs[sample * max_logprobs + r] = (row[id] - top_logit) - log_sum;
       flags[id] |= kListed;
     }
     __syncthreads();

@@ -103,6 +103,21 @@ TEST(SamplerTest, LogprobsAreRawLogSoftmaxMostLikelyFirst) {
   EXPECT_NEAR(r.top_logprobs[1].second, std::log(0.3f), 1e-5);
 }
 
+// A likely token's logprob keeps its own precision, however large the
+// logits: -log(1 + e^-12) = -6.1442e-6 beside a logit of 700, whose ulp
+// (6.1e-5) the max-plus-log-sum order rounded it to (0 here).
+TEST(SamplerTest, LikelyTokensLogprobsArePreciseBesideLargeLogits) {
+  const std::vector<float> logits = {700.0f, 688.0f};
+  SamplerRng rng(1);
+  const SampleResult r = SampleToken(logits, Greedy(), {}, 2, rng);
+  ASSERT_EQ(r.token_id, 0);
+  const double want = -std::log1p(std::exp(-12.0));
+  EXPECT_NEAR(r.logprob, want, 1e-6 * -want);
+  ASSERT_EQ(r.top_logprobs.size(), 2u);
+  EXPECT_NEAR(r.top_logprobs[0].second, want, 1e-6 * -want);
+  EXPECT_NEAR(r.top_logprobs[1].second, -12.0 + want, 1e-6 * 12);
+}
+
 // The log-softmax is skipped where no logprob is wanted; "logprobs": 0
 // (sampled_logprob) still gets the sampled token's own, and no alternatives.
 TEST(SamplerTest, SampledTokensLogprobOnlyWhenAsked) {
