@@ -162,7 +162,7 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
         {"index", index}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
     if (options_.logprobs >= 0 && !tokens.empty()) {
       choice["logprobs"] = LogprobsObject(*context_.tokenizer, tokens, options_.logprobs,
-                                          &choices_[index]->text_offset);
+                                          options_.tokens_as_ids, &choices_[index]->text_offset);
     }
     if (finish_reason) choice["finish_reason"] = OpenAiFinishReason(*finish_reason);
     return Event(Chunk(Json::array({std::move(choice)})));
@@ -223,7 +223,7 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
         Json logprobs = nullptr;
         if (options_.logprobs >= 0) {
           logprobs = LogprobsObject(*context_.tokenizer, choice.tokens, options_.logprobs,
-                                    &choice.text_offset);
+                                    options_.tokens_as_ids, &choice.text_offset);
         }
         choices.push_back(
             {{"index", i},

@@ -32,7 +32,8 @@ struct CompletionCallContext {
 struct CompletionOptions {
   bool stream = false;
   bool include_usage = false;
-  int logprobs = -1;  // < 0: no logprobs object
+  int logprobs = -1;           // < 0: no logprobs object
+  bool tokens_as_ids = false;  // CompletionRequest::tokens_as_ids
 };
 
 // Submits `prompts` (validated; origin and arrival set) and answers the

@@ -50,7 +50,8 @@ absl::Status OutOfRange(std::string_view param, int64_t lo, int64_t hi, int64_t 
 // Fields a client may send, beyond which every other field is refused.
 // Supported: model, prompt, max_tokens, temperature, top_p, n (= 1), stream,
 // stream_options, logprobs, stop, seed, user; and vLLM's sampling extensions
-// top_k, min_p, repetition_penalty, ignore_eos, stop_token_ids. Accepted
+// top_k, min_p, repetition_penalty, ignore_eos, stop_token_ids,
+// return_tokens_as_token_ids. Accepted
 // only at their neutral value: echo, best_of, presence_penalty,
 // frequency_penalty, logit_bias, suffix.
 bool Known(const std::string& key) {
@@ -71,6 +72,7 @@ bool Known(const std::string& key) {
                                        "repetition_penalty",
                                        "ignore_eos",
                                        "stop_token_ids",
+                                       "return_tokens_as_token_ids",
                                        "echo",
                                        "best_of",
                                        "presence_penalty",
@@ -254,6 +256,10 @@ absl::Status ParseField(const std::string& key, const Json& value, CompletionReq
     auto ids = TokenIdList(value, key);
     if (!ids.ok()) return ids.status();
     sampling->mutable_stop_token_ids()->Add(ids->ids().begin(), ids->ids().end());
+  } else if (key == "return_tokens_as_token_ids") {
+    auto b = Boolean(value, key);
+    if (!b.ok()) return b.status();
+    request->tokens_as_ids = *b;
   } else if (key == "echo") {
     auto b = Boolean(value, key);
     if (!b.ok()) return b.status();
@@ -427,7 +433,8 @@ const char* OpenAiFinishReason(FinishReason reason) {
   return reason == FinishReason::kLength ? "length" : "stop";
 }
 
-std::string TokenString(const Tokenizer& tokenizer, int32_t id) {
+std::string TokenString(const Tokenizer& tokenizer, int32_t id, bool as_id) {
+  if (as_id) return absl::StrCat("token_id:", id);
   const std::string_view bytes = tokenizer.PieceBytes(id);
   if (IsValidUtf8(bytes)) return std::string(bytes);
   std::string escaped = "bytes:";
@@ -439,7 +446,7 @@ std::string TokenString(const Tokenizer& tokenizer, int32_t id) {
 
 nlohmann::ordered_json LogprobsObject(const Tokenizer& tokenizer,
                                       const std::vector<GeneratedTokenInfo>& tokens, int top_n,
-                                      TextOffset* offset) {
+                                      bool tokens_as_ids, TextOffset* offset) {
   using OrderedJson = nlohmann::ordered_json;
   OrderedJson strings = OrderedJson::array(), logprobs = OrderedJson::array(),
               tops = OrderedJson::array(), offsets = OrderedJson::array();
@@ -454,12 +461,14 @@ nlohmann::ordered_json LogprobsObject(const Tokenizer& tokenizer,
     std::string text;
     offset->pending.erase(0, AppendSanitizedUtf8(offset->pending, false, &text));
     offset->characters += CharacterCount(text);
-    strings.push_back(TokenString(tokenizer, token.token_id));
+    strings.push_back(TokenString(tokenizer, token.token_id, tokens_as_ids));
     logprobs.push_back(token.logprob);
     OrderedJson top = OrderedJson::object();
     for (size_t i = 0; i < token.top_logprobs.size() && static_cast<int>(i) < top_n; ++i) {
       const auto& [id, logprob] = token.top_logprobs[i];
-      top.emplace(TokenString(tokenizer, id), logprob);
+      // emplace keeps the first (most likely) of alternatives that spell
+      // the same text.
+      top.emplace(TokenString(tokenizer, id, tokens_as_ids), logprob);
     }
     tops.push_back(std::move(top));
   }

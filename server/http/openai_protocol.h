@@ -34,6 +34,9 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;   // stream_options.include_usage
   std::optional<int> logprobs;  // unset: no logprobs in the response
+  // vLLM's return_tokens_as_token_ids: the logprobs object names each token
+  // "token_id:N" (distinct keys for tokens that spell the same text).
+  bool tokens_as_ids = false;
 };
 
 // INVALID_ARGUMENT with a message "<param>: <problem>" for anything
@@ -60,8 +63,9 @@ int HttpStatusFor(absl::StatusCode code);
 const char* OpenAiFinishReason(FinishReason reason);
 
 // A token as the logprobs object names it: its text (Tokenizer::PieceBytes),
-// or "bytes:\xNN..." when those bytes are no valid UTF-8 on their own.
-std::string TokenString(const Tokenizer& tokenizer, int32_t id);
+// or "bytes:\xNN..." when those bytes are no valid UTF-8 on their own;
+// "token_id:N" when `as_id`.
+std::string TokenString(const Tokenizer& tokenizer, int32_t id, bool as_id = false);
 
 // How far a choice's text has come, for the next token's `text_offset`: the
 // characters of its tokens so far, and the bytes of a character they have
@@ -72,11 +76,12 @@ struct TextOffset {
 };
 
 // The legacy completions `logprobs` object of some generated tokens (each
-// one's alternatives most likely first); `text_offset` counts characters
-// from `offset`, which is advanced past the tokens.
+// one's alternatives most likely first; of alternatives that spell the same
+// text, the most likely); `text_offset` counts characters from `offset`,
+// which is advanced past the tokens. `tokens_as_ids`: see CompletionRequest.
 nlohmann::ordered_json LogprobsObject(const Tokenizer& tokenizer,
                                       const std::vector<GeneratedTokenInfo>& tokens, int top_n,
-                                      TextOffset* offset);
+                                      bool tokens_as_ids, TextOffset* offset);
 
 }  // namespace switchserve
 

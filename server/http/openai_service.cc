@@ -182,6 +182,7 @@ void OpenAiService::Completions(const std::shared_ptr<HttpExchange>& exchange) c
   options.stream = parsed->stream;
   options.include_usage = parsed->include_usage;
   options.logprobs = parsed->logprobs.value_or(-1);
+  options.tokens_as_ids = parsed->tokens_as_ids;
   StartCompletionCall({.engine = options_.engine,
                        .tokenizer = options_.tokenizer,
                        .metrics = options_.metrics,

@@ -235,6 +235,22 @@ def test_logprobs_are_the_grpc_logprobs(server, client):
     assert all(not top for top in own.top_logprobs or [])
 
 
+def test_return_tokens_as_token_ids_names_every_token_by_its_id(server, client):
+    request = pb.GenerateRequest(text="Hello there", logprobs=3,
+                                 sampling=pb.SamplingParams(max_new_tokens=6, temperature=0))
+    expected = server.grpc_stub().Generate(request, timeout=60)
+    for stream in (False, True):
+        response = client.completions.create(
+            model=MODEL, prompt="Hello there", max_tokens=6, temperature=0, logprobs=3,
+            stream=stream, extra_body={"return_tokens_as_token_ids": True})
+        choices = list(response) if stream else [response]
+        tokens = [t for c in choices for t in c.choices[0].logprobs.tokens]
+        tops = [t for c in choices for t in c.choices[0].logprobs.top_logprobs]
+        assert tokens == [f"token_id:{t.token_id}" for t in expected.tokens]
+        assert [list(top) for top in tops] == [
+            [f"token_id:{a.token_id}" for a in t.top_logprobs] for t in expected.tokens]
+
+
 def test_token_prompt_and_batch_of_prompts(client):
     one = client.completions.create(model=MODEL, prompt="hi", max_tokens=5, temperature=0)
     by_ids = client.completions.create(model=MODEL, prompt=[104, 105], max_tokens=5,

@@ -17,9 +17,10 @@ TEST(OpenAiProtocolTest, ParsesTheSupportedFieldsIntoGenerateRequests) {
       "logprobs": 2, "stop": "\n", "seed": -1, "user": "u", "top_k": -1, "min_p": 0.1,
       "repetition_penalty": 1.2, "ignore_eos": true, "stop_token_ids": [3],
       "echo": false, "best_of": null, "presence_penalty": 0, "frequency_penalty": 0.0,
-      "logit_bias": {}, "suffix": null})");
+      "logit_bias": {}, "suffix": null, "return_tokens_as_token_ids": true})");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->model, "m");
+  EXPECT_TRUE(parsed->tokens_as_ids);
   EXPECT_TRUE(parsed->stream);
   EXPECT_TRUE(parsed->include_usage);
   EXPECT_EQ(parsed->logprobs, 2);
@@ -48,6 +49,7 @@ TEST(OpenAiProtocolTest, DefaultsFollowOpenAi) {
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_FALSE(parsed->stream);
   EXPECT_FALSE(parsed->logprobs.has_value());
+  EXPECT_FALSE(parsed->tokens_as_ids);
   ASSERT_EQ(parsed->prompts.size(), 1u);
   EXPECT_EQ(parsed->prompts[0].sampling().max_new_tokens(), kDefaultMaxTokens);
   EXPECT_FALSE(parsed->prompts[0].sampling().has_temperature());
@@ -74,6 +76,7 @@ TEST(OpenAiProtocolTest, RefusalsNameTheParameter) {
       {R"({"prompt": "x", "max_tokens": "9"})", "max_tokens"},
       {R"({"prompt": "x", "max_tokens": 0})", "max_tokens"},
       {R"({"prompt": "x", "stream": 1})", "stream"},
+      {R"({"prompt": "x", "return_tokens_as_token_ids": "yes"})", "return_tokens_as_token_ids"},
       {R"({"prompt": "x", "stream_options": {"continuous_usage_stats": true}})",
        "stream_options.continuous_usage_stats"},
       {R"({"prompt": "x", "stream_options": {"include_usage": true}})", "stream_options"},
@@ -221,7 +224,7 @@ TEST(OpenAiProtocolTest, TokenStringsOfByteTokens) {
   tokens[1].top_logprobs = {{0xC3, -2.0f}};
   tokens[2].token_id = 'i';
   tokens[2].logprob = -0.25f;
-  const nlohmann::ordered_json logprobs = LogprobsObject(*tokenizer, tokens, 1, &offset);
+  const nlohmann::ordered_json logprobs = LogprobsObject(*tokenizer, tokens, 1, false, &offset);
   EXPECT_EQ(logprobs["tokens"], nlohmann::ordered_json({"h", "bytes:\\xc3", "i"}));
   EXPECT_EQ(logprobs["token_logprobs"], nlohmann::ordered_json({-0.5, -2.0, -0.25}));
   // The stray byte is one U+FFFD.
@@ -243,8 +246,8 @@ TEST(OpenAiProtocolTest, TextOffsetsCountCharacters) {
     (i < 3 ? first[i] : second[i - 3]).token_id = static_cast<unsigned char>(text[i]);
   }
   TextOffset offset;
-  const nlohmann::ordered_json one = LogprobsObject(*tokenizer, first, 0, &offset);
-  const nlohmann::ordered_json two = LogprobsObject(*tokenizer, second, 0, &offset);
+  const nlohmann::ordered_json one = LogprobsObject(*tokenizer, first, 0, false, &offset);
+  const nlohmann::ordered_json two = LogprobsObject(*tokenizer, second, 0, false, &offset);
   EXPECT_EQ(one["text_offset"], nlohmann::ordered_json({0, 1, 1}));
   EXPECT_EQ(two["text_offset"], nlohmann::ordered_json({2, 3, 3, 3}));
   EXPECT_EQ(offset.characters, 4);
@@ -260,8 +263,27 @@ TEST(OpenAiProtocolTest, TopLogprobsKeepTheirRank) {
   tokens[0].logprob = -0.25f;
   tokens[0].top_logprobs = {{'z', -0.25f}, {'b', -2.5f}, {'m', -3.0f}};
   TextOffset offset;
-  const nlohmann::ordered_json logprobs = LogprobsObject(*tokenizer, tokens, 3, &offset);
+  const nlohmann::ordered_json logprobs = LogprobsObject(*tokenizer, tokens, 3, false, &offset);
   EXPECT_EQ(logprobs["top_logprobs"][0].dump(), R"({"z":-0.25,"b":-2.5,"m":-3.0})");
+}
+
+// Alternatives that spell the same text (here ids past a byte vocabulary,
+// which spell nothing) share one key, the most likely's; with
+// return_tokens_as_token_ids every token has a key of its own.
+TEST(OpenAiProtocolTest, TokensAsIdsKeepAlternativesThatSpellTheSameText) {
+  const auto tokenizer = CreateByteTokenizer();
+  std::vector<GeneratedTokenInfo> tokens(1);
+  tokens[0].token_id = 300;
+  tokens[0].logprob = -0.5f;
+  tokens[0].top_logprobs = {{300, -0.5f}, {301, -1.5f}, {'x', -2.0f}};
+  TextOffset offset;
+  const nlohmann::ordered_json as_text = LogprobsObject(*tokenizer, tokens, 3, false, &offset);
+  EXPECT_EQ(as_text["tokens"], nlohmann::ordered_json({""}));
+  EXPECT_EQ(as_text["top_logprobs"][0].dump(), R"({"":-0.5,"x":-2.0})");
+  const nlohmann::ordered_json as_ids = LogprobsObject(*tokenizer, tokens, 3, true, &offset);
+  EXPECT_EQ(as_ids["tokens"], nlohmann::ordered_json({"token_id:300"}));
+  EXPECT_EQ(as_ids["top_logprobs"][0].dump(),
+            R"({"token_id:300":-0.5,"token_id:301":-1.5,"token_id:120":-2.0})");
 }
 
 // SentencePiece pieces are named by the text they add after other text, so
