@@ -31,6 +31,8 @@ ABSL_FLAG(std::string, cpu_kernels, "auto",
           "instruction set of the matrix kernels. avx512 and avx2 give the same logits; generic "
           "(no fused multiply-add) rounds differently, on every x86-64 CPU alike. A build this "
           "CPU cannot run is refused at startup");
+ABSL_FLAG(int, kv_block_size, 16,
+          "tokens per KV cache block (the CUDA backend's attention takes keys a block at a time)");
 ABSL_FLAG(bool, allow_non_finite_weights, false,
           "Load weights holding NaN or infinity (with a warning) instead of refusing the model");
 
@@ -73,6 +75,15 @@ absl::StatusOr<int> ThreadsFromFlags() {
                                                    "] (0: all cores), found ", threads));
   }
   return threads;
+}
+
+absl::StatusOr<int> KvBlockSizeFromFlags() {
+  const int size = absl::GetFlag(FLAGS_kv_block_size);
+  if (size < 1 || size > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv-block-size: must be in [1, 1024], found ", size));
+  }
+  return size;
 }
 
 namespace {

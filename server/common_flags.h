@@ -27,6 +27,11 @@ absl::StatusOr<std::optional<cpu::KernelIsa>> CpuKernelsFromFlags();
 inline constexpr int kMaxThreads = 1024;
 absl::StatusOr<int> ThreadsFromFlags();
 
+// --kv-block-size, checked: 1 to 1024 tokens; INVALID_ARGUMENT names the flag.
+// The offline subcommands take it too: the CUDA backend's logits depend on
+// it, so `score` reproduces a server's bits only at the server's size.
+absl::StatusOr<int> KvBlockSizeFromFlags();
+
 // Why `host` cannot be an address to listen on or dial ("not an IPv4 or IPv6
 // address or a host name: ..."), or "" when it is a valid IPv4 or IPv6
 // literal (brackets allowed) or a name. Text that looks like a dotted quad
@@ -47,6 +52,7 @@ ABSL_DECLARE_FLAG(std::string, kv_cache_dtype);
 ABSL_DECLARE_FLAG(bool, allow_non_finite_weights);
 ABSL_DECLARE_FLAG(bool, cpu_weight_copies);
 ABSL_DECLARE_FLAG(std::string, cpu_kernels);
+ABSL_DECLARE_FLAG(int, kv_block_size);
 
 namespace switchserve {
 

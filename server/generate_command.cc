@@ -30,10 +30,8 @@ ABSL_FLAG(uint64_t, seed, 0, "random seed for sampling");
 namespace switchserve {
 namespace {
 
-// The prompt's chunk size and the cache's block size: what generate has
-// always used, so its output does not change.
+// The prompt's chunk size: what generate has always used.
 constexpr int64_t kPrefillChunk = 512;
-constexpr int kBlockSize = 16;
 
 // Prints the request's text as the engine releases it; Wait() returns the
 // final update.
@@ -110,7 +108,7 @@ int RunGenerateCommand(int argc, char** argv) {
     // The cache holds what this request can reach, not a whole context: a
     // model's max_seq_len alone must not size an allocation.
     KvCacheOptions cache;
-    cache.block_size = kBlockSize;
+    cache.block_size = session->kv_block_size;
     cache.max_tokens = std::min<int64_t>(
         config.max_seq_len, static_cast<int64_t>(request.prompt.size()) + sampling.max_new_tokens);
     absl::StatusOr<std::unique_ptr<KvCache>> kv_cache =

@@ -33,6 +33,9 @@ absl::StatusOr<OfflineSession> OpenOfflineSession() {
   if (!cpu_kernels.ok()) return cpu_kernels.status();
   absl::StatusOr<int> threads = ThreadsFromFlags();
   if (!threads.ok()) return threads.status();
+  absl::StatusOr<int> kv_block_size = KvBlockSizeFromFlags();
+  if (!kv_block_size.ok()) return kv_block_size.status();
+  session.kv_block_size = *kv_block_size;
   absl::StatusOr<DispatchOverrides> overrides = DispatchOverridesFromFlags();
   if (!overrides.ok()) return overrides.status();
   absl::StatusOr<DispatchConfig> dispatch =

@@ -16,6 +16,7 @@ struct OfflineSession {
   std::unique_ptr<Model> model;
   std::unique_ptr<Backend> backend;  // its KV cache not yet initialised
   DispatchConfig dispatch;           // the backend's: the model's with the flags' overrides
+  int kv_block_size = 16;            // --kv-block-size
 };
 
 // Loads --model (or the built-in model) and creates the --device backend

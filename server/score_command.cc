@@ -135,6 +135,7 @@ int RunScoreCommand(int argc, char** argv) {
   // A cache for one window: the model's context, or the whole text when shorter.
   SequenceRunnerOptions runner_options;
   runner_options.max_tokens = std::min<int64_t>(n, config.max_seq_len);
+  runner_options.block_size = session->kv_block_size;
   absl::StatusOr<std::unique_ptr<SequenceRunner>> runner =
       SequenceRunner::Create(session->backend.get(), config, runner_options);
   if (!runner.ok()) return Fail(runner.status());

@@ -28,7 +28,6 @@ ABSL_FLAG(bool, no_moe_metrics, false,
           "Export no MoE routing metrics (serving and process metrics only)");
 ABSL_FLAG(int64_t, kv_cache_bytes, 1073741824,
           "KV cache budget in bytes (capped at max_running_requests full contexts)");
-ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV cache block");
 ABSL_FLAG(int64_t, max_batch_tokens, 2048,
           "Tokens computed per engine step (decode tokens + prefill chunks)");
 ABSL_FLAG(int, max_running_requests, 64, "Requests in the running batch at once");
@@ -104,7 +103,9 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.threads = *threads;
   o.cpu_weight_copies = absl::GetFlag(FLAGS_cpu_weight_copies);
   o.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
-  o.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
+  absl::StatusOr<int> kv_block_size = KvBlockSizeFromFlags();
+  if (!kv_block_size.ok()) return kv_block_size.status();
+  o.kv_block_size = *kv_block_size;
   o.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   o.max_running_requests = absl::GetFlag(FLAGS_max_running_requests);
   o.max_queue = absl::GetFlag(FLAGS_max_queue);
@@ -196,9 +197,6 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
     }
   }
   if (o.kv_cache_bytes <= 0) return FlagError("kv-cache-bytes", "must be > 0");
-  if (o.kv_block_size < 1 || o.kv_block_size > 1024) {
-    return FlagError("kv-block-size", "must be in [1, 1024]");
-  }
   if (o.max_batch_tokens < 1) return FlagError("max-batch-tokens", "must be >= 1");
   if (o.max_running_requests < 1) return FlagError("max-running-requests", "must be >= 1");
   if (o.max_queue < 1) return FlagError("max-queue", "must be >= 1");

@@ -177,6 +177,13 @@ def test_score_text_must_be_a_file_of_two_tokens(tmp_path, text, expected):
     assert rss < MAX_RSS_KB
 
 
+@pytest.mark.parametrize("command", [["generate", "--prompt", "x"], ["score", "--tokens", "1,2"]])
+def test_offline_kv_block_size_out_of_range_is_refused(command):
+    code, stderr, _ = run_measured(*command, "--kv-block-size", "0", timeout=20)
+    assert code == 1, stderr
+    assert "--kv-block-size: must be in [1, 1024], found 0" in stderr, stderr
+
+
 def test_score_tokens_must_be_two_or_more():
     code, stderr, _ = run_measured("score", "--tokens", "73", timeout=20)
     assert code == 1, stderr

@@ -16,8 +16,10 @@ message instead of serving.
 import os
 import re
 import subprocess
+import tempfile
 
 import grpc
+import numpy as np
 
 import generation_pb2 as pb
 import generation_pb2_grpc as pb_grpc
@@ -100,6 +102,46 @@ def test_serve_device_cuda_on_the_executor_matches_cpu():
     assert tokens == rise(after_cpu, before_cpu, "switchserve_moe_router_tokens_total")
     assert rise(after_cuda, before_cuda, "switchserve_moe_assignments_total") == rise(
         after_cpu, before_cpu, "switchserve_moe_assignments_total") > 0
+
+
+def logprobs_of(logits, tokens, first):
+    """The sampler's logprob of tokens[i] from the logits row before it, for
+    i >= first, as the engine computes it: (x - max) - log(sum exp(x - max)),
+    the shifted values in f32, the sum in f64, its log rounded to f32."""
+    out = []
+    for i in range(first, len(tokens)):
+        row = logits[i - 1]
+        shifted = row - row.max()
+        log_sum = np.float32(np.log(np.exp(shifted.astype(np.float64)).sum()))
+        out.append(np.float32(shifted[tokens[i]] - log_sum))
+    return out
+
+
+def test_score_reproduces_the_bits_of_a_server_at_its_kv_block_size_on_the_executor():
+    # The CUDA backend's attention takes keys a block at a time, so its
+    # logits depend on --kv-block-size: `score` given the server's size
+    # computes the same bits as the server's generated tokens.
+    binary = os.environ["SWITCHSERVE_BINARY"]
+    prompt = [84, 104, 101, 32, 101, 120, 112, 101, 114, 116, 115]
+    cuda = Server(binary, "--device", "cuda", "--kv-block-size", "4")
+    try:
+        with grpc.insecure_channel(cuda.address) as channel:
+            r = pb.GenerateRequest(sampling=pb.SamplingParams(max_new_tokens=8, temperature=0.0))
+            r.token_ids.ids.extend(prompt)
+            r.logprobs = 1
+            got = pb_grpc.GenerationStub(channel).Generate(r, timeout=300)
+    finally:
+        cuda.close()
+    tokens = prompt + list(got.token_ids)
+    with tempfile.TemporaryDirectory() as tmp:
+        dump = os.path.join(tmp, "logits.npy")
+        subprocess.run([binary, "score", "--model", MODEL, "--device", "cuda", "--kv-block-size",
+                        "4", "--tokens", ",".join(map(str, tokens)), "--dump-logits", dump],
+                       check=True, capture_output=True, timeout=300)
+        logits = np.load(dump)
+    assert logits.shape[0] == len(tokens)
+    want = logprobs_of(logits, tokens, len(prompt))
+    assert [np.float32(t.logprob).tobytes() for t in got.tokens] == [w.tobytes() for w in want]
 
 
 def test_gpu_binary_refuses_device_cuda_without_a_gpu():
