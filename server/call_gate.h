@@ -16,10 +16,14 @@ namespace switchserve {
 
 class CallGate {
  public:
-  // From now on draining() is true; calls already running go on.
+  // From now on draining() is true; calls already running go on. The quiet
+  // period (WaitUntilQuiet) counts from now at the earliest: a server idle
+  // when told to stop still refuses (UNAVAILABLE) the calls of the next
+  // moment rather than closing at once on them (CANCELLED).
   void StartDraining() {
     std::lock_guard<std::mutex> lock(mu_);
     draining_ = true;
+    last_started_ = std::max(last_started_, std::chrono::steady_clock::now());
   }
   bool draining() const {
     std::lock_guard<std::mutex> lock(mu_);

@@ -40,6 +40,19 @@ TEST(CallGate, QuietWaitsUntilNoCallHasStartedForThePeriod) {
   EXPECT_GE(Clock::now() - start, milliseconds(90));  // idle at once, quiet only later
 }
 
+// A gate idle long before the drain is not quiet at once: calls arriving
+// just after it began are refused, not met by a closed listener.
+TEST(CallGate, QuietCountsFromTheDrainsStart) {
+  CallGate gate;
+  gate.CallStarted();
+  gate.CallDone();
+  std::this_thread::sleep_for(milliseconds(150));
+  gate.StartDraining();
+  const auto start = Clock::now();
+  EXPECT_TRUE(gate.WaitUntilQuiet(milliseconds(100), milliseconds(5000)));
+  EXPECT_GE(Clock::now() - start, milliseconds(90));
+}
+
 TEST(CallGate, CallsThatKeepArrivingKeepItFromBeingQuietUntilTheTimeout) {
   CallGate gate;
   std::atomic<bool> stop{false};
