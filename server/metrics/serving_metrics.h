@@ -97,17 +97,18 @@ class ServingMetrics {
   static constexpr std::array<FinishedBy, 5> kFinishReasons = {
       FinishedBy::kLength, FinishedBy::kStop, FinishedBy::kEos, FinishedBy::kCancelled,
       FinishedBy::kError};
-  static constexpr std::array<absl::StatusCode, 10> kStatusCodes = {
+  static constexpr std::array<absl::StatusCode, 11> kStatusCodes = {
       absl::StatusCode::kOk,
       absl::StatusCode::kCancelled,
       absl::StatusCode::kDeadlineExceeded,
       absl::StatusCode::kInvalidArgument,
+      absl::StatusCode::kNotFound,
       absl::StatusCode::kResourceExhausted,
       absl::StatusCode::kUnavailable,
       absl::StatusCode::kUnauthenticated,
       absl::StatusCode::kFailedPrecondition,
       absl::StatusCode::kInternal,
-      absl::StatusCode::kUnknown,
+      absl::StatusCode::kUnknown,  // last: every other code counts here
   };
 
  private:

@@ -567,6 +567,8 @@ def test_http_requests_in_the_metrics():
         assert stopped.choices[0].finish_reason == "stop"
         with pytest.raises(openai.BadRequestError):
             client.completions.create(model=MODEL, prompt="x", top_p=7)
+        with pytest.raises(openai.NotFoundError):  # another model's name
+            client.completions.create(model="gpt-4", prompt="x")
         # One request of three prompts: one request, three generations.
         assert len(client.completions.create(model=MODEL, prompt=["a", "b", "c"], max_tokens=2,
                                              extra_body={"ignore_eos": True}).choices) == 3
@@ -575,6 +577,8 @@ def test_http_requests_in_the_metrics():
         value = lambda series: float(re.search(re.escape(series) + r" (\S+)", text).group(1))
         assert value('switchserve_requests_total{protocol="http",status="OK"}') == 4
         assert value('switchserve_requests_total{protocol="http",status="INVALID_ARGUMENT"}') == 1
+        assert value('switchserve_requests_total{protocol="http",status="NOT_FOUND"}') == 1
+        assert value('switchserve_requests_total{protocol="http",status="UNKNOWN"}') == 0
         assert value('switchserve_requests_total{protocol="grpc",status="OK"}') == 2
         assert value('switchserve_request_finish_reason_total{reason="length"}') == 4 + 3
         assert value('switchserve_request_finish_reason_total{reason="stop"}') == 1

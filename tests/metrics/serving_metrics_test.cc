@@ -30,9 +30,9 @@ TEST(ServingMetricsTest, EveryProtocolStatusAndFinishReasonHasASeriesAtZero) {
   ServingMetrics metrics(registry);
   RegistryReader reader(registry);
   for (const char* protocol : {"grpc", "http"}) {
-    for (const char* status :
-         {"OK", "CANCELLED", "DEADLINE_EXCEEDED", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED",
-          "UNAVAILABLE", "UNAUTHENTICATED", "FAILED_PRECONDITION", "INTERNAL", "UNKNOWN"}) {
+    for (const char* status : {"OK", "CANCELLED", "DEADLINE_EXCEEDED", "INVALID_ARGUMENT",
+                               "NOT_FOUND", "RESOURCE_EXHAUSTED", "UNAVAILABLE", "UNAUTHENTICATED",
+                               "FAILED_PRECONDITION", "INTERNAL", "UNKNOWN"}) {
       EXPECT_EQ(reader.Counter("switchserve_requests_total",
                                {{"protocol", protocol}, {"status", status}}),
                 0.0)
@@ -44,7 +44,7 @@ TEST(ServingMetricsTest, EveryProtocolStatusAndFinishReasonHasASeriesAtZero) {
         << reason;
   }
   EXPECT_EQ(reader.Gauge("switchserve_requests_waiting", {}), 0.0);
-  EXPECT_EQ(reader.AllExposedSeries(), 164u);  // docs/metrics.md
+  EXPECT_EQ(reader.AllExposedSeries(), 166u);  // docs/metrics.md
 }
 
 TEST(ServingMetricsTest, EngineFinishedRequestsCountReasonsAndLengths) {
