@@ -12,8 +12,9 @@ from deploy_helpers import REPO_ROOT, require_tool
 
 DASHBOARD = REPO_ROOT / "deploy" / "grafana" / "switchserve.json"
 # `status` label values of switchserve_requests_total (docs/metrics.md).
-STATUSES = ["OK", "CANCELLED", "DEADLINE_EXCEEDED", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED",
-            "UNAVAILABLE", "UNAUTHENTICATED", "FAILED_PRECONDITION", "INTERNAL", "UNKNOWN"]
+STATUSES = ["OK", "CANCELLED", "DEADLINE_EXCEEDED", "INVALID_ARGUMENT", "NOT_FOUND",
+            "RESOURCE_EXHAUSTED", "UNAVAILABLE", "UNAUTHENTICATED", "FAILED_PRECONDITION", "INTERNAL",
+            "UNKNOWN"]
 NOT_COUNTED = {"CANCELLED"}  # the client's choice: neither success nor failure
 SUCCESS = {"OK"}
 # Grafana's variables with every value selected.
