@@ -2,6 +2,7 @@
 
 #include <functional>
 #include <limits>
+#include <set>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -54,6 +55,19 @@ TEST_F(RequestValidationTest, DefaultsAndValues) {
   ASSERT_TRUE(unset.ok());
   EXPECT_EQ(unset->sampling.temperature, 1.0f);
   EXPECT_EQ(unset->sampling.repetition_penalty, 1.0f);
+}
+
+// A request without a seed gets a random one: the same prompt sent twice
+// samples two different continuations (as the HTTP API's answer to n > 1
+// expects), however many are sent.
+TEST_F(RequestValidationTest, RequestsWithoutASeedGetDifferentSeeds) {
+  std::set<uint64_t> seeds;
+  for (int i = 0; i < 8; ++i) {
+    auto request = Validate([](auto*) {});
+    ASSERT_TRUE(request.ok());
+    seeds.insert(request->sampling.seed);
+  }
+  EXPECT_EQ(seeds.size(), 8u);
 }
 
 TEST_F(RequestValidationTest, PromptLimits) {

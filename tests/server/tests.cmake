@@ -4,7 +4,7 @@
 # tests/CMakeLists.txt.
 foreach(test_name request_validation_test wire_format_test server_flags_test access_log_test
                   openai_protocol_test dispatch_flags_test call_gate_test mutex_checks_test
-                  thread_priority_test)
+                  thread_priority_test proto_convert_test)
   add_executable(${test_name} ${CMAKE_CURRENT_LIST_DIR}/${test_name}.cc)
   target_link_libraries(${test_name} PRIVATE switchserve_http GTest::gtest_main
                                              switchserve_warnings)
@@ -12,3 +12,5 @@ foreach(test_name request_validation_test wire_format_test server_flags_test acc
 endforeach()
 # Token strings of the SentencePiece test model (testing::SourcePath).
 target_link_libraries(openai_protocol_test PRIVATE switchserve_test_util)
+# The test models' configs (testing::TinySwitchAllConfig).
+target_link_libraries(proto_convert_test PRIVATE switchserve_test_util)

@@ -52,11 +52,33 @@ TEST(DetokenizerTest, InvalidBytesBecomeReplacementCharacter) {
   EXPECT_EQ(Join(Feed("\xED\xA0\x80", {})), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // surrogate
 }
 
+// Overlong forms and code points past U+10FFFF are not UTF-8: one U+FFFD per
+// byte that cannot begin or continue a valid sequence, as for surrogates.
+TEST(DetokenizerTest, OverlongAndOutOfRangeFormsBecomeReplacementCharacters) {
+  const std::string fffd = "\xEF\xBF\xBD";
+  EXPECT_EQ(Join(Feed("\xC0\x80", {})), fffd + fffd);                        // U+0000 in two bytes
+  EXPECT_EQ(Join(Feed("\xE0\x80\x80", {})), fffd + fffd + fffd);             // in three
+  EXPECT_EQ(Join(Feed("\xF0\x80\x80\x80", {})), fffd + fffd + fffd + fffd);  // in four
+  EXPECT_EQ(Join(Feed("\xF4\x90\x80\x80", {})), fffd + fffd + fffd + fffd);  // U+110000
+  EXPECT_EQ(Join(Feed("\xE0\xA0\x80", {})), "\xE0\xA0\x80");  // U+0800, the first in three
+}
+
 TEST(DetokenizerTest, StopStringEndsTextBeforeIt) {
   bool stopped = false;
   const auto chunks = Feed("hello world, bye", {"wor", "xyz"}, &stopped);
   EXPECT_TRUE(stopped);
   EXPECT_EQ(Join(chunks), "hello ");
+}
+
+// Of several stop strings the text holds, the earliest ends it, whatever
+// their order in the request.
+TEST(DetokenizerTest, TheEarliestStopStringEndsTheText) {
+  for (const std::vector<std::string>& stops :
+       {std::vector<std::string>{"ab", "b"}, std::vector<std::string>{"b", "ab"}}) {
+    bool stopped = false;
+    EXPECT_EQ(Join(Feed("xxab", stops, &stopped)), "xx") << stops[0];
+    EXPECT_TRUE(stopped);
+  }
 }
 
 TEST(DetokenizerTest, HoldsBackPossibleStopPrefixThenReleasesIt) {

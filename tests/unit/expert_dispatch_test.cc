@@ -337,5 +337,20 @@ TEST(ExpertDispatchTest, AuxLossBalancedIsOneCollapsedIsE) {
   EXPECT_NEAR(ComputeBalance(stats, 1).aux_loss, 4.0, 1e-6);
 }
 
+// With k experts a token, a balanced expert receives T·k/E assignments:
+// utilisation is load over that share, so a balanced top-2 router is at 1
+// (not 2) and one expert taking every token's first choice at E/k.
+TEST(ExpertDispatchTest, UtilisationCountsEveryTokensKAssignments) {
+  RouterStepStats balanced;
+  balanced.Reset(4);
+  balanced.tokens = 8;
+  balanced.routed = {4, 4, 4, 4};  // 8 tokens x 2
+  balanced.prob_sum = {2, 2, 2, 2};
+  EXPECT_NEAR(ComputeBalance(balanced, 2).max_utilization, 1.0, 1e-12);
+  RouterStepStats crowded = balanced;
+  crowded.routed = {8, 4, 2, 2};
+  EXPECT_NEAR(ComputeBalance(crowded, 2).max_utilization, 2.0, 1e-12);  // 8 / (8 * 2 / 4)
+}
+
 }  // namespace
 }  // namespace switchserve

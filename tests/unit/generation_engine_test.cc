@@ -226,6 +226,42 @@ TEST_F(GenerationEngineTest, StopTokenAndStopString) {
   auto by_id = Submit("abc", p);
   EXPECT_EQ(by_id->Wait().finish_reason, FinishReason::kStop);
   EXPECT_EQ(by_id->ids_.size(), text.find(text[3]) + 1);
+
+  // ignore_eos ignores the model's EOS only: stop ids still end it.
+  p.ignore_eos = true;
+  auto ignoring_eos = Submit("abc", p);
+  EXPECT_EQ(ignoring_eos->Wait().finish_reason, FinishReason::kStop);
+  EXPECT_EQ(ignoring_eos->ids_, by_id->ids_);
+}
+
+// The repetition penalty counts the prompt's tokens as seen, not only the
+// generated ones: with penalty 100 the fake model's first greedy token is
+// never one of the prompt's (penalised logits are at most 4 / 100, every
+// other at least 0.1), though unpenalised it is.
+TEST_F(GenerationEngineTest, RepetitionPenaltyCountsThePromptsTokens) {
+  Init(256, 256, 16);
+  engine_->Start();
+  std::string prompt;
+  int32_t first = -1;
+  for (int i = 0; i < 200 && prompt.empty(); ++i) {
+    std::string candidate;
+    for (int j = 0; j < 24; ++j) candidate += static_cast<char>(33 + (i * 7 + j * 13) % 90);
+    auto sink = Submit(candidate, Greedy(1));
+    sink->Wait();
+    ASSERT_EQ(sink->ids_.size(), 1u);
+    if (candidate.find(static_cast<char>(sink->ids_[0])) != std::string::npos) {
+      prompt = candidate;
+      first = sink->ids_[0];
+    }
+  }
+  ASSERT_FALSE(prompt.empty()) << "no prompt whose first greedy token it holds";
+  SamplingParams p = Greedy(1);
+  p.repetition_penalty = 100.0f;
+  auto penalised = Submit(prompt, p);
+  penalised->Wait();
+  ASSERT_EQ(penalised->ids_.size(), 1u);
+  EXPECT_NE(penalised->ids_[0], first);
+  EXPECT_EQ(prompt.find(static_cast<char>(penalised->ids_[0])), std::string::npos) << prompt;
 }
 
 TEST_F(GenerationEngineTest, EosEndsRequestUnlessIgnored) {

@@ -71,6 +71,16 @@ TEST(SamplerTest, TopPKeepsSmallestNucleus) {
   EXPECT_NEAR(counts[0] / 2000.0, 0.5 / 0.8, 0.05);
 }
 
+// The nucleus is the smallest set whose probability reaches top_p: two
+// equally likely tokens at top_p 0.5 keep only the first (the lower id).
+TEST(SamplerTest, TopPStopsAtTheTokenThatReachesIt) {
+  const std::vector<float> logits = {1.0f, 1.0f};
+  SamplingParams p;
+  p.top_p = 0.5f;
+  SamplerRng rng(9);
+  for (int i = 0; i < 200; ++i) ASSERT_EQ(SampleToken(logits, p, {}, 0, rng).token_id, 0) << i;
+}
+
 TEST(SamplerTest, MinPDropsUnlikelyTokens) {
   const std::vector<float> logits = {std::log(0.6f), std::log(0.3f), std::log(0.1f)};
   SamplingParams p;
