@@ -267,8 +267,9 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   // that resets streams as fast as it opens them does not, in gRPC 1.51:
   // docs/deploy.md).
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxStreamsPerConnection);
+  const int64_t grpc_memory_bytes = GrpcMemoryBytes();
   grpc::ResourceQuota quota("switchserve-grpc");
-  quota.Resize(static_cast<size_t>(GrpcMemoryBytes()));
+  quota.Resize(static_cast<size_t>(grpc_memory_bytes));
   builder.SetResourceQuota(quota);
   builder.RegisterService(&service);
   if (!options.reflection) builder.SetOption(std::make_unique<WithoutReflection>());
@@ -353,7 +354,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
                       auth ? "bearer token required" : "no authentication"));
   Log(absl::StrCat(ConnectionSummary(options.connections), "; open files up to ", open_files,
                    "; gRPC: ", kMaxStreamsPerConnection, " calls a connection, buffers up to ",
-                   GrpcMemoryBytes() >> 20, " MiB"));
+                   grpc_memory_bytes >> 20, " MiB"));
   if (exposer != nullptr) {
     Log(absl::StrCat("metrics on http://", HostPort(options.metrics_host, exposer->port()),
                      "/metrics",
