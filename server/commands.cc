@@ -31,6 +31,7 @@ const std::vector<Command>& AllCommands() {
         "host",
         "port",
         "http_port",
+        "http_max_connections",
         "metrics_port",
         "metrics_host",
         "reflection",

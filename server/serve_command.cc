@@ -5,11 +5,13 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,6 +19,7 @@
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -125,13 +128,52 @@ std::string ConnectionSummary(const ConnectionOptions& c) {
                       " s), client pings every >= ", c.keepalive_min_client_interval_s, " s");
 }
 
+// The thread that takes the stop signals in sigwait (RunServeCommand's).
+pthread_t g_stop_signal_thread;
+
+// Set once gRPC's listener has failed an accept: gRPC 1.51 then closes the
+// listening socket for good (EMFILE, ENFILE, ENOBUFS, ENOMEM: CVE-2023-4785),
+// and a server that takes no new connections is restarted best by its
+// supervisor, so it drains and exits with an error.
+std::atomic<bool> g_grpc_listener_lost{false};
+
 // gRPC core's own lines ("Failed accept4", ...) in the server's log format.
 void LogGrpcLine(gpr_log_func_args* args) {
   const LogLevel level =
       args->severity == GPR_LOG_SEVERITY_ERROR ? LogLevel::kError : LogLevel::kInfo;
   Log(level, absl::StrCat("grpc: ", args->message),
       {{"source", absl::StrCat(args->file, ":", args->line)}});
+  // gRPC logs this only while its listeners are meant to be open.
+  if (absl::StartsWith(args->message, "Failed accept4") && !g_grpc_listener_lost.exchange(true)) {
+    pthread_kill(g_stop_signal_thread, SIGTERM);
+  }
 }
+
+// Refused HTTP connections are counted, and logged at most every 10 s.
+class RefusedConnections {
+ public:
+  explicit RefusedConnections(ServingMetrics* metrics) : metrics_(metrics) {}
+
+  void Add(int64_t limit) {
+    if (metrics_ != nullptr) metrics_->RecordHttpConnectionRefused();
+    std::lock_guard<std::mutex> lock(mu_);
+    ++unlogged_;
+    const absl::Time now = absl::Now();
+    if (now - logged_at_ < absl::Seconds(10)) return;
+    Log(LogLevel::kWarning,
+        absl::StrCat("HTTP: ", unlogged_, unlogged_ == 1 ? " connection" : " connections",
+                     " closed as accepted: ", limit,
+                     " were open (--http-max-connections; 0 is half the open-file limit)"));
+    logged_at_ = now;
+    unlogged_ = 0;
+  }
+
+ private:
+  ServingMetrics* const metrics_;
+  std::mutex mu_;
+  absl::Time logged_at_ = absl::InfinitePast();
+  int64_t unlogged_ = 0;
+};
 
 // The startup log's account of the step's CPU threads: the number the
 // backend runs, and where it came from when --threads left it open.
@@ -289,6 +331,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
                         .stream_interval = options.stream_interval,
                         .max_prompts = options.max_queue});
   std::unique_ptr<HttpServer> http;
+  RefusedConnections refused_connections(serving_metrics.get());
   if (options.http_port != 0) {
     auto started = HttpServer::Start(
         {.host = options.host,
@@ -296,6 +339,9 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
          .tls = options.tls,
          .max_body_bytes = options.max_request_bytes,
          .max_connection_age_s = options.connections.max_connection_age_s,
+         .max_connections = options.http_max_connections,
+         .on_connection_refused =
+             [&refused_connections](int64_t limit) { refused_connections.Add(limit); },
          .error_body = OpenAiErrorBody,
          .check_head = [&openai](const HttpRequest& head) { return openai.CheckHead(head); }},
         [&openai](std::shared_ptr<HttpExchange> exchange) { openai.Handle(exchange); });
@@ -374,8 +420,14 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
 
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
-  Log(absl::StrCat("received ", strsignal(signal_number), ": draining (", gate.calls_in_flight(),
-                   " calls running, up to ", options.drain_timeout_s, " s)"));
+  const bool listener_lost = g_grpc_listener_lost;
+  Log(listener_lost ? LogLevel::kError : LogLevel::kInfo,
+      absl::StrCat(listener_lost ? "the gRPC port accepts no more connections (gRPC does not "
+                                   "resume after a failed accept)"
+                                 : absl::StrCat("received ", strsignal(signal_number)),
+                   ": draining (", gate.calls_in_flight(), " calls running, up to ",
+                   options.drain_timeout_s, " s)",
+                   listener_lost ? ", then exiting with status 1 to be restarted" : ""));
   health->SetServingStatus(false);
   gate.StartDraining();
   if (!gate.WaitUntilIdle(MillisecondsFromSeconds(options.drain_timeout_s))) {
@@ -392,11 +444,8 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   server->Wait();
   if (http != nullptr) http->Stop(std::chrono::seconds(2));
   Log("stopped");
-  return 0;
+  return listener_lost ? 1 : 0;
 }
-
-// The thread that takes the stop signals in sigwait (RunServeCommand's).
-pthread_t g_stop_signal_thread;
 
 // The stop signals' handler. It runs only on a thread that left them
 // unblocked: one a library started before RunServeCommand blocked them

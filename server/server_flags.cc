@@ -19,6 +19,10 @@ ABSL_FLAG(int, port, 50051, "gRPC port; 0 picks a free port (logged)");
 ABSL_FLAG(int, http_port, 0,
           "OpenAI-compatible HTTP API port (/v1/completions, /v1/models, /health, /ready); "
           "0 disables");
+ABSL_FLAG(int64_t, http_max_connections, 0,
+          "Most HTTP API connections open at once; one past it is closed as soon as it is "
+          "accepted. 0: half the open-file limit, so that HTTP clients cannot take the "
+          "descriptors gRPC needs");
 ABSL_FLAG(int, metrics_port, 9090, "Prometheus metrics port (/metrics); 0 disables");
 ABSL_FLAG(std::string, metrics_host, "",
           "Address the metrics exporter listens on (plain HTTP, no TLS or token); empty: --host");
@@ -93,6 +97,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.host = absl::GetFlag(FLAGS_host);
   o.port = absl::GetFlag(FLAGS_port);
   o.http_port = absl::GetFlag(FLAGS_http_port);
+  o.http_max_connections = absl::GetFlag(FLAGS_http_max_connections);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   if (o.metrics_host.empty()) o.metrics_host = o.host;
@@ -179,6 +184,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   }
   if (o.http_port < 0 || o.http_port > 65535)
     return FlagError("http-port", "must be in [0, 65535]");
+  if (o.http_max_connections < 0) return FlagError("http-max-connections", "must be >= 0");
   // Durations become int milliseconds for gRPC: at most ~24 days.
   const struct {
     const char* flag;

@@ -49,7 +49,9 @@ struct ServerOptions {
   std::string model_dir;  // empty: DefaultModelDirectory()
   std::string host;
   int port = 0;
-  int http_port = 0;         // OpenAI-compatible HTTP API; 0 disables
+  int http_port = 0;  // OpenAI-compatible HTTP API; 0 disables
+  // HTTP connections open at once; 0: half the open-file limit.
+  int64_t http_max_connections = 0;
   int metrics_port = 0;      // 0 disables
   std::string metrics_host;  // the exporter's address (--host unless given)
   bool reflection = true;    // serve grpc.reflection

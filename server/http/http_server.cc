@@ -1,5 +1,7 @@
 #include "server/http/http_server.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <atomic>
 #include <boost/asio/dispatch.hpp>
@@ -13,6 +15,7 @@
 #include <boost/beast/ssl.hpp>
 #include <condition_variable>
 #include <deque>
+#include <limits>
 #include <list>
 #include <mutex>
 #include <thread>
@@ -162,6 +165,19 @@ struct HttpServerState {
   std::optional<net::strand<net::io_context::executor_type>> acceptor_strand;
   std::optional<net::steady_timer> accept_pause;  // on `acceptor_strand`
 
+  int64_t OpenConnections() {
+    std::lock_guard<std::mutex> lock(mu);
+    return live_sessions;
+  }
+  // options.max_connections, or half the open-file limit in force.
+  int64_t ConnectionLimit() const {
+    if (options.max_connections > 0) return options.max_connections;
+    rlimit limit{};
+    if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) {
+      return std::numeric_limits<int64_t>::max();
+    }
+    return std::max<int64_t>(1, static_cast<int64_t>(limit.rlim_cur / 2));
+  }
   std::string ErrorBody(int status, const std::string& message) const {
     return options.error_body ? options.error_body(status, message) : message;
   }
@@ -495,7 +511,13 @@ void HttpServerState::Accept() {
       });
       return;
     }
-    if (!ec && !stopping) {
+    if (const int64_t limit = ConnectionLimit(); OpenConnections() >= limit) {
+      // Closed before any byte is read or written: nothing is in flight to
+      // be lost to a reset.
+      beast::error_code ignored;
+      socket.close(ignored);
+      if (options.on_connection_refused) options.on_connection_refused(limit);
+    } else if (!stopping) {
       beast::error_code peer_error;
       std::string peer = PeerName(socket.remote_endpoint(peer_error));
       if (tls) {

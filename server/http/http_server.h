@@ -89,6 +89,16 @@ struct HttpServerOptions {
   // Keep-alive connections close after their first response past this age
   // (0: no limit), so clients reconnect and spread over new replicas.
   double max_connection_age_s = 0;
+  // At most this many connections open at once; a connection past it is
+  // closed as soon as it is accepted (its client sees the connection end and
+  // may retry, here or at another replica). 0: half of the process's
+  // open-file limit at the time of each accept, so that HTTP clients cannot
+  // take every descriptor (gRPC 1.51's listener stops accepting for good
+  // once it meets EMFILE).
+  int64_t max_connections = 0;
+  // Runs on an I/O thread for each connection closed for max_connections,
+  // with the limit that applied.
+  std::function<void(int64_t limit)> on_connection_refused;
   // A connection waiting this long for (the rest of) a request is closed;
   // also bounds each write to a client that stopped reading.
   double idle_timeout_s = 60;

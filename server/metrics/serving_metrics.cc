@@ -99,6 +99,10 @@ ServingMetrics::ServingMetrics(prometheus::Registry& registry) {
                                    "Tokens generated, counted when their request finishes.");
   preemptions_ = &NewCounter(registry, "switchserve_preemptions_total",
                              "Sequences preempted (recompute) because KV blocks ran out.");
+  http_connections_refused_ =
+      &NewCounter(registry, "switchserve_http_connections_refused_total",
+                  "HTTP API connections closed as they were accepted, because "
+                  "--http-max-connections were open.");
   running_ = &NewGauge(registry, "switchserve_requests_running",
                        "Requests with a sequence in the running batch.");
   waiting_ = &NewGauge(registry, "switchserve_requests_waiting",
@@ -131,6 +135,8 @@ void ServingMetrics::RecordStep(const ServingStepSample& step) {
   if (step.prefill_tokens > 0) prompt_tokens_->Increment(static_cast<double>(step.prefill_tokens));
   if (step.preemptions > 0) preemptions_->Increment(static_cast<double>(step.preemptions));
 }
+
+void ServingMetrics::RecordHttpConnectionRefused() { http_connections_refused_->Increment(); }
 
 void ServingMetrics::RecordQueueTime(double seconds) { queue_->Observe(seconds); }
 

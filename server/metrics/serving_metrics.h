@@ -89,6 +89,9 @@ class ServingMetrics {
   // steps (requests cancelled or past their deadline while it is idle): the
   // one setter of the running and waiting gauges and the KV cache's usage.
   void SetEngineState(int64_t running, int64_t waiting, double kv_cache_usage_ratio);
+  // An HTTP connection was closed as it was accepted: the open ones had
+  // reached --http-max-connections.
+  void RecordHttpConnectionRefused();
 
   // The status codes that have their own series; any other code counts as
   // UNKNOWN.
@@ -120,6 +123,7 @@ class ServingMetrics {
   prometheus::Counter* prompt_tokens_ = nullptr;
   prometheus::Counter* generation_tokens_ = nullptr;
   prometheus::Counter* preemptions_ = nullptr;
+  prometheus::Counter* http_connections_refused_ = nullptr;
   prometheus::Gauge* running_ = nullptr;
   prometheus::Gauge* waiting_ = nullptr;
   prometheus::Gauge* kv_usage_ = nullptr;

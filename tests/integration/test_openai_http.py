@@ -10,6 +10,7 @@ import concurrent.futures
 import json
 import os
 import re
+import resource
 import signal
 import socket
 import ssl
@@ -645,14 +646,123 @@ def test_idle_connections_to_the_metrics_port_do_not_hold_up_a_scrape():
         server.close()
 
 
+def raw_health(connection):
+    """GET /health on an open socket (keep-alive): the status line, or b""
+    when the server closed the connection without answering."""
+    connection.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    data = b""
+    try:
+        while b'"ok"}' not in data:
+            chunk = connection.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+    except ConnectionResetError:
+        pass
+    return data.split(b"\r\n", 1)[0]
+
+
+def grpc_health(server):
+    """`switchserve health` against `server`: its exit code and output."""
+    result = subprocess.run([BINARY, "health", "--address", server.address, "--timeout-s", "5"],
+                            capture_output=True, text=True, timeout=30)
+    return result.returncode, (result.stdout + result.stderr).strip()
+
+
+def test_connections_past_http_max_connections_are_closed_and_counted():
+    """With --http-max-connections 3, three keep-alive connections are
+    served and a fourth is closed unanswered, counted and logged; once one
+    of the three closes, a new connection is served."""
+    server = Server("--http-max-connections", "3", metrics=True)
+    held = []
+    try:
+        held = [socket.create_connection(("127.0.0.1", server.http_port), timeout=10)
+                for _ in range(3)]
+        for connection in held:
+            assert raw_health(connection) == b"HTTP/1.1 200 OK"
+        with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as extra:
+            assert raw_health(extra) == b""
+        assert "switchserve_http_connections_refused_total 1" in server.scrape_metrics()
+        warnings = [json.loads(line) for line in server.log().splitlines()
+                    if "closed as accepted" in line]
+        assert [w["level"] for w in warnings] == ["warning"], server.log()
+        assert "3 were open (--http-max-connections" in warnings[0]["msg"]
+        held.pop().close()
+        deadline = time.monotonic() + 10
+        while True:  # the server sees the close a moment later
+            again = socket.create_connection(("127.0.0.1", server.http_port), timeout=10)
+            if raw_health(again) == b"HTTP/1.1 200 OK":
+                held.append(again)
+                break
+            again.close()
+            assert time.monotonic() < deadline, "no connection served after one closed"
+            time.sleep(0.05)
+        with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as extra:
+            assert raw_health(extra) == b""  # three open again
+        for connection in held:
+            assert raw_health(connection) == b"HTTP/1.1 200 OK"
+    finally:
+        for connection in held:
+            connection.close()
+        server.close()
+
+
+@pytest.mark.fd_exhaustion
+def test_http_connections_leave_the_descriptors_grpc_needs():
+    """By default HTTP takes at most half the open-file limit: 200 idle HTTP
+    connections under a limit of 128 once took every descriptor, and gRPC's
+    listener, meeting EMFILE, stopped accepting for good (CVE-2023-4785)."""
+    server = Server()
+    connections = []
+    try:
+        resource.prlimit(server.process.pid, resource.RLIMIT_NOFILE, (128, 128))
+        for _ in range(200):
+            connections.append(socket.create_connection(("127.0.0.1", server.http_port), timeout=5))
+        time.sleep(0.5)
+        assert grpc_health(server) == (0, "SERVING")
+        assert raw_health(connections[0]) == b"HTTP/1.1 200 OK"
+        assert raw_health(connections[-1]) == b""  # past 64: closed as accepted
+        assert server.process.poll() is None
+    finally:
+        for connection in connections:
+            connection.close()
+        server.close()
+
+
+@pytest.mark.fd_exhaustion
+def test_a_grpc_listener_that_failed_an_accept_drains_and_exits_1():
+    """gRPC 1.51 closes its listener for good after a failed accept (here
+    EMFILE from idle gRPC connections past a limit of 128): the server then
+    takes no new calls, so it drains and exits with status 1 for its
+    supervisor to restart it, instead of serving on half-alive."""
+    server = Server()
+    connections = []
+    try:
+        resource.prlimit(server.process.pid, resource.RLIMIT_NOFILE, (128, 128))
+        for _ in range(200):
+            try:
+                connections.append(socket.create_connection(("127.0.0.1", server.port), timeout=2))
+            except OSError:
+                break
+        assert server.process.wait(timeout=60) == 1, server.log()
+        log = [json.loads(line) for line in server.log().splitlines()]
+        lost = [r for r in log if r["msg"].startswith("the gRPC port accepts no more connections")]
+        assert [r["level"] for r in lost] == ["error"], server.log()
+        assert log[-1]["msg"] == "stopped"
+    finally:
+        for connection in connections:
+            connection.close()
+        server.close()
+
+
 @pytest.mark.fd_exhaustion
 def test_running_out_of_file_descriptors_does_not_spin_the_io_threads():
     """With every file descriptor taken by idle HTTP connections, the next
     accept fails at once (EMFILE) and the connection stays in the backlog:
     accepting again without a pause ran the two I/O threads at 100%. Once the
     connections close, the API answers again."""
-    import resource
-    server = Server()
+    # A connection limit above the descriptors: HTTP's accepts meet EMFILE.
+    server = Server("--http-max-connections", "1000")
     connections = []
     try:
         resource.prlimit(server.process.pid, resource.RLIMIT_NOFILE, (128, 128))

@@ -44,7 +44,7 @@ TEST(ServingMetricsTest, EveryProtocolStatusAndFinishReasonHasASeriesAtZero) {
         << reason;
   }
   EXPECT_EQ(reader.Gauge("switchserve_requests_waiting", {}), 0.0);
-  EXPECT_EQ(reader.AllExposedSeries(), 166u);  // docs/metrics.md
+  EXPECT_EQ(reader.AllExposedSeries(), 167u);  // docs/metrics.md
 }
 
 TEST(ServingMetricsTest, EngineFinishedRequestsCountReasonsAndLengths) {

@@ -18,6 +18,7 @@ ABSL_DECLARE_FLAG(std::optional<double>, capacity_factor);
 ABSL_DECLARE_FLAG(int64_t, max_metadata_bytes);
 ABSL_DECLARE_FLAG(int, serving_threads_nice);
 ABSL_DECLARE_FLAG(int, stream_interval);
+ABSL_DECLARE_FLAG(int64_t, http_max_connections);
 ABSL_DECLARE_FLAG(std::string, host);
 ABSL_DECLARE_FLAG(std::string, metrics_host);
 ABSL_DECLARE_FLAG(int, metrics_port);
@@ -136,6 +137,21 @@ TEST(ServerFlagsTest, StreamIntervalIsOneByDefaultAndOneTo4096) {
     EXPECT_NE(options.status().message().find("--stream-interval"), std::string::npos);
   }
   absl::SetFlag(&FLAGS_stream_interval, 1);
+}
+
+TEST(ServerFlagsTest, HttpMaxConnectionsIsHalfTheOpenFileLimitByDefaultAndNotNegative) {
+  auto options = ServerOptionsFromFlags();
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->http_max_connections, 0);  // 0: half the open-file limit
+  absl::SetFlag(&FLAGS_http_max_connections, 5000);
+  options = ServerOptionsFromFlags();
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->http_max_connections, 5000);
+  absl::SetFlag(&FLAGS_http_max_connections, -1);
+  options = ServerOptionsFromFlags();
+  EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(options.status().message().find("--http-max-connections"), std::string::npos);
+  absl::SetFlag(&FLAGS_http_max_connections, 0);
 }
 
 TEST(ServerFlagsTest, CpuWeightCopiesAreOnByDefaultAndCanBeTurnedOff) {
