@@ -68,15 +68,15 @@ constexpr int kDependentLaunchMaxTokens = 8;
 
 // The CPU backend's RoPE table (cpu::RopeTable), same arithmetic: angles in
 // double, cos/sin rounded to f32.
-void RopeTables(int max_positions, int n_rot, double base, std::vector<float>* cos_table,
+void RopeTables(int64_t max_positions, int n_rot, double base, std::vector<float>* cos_table,
                 std::vector<float>* sin_table) {
   const int half = n_rot / 2;
-  cos_table->assign(static_cast<size_t>(std::max(1, max_positions * half)), 0.0f);
+  cos_table->assign(static_cast<size_t>(std::max<int64_t>(1, max_positions * half)), 0.0f);
   sin_table->assign(cos_table->size(), 0.0f);
-  for (int p = 0; p < max_positions; ++p) {
+  for (int64_t p = 0; p < max_positions; ++p) {
     for (int i = 0; i < half; ++i) {
       const double inv_freq = std::pow(base, -2.0 * i / n_rot);
-      const double angle = p * inv_freq;
+      const double angle = static_cast<double>(p) * inv_freq;
       (*cos_table)[static_cast<size_t>(p) * half + i] = static_cast<float>(std::cos(angle));
       (*sin_table)[static_cast<size_t>(p) * half + i] = static_cast<float>(std::sin(angle));
     }
@@ -132,23 +132,23 @@ absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(const ModelConfig& 
       config, weights, options.sixteen_bit_weights ? WeightFormat::k16Bit : WeightFormat::kFloat32);
   if (!uploaded.ok()) return uploaded.status();
   backend->weights_ = *std::move(uploaded);
-  std::vector<float> cos_table, sin_table;
-  RopeTables(config.max_seq_len, attn.RotaryDims(), attn.rope_base, &cos_table, &sin_table);
-  if (absl::Status s = backend->rope_cos_.Upload(cos_table.data(), cos_table.size() * 4); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = backend->rope_sin_.Upload(sin_table.data(), sin_table.size() * 4); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = backend->TabulateXlPositions(); !s.ok()) return s;
   return std::unique_ptr<Backend>(std::move(backend));
+}
+
+absl::Status CudaBackend::TabulatePositions() {
+  const AttentionConfig& attn = config_.attention;
+  std::vector<float> cos_table, sin_table;
+  RopeTables(table_positions_, attn.RotaryDims(), attn.rope_base, &cos_table, &sin_table);
+  if (absl::Status s = rope_cos_.Upload(cos_table.data(), cos_table.size() * 4); !s.ok()) return s;
+  if (absl::Status s = rope_sin_.Upload(sin_table.data(), sin_table.size() * 4); !s.ok()) return s;
+  return TabulateXlPositions();
 }
 
 absl::Status CudaBackend::TabulateXlPositions() {
   const AttentionConfig& attn = config_.attention;
   if (!attn.IsXl()) return absl::OkStatus();
   const int H = attn.n_heads, dh = attn.head_dim, d = config_.d_model;
-  const int positions = config_.max_seq_len;
+  const int positions = table_positions_;
   // pe(-delta) scaled by dh^-1/4, the CPU backend's formula, in double.
   std::vector<double> pe(static_cast<size_t>(positions) * d);
   std::vector<double> frequency(d / 2);
@@ -214,9 +214,15 @@ absl::Status CudaBackend::InitKvCache(int64_t num_blocks, int block_size) {
   }
   num_blocks_ = num_blocks;
   block_size_ = block_size;
+  // A position needs its token's row in the cache: the tables end where the
+  // cache or the context does (not at max_seq_len alone, which the config
+  // may set in the billions).
+  table_positions_ = static_cast<int>(std::min<int64_t>(config_.max_seq_len, rows));
+  if (absl::Status s = TabulatePositions(); !s.ok()) return s;
   segment_tokens_ = options_.attention_segment_tokens;
   if (segment_tokens_ <= 0) {
-    segment_tokens_ = std::max(kDefaultSegmentTokens, (config_.max_seq_len + 63) / 64);
+    segment_tokens_ = static_cast<int>(
+        std::max<int64_t>(kDefaultSegmentTokens, (int64_t{config_.max_seq_len} + 63) / 64));
   }
   segment_tokens_ =
       (std::max(segment_tokens_, block_size) + block_size - 1) / block_size * block_size;
@@ -230,8 +236,9 @@ absl::Status CudaBackend::InitKvCache(int64_t num_blocks, int block_size) {
   query_tile_ = AttentionQueryTile(shape, 48 * 1024);
   StepModel model;
   model.vocab = config_.vocab_size;
-  model.max_seq_len = config_.max_seq_len;
+  model.max_seq_len = table_positions_;  // the positions a step can hold
   model.block_size = block_size;
+  model.kv_blocks = num_blocks;
   model.query_tile = query_tile_;
   model.segment_tokens = segment_tokens_;
   model.layout = &layout_;
@@ -243,8 +250,9 @@ absl::Status CudaBackend::InitKvCache(int64_t num_blocks, int block_size) {
 
 absl::Status CudaBackend::Forward(const StepBatch& batch, StepOutput* out) {
   if (block_size_ == 0) return absl::FailedPreconditionError("Forward before InitKvCache");
-  if (absl::Status s = ValidateStepBatch(batch, config_.vocab_size, config_.max_seq_len,
-                                         num_blocks_, block_size_);
+  // Positions past the tables (the cache's rows) have no token row either.
+  if (absl::Status s =
+          ValidateStepBatch(batch, config_.vocab_size, table_positions_, num_blocks_, block_size_);
       !s.ok()) {
     return s;
   }
@@ -256,7 +264,7 @@ absl::Status CudaBackend::Forward(const StepBatch& batch, StepOutput* out) {
   if (T == 0) return absl::OkStatus();
 
   if (options_.decode_graphs && options_.forced_routing == nullptr &&
-      GraphEligible(batch, dispatch_, config_.max_seq_len)) {
+      GraphEligible(batch, dispatch_, table_positions_, num_blocks_)) {
     const int bucket = DecodeBucket(batch.num_sequences());
     PadDecodeStep(batch, bucket, static_cast<int32_t>(num_blocks_), &padded_);
     if (absl::Status s = RunStep(padded_, T, bucket); !s.ok()) return s;

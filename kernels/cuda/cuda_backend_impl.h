@@ -59,7 +59,9 @@ class CudaBackend final : public Backend {
   // Test only (CudaBackendOptions::forced_routing): the step's traces.
   absl::Status UploadForcedRouting(const StepBatch& batch);
   absl::Status OutputHead();
-  // XL positions: every layer's table of position keys (xl_positions.h).
+  // The RoPE tables and (XL positions) every layer's table of position keys
+  // (xl_positions.h), for table_positions_ positions.
+  absl::Status TabulatePositions();
   absl::Status TabulateXlPositions();
   absl::Status Sample();
 
@@ -94,8 +96,9 @@ class CudaBackend final : public Backend {
   bool sixteen_bit_ = true;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<DeviceWeights> weights_;
-  DeviceBuffer rope_cos_, rope_sin_;
-  std::vector<DeviceBuffer> xl_keys_;  // XL positions: per layer [H, max_seq_len, dh]
+  DeviceBuffer rope_cos_, rope_sin_;   // [table_positions_, rotary dims / 2]
+  std::vector<DeviceBuffer> xl_keys_;  // XL positions: per layer [H, table_positions_, dh]
+  int table_positions_ = 0;            // min(max_seq_len, the KV cache's rows)
 
   // KV cache: per layer, K [rows, G, dh] and V [rows, G * Ev, dh]; one block
   // beyond num_blocks_ takes the writes of padding rows.

@@ -255,7 +255,7 @@ absl::Status CudaBackend::Attention(int layer) {
   args.value_weights = ev > 1 ? ws_.value_weights.as<float>() : nullptr;
   if (attn.IsXl()) {
     args.xl_keys = xl_keys_[layer].as<float>();
-    args.xl_positions = config_.max_seq_len;
+    args.xl_positions = table_positions_;
   }
   args.positions = step.positions;
   args.token_sequence = step.token_sequence;

@@ -131,7 +131,8 @@ absl::Status StepIo::Prepare(const StepBatch& batch, int real_tokens, int bucket
   }
 
   StepShape& shape = shape_;
-  shape.max_segments = (model_.max_seq_len + model_.segment_tokens - 1) / model_.segment_tokens;
+  shape.max_segments = static_cast<int>((int64_t{model_.max_seq_len} + model_.segment_tokens - 1) /
+                                        model_.segment_tokens);
   if (bucket == 0) {
     shape.tokens = T;
     shape.sequences = S;
@@ -147,7 +148,8 @@ absl::Status StepIo::Prepare(const StepBatch& batch, int real_tokens, int bucket
     if (T != bucket || S != bucket || max_logprobs > kGraphMaxLogprobs) {
       return absl::InternalError("graph step: batch does not fit its bucket");
     }
-    const int max_blocks = (model_.max_seq_len + model_.block_size - 1) / model_.block_size;
+    const int64_t max_blocks =
+        (int64_t{model_.max_seq_len} + model_.block_size - 1) / model_.block_size;
     shape.tokens = bucket;
     shape.sequences = bucket;
     shape.tiles = bucket;
@@ -155,8 +157,10 @@ absl::Status StepIo::Prepare(const StepBatch& batch, int real_tokens, int bucket
     shape.head_rows = bucket;
     shape.samples = bucket;
     shape.max_logprobs = kGraphMaxLogprobs;
-    shape.block_entries = static_cast<int64_t>(bucket) * max_blocks;
-    shape.history = static_cast<int64_t>(bucket) * model_.max_seq_len;
+    // Padding sequences add a block each (PadDecodeStep); they have no history.
+    shape.block_entries = std::min(bucket * max_blocks, model_.kv_blocks + bucket);
+    shape.history =
+        std::min(bucket * int64_t{model_.max_seq_len}, model_.kv_blocks * model_.block_size);
     // One token per sequence: one segment each.
     shape.dispatch_segments = model_.capacity_group > 0 ? bucket : 0;
     if (static_cast<int64_t>(batch.block_tables.size()) > shape.block_entries ||
@@ -176,21 +180,26 @@ absl::Status StepIo::Prepare(const StepBatch& batch, int real_tokens, int bucket
     }
   }
 
-  // The upload: every array at an offset fixed by the shape.
+  // The upload: every array at an offset fixed by the shape. The block
+  // tables and the histories come last: they are read only as far as the
+  // offsets beside them say, so only their used parts are written and copied.
   PackedLayout in;
   const size_t o_tokens = in.Add(shape.tokens, 4), o_positions = in.Add(shape.tokens, 4),
                o_sequence = in.Add(shape.tokens, 4), o_rows = in.Add(shape.tokens, 8),
-               o_tables = in.Add(shape.block_entries, 4),
                o_offsets = in.Add(shape.sequences + 1, 4), o_first = in.Add(shape.tiles, 4),
                o_count = in.Add(shape.tiles, 4), o_head = in.Add(shape.head_rows, 4),
                o_samples = in.Add(shape.samples, sizeof(DeviceSampleParams)),
-               o_history = in.Add(std::max<int64_t>(shape.history, 1), 4), o_counted = in.Add(1, 4),
-               o_dispatch_first = in.Add(shape.dispatch_segments, 4),
+               o_counted = in.Add(1, 4), o_dispatch_first = in.Add(shape.dispatch_segments, 4),
                o_dispatch_count = in.Add(shape.dispatch_segments, 4);
   const size_t carried_values =
       model_.carries_loads ? static_cast<size_t>(shape.sequences) * total_experts_ : 0;
   const size_t o_carried = in.Add(carried_values, 4);
+  const size_t o_tables = in.Add(shape.block_entries, 4);
+  const size_t o_history = in.Add(std::max<int64_t>(shape.history, 1), 4);
   input_bytes_ = in.bytes();
+  upload_head_bytes_ = o_tables + batch.block_tables.size() * 4;
+  upload_history_offset_ = o_history;
+  upload_history_bytes_ = history_.size() * 4;
   if (absl::Status s = staging_.Grow(input_bytes_); !s.ok()) return s;
   bool moved = false;
   if (absl::Status s = inputs_.Grow(input_bytes_, &moved); !s.ok()) return s;
@@ -200,13 +209,13 @@ absl::Status StepIo::Prepare(const StepBatch& batch, int real_tokens, int bucket
   Put(h, o_positions, batch.positions, shape.tokens);
   Put(h, o_sequence, batch.token_sequence, shape.tokens);
   Put(h, o_rows, batch.cache_rows, shape.tokens);
-  Put(h, o_tables, batch.block_tables, shape.block_entries);
+  Put(h, o_tables, batch.block_tables, batch.block_tables.size());
   Put(h, o_offsets, batch.block_offsets, shape.sequences + 1);
   Put(h, o_first, tile_first_, shape.tiles);
   Put(h, o_count, tile_count_, shape.tiles);
   Put(h, o_head, head_rows_, shape.head_rows);
   Put(h, o_samples, sample_params_, shape.samples);
-  Put(h, o_history, history_, std::max<int64_t>(shape.history, 1));
+  Put(h, o_history, history_, history_.size());
   const std::vector<int32_t> counted = {real_tokens};
   Put(h, o_counted, counted, 1);
   Put(h, o_dispatch_first, dispatch_first_, shape.dispatch_segments);
@@ -286,9 +295,15 @@ int64_t StepIo::MaxSequenceScopeRows(int64_t capacity) const {
 }
 
 absl::Status StepIo::Upload(cudaStream_t stream) {
-  return CudaStatus(
-      cudaMemcpyAsync(inputs_.get(), staging_.get(), input_bytes_, cudaMemcpyHostToDevice, stream),
+  SWITCHSERVE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(inputs_.get(), staging_.get(), upload_head_bytes_, cudaMemcpyHostToDevice,
+                      stream),
       "step upload");
+  if (upload_history_bytes_ == 0) return absl::OkStatus();
+  return CudaStatus(cudaMemcpyAsync(inputs_.as<char>() + upload_history_offset_,
+                                    staging_.get() + upload_history_offset_, upload_history_bytes_,
+                                    cudaMemcpyHostToDevice, stream),
+                    "step upload (histories)");
 }
 
 absl::Status StepIo::Download(cudaStream_t stream, bool traces) {

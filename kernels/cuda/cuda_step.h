@@ -30,8 +30,13 @@ namespace switchserve::cuda {
 // What the step layout needs to know of the model and cache.
 struct StepModel {
   int vocab = 0;
-  int max_seq_len = 0;
+  int max_seq_len = 0;  // positions a step can hold: min(the context, the KV cache's rows)
   int block_size = 0;
+  // The KV cache's blocks. A step's sequences hold their blocks in it side by
+  // side, so their block tables and histories (the tokens so far) together
+  // never exceed its blocks and rows: a decode graph's arrays for them are
+  // sized by the cache, not by bucket x max_seq_len.
+  int64_t kv_blocks = 0;
   int query_tile = 1;      // attention queries per block
   int segment_tokens = 1;  // attention key segment
   const RouterLayout* layout = nullptr;
@@ -124,6 +129,9 @@ class StepIo {
   int64_t MaxSequenceScopeRows(int64_t capacity) const;
 
   const StepShape& shape() const { return shape_; }
+  // The bytes of the packed inputs on the device, and those Upload copies.
+  size_t input_bytes() const { return input_bytes_; }
+  size_t upload_bytes() const { return upload_head_bytes_ + upload_history_bytes_; }
   const DeviceStep& device() const { return device_; }
   const DeviceResults& results() const { return results_; }
   int real_tokens() const { return real_tokens_; }
@@ -164,6 +172,9 @@ class StepIo {
   PinnedBuffer staging_;
   DeviceBuffer inputs_;
   size_t input_bytes_ = 0;
+  // What Upload copies: everything up to the block tables' used part, and
+  // the histories' used part.
+  size_t upload_head_bytes_ = 0, upload_history_offset_ = 0, upload_history_bytes_ = 0;
   DeviceStep device_;
   // Results: device buffer, pinned copy, offsets.
   DeviceBuffer results_buffer_;

@@ -11,22 +11,26 @@ int DecodeBucket(int sequences) {
   return bucket;
 }
 
-bool GraphEligible(const StepBatch& batch, const DispatchConfig& dispatch, int max_seq_len) {
+bool GraphEligible(const StepBatch& batch, const DispatchConfig& dispatch, int max_seq_len,
+                   int64_t kv_blocks) {
   const bool per_sequence = dispatch.Dropless() || dispatch.scope == CapacityScope::kSequence;
   if (!per_sequence || batch.block_size <= 0) return false;
   const int S = batch.num_sequences();
   if (S == 0 || DecodeBucket(S) == 0 || batch.num_tokens() != S) return false;
-  const int max_blocks = (max_seq_len + batch.block_size - 1) / batch.block_size;
+  const int64_t max_blocks = (int64_t{max_seq_len} + batch.block_size - 1) / batch.block_size;
+  int64_t blocks = 0, history = 0;
   for (int s = 0; s < S; ++s) {
     if (batch.num_tokens(s) != 1 || batch.num_blocks(s) > max_blocks) return false;
+    blocks += batch.num_blocks(s);
     const SampleRequest& sample = batch.sequences[s].sample;
     if (sample.params == nullptr) continue;
     if (sample.params->logprobs > kGraphMaxLogprobs ||
         static_cast<int64_t>(sample.history.size()) > max_seq_len) {
       return false;
     }
+    if (sample.params->repetition_penalty != 1.0f) history += sample.history.size();
   }
-  return true;
+  return blocks <= kv_blocks && history <= kv_blocks * batch.block_size;
 }
 
 void PadDecodeStep(const StepBatch& batch, int bucket, int32_t scratch_block, StepBatch* padded) {

@@ -45,8 +45,13 @@ inline constexpr int kGraphMaxLogprobs = 20;
 // per sequence (a capacity of the step scope would count padding rows and
 // change with the step's tokens); and the step fits the bucket's fixed
 // arrays: block tables of at most ceil(max_seq_len / block_size) blocks,
-// histories of at most max_seq_len ids, at most kGraphMaxLogprobs logprobs.
-bool GraphEligible(const StepBatch& batch, const DispatchConfig& dispatch, int max_seq_len);
+// histories of at most max_seq_len ids, at most kGraphMaxLogprobs logprobs;
+// and, all sequences together, at most `kv_blocks` blocks and as many
+// repetition-penalty history ids as those blocks hold tokens (a sane batch's
+// sequences hold their blocks in a cache of kv_blocks side by side, so the
+// arrays are sized by the cache).
+bool GraphEligible(const StepBatch& batch, const DispatchConfig& dispatch, int max_seq_len,
+                   int64_t kv_blocks);
 
 // `padded` = `batch`, then sequences up to `bucket` of one token (id 0) at
 // position 0 with block table {scratch_block}, returning nothing.

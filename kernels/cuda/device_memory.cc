@@ -43,7 +43,12 @@ absl::Status DeviceBuffer::Upload(const void* data, size_t bytes) {
   if (bytes_ != bytes) Free();
   if (absl::Status s = Grow(bytes); !s.ok()) return s;
   if (bytes == 0) return absl::OkStatus();
-  return CudaStatus(cudaMemcpy(data_, data, bytes, cudaMemcpyHostToDevice), "upload");
+  SWITCHSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpy(data_, data, bytes, cudaMemcpyHostToDevice),
+                                   "upload");
+  // From pageable memory cudaMemcpy may return once the bytes are staged,
+  // before they reach the device; kernels on a non-blocking stream (the
+  // backend's) are not ordered after it, so wait for the copy to land.
+  return CudaStatus(cudaDeviceSynchronize(), "upload");
 }
 
 void DeviceBuffer::Free() {

@@ -2,11 +2,14 @@
 // eligibility, padding rows), sampling of many differently configured
 // requests in one step against the host sampler, and (on the SIMT executor)
 // bitwise-equal steps whatever the thread order.
+#include <limits>
 #include <string>
 #include <vector>
 
+#include "engine/moe/router_layout.h"
 #include "engine/runtime/sampler.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda/cuda_step.h"
 #include "kernels/cuda/decode_graphs.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/util/backend_harness.h"
@@ -36,48 +39,61 @@ TEST(DecodeGraphsTest, BucketIsTheSmallestPowerOfTwoThatHolds) {
 
 TEST(DecodeGraphsTest, OnlyPerSequenceDispatchDecodeStepsThatFitTheBucketRunFromGraphs) {
   const int max_seq_len = 8;  // 2 blocks of 4
+  const int64_t kv_blocks = 64;
   const std::vector<int32_t> table = {3, 5};
   StepBatch decode;
   decode.Clear(4);
   decode.Add(std::vector<int32_t>{7}, 5, table);
   decode.Add(std::vector<int32_t>{8}, 2, table);
   DispatchConfig dropless;
-  EXPECT_TRUE(cuda::GraphEligible(decode, dropless, max_seq_len));
+  EXPECT_TRUE(cuda::GraphEligible(decode, dropless, max_seq_len, kv_blocks));
   DispatchConfig step_capacity;
   step_capacity.capacity_factor = 1.0;
   step_capacity.scope = CapacityScope::kStep;
-  EXPECT_FALSE(cuda::GraphEligible(decode, step_capacity, max_seq_len));
+  EXPECT_FALSE(cuda::GraphEligible(decode, step_capacity, max_seq_len, kv_blocks));
   DispatchConfig sequence_capacity = step_capacity;
   sequence_capacity.scope = CapacityScope::kSequence;
-  EXPECT_TRUE(cuda::GraphEligible(decode, sequence_capacity, max_seq_len));
+  EXPECT_TRUE(cuda::GraphEligible(decode, sequence_capacity, max_seq_len, kv_blocks));
   StepBatch prefill = decode;
   prefill.Add(std::vector<int32_t>{1, 2}, 0, table);
-  EXPECT_FALSE(cuda::GraphEligible(prefill, dropless, max_seq_len));
+  EXPECT_FALSE(cuda::GraphEligible(prefill, dropless, max_seq_len, kv_blocks));
   StepBatch empty;
   empty.Clear(4);
-  EXPECT_FALSE(cuda::GraphEligible(empty, dropless, max_seq_len));
+  EXPECT_FALSE(cuda::GraphEligible(empty, dropless, max_seq_len, kv_blocks));
   StepBatch big;
   big.Clear(4);
   for (int s = 0; s <= cuda::kMaxDecodeBucket; ++s) big.Add(std::vector<int32_t>{1}, 0, table);
-  EXPECT_FALSE(cuda::GraphEligible(big, dropless, max_seq_len));
+  EXPECT_FALSE(cuda::GraphEligible(big, dropless, max_seq_len, kv_blocks));
   // A block table longer than a context's worth of blocks.
   StepBatch long_table = decode;
   long_table.Add(std::vector<int32_t>{1}, 0, std::vector<int32_t>{1, 2, 4});
-  EXPECT_FALSE(cuda::GraphEligible(long_table, dropless, max_seq_len));
+  EXPECT_FALSE(cuda::GraphEligible(long_table, dropless, max_seq_len, kv_blocks));
   // More logprobs than a graph step returns; a history longer than a context.
   SamplingParams many;
   many.logprobs = cuda::kGraphMaxLogprobs + 1;
   SamplerRng rng(1);
   StepBatch logprobs = decode;
   logprobs.sequences[0].sample = {&many, {}, &rng};
-  EXPECT_FALSE(cuda::GraphEligible(logprobs, dropless, max_seq_len));
+  EXPECT_FALSE(cuda::GraphEligible(logprobs, dropless, max_seq_len, kv_blocks));
   SamplingParams few;
   const std::vector<int32_t> history(max_seq_len + 1, 3);
   StepBatch long_history = decode;
   long_history.sequences[0].sample = {&few, history, &rng};
-  EXPECT_FALSE(cuda::GraphEligible(long_history, dropless, max_seq_len));
+  EXPECT_FALSE(cuda::GraphEligible(long_history, dropless, max_seq_len, kv_blocks));
   long_history.sequences[0].sample.history = absl::MakeConstSpan(history.data(), max_seq_len);
-  EXPECT_TRUE(cuda::GraphEligible(long_history, dropless, max_seq_len));
+  EXPECT_TRUE(cuda::GraphEligible(long_history, dropless, max_seq_len, kv_blocks));
+  // All together, more blocks than the cache has, or more penalized history
+  // ids than its blocks hold tokens (the arrays are sized by the cache).
+  EXPECT_TRUE(cuda::GraphEligible(decode, dropless, max_seq_len, 4));
+  EXPECT_FALSE(cuda::GraphEligible(decode, dropless, max_seq_len, 3));
+  SamplingParams penalized;
+  penalized.repetition_penalty = 1.2f;
+  StepBatch penalties = decode;
+  penalties.sequences[0].sample = {&penalized, history, &rng};  // 9 ids
+  penalties.sequences[1].sample = {&penalized, absl::MakeConstSpan(history.data(), 7), &rng};
+  EXPECT_TRUE(cuda::GraphEligible(penalties, dropless, 9, 4));  // 16 ids, 16 tokens
+  penalties.sequences[1].sample.history = absl::MakeConstSpan(history.data(), 8);
+  EXPECT_FALSE(cuda::GraphEligible(penalties, dropless, 9, 4));
 }
 
 TEST(DecodeGraphsTest, PaddingRowsWriteTheScratchBlockAndReturnNothing) {
@@ -104,6 +120,64 @@ TEST(DecodeGraphsTest, PaddingRowsWriteTheScratchBlockAndReturnNothing) {
   EXPECT_EQ(padded.sequences[3].logits, LogitsMode::kNone);
   EXPECT_FALSE(padded.sequences[3].collect_routing);
   EXPECT_EQ(padded.sequences[3].sample.params, nullptr);
+}
+
+// A decode graph's block tables and histories are laid out for what the KV
+// cache can hold, and only their used parts are copied: sized by bucket x
+// max_seq_len they were 16 x 4 MiB of int32 at a context of 2^20, zeroed
+// and copied every step.
+TEST(DecodeGraphsTest, GraphStepsCopyWhatTheirSequencesUse) {
+  ModelConfig config = testing::TinySwitchAllConfig();
+  config.max_seq_len = 1 << 20;
+  const RouterLayout layout(config);
+  cuda::StepModel model;
+  model.vocab = config.vocab_size;
+  model.max_seq_len = config.max_seq_len;
+  model.block_size = 16;
+  model.kv_blocks = 64;
+  model.layout = &layout;
+  cuda::StepIo io(model);
+  SamplingParams penalized;
+  penalized.repetition_penalty = 1.5f;
+  const std::vector<int32_t> history(40, 3);  // a prompt and its tokens so far
+  std::vector<SamplerRng> rngs(9, SamplerRng(5));
+  StepBatch decode;
+  decode.Clear(model.block_size);
+  for (int s = 0; s < 9; ++s) {
+    const std::vector<int32_t> table = {3 * s, 3 * s + 1, 3 * s + 2};
+    StepSequence& sequence = decode.Add(std::vector<int32_t>{7}, 40, table);
+    sequence.logits = LogitsMode::kLast;
+    sequence.sample = {&penalized, history, &rngs[s]};
+  }
+  const int bucket = cuda::DecodeBucket(9);
+  StepBatch padded;
+  cuda::PadDecodeStep(decode, bucket, /*scratch_block=*/64, &padded);
+  ASSERT_TRUE(io.Prepare(padded, 9, bucket, nullptr).ok());
+  EXPECT_EQ(io.shape().history, 64 * 16);  // the cache's rows, not 16 x 2^20
+  EXPECT_EQ(io.shape().block_entries, 64 + 16);
+  EXPECT_LT(io.input_bytes(), size_t{32} << 10);
+  // The fixed arrays and 9 x 3 + 7 table entries, then 9 x 40 history tokens.
+  EXPECT_LT(io.upload_bytes(), io.input_bytes() - (64 * 16 - 9 * 40) * 4);
+  EXPECT_GE(io.upload_bytes(), size_t{(9 * 3 + 7) * 4 + 9 * 40 * 4});
+}
+
+// A config may give a context of 2^31 - 1 positions: the position tables
+// cover the KV cache's rows, which bound every position. Sized by the
+// context, the RoPE table's int size overflowed to one element and its
+// loop wrote past it. The logits are those of the same model at 128.
+TEST(CudaBackendTest, PositionTablesCoverTheCachesRowsWhateverTheContext) {
+  const ModelConfig small = testing::TinySwitchAllConfig();
+  ModelConfig huge = small;
+  huge.max_seq_len = std::numeric_limits<int32_t>::max();
+  const ModelWeights weights = RandomWeights(small, 311);
+  const std::vector<int32_t> tokens = RandomTokens(9, small.vocab_size, 312);
+  BackendHarness at_128(testing::CudaBackendWith(testing::Cuda16BitOptions(), "cuda"), small,
+                        weights, small.dispatch);
+  BackendHarness at_max(testing::CudaBackendWith(testing::Cuda16BitOptions(), "cuda"), huge,
+                        weights, huge.dispatch);
+  const std::vector<float> want = at_128.Run(1, tokens, 0);
+  const std::vector<float> got = at_max.Run(1, tokens, 0);
+  EXPECT_EQ(testing::FloatBytes(got, 0, got.size()), testing::FloatBytes(want, 0, want.size()));
 }
 
 // Sixteen requests, each with its own mix of sampling parameters, in one

@@ -60,7 +60,8 @@ absl::Status BackendHarness::Step(const std::vector<Chunk>& chunks, StepOutput* 
 std::vector<float> BackendHarness::Run(SequenceId seq, const std::vector<int32_t>& tokens,
                                        int start) {
   StepOutput out;
-  EXPECT_TRUE(Step({{seq, tokens, start}}, &out).ok());
+  const absl::Status status = Step({{seq, tokens, start}}, &out);
+  EXPECT_TRUE(status.ok()) << status;
   return out.logits;
 }
 
