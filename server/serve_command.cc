@@ -343,6 +343,8 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
          .on_connection_refused =
              [&refused_connections](int64_t limit) { refused_connections.Add(limit); },
          .error_body = OpenAiErrorBody,
+         .on_own_error = [&openai](const HttpRequest& head,
+                                   HttpResponse* response) { openai.OnOwnError(head, response); },
          .check_head = [&openai](const HttpRequest& head) { return openai.CheckHead(head); }},
         [&openai](std::shared_ptr<HttpExchange> exchange) { openai.Handle(exchange); });
     if (!started.ok()) return Fail(started.status());

@@ -260,8 +260,9 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     // proxy in front did.
     if (const auto te = parser_->get()[http::field::transfer_encoding];
         !te.empty() && !beast::iequals(te, "chunked")) {
-      return RespondAndClose(501, absl::StrCat("Transfer-Encoding \"", std::string(te),
-                                               "\": only \"chunked\" is supported"));
+      return RespondAndClose(/*head_read=*/true, 501,
+                             absl::StrCat("Transfer-Encoding \"", std::string(te),
+                                          "\": only \"chunked\" is supported"));
     }
     if (state_->options.check_head) {
       if (std::optional<HttpResponse> refusal =
@@ -290,15 +291,19 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
 
   void OnReadError(beast::error_code ec) {
     if (ec == http::error::body_limit) {
+      // The limit applies once the head is read (to its Content-Length) or
+      // within the body.
       return RespondAndClose(
-          413, absl::StrCat("the request body is larger than ", state_->options.max_body_bytes,
-                            " bytes (--max-request-bytes)"));
+          /*head_read=*/true, 413,
+          absl::StrCat("the request body is larger than ", state_->options.max_body_bytes,
+                       " bytes (--max-request-bytes)"));
     }
     const bool malformed =
         ec.category() == http::make_error_code(http::error::bad_target).category() &&
         ec != http::error::end_of_stream && ec != http::error::partial_message;
     if (malformed) {
-      return RespondAndClose(400, absl::StrCat("malformed HTTP request: ", ec.message()));
+      return RespondAndClose(parser_->is_header_done(), 400,
+                             absl::StrCat("malformed HTTP request: ", ec.message()));
     }
     Close();  // the client closed, timed out or reset the connection
   }
@@ -330,11 +335,15 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     state_->handler(exchange_);
   }
 
-  // Answers without the handler (malformed request, body too large).
-  void RespondAndClose(int status, const std::string& message) {
+  // Answers without the handler (malformed request, body too large); the
+  // request's head goes to on_own_error if it was read whole.
+  void RespondAndClose(bool head_read, int status, const std::string& message) {
     HttpResponse response;
     response.status = status;
     response.body = state_->ErrorBody(status, message);
+    if (head_read && state_->options.on_own_error) {
+      state_->options.on_own_error(RequestOf(parser_->get()), &response);
+    }
     SendAndClose(std::move(response));
   }
 

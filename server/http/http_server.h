@@ -105,6 +105,11 @@ struct HttpServerOptions {
   // The body of the error responses the server itself sends (400 for a
   // malformed request, 413 for a body over the limit). Default: the message.
   std::function<std::string(int status, const std::string& message)> error_body;
+  // Called with the head of a request the server itself answers with an
+  // error (400 for a malformed body, 413, 501), before the response goes
+  // out: it may add headers (and count and log the request). Not called
+  // when the head itself could not be read.
+  std::function<void(const HttpRequest& head, HttpResponse* response)> on_own_error;
   // Called with a request's head (its body empty) before the body is read
   // (or `100 Continue` sent): a response to answer instead, after which the
   // connection closes; nullopt to go on. Lets a token check refuse a request

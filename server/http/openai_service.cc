@@ -119,6 +119,19 @@ std::optional<HttpResponse> OpenAiService::CheckHead(const HttpRequest& head) co
   return ErrorResponse(authorized);
 }
 
+void OpenAiService::OnOwnError(const HttpRequest& head, HttpResponse* response) const {
+  if (head.Path() != "/v1/completions" || head.method != "POST") return;
+  AccessRecord access = CompletionAccess(head);
+  access.status = response->status == 413 ? absl::StatusCode::kResourceExhausted
+                                          : absl::StatusCode::kInvalidArgument;
+  access.http_status = response->status;
+  response->headers.emplace_back("x-request-id", access.request_id);
+  if (options_.metrics != nullptr) {
+    options_.metrics->RecordRequest(RequestProtocol::kHttp, access.status);
+  }
+  LogAccess(access);
+}
+
 AccessRecord OpenAiService::CompletionAccess(const HttpRequest& request) const {
   AccessRecord access;
   access.request_id = AcceptOrMakeRequestId(request.Header(kRequestIdHeader));

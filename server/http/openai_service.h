@@ -55,6 +55,11 @@ class OpenAiService {
   // is refused at its head, its body never read (a completion counted and
   // logged as Handle would).
   std::optional<HttpResponse> CheckHead(const HttpRequest& head) const;
+  // HttpServerOptions::on_own_error: an error the HTTP server answered
+  // itself (a body over --max-request-bytes, a Transfer-Encoding it does not
+  // decode, a malformed body) to a completion request is counted and logged,
+  // and carries its request id, as Handle's refusals do.
+  void OnOwnError(const HttpRequest& head, HttpResponse* response) const;
 
  private:
   // OK, or UNAUTHENTICATED naming what is wrong with the header.

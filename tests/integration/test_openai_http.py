@@ -392,6 +392,34 @@ def test_head_answers_no_body_and_odd_transfer_encodings_are_refused(server):
         assert answer.startswith(b"HTTP/1.1 501"), (encoding, answer)
 
 
+def test_errors_the_http_server_answers_itself_are_counted_and_logged():
+    """A completion refused by the HTTP layer (413 for a body over
+    --max-request-bytes, 501 for a Transfer-Encoding it does not decode) gets
+    its request id, an access-log line and its count, as the service's own
+    refusals do; they once got none of the three."""
+    server = Server("--max-request-bytes", "2000", metrics=True)
+    try:
+        body = json.dumps({"prompt": "x" * 3000}).encode()
+        answer = raw_exchange(server.http_port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                              b"x-request-id: big-1\r\nContent-Length: " + str(len(body)).encode()
+                              + b"\r\n\r\n" + body)
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+        assert b"x-request-id: big-1" in answer.lower()
+        record = server.access_line("big-1")
+        assert record["status"] == "RESOURCE_EXHAUSTED" and record["http_status"] == 413
+        answer = raw_exchange(server.http_port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                              b"x-request-id: gzip-1\r\nTransfer-Encoding: gzip\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 501") and b"x-request-id: gzip-1" in answer.lower()
+        record = server.access_line("gzip-1")
+        assert record["status"] == "INVALID_ARGUMENT" and record["http_status"] == 501
+        text = server.scrape_metrics()
+        assert ('switchserve_requests_total{protocol="http",status="RESOURCE_EXHAUSTED"} 1'
+                in text)
+        assert 'switchserve_requests_total{protocol="http",status="INVALID_ARGUMENT"} 1' in text
+    finally:
+        server.close()
+
+
 def test_bearer_token():
     token_file = os.path.join(tempfile.mkdtemp(prefix="switchserve_token_"), "token")
     with open(token_file, "w") as f:
