@@ -21,6 +21,7 @@ class SlowedBackend : public Backend {
       : inner_(std::move(inner)), delay_(delay) {}
   std::string_view name() const override { return inner_->name(); }
   std::string_view kernels() const override { return inner_->kernels(); }
+  int compute_threads() const override { return inner_->compute_threads(); }
   absl::Status InitKvCache(int64_t num_blocks, int block_size) override {
     return inner_->InitKvCache(num_blocks, block_size);
   }

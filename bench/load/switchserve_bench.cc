@@ -34,7 +34,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -300,6 +302,14 @@ int main(int argc, char** argv) {
       "switchserve-bench {--address HOST:PORT | --http-address IP:PORT | --engine-model DIR "
       "[--threads N]} "
       "[--mode closed --concurrency N | --mode open --rate R] --requests N");
+  // --help lists this file's flags (absl looks for a file named after the
+  // program, which has a hyphen); --helpfull adds the engine's.
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view path) {
+    return absl::EndsWith(path, "bench/load/switchserve_bench.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
   switchserve::NormalizeFlagNames(argc, argv);
   absl::ParseCommandLine(argc, argv);
   return switchserve::bench::Run();

@@ -211,6 +211,10 @@ TEST(LifecycleTest, StartupLogCountsTheThreadsTheBackendRuns) {
   EXPECT_TRUE(log.find(", threads 1 (OMP_NUM_THREADS), serving") != std::string::npos ||
               log.find(", threads 1 (all CPUs), serving") != std::string::npos)
       << log;
+  // The same through the test flag that wraps the backend to slow its steps.
+  auto slowed = ServerProcess::Start({"--threads", "1", "--debug-step-delay-ms", "1"});
+  ASSERT_TRUE(slowed.ok()) << slowed.status();
+  EXPECT_NE((*slowed)->Log().find(", threads 1, serving"), std::string::npos) << (*slowed)->Log();
 }
 
 }  // namespace
