@@ -7,6 +7,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/backends.h"
 #include "server/dispatch_flags.h"
@@ -89,7 +90,12 @@ absl::StatusOr<EngineSetup> SetUpEngine(const ServerOptions& options) {
   cache.min_tokens = config.max_seq_len;  // one full context
   absl::StatusOr<std::unique_ptr<KvCache>> kv_cache = KvCache::Create(setup.backend.get(), cache);
   if (!kv_cache.ok()) {
-    if (kv_cache.status().code() != absl::StatusCode::kInvalidArgument) return kv_cache.status();
+    // A refusal that names its flag already (the CUDA backend's of
+    // --kv-block-size) is not about the budget.
+    if (kv_cache.status().code() != absl::StatusCode::kInvalidArgument ||
+        absl::StartsWith(kv_cache.status().message(), "--")) {
+      return kv_cache.status();
+    }
     return absl::InvalidArgumentError(absl::StrCat(
         "--kv-cache-bytes ", options.kv_cache_bytes, ": ", kv_cache.status().message(),
         " (the server keeps room for one full context, max_seq_len ", config.max_seq_len, ")"));

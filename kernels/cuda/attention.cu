@@ -11,6 +11,8 @@
 // 16-byte loads, and issues the next block's loads before computing the
 // current one (KvStage), so that a decode step's walk along its context waits
 // on memory about once rather than once per KV block.
+#include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -326,6 +328,24 @@ cudaError_t LaunchSegments(const AttentionArgs& a, size_t shared_bytes, cudaStre
 
 size_t AttentionSharedBytes(const AttentionShape& shape, int query_tile) {
   return SharedFloats(shape, query_tile) * sizeof(float);
+}
+
+int AttentionMaxBlockSize(const AttentionShape& shape, size_t shared_bytes) {
+  // Every token of a block adds at least one float: a block of
+  // shared_bytes / 4 + 1 tokens never fits. Bisect below it.
+  AttentionShape s = shape;
+  int fits = 0;
+  int fails = static_cast<int>(std::min<size_t>(shared_bytes / sizeof(float), INT_MAX - 1)) + 1;
+  while (fails - fits > 1) {
+    const int mid = fits + (fails - fits) / 2;
+    s.block_size = mid;
+    if (AttentionSharedBytes(s, 1) <= shared_bytes) {
+      fits = mid;
+    } else {
+      fails = mid;
+    }
+  }
+  return fits;
 }
 
 int AttentionQueryTile(const AttentionShape& shape, size_t shared_bytes) {

@@ -51,6 +51,11 @@ struct AttentionShape {
 int AttentionQueryTile(const AttentionShape& shape, size_t shared_bytes);
 // Dynamic shared memory of one block with `query_tile` queries.
 size_t AttentionSharedBytes(const AttentionShape& shape, int query_tile);
+// The largest KV block size (shape.block_size aside) whose blocks of one
+// query fit in `shared_bytes`; 0 when not even a block of one token fits.
+// The shared memory grows with the block size: a KV cache with larger blocks
+// cannot run its attention.
+int AttentionMaxBlockSize(const AttentionShape& shape, size_t shared_bytes);
 
 struct AttentionArgs {
   AttentionShape shape;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -81,6 +82,33 @@ void RopeTables(int64_t max_positions, int n_rot, double base, std::vector<float
       (*sin_table)[static_cast<size_t>(p) * half + i] = static_cast<float>(std::sin(angle));
     }
   }
+}
+
+// A KV block's attention stages the whole block in shared memory
+// (attention.h), so the block size is bounded by the device: refuse one whose
+// attention could never launch, rather than fail every step.
+absl::Status CheckKvBlockFitsAttention(const AttentionConfig& attn, int device, int block_size) {
+  if (block_size < 1) return absl::OkStatus();  // InitKvCache refuses it
+  int limit = 0;
+  SWITCHSERVE_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+      "cudaDeviceGetAttribute");
+  AttentionShape shape;
+  shape.heads = attn.n_heads;
+  shape.kv_heads = attn.n_kv_heads;
+  shape.head_dim = attn.head_dim;
+  shape.values_per_kv_head = attn.CachedValuesPerKvHead();
+  shape.block_size = block_size;
+  const size_t needed = AttentionSharedBytes(shape, 1);
+  if (needed <= static_cast<size_t>(limit)) return absl::OkStatus();
+  const int largest = AttentionMaxBlockSize(shape, limit);
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--kv-block-size ", block_size, ": the CUDA backend's attention over a KV block of ",
+      block_size, " tokens needs ", needed,
+      " bytes of shared memory per thread block, more than this device's ", limit,
+      " (cudaDevAttrMaxSharedMemoryPerBlockOptin); ",
+      largest > 0 ? absl::StrCat("the largest block size that fits this model is ", largest)
+                  : std::string("no block size fits this model")));
 }
 
 NormType Norm(NormKind kind) {
@@ -184,6 +212,10 @@ int64_t CudaBackend::KvBytesPerToken() const {
 }
 
 absl::Status CudaBackend::InitKvCache(int64_t num_blocks, int block_size) {
+  if (absl::Status s = CheckKvBlockFitsAttention(config_.attention, options_.device, block_size);
+      !s.ok()) {
+    return s;
+  }
   if (num_blocks <= 0 || block_size <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("KV cache: num_blocks (", num_blocks,
                                                    ") and block_size (", block_size,

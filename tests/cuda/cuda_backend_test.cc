@@ -2,6 +2,8 @@
 // eligibility, padding rows), sampling of many differently configured
 // requests in one step against the host sampler, and (on the SIMT executor)
 // bitwise-equal steps whatever the thread order.
+#include <cuda_runtime_api.h>
+
 #include <limits>
 #include <string>
 #include <vector>
@@ -237,6 +239,52 @@ TEST(CudaBackendTest, EveryRequestSamplesLikeTheHostSampler) {
     }
   }
   for (int i = 0; i < n; ++i) EXPECT_EQ(rngs[i].Next(), expected[i].Next()) << "request " << i;
+}
+
+// A step of three tokens of sequence 0 (block table {0}) at `block_size`.
+absl::Status ThreeTokenStep(Backend& backend, int block_size, int vocab) {
+  StepBatch batch;
+  batch.Clear(block_size);
+  batch.Add(RandomTokens(3, vocab, 307), 0, std::vector<int32_t>{0});
+  StepOutput out;
+  return backend.Forward(batch, &out);
+}
+
+// Attention stages a whole KV block in shared memory, 4 * (B * dh * (1 + ev)
+// + group * (2 dh + B + 3) + ev) bytes for a block of B tokens: the largest
+// block size the device's opt-in limit holds runs; one token more is refused
+// when the cache is made, naming the flag, the bytes and the largest size.
+TEST(CudaBackendTest, KvBlocksPastTheDevicesSharedMemoryAreRefused) {
+  ModelConfig config = testing::SwitchHeadDestinationConfig();  // group 2, ev = E = 4
+  config.n_layers = 1;
+  const ModelWeights weights = RandomWeights(config, 305);
+  auto backend = CreateCudaBackend(config, weights, config.dispatch, testing::Cuda16BitOptions());
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  int limit = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0),
+            cudaSuccess);
+  const AttentionConfig& attn = config.attention;
+  const int64_t dh = attn.head_dim, ev = attn.CachedValuesPerKvHead();
+  const int64_t group = attn.n_heads / attn.n_kv_heads;
+  const auto bytes = [&](int64_t block) {
+    return 4 * (block * dh * (1 + ev) + group * (2 * dh + block + 3) + ev);
+  };
+  const int largest =
+      static_cast<int>((limit / 4 - group * (2 * dh + 3) - ev) / (dh * (1 + ev) + group));
+  ASSERT_LE(bytes(largest), limit);
+  ASSERT_GT(bytes(largest + 1), limit);
+
+  const absl::Status refused = (*backend)->InitKvCache(2, largest + 1);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  const std::string message(refused.message());
+  for (const std::string& part :
+       {"--kv-block-size " + std::to_string(largest + 1), std::to_string(bytes(largest + 1)),
+        std::to_string(limit),
+        "largest block size that fits this model is " + std::to_string(largest)}) {
+    EXPECT_NE(message.find(part), std::string::npos) << part << " not in: " << message;
+  }
+  ASSERT_TRUE((*backend)->InitKvCache(2, largest).ok());
+  EXPECT_TRUE(ThreeTokenStep(**backend, largest, config.vocab_size).ok());
 }
 
 #if defined(SWITCHSERVE_SIMT_EMULATION)

@@ -6,7 +6,7 @@ CUDA backend, its model info and Prometheus metrics, against the same request
 on `--device cpu`. The CUDA backend keeps this model's f16 weights as f16 and
 its KV cache in bf16, so greedy tokens are compared while the CPU's top two
 candidates are clearly apart (a near tie may go either way), and logprobs to
-1e-2.
+1e-2. A --kv-block-size the device cannot run is refused at startup.
 
 With the GPU binary (SWITCHSERVE_GPU_BINARY, only where nvcc built one):
 `--device cuda` on a machine without a usable GPU exits at once with a clear
@@ -142,6 +142,25 @@ def test_score_reproduces_the_bits_of_a_server_at_its_kv_block_size_on_the_execu
     assert logits.shape[0] == len(tokens)
     want = logprobs_of(logits, tokens, len(prompt))
     assert [np.float32(t.logprob).tobytes() for t in got.tokens] == [w.tobytes() for w in want]
+
+
+def test_a_kv_block_size_past_the_shared_memory_ends_serve_at_startup_on_the_executor():
+    """The CUDA attention holds a whole KV block in shared memory: a
+    --kv-block-size that needs more than the device's opt-in limit (the
+    executor's is an H100's, 232,448 bytes) ends `serve --device cuda` at
+    startup with the reason instead of failing every step. For the built-in
+    model 892 fits and 893 needs 232,452 bytes."""
+    binary = os.environ["SWITCHSERVE_BINARY"]
+    process = subprocess.run(
+        [binary, "serve", "--model", os.path.join(SOURCE_DIR, "models/default"), "--host",
+         "127.0.0.1", "--port", "0", "--metrics-port", "0", "--device", "cuda",
+         "--kv-block-size", "893"],
+        capture_output=True, text=True, timeout=120)
+    assert process.returncode == 1, process.stderr
+    assert ("INVALID_ARGUMENT: --kv-block-size 893: the CUDA backend's attention over a KV block"
+            " of 893 tokens needs 232452 bytes") in process.stderr, process.stderr
+    assert "the largest block size that fits this model is 892" in process.stderr, process.stderr
+    assert "--kv-cache-bytes" not in process.stderr, process.stderr
 
 
 def test_gpu_binary_refuses_device_cuda_without_a_gpu():
