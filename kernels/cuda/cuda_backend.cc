@@ -6,10 +6,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "engine/moe/router_layout.h"
 #include "engine/runtime/kv_cache.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_backend_impl.h"
 #include "kernels/cuda/dependent_launch.h"
+#include "kernels/cuda/dispatch_plan.h"
 #include "kernels/cuda/linear.h"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/sampling.h"
@@ -111,6 +113,41 @@ absl::Status CheckKvBlockFitsAttention(const AttentionConfig& attn, int device, 
                   : std::string("no block size fits this model")));
 }
 
+// Router top-k and capacity dispatch hold all of a router's experts in one
+// thread block's shared memory (route_topk.h, dispatch_plan.h): refuse a model
+// with more than the device holds, rather than fail every step.
+absl::Status CheckRoutersFitSharedMemory(const ModelConfig& config, int device) {
+  const RouterLayout layout(config);
+  if (layout.empty()) return absl::OkStatus();
+  int limit = 0;
+  SWITCHSERVE_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+      "cudaDeviceGetAttribute");
+  const auto fits = [limit](int experts, int top_k) {
+    return DispatchPlanSharedBytes(experts) <= static_cast<size_t>(limit) &&
+           RouteTopKSharedBytes(experts, top_k) <= static_cast<size_t>(limit);
+  };
+  for (const RouterId& router : layout.routers()) {
+    if (fits(router.n_experts, router.top_k)) continue;
+    // Both grow by at least 4 bytes an expert: bisect below limit / 4 + 1.
+    int most = 0, fails = limit / 4 + 1;
+    while (fails - most > 1) {
+      const int mid = most + (fails - most) / 2;
+      if (fits(mid, router.top_k)) {
+        most = mid;
+      } else {
+        fails = mid;
+      }
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the CUDA backend routes at most ", most, " experts per router (top_k ", router.top_k,
+        ") on this device, whose thread blocks have ", limit,
+        " bytes of shared memory (cudaDevAttrMaxSharedMemoryPerBlockOptin); the model's ",
+        std::string(ToString(router.module)), " router has ", router.n_experts, " experts"));
+  }
+  return absl::OkStatus();
+}
+
 NormType Norm(NormKind kind) {
   return kind == NormKind::kLayerNorm ? NormType::kLayer : NormType::kRms;
 }
@@ -153,6 +190,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(const ModelConfig& 
     return absl::InvalidArgumentError(
         absl::StrCat("the CUDA backend supports head_dim up to 256, found ", attn.head_dim));
   }
+  if (absl::Status s = CheckRoutersFitSharedMemory(config, options.device); !s.ok()) return s;
   std::unique_ptr<CudaBackend> backend(new CudaBackend(config, dispatch, options));
   SWITCHSERVE_CUDA_RETURN_IF_ERROR(
       cudaStreamCreateWithFlags(&backend->stream_, cudaStreamNonBlocking), "cudaStreamCreate");

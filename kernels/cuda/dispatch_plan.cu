@@ -369,13 +369,25 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
+size_t DispatchPlanSharedBytes(int n_experts) {
+  // warp_count [kWarps, E], base, load, offs [E + 1], stat [4, E].
+  return sizeof(int) * (static_cast<size_t>(kWarps + 7) * n_experts + 1);
+}
+
 cudaError_t LaunchDispatchPlan(const DispatchPlanInput& in, const DispatchPlanOutput& out,
                                cudaStream_t stream) {
   if (in.n_experts < 1 || in.top_k < 1 || in.top_k > in.n_experts || in.tokens < 0 ||
       in.capacity < 0 || in.routers < 1) {
     return cudaErrorInvalidValue;
   }
-  const size_t shared_bytes = sizeof(int) * (static_cast<size_t>(kWarps + 7) * in.n_experts + 1);
+  const size_t shared_bytes = DispatchPlanSharedBytes(in.n_experts);
+  constexpr size_t kDefaultShared = 48 * 1024;
+  if (shared_bytes > kDefaultShared) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(DispatchPlanKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(shared_bytes));
+    if (e != cudaSuccess) return e;
+  }
   const SequenceScope none;
   const SequenceScope& q = in.sequence != nullptr ? *in.sequence : none;
   if (in.sequence != nullptr &&

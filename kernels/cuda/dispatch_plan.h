@@ -20,6 +20,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace switchserve::cuda {
@@ -99,6 +100,12 @@ struct DispatchPlanOutput {
   double* prob_sum = nullptr;      // [E] sum over tokens of prob, in token order
   int32_t* assign_slot = nullptr;  // [T, k] slot of each assignment, -1 if dropped; may be null
 };
+
+// Dynamic shared memory of the launch's blocks: per-warp counts and the
+// running figures of every expert, 4 * (15 E + 1) bytes. Past 48 KiB the
+// launch opts in to more; past the device's opt-in limit
+// (cudaDevAttrMaxSharedMemoryPerBlockOptin) it fails.
+size_t DispatchPlanSharedBytes(int n_experts);
 
 cudaError_t LaunchDispatchPlan(const DispatchPlanInput& in, const DispatchPlanOutput& out,
                                cudaStream_t stream);

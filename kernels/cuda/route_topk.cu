@@ -136,13 +136,17 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
+size_t RouteTopKSharedBytes(int n_experts, int top_k) {
+  return kTokensPerBlock * SharedBytesPerWarp(n_experts, top_k);
+}
+
 cudaError_t LaunchRouteTopK(const float* logits, int64_t ld, int tokens, int n_experts, int top_k,
                             GateType gate, bool renormalize, int32_t* expert, float* weight,
                             float* prob, cudaStream_t stream, int routers, int64_t router_offset) {
   if (tokens == 0) return cudaSuccess;
   if (routers < 1) return cudaErrorInvalidValue;
   const int blocks = (tokens + kTokensPerBlock - 1) / kTokensPerBlock;
-  const size_t shared_bytes = kTokensPerBlock * SharedBytesPerWarp(n_experts, top_k);
+  const size_t shared_bytes = RouteTopKSharedBytes(n_experts, top_k);
   constexpr size_t kDefaultShared = 48 * 1024;
   if (shared_bytes > kDefaultShared) {
     const cudaError_t e =

@@ -7,6 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace switchserve::cuda {
@@ -20,6 +21,12 @@ enum class GateType : int { kSoftmax, kSigmoid, kSoftmaxTopK };
 // `routers` (the heads of an attention layer), router r reads the logits from
 // column r * router_offset on and writes expert, weight + r * tokens * top_k
 // and prob + r * tokens * n_experts.
+// Dynamic shared memory of the launch's blocks: each of its 4 warps holds a
+// token's E gate terms (double), E logits and k choices, 4 * (12 E + 4 k)
+// bytes. Past 48 KiB the launch opts in to more; past the device's opt-in
+// limit (cudaDevAttrMaxSharedMemoryPerBlockOptin) it fails.
+size_t RouteTopKSharedBytes(int n_experts, int top_k);
+
 cudaError_t LaunchRouteTopK(const float* logits, int64_t ld, int tokens, int n_experts, int top_k,
                             GateType gate, bool renormalize, int32_t* expert, float* weight,
                             float* prob, cudaStream_t stream, int routers = 1,

@@ -287,6 +287,39 @@ TEST(CudaBackendTest, KvBlocksPastTheDevicesSharedMemoryAreRefused) {
   EXPECT_TRUE(ThreeTokenStep(**backend, largest, config.vocab_size).ok());
 }
 
+// Router top-k and capacity dispatch hold a router's experts in one block's
+// shared memory (dispatch_plan.h: 4 * (15 E + 1) bytes, more than top-k's):
+// a router with the most experts the device's opt-in limit holds runs a step
+// (past 48 KiB, which needs the opt-in); one expert more is refused when the
+// backend is made, naming both counts.
+TEST(CudaBackendTest, RoutersWithMoreExpertsThanTheDeviceHoldsAreRefused) {
+  int limit = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0),
+            cudaSuccess);
+  const int most = (limit / 4 - 1) / 15;
+  ModelConfig config = testing::TinySwitchAllConfig();
+  config.n_layers = 1;
+  config.ffn.d_ff = 4;
+  for (const int experts : {most, most + 1}) {
+    SCOPED_TRACE(std::to_string(experts) + " FFN experts");
+    config.ffn.n_experts = experts;
+    const ModelWeights weights = RandomWeights(config, 306);
+    auto backend = CreateCudaBackend(config, weights, config.dispatch, testing::Cuda16BitOptions());
+    if (experts == most) {
+      ASSERT_TRUE(backend.ok()) << backend.status();
+      ASSERT_TRUE((*backend)->InitKvCache(2, 4).ok());
+      EXPECT_TRUE(ThreeTokenStep(**backend, 4, config.vocab_size).ok());
+      continue;
+    }
+    ASSERT_EQ(backend.status().code(), absl::StatusCode::kInvalidArgument) << backend.status();
+    const std::string message(backend.status().message());
+    for (const std::string& part : {"at most " + std::to_string(most) + " experts",
+                                    "ffn router has " + std::to_string(experts) + " experts"}) {
+      EXPECT_NE(message.find(part), std::string::npos) << part << " not in: " << message;
+    }
+  }
+}
+
 #if defined(SWITCHSERVE_SIMT_EMULATION)
 // A mixed step (prefill chunks, decodes, sampling, routing, capacity
 // reroute) run once per thread order of the executor: the same bytes.

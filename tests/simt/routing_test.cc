@@ -282,6 +282,32 @@ TEST(SimtDispatchPlan, RandomRoutingsMatchDispatchTokens) {
   }
 }
 
+// A router's experts past the 48 KiB of shared memory a block gets without
+// opting in (819 experts fit: 4 * (15 E + 1) bytes), up to the most the
+// device's opt-in limit holds: the same plan as DispatchTokens.
+TEST(SimtDispatchPlan, ExpertsPastTheDefaultSharedMemoryMatchDispatchTokens) {
+  SIMT_REQUIRE_DEVICE();
+  int limit = 0;
+  ASSERT_CUDA(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+  const int most = (limit / 4 - 1) / 15;
+  ASSERT_GE(most, 820) << "the device holds fewer experts than the test needs";
+  for (const int experts : {820, most}) {
+    const int tokens = 33, top_k = 2;
+    RouterDecision decision;
+    const std::vector<float> z = Logits(tokens, experts, experts, /*tied=*/true, experts);
+    RouteTokens(z.data(), experts, tokens, experts, top_k, GateFunction::kSoftmax, false,
+                &decision);
+    for (const DispatchConfig& config :
+         {Config(0.0, OverflowPolicy::kDrop), Config(0.1, OverflowPolicy::kDrop, 1),
+          Config(0.1, OverflowPolicy::kReroute, 1)}) {
+      SCOPED_TRACE("E=" + std::to_string(experts) +
+                   " cf=" + std::to_string(config.capacity_factor) +
+                   (config.overflow == OverflowPolicy::kReroute ? " reroute" : " drop"));
+      ExpectSamePlan(decision, decision, config);
+    }
+  }
+}
+
 // Layer 1 of the GPU test plan: the same logits into the CPU's and the
 // device's route + dispatch give bit-identical decisions.
 TEST(SimtDispatchPlan, RouteThenDispatchOnDeviceMatchesTheCpuFromLogits) {
