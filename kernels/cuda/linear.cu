@@ -12,6 +12,11 @@
 // up to 8 rows; its 16 warps take 16 chunks at a time (lane = column) and
 // write the chunk sums to shared memory, and warp r adds them to row r's
 // total in chunk order. So a decode step spreads each matrix over k as well as n.
+//
+// Both put row blocks (tiles, groups of 8 rows) on the grid's y, which holds
+// at most 65,535: a block computes row blocks blockIdx.y, blockIdx.y +
+// gridDim.y, ... one after the other, so any number of rows fits one launch.
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/cuda/linear.h"
@@ -24,6 +29,9 @@ namespace {
 constexpr int kTileK = 16;
 constexpr int kChunk = 32;  // a multiple of kTileK
 static_assert(kChunk % kTileK == 0, "a chunk is whole tile slices");
+// The most blocks along a grid's y. Past that many row blocks a block takes
+// several in turn, which changes which block computes a row, never how.
+constexpr int kMaxGridY = 65535;
 
 __device__ __forceinline__ float Activate(Activation act, float x) {
   switch (act) {
@@ -109,88 +117,95 @@ __global__ void __launch_bounds__(TY* TX)
   const int mat = blockIdx.z;
   const MatrixRows rows_of = RowsOf(mat, dense_rows, offsets, n_experts, shared_router);
   const int row_count = rows_of.count;
-  const int m0 = blockIdx.y * TM;
-  if (m0 >= row_count) return;  // the whole block, before any barrier
   const int n0 = blockIdx.x * TN;
   const int tid = threadIdx.x;
   const int tx = tid % TX;
   const int ty = tid / TX;
   const WT* wm = w + static_cast<int64_t>(mat) * w_matrix_stride;
+  const float* b = bias != nullptr ? bias + static_cast<int64_t>(mat) * bias_stride : nullptr;
 
-  for (int i = tid; i < TM; i += kThreads) {
-    LocateRow(rows_of, m0 + i, offsets, a_rows, slot_stride, lda, a_head_cols, &a_offset[i],
-              &out_row[i]);
-  }
-  __syncthreads();
-
-  float acc[RM][RN], chunk[RM][RN];
-  SIMT_UNROLL
-  for (int i = 0; i < RM; ++i) {
-    SIMT_UNROLL
-    for (int j = 0; j < RN; ++j) acc[i][j] = chunk[i][j] = 0.0f;
-  }
-
-  for (int k0 = 0; k0 < k_dim; k0 += kTileK) {
-    const int depth = min(kTileK, k_dim - k0);
-    for (int idx = tid; idx < kTileK * TM; idx += kThreads) {
-      const int kk = idx % kTileK;
-      const int i = idx / kTileK;
-      const int64_t offset = a_offset[i];
-      a_tile[kk * TM + i] = offset >= 0 && kk < depth ? a[offset + k0 + kk] : 0.0f;
-    }
-    for (int idx = tid; idx < kTileK * TN; idx += kThreads) {
-      int kk, nn;
-      if (kLayout == WeightLayout::kNK) {
-        kk = idx % kTileK;
-        nn = idx / kTileK;
-      } else {
-        nn = idx % TN;
-        kk = idx / TN;
-      }
-      const int n = n0 + nn;
-      float v = 0.0f;
-      if (n < n_cols && kk < depth) {
-        v = Widen(kLayout == WeightLayout::kNK ? wm[static_cast<int64_t>(n) * ldw + k0 + kk]
-                                               : wm[static_cast<int64_t>(k0 + kk) * ldw + n]);
-      }
-      w_tile[kk * TN + nn] = v;
+  // Row tiles blockIdx.y, + gridDim.y, ... (y is capped at kMaxGridY). The
+  // bounds are the block's own: every thread takes the same iterations and
+  // reaches the same barriers.
+  for (int64_t tile_m0 = static_cast<int64_t>(blockIdx.y) * TM; tile_m0 < row_count;
+       tile_m0 += static_cast<int64_t>(gridDim.y) * TM) {
+    const int m0 = static_cast<int>(tile_m0);
+    for (int i = tid; i < TM; i += kThreads) {
+      LocateRow(rows_of, m0 + i, offsets, a_rows, slot_stride, lda, a_head_cols, &a_offset[i],
+                &out_row[i]);
     }
     __syncthreads();
-    for (int kk = 0; kk < depth; ++kk) {
-      float av[RM], wv[RN];
+
+    float acc[RM][RN], chunk[RM][RN];
+    SIMT_UNROLL
+    for (int i = 0; i < RM; ++i) {
       SIMT_UNROLL
-      for (int i = 0; i < RM; ++i) av[i] = a_tile[kk * TM + ty + i * TY];
-      SIMT_UNROLL
-      for (int j = 0; j < RN; ++j) wv[j] = w_tile[kk * TN + tx + j * TX];
-      SIMT_UNROLL
-      for (int i = 0; i < RM; ++i) {
-        SIMT_UNROLL
-        for (int j = 0; j < RN; ++j) chunk[i][j] = fmaf(av[i], wv[j], chunk[i][j]);
-      }
+      for (int j = 0; j < RN; ++j) acc[i][j] = chunk[i][j] = 0.0f;
     }
-    if ((k0 + kTileK) % kChunk == 0 || k0 + kTileK >= k_dim) {
-      SIMT_UNROLL
-      for (int i = 0; i < RM; ++i) {
+
+    for (int k0 = 0; k0 < k_dim; k0 += kTileK) {
+      const int depth = min(kTileK, k_dim - k0);
+      for (int idx = tid; idx < kTileK * TM; idx += kThreads) {
+        const int kk = idx % kTileK;
+        const int i = idx / kTileK;
+        const int64_t offset = a_offset[i];
+        a_tile[kk * TM + i] = offset >= 0 && kk < depth ? a[offset + k0 + kk] : 0.0f;
+      }
+      for (int idx = tid; idx < kTileK * TN; idx += kThreads) {
+        int kk, nn;
+        if (kLayout == WeightLayout::kNK) {
+          kk = idx % kTileK;
+          nn = idx / kTileK;
+        } else {
+          nn = idx % TN;
+          kk = idx / TN;
+        }
+        const int n = n0 + nn;
+        float v = 0.0f;
+        if (n < n_cols && kk < depth) {
+          v = Widen(kLayout == WeightLayout::kNK ? wm[static_cast<int64_t>(n) * ldw + k0 + kk]
+                                                 : wm[static_cast<int64_t>(k0 + kk) * ldw + n]);
+        }
+        w_tile[kk * TN + nn] = v;
+      }
+      __syncthreads();
+      for (int kk = 0; kk < depth; ++kk) {
+        float av[RM], wv[RN];
         SIMT_UNROLL
-        for (int j = 0; j < RN; ++j) {
-          acc[i][j] += chunk[i][j];
-          chunk[i][j] = 0.0f;
+        for (int i = 0; i < RM; ++i) av[i] = a_tile[kk * TM + ty + i * TY];
+        SIMT_UNROLL
+        for (int j = 0; j < RN; ++j) wv[j] = w_tile[kk * TN + tx + j * TX];
+        SIMT_UNROLL
+        for (int i = 0; i < RM; ++i) {
+          SIMT_UNROLL
+          for (int j = 0; j < RN; ++j) chunk[i][j] = fmaf(av[i], wv[j], chunk[i][j]);
         }
       }
+      if ((k0 + kTileK) % kChunk == 0 || k0 + kTileK >= k_dim) {
+        SIMT_UNROLL
+        for (int i = 0; i < RM; ++i) {
+          SIMT_UNROLL
+          for (int j = 0; j < RN; ++j) {
+            acc[i][j] += chunk[i][j];
+            chunk[i][j] = 0.0f;
+          }
+        }
+      }
+      __syncthreads();
     }
-    __syncthreads();
-  }
 
-  const float* b = bias != nullptr ? bias + static_cast<int64_t>(mat) * bias_stride : nullptr;
-  SIMT_UNROLL
-  for (int i = 0; i < RM; ++i) {
-    const int64_t row = out_row[ty + i * TY];
-    if (row < 0) continue;
     SIMT_UNROLL
-    for (int j = 0; j < RN; ++j) {
-      const int n = n0 + tx + j * TX;
-      if (n < n_cols) Store(acc[i][j], alpha, b, act, accumulate, out + row * ldc + n, n);
+    for (int i = 0; i < RM; ++i) {
+      const int64_t row = out_row[ty + i * TY];
+      if (row < 0) continue;
+      SIMT_UNROLL
+      for (int j = 0; j < RN; ++j) {
+        const int n = n0 + tx + j * TX;
+        if (n < n_cols) Store(acc[i][j], alpha, b, act, accumulate, out + row * ldc + n, n);
+      }
     }
+    // The next tile rewrites out_row, read above.
+    if (tile_m0 + static_cast<int64_t>(gridDim.y) * TM < row_count) __syncthreads();
   }
 }
 
@@ -218,82 +233,95 @@ __global__ void __launch_bounds__(kFewWarps * 32)
   const int mat = blockIdx.z;
   const MatrixRows rows_of = RowsOf(mat, dense_rows, offsets, n_experts, shared_router);
   const int row_count = rows_of.count;
-  const int m0 = blockIdx.y * kFewRows;
-  if (m0 >= row_count) return;  // the whole block, before any barrier
-  const int rows = min(kFewRows, row_count - m0);
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
   const int n = blockIdx.x * kFewCols + lane;
   const WT* wm = w + static_cast<int64_t>(mat) * w_matrix_stride;
-
-  if (tid < kFewRows) {
-    LocateRow(rows_of, m0 + tid, offsets, a_rows, slot_stride, lda, a_head_cols, &a_offset[tid],
-              &out_row[tid]);
-  }
-  __syncthreads();
-
   // 16-byte loads along k where every chunk of a stored row starts aligned.
   const bool vector_k = kLayout == WeightLayout::kNK && reinterpret_cast<uintptr_t>(wm) % 16 == 0 &&
                         (ldw * static_cast<int64_t>(sizeof(WT))) % 16 == 0;
   const int chunks = (k_dim + kChunk - 1) / kChunk;
-  float total = 0.0f;  // row `warp`, column n
-  for (int c0 = 0; c0 < chunks; c0 += kFewWarps) {
-    float sum[kFewRows];
-    SIMT_UNROLL
-    for (int r = 0; r < kFewRows; ++r) sum[r] = 0.0f;
-    const int c = c0 + warp;
-    if (c < chunks && n < n_cols) {
-      const int kb = c * kChunk;
-      const int ke = min(kb + kChunk, k_dim);
-      if (ke - kb == kChunk) {  // a whole chunk: all its loads in flight at once
-        float wv[kChunk];
-        if (vector_k) {
-          const WT* wp = wm + static_cast<int64_t>(n) * ldw + kb;
-          SIMT_UNROLL
-          for (int v = 0; v < kChunk; v += kVector) WidenVector(wp + v, wv + v);
-        } else {
-          SIMT_UNROLL
-          for (int kk = 0; kk < kChunk; ++kk) {
-            wv[kk] =
-                Widen(kLayout == WeightLayout::kNK ? wm[static_cast<int64_t>(n) * ldw + kb + kk]
-                                                   : wm[static_cast<int64_t>(kb + kk) * ldw + n]);
-          }
-        }
-        SIMT_UNROLL
-        for (int r = 0; r < kFewRows; ++r) {
-          if (r < rows) {
-            const float* ar = a + a_offset[r] + kb;
+
+  // Row groups blockIdx.y, + gridDim.y, ... (y is capped at kMaxGridY). The
+  // bounds are the block's own: every thread takes the same iterations and
+  // reaches the same barriers.
+  for (int64_t group_m0 = static_cast<int64_t>(blockIdx.y) * kFewRows; group_m0 < row_count;
+       group_m0 += static_cast<int64_t>(gridDim.y) * kFewRows) {
+    const int m0 = static_cast<int>(group_m0);
+    const int rows = min(kFewRows, row_count - m0);
+    if (tid < kFewRows) {
+      LocateRow(rows_of, m0 + tid, offsets, a_rows, slot_stride, lda, a_head_cols, &a_offset[tid],
+                &out_row[tid]);
+    }
+    __syncthreads();
+
+    float total = 0.0f;  // row `warp`, column n
+    for (int c0 = 0; c0 < chunks; c0 += kFewWarps) {
+      float sum[kFewRows];
+      SIMT_UNROLL
+      for (int r = 0; r < kFewRows; ++r) sum[r] = 0.0f;
+      const int c = c0 + warp;
+      if (c < chunks && n < n_cols) {
+        const int kb = c * kChunk;
+        const int ke = min(kb + kChunk, k_dim);
+        if (ke - kb == kChunk) {  // a whole chunk: all its loads in flight at once
+          float wv[kChunk];
+          if (vector_k) {
+            const WT* wp = wm + static_cast<int64_t>(n) * ldw + kb;
             SIMT_UNROLL
-            for (int kk = 0; kk < kChunk; ++kk) sum[r] = fmaf(ar[kk], wv[kk], sum[r]);
+            for (int v = 0; v < kChunk; v += kVector) WidenVector(wp + v, wv + v);
+          } else {
+            SIMT_UNROLL
+            for (int kk = 0; kk < kChunk; ++kk) {
+              wv[kk] =
+                  Widen(kLayout == WeightLayout::kNK ? wm[static_cast<int64_t>(n) * ldw + kb + kk]
+                                                     : wm[static_cast<int64_t>(kb + kk) * ldw + n]);
+            }
           }
-        }
-      } else {
-        for (int k = kb; k < ke; ++k) {
-          const float wk =
-              Widen(kLayout == WeightLayout::kNK ? wm[static_cast<int64_t>(n) * ldw + k]
-                                                 : wm[static_cast<int64_t>(k) * ldw + n]);
           SIMT_UNROLL
           for (int r = 0; r < kFewRows; ++r) {
-            if (r < rows) sum[r] = fmaf(a[a_offset[r] + k], wk, sum[r]);
+            if (r < rows) {
+              const float* ar = a + a_offset[r] + kb;
+              SIMT_UNROLL
+              for (int kk = 0; kk < kChunk; ++kk) sum[r] = fmaf(ar[kk], wv[kk], sum[r]);
+            }
+          }
+        } else {
+          for (int k = kb; k < ke; ++k) {
+            const float wk =
+                Widen(kLayout == WeightLayout::kNK ? wm[static_cast<int64_t>(n) * ldw + k]
+                                                   : wm[static_cast<int64_t>(k) * ldw + n]);
+            SIMT_UNROLL
+            for (int r = 0; r < kFewRows; ++r) {
+              if (r < rows) sum[r] = fmaf(a[a_offset[r] + k], wk, sum[r]);
+            }
           }
         }
       }
+      SIMT_UNROLL
+      for (int r = 0; r < kFewRows; ++r) part[(warp * kFewRows + r) * kFewCols + lane] = sum[r];
+      __syncthreads();
+      const int round = min(kFewWarps, chunks - c0);
+      if (warp < kFewRows) {
+        for (int j = 0; j < round; ++j) total += part[(j * kFewRows + warp) * kFewCols + lane];
+      }
+      __syncthreads();
     }
-    SIMT_UNROLL
-    for (int r = 0; r < kFewRows; ++r) part[(warp * kFewRows + r) * kFewCols + lane] = sum[r];
-    __syncthreads();
-    const int round = min(kFewWarps, chunks - c0);
-    if (warp < kFewRows) {
-      for (int j = 0; j < round; ++j) total += part[(j * kFewRows + warp) * kFewCols + lane];
-    }
-    __syncthreads();
-  }
 
-  if (warp < rows && n < n_cols) {
-    const float* b = bias != nullptr ? bias + static_cast<int64_t>(mat) * bias_stride : nullptr;
-    Store(total, alpha, b, act, accumulate, out + out_row[warp] * ldc + n, n);
+    if (warp < rows && n < n_cols) {
+      const float* b = bias != nullptr ? bias + static_cast<int64_t>(mat) * bias_stride : nullptr;
+      Store(total, alpha, b, act, accumulate, out + out_row[warp] * ldc + n, n);
+    }
+    // The next group rewrites out_row, read above.
+    if (group_m0 + static_cast<int64_t>(gridDim.y) * kFewRows < row_count) __syncthreads();
   }
+}
+
+// Blocks along the grid's y (row blocks): at most kMaxGridY.
+unsigned GridY(int rows, int rows_per_block) {
+  const int64_t blocks = (static_cast<int64_t>(rows) + rows_per_block - 1) / rows_per_block;
+  return static_cast<unsigned>(std::min<int64_t>(blocks, kMaxGridY));
 }
 
 struct Launch {
@@ -318,7 +346,7 @@ cudaError_t LaunchTile(const Launch& l) {
   const GroupedRows& g = l.grouped != nullptr ? *l.grouped : none;
   const int rows = l.grouped != nullptr ? g.max_rows : l.dense_rows;
   const int matrices = l.grouped != nullptr ? g.heads * g.n_experts : 1;
-  const dim3 grid((l.n_cols + TN - 1) / TN, (rows + TM - 1) / TM, matrices);
+  const dim3 grid((l.n_cols + TN - 1) / TN, GridY(rows, TM), matrices);
   return SIMT_LAUNCH_DEPENDENT(
       (LinearKernel<WT, kLayout, TY, TX, RM, RN>), grid, dim3(TY * TX), 0, l.stream, l.a, l.lda,
       l.dense_rows, g.offsets, g.a_rows, g.slot_stride, g.n_experts, g.shared_router ? 1 : 0,
@@ -333,7 +361,7 @@ cudaError_t LaunchFewRows(const Launch& l) {
   const GroupedRows& g = l.grouped != nullptr ? *l.grouped : none;
   const int rows = l.grouped != nullptr ? g.max_rows : l.dense_rows;
   const int matrices = l.grouped != nullptr ? g.heads * g.n_experts : 1;
-  const dim3 grid((l.n_cols + kFewCols - 1) / kFewCols, (rows + kFewRows - 1) / kFewRows, matrices);
+  const dim3 grid((l.n_cols + kFewCols - 1) / kFewCols, GridY(rows, kFewRows), matrices);
   return SIMT_LAUNCH_DEPENDENT(
       (LinearFewRowsKernel<WT, kLayout>), grid, dim3(kFewWarps * 32), 0, l.stream, l.a, l.lda,
       l.dense_rows, g.offsets, g.a_rows, g.slot_stride, g.n_experts, g.shared_router ? 1 : 0,

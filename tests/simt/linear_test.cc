@@ -201,6 +201,34 @@ TEST(SimtLinear, ARowsResultDoesNotDependOnTheBatchOrTheLayout) {
   }
 }
 
+// More row blocks than a grid's y holds (65,535): 8-row groups (the few-rows
+// kernel, which every router's product takes) and 64-row tiles past it, each
+// row the fmaf chain it is alone. Blocks past the limit's first rows take a
+// second row block: the rows there, and the last, are checked.
+TEST(SimtLinear, RowsPastTheGridLimitAreComputed) {
+  SIMT_REQUIRE_DEVICE();
+  const int k = 3, n = 2;
+  const std::vector<float> w = RandomFloats(static_cast<size_t>(k) * n, 12);
+  for (const auto& [rows, kernel] : {std::pair{65535 * 8 + 9, LinearKernelChoice::kAuto},
+                                     {65535 * 64 + 65, LinearKernelChoice::kTiles}}) {
+    SCOPED_TRACE(std::to_string(rows) + " rows" +
+                 (kernel == LinearKernelChoice::kTiles ? ", tiles" : ", few rows"));
+    const std::vector<float> a = RandomFloats(static_cast<size_t>(rows) * k, 13);
+    DeviceArray<float> d_a(a), d_w(w), d_out(static_cast<size_t>(rows) * n);
+    const LinearWeights lw{d_w.get(), WeightType::kF32, WeightLayout::kKN, n, 0};
+    ASSERT_CUDA(cuda::LaunchLinear(d_a.get(), k, rows, k, lw, n, LinearEpilogue{}, d_out.get(), n,
+                                   nullptr, kernel));
+    const std::vector<float> out = d_out.Download();
+    for (int64_t m = 0; m < rows; ++m) {
+      for (int c = 0; c < n; ++c) {
+        float sum = 0.0f;
+        for (int i = 0; i < k; ++i) sum = std::fmaf(a[m * k + i], w[i * n + c], sum);
+        ASSERT_EQ(out[m * n + c], 0.0f + sum) << "row " << m << " column " << c;
+      }
+    }
+  }
+}
+
 // Grouped by expert: two routers (heads) of E = 3 experts, tokens gathered
 // through a_rows, each head reading its own columns of a; and a shared router.
 TEST(SimtLinear, GroupedMatchesFloat64) {
