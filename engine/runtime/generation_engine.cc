@@ -28,6 +28,7 @@ struct GenerationEngine::RequestState : Sequence {
         detokenizer(tokenizer, request.sampling.stop, request.prompt) {
     id = request_id;
     tokens = request.prompt;
+    prompt_tokens = static_cast<int64_t>(tokens.size());
   }
 
   GenerationRequest request;
@@ -74,13 +75,23 @@ void GenerationEngine::Start() {
 absl::StatusOr<RequestId> GenerationEngine::Submit(GenerationRequest request) {
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) return absl::UnavailableError("the engine is shutting down");
-  // Requests the running batch has room for join it at the next step and
+  // Requests the running batch has room for (a slot, and KV blocks for their
+  // first chunk, as the scheduler admits them) join it at the next step and
   // do not wait; none does while others wait already (the queue is FIFO).
-  const int64_t inbox = static_cast<int64_t>(inbox_.size());
-  const int64_t free_slots =
-      std::max(0, options_.scheduler.max_running_requests - snapshot_.running);
-  const int64_t waiting =
-      snapshot_.waiting > 0 ? inbox + snapshot_.waiting : std::max<int64_t>(0, inbox - free_slots);
+  int64_t waiting = static_cast<int64_t>(inbox_.size()) + snapshot_.waiting;
+  if (snapshot_.waiting == 0) {
+    int64_t slots = std::max(0, options_.scheduler.max_running_requests - snapshot_.running);
+    int64_t blocks = snapshot_.total_blocks - snapshot_.used_blocks;
+    for (const auto& [queued_id, queued] : inbox_) {
+      const int64_t chunk =
+          std::min(static_cast<int64_t>(queued.prompt.size()), options_.scheduler.max_batch_tokens);
+      const int64_t needed = (chunk + snapshot_.block_size - 1) / snapshot_.block_size;
+      if (slots == 0 || needed > blocks) break;
+      --slots;
+      blocks -= needed;
+      --waiting;
+    }
+  }
   if (waiting >= options_.max_queue) {
     return absl::ResourceExhaustedError(
         absl::StrCat("the request queue is full (", options_.max_queue,

@@ -44,9 +44,9 @@ ScheduleResult Scheduler::Schedule() {
     const int64_t total = static_cast<int64_t>(sequence->tokens.size());
     ScheduledChunk chunk{sequence, sequence->num_computed, length,
                          sequence->num_computed + length == total};
-    // A chunk that ends at the last token is a decode step when the sequence
-    // has generated before; anything else is (re)computing a prompt.
-    if (length == 1 && chunk.samples && sequence->num_computed > 0) {
+    // A chunk of one generated token is a decode step; anything else is
+    // (re)computing a prompt, its last one-token chunk included.
+    if (length == 1 && chunk.samples && total > sequence->prompt_tokens) {
       result.decode_tokens += length;
     } else {
       result.prefill_tokens += length;

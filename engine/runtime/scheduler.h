@@ -40,6 +40,7 @@ struct Sequence {
   SequenceId id = 0;
   int64_t arrival_order = 0;  // FCFS key; lower arrived first
   std::vector<int32_t> tokens;
+  int64_t prompt_tokens = 0;  // the first tokens, the prompt; the rest were generated
   int64_t num_computed = 0;
   int num_preemptions = 0;
 };

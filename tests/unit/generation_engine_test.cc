@@ -442,5 +442,23 @@ TEST_F(GenerationEngineTest, QueueLimitCountsWhatTheBatchHasNoRoomForAndStop) {
   EXPECT_EQ(engine_->Submit(std::move(late)).status().code(), absl::StatusCode::kUnavailable);
 }
 
+// Room in the batch is a slot and KV blocks for a request's first chunk: a
+// request the cache cannot take waits and counts against --max-queue
+// (counting slots alone let a burst past the limit while the cache was full).
+TEST_F(GenerationEngineTest, QueueLimitCountsRequestsTheCacheHasNoBlocksFor) {
+  Init(/*blocks=*/4, 256, /*max_running=*/8, /*max_queue=*/1);
+  // Not started: submissions stay queued. 12 tokens take 3 of the 4 blocks;
+  // the next 8 need 2 more, so that one waits and fills the queue.
+  std::vector<std::shared_ptr<CollectingSink>> accepted = {Submit("aaaaaaaaaaaa", Greedy(1)),
+                                                           Submit("bbbbbbbb", Greedy(1))};
+  GenerationRequest request;
+  request.prompt = {1};
+  request.sink = std::make_shared<CollectingSink>();
+  EXPECT_EQ(engine_->Submit(std::move(request)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  engine_->Stop();
+  for (const auto& sink : accepted) EXPECT_EQ(sink->Wait().finish_reason, FinishReason::kCancelled);
+}
+
 }  // namespace
 }  // namespace switchserve

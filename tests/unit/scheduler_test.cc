@@ -20,6 +20,7 @@ class SchedulerTest : public ::testing::Test {
     seq->id = static_cast<SequenceId>(seqs_.size() + 1);
     seq->arrival_order = seq->id;
     seq->tokens.assign(prompt_len, 7);
+    seq->prompt_tokens = prompt_len;
     scheduler_->Add(seq.get());
     seqs_.push_back(std::move(seq));
     return seqs_.back().get();
@@ -56,6 +57,23 @@ TEST_F(SchedulerTest, ChunksLongPromptUnderTokenBudget) {
   r = scheduler_->Schedule();  // decode
   EXPECT_EQ(r.decode_tokens, 1);
   EXPECT_EQ(r.chunks[0].start, 20);
+}
+
+// The last chunk of a prompt may be one token: it is prefill, not a decode
+// (switchserve_prompt_tokens_total missed it: a 17-token prompt under a
+// budget of 8 counted 16).
+TEST_F(SchedulerTest, APromptsLastChunkOfOneTokenIsPrefill) {
+  Init(100, 4, 8, 4);
+  Add(17);
+  int64_t prefill = 0, decode = 0;
+  for (int step = 0; step < 4; ++step) {
+    const ScheduleResult r = scheduler_->Schedule();
+    prefill += r.prefill_tokens;
+    decode += r.decode_tokens;
+    Complete(r);
+  }
+  EXPECT_EQ(prefill, 17);  // 8 + 8 + 1
+  EXPECT_EQ(decode, 1);    // the first generated token, decoded in the fourth step
 }
 
 TEST_F(SchedulerTest, DecodesFirstThenAdmitsInArrivalOrder) {
