@@ -24,7 +24,8 @@ build_packages=(
   libabsl-dev prometheus-cpp-dev libopenblas-dev nlohmann-json3-dev
   libsentencepiece-dev sentencepiece libgtest-dev libgmock-dev libbenchmark-dev
   libboost-context-dev libboost-dev libssl-dev
-  python3 python3-numpy python3-grpcio python3-protobuf python3-pytest python3-yaml openssl prometheus
+  python3 python3-numpy python3-grpcio python3-protobuf python3-pytest python3-yaml python3-h2
+  openssl prometheus
 )
 
 if $runtime_only; then

@@ -1,11 +1,13 @@
 #include "server/generation_service.h"
 
+#include <chrono>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "grpc/support/time.h"
 #include "server/generate_calls.h"
 #include "server/wire_format.h"
 
@@ -41,6 +43,23 @@ absl::StatusCode RejectionSeenByClient(grpc::CallbackServerContext& context,
                                        absl::StatusCode code) {
   if (code != absl::StatusCode::kCancelled && !context.IsCancelled()) return code;
   return static_cast<absl::StatusCode>(CancelledCallStatus(CancelCauseOf(context)).error_code());
+}
+
+// The engine's deadline of a call on the steady clock, from `now`: none
+// when it has none, or one too far away to represent.
+std::optional<Clock::time_point> SteadyDeadline(const grpc::ServerContextBase& context,
+                                                Clock::time_point now) {
+  // gRPC's raw deadline, in whole seconds: its time_point (context.deadline())
+  // wraps past the year 2262, and a client's "longest" timeout (2562047H,
+  // about 2^63 ns) overflowed `now + left` into the past, which cancelled
+  // the call at once as DEADLINE_EXCEEDED.
+  const gpr_timespec raw = context.raw_deadline();
+  if (gpr_time_cmp(raw, gpr_inf_future(raw.clock_type)) == 0) return std::nullopt;
+  const gpr_timespec left = gpr_time_sub(raw, gpr_now(raw.clock_type));
+  const auto representable = std::chrono::duration_cast<std::chrono::seconds>(
+      Clock::time_point::max() - now - std::chrono::seconds(1));
+  if (left.tv_sec >= representable.count()) return std::nullopt;  // as good as none
+  return now + std::chrono::seconds(left.tv_sec) + std::chrono::nanoseconds(left.tv_nsec);
 }
 
 }  // namespace
@@ -91,9 +110,8 @@ absl::StatusOr<GenerationRequest> GenerationService::Prepare(grpc::CallbackServe
   auto prepared = ValidateGenerateRequest(request, *options_.tokenizer, options_.limits);
   if (!prepared.ok()) return prepared.status();
   prepared->arrival = Clock::now();
-  const auto deadline = context->deadline();
-  if (deadline != std::chrono::system_clock::time_point::max()) {
-    prepared->deadline = prepared->arrival + (deadline - std::chrono::system_clock::now());
+  if (std::optional<Clock::time_point> deadline = SteadyDeadline(*context, prepared->arrival)) {
+    prepared->deadline = *deadline;
   }
   return prepared;
 }

@@ -89,14 +89,18 @@ bool IsValidUtf8(std::string_view text) {
   return true;
 }
 
+bool PromptSpellsText(const Tokenizer& tokenizer, absl::Span<const int32_t> prompt) {
+  return std::any_of(prompt.begin(), prompt.end(), [&tokenizer](int32_t id) {
+    return !tokenizer.PieceBytes(id, /*first=*/true).empty();
+  });
+}
+
 IncrementalDetokenizer::IncrementalDetokenizer(const Tokenizer* tokenizer,
                                                std::vector<std::string> stop_strings,
                                                absl::Span<const int32_t> prompt)
     : tokenizer_(tokenizer),
       stop_strings_(std::move(stop_strings)),
-      text_started_(std::any_of(prompt.begin(), prompt.end(), [tokenizer](int32_t id) {
-        return !tokenizer->PieceBytes(id, /*first=*/true).empty();
-      })) {}
+      text_started_(PromptSpellsText(*tokenizer, prompt)) {}
 
 std::string IncrementalDetokenizer::Add(int32_t token_id, bool* stopped) {
   *stopped = false;

@@ -37,6 +37,10 @@ size_t CharactersEndedWithin(std::string_view bytes, size_t boundary);
 // True when `text` is valid UTF-8 (no overlong forms or surrogates).
 bool IsValidUtf8(std::string_view text);
 
+// Whether `prompt` decodes to some text: then the first generated
+// SentencePiece piece keeps its leading space (Tokenizer::PieceBytes' first).
+bool PromptSpellsText(const Tokenizer& tokenizer, absl::Span<const int32_t> prompt);
+
 class IncrementalDetokenizer {
  public:
   // `tokenizer` must outlive this object; `prompt` is read here only.

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/text/detokenizer.h"
 #include "nlohmann/json.hpp"
 #include "server/engine_request_handle.h"
 #include "server/http/openai_protocol.h"
@@ -45,6 +46,8 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
       std::lock_guard<std::mutex> lock(mu_);
       for (size_t i = 0; i < prompts.size(); ++i) {
         prompts[i].sink = std::make_shared<Sink>(shared_from_this(), static_cast<int>(i));
+        choices_[i]->text_offset.text_started =
+            PromptSpellsText(*context_.tokenizer, prompts[i].prompt);
         absl::Status status = choices_[i]->handle.Submit(context_.engine, std::move(prompts[i]));
         if (!status.ok()) {
           // Those already submitted are cancelled; their final updates end

@@ -455,7 +455,9 @@ nlohmann::ordered_json LogprobsObject(const Tokenizer& tokenizer,
     // end. A token that completes a character another began starts at that
     // character; bytes it shows to start none are a U+FFFD each before it.
     const size_t before = offset->pending.size();
-    offset->pending.append(tokenizer.PieceBytes(token.token_id));
+    const std::string_view bytes = tokenizer.PieceBytes(token.token_id, !offset->text_started);
+    offset->text_started = offset->text_started || !bytes.empty();
+    offset->pending.append(bytes);
     offsets.push_back(offset->characters +
                       static_cast<int64_t>(CharactersEndedWithin(offset->pending, before)));
     std::string text;

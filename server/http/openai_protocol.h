@@ -73,6 +73,9 @@ std::string TokenString(const Tokenizer& tokenizer, int32_t id, bool as_id = fal
 struct TextOffset {
   int64_t characters = 0;
   std::string pending;
+  // Some token (of the prompt too) has spelled text: a SentencePiece piece's
+  // leading space is in the text from then on (PromptSpellsText).
+  bool text_started = false;
 };
 
 // The legacy completions `logprobs` object of some generated tokens (each

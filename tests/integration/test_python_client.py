@@ -138,6 +138,56 @@ def test_eos_ends_generation_unless_ignored(stub):
         shutil.rmtree(model)
 
 
+def raw_grpc_call(port, method, request, timeout_header):
+    """One call over a hand-made HTTP/2 connection, with a `grpc-timeout`
+    header the Python client would refuse to send: the response headers and
+    trailers, and the response messages' bytes."""
+    import socket
+    import struct
+    import h2.config
+    import h2.connection
+    import h2.events
+    body = request.SerializeToString()
+    connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    result = {"data": b""}
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        connection.initiate_connection()
+        connection.send_headers(1, [(":method", "POST"), (":scheme", "http"),
+                                    (":path", "/switchserve.v1.Generation/" + method),
+                                    (":authority", "127.0.0.1"), ("te", "trailers"),
+                                    ("content-type", "application/grpc"),
+                                    ("grpc-timeout", timeout_header)])
+        connection.send_data(1, b"\0" + struct.pack(">I", len(body)) + body, end_stream=True)
+        s.sendall(connection.data_to_send())
+        ended = False
+        while not ended:
+            data = s.recv(65536)
+            if not data:
+                break
+            for event in connection.receive_data(data):
+                if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+                    result.update((k.decode(), v.decode()) for k, v in event.headers)
+                elif isinstance(event, h2.events.DataReceived):
+                    connection.acknowledge_received_data(event.flow_controlled_length, 1)
+                    result["data"] += event.data
+                elif isinstance(event, h2.events.StreamEnded):
+                    ended = True
+            s.sendall(connection.data_to_send())
+    return result
+
+
+@pytest.mark.parametrize("timeout", ["10S", "2562000H", "2562047H", "99999999H"])
+def test_a_deadline_centuries_away_is_as_good_as_none(server, timeout):
+    """grpc-timeout 2562047H (about 2^63 ns, a client's "longest" timeout)
+    and the header's largest value overflowed the steady clock into the
+    past: the call ended DEADLINE_EXCEEDED at once, without a token."""
+    request = text_request("hello", 4)
+    for method in ("Generate", "GenerateStream"):
+        result = raw_grpc_call(server.port, method, request, timeout)
+        assert result.get("grpc-status") == "0", (method, result)
+        assert len(result["data"]) > 5, (method, result)
+
+
 def test_tokenize_and_model_info(stub):
     assert list(stub.Tokenize(pb.TokenizeRequest(text="hé!"), timeout=10).token_ids) == [
         104, 0xC3, 0xA9, 33]

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "engine/text/detokenizer.h"
 #include "engine/text/tokenizer.h"
 #include "tests/util/test_util.h"
 
@@ -252,6 +253,44 @@ TEST(OpenAiProtocolTest, TextOffsetsCountCharacters) {
   EXPECT_EQ(two["text_offset"], nlohmann::ordered_json({2, 3, 3, 3}));
   EXPECT_EQ(offset.characters, 4);
   EXPECT_TRUE(offset.pending.empty());
+}
+
+// Pieces with SentencePiece's leading space: id 1 spells nothing (BOS), 5 is
+// "▁coast", 6 is ",".
+class LeadingSpaceTokenizer final : public Tokenizer {
+ public:
+  absl::StatusOr<std::vector<int32_t>> Encode(std::string_view) const override {
+    return std::vector<int32_t>();
+  }
+  std::string Decode(absl::Span<const int32_t>) const override { return ""; }
+  std::string_view PieceBytes(int32_t id, bool first) const override {
+    if (id == 5) return first ? "coast" : " coast";
+    if (id == 6) return ",";
+    return "";
+  }
+  std::string_view kind() const override { return "sentencepiece"; }
+  int vocab_size() const override { return 8; }
+};
+
+// Offsets index the choice's text, which drops the first piece's leading
+// space when the prompt spells nothing (every offset was one too far).
+TEST(OpenAiProtocolTest, TextOffsetsFollowTheTextAfterAPromptThatSpellsNothing) {
+  const LeadingSpaceTokenizer tokenizer;
+  std::vector<GeneratedTokenInfo> tokens(3);
+  tokens[0].token_id = 5;
+  tokens[1].token_id = 6;
+  tokens[2].token_id = 5;
+  for (const bool prompt_spells_text : {false, true}) {
+    const std::vector<int32_t> prompt = {1, prompt_spells_text ? 5 : 1};
+    TextOffset offset;
+    offset.text_started = PromptSpellsText(tokenizer, prompt);
+    EXPECT_EQ(offset.text_started, prompt_spells_text);
+    const nlohmann::ordered_json logprobs = LogprobsObject(tokenizer, tokens, 0, false, &offset);
+    // "coast, coast" or " coast, coast"
+    EXPECT_EQ(logprobs["text_offset"], prompt_spells_text ? nlohmann::ordered_json({0, 6, 7})
+                                                          : nlohmann::ordered_json({0, 5, 6}));
+    EXPECT_EQ(logprobs["tokens"], nlohmann::ordered_json({" coast", ",", " coast"}));
+  }
 }
 
 // A token's alternatives come most likely first, as the engine ranks them
