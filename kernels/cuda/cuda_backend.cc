@@ -191,6 +191,13 @@ absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(const ModelConfig& 
         absl::StrCat("the CUDA backend supports head_dim up to 256, found ", attn.head_dim));
   }
   if (absl::Status s = CheckRoutersFitSharedMemory(config, options.device); !s.ok()) return s;
+  // The expert products put a head's experts, all heads', on the grid's z.
+  constexpr int64_t kMaxGridZ = 65535;
+  if (attn.IsRouted() && int64_t{attn.n_heads} * attn.n_experts > kMaxGridZ) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the CUDA backend's attention expert products launch n_heads x n_experts <= ", kMaxGridZ,
+        " matrices (the grid's z); the model has ", attn.n_heads, " x ", attn.n_experts));
+  }
   std::unique_ptr<CudaBackend> backend(new CudaBackend(config, dispatch, options));
   SWITCHSERVE_CUDA_RETURN_IF_ERROR(
       cudaStreamCreateWithFlags(&backend->stream_, cudaStreamNonBlocking), "cudaStreamCreate");

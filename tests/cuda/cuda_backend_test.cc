@@ -320,6 +320,24 @@ TEST(CudaBackendTest, RoutersWithMoreExpertsThanTheDeviceHoldsAreRefused) {
   }
 }
 
+// Attention's expert products launch one matrix per head and expert on the
+// grid's z (at most 65,535): 32 heads of 2,048 experts failed at the first
+// step; they are refused when the backend is created.
+TEST(CudaBackendTest, AttentionExpertsPastTheGridsZAreRefused) {
+  ModelConfig config = testing::TinySwitchAllConfig();
+  config.n_layers = 1;
+  config.d_model = 8;
+  config.attention.n_heads = 32;
+  config.attention.n_kv_heads = 32;
+  config.attention.head_dim = 4;
+  config.attention.n_experts = 2048;
+  const ModelWeights weights = RandomWeights(config, 307);
+  auto backend = CreateCudaBackend(config, weights, config.dispatch, testing::Cuda16BitOptions());
+  ASSERT_EQ(backend.status().code(), absl::StatusCode::kInvalidArgument) << backend.status();
+  EXPECT_NE(backend.status().message().find("the model has 32 x 2048"), std::string::npos)
+      << backend.status();
+}
+
 #if defined(SWITCHSERVE_SIMT_EMULATION)
 // A mixed step (prefill chunks, decodes, sampling, routing, capacity
 // reroute) run once per thread order of the executor: the same bytes.
