@@ -5,21 +5,14 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <fstream>
 #include <sstream>
 #include <string>
 
 #include "absl/strings/numbers.h"
+#include "engine/model/cgroups.h"
 
 namespace switchserve {
 namespace {
-
-std::string ReadFile(const char* path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 int CoresOf(int64_t quota, int64_t period) {
   if (quota <= 0 || period <= 0) return 0;
@@ -36,11 +29,7 @@ HostCpus ReadAvailableCpus() {
     cpus.count = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   }
   cpus.count = std::max(cpus.count, 1);
-  int quota = CoresOfCpuMax(ReadFile("/sys/fs/cgroup/cpu.max"));  // v2
-  if (quota == 0) {
-    quota = CoresOfCfsQuota(ReadFile("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"),  // v1
-                            ReadFile("/sys/fs/cgroup/cpu/cpu.cfs_period_us"));
-  }
+  const int quota = CgroupCpuCores(ReadSmallFile("/proc/self/cgroup"), "/sys/fs/cgroup");
   if (quota > 0 && quota < cpus.count) {
     cpus.count = quota;
     cpus.quota_limited = true;
@@ -53,6 +42,22 @@ HostCpus ReadAvailableCpus() {
 HostCpus AvailableCpus() {
   static const HostCpus cpus = ReadAvailableCpus();
   return cpus;
+}
+
+int CgroupCpuCores(std::string_view proc_self_cgroup, const std::string& root) {
+  const CgroupDirectories directories = CgroupDirectoriesOf(proc_self_cgroup, root, "cpu");
+  int cores = 0;
+  auto take = [&cores](int quota) {
+    if (quota > 0 && (cores == 0 || quota < cores)) cores = quota;
+  };
+  for (const std::string& directory : directories.v2) {
+    take(CoresOfCpuMax(ReadSmallFile(directory + "/cpu.max")));
+  }
+  for (const std::string& directory : directories.v1) {
+    take(CoresOfCfsQuota(ReadSmallFile(directory + "/cpu.cfs_quota_us"),
+                         ReadSmallFile(directory + "/cpu.cfs_period_us")));
+  }
+  return cores;
 }
 
 int CoresOfCpuMax(std::string_view text) {

@@ -5,6 +5,7 @@
 #ifndef SWITCHSERVE_ENGINE_MODEL_HOST_CPUS_H_
 #define SWITCHSERVE_ENGINE_MODEL_HOST_CPUS_H_
 
+#include <string>
 #include <string_view>
 
 namespace switchserve {
@@ -16,6 +17,12 @@ struct HostCpus {
 
 // Read once.
 HostCpus AvailableCpus();
+
+// The fewest cores the CPU quotas of the process's cgroup and its ancestors
+// allow (cgroup v2 cpu.max, v1 cpu.cfs_quota_us / cpu.cfs_period_us), under
+// the cgroup mount `root`, as /proc/self/cgroup's text names them
+// (cgroups.h); 0 for no quota.
+int CgroupCpuCores(std::string_view proc_self_cgroup, const std::string& root);
 
 // The cores a cgroup v2 `cpu.max` ("200000 100000"; "max 100000": none)
 // allows, rounded up; 0 for no quota or text that is none.

@@ -9,6 +9,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "engine/model/cgroups.h"
 
 namespace switchserve {
 namespace {
@@ -16,7 +17,7 @@ namespace {
 constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
 
 // A cgroup memory limit file: a byte count, or "max" (none).
-int64_t CgroupLimit(const char* path) {
+int64_t CgroupLimit(const std::string& path) {
   std::ifstream in(path);
   std::string text;
   int64_t bytes = 0;
@@ -27,13 +28,23 @@ int64_t CgroupLimit(const char* path) {
 int64_t ReadHostMemory() {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page_size = sysconf(_SC_PAGE_SIZE);
-  int64_t bytes = pages > 0 && page_size > 0 ? SaturatingMul(pages, page_size) : kMax;
-  bytes = std::min(bytes, CgroupLimit("/sys/fs/cgroup/memory.max"));                    // v2
-  bytes = std::min(bytes, CgroupLimit("/sys/fs/cgroup/memory/memory.limit_in_bytes"));  // v1
-  return bytes;
+  const int64_t bytes = pages > 0 && page_size > 0 ? SaturatingMul(pages, page_size) : kMax;
+  return std::min(bytes, CgroupMemoryLimit(ReadSmallFile("/proc/self/cgroup"), "/sys/fs/cgroup"));
 }
 
 }  // namespace
+
+int64_t CgroupMemoryLimit(std::string_view proc_self_cgroup, const std::string& root) {
+  const CgroupDirectories directories = CgroupDirectoriesOf(proc_self_cgroup, root, "memory");
+  int64_t bytes = kMax;
+  for (const std::string& directory : directories.v2) {
+    bytes = std::min(bytes, CgroupLimit(directory + "/memory.max"));
+  }
+  for (const std::string& directory : directories.v1) {
+    bytes = std::min(bytes, CgroupLimit(directory + "/memory.limit_in_bytes"));
+  }
+  return bytes;
+}
 
 int64_t HostMemoryBytes() {
   static const int64_t bytes = ReadHostMemory();

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 
@@ -15,6 +16,12 @@ namespace switchserve {
 // Physical memory, or the process's cgroup memory limit when that is lower.
 // Read once.
 int64_t HostMemoryBytes();
+
+// The smallest memory limit (cgroup v2 memory.max, v1
+// memory.limit_in_bytes) of the process's cgroup and its ancestors, under
+// the cgroup mount `root`, as /proc/self/cgroup's text names them
+// (cgroups.h); INT64_MAX for none.
+int64_t CgroupMemoryLimit(std::string_view proc_self_cgroup, const std::string& root);
 
 // a * b and a + b for sizes (a, b >= 0), saturating at INT64_MAX.
 int64_t SaturatingMul(int64_t a, int64_t b);

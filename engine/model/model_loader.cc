@@ -3,6 +3,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <system_error>
@@ -148,7 +149,14 @@ absl::Status LoadWeights(const SafetensorsFile& file, const ModelLoadOptions& op
     }
     const size_t count = info->size_bytes / static_cast<size_t>(DTypeSize(info->dtype));
     Tensor stored = Tensor::FromBytes(e.shape, info->dtype, info->data, count);
-    Tensor held = stored.ConvertedTo(HeldDtype(e, info->dtype, options.weights_dtype));
+    // Converted only to another dtype: a copy of every tensor as stored
+    // doubled the largest tensor's bytes at load.
+    std::optional<Tensor> converted;
+    if (const DType dtype = HeldDtype(e, info->dtype, options.weights_dtype);
+        dtype != stored.dtype()) {
+      converted = stored.ConvertedTo(dtype);
+    }
+    const Tensor& held = converted.has_value() ? *converted : stored;
     // Checked as stored (a NaN in any dtype) and as held: narrowing to f16
     // turns values beyond 65504 into infinities.
     const bool bad_as_stored = FirstNonFinite(stored) >= 0;
@@ -168,7 +176,7 @@ absl::Status LoadWeights(const SafetensorsFile& file, const ModelLoadOptions& op
       }
       model->warnings.push_back(std::move(problem));
     }
-    e.In(model->weights) = std::move(held);
+    e.In(model->weights) = converted.has_value() ? std::move(*converted) : std::move(stored);
   }
   if (!unexpected.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(file.path(), ": unexpected tensor ",

@@ -9,19 +9,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/status/statusor.h"
 
 namespace switchserve {
 
-struct NpyArray {
-  std::vector<int64_t> shape;
-  std::vector<float> data;
-};
-
 absl::Status WriteNpyF32(const std::string& path, const std::vector<int64_t>& shape,
                          const std::vector<float>& data);
-// Reads a '<f4' C-order array; anything else is INVALID_ARGUMENT.
-absl::StatusOr<NpyArray> ReadNpyF32(const std::string& path);
 
 }  // namespace switchserve
 

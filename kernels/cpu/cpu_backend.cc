@@ -68,12 +68,19 @@ class CpuBackend final : public Backend {
     const int64_t rows = num_blocks * block_size;
     const int64_t krow = static_cast<int64_t>(attn.n_kv_heads) * attn.head_dim;
     const int64_t vrow = krow * attn.CachedValuesPerKvHead();
-    // The cache lives in host memory: refuse what cannot fit rather than
-    // count on the allocator (with overcommit, zero-filling it would).
-    if (absl::Status fits = CheckFitsInHostMemory(SaturatingMul(KvBytesPerToken(), rows),
-                                                  absl::StrCat("KV cache of ", rows, " tokens"));
-        !fits.ok()) {
-      return fits;
+    // The cache lives in host memory beside the weights and the position
+    // tables: refuse what cannot fit rather than count on the allocator
+    // (with overcommit, zero-filling it would, and end in the OOM killer).
+    const int64_t kv_bytes = SaturatingMul(KvBytesPerToken(), rows);
+    const int64_t held = SaturatingAdd(weights_.Bytes(), TableBytes());
+    if (SaturatingAdd(held, kv_bytes) > host_memory_bytes_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "KV cache of ", rows, " tokens needs ",
+          kv_bytes == std::numeric_limits<int64_t>::max() ? std::string("more than 2^63")
+                                                          : absl::StrCat(kv_bytes),
+          " bytes beside the ", held,
+          " bytes of weights and position tables, more than this host's memory (",
+          host_memory_bytes_, " bytes)"));
     }
     const int64_t element = DTypeSize(kv_dtype_);
     k_cache_.assign(config_.n_layers, HugePageVector<float>());
@@ -110,6 +117,11 @@ class CpuBackend final : public Backend {
   absl::Status Forward(const StepBatch& batch, StepOutput* out) override;
 
  private:
+  // The bytes of the XL position tables (none without XL positions).
+  int64_t TableBytes() const {
+    return positions_.empty() ? 0 : std::max<int64_t>(0, cpu::XlPositionTable::BytesFor(config_));
+  }
+
   // The tiled copies for one-row products (CpuBackendOptions::one_row_weights)
   // where they fit beside what the backend holds and the KV cache of
   // `kv_bytes`, in WeightCopiesBudget of the host's memory; else none.
@@ -119,9 +131,7 @@ class CpuBackend final : public Backend {
     if (!want_copies_) return;
     const cpu::MatmulKernels& kernels = cpu::KernelsFor(isa_);
     const int64_t copies = cpu::OneRowWeights::BytesFor(config_, weights_, kernels);
-    const int64_t tables =
-        positions_.empty() ? 0 : std::max<int64_t>(0, cpu::XlPositionTable::BytesFor(config_));
-    const int64_t held = SaturatingAdd(SaturatingAdd(weights_.Bytes(), kv_bytes), tables);
+    const int64_t held = SaturatingAdd(SaturatingAdd(weights_.Bytes(), kv_bytes), TableBytes());
     if (SaturatingAdd(held, copies) <= WeightCopiesBudget(host_memory_bytes_)) {
       one_row_ = cpu::OneRowWeights(config_, weights_, kernels);
     } else {

@@ -57,8 +57,10 @@ struct CpuBackendOptions {
   // (Backend::weight_copies().skipped_bytes), so that a model which fits
   // without them still starts.
   bool one_row_weights = true;
-  // The host memory the weight copies are fitted into; 0: HostMemoryBytes()
-  // (the physical memory, or the cgroup's limit). Tests set it.
+  // The host memory the KV cache must fit in beside the weights and the
+  // position tables, and the weight copies are fitted into; 0:
+  // HostMemoryBytes() (the physical memory, or the cgroup's limit). Tests
+  // set it.
   int64_t host_memory_bytes = 0;
 };
 

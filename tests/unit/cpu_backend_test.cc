@@ -100,6 +100,39 @@ TEST(CpuBackendTest, KvCacheLargerThanTheHostIsRefused) {
   EXPECT_NE(status.message().find("host's memory"), std::string::npos) << status;
 }
 
+// The KV cache must fit beside the weights and the XL position tables the
+// backend holds: checked alone against the host, a cache that fits by itself
+// but not beside a large model was zero-filled into the OOM killer.
+TEST(CpuBackendTest, KvCacheMustFitBesideTheWeightsAndTables) {
+  for (const ModelConfig& config : {testing::TinySwitchAllConfig(), testing::XlSwitchAllConfig()}) {
+    SCOPED_TRACE(config.attention.position == PositionKind::kXl ? "xl" : "rope");
+    const ModelWeights weights = RandomWeights(config, 5);
+    const int64_t blocks = 4, block_size = 16;
+    const int64_t kv = KvBytesPerToken(config, sizeof(float)) * blocks * block_size;
+    const int64_t tables =
+        config.attention.position == PositionKind::kXl ? cpu::XlPositionTable::BytesFor(config) : 0;
+    const int64_t needed = weights.Bytes() + tables + kv;
+    for (const int64_t host : {needed, needed - 1}) {
+      CpuBackendOptions options;
+      options.num_threads = 1;
+      options.one_row_weights = false;
+      options.host_memory_bytes = host;
+      absl::StatusOr<std::unique_ptr<Backend>> backend =
+          CreateCpuBackend(config, weights, config.dispatch, options);
+      ASSERT_TRUE(backend.ok()) << backend.status();
+      const absl::Status status = (*backend)->InitKvCache(blocks, block_size);
+      if (host == needed) {
+        EXPECT_TRUE(status.ok()) << status;
+        continue;
+      }
+      EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+      EXPECT_NE(status.message().find(absl::StrCat("beside the ", weights.Bytes() + tables)),
+                std::string::npos)
+          << status;
+    }
+  }
+}
+
 // The models whose weights the CPU backend reads differently: routed, dense
 // and single-expert attention; XL positions; d = 512, whose routed output
 // experts fill eight column panels each.
