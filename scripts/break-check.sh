@@ -10,16 +10,21 @@
 #          expert_dispatch_test sequence_dispatch_test
 #
 # Uses the release build (build/release, configured). The patch must apply
-# cleanly to the working tree (exit 2 otherwise); the tree is restored with
+# cleanly to the working tree and the broken tree must build (exit 2
+# otherwise, never 1); the tree is restored with
 # `git apply -R`; rebuild afterwards. Patches for the rules docs/testing.md
 # lists are in tests/breakages/.
 set -euo pipefail
-cd "$(dirname "$0")/.."
 if [[ $# -lt 2 ]]; then
-  sed -n '2,16p' "$0" >&2
+  sed -n '2,17p' "$0" >&2
   exit 2
 fi
-patch=$(realpath "$1")
+# The patch's path as given, from the caller's directory.
+if ! patch=$(realpath -e "$1"); then
+  echo "break-check: no patch $1" >&2
+  exit 2
+fi
+cd "$(dirname "$0")/.."
 regex=$2
 shift 2
 targets=("$@")
@@ -32,10 +37,15 @@ git apply "$patch"
 trap 'git apply -R "$patch"; echo "break-check: restored the tree"' EXIT
 echo "break-check: applied $patch"
 
+built=true
 if [[ ${#targets[@]} -gt 0 ]]; then
-  cmake --build build/release --target "${targets[@]}"
+  cmake --build build/release --target "${targets[@]}" || built=false
 else
-  cmake --build build/release
+  cmake --build build/release || built=false
+fi
+if ! $built; then
+  echo "break-check: the tree does not build with $patch applied" >&2
+  exit 2
 fi
 if ctest --test-dir build/release -R "$regex" --output-on-failure; then
   echo "break-check: NOT CAUGHT: '$regex' passed with the breakage applied"

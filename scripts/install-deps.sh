@@ -3,7 +3,9 @@
 # Idempotent; used by the README commands, CI and the container images.
 # The CUDA toolkit (nvcc, cuBLAS, the cuda_bf16.h headers the SIMT executor
 # builds against) is not a Debian package: it is expected at /usr/local/cuda
-# (or wherever nvcc on PATH lives); without it the CUDA kernels are skipped.
+# (or wherever nvcc on PATH lives). Without it the server builds without the
+# CUDA backend (scripts/serve.sh); the test command needs it, since every run
+# tests the CUDA backend on the SIMT executor.
 #   scripts/install-deps.sh            build + test dependencies
 #   scripts/install-deps.sh --runtime  only the shared libraries the binary needs
 set -euo pipefail
@@ -25,7 +27,7 @@ build_packages=(
   libsentencepiece-dev sentencepiece libgtest-dev libgmock-dev libbenchmark-dev
   libboost-context-dev libboost-dev libssl-dev
   python3 python3-numpy python3-grpcio python3-protobuf python3-pytest python3-yaml python3-h2
-  openssl prometheus
+  openssl
 )
 
 if $runtime_only; then

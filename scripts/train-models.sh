@@ -26,7 +26,13 @@ if [[ "${1:-}" != "--score-only" ]]; then
       > "models/logs/$m.log" 2>&1 &
     pids+=($!)
   done
-  for p in "${pids[@]}"; do wait "$p"; done
+  # Both runs end before the script does, whichever fails.
+  failed=0
+  for p in "${pids[@]}"; do wait "$p" || failed=$?; done
+  if ((failed)); then
+    echo "train-models: a training run failed (models/logs/*.log)" >&2
+    exit "$failed"
+  fi
 fi
 
 for m in default dense-baseline; do

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <iterator>
 #include <string>
 
@@ -202,6 +203,18 @@ void PrintCommandHelp(const Command& command, std::FILE* out) {
   }
 }
 
-std::string DefaultModelDirectory() { return SWITCHSERVE_DEFAULT_MODEL_DIR; }
+std::string DefaultModelDirectory() {
+  // An installed binary's: share/switchserve/models/default under its prefix
+  // (bin/.., as in the container images), where the source tree is absent.
+  std::error_code error;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (!error) {
+    const std::filesystem::path installed =
+        (exe.parent_path().parent_path() / "share" / "switchserve" / "models" / "default")
+            .lexically_normal();
+    if (std::filesystem::is_directory(installed, error)) return installed.string();
+  }
+  return SWITCHSERVE_DEFAULT_MODEL_DIR;
+}
 
 }  // namespace switchserve

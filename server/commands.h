@@ -38,7 +38,9 @@ std::string ArgumentProblem(const Command& command, int argc, char** argv);
 // as typed on the command line (--max-new-tokens), with its default and help.
 void PrintCommandHelp(const Command& command, std::FILE* out);
 
-// The model directory used when --model is not given: the built-in model.
+// The model directory used when --model is not given: the built-in model,
+// share/switchserve/models/default under an installed binary's prefix, else
+// the source tree's models/default.
 std::string DefaultModelDirectory();
 
 }  // namespace switchserve

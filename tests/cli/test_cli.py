@@ -11,6 +11,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
@@ -90,6 +91,24 @@ def test_score_text_windows_cover_every_token_and_match_the_reference(tmp_path):
     assert float(printed["mean_nll"]) == pytest.approx(reference["mean_nll"], rel=1e-6)
     assert float(printed["perplexity"]) == pytest.approx(reference["perplexity"], rel=1e-4)
     assert float(printed["bits_per_byte"]) == pytest.approx(reference["bits_per_byte"], rel=1e-5)
+
+
+def test_an_installed_binary_takes_the_model_installed_beside_it(tmp_path):
+    """bin/switchserve with share/switchserve/models/default under the same
+    prefix (the container images' layout) takes that as the built-in model:
+    the default was only the source tree's path, which an image lacks, so
+    `docker run IMAGE generate` failed with NOT_FOUND."""
+    prefix = tmp_path / "prefix"
+    (prefix / "bin").mkdir(parents=True)
+    shutil.copy(BINARY, prefix / "bin" / "switchserve")
+    model = GOLDEN / "switchall_f16"
+    shutil.copytree(model, prefix / "share" / "switchserve" / "models" / "default")
+    args = ["generate", "--prompt", "And God", "--max-new-tokens", "8", "--temperature", "0"]
+    installed = subprocess.run([str(prefix / "bin" / "switchserve"), *args], capture_output=True,
+                               text=True, timeout=120)
+    assert installed.returncode == 0, installed.stderr
+    assert installed.stdout == run(*args, "--model", str(model)).stdout
+    assert installed.stdout != run(*args).stdout  # the source tree's built-in model
 
 
 def test_generate_is_deterministic():
