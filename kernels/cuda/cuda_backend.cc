@@ -89,18 +89,24 @@ void RopeTables(int64_t max_positions, int n_rot, double base, std::vector<float
 // A KV block's attention stages the whole block in shared memory
 // (attention.h), so the block size is bounded by the device: refuse one whose
 // attention could never launch, rather than fail every step.
-absl::Status CheckKvBlockFitsAttention(const AttentionConfig& attn, int device, int block_size) {
-  if (block_size < 1) return absl::OkStatus();  // InitKvCache refuses it
-  int limit = 0;
-  SWITCHSERVE_CUDA_RETURN_IF_ERROR(
-      cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
-      "cudaDeviceGetAttribute");
+// The attention's shape for the model's heads and KV blocks of `block_size`.
+AttentionShape AttentionShapeOf(const AttentionConfig& attn, int block_size) {
   AttentionShape shape;
   shape.heads = attn.n_heads;
   shape.kv_heads = attn.n_kv_heads;
   shape.head_dim = attn.head_dim;
   shape.values_per_kv_head = attn.CachedValuesPerKvHead();
   shape.block_size = block_size;
+  return shape;
+}
+
+absl::Status CheckKvBlockFitsAttention(const AttentionConfig& attn, int device, int block_size) {
+  if (block_size < 1) return absl::OkStatus();  // InitKvCache refuses it
+  int limit = 0;
+  SWITCHSERVE_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+      "cudaDeviceGetAttribute");
+  const AttentionShape shape = AttentionShapeOf(attn, block_size);
   const size_t needed = AttentionSharedBytes(shape, 1);
   if (needed <= static_cast<size_t>(limit)) return absl::OkStatus();
   const int largest = AttentionMaxBlockSize(shape, limit);
@@ -303,12 +309,7 @@ absl::Status CudaBackend::InitKvCache(int64_t num_blocks, int block_size) {
   }
   segment_tokens_ =
       (std::max(segment_tokens_, block_size) + block_size - 1) / block_size * block_size;
-  AttentionShape shape;
-  shape.heads = attn.n_heads;
-  shape.kv_heads = attn.n_kv_heads;
-  shape.head_dim = attn.head_dim;
-  shape.values_per_kv_head = attn.CachedValuesPerKvHead();
-  shape.block_size = block_size;
+  AttentionShape shape = AttentionShapeOf(attn, block_size);
   shape.segment_tokens = segment_tokens_;
   query_tile_ = AttentionQueryTile(shape, 48 * 1024);
   StepModel model;

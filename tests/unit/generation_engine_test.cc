@@ -125,6 +125,13 @@ class GenerationEngineTest : public ::testing::Test {
     last_id_ = id.ok() ? *id : 0;
     return sink;
   }
+  // Submits a one-token prompt without keeping its sink: the status only.
+  absl::Status SubmitOneToken() {
+    GenerationRequest request;
+    request.prompt = {1};
+    request.sink = std::make_shared<CollectingSink>();
+    return engine_->Submit(std::move(request)).status();
+  }
   static SamplingParams Greedy(int n) {
     SamplingParams p;
     p.temperature = 0;
@@ -426,11 +433,7 @@ TEST_F(GenerationEngineTest, QueueLimitCountsWhatTheBatchHasNoRoomForAndStop) {
   std::vector<std::shared_ptr<CollectingSink>> accepted;
   for (const char* prompt : {"a", "b", "c", "d", "e"})
     accepted.push_back(Submit(prompt, Greedy(5)));
-  GenerationRequest request;
-  request.prompt = {1};
-  request.sink = std::make_shared<CollectingSink>();
-  EXPECT_EQ(engine_->Submit(std::move(request)).status().code(),
-            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(SubmitOneToken().code(), absl::StatusCode::kResourceExhausted);
   engine_->Stop();
   for (const auto& sink : accepted) {
     EXPECT_EQ(sink->Wait().finish_reason, FinishReason::kCancelled);
@@ -451,11 +454,7 @@ TEST_F(GenerationEngineTest, QueueLimitCountsRequestsTheCacheHasNoBlocksFor) {
   // the next 8 need 2 more, so that one waits and fills the queue.
   std::vector<std::shared_ptr<CollectingSink>> accepted = {Submit("aaaaaaaaaaaa", Greedy(1)),
                                                            Submit("bbbbbbbb", Greedy(1))};
-  GenerationRequest request;
-  request.prompt = {1};
-  request.sink = std::make_shared<CollectingSink>();
-  EXPECT_EQ(engine_->Submit(std::move(request)).status().code(),
-            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(SubmitOneToken().code(), absl::StatusCode::kResourceExhausted);
   engine_->Stop();
   for (const auto& sink : accepted) EXPECT_EQ(sink->Wait().finish_reason, FinishReason::kCancelled);
 }
