@@ -67,7 +67,9 @@ void LogAccess(const AccessRecord& record) {
   fields["prompt_tokens"] = record.prompt_tokens;
   fields["completion_tokens"] = record.completion_tokens;
   fields["queue_ms"] = Rounded(record.queue_ms);
-  fields["ttft_ms"] = Rounded(record.time_to_first_token_ms);
+  // Only for a request that produced a token: without one there is no first
+  // token to time (the engine's figure is then its end).
+  if (record.completion_tokens > 0) fields["ttft_ms"] = Rounded(record.time_to_first_token_ms);
   fields["total_ms"] = Rounded(record.total_ms);
   fields["finish_reason"] = FinishReasonName(record.finish_reason);
   LogInfo("request", fields);

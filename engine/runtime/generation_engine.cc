@@ -243,7 +243,15 @@ void GenerationEngine::RunStep() {
       const int32_t token = sampled.sample.token_id;
       chunk.sequence->tokens.push_back(token);
       ++state->generated;
-      if (!state->first_token) state->first_token = Clock::now();
+      if (!state->first_token) {
+        state->first_token = Clock::now();
+        if (observer_ != nullptr && state->request.observed) {
+          const Clock::time_point arrival = state->request.arrival;
+          observer_->OnFirstToken(state->request,
+                                  MillisBetween(arrival, *state->first_scheduled) / 1e3,
+                                  MillisBetween(arrival, *state->first_token) / 1e3);
+        }
+      }
 
       GenerationUpdate& update = state->held;
       GeneratedTokenInfo& info = update.tokens.emplace_back();

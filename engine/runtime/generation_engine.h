@@ -76,6 +76,15 @@ class EngineObserver {
     (void)request;
     (void)final_update;
   }
+  // `request` produced its first token, `first_token_seconds` after its
+  // arrival, `queue_seconds` after which it was first scheduled; once per
+  // request, in the step that sampled it (not when the request ends).
+  virtual void OnFirstToken(const GenerationRequest& request, double queue_seconds,
+                            double first_token_seconds) {
+    (void)request;
+    (void)queue_seconds;
+    (void)first_token_seconds;
+  }
   // The running and waiting counts or the used blocks may have changed: after
   // every step, and between steps when requests arrive, end or are dropped
   // (cancelled, past their deadline) while the engine is idle. Unobserved

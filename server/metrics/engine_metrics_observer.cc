@@ -79,13 +79,21 @@ void EngineMetricsObserver::OnRequestFinished(const GenerationRequest& request,
   sample.e2e_seconds = final_update.total_ms / 1e3;
   sample.generated_tokens = final_update.completion_tokens;
   sample.decode_seconds = (final_update.total_ms - final_update.time_to_first_token_ms) / 1e3;
-  serving_->RecordQueueTime(final_update.queue_ms / 1e3);
-  if (final_update.completion_tokens > 0) {
-    serving_->RecordFirstToken(final_update.time_to_first_token_ms / 1e3);
+  // Those with a first token were recorded when it came (OnFirstToken).
+  if (final_update.completion_tokens == 0) {
+    serving_->RecordQueueTime(final_update.queue_ms / 1e3);
+    serving_->RecordEndedWithoutFirstToken(final_update.total_ms / 1e3);
   }
   serving_->RecordFinished(sample);
   serving_->RecordEngineFinished(finished_by, final_update.prompt_tokens,
                                  final_update.completion_tokens);
+}
+
+void EngineMetricsObserver::OnFirstToken(const GenerationRequest& request, double queue_seconds,
+                                         double first_token_seconds) {
+  if (!ParseRequestProtocol(request.origin.protocol)) return;  // the server's warm-up
+  serving_->RecordQueueTime(queue_seconds);
+  serving_->RecordFirstToken(first_token_seconds);
 }
 
 }  // namespace switchserve

@@ -38,6 +38,11 @@ class EngineMetricsObserver : public EngineObserver {
   // counted (the server's warm-up is not even observed).
   void OnRequestFinished(const GenerationRequest& request,
                          const GenerationUpdate& final_update) override;
+  // The time to first token and the queue time, as the token comes: a
+  // request's first-token latency reaches the SLO's windows then, not when
+  // its generation ends (minutes later for a long one).
+  void OnFirstToken(const GenerationRequest& request, double queue_seconds,
+                    double first_token_seconds) override;
 
  private:
   // Used KV blocks over all of them (0 without a cache).

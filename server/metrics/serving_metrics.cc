@@ -44,6 +44,12 @@ const char* FinishedByName(FinishedBy reason) {
   return "error";
 }
 
+// Seconds to a first token, and to the end of a request without one: the
+// SLO's threshold (1 s) is a bound of both.
+Histogram::BucketBoundaries FirstTokenBuckets() {
+  return {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+}
+
 // 1, 2, 5, 10, 20, 50, ... 100000: token counts of prompts and generations.
 Histogram::BucketBoundaries LengthBuckets() {
   Histogram::BucketBoundaries buckets;
@@ -109,9 +115,14 @@ ServingMetrics::ServingMetrics(prometheus::Registry& registry) {
                        "Requests queued, waiting to be scheduled (preempted ones included).");
   kv_usage_ = &NewGauge(registry, "switchserve_kv_cache_usage_ratio",
                         "Share of KV cache blocks in use (0..1).");
-  ttft_ = &NewHistogram(registry, "switchserve_time_to_first_token_seconds",
-                        "Time from request arrival to its first generated token.",
-                        {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60});
+  ttft_ =
+      &NewHistogram(registry, "switchserve_time_to_first_token_seconds",
+                    "Time from request arrival to its first generated token.", FirstTokenBuckets());
+  no_first_token_ =
+      &NewHistogram(registry, "switchserve_time_to_end_without_first_token_seconds",
+                    "Time from arrival to the end of requests that ended without a first token "
+                    "(cancelled, past their deadline, refused by the drain, failed).",
+                    FirstTokenBuckets());
   tpot_ = &NewHistogram(registry, "switchserve_time_per_output_token_seconds",
                         "Mean time between generated tokens of a request, after the first.",
                         {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5});
@@ -141,6 +152,10 @@ void ServingMetrics::RecordHttpConnectionRefused() { http_connections_refused_->
 void ServingMetrics::RecordQueueTime(double seconds) { queue_->Observe(seconds); }
 
 void ServingMetrics::RecordFirstToken(double seconds) { ttft_->Observe(seconds); }
+
+void ServingMetrics::RecordEndedWithoutFirstToken(double seconds) {
+  no_first_token_->Observe(seconds);
+}
 
 void ServingMetrics::RecordRequest(RequestProtocol protocol, absl::StatusCode status) {
   size_t index = kStatusCodes.size() - 1;  // UNKNOWN

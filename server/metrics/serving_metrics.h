@@ -77,6 +77,9 @@ class ServingMetrics {
   void RecordQueueTime(double seconds);
   // A request's first token was produced, `seconds` after arrival.
   void RecordFirstToken(double seconds);
+  // A request the engine ran ended without a first token, `seconds` after
+  // arrival (cancelled, past its deadline, refused by the drain or failed).
+  void RecordEndedWithoutFirstToken(double seconds);
   void RecordFinished(const FinishedRequestSample& request);
   // A call or HTTP request ended with `status`, as its client sees it, and
   // nothing else is recorded for it: one rejected before the engine, or an
@@ -128,6 +131,7 @@ class ServingMetrics {
   prometheus::Gauge* waiting_ = nullptr;
   prometheus::Gauge* kv_usage_ = nullptr;
   prometheus::Histogram* ttft_ = nullptr;
+  prometheus::Histogram* no_first_token_ = nullptr;
   prometheus::Histogram* tpot_ = nullptr;
   prometheus::Histogram* e2e_ = nullptr;
   prometheus::Histogram* queue_ = nullptr;

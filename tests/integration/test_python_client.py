@@ -539,7 +539,7 @@ def test_access_log_in_json_form_covers_every_ending():
         assert ok["peer"].startswith("ipv4:127.0.0.1:")
         bad = wait_for_access_line(server, "bad-1")
         assert bad["status"] == "INVALID_ARGUMENT" and bad["completion_tokens"] == 0
-        assert bad["finish_reason"] == ""
+        assert bad["finish_reason"] == "" and "ttft_ms" not in bad
         gone = wait_for_access_line(server, "gone-1")
         assert gone["method"] == "GenerateStream" and gone["status"] == "CANCELLED"
         assert gone["finish_reason"] == "cancelled" and gone["completion_tokens"] < 40

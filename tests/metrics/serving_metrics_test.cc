@@ -44,7 +44,7 @@ TEST(ServingMetricsTest, EveryProtocolStatusAndFinishReasonHasASeriesAtZero) {
         << reason;
   }
   EXPECT_EQ(reader.Gauge("switchserve_requests_waiting", {}), 0.0);
-  EXPECT_EQ(reader.AllExposedSeries(), 167u);  // docs/metrics.md
+  EXPECT_EQ(reader.AllExposedSeries(), 183u);  // docs/metrics.md
 }
 
 TEST(ServingMetricsTest, EngineFinishedRequestsCountReasonsAndLengths) {
@@ -189,6 +189,49 @@ TEST(EngineMetricsObserverTest, CancelledRequestsCountAsTheClientSawThem) {
             3.0);
   EXPECT_EQ(reader.Counter("switchserve_requests_total", {{"protocol", "grpc"}, {"status", "OK"}}),
             1.0);
+}
+
+// A request's first-token latency is recorded as the token comes (it must
+// reach the SLO's windows before a long generation ends); a request that ends
+// without one is recorded at its end, in its own histogram, so that the SLO
+// can leave out those that ended within the threshold (a client cancelling
+// at once was counted as a miss).
+TEST(EngineMetricsObserverTest, FirstTokensAsTheyComeAndRequestsWithoutOneAtTheirEnd) {
+  prometheus::Registry registry;
+  ServingMetrics metrics(registry);
+  EngineMetricsObserver observer(&metrics, nullptr, 16);
+  GenerationRequest request;
+  request.origin.protocol = "http";
+  observer.OnFirstToken(request, 0.02, 0.3);
+  RegistryReader at_first_token(registry);
+  EXPECT_EQ(HistogramOf(at_first_token, "switchserve_time_to_first_token_seconds").sample_count,
+            1u);
+  EXPECT_EQ(HistogramOf(at_first_token, "switchserve_time_to_first_token_seconds").sample_sum, 0.3);
+  EXPECT_EQ(HistogramOf(at_first_token, "switchserve_request_queue_time_seconds").sample_sum, 0.02);
+  GenerationUpdate served;
+  served.finished = true;
+  served.finish_reason = FinishReason::kLength;
+  served.completion_tokens = 5;
+  served.queue_ms = 20;
+  served.time_to_first_token_ms = 300;
+  observer.OnRequestFinished(request, served);  // not counted twice
+  GenerationUpdate gone;
+  gone.finished = true;
+  gone.finish_reason = FinishReason::kCancelled;
+  gone.cancel_cause = CancelCause::kClient;
+  gone.queue_ms = 100;
+  gone.total_ms = 100;
+  observer.OnRequestFinished(request, gone);
+  RegistryReader reader(registry);
+  EXPECT_EQ(HistogramOf(reader, "switchserve_time_to_first_token_seconds").sample_count, 1u);
+  EXPECT_EQ(HistogramOf(reader, "switchserve_request_queue_time_seconds").sample_count, 2u);
+  const auto& without = HistogramOf(reader, "switchserve_time_to_end_without_first_token_seconds");
+  EXPECT_EQ(without.sample_count, 1u);
+  EXPECT_EQ(without.sample_sum, 0.1);
+  // The server's warm-up (no protocol) is in no metric.
+  observer.OnFirstToken(GenerationRequest(), 0.1, 0.1);
+  RegistryReader after_warm_up(registry);
+  EXPECT_EQ(HistogramOf(after_warm_up, "switchserve_time_to_first_token_seconds").sample_count, 1u);
 }
 
 // A step whose routing statistics do not fit the model's routers (a backend

@@ -73,6 +73,27 @@ class StepCounter : public EngineObserver {
   std::atomic<int64_t> steps{0};
 };
 
+// Records when each request's first token and its end were reported.
+class FirstTokenRecorder : public EngineObserver {
+ public:
+  void OnStep(const StepReport&) override {}
+  void OnFirstToken(const GenerationRequest&, double queue_seconds,
+                    double first_token_seconds) override {
+    std::lock_guard<std::mutex> lock(mu);
+    events.push_back("first token");
+    queue = queue_seconds;
+    first_token = first_token_seconds;
+  }
+  void OnRequestFinished(const GenerationRequest&, const GenerationUpdate& update) override {
+    std::lock_guard<std::mutex> lock(mu);
+    events.push_back("finished");
+    total = update.total_ms / 1e3;
+  }
+  std::mutex mu;
+  std::vector<std::string> events;
+  double queue = -1, first_token = -1, total = -1;
+};
+
 class GenerationEngineTest : public ::testing::Test {
  protected:
   // A greedy request of `max_new_tokens` with a deadline `deadline_ms` from
@@ -457,6 +478,23 @@ TEST_F(GenerationEngineTest, QueueLimitCountsRequestsTheCacheHasNoBlocksFor) {
   EXPECT_EQ(SubmitOneToken().code(), absl::StatusCode::kResourceExhausted);
   engine_->Stop();
   for (const auto& sink : accepted) EXPECT_EQ(sink->Wait().finish_reason, FinishReason::kCancelled);
+}
+
+// The first token is reported in the step that sampled it, before the
+// request ends (TTFT reached the metrics only at the end of a generation).
+TEST_F(GenerationEngineTest, FirstTokenIsReportedAsItComes) {
+  FirstTokenRecorder recorder;
+  Init(256, 256, 16, 1000, std::nullopt, &recorder);
+  backend_->set_step_delay_ms(20);
+  engine_->Start();
+  const GenerationUpdate final = Submit("hello", Greedy(6))->Wait();
+  EXPECT_EQ(final.completion_tokens, 6);
+  engine_->Stop();
+  std::lock_guard<std::mutex> lock(recorder.mu);
+  EXPECT_EQ(recorder.events, (std::vector<std::string>{"first token", "finished"}));
+  EXPECT_GE(recorder.first_token, recorder.queue);
+  // Five more 20 ms steps came after the first token.
+  EXPECT_GE(recorder.total - recorder.first_token, 0.09);
 }
 
 }  // namespace
