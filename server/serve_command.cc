@@ -414,7 +414,11 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
     Log(absl::StrCat("HTTP API on ", options.tls.enabled() ? "https://" : "http://",
                      HostPort(options.host, http->port()),
                      " (OpenAI-compatible: /v1/completions, /v1/models; /health, /ready; model \"",
-                     model_name, "\")"));
+                     model_name, "\"; up to ",
+                     options.http_max_connections > 0
+                         ? absl::StrCat(options.http_max_connections)
+                         : absl::StrCat(open_files / 2, " (half the open-file limit)"),
+                     " connections)"));
   }
   Log(absl::StrCat("listening on ", HostPort(options.host, bound_port),
                    " (grpc: switchserve.v1.Generation, grpc.health.v1.Health",

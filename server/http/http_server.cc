@@ -521,8 +521,9 @@ void HttpServerState::Accept() {
       return;
     }
     if (const int64_t limit = ConnectionLimit(); OpenConnections() >= limit) {
-      // Closed before any byte is read or written: nothing is in flight to
-      // be lost to a reset.
+      // Closed at once, unanswered and unread: its client sees the
+      // connection end (or reset, if its request was in flight) and may
+      // retry, here or at another replica.
       beast::error_code ignored;
       socket.close(ignored);
       if (options.on_connection_refused) options.on_connection_refused(limit);
