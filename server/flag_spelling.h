@@ -5,9 +5,11 @@
 
 namespace switchserve {
 
-// Rewrites, in place, every flag name's hyphens into underscores, up to its
-// '=' (values are untouched); a lone "--" ends the flags. Call before
-// absl::ParseCommandLine.
+// Rewrites, in place, the hyphens of every argument that names a defined
+// flag (up to its '=') into underscores. Values are untouched: the argument
+// after a flag that takes one (--prompt -well-known) and any argument that
+// names no flag; a lone "--" ends the flags. Call before
+// absl::ParseCommandLine, after every flag is defined.
 void NormalizeFlagNames(int argc, char** argv);
 
 }  // namespace switchserve

@@ -101,10 +101,25 @@ int RunGenerateCommand(int argc, char** argv) {
   sampling.temperature = static_cast<float>(temperature);
   sampling.top_p = static_cast<float>(top_p);
 
+  // The server refuses what does not fit its context; the command generates
+  // what fits (the token predicted from the context's last position too) and
+  // says so, and refuses a prompt that leaves nothing to generate.
+  const int64_t prompt_tokens = static_cast<int64_t>(request.prompt.size());
+  if (prompt_tokens > config.max_seq_len) {
+    std::fprintf(stderr, "generate: --prompt is %lld tokens, more than the context (%d)\n",
+                 static_cast<long long>(prompt_tokens), config.max_seq_len);
+    return 1;
+  }
+  const int64_t room = config.max_seq_len + 1 - prompt_tokens;
+  if (sampling.max_new_tokens > room) {
+    std::fprintf(stderr,
+                 "generate: the context (%d tokens) leaves room for %lld of the %d new tokens "
+                 "--max-new-tokens asks after the %lld-token prompt\n",
+                 config.max_seq_len, static_cast<long long>(room), sampling.max_new_tokens,
+                 static_cast<long long>(prompt_tokens));
+  }
   std::fputs(prompt.c_str(), stdout);
-  // A prompt that fills more than the context leaves nothing to generate.
-  if (sampling.max_new_tokens > 0 &&
-      static_cast<int64_t>(request.prompt.size()) <= config.max_seq_len) {
+  if (sampling.max_new_tokens > 0) {
     // The cache holds what this request can reach, not a whole context: a
     // model's max_seq_len alone must not size an allocation.
     KvCacheOptions cache;

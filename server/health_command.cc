@@ -79,6 +79,14 @@ int CheckHealth() {
   const std::string key_file = absl::GetFlag(FLAGS_tls_key);
   const std::string ca_file = absl::GetFlag(FLAGS_tls_ca);
   const bool tls = absl::GetFlag(FLAGS_tls) || !ca_file.empty() || !cert_file.empty();
+  // The same pairing with TLS off: a probe meant for mTLS must not pass over
+  // plaintext.
+  if (cert_file.empty() != key_file.empty()) {
+    return HealthError("--tls-cert and --tls-key go together");
+  }
+  if (!tls && !absl::GetFlag(FLAGS_tls_server_name).empty()) {
+    return HealthError("--tls-server-name needs TLS (--tls, --tls-ca or --tls-cert)");
+  }
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   grpc::ChannelArguments channel_args;
   if (tls) {
@@ -87,9 +95,6 @@ int CheckHealth() {
       auto ca = ReadFileToString(ca_file);
       if (!ca.ok()) return HealthError(std::string(ca.status().message()));
       ssl.pem_root_certs = *ca;
-    }
-    if (cert_file.empty() != key_file.empty()) {
-      return HealthError("--tls-cert and --tls-key go together");
     }
     if (!cert_file.empty()) {
       auto cert = ReadFileToString(cert_file);

@@ -99,6 +99,7 @@ int RunScoreCommand(int argc, char** argv) {
 
   std::vector<int32_t> tokens;
   int64_t predicted_bytes = -1;  // unknown for --tokens input
+  size_t text_bytes = 0;
   if (!token_list.empty()) {
     absl::StatusOr<std::vector<int32_t>> ids = ParseTokenList(token_list);
     if (!ids.ok()) return Fail(ids.status());
@@ -111,6 +112,7 @@ int RunScoreCommand(int argc, char** argv) {
       return Fail(absl::Status(contents.status().code(),
                                absl::StrCat("--text ", contents.status().message())));
     }
+    text_bytes = contents->size();
     absl::StatusOr<std::vector<int32_t>> ids = tokenizer.Encode(*contents);
     if (!ids.ok()) return Fail(ids.status());
     if (config.bos_token_id) tokens.push_back(*config.bos_token_id);
@@ -122,8 +124,13 @@ int RunScoreCommand(int argc, char** argv) {
         absl::StrCat(source, ": need at least 2 tokens, found ", tokens.size())));
   }
   if (token_list.empty()) {
+    // The file's bytes after those of its first token, which nothing
+    // predicts unless a BOS precedes it (a decode of the ids would count a
+    // SentencePiece text's normalised whitespace instead).
     predicted_bytes =
-        static_cast<int64_t>(tokenizer.Decode(absl::MakeConstSpan(tokens).subspan(1)).size());
+        static_cast<int64_t>(text_bytes) -
+        (config.bos_token_id ? 0
+                             : static_cast<int64_t>(tokenizer.PieceBytes(tokens[0], true).size()));
   }
 
   const std::string dump_path = absl::GetFlag(FLAGS_dump_logits);

@@ -168,8 +168,11 @@ def switchhead_module(src, prefix, n_heads, moe_k, position, d_model, rotate_fra
         out["v"] = src.take(prefix + "v", (H * dh, d_model))
         out["o"] = src.take(prefix + "o", (d_model, H * dh))
         out["sel_o"] = src.take(prefix + "sel_o", (H, d_model), "the per-head output gate of n_experts 1")
+    # The official module picks values on the key's (source) side and gives
+    # every head its own router: a spec may not say otherwise.
     attn = {"type": "switchhead", "n_heads": H, "n_kv_heads": H, "head_dim": dh, "n_experts": E,
-            "top_k": moe_k if E > 1 else 1, "gate": "sigmoid"}
+            "top_k": moe_k if E > 1 else 1, "gate": "sigmoid", "value_routing": "source",
+            "shared_router": False}
     attn.update(_position(src, prefix, position, H, dh, d_model, rotate_fraction, rope_base, out))
     return attn, out
 
@@ -521,7 +524,15 @@ def main(argv=None):
         else:
             if not a.spec:
                 raise ConversionError("modules: --spec is required")
+            # The spec's config says these; a flag would be dropped unseen.
+            for flag, given in (("--name", a.name), ("--max-seq-len", a.max_seq_len is not None),
+                                ("--tokenizer", a.tokenizer != "byte")):
+                if given:
+                    raise ConversionError(f"modules: {flag} is for lm; the spec's \"config\" sets it")
             cfg, tensors = convert_modules(sd, json.load(open(a.spec)))
+            if (cfg.get("tokenizer", "byte") == "sentencepiece") != bool(a.tokenizer_model):
+                raise ConversionError("modules: --tokenizer-model goes with a spec config whose "
+                                      "tokenizer is sentencepiece, and only with it")
         write_model(a.out, cfg, tensors, a.dtype, a.tokenizer_model)
     except ConversionError as e:
         print(f"convert_official.py: {e}", file=sys.stderr)

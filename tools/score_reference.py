@@ -142,7 +142,8 @@ def main():
                                   max_new_tokens=args.max_new_tokens, continuation=text), indent=2))
             return
         ids = encode(model, open(args.text, "rb").read())
-        n_bytes = len(ids) - 1 - (1 if model.cfg["bos_token_id"] is not None else 0)
+        # Every id after the first is a predicted byte (with a BOS first, every byte).
+        n_bytes = len(ids) - 1
         with torch.no_grad():
             res = summarise(score_model(model, ids, dispatch, args.progress), n_bytes)
         res.update(model=args.model_dir, text=args.text, dispatch=args.dispatch, dtype=args.dtype,

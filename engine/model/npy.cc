@@ -1,6 +1,8 @@
 #include "engine/model/npy.h"
 
+#include <filesystem>
 #include <fstream>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
 
@@ -32,7 +34,15 @@ absl::Status WriteNpyF32(const std::string& path, const std::vector<int64_t>& sh
   header.append((64 - unpadded % 64) % 64, ' ');
   header.push_back('\n');
 
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  // A regular file (or a new one) is written beside its path and renamed
+  // over it once complete: a failed write leaves no truncated array, and a
+  // good file there stays until the new one is whole. Anything else (a
+  // device, a pipe) is written in place.
+  std::error_code error;
+  const bool in_place =
+      std::filesystem::exists(path, error) && !std::filesystem::is_regular_file(path, error);
+  const std::string written = in_place ? path : path + ".partial";
+  std::ofstream out(written, std::ios::binary | std::ios::trunc);
   if (!out) return absl::NotFoundError(absl::StrCat(path, ": cannot open for writing"));
   const uint16_t header_size = static_cast<uint16_t>(header.size());
   out.write(kMagic, kMagicSize);
@@ -43,7 +53,18 @@ absl::Status WriteNpyF32(const std::string& path, const std::vector<int64_t>& sh
   out.write(header.data(), static_cast<std::streamsize>(header.size()));
   out.write(reinterpret_cast<const char*>(data.data()),
             static_cast<std::streamsize>(data.size() * sizeof(float)));
-  if (!out) return absl::DataLossError(absl::StrCat(path, ": write failed"));
+  out.close();
+  if (!out) {
+    if (!in_place) std::filesystem::remove(written, error);
+    return absl::DataLossError(absl::StrCat(path, ": write failed"));
+  }
+  if (!in_place) {
+    std::filesystem::rename(written, path, error);
+    if (error) {
+      std::filesystem::remove(written, error);
+      return absl::DataLossError(absl::StrCat(path, ": cannot replace it: ", error.message()));
+    }
+  }
   return absl::OkStatus();
 }
 

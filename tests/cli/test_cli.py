@@ -71,14 +71,23 @@ def test_dump_logits_matches_reference(variant, tmp_path):
     assert float(printed["mean_nll"]) == pytest.approx(nll, rel=1e-4)
 
 
-def test_score_text_windows_cover_every_token_and_match_the_reference(tmp_path):
+@pytest.mark.parametrize("bos", [False, True], ids=["no_bos", "bos"])
+def test_score_text_windows_cover_every_token_and_match_the_reference(tmp_path, bos):
     text = tmp_path / "t.txt"
     text.write_bytes(b"In the beginning " * 20)  # 340 bytes > max_seq_len 64
     model = GOLDEN / "switchall_f16"
+    if bos:
+        # The same weights with a BOS before the text: every byte is
+        # predicted (the reference divided by one byte fewer).
+        model = tmp_path / "bos"
+        model.mkdir()
+        config = json.loads((GOLDEN / "switchall_f16" / "config.json").read_text())
+        (model / "config.json").write_text(json.dumps(dict(config, bos_token_id=1)))
+        (model / "model.safetensors").symlink_to(GOLDEN / "switchall_f16" / "model.safetensors")
     result = run("score", "--model", str(model), "--text", str(text))
     printed = dict(line.split(": ", 1) for line in result.stdout.strip().splitlines())
-    assert int(printed["tokens"]) == 340
-    assert int(printed["predicted"]) == 339
+    assert int(printed["tokens"]) == 340 + bos
+    assert int(printed["predicted"]) == 339 + bos
     # The float64 PyTorch reference scores the same text with the same
     # windows (tools/score_reference.py): the same NLL, perplexity and bits
     # per byte (its JSON rounds to 4-6 decimals).
@@ -87,7 +96,7 @@ def test_score_text_windows_cover_every_token_and_match_the_reference(tmp_path):
                     str(text), "--dtype", "f64", "--json", str(reference_json)],
                    check=True, capture_output=True, timeout=300)
     reference = json.loads(reference_json.read_text())
-    assert reference["predicted_tokens"] == 339
+    assert reference["predicted_tokens"] == 339 + bos
     assert float(printed["mean_nll"]) == pytest.approx(reference["mean_nll"], rel=1e-6)
     assert float(printed["perplexity"]) == pytest.approx(reference["perplexity"], rel=1e-4)
     assert float(printed["bits_per_byte"]) == pytest.approx(reference["bits_per_byte"], rel=1e-5)
@@ -218,9 +227,17 @@ def test_generate_ends_at_eos_and_at_the_context(tmp_path):
     # last position is generated too, then generation ends.
     context = config["max_seq_len"]
     long_prompt = ("And God said, Let there be light. " * 10)[:context - 1]
-    near_end = generated_bytes(run("generate", "--model", str(DEFAULT_MODEL), "--prompt",
-                                   long_prompt, "--max-new-tokens", "10"), long_prompt)
+    result = run("generate", "--model", str(DEFAULT_MODEL), "--prompt", long_prompt,
+                 "--max-new-tokens", "10")
+    near_end = generated_bytes(result, long_prompt)
     assert len(near_end) == 2
+    # ... and says so (it was silent).
+    assert f"the context ({context} tokens) leaves room for 2 of the 10 new tokens" in result.stderr
+    # A prompt longer than the context leaves nothing to generate: refused.
+    over = run("generate", "--model", str(DEFAULT_MODEL), "--prompt", "a" * (context + 1),
+               check=False)
+    assert over.returncode == 1 and over.stdout == ""
+    assert f"more than the context ({context})" in over.stderr
 
 
 SERVER = ROOT / "server"

@@ -122,6 +122,18 @@ def test_health_refuses_a_bad_timeout(value):
     assert code == 2 and "--timeout-s" in stderr, stderr
 
 
+# A probe meant for mTLS or a named TLS server must not pass over plaintext:
+# --tls-key without --tls-cert, and --tls-server-name without TLS, were
+# accepted and ignored (SERVING from a plaintext server).
+@pytest.mark.parametrize("args, expected", [
+    (["--tls-key", "/nonexistent/key.pem"], "--tls-cert and --tls-key go together"),
+    (["--tls-server-name", "wrong.example"], "--tls-server-name needs TLS"),
+])
+def test_health_refuses_tls_flags_that_would_be_ignored(args, expected):
+    code, stderr, _ = run_measured("health", "--address", "127.0.0.1:1", *args, timeout=20)
+    assert code == 2 and expected in stderr, stderr
+
+
 # absl's flags are process-wide and it drops stray words: each subcommand
 # checks its arguments first (server/commands.h, ArgumentProblem).
 @pytest.mark.parametrize("args, expected", [

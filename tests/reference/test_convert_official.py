@@ -279,6 +279,32 @@ def test_modules_refusals():
     refuse(lambda: conv.convert_modules(sd, no_rename), "cannot map parameter")
     clash = dict(spec, config=dict(spec["config"], attention={"head_dim": 9}))
     refuse(lambda: conv.convert_modules(sd, clash), "attention.head_dim 9")
+    # The official module routes values on the source side, each head with its
+    # own router: a spec that says otherwise was written into the model.
+    for key, value in (("value_routing", "destination"), ("shared_router", True)):
+        other = dict(spec, config=dict(spec["config"], attention={key: value}))
+        refuse(lambda: conv.convert_modules(sd, other), f"attention.{key}")
+
+
+def test_modules_refuses_the_flags_of_lm_mode(tmp_path):
+    """--name, --max-seq-len and --tokenizer belong to lm mode (the spec's
+    config says them in modules mode): they were dropped unseen, and
+    --tokenizer-model copied beside a byte-level model."""
+    g = torch.Generator().manual_seed(9)
+    ckpt = tmp_path / "modules.pt"
+    torch.save(user_model(g, 32, 256, 2, 2, 4, 8, 2, True, "dense"), ckpt)
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(spec_for("SwitchHeadXL", 2, 2, 2, "dense", 32, 256)))
+    base = [sys.executable, str(ROOT / "tools" / "convert_official.py"), "modules", "--checkpoint", str(ckpt),
+            "--spec", str(spec), "--out", str(tmp_path / "out")]
+    for extra, needle in ((["--name", "x"], "--name"), (["--max-seq-len", "4096"], "--max-seq-len"),
+                          (["--tokenizer", "sentencepiece"], "--tokenizer"),
+                          (["--tokenizer-model", str(spec)], "--tokenizer-model")):
+        r = subprocess.run(base + extra, capture_output=True, text=True)
+        assert r.returncode == 2 and needle in r.stderr, (extra, r.stderr)
+        assert not (tmp_path / "out").exists()
+    r = subprocess.run(base, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
 
 
 def test_cli_writes_a_loadable_model(tmp_path):

@@ -12,6 +12,7 @@
 #include "absl/flags/flag.h"
 #include "gtest/gtest.h"
 #include "server/common_flags.h"
+#include "server/flag_spelling.h"
 
 ABSL_DECLARE_FLAG(double, drain_timeout_s);
 ABSL_DECLARE_FLAG(std::optional<double>, capacity_factor);
@@ -152,6 +153,26 @@ TEST(ServerFlagsTest, HttpMaxConnectionsIsHalfTheOpenFileLimitByDefaultAndNotNeg
   EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(options.status().message().find("--http-max-connections"), std::string::npos);
   absl::SetFlag(&FLAGS_http_max_connections, 0);
+}
+
+// Flag names are typed with hyphens; values that start with '-' are not
+// names (a prompt "-well-known", a file "-held-out.txt"): they were rewritten
+// with underscores too.
+TEST(FlagSpellingTest, OnlyFlagNamesLoseTheirHyphens) {
+  std::vector<std::string> args = {
+      "switchserve",      "--max-queue",     "5",           "--served-model-name",
+      "-my-model",        "--kv-block-size", "-1",          "--served-model-name=-a-b",
+      "--no-moe-metrics", "--noreflection",  "-not-a-flag", "--max-batch-tokens=-2",
+      "--metrics-host",   "--tls-cert",      "--",          "--max-queue"};
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  NormalizeFlagNames(static_cast<int>(argv.size()), argv.data());
+  EXPECT_EQ(args, (std::vector<std::string>{
+                      "switchserve", "--max_queue", "5", "--served_model_name", "-my-model",
+                      "--kv_block_size", "-1", "--served_model_name=-a-b", "--no_moe_metrics",
+                      "--noreflection", "-not-a-flag", "--max_batch_tokens=-2",
+                      // A value that names a flag stays a value.
+                      "--metrics_host", "--tls-cert", "--", "--max-queue"}));
 }
 
 TEST(ServerFlagsTest, CpuWeightCopiesAreOnByDefaultAndCanBeTurnedOff) {
