@@ -110,7 +110,7 @@ int RunGenerateCommand(int argc, char** argv) {
                  static_cast<long long>(prompt_tokens), config.max_seq_len);
     return 1;
   }
-  const int64_t room = config.max_seq_len + 1 - prompt_tokens;
+  const int64_t room = int64_t{config.max_seq_len} + 1 - prompt_tokens;
   if (sampling.max_new_tokens > room) {
     std::fprintf(stderr,
                  "generate: the context (%d tokens) leaves room for %lld of the %d new tokens "
