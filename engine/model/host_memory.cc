@@ -3,10 +3,10 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <fstream>
 #include <limits>
 #include <string>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "engine/model/cgroups.h"
@@ -18,10 +18,10 @@ constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
 
 // A cgroup memory limit file: a byte count, or "max" (none).
 int64_t CgroupLimit(const std::string& path) {
-  std::ifstream in(path);
-  std::string text;
   int64_t bytes = 0;
-  if (!(in >> text) || !absl::SimpleAtoi(text, &bytes) || bytes <= 0) return kMax;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadSmallFile(path)), &bytes) || bytes <= 0) {
+    return kMax;
+  }
   return bytes;
 }
 

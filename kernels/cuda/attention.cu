@@ -296,12 +296,10 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename CacheT, int kUnit>
 cudaError_t LaunchSegments(const AttentionArgs& a, size_t shared_bytes, cudaStream_t stream) {
-  constexpr size_t kDefaultShared = 48 * 1024;
-  if (shared_bytes > kDefaultShared) {
-    const cudaError_t e = cudaFuncSetAttribute(AttentionSegmentKernel<CacheT, kUnit>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(shared_bytes));
-    if (e != cudaSuccess) return e;
+  if (const cudaError_t e =
+          simt::AllowDynamicShared(AttentionSegmentKernel<CacheT, kUnit>, shared_bytes);
+      e != cudaSuccess) {
+    return e;
   }
   const AttentionShape& s = a.shape;
   return SIMT_LAUNCH_DEPENDENT(

@@ -100,12 +100,20 @@ AttentionShape AttentionShapeOf(const AttentionConfig& attn, int block_size) {
   return shape;
 }
 
-absl::Status CheckKvBlockFitsAttention(const AttentionConfig& attn, int device, int block_size) {
-  if (block_size < 1) return absl::OkStatus();  // InitKvCache refuses it
+// The dynamic shared memory a thread block may opt in to on `device`.
+absl::StatusOr<int> OptInSharedBytes(int device) {
   int limit = 0;
   SWITCHSERVE_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
       "cudaDeviceGetAttribute");
+  return limit;
+}
+
+absl::Status CheckKvBlockFitsAttention(const AttentionConfig& attn, int device, int block_size) {
+  if (block_size < 1) return absl::OkStatus();  // InitKvCache refuses it
+  absl::StatusOr<int> opt_in = OptInSharedBytes(device);
+  if (!opt_in.ok()) return opt_in.status();
+  const int limit = *opt_in;
   const AttentionShape shape = AttentionShapeOf(attn, block_size);
   const size_t needed = AttentionSharedBytes(shape, 1);
   if (needed <= static_cast<size_t>(limit)) return absl::OkStatus();
@@ -125,10 +133,9 @@ absl::Status CheckKvBlockFitsAttention(const AttentionConfig& attn, int device, 
 absl::Status CheckRoutersFitSharedMemory(const ModelConfig& config, int device) {
   const RouterLayout layout(config);
   if (layout.empty()) return absl::OkStatus();
-  int limit = 0;
-  SWITCHSERVE_CUDA_RETURN_IF_ERROR(
-      cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
-      "cudaDeviceGetAttribute");
+  absl::StatusOr<int> opt_in = OptInSharedBytes(device);
+  if (!opt_in.ok()) return opt_in.status();
+  const int limit = *opt_in;
   const auto fits = [limit](int experts, int top_k) {
     return DispatchPlanSharedBytes(experts) <= static_cast<size_t>(limit) &&
            RouteTopKSharedBytes(experts, top_k) <= static_cast<size_t>(limit);

@@ -381,12 +381,9 @@ cudaError_t LaunchDispatchPlan(const DispatchPlanInput& in, const DispatchPlanOu
     return cudaErrorInvalidValue;
   }
   const size_t shared_bytes = DispatchPlanSharedBytes(in.n_experts);
-  constexpr size_t kDefaultShared = 48 * 1024;
-  if (shared_bytes > kDefaultShared) {
-    const cudaError_t e =
-        cudaFuncSetAttribute(DispatchPlanKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(shared_bytes));
-    if (e != cudaSuccess) return e;
+  if (const cudaError_t e = simt::AllowDynamicShared(DispatchPlanKernel, shared_bytes);
+      e != cudaSuccess) {
+    return e;
   }
   const SequenceScope none;
   const SequenceScope& q = in.sequence != nullptr ? *in.sequence : none;

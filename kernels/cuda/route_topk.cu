@@ -147,12 +147,9 @@ cudaError_t LaunchRouteTopK(const float* logits, int64_t ld, int tokens, int n_e
   if (routers < 1) return cudaErrorInvalidValue;
   const int blocks = (tokens + kTokensPerBlock - 1) / kTokensPerBlock;
   const size_t shared_bytes = RouteTopKSharedBytes(n_experts, top_k);
-  constexpr size_t kDefaultShared = 48 * 1024;
-  if (shared_bytes > kDefaultShared) {
-    const cudaError_t e =
-        cudaFuncSetAttribute(RouteTopKKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(shared_bytes));
-    if (e != cudaSuccess) return e;
+  if (const cudaError_t e = simt::AllowDynamicShared(RouteTopKKernel, shared_bytes);
+      e != cudaSuccess) {
+    return e;
   }
   return SIMT_LAUNCH_DEPENDENT(RouteTopKKernel, dim3(blocks, routers), dim3(kThreads), shared_bytes,
                                stream, logits, ld, tokens, n_experts, top_k, gate,

@@ -152,4 +152,20 @@ inline cudaError_t LaunchDependent(const char* name, void (*kernel)(Params...), 
   ::simt::LaunchDependent(#kernel, kernel, grid, block, shared_bytes,         \
                           stream __VA_OPT__(, ) __VA_ARGS__)
 
+namespace simt {
+
+// Dynamic shared memory a launch may take without its kernel's opt-in.
+inline constexpr size_t kDefaultDynamicSharedBytes = 48 * 1024;
+
+// Opts `kernel` in to `bytes` of dynamic shared memory where that is more
+// than kDefaultDynamicSharedBytes (past the device's opt-in limit it fails).
+template <typename Kernel>
+inline cudaError_t AllowDynamicShared(Kernel* kernel, size_t bytes) {
+  if (bytes <= kDefaultDynamicSharedBytes) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(bytes));
+}
+
+}  // namespace simt
+
 #endif  // SWITCHSERVE_KERNELS_CUDA_SIMT_H_
