@@ -5,6 +5,7 @@
 // so does this test, which encodes in-process to check the server's ids.
 #include <sys/wait.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -133,6 +134,47 @@ TEST_F(SentencePieceServingTest, GenerateSubcommandRuns) {
   ASSERT_TRUE(WIFEXITED(status)) << output;
   EXPECT_EQ(WEXITSTATUS(status), 0) << output;
   EXPECT_EQ(output.rfind("the river", 0), 0u) << output;
+}
+
+// `score`'s bits per byte divide by the file's bytes, not by those of the
+// decoded pieces: SentencePiece normalises whitespace (runs of spaces) and
+// decodes a character its vocabulary lacks (a newline) as " ⁇ ", so a
+// decode of the ids is not the text it came from.
+TEST_F(SentencePieceServingTest, ScoreBitsPerByteCountTheFilesBytes) {
+  const std::string text = "the  river\n\nruns   past the mill.  \n";
+  ASSERT_NE(tokenizer_->Decode(*tokenizer_->Encode(text)).size(), text.size());
+  const std::string path = MakeTempDir("spm_score") + "/text.txt";
+  {
+    std::FILE* file = std::fopen(path.c_str(), "w");
+    ASSERT_NE(file, nullptr);
+    ASSERT_EQ(std::fwrite(text.data(), 1, text.size(), file), text.size());
+    ASSERT_EQ(std::fclose(file), 0);
+  }
+  const std::string command = std::string(SWITCHSERVE_BINARY) + " score --model " + *model_dir_ +
+                              " --text " + path + " --threads 1 2>&1";
+  std::FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string output;
+  char buffer[256];
+  while (std::fgets(buffer, sizeof buffer, pipe) != nullptr) output += buffer;
+  const int status = pclose(pipe);
+  ASSERT_TRUE(WIFEXITED(status)) << output;
+  ASSERT_EQ(WEXITSTATUS(status), 0) << output;
+  long long predicted = 0;
+  double mean_nll = 0, bits_per_byte = 0;
+  const size_t at_predicted = output.find("predicted: ");
+  const size_t at_nll = output.find("mean_nll: ");
+  const size_t at_bpb = output.find("bits_per_byte: ");
+  ASSERT_NE(at_predicted, std::string::npos) << output;
+  ASSERT_NE(at_nll, std::string::npos) << output;
+  ASSERT_NE(at_bpb, std::string::npos) << output;
+  ASSERT_EQ(std::sscanf(output.c_str() + at_predicted, "predicted: %lld", &predicted), 1);
+  ASSERT_EQ(std::sscanf(output.c_str() + at_nll, "mean_nll: %lf", &mean_nll), 1);
+  ASSERT_EQ(std::sscanf(output.c_str() + at_bpb, "bits_per_byte: %lf", &bits_per_byte), 1);
+  // The model has a BOS, so every byte of the file is predicted.
+  EXPECT_EQ(predicted, static_cast<long long>(tokenizer_->Encode(text)->size()));
+  const double expected = mean_nll * predicted / std::log(2.0) / static_cast<double>(text.size());
+  EXPECT_NEAR(bits_per_byte, expected, 1e-5 * expected) << output;
 }
 
 }  // namespace
