@@ -5,6 +5,7 @@
 #include <optional>
 #include <utility>
 
+#include "grpc/support/time.h"
 #include "server/access_log.h"
 #include "server/engine_request_handle.h"
 #include "server/generation_service.h"
@@ -53,7 +54,7 @@ class UnaryGenerateCall : public grpc::ServerUnaryReactor {
     absl::Status status = handle_.Submit(service_->engine(), std::move(request));
     if (!status.ok()) {
       access_.status = status.code();
-      service_->FinishRejected(access_);
+      service_->FinishCall(access_);
       Finish(ToGrpcStatus(status));
     }
   }
@@ -67,7 +68,7 @@ class UnaryGenerateCall : public grpc::ServerUnaryReactor {
     FillFromFinalUpdate(update, &access_);
     if (!update.status.ok()) {
       access_.status = update.status.code();
-      LogAccess(access_);
+      service_->FinishCall(access_);
       Finish(ToGrpcStatus(update.status));
       return;
     }
@@ -78,7 +79,7 @@ class UnaryGenerateCall : public grpc::ServerUnaryReactor {
                                     ? CancelledCallStatus(update.cancel_cause)
                                     : grpc::Status::OK;
     access_.status = static_cast<absl::StatusCode>(status.error_code());
-    LogAccess(access_);
+    service_->FinishCall(access_);
     Finish(status);
   }
 
@@ -122,7 +123,6 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
       {
         std::lock_guard<std::mutex> lock(mu_);
         access_.status = status.code();
-        rejected_ = true;
         finished_ = true;
         final_status_ = ToGrpcStatus(status);
       }
@@ -233,11 +233,7 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     if (action == kWrite || action == kWriteAndFinish) in_flight_ = SerializeMessage(message);
     if (action == kWriteAndFinish || action == kFinish) {
       // access_ is no longer written once finish_called_ is set.
-      if (rejected_) {
-        service_->FinishRejected(access_);
-      } else {
-        LogAccess(access_);
-      }
+      service_->FinishCall(access_);
     }
     if (action == kWrite) StartWrite(&in_flight_);
     if (action == kWriteAndFinish) StartWriteAndFinish(&in_flight_, grpc::WriteOptions(), status);
@@ -265,7 +261,6 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   std::mutex mu_;
   int holds_ = 2;  // gRPC and the engine, plus one per posted write
   AccessRecord access_;
-  bool rejected_ = false;               // the engine refused the request (it never ran)
   v1::GenerateStreamResponse pending_;  // merged updates not yet written
   grpc::ByteBuffer in_flight_;          // the message being written
   bool has_pending_ = false;
@@ -285,9 +280,14 @@ CancelCause CancelCauseOf(const grpc::CallbackServerContext& context) {
   // that cancellation reaches the server a little before the server's copy
   // of the deadline (computed from the header's arrival) passes. Count a
   // cancellation that close to the deadline as the deadline the client saw.
-  constexpr auto kSlack = std::chrono::milliseconds(100);
-  return context.deadline() <= std::chrono::system_clock::now() + kSlack ? CancelCause::kDeadline
-                                                                         : CancelCause::kClient;
+  // gRPC's raw deadline: its time_point (context.deadline()) wraps past the
+  // year 2262, so a deadline that far away looked already past.
+  const gpr_timespec raw = context.raw_deadline();
+  if (gpr_time_cmp(raw, gpr_inf_future(raw.clock_type)) == 0) return CancelCause::kClient;
+  const gpr_timespec slack = gpr_time_from_millis(100, GPR_TIMESPAN);
+  return gpr_time_cmp(gpr_time_sub(raw, gpr_now(raw.clock_type)), slack) <= 0
+             ? CancelCause::kDeadline
+             : CancelCause::kClient;
 }
 
 grpc::Status CancelledCallStatus(CancelCause cause) {

@@ -70,7 +70,7 @@ GenerationService::GenerationService(const GenerationServiceOptions& options) : 
   describer_.layout = RouterLayout(*options.config);
 }
 
-void GenerationService::FinishRejected(const AccessRecord& record) const {
+void GenerationService::FinishCall(const AccessRecord& record) const {
   if (options_.metrics != nullptr) {
     options_.metrics->RecordRequest(RequestProtocol::kGrpc, record.status);
   }
@@ -140,7 +140,7 @@ absl::StatusOr<GenerationRequest> GenerationService::AdmitGenerate(
     record.method = method;
     record.peer = context->peer();
     record.status = RejectionSeenByClient(*context, prepared.status().code());
-    FinishRejected(record);
+    FinishCall(record);
     return prepared.status();
   }
   prepared->origin = {.request_id = std::move(request_id), .protocol = "grpc"};

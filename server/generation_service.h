@@ -80,9 +80,10 @@ class GenerationService final : public GenerationServiceBase {
   WriteQueue& write_queue() { return write_queue_; }
   void CallStarted() { options_.gate->CallStarted(); }
   void CallDone() { options_.gate->CallDone(); }
-  // Counts and logs a Generate* call that ended before the engine accepted
-  // it (the engine's observer counts the others; their calls log them).
-  void FinishRejected(const AccessRecord& record) const;
+  // Counts (switchserve_requests_total) and logs a Generate* call as it
+  // ends, with the status its client sees: before its answer goes out, so
+  // that a client reading the metrics after its answer finds its call there.
+  void FinishCall(const AccessRecord& record) const;
 
  private:
   // Auth and draining checks shared by every method; then validation for

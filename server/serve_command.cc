@@ -29,6 +29,7 @@
 #include "engine/model/model_loader.h"
 #include "engine/runtime/backend.h"
 #include "engine/runtime/generation_engine.h"
+#include "google/protobuf/stubs/logging.h"
 #include "grpc/support/log.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -186,9 +187,20 @@ std::string DescribeComputeThreads(const Backend& backend, int requested) {
   return absl::StrCat(threads, cpus.quota_limited ? " (the cgroup's CPU quota)" : " (all CPUs)");
 }
 
+// libprotobuf's own lines (a request's string field that is not UTF-8, ...)
+// in the server's log format rather than as plain text on stderr. Its
+// errors are about the data it parsed, which the call's status already
+// reports to its client: warnings here.
+void LogProtobufLine(google::protobuf::LogLevel level, const char* file, int line,
+                     const std::string& message) {
+  Log(level == google::protobuf::LOGLEVEL_FATAL ? LogLevel::kError : LogLevel::kWarning,
+      absl::StrCat("protobuf: ", message), {{"source", absl::StrCat(file, ":", line)}});
+}
+
 int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   SetLogFormat(options.log_format);
   gpr_set_log_function(LogGrpcLine);
+  google::protobuf::SetLogHandler(LogProtobufLine);
   // Credentials and the token first: a typo there is reported in a second,
   // not after the model has loaded and warmed up.
   auto credentials = MakeServerCredentials(options.tls);

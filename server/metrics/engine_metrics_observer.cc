@@ -44,31 +44,16 @@ double EngineMetricsObserver::UsageRatio(int64_t used_blocks) const {
 void EngineMetricsObserver::OnRequestFinished(const GenerationRequest& request,
                                               const GenerationUpdate& final_update) {
   // Requests from clients only: the server's own warm-up has no protocol.
-  const std::optional<RequestProtocol> protocol = ParseRequestProtocol(request.origin.protocol);
-  if (!protocol) return;
+  if (!ParseRequestProtocol(request.origin.protocol)) return;
+  // The call or HTTP request itself is counted by its front end
+  // (server/generate_calls.cc, server/http/completion_call.cc), with the
+  // status its client sees.
   FinishedRequestSample sample;
-  sample.protocol = *protocol;
-  // An HTTP request's prompts are its choices: the request is counted once,
-  // by its front end (server/http/completion_call.cc).
-  sample.count_request = *protocol == RequestProtocol::kGrpc;
   FinishedBy finished_by = FinishedBy::kError;
   if (!final_update.status.ok()) {
     sample.status = final_update.status.code();
   } else if (final_update.finish_reason == FinishReason::kCancelled) {
-    // What the client sees (server/generate_calls.cc): a passed deadline and
-    // a drain are not the client's cancellations.
-    switch (final_update.cancel_cause) {
-      case CancelCause::kDeadline:
-        sample.status = absl::StatusCode::kDeadlineExceeded;
-        break;
-      case CancelCause::kShutdown:
-        sample.status = absl::StatusCode::kUnavailable;
-        break;
-      case CancelCause::kClient:
-      case CancelCause::kNone:
-        sample.status = absl::StatusCode::kCancelled;
-        break;
-    }
+    sample.status = absl::StatusCode::kCancelled;  // not timed, whatever the cause
     finished_by = FinishedBy::kCancelled;
   } else {
     sample.status = absl::StatusCode::kOk;

@@ -166,7 +166,6 @@ void ServingMetrics::RecordRequest(RequestProtocol protocol, absl::StatusCode st
 }
 
 void ServingMetrics::RecordFinished(const FinishedRequestSample& request) {
-  if (request.count_request) RecordRequest(request.protocol, request.status);
   if (request.generated_tokens > 0) {
     generation_tokens_->Increment(static_cast<double>(request.generated_tokens));
   }

@@ -45,15 +45,12 @@ std::optional<RequestProtocol> ParseRequestProtocol(std::string_view name);
 // switchserve_request_finish_reason_total).
 enum class FinishedBy { kLength, kStop, kEos, kCancelled, kError };
 
-// A request that finished, successfully or not. Each is counted by protocol
-// and status unless `count_request` is false; only OK ones are observed in
-// the latency histograms.
+// A request the engine ran that finished, successfully or not: only OK ones
+// are observed in the latency histograms. (The call or HTTP request it
+// belongs to is counted by its front end, RecordRequest, with the status its
+// client sees, which a write failing after the engine's end can change.)
 struct FinishedRequestSample {
-  RequestProtocol protocol = RequestProtocol::kGrpc;
   absl::StatusCode status = absl::StatusCode::kOk;
-  // False for one prompt of an HTTP request, which its front end counts
-  // once, whatever its number of prompts (RecordRequest).
-  bool count_request = true;
   double e2e_seconds = 0;  // arrival to the last response
   // From the first to the last generated token (for time per output token);
   // ignored unless generated_tokens >= 2.
@@ -81,9 +78,9 @@ class ServingMetrics {
   // arrival (cancelled, past its deadline, refused by the drain or failed).
   void RecordEndedWithoutFirstToken(double seconds);
   void RecordFinished(const FinishedRequestSample& request);
-  // A call or HTTP request ended with `status`, as its client sees it, and
-  // nothing else is recorded for it: one rejected before the engine, or an
-  // HTTP request whose prompts the engine finished (switchserve_requests_total).
+  // A gRPC call or HTTP request ended with `status`, as its client sees it
+  // (switchserve_requests_total): counted once by its front end, whatever
+  // its number of prompts, and whether or not the engine ran it.
   void RecordRequest(RequestProtocol protocol, absl::StatusCode status);
   // A request the engine ran ended: why, and how long its prompt and
   // generation were (requests rejected before the engine are not counted).

@@ -21,7 +21,7 @@ import health_pb2
 import health_pb2_grpc
 import reflection_pb2
 import reflection_pb2_grpc
-from server_process import ServerProcess
+from server_process import ServerProcess, free_port
 
 BINARY = os.environ["SWITCHSERVE_BINARY"]
 SOURCE_DIR = os.environ["SWITCHSERVE_SOURCE_DIR"]
@@ -138,20 +138,27 @@ def test_eos_ends_generation_unless_ignored(stub):
         shutil.rmtree(model)
 
 
-def raw_grpc_call(port, method, request, timeout_header):
+def raw_grpc_call(port, method, request, timeout_header, cancel_after_s=None, window=None):
     """One call over a hand-made HTTP/2 connection, with a `grpc-timeout`
     header the Python client would refuse to send: the response headers and
-    trailers, and the response messages' bytes."""
+    trailers, and the response messages' bytes. With `cancel_after_s`, the
+    client resets the stream (CANCEL) that long after sending the request.
+    With `window`, the client offers a flow-control window of that many
+    bytes and never reads more: a client that stops reading."""
     import socket
     import struct
     import h2.config
     import h2.connection
+    import h2.errors
     import h2.events
+    import h2.settings
     body = request.SerializeToString()
     connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
     result = {"data": b""}
     with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
         connection.initiate_connection()
+        if window is not None:
+            connection.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window})
         connection.send_headers(1, [(":method", "POST"), (":scheme", "http"),
                                     (":path", "/switchserve.v1.Generation/" + method),
                                     (":authority", "127.0.0.1"), ("te", "trailers"),
@@ -160,15 +167,26 @@ def raw_grpc_call(port, method, request, timeout_header):
         connection.send_data(1, b"\0" + struct.pack(">I", len(body)) + body, end_stream=True)
         s.sendall(connection.data_to_send())
         ended = False
+        cancel_at = None if cancel_after_s is None else time.monotonic() + cancel_after_s
         while not ended:
-            data = s.recv(65536)
+            if cancel_at is not None and time.monotonic() >= cancel_at:
+                connection.reset_stream(1, h2.errors.ErrorCodes.CANCEL)
+                s.sendall(connection.data_to_send())
+                break
+            if cancel_at is not None:
+                s.settimeout(max(0.001, cancel_at - time.monotonic()))
+            try:
+                data = s.recv(65536)
+            except socket.timeout:
+                continue
             if not data:
                 break
             for event in connection.receive_data(data):
                 if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
                     result.update((k.decode(), v.decode()) for k, v in event.headers)
                 elif isinstance(event, h2.events.DataReceived):
-                    connection.acknowledge_received_data(event.flow_controlled_length, 1)
+                    if window is None:
+                        connection.acknowledge_received_data(event.flow_controlled_length, 1)
                     result["data"] += event.data
                 elif isinstance(event, h2.events.StreamEnded):
                     ended = True
@@ -186,6 +204,63 @@ def test_a_deadline_centuries_away_is_as_good_as_none(server, timeout):
         result = raw_grpc_call(server.port, method, request, timeout)
         assert result.get("grpc-status") == "0", (method, result)
         assert len(result["data"]) > 5, (method, result)
+
+
+@pytest.mark.parametrize("timeout", ["30S", "2562047H", "99999999H"])
+def test_a_client_cancel_is_cancelled_whatever_its_deadline(timeout):
+    """A call the client resets is CANCELLED in the access log and the
+    metrics, not DEADLINE_EXCEEDED: the server's check of "at its deadline"
+    read gRPC's time_point, which wraps past the year 2262, so a deadline
+    that far away looked already past."""
+    server = Server("--debug-step-delay-ms", "20", "--log-format", "json")
+    try:
+        for method in ("Generate", "GenerateStream"):
+            raw_grpc_call(server.port, method, text_request("hello", 40), timeout,
+                          cancel_after_s=0.3)
+        deadline = time.monotonic() + 30
+        while True:
+            lines = [json.loads(line) for line in server.log().splitlines()
+                     if line.startswith("{")]
+            calls = [line for line in lines if line.get("method") in ("Generate", "GenerateStream")]
+            if len(calls) == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert sorted((c["method"], c["status"]) for c in calls) == [
+            ("Generate", "CANCELLED"), ("GenerateStream", "CANCELLED")], calls
+    finally:
+        server.close()
+
+
+def test_a_stream_whose_client_stopped_reading_counts_as_its_client_saw_it():
+    """The engine ends the request (OK, length) while its messages wait for a
+    client that stopped reading; the client then cancels. The call is
+    CANCELLED in switchserve_requests_total as in the access log: the
+    engine's observer had counted it OK when the engine finished."""
+    metrics_port = free_port()
+    server = ServerProcess(BINARY, MODEL, "--log-format", "json", metrics_port=metrics_port,
+                           prefix="switchserve_py_")
+    try:
+        raw_grpc_call(server.port, "GenerateStream", text_request("slow", 40, ignore_eos=True),
+                      "30S", cancel_after_s=1.0, window=8)
+        deadline = time.monotonic() + 30
+        while True:
+            calls = [json.loads(line) for line in server.log().splitlines()
+                     if '"method":"GenerateStream"' in line]
+            if calls or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert [(c["status"], c["finish_reason"]) for c in calls] == [("CANCELLED", "length")]
+        text = server.scrape_metrics()
+
+        def value(series):
+            match = re.search(re.escape(series) + r" (\S+)\n", text)
+            return float(match.group(1)) if match else 0.0
+        assert value('switchserve_requests_total{protocol="grpc",status="CANCELLED"}') == 1
+        assert value('switchserve_requests_total{protocol="grpc",status="OK"}') == 0
+        # The engine's own account: it ended the request at its length.
+        assert value('switchserve_request_finish_reason_total{reason="length"}') == 1
+    finally:
+        server.close()
 
 
 def test_tokenize_and_model_info(stub):
@@ -531,6 +606,14 @@ def test_access_log_in_json_form_covers_every_ending():
             stream.cancel()
             messages = list(stub.GenerateStream(text_request("json stream", 5, stop=["@@"]),
                                                 timeout=60, metadata=[("x-request-id", "s-1")]))
+            # A text field that is not UTF-8: libprotobuf's complaint goes
+            # through the server's log too, not as plain text on stderr.
+            for method in ("Generate", "Tokenize"):
+                raw = channel.unary_unary(f"/switchserve.v1.Generation/{method}",
+                                          request_serializer=None, response_deserializer=None)
+                with pytest.raises(grpc.RpcError) as error:
+                    raw(b"\x0a\x02\xff\xfe", timeout=60, metadata=[("x-request-id", "utf-1")])
+                assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         ok = wait_for_access_line(server, "ok-1")
         assert ok["protocol"] == "grpc" and ok["method"] == "Generate" and ok["status"] == "OK"
         assert ok["prompt_tokens"] == 7 and ok["completion_tokens"] == 4
@@ -548,8 +631,11 @@ def test_access_log_in_json_form_covers_every_ending():
             len(m.token_ids) for m in messages)
         # Exactly one line per request.
         ids = [r["request_id"] for r in access_lines(server)]
-        for request_id in ("ok-1", "bad-1", "gone-1", "s-1"):
+        for request_id in ("ok-1", "bad-1", "gone-1", "s-1", "utf-1"):
             assert ids.count(request_id) == 1, ids
+        records = [json.loads(line) for line in server.log().splitlines()]
+        assert sum(r["msg"].startswith("protobuf: ") and r["level"] == "warning"
+                   for r in records) == 2, records
     finally:
         server.close()
 

@@ -66,7 +66,7 @@ class SimulatedScheduler {
     const int arrivals = arrivals_(rng_);
     for (int i = 0; i < arrivals; ++i) {
       if (waiting_.size() >= 64) {
-        serving_->RecordFinished({.status = absl::StatusCode::kResourceExhausted});
+        serving_->RecordRequest(RequestProtocol::kGrpc, absl::StatusCode::kResourceExhausted);
         continue;
       }
       waiting_.push_back({.arrival = now,
@@ -98,13 +98,15 @@ class SimulatedScheduler {
       const bool cancelled = std::uniform_int_distribution<int>(0, 399)(rng_) == 0;
       if (cancelled || request.generated >= request.target_tokens) {
         // Every third request comes over HTTP; the stop reasons alternate.
-        serving_->RecordFinished(
-            {.protocol =
-                 request.target_tokens % 3 == 0 ? RequestProtocol::kHttp : RequestProtocol::kGrpc,
-             .status = cancelled ? absl::StatusCode::kCancelled : absl::StatusCode::kOk,
-             .e2e_seconds = Seconds(now - request.arrival),
-             .decode_seconds = Seconds(now - request.first_token),
-             .generated_tokens = request.generated});
+        const absl::StatusCode status =
+            cancelled ? absl::StatusCode::kCancelled : absl::StatusCode::kOk;
+        serving_->RecordRequest(
+            request.target_tokens % 3 == 0 ? RequestProtocol::kHttp : RequestProtocol::kGrpc,
+            status);
+        serving_->RecordFinished({.status = status,
+                                  .e2e_seconds = Seconds(now - request.arrival),
+                                  .decode_seconds = Seconds(now - request.first_token),
+                                  .generated_tokens = request.generated});
         serving_->RecordEngineFinished(cancelled                        ? FinishedBy::kCancelled
                                        : request.target_tokens % 2 == 0 ? FinishedBy::kLength
                                                                         : FinishedBy::kStop,

@@ -117,14 +117,15 @@ TEST(ServingMetricsTest, RequestsCountByProtocolAndStatusAndOnlyOkOnesAreTimed) 
   ServingMetrics metrics(registry);
   metrics.RecordQueueTime(0.003);
   metrics.RecordFirstToken(0.2);
+  metrics.RecordRequest(RequestProtocol::kGrpc, absl::StatusCode::kOk);
   metrics.RecordFinished({.status = absl::StatusCode::kOk,
                           .e2e_seconds = 1.2,
                           .decode_seconds = 1.0,
                           .generated_tokens = 11});
-  metrics.RecordFinished({.protocol = RequestProtocol::kHttp,
-                          .status = absl::StatusCode::kResourceExhausted,
-                          .e2e_seconds = 0.001});
-  metrics.RecordFinished({.status = absl::StatusCode::kDataLoss});  // counted as UNKNOWN
+  metrics.RecordRequest(RequestProtocol::kHttp, absl::StatusCode::kResourceExhausted);
+  metrics.RecordFinished({.status = absl::StatusCode::kResourceExhausted, .e2e_seconds = 0.001});
+  metrics.RecordRequest(RequestProtocol::kGrpc, absl::StatusCode::kDataLoss);  // as UNKNOWN
+  metrics.RecordFinished({.status = absl::StatusCode::kDataLoss});
   RegistryReader reader(registry);
   using Labels = testing::LabelMap;
   EXPECT_EQ(
@@ -154,41 +155,43 @@ TEST(ServingMetricsTest, RequestsCountByProtocolAndStatusAndOnlyOkOnesAreTimed) 
   EXPECT_EQ(HistogramOf(reader, "switchserve_request_queue_time_seconds").sample_count, 1u);
 }
 
-// A request the engine cancelled is counted as what its client saw: a passed
-// deadline is DEADLINE_EXCEEDED and a drain UNAVAILABLE, not CANCELLED.
-TEST(EngineMetricsObserverTest, CancelledRequestsCountAsTheClientSawThem) {
+// The engine's observer counts why the engine ended each request, and times
+// the served ones; the calls themselves are counted by their front ends, with
+// the status their clients see (a write failing after the engine's end turns
+// an OK into CANCELLED or DEADLINE_EXCEEDED), never here.
+TEST(EngineMetricsObserverTest, CountsWhyTheEngineEndedRequestsButNoCalls) {
   prometheus::Registry registry;
   ServingMetrics metrics(registry);
   EngineMetricsObserver observer(&metrics, nullptr, 16);
   GenerationRequest request;
   request.origin.protocol = "grpc";
-  const std::pair<CancelCause, int> causes[] = {
-      {CancelCause::kClient, 1}, {CancelCause::kDeadline, 2}, {CancelCause::kShutdown, 3}};
-  for (const auto& [cause, times] : causes) {
-    for (int i = 0; i < times; ++i) {
-      GenerationUpdate update;
-      update.finished = true;
-      update.finish_reason = FinishReason::kCancelled;
-      update.cancel_cause = cause;
-      observer.OnRequestFinished(request, update);
-    }
+  for (const CancelCause cause :
+       {CancelCause::kClient, CancelCause::kDeadline, CancelCause::kShutdown}) {
+    GenerationUpdate update;
+    update.finished = true;
+    update.finish_reason = FinishReason::kCancelled;
+    update.cancel_cause = cause;
+    update.total_ms = 5;
+    observer.OnRequestFinished(request, update);
   }
   GenerationUpdate done;
   done.finished = true;
   done.finish_reason = FinishReason::kLength;
+  done.total_ms = 7;
   observer.OnRequestFinished(request, done);
   RegistryReader reader(registry);
-  EXPECT_EQ(
-      reader.Counter("switchserve_requests_total", {{"protocol", "grpc"}, {"status", "CANCELLED"}}),
-      1.0);
-  EXPECT_EQ(reader.Counter("switchserve_requests_total",
-                           {{"protocol", "grpc"}, {"status", "DEADLINE_EXCEEDED"}}),
-            2.0);
-  EXPECT_EQ(reader.Counter("switchserve_requests_total",
-                           {{"protocol", "grpc"}, {"status", "UNAVAILABLE"}}),
+  for (const char* status : {"OK", "CANCELLED", "DEADLINE_EXCEEDED", "UNAVAILABLE"}) {
+    EXPECT_EQ(
+        reader.Counter("switchserve_requests_total", {{"protocol", "grpc"}, {"status", status}}),
+        0.0)
+        << status;
+  }
+  EXPECT_EQ(reader.Counter("switchserve_request_finish_reason_total", {{"reason", "cancelled"}}),
             3.0);
-  EXPECT_EQ(reader.Counter("switchserve_requests_total", {{"protocol", "grpc"}, {"status", "OK"}}),
-            1.0);
+  EXPECT_EQ(reader.Counter("switchserve_request_finish_reason_total", {{"reason", "length"}}), 1.0);
+  const auto& e2e = HistogramOf(reader, "switchserve_e2e_request_latency_seconds");
+  EXPECT_EQ(e2e.sample_count, 1u);
+  EXPECT_DOUBLE_EQ(e2e.sample_sum, 0.007);
 }
 
 // A request's first-token latency is recorded as the token comes (it must
