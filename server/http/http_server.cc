@@ -14,6 +14,7 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <limits>
 #include <list>
@@ -23,6 +24,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace switchserve {
@@ -34,6 +36,11 @@ namespace net = boost::asio;
 namespace ssl = net::ssl;
 using tcp = net::ip::tcp;
 using SteadyClock = std::chrono::steady_clock;
+
+// The request line and header fields together (Beast's default), and the
+// bytes a connection buffers while the parser looks for the end of a line.
+constexpr size_t kMaxHeadBytes = 8192;
+constexpr size_t kMaxBufferedBytes = 64 * 1024;
 
 std::chrono::milliseconds Milliseconds(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
@@ -245,6 +252,8 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     if (state_->stopping) return Close();
     parser_.emplace();
     head_only_ = false;
+    http10_ = false;
+    parser_->header_limit(static_cast<std::uint32_t>(kMaxHeadBytes));
     parser_->body_limit(static_cast<uint64_t>(state_->options.max_body_bytes));
     Lowest().expires_after(Milliseconds(state_->options.idle_timeout_s));
     http::async_read_header(
@@ -255,6 +264,12 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   void OnHeader(beast::error_code ec) {
     if (ec) return OnReadError(ec);
     head_only_ = parser_->get().method() == http::verb::head;
+    http10_ = parser_->get().version() < 11;
+    // RFC 9112 3.2: an HTTP/1.1 request without a Host field is refused.
+    if (!http10_ && parser_->get().find(http::field::host) == parser_->get().end()) {
+      return RespondAndClose(/*head_read=*/true, 400,
+                             "malformed HTTP request: an HTTP/1.1 request needs a Host field");
+    }
     // RFC 9112: a Transfer-Encoding this server does not decode, beside a
     // Content-Length it would use instead, could frame the message unlike a
     // proxy in front did.
@@ -271,8 +286,15 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
         return SendAndClose(std::move(*refusal));
       }
     }
+    // RFC 9110 10.1.1: an HTTP/1.0 client gets no 100 (Continue), and an
+    // expectation other than 100-continue cannot be met.
     const auto expect = parser_->get()[http::field::expect];
-    if (!beast::iequals(expect, "100-continue")) return ReadBody();
+    if (expect.empty() || http10_) return ReadBody();
+    if (!beast::iequals(expect, "100-continue")) {
+      return RespondAndClose(
+          /*head_read=*/true, 417,
+          absl::StrCat("Expect \"", std::string(expect), "\": only \"100-continue\" is supported"));
+    }
     // curl sends `Expect: 100-continue` with larger bodies and waits for it.
     auto go_on = std::make_shared<http::response<http::empty_body>>(http::status::continue_,
                                                                     parser_->get().version());
@@ -290,6 +312,11 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   }
 
   void OnReadError(beast::error_code ec) {
+    if (ec == http::error::header_limit) {
+      return RespondAndClose(
+          /*head_read=*/false, 431,
+          absl::StrCat("the request's head is larger than ", kMaxHeadBytes, " bytes"));
+    }
     if (ec == http::error::body_limit) {
       // The limit applies once the head is read (to its Content-Length) or
       // within the body.
@@ -312,7 +339,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   HttpRequest RequestOf(const http::request<http::string_body>& message) const {
     HttpRequest request;
     request.method = std::string(message.method_string());
-    request.target = std::string(message.target());
+    request.target = OriginForm(std::string(message.target()));
     for (const auto& field : message) {
       request.headers.emplace_back(absl::AsciiStrToLower(std::string(field.name_string())),
                                    std::string(field.value()));
@@ -387,6 +414,18 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     Close();
   }
 
+  // A target in absolute form (RFC 9112 3.2.2: "http://host/path?query", as
+  // sent to a proxy) as its path and query; any other target as sent.
+  static std::string OriginForm(const std::string& target) {
+    for (const char* scheme : {"http://", "https://"}) {
+      if (!absl::StartsWithIgnoreCase(target, scheme)) continue;
+      const size_t path = target.find_first_of("/?", std::strlen(scheme));
+      if (path == std::string::npos) return "/";
+      return target[path] == '?' ? "/" + target.substr(path) : target.substr(path);
+    }
+    return target;
+  }
+
   template <class Body>
   void SetHead(const HttpResponse& from, http::response<Body>* to) const {
     to->version(11);
@@ -422,9 +461,12 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
         http::async_write(stream_, *full_, std::move(done));
         return;
       case OutPiece::kHead:
+        // An HTTP/1.0 client cannot read chunks (RFC 9112 6.1): its stream
+        // is the body until the connection closes.
+        if (http10_) keep_alive_ = false;
         head_.emplace();
         SetHead(piece.response, &*head_);
-        head_->chunked(true);
+        head_->chunked(!http10_);
         head_serializer_.emplace(*head_);
         http::async_write_header(stream_, *head_serializer_, std::move(done));
         return;
@@ -435,10 +477,19 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
           chunk_ += pending_.front().data;
           pending_.pop_front();
         }
-        net::async_write(stream_, http::make_chunk(net::buffer(chunk_)), std::move(done));
+        if (http10_) {
+          net::async_write(stream_, net::buffer(chunk_), std::move(done));
+        } else {
+          net::async_write(stream_, http::make_chunk(net::buffer(chunk_)), std::move(done));
+        }
         return;
       case OutPiece::kEnd:
-        net::async_write(stream_, http::make_chunk_last(), std::move(done));
+        if (http10_) {
+          net::post(stream_.get_executor(),
+                    [done = std::move(done)]() mutable { done(beast::error_code(), 0); });
+        } else {
+          net::async_write(stream_, http::make_chunk_last(), std::move(done));
+        }
         return;
     }
   }
@@ -476,7 +527,11 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   Stream stream_;
   const std::string peer_;
   const SteadyClock::time_point opened_ = SteadyClock::now();
-  beast::flat_buffer buffer_;
+  // Bounded: a request's head is limited by the parser (kMaxHeadBytes) and
+  // its body by --max-request-bytes, but the lines between (a chunk's size
+  // and extensions, the trailer fields) only by this buffer, which the
+  // parser fills until it finds their end.
+  beast::flat_buffer buffer_{kMaxBufferedBytes};
   std::optional<http::request_parser<http::string_body>> parser_;
   std::shared_ptr<ExchangeImpl> exchange_;  // the request being answered
   bool keep_alive_ = false;
@@ -488,6 +543,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   std::optional<http::response<http::string_body>> full_;
   std::optional<http::response_serializer<http::string_body>> full_serializer_;
   bool head_only_ = false;  // the request being answered is a HEAD
+  bool http10_ = false;     // ... comes from an HTTP/1.0 client
   std::optional<http::response<http::empty_body>> head_;
   std::optional<http::response_serializer<http::empty_body>> head_serializer_;
   std::string chunk_;

@@ -43,6 +43,11 @@ struct CompletionRequest {
 // malformed, refused or unknown.
 absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body);
 
+// A name the client sent (an unknown field or option, a model's name), as an
+// error message shows it: at most 64 bytes, cut at a UTF-8 character
+// boundary, "..." after a cut. A message never echoes a long name back whole.
+std::string ShownName(std::string_view name);
+
 // Turns a ValidateGenerateRequest error into the API's terms: the field
 // (`sampling.max_new_tokens`, `text`, ...) becomes the request parameter
 // (`max_tokens`, `prompt`, ...), with `prompt[i]` for the i-th of several

@@ -30,8 +30,9 @@ HttpResponse ErrorResponse(const absl::Status& status) {
 }  // namespace
 
 std::string OpenAiErrorBody(int http_status, const std::string& message) {
-  const absl::StatusCode code = http_status == 413 ? absl::StatusCode::kResourceExhausted
-                                                   : absl::StatusCode::kInvalidArgument;
+  const absl::StatusCode code = http_status == 413 || http_status == 431
+                                    ? absl::StatusCode::kResourceExhausted
+                                    : absl::StatusCode::kInvalidArgument;
   ApiError error = MakeApiError(absl::Status(code, message));
   error.body["error"]["type"] = "invalid_request_error";
   return error.body.dump(-1, ' ', false, Json::error_handler_t::replace);
@@ -86,8 +87,8 @@ void OpenAiService::Handle(const std::shared_ptr<HttpExchange>& exchange) const 
     if (!get) return wrong_method("GET");
     if (path.substr(11) == options_.model_name) return exchange->Respond(JsonResponse(200, model));
     return exchange->Respond(ErrorResponse(absl::NotFoundError(
-        absl::StrCat("the model `", path.substr(11), "` does not exist; this server serves `",
-                     options_.model_name, "`"))));
+        absl::StrCat("the model `", ShownName(path.substr(11)),
+                     "` does not exist; this server serves `", options_.model_name, "`"))));
   }
   if (path == "/v1/chat/completions") {
     return exchange->Respond(ErrorResponse(absl::NotFoundError(
@@ -122,8 +123,9 @@ std::optional<HttpResponse> OpenAiService::CheckHead(const HttpRequest& head) co
 void OpenAiService::OnOwnError(const HttpRequest& head, HttpResponse* response) const {
   if (head.Path() != "/v1/completions" || head.method != "POST") return;
   AccessRecord access = CompletionAccess(head);
-  access.status = response->status == 413 ? absl::StatusCode::kResourceExhausted
-                                          : absl::StatusCode::kInvalidArgument;
+  access.status = response->status == 413 || response->status == 431
+                      ? absl::StatusCode::kResourceExhausted
+                      : absl::StatusCode::kInvalidArgument;
   access.http_status = response->status;
   response->headers.emplace_back("x-request-id", access.request_id);
   if (options_.metrics != nullptr) {
@@ -167,7 +169,7 @@ void OpenAiService::Completions(const std::shared_ptr<HttpExchange>& exchange) c
   auto parsed = ParseCompletionRequest(request.body);
   if (!parsed.ok()) return reject(parsed.status());
   if (!parsed->model.empty() && parsed->model != options_.model_name) {
-    return reject(absl::NotFoundError(absl::StrCat("model: `", parsed->model,
+    return reject(absl::NotFoundError(absl::StrCat("model: `", ShownName(parsed->model),
                                                    "` does not exist; this server serves `",
                                                    options_.model_name, "`")));
   }

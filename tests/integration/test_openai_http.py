@@ -392,6 +392,92 @@ def test_head_answers_no_body_and_odd_transfer_encodings_are_refused(server):
         assert answer.startswith(b"HTTP/1.1 501"), (encoding, answer)
 
 
+def raw_exchange_streamed(port, pieces):
+    """Sends `pieces` one after another on one connection, and returns what
+    the server answers until it closes the connection (or 5 s pass); the
+    server may answer and close before every piece is sent."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        try:
+            for piece in pieces:
+                s.sendall(piece)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        received = b""
+        try:
+            while chunk := s.recv(65536):
+                received += chunk
+        except (socket.timeout, ConnectionResetError):
+            pass
+        return received
+
+
+def test_lines_between_head_and_body_are_bounded(server):
+    """A chunk's size line with its extensions, a chunk size of many zeros or
+    the trailer fields: the parser buffered them until their end, without a
+    limit (a client sent gigabytes to /health until the server ran out of
+    memory). Past 64 KiB they are a malformed request."""
+    head = b"GET /health HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    for start in (b"1;a=", b"000", b"0\r\nX-Trailer: "):
+        filler = (b"a" if start != b"000" else b"0") * 8192
+        answer = raw_exchange_streamed(server.http_port, [head, start] + [filler] * 16)
+        assert answer.startswith(b"HTTP/1.1 400"), (start, answer[:200])
+        assert b"buffer overflow" in answer, answer[:300]
+    # Short extensions and trailers are still read.
+    answer = raw_exchange(server.http_port, head + b"0;ext=1\r\nX-Trailer: t\r\n\r\n"
+                          b"GET /ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b'{"status":"ready"}'), answer
+
+
+def test_http_1_1_rules_for_host_expect_targets_and_heads(server):
+    """RFC 9112 and 9110: an HTTP/1.1 request without Host is a 400; an
+    expectation other than 100-continue a 417; a target in absolute form is
+    served as its path; a head over 8 KiB a 431 (it was a 400)."""
+    answer = raw_exchange(server.http_port, b"GET /health HTTP/1.1\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 400") and b"Host" in answer, answer
+    answer = raw_exchange(server.http_port, b"GET /health HTTP/1.1\r\nHost: x\r\nExpect: x\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 417"), answer
+    target = f"http://127.0.0.1:{server.http_port}/v1/models".encode()
+    answer = raw_exchange(server.http_port, b"GET " + target + b" HTTP/1.1\r\nHost: x\r\n"
+                          b"Connection: close\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 200") and MODEL.encode() in answer, answer
+    answer = raw_exchange(server.http_port, b"GET HTTP://x HTTP/1.1\r\nHost: x\r\n"
+                          b"Connection: close\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 404"), answer  # "/": no such endpoint
+    answer = raw_exchange(server.http_port, b"GET /health HTTP/1.1\r\nHost: x\r\n"
+                          b"X-Big: " + b"b" * 9000 + b"\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+
+
+def test_an_http_1_0_client_gets_no_chunks_and_no_100_continue(server):
+    """RFC 9112 6.1 and RFC 9110 10.1.1: a stream to an HTTP/1.0 client is
+    its body until the connection closes, not chunks it cannot read; and it
+    gets no 100 (Continue)."""
+    body = json.dumps({"prompt": "hello", "max_tokens": 4, "temperature": 0,
+                       "stream": True}).encode()
+    answer = raw_exchange(server.http_port, b"POST /v1/completions HTTP/1.0\r\nHost: x\r\n"
+                          b"Expect: 100-continue\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    head, rest = answer.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 200"), answer
+    assert b"100 Continue" not in answer and b"chunked" not in head.lower(), answer
+    events = [line[len(b"data: "):] for line in rest.split(b"\n\n") if line]
+    assert events[-1] == b"[DONE]", rest
+    text = "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1])
+    assert text == grpc_generate(server, "hello", max_new_tokens=4, temperature=0).text
+
+
+def test_a_wrong_model_is_named_shortened(server):
+    """A model name is shown at most 64 bytes long, as every other value a
+    client sent (a 3 MB name came back whole)."""
+    result = curl("-i", server.url + "/v1/completions", "-d",
+                  json.dumps({"prompt": "x", "model": "m" * 100000}))
+    assert result.stdout.startswith("HTTP/1.1 404") and len(result.stdout) < 2000, \
+        result.stdout[:300]
+    assert "m" * 64 + "..." in result.stdout
+    result = curl("-i", server.url + "/v1/models/" + "m" * 4000)
+    assert result.stdout.startswith("HTTP/1.1 404") and len(result.stdout) < 2000
+
+
 def test_errors_the_http_server_answers_itself_are_counted_and_logged():
     """A completion refused by the HTTP layer (413 for a body over
     --max-request-bytes, 501 for a Transfer-Encoding it does not decode) gets

@@ -55,6 +55,27 @@ TEST(OpenAiProtocolTest, DefaultsFollowOpenAi) {
   EXPECT_EQ(parsed->prompts[0].sampling().max_new_tokens(), kDefaultMaxTokens);
   EXPECT_FALSE(parsed->prompts[0].sampling().has_temperature());
   EXPECT_FALSE(parsed->prompts[0].sampling().has_seed());
+  // null for a stream option is "not given" too (vLLM's Optional[bool]).
+  parsed = ParseCompletionRequest(
+      R"({"prompt": "x", "stream": true, "stream_options": {"include_usage": null}})");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_FALSE(parsed->include_usage);
+}
+
+// Integer fields take a whole number written as a float (pydantic's lax mode,
+// vLLM's), and refuse a fraction or a whole number past int64.
+TEST(OpenAiProtocolTest, IntegerFieldsTakeWholeFloats) {
+  auto parsed = ParseCompletionRequest(
+      R"({"prompt": "x", "max_tokens": 2.0, "n": 1.0, "seed": 1e3, "top_k": 4.0})");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const v1::SamplingParams& s = parsed->prompts[0].sampling();
+  EXPECT_EQ(s.max_new_tokens(), 2);
+  EXPECT_EQ(s.seed(), 1000u);
+  EXPECT_EQ(s.top_k(), 4);
+  EXPECT_EQ(ParseCompletionRequest(R"({"prompt": "x", "max_tokens": 2.5})").status().message(),
+            "max_tokens: must be an integer, found 2.5");
+  EXPECT_EQ(ParseCompletionRequest(R"({"prompt": "x", "seed": 1e30})").status().message(),
+            "seed: is out of range, found 1e+30");
 }
 
 TEST(OpenAiProtocolTest, RefusalsNameTheParameter) {
@@ -156,6 +177,13 @@ TEST(OpenAiProtocolTest, DeepNestingIsRefusedWithoutRecursion) {
     EXPECT_EQ(parsed.status().message(), "body: nests arrays and objects more than 16 levels deep")
         << key;
   }
+  // Refused before the body is parsed (the parser builds every level it
+  // reads: 300 MB for a 4 MB body of "["), whatever follows the levels.
+  EXPECT_EQ(ParseCompletionRequest(std::string(17, '[') + "not json").status().message(),
+            "body: nests arrays and objects more than 16 levels deep");
+  // Brackets inside strings (escaped quotes included) are text, not levels.
+  const std::string brackets = std::string(40, '[') + R"(\"{)" + std::string(40, '{');
+  EXPECT_TRUE(ParseCompletionRequest(R"({"prompt": ")" + brackets + R"("})").ok());
   std::string objects = R"({"prompt": "x", "stream_options": )";
   for (int i = 0; i < 100000; ++i) objects += R"({"a": )";
   objects.append("1").append(100000, '}').append("}");
