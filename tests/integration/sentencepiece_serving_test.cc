@@ -44,6 +44,24 @@ std::string WriteSentencePieceModel() {
   return dir;
 }
 
+// What a shell command wrote (stdout and, redirected, stderr) and its exit
+// code (-1 unless it exited).
+struct CommandResult {
+  std::string output;
+  int exit_code = -1;
+};
+
+CommandResult RunCommand(const std::string& command) {
+  CommandResult result;
+  std::FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return result;
+  char buffer[256];
+  while (std::fgets(buffer, sizeof buffer, pipe) != nullptr) result.output += buffer;
+  const int status = pclose(pipe);
+  if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+  return result;
+}
+
 class SentencePieceServingTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -125,14 +143,9 @@ TEST_F(SentencePieceServingTest, GenerateSubcommandRuns) {
   const std::string command = std::string(SWITCHSERVE_BINARY) + " generate --model " + *model_dir_ +
                               " --prompt 'the river' --max-new-tokens 8 --seed 3" +
                               " --threads 1 2>&1";
-  std::FILE* pipe = popen(command.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string output;
-  char buffer[256];
-  while (std::fgets(buffer, sizeof buffer, pipe) != nullptr) output += buffer;
-  const int status = pclose(pipe);
-  ASSERT_TRUE(WIFEXITED(status)) << output;
-  EXPECT_EQ(WEXITSTATUS(status), 0) << output;
+  const CommandResult result = RunCommand(command);
+  const std::string& output = result.output;
+  EXPECT_EQ(result.exit_code, 0) << output;
   EXPECT_EQ(output.rfind("the river", 0), 0u) << output;
 }
 
@@ -152,14 +165,9 @@ TEST_F(SentencePieceServingTest, ScoreBitsPerByteCountTheFilesBytes) {
   }
   const std::string command = std::string(SWITCHSERVE_BINARY) + " score --model " + *model_dir_ +
                               " --text " + path + " --threads 1 2>&1";
-  std::FILE* pipe = popen(command.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string output;
-  char buffer[256];
-  while (std::fgets(buffer, sizeof buffer, pipe) != nullptr) output += buffer;
-  const int status = pclose(pipe);
-  ASSERT_TRUE(WIFEXITED(status)) << output;
-  ASSERT_EQ(WEXITSTATUS(status), 0) << output;
+  const CommandResult result = RunCommand(command);
+  const std::string& output = result.output;
+  ASSERT_EQ(result.exit_code, 0) << output;
   long long predicted = 0;
   double mean_nll = 0, bits_per_byte = 0;
   const size_t at_predicted = output.find("predicted: ");
