@@ -2,7 +2,10 @@
 // in-process GenerationEngine (the scheduler, backend and sampler that
 // `switchserve serve` runs, set up by server/engine_setup.h) and tokens come
 // back through its GenerationSink. Compared with GrpcTransport on the same
-// load, the difference is the cost of serving (gRPC, protobuf, threads).
+// load, the difference is the cost of serving (gRPC, protobuf, threads). A
+// request fails where its gRPC call would: an engine error, a refusal, and a
+// request the engine cancelled (at its deadline: DEADLINE_EXCEEDED), each
+// with the status code and message a gRPC client reports.
 #ifndef SWITCHSERVE_BENCH_LOAD_ENGINE_TRANSPORT_H_
 #define SWITCHSERVE_BENCH_LOAD_ENGINE_TRANSPORT_H_
 

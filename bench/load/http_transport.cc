@@ -6,6 +6,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <chrono>
+#include <cstdint>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -19,6 +20,16 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 namespace net = boost::asio;
 using tcp = net::ip::tcp;
+
+// The usage event's completion_tokens, or -1 when it has none.
+int64_t CompletionTokens(const std::string& json) {
+  const nlohmann::json chunk = nlohmann::json::parse(json, nullptr, false);
+  if (!chunk.is_object()) return -1;
+  const auto usage = chunk.find("usage");
+  if (usage == chunk.end() || !usage->is_object()) return -1;
+  const auto tokens = usage->find("completion_tokens");
+  return tokens != usage->end() && tokens->is_number_integer() ? tokens->get<int64_t>() : -1;
+}
 
 // One streaming completion on its own connection; ends by telling
 // `progress`, after which nothing refers to it.
@@ -69,11 +80,23 @@ class StreamingPost : public std::enable_shared_from_this<StreamingPost> {
     http::async_read(stream_, buffer_, parser_,
                      [self = shared_from_this()](beast::error_code ec, size_t) {
                        if (ec) return self->Done("read: " + ec.message());
-                       self->Done(self->done_ ? "" : "the stream ended without [DONE]");
+                       if (!self->done_) return self->Done("the stream ended without [DONE]");
+                       // A stream that ended well always has its usage event.
+                       if (!self->usage_ && self->error_.empty()) {
+                         return self->Done("the stream ended without a usage event");
+                       }
+                       self->Done("");
                      });
   }
 
-  // Counts the complete events received so far: each is one token.
+  // Counts the tokens of the complete events received so far. An event may
+  // carry several tokens (--stream-interval, or tokens merged while the
+  // server still wrote the previous event) and its text does not say how
+  // many; only "logprobs" would list them, at the cost of a log-softmax per
+  // token in the server's sampler. So the first event, which carries the
+  // first token, counts one, and the usage event at the end (asked for with
+  // stream_options.include_usage) brings the count up to its
+  // completion_tokens: TTFT, TPOT and the total are then exact.
   void TakeEvents() {
     size_t end;
     while ((end = events_.find("\n\n")) != std::string::npos) {
@@ -84,9 +107,23 @@ class StreamingPost : public std::enable_shared_from_this<StreamingPost> {
       } else if (event.rfind("data: {\"error\"", 0) == 0) {
         error_ = event.substr(6);
       } else if (event.find("\"choices\":[{") != std::string::npos) {
-        progress_->OnTokens(1);
+        if (tokens_ == 0) Count(1);
+      } else if (event.find("\"choices\":[]") != std::string::npos) {
+        const int64_t tokens = CompletionTokens(event.substr(6));
+        if (tokens < 0) {
+          error_ = "a usage event without completion_tokens: " + event.substr(6);
+          continue;
+        }
+        usage_ = true;
+        Count(tokens - tokens_);
       }
     }
+  }
+
+  void Count(int64_t tokens) {
+    if (tokens <= 0) return;
+    tokens_ += tokens;
+    progress_->OnTokens(static_cast<int>(tokens));
   }
 
   void Done(const std::string& error) {
@@ -108,6 +145,8 @@ class StreamingPost : public std::enable_shared_from_this<StreamingPost> {
   std::function<std::size_t(std::uint64_t, beast::string_view, beast::error_code&)> on_chunk_;
   std::string events_;
   std::string error_;
+  int64_t tokens_ = 0;  // counted so far
+  bool usage_ = false;  // the usage event came
   bool done_ = false;
 };
 
@@ -141,6 +180,8 @@ HttpTransport::HttpTransport(std::string host, int port, const v1::GenerateReque
   body["temperature"] = sampling.temperature();
   body["ignore_eos"] = sampling.ignore_eos();
   body["stream"] = true;
+  // The token count, which the events themselves do not give (TakeEvents).
+  body["stream_options"] = {{"include_usage", true}};
   impl_->token = std::move(token);
   impl_->timeout_s = timeout_s;
   impl_->work.emplace(net::make_work_guard(impl_->ioc));

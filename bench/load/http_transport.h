@@ -1,8 +1,10 @@
 // Load-generator transport over the OpenAI-compatible HTTP API: every request
 // is a streaming POST /v1/completions (server-sent events) to a running
 // `switchserve serve --http-port`, on its own connection, so TTFT and TPOT
-// are what an HTTP client sees. Each event of a one-prompt stream carries one
-// token.
+// are what an HTTP client sees. An event may carry several tokens
+// (`--stream-interval`), and without logprobs it does not say how many: the
+// first event's arrival is the first token's, and the stream's usage event
+// (stream_options.include_usage) gives the total.
 #ifndef SWITCHSERVE_BENCH_LOAD_HTTP_TRANSPORT_H_
 #define SWITCHSERVE_BENCH_LOAD_HTTP_TRANSPORT_H_
 

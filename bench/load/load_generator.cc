@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <random>
@@ -93,6 +94,29 @@ class TimedRequest : public RequestProgress {
   int tokens_ = 0;
 };
 
+// Runs `start` now, unless this thread is already inside a call of this
+// function further up its stack: then that call runs it once `start`'s
+// predecessor has returned. A transport may finish a request inside Start
+// (the engine refuses it at once), and OnDone starts the next request of a
+// closed loop: without this, every such refusal would nest one Start deeper,
+// until the stack ran out.
+void StartUnnested(std::function<void()> start) {
+  thread_local std::deque<std::function<void()>>* pending = nullptr;
+  if (pending != nullptr) {
+    pending->push_back(std::move(start));
+    return;
+  }
+  std::deque<std::function<void()>> queue;
+  queue.push_back(std::move(start));
+  pending = &queue;
+  while (!queue.empty()) {
+    const std::function<void()> next = std::move(queue.front());
+    queue.pop_front();
+    next();
+  }
+  pending = nullptr;
+}
+
 }  // namespace
 
 LoadResult RunLoad(LoadTransport& transport, const LoadOptions& options) {
@@ -115,11 +139,15 @@ LoadResult RunLoad(LoadTransport& transport, const LoadOptions& options) {
   const double cpu_start = ProcessCpuSeconds();
   std::atomic<int> launched{0};
   // Closed loop: each finished request starts the next until `total` were
-  // sent. (Lives until every request is done: the requests refer to it.)
+  // sent. (Lives until every request is done: the requests refer to it.) The
+  // index is taken first: until request `index` is done, RunLoad waits, so
+  // what the deferred start refers to is still there when it runs.
   std::function<void()> launch = [&] {
     const int index = launched.fetch_add(1);
     if (index >= total) return;
-    transport.Start(options.seed + index, new TimedRequest(&stats, &completion, launch));
+    StartUnnested([&, index] {
+      transport.Start(options.seed + index, new TimedRequest(&stats, &completion, launch));
+    });
   };
   if (options.mode == LoadMode::kClosed) {
     const int initial = std::min(total, options.concurrency);

@@ -1,8 +1,8 @@
 // The load generator's transport-independent half: closed-loop (fixed
 // concurrency) or open-loop (Poisson arrivals) scheduling of requests, and the
 // per-request timing (TTFT, TPOT, latency) that feeds LatencyStats. A
-// LoadTransport only starts requests and reports their tokens; the gRPC
-// client and the in-process engine are the two transports, so both are
+// LoadTransport only starts requests and reports their tokens; the gRPC and
+// HTTP clients and the in-process engine are the transports, so all are
 // measured by exactly the same code.
 #ifndef SWITCHSERVE_BENCH_LOAD_LOAD_GENERATOR_H_
 #define SWITCHSERVE_BENCH_LOAD_LOAD_GENERATOR_H_
@@ -17,7 +17,8 @@ namespace switchserve::bench {
 
 // What a transport reports about one request. OnTokens may be called any
 // number of times, then OnDone exactly once; the calls of one request never
-// overlap (they may come from any thread). After OnDone the object is gone.
+// overlap (they may come from any thread, also from inside the Start that
+// started it: a request refused at once). After OnDone the object is gone.
 class RequestProgress {
  public:
   virtual ~RequestProgress() = default;

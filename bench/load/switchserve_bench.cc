@@ -56,7 +56,8 @@
 
 ABSL_FLAG(std::string, address, "127.0.0.1:50051", "server HOST:PORT");
 ABSL_FLAG(std::string, http_address, "",
-          "IP:PORT of the server's HTTP API: send streaming /v1/completions instead of gRPC");
+          "IP:PORT of the server's HTTP API: send streaming /v1/completions instead of gRPC "
+          "(with stream_options.include_usage: each request's usage gives its token count)");
 ABSL_FLAG(std::string, engine_model, "",
           "model directory: run the load through an in-process engine instead of gRPC");
 ABSL_FLAG(std::string, mode, "closed", "closed (fixed concurrency) | open (Poisson arrivals)");

@@ -1214,9 +1214,33 @@ def test_load_generator_over_grpc():
 
 
 @pytest.mark.bench
+def test_load_generator_in_process_fails_requests_past_their_deadline():
+    """In-process, a request the engine cancels at its deadline is a failure,
+    with the status a gRPC client reports for it: the two transports' figures
+    and error breakdowns agree. (A deadline already past as the request
+    starts: the engine drops it before its first step.)"""
+    def bench(*transport):
+        result = subprocess.run(
+            [os.environ["SWITCHSERVE_BENCH"], *transport, "--requests", "8", "--concurrency",
+             "4", "--max-new-tokens", "5", "--timeout-s", "0.0001"],
+            capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert "requests: 0 ok, 8 failed" in result.stdout, result.stdout
+        return re.findall(r"^error .*$", result.stdout, re.M)
+
+    assert bench("--engine-model", MODEL_DIR, "--threads", "1") == [
+        "error 4 Deadline Exceeded: 8"]
+    server = Server()
+    try:
+        assert bench("--address", server.address) == ["error 4 Deadline Exceeded: 8"]
+    finally:
+        server.close()
+
+
+@pytest.mark.bench
 def test_load_generator_over_http():
     """switchserve-bench --http-address (ctest bench_http_smoke, where the
-    benchmarks are built) completes every request, one token per event."""
+    benchmarks are built) completes every request and counts its tokens."""
     server = Server()
     try:
         result = subprocess.run(
@@ -1226,10 +1250,39 @@ def test_load_generator_over_http():
         assert result.returncode == 0, result.stderr
         assert "requests: 8 ok, 0 failed" in result.stdout, result.stdout
         rates = re.search(r"throughput: ([\d.]+) requests/s, ([\d.]+) tokens/s", result.stdout)
-        # The transport counted 5 tokens (events) per request.
+        # The transport counted 5 tokens per request.
         assert float(rates.group(2)) / float(rates.group(1)) == pytest.approx(5, rel=1e-3)
         records = [json.loads(l) for l in server.log().splitlines()]
         tokens = [r["completion_tokens"] for r in records if r["msg"] == "request"]
         assert tokens == [5] * 8
+    finally:
+        server.close()
+
+
+@pytest.mark.bench
+def test_load_generator_over_http_counts_every_token_of_an_event():
+    """With --stream-interval 4 an event carries the first token alone, then
+    up to 4: switchserve-bench --http-address counts the tokens (10 a
+    request here, in 4 events), not the events, as it does over gRPC."""
+    server = Server("--stream-interval", "4")
+    try:
+        def tokens_per_request(*transport):
+            result = subprocess.run(
+                [os.environ["SWITCHSERVE_BENCH"], *transport, "--requests", "8",
+                 "--concurrency", "4", "--prompt-ids", "81,85,37", "--max-new-tokens", "10",
+                 "--ignore-eos"],
+                capture_output=True, text=True, timeout=120)
+            assert result.returncode == 0, result.stderr
+            assert "requests: 8 ok, 0 failed" in result.stdout, result.stdout
+            rates = re.search(r"throughput: ([\d.]+) requests/s, ([\d.]+) tokens/s",
+                              result.stdout)
+            return float(rates.group(2)) / float(rates.group(1))
+
+        assert tokens_per_request("--http-address", f"127.0.0.1:{server.http_port}") == \
+            pytest.approx(10, rel=1e-3)
+        assert tokens_per_request("--address", server.address) == pytest.approx(10, rel=1e-3)
+        records = [json.loads(l) for l in server.log().splitlines()]
+        tokens = [r["completion_tokens"] for r in records if r["msg"] == "request"]
+        assert tokens == [10] * 16
     finally:
         server.close()
