@@ -579,10 +579,11 @@ void HttpServerState::Accept() {
     if (const int64_t limit = ConnectionLimit(); OpenConnections() >= limit) {
       // Closed at once, unanswered and unread: its client sees the
       // connection end (or reset, if its request was in flight) and may
-      // retry, here or at another replica.
+      // retry, here or at another replica. Counted first, so that a client
+      // that saw the close finds it in the metrics.
+      if (options.on_connection_refused) options.on_connection_refused(limit);
       beast::error_code ignored;
       socket.close(ignored);
-      if (options.on_connection_refused) options.on_connection_refused(limit);
     } else if (!stopping) {
       beast::error_code peer_error;
       std::string peer = PeerName(socket.remote_endpoint(peer_error));
