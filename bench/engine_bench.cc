@@ -23,9 +23,11 @@
 //   --smoke        tiny models and short runs: checks the whole benchmark
 //                  end to end (on the emulated CUDA backend too).
 //   --kv-cache-dtype=auto|f32|bf16
-//                  the KV cache's element type (BackendOptions; the CPU
-//                  backend's default is f32, the CUDA backend's follows its
-//                  weights); the bytes counted for attention follow it.
+//                  the KV cache's element type (BackendOptions; auto, the
+//                  default, follows the weights: on the CPU backend bf16
+//                  for switchall_bf16 and f32 for the others, on the CUDA
+//                  backend bf16 beside its 16-bit weights); the bytes
+//                  counted for attention follow it.
 //   --kernel-isa=avx512|avx2|generic
 //                  CPU: the build of the kernels (BackendOptions::cpu_kernels;
 //                  default: the fastest this CPU runs), to compare builds on

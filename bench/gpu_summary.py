@@ -7,7 +7,8 @@ the limits measured in the same run, and the goals of the CUDA backend:
   - the 2048-token prefill (SwitchAll) >= 50% of the bf16 GEMM rate;
   - SwitchAll faster per token than the dense-attention baseline of matched
     parameters, in every benchmark;
-  - >= 10x the PyTorch reference on the same GPU at batch 1 (in-process engine);
+  - >= 10x the PyTorch reference on the same GPU at batch 1 (in-process engine),
+    in each dtype compare_pytorch.py ran it in (--ref-dtypes);
   - gRPC serving >= 0.9x the in-process engine at 32 clients.
 
   bench/gpu_summary.py --engine-bench OUT/engine_bench.json --compare OUT/compare_pytorch.txt
@@ -34,16 +35,24 @@ def engine_rows(path):
 
 
 def compare_rows(path):
-    """{(section, concurrency): (reference, engine, grpc)} from the markdown tables."""
-    rows, section = {}, None
+    """{(section, concurrency): {column: tokens/s or None}} from compare_pytorch.py's
+    markdown tables, read by their header: "reference f32" (one column per
+    --ref-dtypes), "engine", "gRPC"."""
+    rows, section, columns = {}, None, None
+    value = lambda s: None if s == "—" else float(s)  # noqa: E731
     with open(path) as f:
         for line in f:
             if line.startswith("## "):
-                section = line[3:].split(":")[0].strip()
-            m = re.match(r"\| (\d+) \| ([\d.—]+) \| ([\d.—]+) \| ([\d.—]+) \|", line)
-            if m and section:
-                value = lambda s: None if s == "—" else float(s)  # noqa: E731
-                rows[(section, int(m.group(1)))] = tuple(value(m.group(i)) for i in (2, 3, 4))
+                section, columns = line[3:].split(":")[0].strip(), None
+            if not line.startswith("|"):
+                continue
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if cells[0] == "concurrency / batch":
+                columns = cells
+            elif section and columns and cells[0].isdigit() and len(cells) == len(columns):
+                rows[(section, int(cells[0]))] = {
+                    name[:-len(" tokens/s")]: value(cell)
+                    for name, cell in zip(columns[1:], cells[1:]) if name.endswith(" tokens/s")}
     return rows
 
 
@@ -103,10 +112,15 @@ def main():
     else:
         errors.append(f"no {args.compare}")
         print(f"- ERROR: no {args.compare}")
-    for (section, c), (ref, eng, rpc) in sorted(compare.items()):
-        if c == 1 and ref and eng:
-            goal(f"{section}: >= 10x the PyTorch reference at batch 1", eng / ref >= 10,
-                 f"{eng / ref:.1f}x")
+    for (section, c), row in sorted(compare.items()):
+        eng, rpc = row.get("engine"), row.get("gRPC")
+        refs = [name for name in row if name.startswith("reference")]
+        for name in refs:  # one goal per reference dtype, named when there are several
+            ref = row[name]
+            if c == 1 and ref and eng:
+                which = f"PyTorch {name}" if len(refs) > 1 else "PyTorch reference"
+                goal(f"{section}: >= 10x the {which} at batch 1", eng / ref >= 10,
+                     f"{eng / ref:.1f}x")
         if c == 32 and eng and rpc:
             goal(f"{section}: gRPC >= 0.9x the in-process engine at 32 clients", rpc / eng >= 0.9,
                  f"{rpc / eng:.2f}x")

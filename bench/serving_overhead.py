@@ -19,7 +19,10 @@ the HTTP API's)
 from /proc/PID/task; and the load generator's client, which shares the
 machine's cores. On a machine whose cores the load fills, throughput is
 about cores / CPU per token, so these shares explain the ratio and are far
-steadier than it on a shared machine.
+steadier than it on a shared machine. The load generator's and the
+in-process engine's CPU covers their timed requests; the server's threads are
+read before and after the whole served run, so their CPU is divided by the
+tokens of its warm-up requests and timed requests together.
 
 Each run is sized to last about --min-seconds (default 1) at the engine's
 rate, measured by one uncounted in-process run per concurrency: on a model
@@ -48,6 +51,7 @@ from compare_pytorch import ROOT, Server, prompt_ids, requests_per_run, run_benc
 
 CPU = re.compile(r"cpu: ([\d.]+) s user\+system")
 TOKENS = re.compile(r"requests: (\d+) ok")
+WARMUP = re.compile(r"\(after (\d+) warm-up\)")
 ENGINE_THREADS = re.compile(r"^(engine|cpu-worker-\d+)$")
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -69,6 +73,33 @@ def thread_cpu(pid):
 
 def cpu_seconds(out):
     return float(CPU.search(out).group(1))
+
+
+def add_pair(totals, eng_out, rpc_out, before, after, new_tokens):
+    """Adds one engine / served pair to `totals`: CPU seconds by group, and
+    the tokens each group's CPU was spent on. switchserve-bench's `cpu:` line
+    leaves its warm-up requests out; the server's threads, read before and
+    after the whole served run (`before`, `after`: thread_cpu()), served them
+    too."""
+    timed = int(TOKENS.search(rpc_out).group(1)) * new_tokens
+    warmup = int(WARMUP.search(rpc_out).group(1)) * new_tokens
+    totals["in-process"] += cpu_seconds(eng_out)
+    totals["client"] += cpu_seconds(rpc_out)
+    totals["tokens"] += timed
+    totals["server tokens"] += timed + warmup
+    for name in after:
+        group = "engine threads" if ENGINE_THREADS.match(name) else "serving threads"
+        totals[group] += after[name] - before.get(name, 0)
+
+
+def cpu_per_token(totals):
+    """µs of CPU per generated token of each group in add_pair()'s `totals`."""
+    us = collections.Counter()
+    for group in ("in-process", "client"):
+        us[group] = totals[group] * 1e6 / totals["tokens"]
+    for group in ("engine threads", "serving threads"):
+        us[group] = totals[group] * 1e6 / totals["server tokens"]
+    return us
 
 
 def at_least(args, requests):
@@ -124,7 +155,8 @@ def main():
                      else ["--http-address", f"127.0.0.1:{http_port}"])
     served = "gRPC" if args.protocol == "grpc" else "HTTP"
     results = {c: {"engine": [], "served": [], "ratio": []} for c in concurrency}
-    # Per concurrency: CPU seconds and generated tokens, summed over the repeats.
+    # Per concurrency: CPU seconds and generated tokens, summed over the
+    # repeats (add_pair).
     cpu = {c: collections.Counter() for c in concurrency}
     load_start = os.getloadavg()[0]
     requests = {}
@@ -144,13 +176,7 @@ def main():
                 before = thread_cpu(server.proc.pid)
                 rpc, rpc_out = run_bench(run_args, served_target, prompt, args.new_tokens, c)
                 after = thread_cpu(server.proc.pid)
-                tokens = int(TOKENS.search(rpc_out).group(1)) * args.new_tokens
-                cpu[c]["in-process"] += cpu_seconds(eng_out)
-                cpu[c]["client"] += cpu_seconds(rpc_out)
-                cpu[c]["tokens"] += tokens
-                for name in after:
-                    group = "engine threads" if ENGINE_THREADS.match(name) else "serving threads"
-                    cpu[c][group] += after[name] - before.get(name, 0)
+                add_pair(cpu[c], eng_out, rpc_out, before, after, args.new_tokens)
                 results[c]["engine"].append(eng)
                 results[c]["served"].append(rpc)
                 results[c]["ratio"].append(rpc / eng)
@@ -187,8 +213,7 @@ def main():
         return f"{numerator / denominator:.3f}" if denominator > 0 else "–"
 
     for c in concurrency:
-        us = collections.Counter({k: v * 1e6 / cpu[c]["tokens"] for k, v in cpu[c].items()
-                                  if k != "tokens"})
+        us = cpu_per_token(cpu[c])
         server = us["engine threads"] + us["serving threads"]
         print(f"| {c} | {us['in-process']:.1f} | {us['engine threads']:.1f} "
               f"| {us['serving threads']:.1f} | {us['client']:.1f} "

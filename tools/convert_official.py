@@ -460,8 +460,13 @@ def _lm_attention(src, args, p, H, dh, d):
         out["v"] = v.repeat(H, 1, 1) if shared else v
         out["o"] = o.repeat(H, 1, 1) if shared else o
         out["sel_o"] = src.take(p + "selections.o", (H * E, d))
-        out["sel_v"] = out["sel_o"].clone() if _arg(args, "moe.att.same_sel") else \
-            src.take(p + "selections.v", (H * E, d))
+        # moe.att.same_sel reaches preln_moe's XL attention but not its
+        # full_rope one, which keeps its own selections.v: O's selections
+        # stand in for V's only where the checkpoint has none.
+        if src.has(p + "selections.v") or not _arg(args, "moe.att.same_sel"):
+            out["sel_v"] = src.take(p + "selections.v", (H * E, d))
+        else:
+            out["sel_v"] = out["sel_o"].clone()
         cfg = {"type": "switchhead", "n_heads": H, "n_kv_heads": H, "head_dim": dh, "n_experts": E,
                "top_k": k, "gate": gate}
     elif not v_exp and not o_exp:

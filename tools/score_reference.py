@@ -14,6 +14,8 @@ G positions from the window's start).
   /usr/bin/python3 tools/score_reference.py --unigram TRAIN.txt models/heldout.txt
       (add-one smoothed byte unigram estimated on TRAIN.txt, same tokens predicted)
   /usr/bin/python3 tools/score_reference.py models/default --generate "And God said" [--max-new-tokens 200]
+      (greedy, as `switchserve generate`: the config's BOS first; ends at EOS or where the context
+      does, max_seq_len + 1 tokens in all)
 """
 import argparse
 import json
@@ -41,6 +43,12 @@ def encode(model, data):
     if cfg["bos_token_id"] is not None:
         ids = [cfg["bos_token_id"]] + ids
     return torch.tensor(ids, dtype=torch.int64)
+
+
+def need_two_tokens(ids, text):
+    """As `switchserve score`: a text of fewer than 2 tokens predicts nothing."""
+    if len(ids) < 2:
+        raise SystemExit(f"score_reference.py: {text}: need at least 2 tokens, found {len(ids)}")
 
 
 def window_starts(n_tokens, window):
@@ -117,6 +125,7 @@ def main():
             args.text = args.model_dir
         data = open(args.text, "rb").read()
         ids = torch.tensor(list(data), dtype=torch.int64)
+        need_two_tokens(ids, args.text)
         res = summarise(score_unigram(open(args.unigram, "rb").read(), ids), len(ids) - 1)
         res.update(model=f"unigram({args.unigram})", text=args.text)
     else:
@@ -135,13 +144,28 @@ def main():
             args.dispatch = (f"capacity_factor={d.capacity_factor} min_capacity={d.min_capacity} "
                              f"{d.overflow} {scope}")
         if args.generate is not None:
-            prompt = list(args.generate.encode("utf-8"))
-            out = model.generate([prompt], args.max_new_tokens, dispatch=dispatch)[0]
-            text = bytes(t for t in out if t < 256).decode("utf-8", errors="replace")
+            # As `switchserve generate`: BOS prepended when the config has one,
+            # the token predicted from the context's last position generated
+            # too (max_seq_len + 1 tokens in all), stopping at EOS.
+            prompt = encode(model, args.generate.encode("utf-8")).tolist()
+            L = model.cfg["max_seq_len"]
+            if len(prompt) > L:
+                raise SystemExit(f"score_reference.py: --generate is {len(prompt)} tokens, "
+                                 f"more than the context ({L})")
+            room = L + 1 - len(prompt)
+            max_new = min(args.max_new_tokens, room)
+            if max_new < args.max_new_tokens:
+                print(f"score_reference.py: the context ({L} tokens) leaves room for {room} of the "
+                      f"{args.max_new_tokens} new tokens --max-new-tokens asks after the "
+                      f"{len(prompt)}-token prompt", file=sys.stderr)
+            eos = model.cfg["eos_token_id"]
+            out = model.generate([prompt], max_new, eos_token_id=eos, dispatch=dispatch)[0]
+            text = bytes(t for t in out if t < 256 and t != eos).decode("utf-8", errors="replace")
             print(json.dumps(dict(model=args.model_dir, dispatch=args.dispatch, prompt=args.generate,
                                   max_new_tokens=args.max_new_tokens, continuation=text), indent=2))
             return
         ids = encode(model, open(args.text, "rb").read())
+        need_two_tokens(ids, args.text)
         # Every id after the first is a predicted byte (with a BOS first, every byte).
         n_bytes = len(ids) - 1
         with torch.no_grad():

@@ -102,6 +102,52 @@ def test_score_text_windows_cover_every_token_and_match_the_reference(tmp_path, 
     assert float(printed["bits_per_byte"]) == pytest.approx(reference["bits_per_byte"], rel=1e-5)
 
 
+@pytest.mark.parametrize("text", [b"", b"A"], ids=["empty", "one_byte"])
+def test_reference_refuses_a_text_of_fewer_than_two_tokens(tmp_path, text):
+    """As `switchserve score`: a clear error, not a ZeroDivisionError."""
+    path = tmp_path / "t.txt"
+    path.write_bytes(text)
+    want = f"need at least 2 tokens, found {len(text)}"
+    assert want in run("score", "--model", str(GOLDEN / "switchall_f16"), "--text", str(path),
+                       check=False).stderr
+    for args in ([str(GOLDEN / "switchall_f16"), str(path)], ["--unigram", str(path), str(path)]):
+        result = subprocess.run([sys.executable, str(ROOT / "tools" / "score_reference.py"), *args,
+                                 "--threads", "1"], capture_output=True, text=True, timeout=300)
+        assert result.returncode == 1 and want in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("model,config,max_new_tokens,room", [
+    (ROOT / "models" / "default", {"bos_token_id": 10}, 24, None),
+    (ROOT / "models" / "default", {"eos_token_id": ord(" ")}, 24, None),
+    (GOLDEN / "switchall_f16", {}, 70, 53),  # 12-token prompt, max_seq_len 64
+], ids=["bos", "eos", "context"])
+def test_reference_generate_continues_as_generate(tmp_path, model, config, max_new_tokens, room):
+    """tools/score_reference.py --generate prepends the BOS, stops at EOS and
+    at the context as `switchserve generate` does: the same greedy
+    continuation."""
+    if config:
+        base = json.loads((model / "config.json").read_text())
+        (tmp_path / "config.json").write_text(json.dumps(dict(base, **config)))
+        (tmp_path / "model.safetensors").symlink_to(model / "model.safetensors")
+        model = tmp_path
+    prompt = "And God said"
+    engine = run("generate", "--model", str(model), "--prompt", prompt,
+                 "--max-new-tokens", str(max_new_tokens), "--temperature", "0", "--threads", "1")
+    reference = subprocess.run([sys.executable, str(ROOT / "tools" / "score_reference.py"),
+                                str(model), "--generate", prompt,
+                                "--max-new-tokens", str(max_new_tokens), "--threads", "1"],
+                               capture_output=True, text=True, timeout=300)
+    assert reference.returncode == 0, reference.stderr
+    continuation = json.loads(reference.stdout)["continuation"]
+    assert engine.stdout == prompt + continuation + "\n"
+    if room is not None:
+        assert len(continuation) == room
+        assert f"leaves room for {room} of the {max_new_tokens}" in engine.stderr
+        assert f"leaves room for {room} of the {max_new_tokens}" in reference.stderr
+    elif "eos_token_id" in config:  # stopped early, the EOS not printed
+        assert 0 < len(continuation) < max_new_tokens
+
+
 def test_an_installed_binary_takes_the_model_installed_beside_it(tmp_path):
     """bin/switchserve with share/switchserve/models/default under the same
     prefix (the container images' layout) takes that as the built-in model:

@@ -1,6 +1,6 @@
 """bench/roofline_chart.py on a small engine_bench report: the medians it
 plots, with and without --max-round-trip-ns (the repetitions of one placement
-of the cores)."""
+of the cores); a CUDA run's models and weights."""
 import json
 import pathlib
 import subprocess
@@ -95,3 +95,41 @@ def test_max_round_trip_that_keeps_nothing_is_an_error(tmp_path):
     assert result.returncode != 0
     assert "no benchmark left to plot" in result.stderr
     assert not png.exists()
+
+
+def cuda_step(name, gflops):
+    """A CUDA run's entry: the device limits measured once (machine_*), no
+    adjacent ones."""
+    return {"name": name, "run_name": name, "run_type": "iteration", "step_gflop": 1.0,
+            "step_gb": 0.5, "gflops": gflops, "machine_read_gb_per_s": 3000.0,
+            "machine_sgemm_gflops": 600000.0}
+
+
+def test_a_cuda_run_keeps_each_model_and_labels_its_16_bit_weights(tmp_path):
+    """engine_bench --device=cuda runs switchall and the dense baseline with
+    the same shapes: each keeps its own point, both labelled bf16 (the CUDA
+    backend holds the weights in 16 bits)."""
+    steps = [("decode/{}/batch:1/context:128/real_time", 30.0, 20.0),
+             ("mixed/{}/decoding:30/prompts:2x32/context:128/real_time", 300.0, 200.0),
+             ("prefill/{}/tokens:2048/real_time", 3000.0, 2000.0)]
+    data = {"context": {"num_cpus": 16, "mhz_per_cpu": 3000, "date": "2026-12-05",
+                        "device": "NVIDIA H100 80GB HBM3", "copy_gb_per_s": "3000.0",
+                        "gemm_bf16_tflops": "600.0"},
+            "benchmarks": [cuda_step(name.format(model), gflops)
+                           for name, switchall, dense in steps
+                           for model, gflops in (("switchall", switchall), ("dense", dense))]}
+    result, png = run_chart(tmp_path, report_data=data)
+    assert result.returncode == 0, result.stderr
+    assert png.stat().st_size > 0
+    assert "30.0 GFLOP/s" in line_for(result.stdout, "decode, batch 1, bf16")
+    assert "20.0 GFLOP/s" in line_for(result.stdout, "decode, batch 1, dense, bf16")
+    assert "300.0 GFLOP/s" in line_for(result.stdout,
+                                       "mixed, 30 decoding + 2x32 prompt tokens, bf16")
+    assert "200.0 GFLOP/s" in line_for(result.stdout,
+                                       "mixed, 30 decoding + 2x32 prompt tokens, dense, bf16")
+    assert "3000.0 GFLOP/s" in line_for(result.stdout, "prefill 2048 tokens, bf16")
+    assert "2000.0 GFLOP/s" in line_for(result.stdout, "prefill 2048 tokens, dense, bf16")
+    assert "f32" not in result.stdout
+    assert len(result.stdout.splitlines()) == 7  # the roofline and six points
+    assert line_for(result.stdout, "roofline") == \
+        "roofline: copy 3000.0 GB/s, bf16 GEMM 600000.0 GFLOP/s"

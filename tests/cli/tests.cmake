@@ -1,8 +1,9 @@
 # The offline command line (score, generate) against the golden vectors, a
 # converted official checkpoint scored and served over gRPC (the generated API
 # modules and tests/util on PYTHONPATH), and the benchmarks' roofline chart
-# (bench/roofline_chart.py, matplotlib) and the pool timeline
-# (bench/pool_timeline.py): pytest on Debian's python3 (numpy,
+# (bench/roofline_chart.py, matplotlib), the pool timeline
+# (bench/pool_timeline.py), the GPU suite's summary (bench/gpu_summary.py) and
+# serving_overhead.py's CPU accounting: pytest on Debian's python3 (numpy,
 # torch, grpcio), labelled `cli`.
 add_test(NAME cli COMMAND /usr/bin/python3 -m pytest -q ${CMAKE_CURRENT_SOURCE_DIR}/cli)
 set_tests_properties(cli PROPERTIES LABELS cli TIMEOUT 600 ENVIRONMENT

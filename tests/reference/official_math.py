@@ -137,7 +137,7 @@ def training_lm(sd, args, tokens):
             P["v"] = sd[a + "projections.v"].repeat(H, 1, 1) if shared else sd[a + "projections.v"]
             P["o"] = sd[a + "projections.o"].repeat(H, 1, 1) if shared else sd[a + "projections.o"]
             P["sel_o"] = sd[a + "selections.o"]
-            P["sel_v"] = sd[a + "selections.o"] if args.get("moe.att.same_sel") else sd[a + "selections.v"]
+            P["sel_v"] = sd[a + ("selections.o" if shares_selections(args) else "selections.v")]
             y = attention(xn, P, H, args["moe.att.k"], _position(args), args.get("rope.rotate_fraction", 0.5),
                           args.get("rope.base", 10000.0), args.get("moe.att.selection_mode", "sigmoid"))
         else:
@@ -153,6 +153,15 @@ def training_lm(sd, args, tokens):
             x = x + h @ sd[p + "linear2.weight"].t() + sd[p + "linear2.bias"]
     x = layer_norm(x, sd, "out_norm", d)
     return x @ sd["output.weight"].t() + sd["output.bias"]
+
+
+def shares_selections(args):
+    """Whether V takes O's selections: moe.att.same_sel reaches the attention
+    in preln_moeatt layers and preln_moe's XL ("full") attention only; a
+    preln_moe layer's full_rope attention is made without it (its own
+    selections.v)."""
+    return bool(args.get("moe.att.same_sel")) and not (
+        args["transformer.variant"] == "preln_moe" and args["moe.att.variant"] == "full_rope")
 
 
 def _position(args):

@@ -173,7 +173,7 @@ def lm_state_dict(g, args, V=256):
             sd[a + "projections.v"] = rnd(g, rows, d, dh, std=d ** -0.5)
             sd[a + "projections.o"] = rnd(g, rows, dh, d)
             sd[a + "selections.o"] = rnd(g, H * E, d, std=2.0)
-            if not args.get("moe.att.same_sel"):
+            if not om.shares_selections(args):
                 sd[a + "selections.v"] = rnd(g, H * E, d, std=2.0)
         else:
             sd[a + "projections.v"] = rnd(g, H * dh, d)
@@ -194,6 +194,8 @@ def lm_state_dict(g, args, V=256):
     ("xl_same_sel_shared_softmax", {"moe.att.same_sel": True, "moe.att.shared_experts": True,
                                     "moe.att.selection_mode": "softmax", "transformer.activation": "gelu",
                                     "moe.selection_mode": "gate", "tied_embedding": False}, 19),
+    ("rope_same_sel_own_v_selection", {"moe.att.variant": "full_rope", "moe.att.same_sel": True,
+                                       "rope.rotate_fraction": 0.6}, 15),
     ("xl_no_ln_affine", {"transformer.ln_affine": False, "transformer.head_projection_size": None}, 17),
     ("rope_dense_ffn", {"transformer.variant": "preln_moeatt", "moe.att.variant": "full_rope",
                         "rope.rotate_fraction": 0.6, "rope.base": 300.0, "tied_embedding": False}, 24),
