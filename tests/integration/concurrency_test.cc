@@ -33,18 +33,6 @@ std::map<grpc::StatusCode, int> RunConcurrently(int calls, const Call& call) {
   return testing::RunConcurrently<std::mt19937>(kThreads, calls, 1, call);
 }
 
-bool WaitForIdle(v1::Generation::Stub& stub) {
-  for (int i = 0; i < 1000; ++i) {
-    const v1::ModelInfo info = GetInfo(stub);
-    if (info.cache().used_blocks() == 0 && info.cache().running_requests() == 0 &&
-        info.cache().waiting_requests() == 0) {
-      return true;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return false;
-}
-
 int Total(const std::map<grpc::StatusCode, int>& seen) {
   int total = 0;
   for (const auto& [code, count] : seen) total += count;
@@ -61,7 +49,7 @@ class ConcurrencyTest : public ::testing::Test {
   }
   void TearDown() override {
     if (stub_ != nullptr) {
-      EXPECT_TRUE(WaitForIdle(*stub_));
+      EXPECT_TRUE(WaitForIdleCache(*stub_));
     }
   }
 

@@ -14,19 +14,6 @@
 namespace switchserve::testing {
 namespace {
 
-// Polls GetModelInfo until no KV block is in use and nothing runs (10 s).
-bool WaitForIdleCache(v1::Generation::Stub& stub, v1::ModelInfo* info) {
-  for (int i = 0; i < 1000; ++i) {
-    *info = GetInfo(stub);
-    if (info->cache().total_blocks() > 0 && info->cache().used_blocks() == 0 &&
-        info->cache().running_requests() == 0 && info->cache().waiting_requests() == 0) {
-      return true;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return false;
-}
-
 TEST(LoadTest, SixtyFourStreamsFinishThenHalfCancelledFreeTheirBlocks) {
   auto server = ServerProcess::Start({"--debug-step-delay-ms", "2"});
   ASSERT_TRUE(server.ok()) << server.status();

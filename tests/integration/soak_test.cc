@@ -131,18 +131,6 @@ grpc::Status RunCall(v1::Generation::Stub& stub, const v1::GenerateRequest& requ
   return reader->Finish();
 }
 
-bool WaitForIdle(v1::Generation::Stub& stub, v1::ModelInfo* info) {
-  for (int i = 0; i < 1000; ++i) {
-    *info = GetInfo(stub);
-    if (info->cache().used_blocks() == 0 && info->cache().running_requests() == 0 &&
-        info->cache().waiting_requests() == 0) {
-      return true;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return false;
-}
-
 // switchserve_requests_total of the gRPC calls, by status.
 std::map<std::string, double> StatusCounters(int metrics_port) {
   const std::string exposition = HttpGet("127.0.0.1", metrics_port, "/metrics");
@@ -186,7 +174,6 @@ TEST(SoakTest, MixedTrafficWithCancellationsLeavesNothingBehind) {
   std::mutex mu;
   std::map<grpc::StatusCode, int> seen;  // by status, as the clients saw them
   std::vector<std::string> unexpected;
-  int cancelled_kinds = 0;
   const int warm_up = total / 4;
   int64_t rss_after_warm_up = -1;
   std::promise<void> warm;
@@ -206,7 +193,6 @@ TEST(SoakTest, MixedTrafficWithCancellationsLeavesNothingBehind) {
         const grpc::Status status = RunCall(*stub, request, stream, ending, rng);
         std::lock_guard<std::mutex> lock(mu);
         ++seen[status.error_code()];
-        if (ending != Ending::kComplete) ++cancelled_kinds;
         if (!Allowed(ending, status.error_code()) && unexpected.size() < 20) {
           unexpected.push_back(absl::StrCat(
               "call ", i, " (", stream ? "stream" : "unary", ", ending ", static_cast<int>(ending),
@@ -223,13 +209,12 @@ TEST(SoakTest, MixedTrafficWithCancellationsLeavesNothingBehind) {
 
   for (const std::string& problem : unexpected) ADD_FAILURE() << problem;
   EXPECT_EQ(finished.load(), total);
-  EXPECT_NEAR(cancelled_kinds, 0.3 * total, 0.05 * total);
   EXPECT_GT(seen[grpc::StatusCode::OK], total / 2);
   EXPECT_GT(seen[grpc::StatusCode::CANCELLED], 0);
   EXPECT_GT(seen[grpc::StatusCode::DEADLINE_EXCEEDED], 0);
 
   v1::ModelInfo info;
-  EXPECT_TRUE(WaitForIdle(*stub, &info)) << info.DebugString();
+  EXPECT_TRUE(WaitForIdleCache(*stub, &info)) << info.DebugString();
   EXPECT_EQ(info.cache().used_blocks(), 0);
   EXPECT_EQ(info.cache().running_requests(), 0);
   EXPECT_EQ(info.cache().waiting_requests(), 0);
@@ -307,7 +292,7 @@ TEST(SoakTest, StreamsPastTheirDeadlineAreCountedAsDeadlines) {
         return reader->Finish();
       });
   v1::ModelInfo info;
-  EXPECT_TRUE(WaitForIdle(*stub, &info)) << info.DebugString();
+  EXPECT_TRUE(WaitForIdleCache(*stub, &info)) << info.DebugString();
 
   const std::map<std::string, double> counted = StatusCounters(metrics_port);
   std::printf("%d DEADLINE_EXCEEDED, %d OK seen by clients; %.0f, %.0f counted, %.0f CANCELLED\n",

@@ -90,6 +90,25 @@ inline v1::ModelInfo GetInfo(v1::Generation::Stub& stub) {
   return status.ok() ? info : v1::ModelInfo();
 }
 
+// Polls GetModelInfo until the server answers that no KV block is in use and
+// nothing runs or waits (10 s); the last answer in `info` when given. An
+// answer with no cache at all is no answer (GetInfo's empty ModelInfo): a
+// server that stopped answering is not idle.
+inline bool WaitForIdleCache(v1::Generation::Stub& stub, v1::ModelInfo* info = nullptr) {
+  v1::ModelInfo last;
+  for (int i = 0; i < 1000; ++i) {
+    last = GetInfo(stub);
+    if (last.cache().total_blocks() > 0 && last.cache().used_blocks() == 0 &&
+        last.cache().running_requests() == 0 && last.cache().waiting_requests() == 0) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (info != nullptr) *info = last;
+  return last.cache().total_blocks() > 0 && last.cache().used_blocks() == 0 &&
+         last.cache().running_requests() == 0 && last.cache().waiting_requests() == 0;
+}
+
 }  // namespace switchserve::testing
 
 #endif  // SWITCHSERVE_TESTS_INTEGRATION_TEST_CLIENTS_H_

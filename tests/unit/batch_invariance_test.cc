@@ -15,6 +15,8 @@
 
 #include "engine/model/model_loader.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/kernel_isa.h"
 #include "tests/util/backend_harness.h"
 #include "tests/util/backends_under_test.h"
 #include "tests/util/random_model.h"
@@ -281,6 +283,23 @@ std::vector<BackendUnderTest> CpuBackendsUnderTest() {
   std::vector<BackendUnderTest> out;
   for (const BackendUnderTest& backend : testing::BackendsUnderTest()) {
     if (backend.name.rfind("cpu", 0) == 0) out.push_back(backend);
+  }
+  // The in-place products are the AVX2 build's (the AVX-512 build packs
+  // every rows-in product): the backends above pick AVX-512 where the CPU
+  // has it, so the AVX2 build is named here too.
+  if (cpu::CpuSupports(cpu::KernelIsa::kAvx2) && cpu::BestKernelIsa() != cpu::KernelIsa::kAvx2) {
+    out.push_back({"cpu_avx2", [](const ModelConfig& config, const ModelWeights& weights,
+                                  const DispatchConfig& dispatch) {
+                     CpuBackendOptions options;
+                     options.num_threads = 2;
+                     options.parallel_attention_min_macs = 0;
+                     options.parallel_matmul_min_macs = 0;
+                     options.kernel_isa = cpu::KernelIsa::kAvx2;
+                     absl::StatusOr<std::unique_ptr<Backend>> backend =
+                         CreateCpuBackend(config, weights, dispatch, options);
+                     EXPECT_TRUE(backend.ok()) << backend.status();
+                     return backend.ok() ? *std::move(backend) : nullptr;
+                   }});
   }
   return out;
 }

@@ -242,8 +242,12 @@ TEST_P(MatmulKernelTest, RowResultIndependentOfBatchPlaceAndColumns) {
   }
 }
 
-TEST_P(MatmulKernelTest, AccumulatingOverKRangesEqualsOneCall) {
-  if (layout() != WeightLayout::kRowsIn) return;  // the rows-in contract only
+// The rows-in contract (matmul.h): the builds and dtypes of AllBuilds, in
+// the rows-in layouts only.
+class RowsInKernelTest : public MatmulKernelTest {};
+
+TEST_P(RowsInKernelTest, AccumulatingOverKRangesEqualsOneCall) {
+  ASSERT_EQ(layout(), WeightLayout::kRowsIn);
   std::mt19937 rng(4);
   for (const Shape& s : kShapes) {
     if (s.k < 2) continue;
@@ -435,6 +439,13 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
                        ::testing::Values(Layout::kRowsOut, Layout::kRowsOutTiled, Layout::kRowsIn,
                                          Layout::kRowsInTiled)),
+    ParamName);
+
+INSTANTIATE_TEST_SUITE_P(
+    RowsInBuilds, RowsInKernelTest,
+    ::testing::Combine(::testing::ValuesIn(SupportedKernelIsas()),
+                       ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
+                       ::testing::Values(Layout::kRowsIn, Layout::kRowsInTiled)),
     ParamName);
 
 TEST(KernelIsaTest, BestIsSupportedAndTheWidestTheCpuHas) {
