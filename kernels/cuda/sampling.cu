@@ -26,6 +26,15 @@ int PaddedVocab(int vocab) {
 __host__ __device__ __forceinline__ size_t Align8(size_t bytes) { return (bytes + 7) / 8 * 8; }
 
 // Candidate order: higher score first, ties to the lower id; id < 0 is none.
+// A logit as the host sampler's Finite (engine/runtime/sampler.cc) makes it:
+// NaN the least likely of all, +-inf the largest finite magnitudes, so that
+// no comparison or probability meets a NaN.
+__device__ __forceinline__ float Finite(float v) {
+  constexpr float kMax = 3.40282347e38f;
+  if (v != v) return -kMax;
+  return v > kMax ? kMax : (v < -kMax ? -kMax : v);
+}
+
 __device__ __forceinline__ bool Better(float va, int ia, float vb, int ib) {
   if (ib < 0) return ia >= 0;
   if (ia < 0) return false;
@@ -175,7 +184,7 @@ __global__ void __launch_bounds__(kThreads)
   const int tid = threadIdx.x;
 
   for (int i = tid; i < vocab; i += kThreads) {
-    scores[i] = row[i];
+    scores[i] = Finite(row[i]);
     flags[i] = 0;
   }
   __syncthreads();
@@ -186,24 +195,24 @@ __global__ void __launch_bounds__(kThreads)
       // Each distinct id once, whichever thread claims it.
       if ((atomicOr(&flags[id], kPenalised) & kPenalised) != 0) continue;
       const float s = scores[id];
-      scores[id] = s > 0 ? s / p.repetition_penalty : s * p.repetition_penalty;
+      scores[id] = Finite(s > 0 ? s / p.repetition_penalty : s * p.repetition_penalty);
     }
   }
   __syncthreads();
 
-  // log-softmax normaliser of the raw logits.
+  // log-softmax normaliser of the raw logits (made finite).
   float top_logit = -INFINITY;
   int top_id = -1;
   for (int i = tid; i < vocab; i += kThreads) {
-    if (Better(row[i], i, top_logit, top_id)) {
-      top_logit = row[i];
+    if (Better(Finite(row[i]), i, top_logit, top_id)) {
+      top_logit = Finite(row[i]);
       top_id = i;
     }
   }
   BlockBest(&top_logit, &top_id, red_v, red_i);
   double exp_sum = 0.0;
   for (int i = tid; i < vocab; i += kThreads)
-    exp_sum += exp(static_cast<double>(row[i] - top_logit));
+    exp_sum += exp(static_cast<double>(Finite(row[i]) - top_logit));
   exp_sum = BlockSum(exp_sum, red_d);
   // (x - max) - log(sum), as the CPU sampler: exact for likely tokens.
   const float log_sum = static_cast<float>(log(exp_sum));
@@ -297,7 +306,7 @@ __global__ void __launch_bounds__(kThreads)
 
   if (tid == 0) {
     token_out[sample] = chosen;
-    logprob_out[sample] = (row[chosen] - top_logit) - log_sum;
+    logprob_out[sample] = (Finite(row[chosen]) - top_logit) - log_sum;
   }
   // The n most likely tokens of the raw logits.
   const int n = min(p.n_logprobs, min(vocab, max_logprobs));
@@ -305,15 +314,15 @@ __global__ void __launch_bounds__(kThreads)
     float best = -INFINITY;
     int id = -1;
     for (int i = tid; i < vocab; i += kThreads) {
-      if ((flags[i] & kListed) == 0 && Better(row[i], i, best, id)) {
-        best = row[i];
+      if ((flags[i] & kListed) == 0 && Better(Finite(row[i]), i, best, id)) {
+        best = Finite(row[i]);
         id = i;
       }
     }
     BlockBest(&best, &id, red_v, red_i);
     if (tid == 0) {
       top_ids[sample * max_logprobs + r] = id;
-      top_logprobs[sample * max_logprobs + r] = (row[id] - top_logit) - log_sum;
+      top_logprobs[sample * max_logprobs + r] = (Finite(row[id]) - top_logit) - log_sum;
       flags[id] |= kListed;
     }
     __syncthreads();

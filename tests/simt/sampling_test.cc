@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 #include <string>
 #include <tuple>
@@ -191,6 +192,56 @@ TEST(SimtSampling, RepetitionPenaltyAppliesOncePerId) {
   r.params.logprobs = 2;
   const Sampled got = ExpectHostSamplerChoices(logits, vocab, {r});
   EXPECT_EQ(got.token[0], 1);
+}
+
+// Non-finite logits (a model that overflows) and a penalty that overflows a
+// logit: ranked as the host ranks them, NaN least likely and +-inf the
+// largest finite magnitudes. The kernel used them raw: NaN won greedy in
+// lane 0, made every probability NaN (each draw took the least likely
+// candidate) and every logprob NaN.
+TEST(SimtSampling, NonFiniteLogitsAreRankedAsTheHostRanksThem) {
+  SIMT_REQUIRE_DEVICE();
+  const int vocab = 8;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<std::vector<float>> rows = {
+      {nan, 1.0f, 2.0f, 0.5f, -1.0f, 3.0f, 2.5f, 0.0f},
+      {1.0f, nan, 2.0f, 0.5f, nan, 3.0f, 2.5f, 0.0f},
+      {1.0f, 2.0f, inf, 0.0f, 1.5f, 1.0f, 1.0f, 1.0f},
+      {3.4e37f, 1.0f, 2.0f, 0.5f, -1.0f, 3.0f, 2.5f, 0.0f},
+  };
+  std::vector<float> logits;
+  std::vector<Request> requests;
+  for (size_t row = 0; row < rows.size(); ++row) {
+    for (int seed = 0; seed < 6; ++seed) {
+      logits.insert(logits.end(), rows[row].begin(), rows[row].end());
+      Request r;
+      r.params.temperature = seed == 0 ? 0.0f : 1.0f;
+      r.params.top_k = seed == 2 ? 3 : 0;
+      r.params.top_p = seed == 3 ? 0.9f : 1.0f;
+      r.params.logprobs = 3;
+      if (row == 3) {
+        r.params.repetition_penalty = 0.01f;  // 3.4e37 / 0.01 overflows to inf
+        r.history = {0};
+      }
+      r.seed = 100 + seed;
+      requests.push_back(r);
+    }
+  }
+  const Sampled got = ExpectHostSamplerChoices(logits, vocab, requests);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_TRUE(std::isfinite(got.logprob[i])) << "request " << i;
+    const size_t row = i / 6;
+    if (row == 0 && requests[i].params.temperature == 0.0f) {
+      EXPECT_EQ(got.token[i], 5);
+    } else if (row == 1) {
+      EXPECT_NE(got.token[i], 1) << "request " << i;
+    } else if (row == 2) {
+      EXPECT_EQ(got.token[i], 2) << "request " << i;
+    } else if (row == 3) {
+      EXPECT_EQ(got.token[i], 0) << "request " << i;
+    }
+  }
 }
 
 }  // namespace
