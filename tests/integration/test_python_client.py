@@ -237,11 +237,14 @@ def test_a_stream_whose_client_stopped_reading_counts_as_its_client_saw_it():
     CANCELLED in switchserve_requests_total as in the access log: the
     engine's observer had counted it OK when the engine finished."""
     metrics_port = free_port()
-    server = ServerProcess(BINARY, MODEL, "--log-format", "json", metrics_port=metrics_port,
-                           prefix="switchserve_py_")
+    # Steps of 20 ms: the first message is written (and stuck behind the
+    # 8-byte window) long before the engine ends the request, 200 ms in;
+    # the client cancels at 1.5 s.
+    server = ServerProcess(BINARY, MODEL, "--log-format", "json", "--debug-step-delay-ms", "20",
+                           metrics_port=metrics_port, prefix="switchserve_py_")
     try:
-        raw_grpc_call(server.port, "GenerateStream", text_request("slow", 40, ignore_eos=True),
-                      "30S", cancel_after_s=1.0, window=8)
+        raw_grpc_call(server.port, "GenerateStream", text_request("slow", 10, ignore_eos=True),
+                      "30S", cancel_after_s=1.5, window=8)
         deadline = time.monotonic() + 30
         while True:
             calls = [json.loads(line) for line in server.log().splitlines()
