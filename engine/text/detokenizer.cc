@@ -10,13 +10,16 @@ constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
 
 enum class CharScan { kValid, kIncomplete, kInvalid };
 
-// Scans the character starting at bytes[0]; on kValid sets `*length`.
+// Scans the character starting at bytes[0]; on kValid sets `*length` to its
+// bytes, on kInvalid to those of its maximal subpart (Unicode 3.9, "U+FFFD
+// Substitution of Maximal Subparts", as Python's and browsers' decoders
+// replace): the longest start of a character that the next byte breaks, or
+// the one byte that starts none. One U+FFFD replaces them, whatever follows,
+// as one replaces an unfinished character at the end of the text.
 CharScan ScanChar(std::string_view bytes, size_t* length) {
   const auto b0 = static_cast<unsigned char>(bytes[0]);
-  if (b0 < 0x80) {
-    *length = 1;
-    return CharScan::kValid;
-  }
+  *length = 1;
+  if (b0 < 0x80) return CharScan::kValid;
   size_t need;
   unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
   if (b0 >= 0xC2 && b0 <= 0xDF) {
@@ -36,7 +39,10 @@ CharScan ScanChar(std::string_view bytes, size_t* length) {
     if (i >= bytes.size()) return CharScan::kIncomplete;
     const auto b = static_cast<unsigned char>(bytes[i]);
     const unsigned char min = i == 1 ? lo : 0x80, max = i == 1 ? hi : 0xBF;
-    if (b < min || b > max) return CharScan::kInvalid;
+    if (b < min || b > max) {
+      *length = i;
+      return CharScan::kInvalid;
+    }
   }
   *length = need;
   return CharScan::kValid;
@@ -55,7 +61,7 @@ size_t AppendSanitizedUtf8(std::string_view bytes, bool final_chunk, std::string
         break;
       case CharScan::kInvalid:
         out->append(kReplacement);
-        ++i;
+        i += length;
         break;
       case CharScan::kIncomplete:
         if (!final_chunk) return i;
@@ -72,7 +78,7 @@ size_t CharactersEndedWithin(std::string_view bytes, size_t boundary) {
     size_t length = 0;
     const CharScan scan = ScanChar(bytes.substr(i), &length);
     if (scan == CharScan::kIncomplete) break;
-    i += scan == CharScan::kValid ? length : 1;
+    i += length;
     if (i > boundary) break;
     ++count;
   }

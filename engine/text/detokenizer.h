@@ -22,10 +22,12 @@
 
 namespace switchserve {
 
-// Appends the valid UTF-8 prefix of `bytes` to `out`, replacing each byte that
-// cannot start or continue a character with U+FFFD. Returns how many bytes were
-// consumed: all of them, except a trailing incomplete character when
-// `final_chunk` is false (it is replaced by U+FFFD when true).
+// Appends the valid UTF-8 prefix of `bytes` to `out`, replacing with one
+// U+FFFD each byte that cannot start a character and each start of a
+// character that the next byte breaks (its maximal subpart, as Python's
+// decoder does). Returns how many bytes were consumed: all of them, except a
+// trailing incomplete character when `final_chunk` is false (it is replaced
+// by one U+FFFD when true).
 size_t AppendSanitizedUtf8(std::string_view bytes, bool final_chunk, std::string* out);
 
 // How many of the characters AppendSanitizedUtf8 makes of `bytes` (not the

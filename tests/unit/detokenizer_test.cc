@@ -52,8 +52,9 @@ TEST(DetokenizerTest, InvalidBytesBecomeReplacementCharacter) {
   EXPECT_EQ(Join(Feed("\xED\xA0\x80", {})), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // surrogate
 }
 
-// Overlong forms and code points past U+10FFFF are not UTF-8: one U+FFFD per
-// byte that cannot begin or continue a valid sequence, as for surrogates.
+// Overlong forms and code points past U+10FFFF are not UTF-8: their first
+// byte starts no character that the second continues, so each byte is one
+// U+FFFD, as for surrogates.
 TEST(DetokenizerTest, OverlongAndOutOfRangeFormsBecomeReplacementCharacters) {
   const std::string fffd = "\xEF\xBF\xBD";
   EXPECT_EQ(Join(Feed("\xC0\x80", {})), fffd + fffd);                        // U+0000 in two bytes
@@ -61,6 +62,28 @@ TEST(DetokenizerTest, OverlongAndOutOfRangeFormsBecomeReplacementCharacters) {
   EXPECT_EQ(Join(Feed("\xF0\x80\x80\x80", {})), fffd + fffd + fffd + fffd);  // in four
   EXPECT_EQ(Join(Feed("\xF4\x90\x80\x80", {})), fffd + fffd + fffd + fffd);  // U+110000
   EXPECT_EQ(Join(Feed("\xE0\xA0\x80", {})), "\xE0\xA0\x80");  // U+0800, the first in three
+}
+
+// A character's start that the next byte breaks is one U+FFFD, as an
+// unfinished character at the end is (Unicode's maximal subparts, Python's
+// decode(errors="replace")): the same bytes give the same text whether or
+// not generation stops after them. They gave one U+FFFD per byte before a
+// byte that broke them, one in all at the end.
+TEST(DetokenizerTest, ABrokenCharacterIsOneReplacementWhateverFollows) {
+  const std::string fffd = "\xEF\xBF\xBD";
+  EXPECT_EQ(Join(Feed("\xE0\xB9", {})), fffd);
+  EXPECT_EQ(Join(Feed("\xE0\xB9"
+                      "A",
+                      {})),
+            fffd + "A");
+  EXPECT_EQ(Join(Feed("\xF0\x90\x80"
+                      "A",
+                      {})),
+            fffd + "A");
+  EXPECT_EQ(Join(Feed("\xF0\x90\x80\xC3\xA9", {})), fffd + "\xC3\xA9");
+  EXPECT_EQ(Join(Feed("\xEC\xB9\x1A\xEC\xB9", {})), fffd + "\x1A" + fffd);
+  // A byte that starts no character is one each.
+  EXPECT_EQ(Join(Feed("\x80\xBF\xF5", {})), fffd + fffd + fffd);
 }
 
 TEST(DetokenizerTest, StopStringEndsTextBeforeIt) {
