@@ -1,6 +1,7 @@
 #include "server/metrics/moe_metrics.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <utility>
 
@@ -9,6 +10,12 @@
 
 namespace switchserve {
 namespace {
+
+// A step's probability sum as the counters and the window add it: a router
+// that produced NaN or infinite probabilities (a model that overflows) adds
+// nothing, or one such step would leave the counter, and every rate and aux
+// loss computed from it, NaN until the server restarts.
+double FiniteOrZero(double sum) { return std::isfinite(sum) ? sum : 0.0; }
 
 using prometheus::Counter;
 using prometheus::Family;
@@ -152,7 +159,7 @@ void MoeMetrics::AddToPending(const StepRoutingStats& step) {
       pending_.routed[base + e] += s.routed[e];
       pending_.dropped[base + e] += s.dropped[e];
       pending_.rerouted[base + e] += s.rerouted[e];
-      pending_.prob_sum[base + e] += s.prob_sum[e];
+      pending_.prob_sum[base + e] += FiniteOrZero(s.prob_sum[e]);
     }
   }
 }
@@ -168,8 +175,9 @@ void MoeMetrics::AdvanceWindow(const StepRoutingStats& step) {
       const int i = base + e;
       window_.routed[i] += s.routed[e] - slot.routed[i];
       slot.routed[i] = s.routed[e];
-      window_.prob_sum[i] += s.prob_sum[e] - slot.prob_sum[i];
-      slot.prob_sum[i] = s.prob_sum[e];
+      const double prob_sum = FiniteOrZero(s.prob_sum[e]);
+      window_.prob_sum[i] += prob_sum - slot.prob_sum[i];
+      slot.prob_sum[i] = prob_sum;
     }
   }
   ring_next_ = (ring_next_ + 1) % options_.window_steps;

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <string>
 
 #include "engine/moe/routing_stats.h"
@@ -98,6 +100,35 @@ TEST(MoeMetricsTest, CountersSumTheSteps) {
     }
   }
   EXPECT_GT(dropped, 0) << "capacity factor 1 with a skewed layer 0 should drop";
+}
+
+// A step whose router probabilities are NaN (a model that overflows) adds
+// nothing to the probability counter or the window: one such step left the
+// counter, and the aux loss from it, NaN until the server restarted.
+TEST(MoeMetricsTest, NonFiniteProbabilitiesAddNothing) {
+  testing::SyntheticRouting routing(testing::SmallSwitchAllConfig(1), /*seed=*/5, /*skew=*/1.0);
+  MoeMetrics metrics(routing.routers(), MoeMetricsOptions{.window_steps = 4});
+  const StepRoutingStats first = routing.Step(16, Capacity(2.0));
+  StepRoutingStats broken = routing.Step(16, Capacity(2.0));
+  for (RouterStepStats& s : broken.routers) {
+    s.prob_sum[0] = std::numeric_limits<double>::quiet_NaN();
+    s.prob_sum[1] = std::numeric_limits<double>::infinity();
+  }
+  ASSERT_TRUE(metrics.RecordStep(first).ok());
+  ASSERT_TRUE(metrics.RecordStep(broken).ok());
+  RegistryReader reader(metrics);
+  for (size_t r = 0; r < routing.routers().size(); ++r) {
+    const RouterId& id = routing.routers()[r];
+    for (int e = 0; e < id.n_experts; ++e) {
+      const double want =
+          first.routers[r].prob_sum[e] + (e < 2 ? 0.0 : broken.routers[r].prob_sum[e]);
+      EXPECT_NEAR(
+          *reader.Counter("switchserve_moe_gate_probability_sum_total", ExpertLabels(id, e)), want,
+          1e-9)
+          << "router " << r << " expert " << e;
+    }
+    EXPECT_TRUE(std::isfinite(*reader.Gauge("switchserve_moe_aux_loss", RouterLabels(id))));
+  }
 }
 
 // The aux loss recomputed from the counters (what the PromQL in
