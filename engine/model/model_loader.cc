@@ -62,8 +62,10 @@ DType HeldDtype(const ExpectedTensor& e, DType stored, WeightsDtype policy) {
   return stored;
 }
 
-// The first non-finite value of a tensor (any dtype), or -1. Half-precision
-// values are checked on their bits: all exponent bits set is inf or NaN.
+}  // namespace
+
+// Half-precision values are checked on their bits: all exponent bits set is
+// inf or NaN.
 int64_t FirstNonFinite(const Tensor& t) {
   const int64_t n = t.size();
   switch (t.dtype()) {
@@ -85,6 +87,8 @@ int64_t FirstNonFinite(const Tensor& t) {
     }
   }
 }
+
+namespace {
 
 // Fills model->weights from `file`, checking it holds exactly the tensors the
 // config calls for.

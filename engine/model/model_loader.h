@@ -65,6 +65,11 @@ absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& directory,
 ModelWeights ConvertWeights(const ModelConfig& config, const ModelWeights& weights,
                             WeightsDtype dtype);
 
+// The index of the first non-finite value (NaN, +-inf) of `t`, any dtype, or
+// -1. LoadModel refuses weights holding one, as stored or as held; a backend
+// that narrows a tensor itself checks what it holds with it too.
+int64_t FirstNonFinite(const Tensor& t);
+
 // Checks `weights` against `config` (every tensor present with its expected
 // shape, nothing extra). Used by LoadModel and by code that builds weights in
 // memory (benchmarks, tests).

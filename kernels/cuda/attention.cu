@@ -4,7 +4,9 @@
 //   score(j)  = fmaf chain over the head dimension;
 //   per KV block: m' = max(m, max_j score), alpha = exp(m - m'),
 //             p_j = exp(score_j - m'), l = l * alpha + (p_0 + p_1 + ...),
-//             acc = acc * alpha, then acc = fmaf(p_j, v_j, acc) for j in order;
+//             acc = acc * alpha, then acc = fmaf(p_j, v_j, acc) for j in order
+//             (p_j = 0 for a score of -inf, alpha = 1 while m' is -inf;
+//             v_j sums only the experts of nonzero gate);
 //   merge:    M = max_s m_s, l = sum_s l_s exp(m_s - M), out = (sum_s acc_s
 //             exp(m_s - M)) / l, in segment order.
 // A segment block stages one KV block at a time into shared memory with
@@ -222,10 +224,13 @@ __global__ void __launch_bounds__(kThreads)
       float block_max = sr[0];
       for (int j = 1; j < visible; ++j) block_max = fmaxf(block_max, sr[j]);
       const float m_new = fmaxf(m[row], block_max);
-      const float a = expf(m[row] - m_new);
+      // A key scoring -inf weighs 0, as under the maximum of all the row's
+      // keys, also while every score so far is -inf (m' = -inf, where
+      // exp(-inf - -inf) would be NaN): such a block adds 0 to l.
+      const float a = m_new == -INFINITY ? 1.0f : expf(m[row] - m_new);
       float sum = 0.0f;
       for (int j = 0; j < visible; ++j) {
-        const float p = expf(sr[j] - m_new);
+        const float p = sr[j] == -INFINITY ? 0.0f : expf(sr[j] - m_new);
         sr[j] = p;
         sum += p;
       }
@@ -250,7 +255,10 @@ __global__ void __launch_bounds__(kThreads)
         } else {
           value = 0.0f;
           const float* vj = v_blk + static_cast<int64_t>(j) * ev * dh + d;
-          for (int e = 0; e < ev; ++e) value = fmaf(vw[i * ev + e], vj[e * dh], value);
+          for (int e = 0; e < ev; ++e) {
+            // An expert the query did not choose adds nothing (0 * inf is NaN).
+            if (vw[i * ev + e] != 0.0f) value = fmaf(vw[i * ev + e], vj[e * dh], value);
+          }
         }
         v = fmaf(pr[j], value, v);
       }

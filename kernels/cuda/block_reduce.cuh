@@ -10,24 +10,28 @@
 namespace switchserve::cuda {
 
 struct SumOp {
-  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const {
+    return a + b;
+  }
 };
 struct MaxOp {
   __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
 
-template <typename Op>
-__device__ __forceinline__ float WarpReduce(float v, Op op) {
+template <typename T, typename Op>
+__device__ __forceinline__ T WarpReduce(T v, Op op) {
   for (int offset = simt::kWarp / 2; offset > 0; offset /= 2) {
     v = op(v, __shfl_xor_sync(simt::kFullMask, v, offset));
   }
   return v;
 }
 
-// `scratch` is __shared__ float[32], free for this call; `identity` is the
-// value op ignores (0 for a sum, -inf for a max).
-template <typename Op>
-__device__ __forceinline__ float BlockReduce(float v, Op op, float identity, float* scratch) {
+// `scratch` is __shared__ T[32], free for this call; `identity` is the
+// value op ignores (0 for a sum, -inf for a max). T: float, or double for a
+// sum.
+template <typename T, typename Op>
+__device__ __forceinline__ T BlockReduce(T v, Op op, T identity, T* scratch) {
   const int lane = threadIdx.x % simt::kWarp;
   const int warp = threadIdx.x / simt::kWarp;
   const int n_warps = blockDim.x / simt::kWarp;
@@ -39,7 +43,7 @@ __device__ __forceinline__ float BlockReduce(float v, Op op, float identity, flo
     if (lane == 0) scratch[0] = v;
   }
   __syncthreads();
-  const float total = scratch[0];
+  const T total = scratch[0];
   __syncthreads();  // scratch is free again when the call returns
   return total;
 }

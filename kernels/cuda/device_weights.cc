@@ -3,7 +3,11 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <string>
 #include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/model/model_loader.h"
 
 namespace switchserve::cuda {
 namespace {
@@ -32,7 +36,14 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Upload(const Model
                                                                      const ModelWeights& weights,
                                                                      WeightFormat format) {
   std::unique_ptr<DeviceWeights> w(new DeviceWeights());
-  auto matrix = [&](const Tensor& t) { return w->Matrix(t, format); };
+  const std::vector<ExpectedTensor> expected = ExpectedTensors(config);
+  auto matrix = [&](const Tensor& t) {
+    std::string name;  // t's name in model.safetensors, for errors
+    for (const ExpectedTensor& e : expected) {
+      if (&e.In(weights) == &t) name = e.name;
+    }
+    return w->Matrix(t, format, name);
+  };
   auto floats = [&](const Tensor& t) { return w->Floats(t); };
   auto transposed = [&](const Tensor& t) { return w->Transposed(t); };
 
@@ -78,7 +89,8 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Upload(const Model
   return w;
 }
 
-absl::StatusOr<DeviceMatrix> DeviceWeights::Matrix(const Tensor& t, WeightFormat format) {
+absl::StatusOr<DeviceMatrix> DeviceWeights::Matrix(const Tensor& t, WeightFormat format,
+                                                   const std::string& name) {
   if (t.empty()) return DeviceMatrix{};
   DeviceBuffer& buffer = buffers_.emplace_back();
   DeviceMatrix m;
@@ -95,9 +107,17 @@ absl::StatusOr<DeviceMatrix> DeviceWeights::Matrix(const Tensor& t, WeightFormat
         s = buffer.Upload(values.data(), values.size() * sizeof(float));
         break;
       case WeightType::kBf16: {
-        const auto v =
-            Converted<__nv_bfloat16>(values, [](float x) { return __float2bfloat16_rn(x); });
-        s = buffer.Upload(v.data(), v.size() * sizeof(v[0]));
+        // Rounded to bf16 here, as the loader narrows with --weights-dtype
+        // bf16, and refused as it refuses then a finite value that becomes
+        // infinite (beyond bf16's largest, about 3.39e38).
+        const Tensor held = t.ConvertedTo(DType::kBF16);
+        if (const int64_t bad = FirstNonFinite(held); bad >= 0 && FirstNonFinite(t) < 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "tensor ", name, " holds non-finite values (element ", bad, " of ", held.size(),
+              " is ", held.At(bad), ") once held as BF16 (the CUDA backend's 16-bit weights; ",
+              "stored ", t.At(bad), "); --weights-dtype f32 keeps it in f32"));
+        }
+        s = buffer.Upload(held.half(), static_cast<size_t>(held.size()) * sizeof(uint16_t));
         break;
       }
       case WeightType::kF16: {

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -71,7 +72,8 @@ struct DeviceLayerWeights {
 class DeviceWeights {
  public:
   // `weights` must match `config` (ValidateWeights). Errors: the device's
-  // (RESOURCE_EXHAUSTED when it has no room).
+  // (RESOURCE_EXHAUSTED when it has no room); INVALID_ARGUMENT, naming the
+  // tensor, for a finite value that rounding to bf16 makes infinite.
   static absl::StatusOr<std::unique_ptr<DeviceWeights>> Upload(const ModelConfig& config,
                                                                const ModelWeights& weights,
                                                                WeightFormat format);
@@ -87,7 +89,9 @@ class DeviceWeights {
 
  private:
   DeviceWeights() = default;
-  absl::StatusOr<DeviceMatrix> Matrix(const Tensor& t, WeightFormat format);
+  // `name`: t's name in model.safetensors, for errors.
+  absl::StatusOr<DeviceMatrix> Matrix(const Tensor& t, WeightFormat format,
+                                      const std::string& name);
   absl::StatusOr<const float*> Floats(const Tensor& t);
   // A 2-D tensor [n, k] as f32 [k, n].
   absl::StatusOr<const float*> Transposed(const Tensor& t);

@@ -1,4 +1,6 @@
 // Capacity dispatch of one router's step: one block of kThreads threads.
+#include <cmath>
+
 #include "kernels/cuda/dispatch_plan.h"
 #include "kernels/cuda/simt.h"
 
@@ -125,6 +127,21 @@ __device__ void RerouteFates(const Plan& p, int* load) {
           (best < 0 || other_score > best_score || (other_score == best_score && other < best))) {
         best = other;
         best_score = other_score;
+      }
+    }
+    // That is the ascending scan's answer when the scores are ordered. A NaN
+    // among them (no score replaces it once it is the best so far, and it
+    // replaces none) leaves the choice to lane 0's scan, as on the CPU
+    // (BestExpert): the NaN expert if it is the first with room.
+    bool nan = false;
+    for (int x = lane; x < p.n_experts; x += kWarp) {
+      nan = nan || std::isnan(p.score[tf * p.score_ld + x]);
+    }
+    if (__any_sync(kFullMask, nan) && lane == 0) {
+      best = -1;
+      for (int x = 0; x < p.n_experts; ++x) {
+        if (load[x] >= p.capacity || Taken(p, tf, af / p.tokens, x)) continue;
+        if (best < 0 || p.score[tf * p.score_ld + x] > p.score[tf * p.score_ld + best]) best = x;
       }
     }
     if (lane == 0) {

@@ -1,4 +1,5 @@
 // RMSNorm / LayerNorm: one block per row.
+#include <cmath>
 #include <cstdint>
 
 #include "kernels/cuda/block_reduce.cuh"
@@ -14,24 +15,28 @@ __global__ void __launch_bounds__(kMaxThreads)
     NormRowsKernel(NormType type, float eps, const float* x, int d, const float* weight,
                    const float* bias, float* out, __nv_bfloat16* out_bf16) {
   SIMT_GRID_WAIT();
-  SIMT_SHARED(float, scratch, simt::kWarp);
+  SIMT_SHARED(double, scratch, simt::kWarp);
   const int64_t row = blockIdx.x;
   const float* xr = x + row * d;
-  float mean = 0.0f;
+  // The mean and variance in double, as the CPU backend computes them: the
+  // squares of a row of |x| ~ 1e20 overflow f32, and a norm is meant to
+  // normalise any scale. Each sum in a fixed order for a given d.
+  double mean = 0.0;
   if (type == NormType::kLayer) {
-    float sum = 0.0f;
+    double sum = 0.0;
     for (int i = threadIdx.x; i < d; i += blockDim.x) sum += xr[i];
-    mean = BlockReduce(sum, SumOp{}, 0.0f, scratch) / static_cast<float>(d);
+    mean = BlockReduce(sum, SumOp{}, 0.0, scratch) / d;
   }
-  float squares = 0.0f;
+  double squares = 0.0;
   for (int i = threadIdx.x; i < d; i += blockDim.x) {
-    const float c = xr[i] - mean;
+    const double c = xr[i] - mean;
     squares += c * c;
   }
-  const float var = BlockReduce(squares, SumOp{}, 0.0f, scratch) / static_cast<float>(d);
-  const float inv = rsqrtf(var + eps);
+  const double var = BlockReduce(squares, SumOp{}, 0.0, scratch) / d;
+  const float inv = static_cast<float>(1.0 / sqrt(var + eps));
+  const float m = static_cast<float>(mean);
   for (int i = threadIdx.x; i < d; i += blockDim.x) {
-    float o = (xr[i] - mean) * inv * weight[i];
+    float o = (xr[i] - m) * inv * weight[i];
     if (bias != nullptr) o += bias[i];
     if (out != nullptr) out[row * d + i] = o;
     if (out_bf16 != nullptr) out_bf16[row * d + i] = __float2bfloat16_rn(o);

@@ -215,5 +215,28 @@ TEST(CudaWeightsTest, SixteenBitTypeHoldsTheCheckpointExactly) {
   EXPECT_EQ(kept.values, f32);
 }
 
+// A finite f32 value beyond bf16's largest finite number (0x1.fep127,
+// about 3.39e38) would become infinite once the 16-bit format rounds it to
+// bf16: the upload is refused, naming the tensor and the element, as the
+// loader refuses one narrowed by --weights-dtype. f32 holds it; bf16's
+// largest number itself is kept.
+TEST(CudaWeightsTest, FiniteValuesBeyondBf16sRangeAreRefused) {
+  ModelConfig config = testing::DenseMhaConfig();
+  ModelWeights weights = testing::RandomWeights(config, 1);
+  weights.layers[1].ffn.w2.mutable_f32()[7] = 3.4e38f;
+  auto refused = cuda::DeviceWeights::Upload(config, weights, cuda::WeightFormat::k16Bit);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_NE(refused.status().message().find("tensor layers.1.ffn.w2.weight"), std::string::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("element 7 "), std::string::npos) << refused.status();
+  EXPECT_NE(refused.status().message().find("BF16"), std::string::npos) << refused.status();
+  EXPECT_TRUE(cuda::DeviceWeights::Upload(config, weights, cuda::WeightFormat::kFloat32).ok());
+
+  const Kept kept = Upload({0x1.fep127f, -0x1.fep127f, 1.0f}, cuda::WeightFormat::k16Bit);
+  EXPECT_EQ(kept.type, cuda::WeightType::kBf16);
+  EXPECT_EQ(kept.values, (std::vector<float>{0x1.fep127f, -0x1.fep127f, 1.0f}));
+}
+
 }  // namespace
 }  // namespace switchserve

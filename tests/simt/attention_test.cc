@@ -202,6 +202,7 @@ std::vector<double> Reference(const AttentionShape& s, const StepLayout& layout,
           for (int e = 0; e < ev; ++e) {
             const double w =
                 ev == 1 ? 1.0 : d.value_weights[(static_cast<int64_t>(t) * G + g) * ev + e];
+            if (w == 0) continue;  // an unchosen expert, skipped as on the CPU
             value += w * d.v[((row * G + g) * ev + e) * dh + i];
           }
           acc += score[j] / total * value;
@@ -285,6 +286,93 @@ TEST(SimtAttention, AQuerysOutputDoesNotDependOnItsTile) {
       EXPECT_EQ(std::memcmp(tiled.data(), alone.data(), alone.size() * sizeof(float)), 0)
           << "tile " << tile;
     }
+  }
+}
+
+// got against the float64 reference, NaN where it is NaN.
+void ExpectNearReference(const std::vector<float>& got, const std::vector<double>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (std::isnan(want[i])) {
+      ASSERT_TRUE(std::isnan(got[i])) << "element " << i << " is " << got[i];
+    } else {
+      ASSERT_NEAR(got[i], want[i], 2e-5 * (1 + std::fabs(want[i]))) << "element " << i;
+    }
+  }
+}
+
+// Keys whose score is -inf (q . k overflowing to -inf): weight 0, as the
+// CPU's exp(s - max) over all of a row's keys gives them. Here the first KV
+// block of every segment and all of the second segment hold such keys, so a
+// segment's online softmax meets blocks, and whole segments, of -inf scores
+// before (or without) a finite one; the rows whose every key is -inf are NaN
+// as on the CPU (max -inf, exp(-inf - -inf)).
+TEST(SimtAttention, KeysScoringMinusInfinityWeighNothing) {
+  SIMT_REQUIRE_DEVICE();
+  for (const CacheType cache : {CacheType::kF32, CacheType::kBf16}) {
+    const Case c{Shape(4, 2, 8, 1, 4, 8, cache), {27, 9}, {27, 9}};
+    SCOPED_TRACE(Describe(c));
+    const StepLayout layout = Layout(c, 77);
+    Data data = MakeData(c.shape, layout, /*xl=*/false, 78);
+    // Positive queries, and keys of -inf: every such key's score is -inf.
+    for (float& q : data.q) q = std::fabs(q) + 0.25f;
+    const AttentionShape& s = c.shape;
+    const int B = s.block_size, G = s.kv_heads, dh = s.head_dim;
+    for (size_t seq = 0; seq < c.lengths.size(); ++seq) {
+      const int32_t* table = layout.block_tables.data() + layout.block_offsets[seq];
+      for (int j = 0; j < c.lengths[seq]; ++j) {
+        if (j % s.segment_tokens >= B && j / s.segment_tokens != 1) continue;
+        const int64_t row = static_cast<int64_t>(table[j / B]) * B + j % B;
+        for (int i = 0; i < G * dh; ++i) {
+          data.k[row * G * dh + i] = -INFINITY;
+          if (cache == CacheType::kBf16) {
+            data.k_bf16[row * G * dh + i] = __float2bfloat16_rn(-INFINITY);
+          }
+        }
+      }
+    }
+    const std::vector<double> want = Reference(s, layout, data);
+    int finite = 0;
+    for (const double w : want) finite += std::isfinite(w) ? 1 : 0;
+    ASSERT_GT(finite, 0);
+    ASSERT_LT(finite, static_cast<int>(want.size()));  // the first rows see only -inf keys
+    const int tile = cuda::AttentionQueryTile(s, 48 * 1024);
+    ExpectNearReference(InEveryOrder([&] { return Attend(s, c, layout, data, tile); }), want);
+    ExpectNearReference(Attend(s, c, layout, data, 1), want);
+  }
+}
+
+// Destination value routing: an expert a query did not choose (gate 0) adds
+// nothing to its values, as on the CPU, even where the cache holds inf for
+// it (0 * inf would be NaN).
+TEST(SimtAttention, AnUnchosenExpertsValuesAreSkipped) {
+  SIMT_REQUIRE_DEVICE();
+  for (const CacheType cache : {CacheType::kF32, CacheType::kBf16}) {
+    const Case c{Shape(2, 2, 16, 4, 4, 16, cache), {25, 9}, {25, 9}};
+    SCOPED_TRACE(Describe(c));
+    const StepLayout layout = Layout(c, 55);
+    Data data = MakeData(c.shape, layout, /*xl=*/false, 56);
+    const AttentionShape& s = c.shape;
+    const int G = s.kv_heads, ev = s.values_per_kv_head, dh = s.head_dim;
+    constexpr int kUnchosen = 1;  // no query's choice: gate 0, values inf
+    for (int t = 0; t < layout.tokens; ++t) {
+      for (int g = 0; g < G; ++g) {
+        data.value_weights[(static_cast<size_t>(t) * G + g) * ev + kUnchosen] = 0.0f;
+      }
+    }
+    for (int row = 0; row < layout.rows; ++row) {
+      for (int g = 0; g < G; ++g) {
+        for (int i = 0; i < dh; ++i) {
+          const size_t at = ((static_cast<size_t>(row) * G + g) * ev + kUnchosen) * dh + i;
+          data.v[at] = INFINITY;
+          if (cache == CacheType::kBf16) data.v_bf16[at] = __float2bfloat16_rn(INFINITY);
+        }
+      }
+    }
+    const std::vector<double> want = Reference(s, layout, data);
+    for (const double w : want) ASSERT_TRUE(std::isfinite(w));
+    const int tile = cuda::AttentionQueryTile(s, 48 * 1024);
+    ExpectNearReference(InEveryOrder([&] { return Attend(s, c, layout, data, tile); }), want);
   }
 }
 

@@ -18,7 +18,7 @@ namespace {
 
 using cuda::NormType;
 
-// f32 statistics here against double on the CPU: a few ulp of the output.
+// Statistics in double on both, summed in other orders: a few ulp of the output.
 constexpr float kTolerance = 2e-5f;
 
 TEST(SimtNorm, MatchesTheCpuBackendOnOddShapes) {
@@ -60,6 +60,40 @@ TEST(SimtNorm, MatchesTheCpuBackendOnOddShapes) {
           ASSERT_EQ(bits, 0xffffffffu) << "wrote past the last row at " << i;
         }
       }
+    }
+  }
+}
+
+// Rows too large to square in f32 (|x| ~ 1e20, and up to 3e38, near f32's
+// largest): the statistics in double, as on the CPU, normalise them (a norm
+// does not depend on the row's scale) where f32 sums overflowed to a zero
+// RMSNorm row and a NaN LayerNorm one. The ordinary row beside them is
+// unaffected.
+TEST(SimtNorm, RowsBeyondF32SquaresNormaliseAsOnTheCpu) {
+  SIMT_REQUIRE_DEVICE();
+  const float eps = 1e-5f;
+  const int rows = 3, d = 32;
+  std::vector<float> x = RandomFloats(static_cast<size_t>(rows) * d, 31, -3, 3);
+  for (int i = 0; i < d; ++i) x[i] *= 1e20f;                           // row 0: up to 3e20
+  for (int i = 0; i < d; ++i) x[d + i] = i % 2 == 0 ? 3e38f : -1e38f;  // row 1: 3e38, -1e38
+  const std::vector<float> weight = RandomFloats(d, 32, 0.5f, 1.5f);
+  const std::vector<float> bias = RandomFloats(d, 33, -0.5f, 0.5f);
+  for (const NormType type : {NormType::kRms, NormType::kLayer}) {
+    const bool layer = type == NormType::kLayer;
+    SCOPED_TRACE(layer ? "LayerNorm" : "RMSNorm");
+    std::vector<float> want(x.size());
+    cpu::NormRows(layer ? NormKind::kLayerNorm : NormKind::kRmsNorm, eps, x.data(), rows, d,
+                  weight.data(), layer ? bias.data() : nullptr, want.data());
+    const std::vector<float> out = InEveryOrder([&] {
+      DeviceArray<float> d_x(x), d_weight(weight), d_bias(bias), d_out(x.size());
+      EXPECT_EQ(cuda::LaunchNormRows(type, eps, d_x.get(), rows, d, d_weight.get(),
+                                     layer ? d_bias.get() : nullptr, d_out.get(), nullptr, nullptr),
+                cudaSuccess);
+      return d_out.Download();
+    });
+    for (size_t i = 0; i < x.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(want[i])) << "element " << i;
+      ASSERT_NEAR(out[i], want[i], kTolerance * (1 + std::fabs(want[i]))) << "element " << i;
     }
   }
 }

@@ -308,6 +308,33 @@ TEST(SimtDispatchPlan, ExpertsPastTheDefaultSharedMemoryMatchDispatchTokens) {
   }
 }
 
+// Step-scope reroute where a token's router scores hold a NaN (a NaN
+// activation upstream): the token's best free expert is BestExpert's, the
+// first free one in index order if its score is NaN (nothing compares
+// greater), else never the NaN one. NaN at the first expert, at one the
+// top-k leaves free, at the last; the experts fill at capacity 1.
+TEST(SimtDispatchPlan, NanScoresRerouteAsDispatchTokens) {
+  SIMT_REQUIRE_DEVICE();
+  for (const int experts : {8, 33}) {
+    for (const int nan_at : {0, 2, experts - 1}) {
+      for (const int top_k : {1, 2}) {
+        SCOPED_TRACE("E=" + std::to_string(experts) + " NaN at " + std::to_string(nan_at) +
+                     " k=" + std::to_string(top_k));
+        const int tokens = 13;
+        std::vector<float> z = Logits(tokens, experts, experts, /*tied=*/false, experts + nan_at);
+        for (int t = 0; t < tokens; ++t) {
+          z[static_cast<size_t>(t) * experts] = 10.0f;  // everyone's first choice
+          if (t % 3 != 2) z[static_cast<size_t>(t) * experts + nan_at] = NAN;
+        }
+        RouterDecision decision;
+        RouteTokens(z.data(), experts, tokens, experts, top_k, GateFunction::kSigmoid, false,
+                    &decision);
+        ExpectSamePlan(decision, decision, Config(0.01, OverflowPolicy::kReroute, 1));
+      }
+    }
+  }
+}
+
 // Layer 1 of the GPU test plan: the same logits into the CPU's and the
 // device's route + dispatch give bit-identical decisions.
 TEST(SimtDispatchPlan, RouteThenDispatchOnDeviceMatchesTheCpuFromLogits) {
