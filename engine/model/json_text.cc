@@ -7,6 +7,35 @@
 
 namespace switchserve {
 
+namespace {
+
+// Far beyond what a config.json (3 levels) or a safetensors header (3) holds.
+constexpr int kMaxFileJsonDepth = 64;
+
+}  // namespace
+
+bool NestsDeeperThan(std::string_view text, int max_depth) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;  // the escaped character
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) return true;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
+
 absl::StatusOr<nlohmann::json> ParseJsonText(std::string_view text, std::string_view file_name) {
   // nlohmann's lexer takes a NUL byte for the end of the input: a valid
   // document followed by "\0" and anything would parse. JSON text has no NUL
@@ -14,6 +43,11 @@ absl::StatusOr<nlohmann::json> ParseJsonText(std::string_view text, std::string_
   if (const size_t nul = text.find('\0'); nul != std::string_view::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat(std::string(file_name), ": invalid JSON at byte ", nul, ": a NUL byte"));
+  }
+  if (NestsDeeperThan(text, kMaxFileJsonDepth)) {
+    return absl::InvalidArgumentError(absl::StrCat(std::string(file_name),
+                                                   ": nests arrays and objects more than ",
+                                                   kMaxFileJsonDepth, " levels deep"));
   }
   // One set of seen keys per open object; the parser callback sees every key
   // in document order, so a repeat is found before nlohmann overwrites it.

@@ -36,31 +36,6 @@ absl::Status Invalid(std::string_view param, const std::string& problem) {
 // prompts, a prompt's token ids).
 constexpr int kMaxJsonDepth = 16;
 
-// Whether `body` opens more than kMaxJsonDepth arrays and objects at once
-// (brackets inside strings aside): a scan that stops at the first one too
-// deep, whatever follows.
-bool NestsTooDeep(std::string_view body) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < body.size(); ++i) {
-    const char c = body[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;  // the escaped character
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > kMaxJsonDepth) return true;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return false;
-}
-
 // "must be <what>, found <the value>", the value shortened (DescribeJson).
 absl::Status WrongType(std::string_view param, const char* what, const Json& value) {
   return Invalid(param, absl::StrCat("must be ", what, ", found ", DescribeJson(value)));
@@ -362,7 +337,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body) 
   if (body.find('\0') != std::string_view::npos) {
     return Invalid("body", "is not valid JSON (a NUL byte)");
   }
-  if (NestsTooDeep(body)) {
+  if (NestsDeeperThan(body, kMaxJsonDepth)) {
     return Invalid(
         "body", absl::StrCat("nests arrays and objects more than ", kMaxJsonDepth, " levels deep"));
   }

@@ -409,7 +409,9 @@ TEST(ModelConfigTest, ToJsonSurvivesInvalidUtf8Names) {
   EXPECT_THAT(again->name, HasSubstr("name"));
 }
 
-TEST(ModelConfigTest, DeeplyNestedValueDoesNotCrash) {
+// Refused before it is parsed (the parser builds every level it reads:
+// about 90 bytes each), and without recursing per level.
+TEST(ModelConfigTest, DeeplyNestedValueIsRefusedBeforeParsing) {
   Json json = Json::parse(kMinimalConfig);
   std::string text = json.dump();
   const std::string nested = std::string(200000, '[') + std::string(200000, ']');
@@ -417,6 +419,11 @@ TEST(ModelConfigTest, DeeplyNestedValueDoesNotCrash) {
   auto config = Parse(text);
   ASSERT_FALSE(config.ok());
   EXPECT_THAT(config.status().message(),
+              HasSubstr("config.json: nests arrays and objects more than 64 levels deep"));
+  // 64 levels are parsed (and refused for what they hold).
+  text = json.dump();
+  text.replace(text.find("300"), 3, std::string(63, '[') + std::string(63, ']'));
+  EXPECT_THAT(Parse(text).status().message(),
               HasSubstr("vocab_size: expected an integer >= 256 (tokenizer \"byte\" needs the 256 "
                         "byte ids), found an array of 1 elements"));
 }

@@ -311,6 +311,16 @@ TEST(SafetensorsTest, BadJsonHeader) {
               HasSubstr("invalid JSON"));
 }
 
+// A header of nothing but "[" (up to the 100 MiB a header may hold) is refused
+// by a scan before the parser builds its levels: 24 MiB of them took 2 GB.
+TEST(SafetensorsTest, DeeplyNestedHeaderIsRefusedBeforeParsing) {
+  const std::string path =
+      WriteRaw("deep.safetensors", std::string(1 << 20, '[') + std::string(1 << 20, ']'), 0);
+  EXPECT_THAT(OpenError(path),
+              HasSubstr("deep.safetensors (header): nests arrays and objects more than 64 levels "
+                        "deep"));
+}
+
 // Corrupts a valid file at random (header bytes flipped, file cut short): Open
 // must either fail cleanly or describe tensors that lie inside the file.
 TEST(SafetensorsTest, RandomCorruptionNeverCrashes) {
