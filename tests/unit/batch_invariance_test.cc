@@ -15,7 +15,6 @@
 
 #include "engine/model/model_loader.h"
 #include "gtest/gtest.h"
-#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/kernel_isa.h"
 #include "tests/util/backend_harness.h"
 #include "tests/util/backends_under_test.h"
@@ -288,18 +287,7 @@ std::vector<BackendUnderTest> CpuBackendsUnderTest() {
   // every rows-in product): the backends above pick AVX-512 where the CPU
   // has it, so the AVX2 build is named here too.
   if (cpu::CpuSupports(cpu::KernelIsa::kAvx2) && cpu::BestKernelIsa() != cpu::KernelIsa::kAvx2) {
-    out.push_back({"cpu_avx2", [](const ModelConfig& config, const ModelWeights& weights,
-                                  const DispatchConfig& dispatch) {
-                     CpuBackendOptions options;
-                     options.num_threads = 2;
-                     options.parallel_attention_min_macs = 0;
-                     options.parallel_matmul_min_macs = 0;
-                     options.kernel_isa = cpu::KernelIsa::kAvx2;
-                     absl::StatusOr<std::unique_ptr<Backend>> backend =
-                         CreateCpuBackend(config, weights, dispatch, options);
-                     EXPECT_TRUE(backend.ok()) << backend.status();
-                     return backend.ok() ? *std::move(backend) : nullptr;
-                   }});
+    out.push_back(testing::CpuParallelBackend("cpu_avx2", cpu::KernelIsa::kAvx2));
   }
   return out;
 }

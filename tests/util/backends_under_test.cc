@@ -1,5 +1,7 @@
 #include "tests/util/backends_under_test.h"
 
+#include <utility>
+
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #if defined(SWITCHSERVE_TEST_CUDA_BACKEND)
@@ -47,21 +49,24 @@ const std::vector<BackendUnderTest>& BackendsUnderTest() {
            options.parallel_matmul_min_macs = 0;
            return OrFail(CreateCpuBackend(config, weights, dispatch, options));
          }},
-        {"cpu_generic",
-         [](const ModelConfig& config, const ModelWeights& weights,
-            const DispatchConfig& dispatch) {
-           CpuBackendOptions options;
-           options.num_threads = 2;
-           options.parallel_attention_min_macs = 0;
-           options.parallel_matmul_min_macs = 0;
-           options.kernel_isa = cpu::KernelIsa::kGeneric;
-           return OrFail(CreateCpuBackend(config, weights, dispatch, options));
-         }},
+        CpuParallelBackend("cpu_generic", cpu::KernelIsa::kGeneric),
 #if defined(SWITCHSERVE_TEST_CUDA_BACKEND)
         {"cuda_f32", CudaF32},
 #endif
   };
   return *backends;
+}
+
+BackendUnderTest CpuParallelBackend(std::string name, cpu::KernelIsa isa) {
+  return {std::move(name), [isa](const ModelConfig& config, const ModelWeights& weights,
+                                 const DispatchConfig& dispatch) {
+            CpuBackendOptions options;
+            options.num_threads = 2;
+            options.parallel_attention_min_macs = 0;
+            options.parallel_matmul_min_macs = 0;
+            options.kernel_isa = isa;
+            return OrFail(CreateCpuBackend(config, weights, dispatch, options));
+          }};
 }
 
 BackendUnderTest CpuBf16KvCacheBackend() {

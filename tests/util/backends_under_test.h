@@ -15,6 +15,7 @@
 #include "engine/model/model_config.h"
 #include "engine/model/model_weights.h"
 #include "engine/runtime/backend.h"
+#include "kernels/cpu/kernel_isa.h"
 
 namespace switchserve::testing {
 
@@ -34,6 +35,10 @@ inline void PrintTo(const BackendUnderTest& backend, std::ostream* os) { *os << 
 // f32 mode ("cuda_f32"), on the SIMT executor in CI (or on a GPU in the GPU
 // suite).
 const std::vector<BackendUnderTest>& BackendsUnderTest();
+
+// The CPU backend as "cpu_parallel" is, on the `isa` build of its kernels,
+// named `name`.
+BackendUnderTest CpuParallelBackend(std::string name, cpu::KernelIsa isa);
 
 // BackendsUnderTest() but the CUDA backend when it runs on the SIMT executor:
 // for engine-level tests over the built-in model (hundreds of steps of 32
