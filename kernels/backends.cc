@@ -1,6 +1,7 @@
 #include "kernels/backends.h"
 
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -92,15 +93,30 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(DeviceKind device, const 
     // The first built device whose backend can be had (a CUDA build on a
     // machine without a GPU falls back to the CPU).
     absl::Status first_error;
+    std::vector<std::string> reasons;
     for (DeviceKind built : BuiltDevices()) {
 #if defined(SWITCHSERVE_HAVE_CUDA_BACKEND)
       // The CUDA backend on the SIMT executor (test builds) runs only when
       // asked for by name.
-      if (built == DeviceKind::kCuda && CudaBackendIsEmulated()) continue;
+      if (built == DeviceKind::kCuda && CudaBackendIsEmulated()) {
+        reasons.push_back("cuda (the CUDA backend on the SIMT executor runs only when asked for)");
+        continue;
+      }
 #endif
       auto backend = CreateBackend(built, config, weights, dispatch, options);
-      if (backend.ok()) return backend;
+      if (backend.ok()) {
+        if (options.passed_over != nullptr) {
+          for (const std::string& reason : reasons) {
+            options.passed_over->push_back(absl::StrCat("--device auto: passed over ", reason,
+                                                        "; the ", std::string((*backend)->name()),
+                                                        " backend runs instead"));
+          }
+        }
+        return backend;
+      }
       if (first_error.ok()) first_error = backend.status();
+      reasons.push_back(
+          absl::StrCat(std::string(ToString(built)), " (", backend.status().message(), ")"));
     }
     return first_error;
   }

@@ -59,6 +59,12 @@ struct BackendOptions {
   // Every path of a backend uses the same value, so a request's logits stay
   // bitwise the same in decode and prefill; another value rounds differently.
   int cuda_attention_segment_tokens = 0;
+  // kAuto: when set, a warning line for each built device passed over before
+  // the one chosen, and why ("--device auto: passed over cuda (no CUDA
+  // device); the cpu backend runs instead"), for the caller to report:
+  // a GPU host whose CUDA backend refuses the model (a head_dim it does not
+  // support, a weight past bf16's range) serves it on the CPU, and says so.
+  std::vector<std::string>* passed_over = nullptr;
 };
 
 // The KV cache element type a `device` backend (kCpu or kCuda) holds under
@@ -74,7 +80,8 @@ std::vector<DeviceKind> BuiltDevices();
 // A backend for `device` running `config` with `weights` (which must outlive
 // it and match the config, see ValidateWeights) under the capacity policy
 // `dispatch`. Its KV cache is not initialised yet (KvCache does that).
-// kAuto: the first of BuiltDevices() whose backend can be created.
+// kAuto: the first of BuiltDevices() whose backend can be created (the
+// others in options.passed_over).
 // FAILED_PRECONDITION when this build has no backend for `device`.
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(DeviceKind device, const ModelConfig& config,
                                                        const ModelWeights& weights,

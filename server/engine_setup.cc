@@ -6,6 +6,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -64,6 +65,7 @@ absl::StatusOr<EngineSetup> SetUpEngine(const ServerOptions& options) {
   if (!dispatch.ok()) return dispatch.status();
   setup.dispatch = *dispatch;
 
+  std::vector<std::string> passed_over;
   absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend(
       options.device, config, setup.model->weights, setup.dispatch,
       BackendOptions{.num_threads = options.threads,
@@ -71,12 +73,14 @@ absl::StatusOr<EngineSetup> SetUpEngine(const ServerOptions& options) {
                      .cpu_weight_copies = options.cpu_weight_copies,
                      .cpu_kernels = options.cpu_kernels,
                      // --weights-dtype f32: the CUDA backend's f32 mode too.
-                     .cuda_f32_weights = options.load.weights_dtype == WeightsDtype::kF32});
+                     .cuda_f32_weights = options.load.weights_dtype == WeightsDtype::kF32,
+                     .passed_over = &passed_over});
   if (!backend.ok()) {
     return absl::Status(backend.status().code(),
                         absl::StrCat("--device ", std::string(ToString(options.device)), ": ",
                                      backend.status().message()));
   }
+  setup.model->warnings.insert(setup.model->warnings.end(), passed_over.begin(), passed_over.end());
   setup.backend = *std::move(backend);
   if (options.debug_step_delay_ms > 0) {
     setup.backend = std::make_unique<SlowedBackend>(

@@ -1,6 +1,8 @@
 #include "server/offline_session.h"
 
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -42,17 +44,22 @@ absl::StatusOr<OfflineSession> OpenOfflineSession() {
       ApplyDispatchOverrides(session.model->config.dispatch, *overrides);
   if (!dispatch.ok()) return dispatch.status();
   session.dispatch = *dispatch;
+  std::vector<std::string> passed_over;
   absl::StatusOr<std::unique_ptr<Backend>> backend =
       CreateBackend(*device, session.model->config, session.model->weights, session.dispatch,
                     BackendOptions{.num_threads = *threads,
                                    .kv_cache_dtype = *kv_dtype,
                                    .cpu_weight_copies = absl::GetFlag(FLAGS_cpu_weight_copies),
                                    .cpu_kernels = *cpu_kernels,
-                                   .cuda_f32_weights = load->weights_dtype == WeightsDtype::kF32});
+                                   .cuda_f32_weights = load->weights_dtype == WeightsDtype::kF32,
+                                   .passed_over = &passed_over});
   if (!backend.ok()) {
     return absl::Status(backend.status().code(),
                         absl::StrCat("--device ", std::string(ToString(*device)), ": ",
                                      backend.status().message()));
+  }
+  for (const std::string& warning : passed_over) {
+    std::fprintf(stderr, "warning: %s\n", warning.c_str());
   }
   session.backend = *std::move(backend);
   return session;

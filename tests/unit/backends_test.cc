@@ -67,9 +67,16 @@ TEST(BackendsTest, EmulatedCudaRunsOnlyWhenAskedFor) {
   auto cuda = CreateBackend(DeviceKind::kCuda, config, weights, config.dispatch);
   ASSERT_TRUE(cuda.ok()) << cuda.status();
   EXPECT_EQ((*cuda)->name(), "cuda (emulated)");
-  auto automatic = CreateBackend(DeviceKind::kAuto, config, weights, config.dispatch);
+  std::vector<std::string> passed_over;
+  auto automatic = CreateBackend(DeviceKind::kAuto, config, weights, config.dispatch,
+                                 BackendOptions{.passed_over = &passed_over});
   ASSERT_TRUE(automatic.ok()) << automatic.status();
   EXPECT_EQ((*automatic)->name(), "cpu");
+  // What `auto` passed over, and why, for the server's log.
+  ASSERT_EQ(passed_over.size(), 1u);
+  EXPECT_EQ(passed_over[0],
+            "--device auto: passed over cuda (the CUDA backend on the SIMT executor runs only "
+            "when asked for); the cpu backend runs instead");
 }
 #endif
 
