@@ -5,7 +5,6 @@
 #include <optional>
 #include <utility>
 
-#include "grpc/support/time.h"
 #include "server/access_log.h"
 #include "server/engine_request_handle.h"
 #include "server/generation_service.h"
@@ -280,14 +279,17 @@ CancelCause CancelCauseOf(const grpc::CallbackServerContext& context) {
   // that cancellation reaches the server a little before the server's copy
   // of the deadline (computed from the header's arrival) passes. Count a
   // cancellation that close to the deadline as the deadline the client saw.
-  // gRPC's raw deadline: its time_point (context.deadline()) wraps past the
-  // year 2262, so a deadline that far away looked already past.
-  const gpr_timespec raw = context.raw_deadline();
-  if (gpr_time_cmp(raw, gpr_inf_future(raw.clock_type)) == 0) return CancelCause::kClient;
-  const gpr_timespec slack = gpr_time_from_millis(100, GPR_TIMESPAN);
-  return gpr_time_cmp(gpr_time_sub(raw, gpr_now(raw.clock_type)), slack) <= 0
+  // (A deadline past the year 2262 looked already past on the time_point.)
+  const std::optional<gpr_timespec> left = TimeToDeadline(context);
+  return left && gpr_time_cmp(*left, gpr_time_from_millis(100, GPR_TIMESPAN)) <= 0
              ? CancelCause::kDeadline
              : CancelCause::kClient;
+}
+
+std::optional<gpr_timespec> TimeToDeadline(const grpc::ServerContextBase& context) {
+  const gpr_timespec raw = context.raw_deadline();
+  if (gpr_time_cmp(raw, gpr_inf_future(raw.clock_type)) == 0) return std::nullopt;
+  return gpr_time_sub(raw, gpr_now(raw.clock_type));
 }
 
 grpc::Status CancelledCallStatus(CancelCause cause) {

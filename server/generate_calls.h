@@ -7,7 +7,10 @@
 #ifndef SWITCHSERVE_SERVER_GENERATE_CALLS_H_
 #define SWITCHSERVE_SERVER_GENERATE_CALLS_H_
 
+#include <optional>
+
 #include "engine/runtime/request.h"
+#include "grpc/support/time.h"
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "switchserve/v1/generation.pb.h"
@@ -30,6 +33,11 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* StartStreamingGenerate(
 // 100 ms away: the client's own clock ends it first), or the client cancelled
 // it or went away.
 CancelCause CancelCauseOf(const grpc::CallbackServerContext& context);
+
+// The time left before the call's deadline, read from gRPC's raw deadline
+// (its time_point, context.deadline(), wraps past the year 2262); nullopt
+// when the call has none. Negative once the deadline has passed.
+std::optional<gpr_timespec> TimeToDeadline(const grpc::ServerContextBase& context);
 
 // The status a call ends with when its request finished with kCancelled, as
 // the client sees it: CANCELLED (the client's cancellation),

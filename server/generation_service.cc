@@ -49,13 +49,12 @@ absl::StatusCode RejectionSeenByClient(grpc::CallbackServerContext& context,
 // when it has none, or one too far away to represent.
 std::optional<Clock::time_point> SteadyDeadline(const grpc::ServerContextBase& context,
                                                 Clock::time_point now) {
-  // gRPC's raw deadline, in whole seconds: its time_point (context.deadline())
-  // wraps past the year 2262, and a client's "longest" timeout (2562047H,
-  // about 2^63 ns) overflowed `now + left` into the past, which cancelled
-  // the call at once as DEADLINE_EXCEEDED.
-  const gpr_timespec raw = context.raw_deadline();
-  if (gpr_time_cmp(raw, gpr_inf_future(raw.clock_type)) == 0) return std::nullopt;
-  const gpr_timespec left = gpr_time_sub(raw, gpr_now(raw.clock_type));
+  // In whole seconds: a client's "longest" timeout (2562047H, about 2^63 ns)
+  // overflowed `now + left` into the past, which cancelled the call at once
+  // as DEADLINE_EXCEEDED.
+  const std::optional<gpr_timespec> time_left = TimeToDeadline(context);
+  if (!time_left) return std::nullopt;
+  const gpr_timespec& left = *time_left;
   const auto representable = std::chrono::duration_cast<std::chrono::seconds>(
       Clock::time_point::max() - now - std::chrono::seconds(1));
   if (left.tv_sec >= representable.count()) return std::nullopt;  // as good as none

@@ -36,13 +36,17 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Upload(const Model
                                                                      const ModelWeights& weights,
                                                                      WeightFormat format) {
   std::unique_ptr<DeviceWeights> w(new DeviceWeights());
-  const std::vector<ExpectedTensor> expected = ExpectedTensors(config);
-  auto matrix = [&](const Tensor& t) {
-    std::string name;  // t's name in model.safetensors, for errors
-    for (const ExpectedTensor& e : expected) {
-      if (&e.In(weights) == &t) name = e.name;
+  auto matrix = [&](const Tensor& t) -> absl::StatusOr<DeviceMatrix> {
+    absl::StatusOr<DeviceMatrix> m = w->Matrix(t, format);
+    if (m.ok() || m.status().code() != absl::StatusCode::kInvalidArgument) return m;
+    // Named as model.safetensors names it.
+    for (const ExpectedTensor& e : ExpectedTensors(config)) {
+      if (&e.In(weights) == &t) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor ", e.name, " ", m.status().message()));
+      }
     }
-    return w->Matrix(t, format, name);
+    return m;
   };
   auto floats = [&](const Tensor& t) { return w->Floats(t); };
   auto transposed = [&](const Tensor& t) { return w->Transposed(t); };
@@ -89,8 +93,7 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Upload(const Model
   return w;
 }
 
-absl::StatusOr<DeviceMatrix> DeviceWeights::Matrix(const Tensor& t, WeightFormat format,
-                                                   const std::string& name) {
+absl::StatusOr<DeviceMatrix> DeviceWeights::Matrix(const Tensor& t, WeightFormat format) {
   if (t.empty()) return DeviceMatrix{};
   DeviceBuffer& buffer = buffers_.emplace_back();
   DeviceMatrix m;
@@ -112,10 +115,10 @@ absl::StatusOr<DeviceMatrix> DeviceWeights::Matrix(const Tensor& t, WeightFormat
         // infinite (beyond bf16's largest, about 3.39e38).
         const Tensor held = t.ConvertedTo(DType::kBF16);
         if (const int64_t bad = FirstNonFinite(held); bad >= 0 && FirstNonFinite(t) < 0) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "tensor ", name, " holds non-finite values (element ", bad, " of ", held.size(),
-              " is ", held.At(bad), ") once held as BF16 (the CUDA backend's 16-bit weights; ",
-              "stored ", t.At(bad), "); --weights-dtype f32 keeps it in f32"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("holds non-finite values (element ", bad, " of ", held.size(), " is ",
+                           held.At(bad), ") once held as BF16 (the CUDA backend's 16-bit weights; ",
+                           "stored ", t.At(bad), "); --weights-dtype f32 keeps it in f32"));
         }
         s = buffer.Upload(held.half(), static_cast<size_t>(held.size()) * sizeof(uint16_t));
         break;

@@ -12,7 +12,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -89,9 +88,9 @@ class DeviceWeights {
 
  private:
   DeviceWeights() = default;
-  // `name`: t's name in model.safetensors, for errors.
-  absl::StatusOr<DeviceMatrix> Matrix(const Tensor& t, WeightFormat format,
-                                      const std::string& name);
+  // INVALID_ARGUMENT "holds ..." for a value bf16 cannot hold (Upload names
+  // the tensor).
+  absl::StatusOr<DeviceMatrix> Matrix(const Tensor& t, WeightFormat format);
   absl::StatusOr<const float*> Floats(const Tensor& t);
   // A 2-D tensor [n, k] as f32 [k, n].
   absl::StatusOr<const float*> Transposed(const Tensor& t);

@@ -25,7 +25,6 @@ int PaddedVocab(int vocab) {
 
 __host__ __device__ __forceinline__ size_t Align8(size_t bytes) { return (bytes + 7) / 8 * 8; }
 
-// Candidate order: higher score first, ties to the lower id; id < 0 is none.
 // A logit as the host sampler's Finite (engine/runtime/sampler.cc) makes it:
 // NaN the least likely of all, +-inf the largest finite magnitudes, so that
 // no comparison or probability meets a NaN.
@@ -35,6 +34,7 @@ __device__ __forceinline__ float Finite(float v) {
   return v > kMax ? kMax : (v < -kMax ? -kMax : v);
 }
 
+// Candidate order: higher score first, ties to the lower id; id < 0 is none.
 __device__ __forceinline__ bool Better(float va, int ia, float vb, int ib) {
   if (ib < 0) return ia >= 0;
   if (ia < 0) return false;
@@ -204,8 +204,9 @@ __global__ void __launch_bounds__(kThreads)
   float top_logit = -INFINITY;
   int top_id = -1;
   for (int i = tid; i < vocab; i += kThreads) {
-    if (Better(Finite(row[i]), i, top_logit, top_id)) {
-      top_logit = Finite(row[i]);
+    const float logit = Finite(row[i]);
+    if (Better(logit, i, top_logit, top_id)) {
+      top_logit = logit;
       top_id = i;
     }
   }
@@ -314,8 +315,9 @@ __global__ void __launch_bounds__(kThreads)
     float best = -INFINITY;
     int id = -1;
     for (int i = tid; i < vocab; i += kThreads) {
-      if ((flags[i] & kListed) == 0 && Better(Finite(row[i]), i, best, id)) {
-        best = Finite(row[i]);
+      const float logit = Finite(row[i]);
+      if ((flags[i] & kListed) == 0 && Better(logit, i, best, id)) {
+        best = logit;
         id = i;
       }
     }

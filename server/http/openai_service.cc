@@ -27,13 +27,18 @@ HttpResponse ErrorResponse(const absl::Status& status) {
   return JsonResponse(error.http_status, error.body);
 }
 
+// The code of an answer the HTTP layer gives itself (body or head too large:
+// RESOURCE_EXHAUSTED; malformed, an encoding or expectation it does not
+// support: INVALID_ARGUMENT).
+absl::StatusCode OwnErrorCode(int http_status) {
+  return http_status == 413 || http_status == 431 ? absl::StatusCode::kResourceExhausted
+                                                  : absl::StatusCode::kInvalidArgument;
+}
+
 }  // namespace
 
 std::string OpenAiErrorBody(int http_status, const std::string& message) {
-  const absl::StatusCode code = http_status == 413 || http_status == 431
-                                    ? absl::StatusCode::kResourceExhausted
-                                    : absl::StatusCode::kInvalidArgument;
-  ApiError error = MakeApiError(absl::Status(code, message));
+  ApiError error = MakeApiError(absl::Status(OwnErrorCode(http_status), message));
   error.body["error"]["type"] = "invalid_request_error";
   return error.body.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
@@ -123,9 +128,7 @@ std::optional<HttpResponse> OpenAiService::CheckHead(const HttpRequest& head) co
 void OpenAiService::OnOwnError(const HttpRequest& head, HttpResponse* response) const {
   if (head.Path() != "/v1/completions" || head.method != "POST") return;
   AccessRecord access = CompletionAccess(head);
-  access.status = response->status == 413 || response->status == 431
-                      ? absl::StatusCode::kResourceExhausted
-                      : absl::StatusCode::kInvalidArgument;
+  access.status = OwnErrorCode(response->status);
   access.http_status = response->status;
   response->headers.emplace_back("x-request-id", access.request_id);
   if (options_.metrics != nullptr) {
