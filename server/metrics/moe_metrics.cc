@@ -74,8 +74,8 @@ MoeMetrics::MoeMetrics(std::vector<RouterId> routers, MoeMetricsOptions options)
                                "Tokens the router routed (T summed over steps).");
   auto& aux_loss = GaugeFamily(
       registry, "switchserve_moe_aux_loss",
-      "Load-balancing loss E * sum_e f_e * P_e over the recent window (1 = balanced, E = "
-      "collapsed).");
+      "Load-balancing loss E * sum_e f_e * P_e over the recent window (1 = balanced, E/k = "
+      "every token on the same k experts).");
   auto& load_cv = GaugeFamily(registry, "switchserve_moe_load_cv",
                               "Coefficient of variation of routed assignments per expert over "
                               "the recent window.");
