@@ -105,11 +105,11 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(DeviceKind device, const 
 #endif
       auto backend = CreateBackend(built, config, weights, dispatch, options);
       if (backend.ok()) {
-        if (options.passed_over != nullptr) {
+        if (options.warnings != nullptr) {
           for (const std::string& reason : reasons) {
-            options.passed_over->push_back(absl::StrCat("--device auto: passed over ", reason,
-                                                        "; the ", std::string((*backend)->name()),
-                                                        " backend runs instead"));
+            options.warnings->push_back(absl::StrCat("--device auto: passed over ", reason,
+                                                     "; the ", std::string((*backend)->name()),
+                                                     " backend runs instead"));
           }
         }
         return backend;
@@ -144,6 +144,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(DeviceKind device, const 
       }
       CudaBackendOptions cuda;
       cuda.sixteen_bit_weights = !options.cuda_f32_weights;
+      cuda.allow_non_finite_weights = options.allow_non_finite_weights;
+      cuda.warnings = options.warnings;
       if (options.cuda_attention_segment_tokens > 0) {
         cuda.attention_segment_tokens = options.cuda_attention_segment_tokens;
       }

@@ -55,16 +55,24 @@ struct BackendOptions {
   std::optional<cpu::KernelIsa> cpu_kernels = std::nullopt;
   // CUDA: keep every weight matrix in f32 (the parity mode) instead of 16-bit.
   bool cuda_f32_weights = false;
+  // What ModelLoadOptions::allow_non_finite_weights (--allow-non-finite-weights)
+  // allows the loader, for the weights a backend narrows itself: the CUDA
+  // backend's 16-bit matrices make a finite f32 weight beyond bf16's range
+  // infinite. Unset, such a weight is refused, naming the tensor; set, it is
+  // held so, with a line in `warnings`.
+  bool allow_non_finite_weights = false;
   // CUDA: keys per attention segment (CudaBackendOptions); 0: its default.
   // Every path of a backend uses the same value, so a request's logits stay
   // bitwise the same in decode and prefill; another value rounds differently.
   int cuda_attention_segment_tokens = 0;
-  // kAuto: when set, a warning line for each built device passed over before
-  // the one chosen, and why ("--device auto: passed over cuda (no CUDA
-  // device); the cpu backend runs instead"), for the caller to report:
-  // a GPU host whose CUDA backend refuses the model (a head_dim it does not
+  // When set, warning lines for the caller to report. kAuto: one for each
+  // built device passed over before the one chosen, and why ("--device auto:
+  // passed over cuda (no CUDA device); the cpu backend runs instead"): a GPU
+  // host whose CUDA backend refuses the model (a head_dim it does not
   // support, a weight past bf16's range) serves it on the CPU, and says so.
-  std::vector<std::string>* passed_over = nullptr;
+  // And one for each weight allow_non_finite_weights let the created backend
+  // hold non-finite.
+  std::vector<std::string>* warnings = nullptr;
 };
 
 // The KV cache element type a `device` backend (kCpu or kCuda) holds under
@@ -81,7 +89,7 @@ std::vector<DeviceKind> BuiltDevices();
 // it and match the config, see ValidateWeights) under the capacity policy
 // `dispatch`. Its KV cache is not initialised yet (KvCache does that).
 // kAuto: the first of BuiltDevices() whose backend can be created (the
-// others in options.passed_over).
+// others in options.warnings).
 // FAILED_PRECONDITION when this build has no backend for `device`.
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(DeviceKind device, const ModelConfig& config,
                                                        const ModelWeights& weights,

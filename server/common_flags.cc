@@ -34,7 +34,8 @@ ABSL_FLAG(std::string, cpu_kernels, "auto",
 ABSL_FLAG(int, kv_block_size, 16,
           "tokens per KV cache block (the CUDA backend's attention takes keys a block at a time)");
 ABSL_FLAG(bool, allow_non_finite_weights, false,
-          "Load weights holding NaN or infinity (with a warning) instead of refusing the model");
+          "Load weights holding NaN or infinity (with a warning) instead of refusing the model; "
+          "also finite f32 weights the CUDA backend's 16-bit matrices make infinite");
 
 namespace switchserve {
 

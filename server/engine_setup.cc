@@ -65,7 +65,7 @@ absl::StatusOr<EngineSetup> SetUpEngine(const ServerOptions& options) {
   if (!dispatch.ok()) return dispatch.status();
   setup.dispatch = *dispatch;
 
-  std::vector<std::string> passed_over;
+  std::vector<std::string> warnings;
   absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend(
       options.device, config, setup.model->weights, setup.dispatch,
       BackendOptions{.num_threads = options.threads,
@@ -74,13 +74,14 @@ absl::StatusOr<EngineSetup> SetUpEngine(const ServerOptions& options) {
                      .cpu_kernels = options.cpu_kernels,
                      // --weights-dtype f32: the CUDA backend's f32 mode too.
                      .cuda_f32_weights = options.load.weights_dtype == WeightsDtype::kF32,
-                     .passed_over = &passed_over});
+                     .allow_non_finite_weights = options.load.allow_non_finite_weights,
+                     .warnings = &warnings});
   if (!backend.ok()) {
     return absl::Status(backend.status().code(),
                         absl::StrCat("--device ", std::string(ToString(options.device)), ": ",
                                      backend.status().message()));
   }
-  setup.model->warnings.insert(setup.model->warnings.end(), passed_over.begin(), passed_over.end());
+  setup.model->warnings.insert(setup.model->warnings.end(), warnings.begin(), warnings.end());
   setup.backend = *std::move(backend);
   if (options.debug_step_delay_ms > 0) {
     setup.backend = std::make_unique<SlowedBackend>(

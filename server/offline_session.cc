@@ -44,7 +44,7 @@ absl::StatusOr<OfflineSession> OpenOfflineSession() {
       ApplyDispatchOverrides(session.model->config.dispatch, *overrides);
   if (!dispatch.ok()) return dispatch.status();
   session.dispatch = *dispatch;
-  std::vector<std::string> passed_over;
+  std::vector<std::string> warnings;
   absl::StatusOr<std::unique_ptr<Backend>> backend =
       CreateBackend(*device, session.model->config, session.model->weights, session.dispatch,
                     BackendOptions{.num_threads = *threads,
@@ -52,13 +52,14 @@ absl::StatusOr<OfflineSession> OpenOfflineSession() {
                                    .cpu_weight_copies = absl::GetFlag(FLAGS_cpu_weight_copies),
                                    .cpu_kernels = *cpu_kernels,
                                    .cuda_f32_weights = load->weights_dtype == WeightsDtype::kF32,
-                                   .passed_over = &passed_over});
+                                   .allow_non_finite_weights = load->allow_non_finite_weights,
+                                   .warnings = &warnings});
   if (!backend.ok()) {
     return absl::Status(backend.status().code(),
                         absl::StrCat("--device ", std::string(ToString(*device)), ": ",
                                      backend.status().message()));
   }
-  for (const std::string& warning : passed_over) {
+  for (const std::string& warning : warnings) {
     std::fprintf(stderr, "warning: %s\n", warning.c_str());
   }
   session.backend = *std::move(backend);

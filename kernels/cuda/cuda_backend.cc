@@ -214,10 +214,16 @@ absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(const ModelConfig& 
   std::unique_ptr<CudaBackend> backend(new CudaBackend(config, dispatch, options));
   SWITCHSERVE_CUDA_RETURN_IF_ERROR(
       cudaStreamCreateWithFlags(&backend->stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  std::vector<std::string> warnings;
   auto uploaded = DeviceWeights::Upload(
-      config, weights, options.sixteen_bit_weights ? WeightFormat::k16Bit : WeightFormat::kFloat32);
+      config, weights, options.sixteen_bit_weights ? WeightFormat::k16Bit : WeightFormat::kFloat32,
+      options.allow_non_finite_weights, &warnings);
   if (!uploaded.ok()) return uploaded.status();
   backend->weights_ = *std::move(uploaded);
+  // Only a backend that was created warns (--device auto may go on to another).
+  if (options.warnings != nullptr) {
+    options.warnings->insert(options.warnings->end(), warnings.begin(), warnings.end());
+  }
   return std::unique_ptr<Backend>(std::move(backend));
 }
 

@@ -43,6 +43,13 @@ struct CudaBackendOptions {
   int device = 0;  // CUDA device ordinal
   // false: every matrix in f32 (parity tests); true: 16-bit as stored.
   bool sixteen_bit_weights = true;
+  // A finite f32 weight that the 16-bit matrices would make infinite (beyond
+  // bf16's range) is refused, naming the tensor; set
+  // (ModelLoadOptions::allow_non_finite_weights, --allow-non-finite-weights),
+  // it is held so and a line naming it is appended to `warnings` (read only
+  // while the backend is created; may be null).
+  bool allow_non_finite_weights = false;
+  std::vector<std::string>* warnings = nullptr;
   // Steps whose every sequence decodes one token run from CUDA graphs
   // captured per batch-size bucket (1, 2, 4, ..., 256 sequences), padded with
   // rows that touch nothing of the real ones. Under emulation the padded step

@@ -32,20 +32,26 @@ std::vector<T> Converted(const std::vector<float>& values, Convert convert) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Upload(const ModelConfig& config,
-                                                                     const ModelWeights& weights,
-                                                                     WeightFormat format) {
+absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Upload(
+    const ModelConfig& config, const ModelWeights& weights, WeightFormat format,
+    bool allow_non_finite_weights, std::vector<std::string>* warnings) {
   std::unique_ptr<DeviceWeights> w(new DeviceWeights());
   auto matrix = [&](const Tensor& t) -> absl::StatusOr<DeviceMatrix> {
-    absl::StatusOr<DeviceMatrix> m = w->Matrix(t, format);
-    if (m.ok() || m.status().code() != absl::StatusCode::kInvalidArgument) return m;
+    std::string problem;
+    absl::StatusOr<DeviceMatrix> m = w->Matrix(t, format, allow_non_finite_weights, &problem);
+    if (m.ok() ? problem.empty() : m.status().code() != absl::StatusCode::kInvalidArgument) {
+      return m;
+    }
     // Named as model.safetensors names it.
+    std::string named = m.ok() ? problem : std::string(m.status().message());
     for (const ExpectedTensor& e : ExpectedTensors(config)) {
       if (&e.In(weights) == &t) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("tensor ", e.name, " ", m.status().message()));
+        named = absl::StrCat("tensor ", e.name, " ", named);
+        break;
       }
     }
+    if (!m.ok()) return absl::InvalidArgumentError(named);
+    if (warnings != nullptr) warnings->push_back(std::move(named));
     return m;
   };
   auto floats = [&](const Tensor& t) { return w->Floats(t); };
@@ -93,7 +99,8 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Upload(const Model
   return w;
 }
 
-absl::StatusOr<DeviceMatrix> DeviceWeights::Matrix(const Tensor& t, WeightFormat format) {
+absl::StatusOr<DeviceMatrix> DeviceWeights::Matrix(const Tensor& t, WeightFormat format,
+                                                   bool allow_non_finite, std::string* problem) {
   if (t.empty()) return DeviceMatrix{};
   DeviceBuffer& buffer = buffers_.emplace_back();
   DeviceMatrix m;
@@ -112,13 +119,20 @@ absl::StatusOr<DeviceMatrix> DeviceWeights::Matrix(const Tensor& t, WeightFormat
       case WeightType::kBf16: {
         // Rounded to bf16 here, as the loader narrows with --weights-dtype
         // bf16, and refused as it refuses then a finite value that becomes
-        // infinite (beyond bf16's largest, about 3.39e38).
+        // infinite (beyond bf16's largest, about 3.39e38), unless non-finite
+        // weights are allowed (the loader let those stored so pass already).
         const Tensor held = t.ConvertedTo(DType::kBF16);
         if (const int64_t bad = FirstNonFinite(held); bad >= 0 && FirstNonFinite(t) < 0) {
-          return absl::InvalidArgumentError(
+          *problem =
               absl::StrCat("holds non-finite values (element ", bad, " of ", held.size(), " is ",
                            held.At(bad), ") once held as BF16 (the CUDA backend's 16-bit weights; ",
-                           "stored ", t.At(bad), "); --weights-dtype f32 keeps it in f32"));
+                           "stored ", t.At(bad), ")");
+          if (!allow_non_finite) {
+            return absl::InvalidArgumentError(
+                absl::StrCat(*problem,
+                             "; --weights-dtype f32 keeps it in f32, --allow-non-finite-weights "
+                             "loads it anyway"));
+          }
         }
         s = buffer.Upload(held.half(), static_cast<size_t>(held.size()) * sizeof(uint16_t));
         break;

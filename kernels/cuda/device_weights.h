@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -72,10 +73,12 @@ class DeviceWeights {
  public:
   // `weights` must match `config` (ValidateWeights). Errors: the device's
   // (RESOURCE_EXHAUSTED when it has no room); INVALID_ARGUMENT, naming the
-  // tensor, for a finite value that rounding to bf16 makes infinite.
-  static absl::StatusOr<std::unique_ptr<DeviceWeights>> Upload(const ModelConfig& config,
-                                                               const ModelWeights& weights,
-                                                               WeightFormat format);
+  // tensor, for a finite value that rounding to bf16 makes infinite, unless
+  // `allow_non_finite_weights` (ModelLoadOptions'): then the tensor is held
+  // so, and a line naming it is appended to `warnings` (when not null).
+  static absl::StatusOr<std::unique_ptr<DeviceWeights>> Upload(
+      const ModelConfig& config, const ModelWeights& weights, WeightFormat format,
+      bool allow_non_finite_weights = false, std::vector<std::string>* warnings = nullptr);
 
   const DeviceMatrix& embedding() const { return embedding_; }
   const DeviceMatrix& output_head() const { return output_head_; }
@@ -88,9 +91,11 @@ class DeviceWeights {
 
  private:
   DeviceWeights() = default;
-  // INVALID_ARGUMENT "holds ..." for a value bf16 cannot hold (Upload names
-  // the tensor).
-  absl::StatusOr<DeviceMatrix> Matrix(const Tensor& t, WeightFormat format);
+  // A value bf16 cannot hold: INVALID_ARGUMENT "holds ..." or, with
+  // `allow_non_finite`, the matrix with "holds ..." in `*problem` (Upload
+  // names the tensor).
+  absl::StatusOr<DeviceMatrix> Matrix(const Tensor& t, WeightFormat format, bool allow_non_finite,
+                                      std::string* problem);
   absl::StatusOr<const float*> Floats(const Tensor& t);
   // A 2-D tensor [n, k] as f32 [k, n].
   absl::StatusOr<const float*> Transposed(const Tensor& t);

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -162,15 +163,17 @@ struct Kept {
   std::vector<float> values;
 };
 
-Kept Upload(const std::vector<float>& values, cuda::WeightFormat format) {
+Kept Upload(const std::vector<float>& values, cuda::WeightFormat format,
+            bool allow_non_finite_weights = false) {
   ModelConfig config = testing::DenseMhaConfig();
   ModelWeights weights = testing::RandomWeights(config, 1);
   // The whole tensor decides its type: repeat the values over it.
   for (size_t i = 0; i < static_cast<size_t>(weights.embedding.size()); ++i) {
     weights.embedding.mutable_f32()[i] = values[i % values.size()];
   }
-  auto uploaded = cuda::DeviceWeights::Upload(config, weights, format);
+  auto uploaded = cuda::DeviceWeights::Upload(config, weights, format, allow_non_finite_weights);
   EXPECT_TRUE(uploaded.ok()) << uploaded.status();
+  if (!uploaded.ok()) return Kept{};
   const cuda::DeviceMatrix& m = (*uploaded)->embedding();
   const size_t n = static_cast<size_t>(weights.embedding.size());
   Kept kept{m.type, std::vector<float>(n)};
@@ -231,11 +234,56 @@ TEST(CudaWeightsTest, FiniteValuesBeyondBf16sRangeAreRefused) {
       << refused.status();
   EXPECT_NE(refused.status().message().find("element 7 "), std::string::npos) << refused.status();
   EXPECT_NE(refused.status().message().find("BF16"), std::string::npos) << refused.status();
+  EXPECT_NE(refused.status().message().find("--allow-non-finite-weights"), std::string::npos)
+      << refused.status();
   EXPECT_TRUE(cuda::DeviceWeights::Upload(config, weights, cuda::WeightFormat::kFloat32).ok());
 
   const Kept kept = Upload({0x1.fep127f, -0x1.fep127f, 1.0f}, cuda::WeightFormat::k16Bit);
   EXPECT_EQ(kept.type, cuda::WeightType::kBf16);
   EXPECT_EQ(kept.values, (std::vector<float>{0x1.fep127f, -0x1.fep127f, 1.0f}));
+}
+
+// --allow-non-finite-weights (ModelLoadOptions::allow_non_finite_weights)
+// lets the CUDA backend hold such a weight as the loader holds one: it is
+// uploaded infinite, with a warning naming the tensor and the element; the
+// backend created with CudaBackendOptions::allow_non_finite_weights too.
+TEST(CudaWeightsTest, AllowedNonFiniteWeightsAreHeldWithAWarning) {
+  const float kBeyondBf16 = 3.4e38f;
+  Kept kept = Upload({kBeyondBf16, 1.0f}, cuda::WeightFormat::k16Bit,
+                     /*allow_non_finite_weights=*/true);
+  EXPECT_EQ(kept.type, cuda::WeightType::kBf16);
+  EXPECT_EQ(kept.values, (std::vector<float>{std::numeric_limits<float>::infinity(), 1.0f}));
+
+  ModelConfig config = testing::DenseMhaConfig();
+  ModelWeights weights = testing::RandomWeights(config, 1);
+  weights.layers[1].ffn.w2.mutable_f32()[7] = kBeyondBf16;
+  std::vector<std::string> warnings;
+  auto uploaded = cuda::DeviceWeights::Upload(config, weights, cuda::WeightFormat::k16Bit,
+                                              /*allow_non_finite_weights=*/true, &warnings);
+  ASSERT_TRUE(uploaded.ok()) << uploaded.status();
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_EQ(
+      warnings[0].rfind("tensor layers.1.ffn.w2.weight holds non-finite values (element 7 ", 0), 0u)
+      << warnings[0];
+  EXPECT_NE(warnings[0].find("once held as BF16"), std::string::npos) << warnings[0];
+
+  for (const bool allow : {false, true}) {
+    warnings.clear();
+    CudaBackendOptions options;
+    options.allow_non_finite_weights = allow;
+    options.warnings = &warnings;
+    auto backend = CreateCudaBackend(config, weights, config.dispatch, options);
+    EXPECT_EQ(backend.ok(), allow) << backend.status();
+    if (allow) {
+      ASSERT_EQ(warnings.size(), 1u);
+      EXPECT_NE(warnings[0].find("tensor layers.1.ffn.w2.weight "), std::string::npos);
+    } else {
+      EXPECT_TRUE(warnings.empty());
+      EXPECT_EQ(backend.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_NE(backend.status().message().find("--allow-non-finite-weights"), std::string::npos)
+          << backend.status();
+    }
+  }
 }
 
 }  // namespace

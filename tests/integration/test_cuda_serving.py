@@ -13,13 +13,16 @@ With the GPU binary (SWITCHSERVE_GPU_BINARY, only where nvcc built one):
 message instead of serving.
 """
 
+import json
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 
 import grpc
 import numpy as np
+import pytest
 
 import generation_pb2 as pb
 import generation_pb2_grpc as pb_grpc
@@ -161,6 +164,46 @@ def test_a_kv_block_size_past_the_shared_memory_ends_serve_at_startup_on_the_exe
             " of 893 tokens needs 232452 bytes") in process.stderr, process.stderr
     assert "the largest block size that fits this model is 892" in process.stderr, process.stderr
     assert "--kv-cache-bytes" not in process.stderr, process.stderr
+
+
+def test_a_weight_past_bf16s_range_needs_allow_non_finite_weights_on_the_executor(tmp_path):
+    """An f32 weight beyond bf16's range (3.4e38) becomes infinite in the CUDA
+    backend's 16-bit matrices: `generate` and `serve --device cuda` refuse the
+    model naming the tensor and --allow-non-finite-weights, and with that
+    flag run it, with a warning naming the tensor, as the loader does with
+    non-finite weights."""
+    binary = os.environ["SWITCHSERVE_BINARY"]
+    source = os.path.join(SOURCE_DIR, "tests/golden/dense_mha")
+    with open(os.path.join(source, "model.safetensors"), "rb") as f:
+        data = bytearray(f.read())
+    header_size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + header_size])
+    assert header["layers.1.ffn.w2.weight"]["dtype"] == "F32"
+    start = 8 + header_size + header["layers.1.ffn.w2.weight"]["data_offsets"][0]
+    data[start + 7 * 4:start + 8 * 4] = np.float32(3.4e38).tobytes()
+    (tmp_path / "model.safetensors").write_bytes(bytes(data))
+    shutil.copy(os.path.join(source, "config.json"), tmp_path / "config.json")
+    generate = [binary, "generate", "--model", str(tmp_path), "--device", "cuda", "--prompt", "ab",
+                "--max-new-tokens", "2"]
+
+    refused = subprocess.run(generate, capture_output=True, text=True, timeout=300)
+    assert refused.returncode != 0, refused.stderr
+    assert "tensor layers.1.ffn.w2.weight holds non-finite values (element 7 " in refused.stderr
+    assert "--allow-non-finite-weights loads it anyway" in refused.stderr, refused.stderr
+    warning = "warning: tensor layers.1.ffn.w2.weight holds non-finite values (element 7 "
+    allowed = subprocess.run(generate + ["--allow-non-finite-weights"], capture_output=True,
+                             text=True, timeout=300)
+    assert allowed.returncode == 0, allowed.stderr
+    assert warning in allowed.stderr, allowed.stderr
+
+    with pytest.raises(RuntimeError, match="--allow-non-finite-weights loads it anyway"):
+        ServerProcess(binary, tmp_path, "--device", "cuda", prefix="switchserve_cuda_")
+    server = ServerProcess(binary, tmp_path, "--device", "cuda", "--allow-non-finite-weights",
+                           prefix="switchserve_cuda_")
+    try:
+        assert warning in server.log(), server.log()
+    finally:
+        server.close()
 
 
 def test_gpu_binary_refuses_device_cuda_without_a_gpu():

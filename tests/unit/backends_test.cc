@@ -67,16 +67,42 @@ TEST(BackendsTest, EmulatedCudaRunsOnlyWhenAskedFor) {
   auto cuda = CreateBackend(DeviceKind::kCuda, config, weights, config.dispatch);
   ASSERT_TRUE(cuda.ok()) << cuda.status();
   EXPECT_EQ((*cuda)->name(), "cuda (emulated)");
-  std::vector<std::string> passed_over;
+  std::vector<std::string> warnings;
   auto automatic = CreateBackend(DeviceKind::kAuto, config, weights, config.dispatch,
-                                 BackendOptions{.passed_over = &passed_over});
+                                 BackendOptions{.warnings = &warnings});
   ASSERT_TRUE(automatic.ok()) << automatic.status();
   EXPECT_EQ((*automatic)->name(), "cpu");
   // What `auto` passed over, and why, for the server's log.
-  ASSERT_EQ(passed_over.size(), 1u);
-  EXPECT_EQ(passed_over[0],
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_EQ(warnings[0],
             "--device auto: passed over cuda (the CUDA backend on the SIMT executor runs only "
             "when asked for); the cpu backend runs instead");
+}
+
+// --allow-non-finite-weights reaches the CUDA backend: a finite f32 weight
+// that its 16-bit matrices make infinite is refused, naming the tensor and
+// the flag, or, allowed, held with a warning.
+TEST(BackendsTest, CudaHoldsWeightsBeyondBf16OnlyWhenNonFiniteWeightsAreAllowed) {
+  const ModelConfig config = testing::TinySwitchAllConfig();
+  ModelWeights weights = testing::RandomWeights(config, 1);
+  weights.embedding.mutable_f32()[3] = 3.4e38f;
+  std::vector<std::string> warnings;
+  auto refused = CreateBackend(DeviceKind::kCuda, config, weights, config.dispatch,
+                               BackendOptions{.warnings = &warnings});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "tensor embedding.weight "))
+      << refused.status();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "--allow-non-finite-weights"))
+      << refused.status();
+  EXPECT_TRUE(warnings.empty());
+  auto allowed =
+      CreateBackend(DeviceKind::kCuda, config, weights, config.dispatch,
+                    BackendOptions{.allow_non_finite_weights = true, .warnings = &warnings});
+  ASSERT_TRUE(allowed.ok()) << allowed.status();
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_TRUE(absl::StartsWith(warnings[0], "tensor embedding.weight holds non-finite values"))
+      << warnings[0];
 }
 #endif
 
