@@ -117,24 +117,33 @@ absl::StatusOr<bool> Boolean(const Json& value, std::string_view param) {
   return value.get<bool>();
 }
 
-// A token-id prompt: integers that fit int32 (the vocabulary is checked by
-// the validation).
+// A list of token ids (a prompt, stop_token_ids): integers that fit int32
+// (the vocabulary is checked by the validation), whole floats among them as
+// Integer takes them (pydantic's lax mode reads list[int] so too).
 absl::StatusOr<v1::TokenIds> TokenIdList(const Json& list, std::string_view param) {
   v1::TokenIds ids;
   for (size_t i = 0; i < list.size(); ++i) {
     const Json& id = list[i];
-    if (!id.is_number_integer()) return WrongType(param, "a list of integer token ids", list);
+    const bool whole_float = id.is_number_float() && std::isfinite(id.get<double>()) &&
+                             id.get<double>() == std::trunc(id.get<double>());
+    if (!id.is_number_integer() && !whole_float) {
+      return Invalid(param,
+                     absl::StrCat("ids[", i, "] must be an integer, found ", DescribeJson(id)));
+    }
     // An id past int32 is outside every vocabulary (the unsigned ones past
     // int64 too: read as int64 they would wrap to negative ids).
     const bool fits = id.is_number_unsigned()
                           ? id.get<uint64_t>() <= std::numeric_limits<int32_t>::max()
-                          : id.get<int64_t>() >= std::numeric_limits<int32_t>::min() &&
-                                id.get<int64_t>() <= std::numeric_limits<int32_t>::max();
+                      : whole_float ? id.get<double>() >= std::numeric_limits<int32_t>::min() &&
+                                          id.get<double>() <= std::numeric_limits<int32_t>::max()
+                                    : id.get<int64_t>() >= std::numeric_limits<int32_t>::min() &&
+                                          id.get<int64_t>() <= std::numeric_limits<int32_t>::max();
     if (!fits) {
-      return Invalid(param,
-                     absl::StrCat("ids[", i, "] = ", id.dump(), " is outside the vocabulary"));
+      return Invalid(
+          param, absl::StrCat("ids[", i, "] = ", DescribeJson(id), " is outside the vocabulary"));
     }
-    ids.add_ids(static_cast<int32_t>(id.get<int64_t>()));
+    ids.add_ids(whole_float ? static_cast<int32_t>(id.get<double>())
+                            : static_cast<int32_t>(id.get<int64_t>()));
   }
   return ids;
 }

@@ -257,6 +257,14 @@ def test_token_prompt_and_batch_of_prompts(client):
     by_ids = client.completions.create(model=MODEL, prompt=[104, 105], max_tokens=5,
                                        temperature=0)
     assert by_ids.choices[0].text == one.choices[0].text
+    # Whole floats are integers in lists too, as in max_tokens (pydantic's lax mode).
+    by_ints, by_floats = (
+        client.completions.create(model=MODEL, prompt=prompt, max_tokens=5, temperature=0,
+                                  extra_body={"stop_token_ids": stop_ids})
+        for prompt, stop_ids in (([104, 105], [101, 32]), ([104.0, 105], [101.0, 32])))
+    assert by_floats.choices[0].text == by_ints.choices[0].text
+    assert by_floats.choices[0].finish_reason == by_ints.choices[0].finish_reason
+    assert by_floats.usage == by_ints.usage
     two = client.completions.create(model=MODEL, prompt="yo", max_tokens=5, temperature=0)
     batch = client.completions.create(model=MODEL, prompt=["hi", "yo"], max_tokens=5,
                                       temperature=0)
@@ -291,6 +299,8 @@ BAD_BODIES = [
     ("empty prompt", {"prompt": ""}, "prompt"),
     ("prompt longer than context", {"prompt": "a" * 80}, "prompt"),
     ("token outside vocabulary", {"prompt": [1, 256]}, "prompt"),
+    ("token id not integer", {"prompt": [1, 2.5]}, "prompt"),
+    ("stop token id not integer", {"prompt": "x", "stop_token_ids": [2.5]}, "stop_token_ids"),
     ("bad second prompt", {"prompt": ["ok", ""]}, "prompt[1]"),
     ("unknown field", {"prompt": "x", "frobnicate": 1}, "frobnicate"),
     ("stream_options without stream", {"prompt": "x", "stream_options": {"include_usage": True}},

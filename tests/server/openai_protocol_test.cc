@@ -78,6 +78,49 @@ TEST(OpenAiProtocolTest, IntegerFieldsTakeWholeFloats) {
             "seed: is out of range, found 1e+30");
 }
 
+// So do the integers of lists: token-id prompts and stop_token_ids; a
+// fraction is refused naming the element.
+TEST(OpenAiProtocolTest, TokenIdListsTakeWholeFloats) {
+  auto parsed = ParseCompletionRequest(
+      R"({"prompt": [1, 2.0, 3e1], "stop_token_ids": [4.0, 5], "max_tokens": 2})");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_EQ(parsed->prompts.size(), 1u);
+  const v1::GenerateRequest& request = parsed->prompts[0];
+  EXPECT_EQ(
+      std::vector<int32_t>(request.token_ids().ids().begin(), request.token_ids().ids().end()),
+      (std::vector<int32_t>{1, 2, 30}));
+  EXPECT_EQ(std::vector<int32_t>(request.sampling().stop_token_ids().begin(),
+                                 request.sampling().stop_token_ids().end()),
+            (std::vector<int32_t>{4, 5}));
+  parsed = ParseCompletionRequest(R"({"prompt": ["a", [7.0, -0.0]]})");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_EQ(parsed->prompts.size(), 2u);
+  EXPECT_EQ(parsed->prompts[1].token_ids().ids_size(), 2);
+  EXPECT_EQ(parsed->prompts[1].token_ids().ids(0), 7);
+  EXPECT_EQ(parsed->prompts[1].token_ids().ids(1), 0);
+
+  const struct {
+    const char* body;
+    const char* message;
+  } refused[] = {
+      {R"({"prompt": [1, 2.5]})", "prompt: ids[1] must be an integer, found 2.5"},
+      {R"({"prompt": ["a", [2.5]]})", "prompt[1]: ids[0] must be an integer, found 2.5"},
+      {R"({"prompt": "x", "stop_token_ids": [3, 0.5]})",
+       "stop_token_ids: ids[1] must be an integer, found 0.5"},
+      {R"({"prompt": [1, "2"]})", "prompt: ids[1] must be an integer, found \"2\""},
+      {R"({"prompt": [5e9]})", "prompt: ids[0] = 5000000000.0 is outside the vocabulary"},
+      {R"({"prompt": "x", "stop_token_ids": [-3e9]})",
+       "stop_token_ids: ids[0] = -3000000000.0 is outside the vocabulary"},
+  };
+  for (const auto& c : refused) {
+    auto refusal = ParseCompletionRequest(c.body);
+    ASSERT_FALSE(refusal.ok()) << c.body;
+    EXPECT_EQ(refusal.status().code(), absl::StatusCode::kInvalidArgument) << c.body;
+    EXPECT_EQ(refusal.status().message(), c.message) << c.body;
+    EXPECT_EQ(MakeApiError(refusal.status()).http_status, 400) << c.body;
+  }
+}
+
 TEST(OpenAiProtocolTest, RefusalsNameTheParameter) {
   const struct {
     const char* body;
@@ -138,7 +181,7 @@ TEST(OpenAiProtocolTest, RefusalsSayWhatWasSent) {
       {R"({"prompt": [4294967361]})", "prompt: ids[0] = 4294967361 is outside the vocabulary"},
       {R"({"prompt": [7, 18446744073709551615]})",
        "prompt: ids[1] = 18446744073709551615 is outside the vocabulary"},
-      {R"({"prompt": [1, 2.5]})", "prompt: must be a list of integer token ids, found [1,2.5]"},
+      {R"({"prompt": [1, 2.5]})", "prompt: ids[1] must be an integer, found 2.5"},
       {R"({"prompt": "x", "stream": {"a": 1}})", "stream: must be true or false, found an object"},
   };
   for (const auto& c : cases) {
