@@ -48,6 +48,7 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
         prompts[i].sink = std::make_shared<Sink>(shared_from_this(), static_cast<int>(i));
         choices_[i]->text_offset.text_started =
             PromptSpellsText(*context_.tokenizer, prompts[i].prompt);
+        choices_[i]->stop_token_ids = prompts[i].sampling.stop_token_ids;
         absl::Status status = choices_[i]->handle.Submit(context_.engine, std::move(prompts[i]));
         if (!status.ok()) {
           // Those already submitted are cancelled; their final updates end
@@ -82,6 +83,7 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
     std::string text;                        // unary: everything so far
     std::vector<GeneratedTokenInfo> tokens;  // unary with logprobs
     TextOffset text_offset;                  // of the next token, for logprobs
+    std::vector<int32_t> stop_token_ids;     // the request's (TextEndOf)
     std::optional<GenerationUpdate> final_update;
   };
 
@@ -164,8 +166,12 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
     Json choice = {
         {"index", index}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
     if (options_.logprobs >= 0 && !tokens.empty()) {
+      Choice& c = *choices_[index];
+      const TextEnd end = finish_reason
+                              ? TextEndOf(*finish_reason, tokens.back().token_id, c.stop_token_ids)
+                              : TextEnd::kOpen;
       choice["logprobs"] = LogprobsObject(*context_.tokenizer, tokens, options_.logprobs,
-                                          options_.tokens_as_ids, &choices_[index]->text_offset);
+                                          options_.tokens_as_ids, &c.text_offset, end);
     }
     if (finish_reason) choice["finish_reason"] = OpenAiFinishReason(*finish_reason);
     return Event(Chunk(Json::array({std::move(choice)})));
@@ -225,8 +231,12 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
         Choice& choice = *choices_[i];
         Json logprobs = nullptr;
         if (options_.logprobs >= 0) {
+          const TextEnd end = choice.tokens.empty()
+                                  ? TextEnd::kAfterLast
+                                  : TextEndOf(choice.final_update->finish_reason,
+                                              choice.tokens.back().token_id, choice.stop_token_ids);
           logprobs = LogprobsObject(*context_.tokenizer, choice.tokens, options_.logprobs,
-                                    options_.tokens_as_ids, &choice.text_offset);
+                                    options_.tokens_as_ids, &choice.text_offset, end);
         }
         choices.push_back(
             {{"index", i},

@@ -457,36 +457,66 @@ std::string TokenString(const Tokenizer& tokenizer, int32_t id, bool as_id) {
   return escaped;
 }
 
+TextEnd TextEndOf(FinishReason reason, int32_t last_token,
+                  const std::vector<int32_t>& stop_token_ids) {
+  const bool stop_token =
+      reason == FinishReason::kStop &&
+      std::find(stop_token_ids.begin(), stop_token_ids.end(), last_token) != stop_token_ids.end();
+  return reason == FinishReason::kEos || stop_token ? TextEnd::kBeforeLast : TextEnd::kAfterLast;
+}
+
 nlohmann::ordered_json LogprobsObject(const Tokenizer& tokenizer,
                                       const std::vector<GeneratedTokenInfo>& tokens, int top_n,
-                                      bool tokens_as_ids, TextOffset* offset) {
+                                      bool tokens_as_ids, TextOffset* offset, TextEnd end) {
   using OrderedJson = nlohmann::ordered_json;
   OrderedJson strings = OrderedJson::array(), logprobs = OrderedJson::array(),
-              tops = OrderedJson::array(), offsets = OrderedJson::array();
-  for (const GeneratedTokenInfo& token : tokens) {
-    // Where the token starts in the text: the characters the bytes before it
-    // end. A token that completes a character another began starts at that
-    // character; bytes it shows to start none are a U+FFFD each before it.
-    const size_t before = offset->pending.size();
-    const std::string_view bytes = tokenizer.PieceBytes(token.token_id, !offset->text_started);
-    offset->text_started = offset->text_started || !bytes.empty();
-    offset->pending.append(bytes);
-    offsets.push_back(offset->characters +
-                      static_cast<int64_t>(CharactersEndedWithin(offset->pending, before)));
-    std::string text;
-    offset->pending.erase(0, AppendSanitizedUtf8(offset->pending, false, &text));
-    offset->characters += CharacterCount(text);
+              tops = OrderedJson::array();
+  std::vector<int64_t> starts(tokens.size());
+  // The tokens since the last that spelled something, which spell nothing:
+  // they start where the next that spells something starts.
+  size_t unplaced = 0;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const GeneratedTokenInfo& token = tokens[i];
+    const bool in_text = end != TextEnd::kBeforeLast || i + 1 < tokens.size();
+    const std::string_view bytes =
+        in_text ? tokenizer.PieceBytes(token.token_id, !offset->text_started) : "";
+    if (!bytes.empty()) {
+      // Where the token starts in the text: the characters the bytes before
+      // it end. A token that completes a character another began starts at
+      // that character; bytes it shows to start none are a U+FFFD each
+      // before it.
+      offset->text_started = true;
+      const size_t before = offset->pending.size();
+      offset->pending.append(bytes);
+      const int64_t start =
+          offset->characters + static_cast<int64_t>(CharactersEndedWithin(offset->pending, before));
+      std::fill(starts.begin() + unplaced, starts.begin() + i + 1, start);
+      unplaced = i + 1;
+      std::string text;
+      offset->pending.erase(0, AppendSanitizedUtf8(offset->pending, false, &text));
+      offset->characters += CharacterCount(text);
+    }
     strings.push_back(TokenString(tokenizer, token.token_id, tokens_as_ids));
     logprobs.push_back(token.logprob);
     OrderedJson top = OrderedJson::object();
-    for (size_t i = 0; i < token.top_logprobs.size() && static_cast<int>(i) < top_n; ++i) {
-      const auto& [id, logprob] = token.top_logprobs[i];
+    for (size_t j = 0; j < token.top_logprobs.size() && static_cast<int>(j) < top_n; ++j) {
+      const auto& [id, logprob] = token.top_logprobs[j];
       // emplace keeps the first (most likely) of alternatives that spell
       // the same text.
       top.emplace(TokenString(tokenizer, id, tokens_as_ids), logprob);
     }
     tops.push_back(std::move(top));
   }
+  if (end != TextEnd::kOpen) {
+    // The text ends: an unfinished character is one U+FFFD.
+    std::string text;
+    AppendSanitizedUtf8(offset->pending, true, &text);
+    offset->pending.clear();
+    offset->characters += CharacterCount(text);
+  }
+  std::fill(starts.begin() + unplaced, starts.end(), offset->characters);
+  OrderedJson offsets = OrderedJson::array();
+  for (const int64_t start : starts) offsets.push_back(start);
   return {{"tokens", std::move(strings)},
           {"token_logprobs", std::move(logprobs)},
           {"top_logprobs", std::move(tops)},

@@ -83,13 +83,31 @@ struct TextOffset {
   bool text_started = false;
 };
 
+// Whether a choice's text ends with the tokens given to LogprobsObject.
+enum class TextEnd {
+  kOpen,       // more tokens may follow (a stream event before the last)
+  kAfterLast,  // the text ends with the last token's bytes (max_tokens, a stop string)
+  kBeforeLast  // the text leaves the last token out: the model's EOS, a stop_token_ids token
+};
+
+// How the text of a choice that `reason` finished ends, `last_token` its last
+// token (the engine checks EOS, then stop_token_ids, before the text).
+TextEnd TextEndOf(FinishReason reason, int32_t last_token,
+                  const std::vector<int32_t>& stop_token_ids);
+
 // The legacy completions `logprobs` object of some generated tokens (each
 // one's alternatives most likely first; of alternatives that spell the same
 // text, the most likely); `text_offset` counts characters from `offset`,
-// which is advanced past the tokens. `tokens_as_ids`: see CompletionRequest.
+// which is advanced past the tokens. A token that spells nothing starts where
+// the next token that spells something starts, or, past the last, where the
+// text ends: after a character the bytes before it began, if the text ends
+// there or the next token breaks it (then a U+FFFD), at it if the next token
+// completes it; when neither comes with `tokens` and `end` is kOpen, at it.
+// `tokens_as_ids`: see CompletionRequest.
 nlohmann::ordered_json LogprobsObject(const Tokenizer& tokenizer,
                                       const std::vector<GeneratedTokenInfo>& tokens, int top_n,
-                                      bool tokens_as_ids, TextOffset* offset);
+                                      bool tokens_as_ids, TextOffset* offset,
+                                      TextEnd end = TextEnd::kOpen);
 
 }  // namespace switchserve
 

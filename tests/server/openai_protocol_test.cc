@@ -326,6 +326,65 @@ TEST(OpenAiProtocolTest, TextOffsetsCountCharacters) {
   EXPECT_TRUE(offset.pending.empty());
 }
 
+// A token that spells nothing (ids past a byte vocabulary: a control token,
+// the model's EOS) starts where the next token that spells something starts:
+// after a character that the bytes before it began when the next token
+// breaks it (the text "h\uFFFDi", as Python decodes b"h\xc3i" with
+// errors="replace") or the text ends there, at it when the next completes it.
+TEST(OpenAiProtocolTest, TokensThatSpellNothingStartWhereTheNextStarts) {
+  const auto tokenizer = CreateByteTokenizer();
+  const struct {
+    std::vector<int32_t> ids;
+    TextEnd end;
+    std::vector<int64_t> offsets;
+    int64_t characters;  // of the text so far
+  } cases[] = {
+      {{'h', 0xC3, 300, 'i'}, TextEnd::kOpen, {0, 1, 2, 2}, 3},  // "h\uFFFDi"
+      {{'h', 0xC3, 300, 301, 'i'}, TextEnd::kAfterLast, {0, 1, 2, 2, 2}, 3},
+      {{'h', 0xC3, 300, 0xA9}, TextEnd::kOpen, {0, 1, 1, 1}, 2},          // "hé"
+      {{'h', 0xE2, 0x82, 300, 'x'}, TextEnd::kOpen, {0, 1, 1, 2, 2}, 3},  // "h\uFFFDx"
+      {{'h', 0xC3, 300}, TextEnd::kAfterLast, {0, 1, 2}, 2},              // "h\uFFFD"
+      {{'h', 0xC3, 300}, TextEnd::kBeforeLast, {0, 1, 2}, 2},             // 300: EOS
+      // A stop token's bytes are not in the text: it does not complete the é.
+      {{'h', 0xC3, 0xA9}, TextEnd::kBeforeLast, {0, 1, 2}, 2},
+      {{'h', 0xC3, 0xA9}, TextEnd::kAfterLast, {0, 1, 1}, 2},
+      // Not known before the next event: where the character starts.
+      {{'h', 0xC3, 300}, TextEnd::kOpen, {0, 1, 1}, 1},
+      {{300, 'h'}, TextEnd::kOpen, {0, 0}, 1},
+  };
+  for (const auto& c : cases) {
+    std::vector<GeneratedTokenInfo> tokens(c.ids.size());
+    for (size_t i = 0; i < c.ids.size(); ++i) tokens[i].token_id = c.ids[i];
+    TextOffset offset;
+    const nlohmann::ordered_json logprobs =
+        LogprobsObject(*tokenizer, tokens, 0, false, &offset, c.end);
+    EXPECT_EQ(logprobs["text_offset"], nlohmann::ordered_json(c.offsets))
+        << logprobs["tokens"].dump() << " end " << static_cast<int>(c.end);
+    EXPECT_EQ(offset.characters, c.characters) << logprobs["tokens"].dump();
+  }
+  // In two stream events: the second's first token decides the character.
+  std::vector<GeneratedTokenInfo> first(2), second(2);
+  first[0].token_id = 0xC3;
+  first[1].token_id = 300;
+  second[0].token_id = 301;
+  second[1].token_id = 'i';
+  TextOffset offset;
+  EXPECT_EQ(LogprobsObject(*tokenizer, first, 0, false, &offset)["text_offset"],
+            nlohmann::ordered_json({0, 0}));
+  EXPECT_EQ(
+      LogprobsObject(*tokenizer, second, 0, false, &offset, TextEnd::kAfterLast)["text_offset"],
+      nlohmann::ordered_json({1, 1}));
+}
+
+// The model's EOS and a stop_token_ids token end a choice without their
+// text; max_tokens and a stop string after the last token's.
+TEST(OpenAiProtocolTest, TheTextEndsBeforeAnEosOrStopToken) {
+  EXPECT_EQ(TextEndOf(FinishReason::kEos, 7, {}), TextEnd::kBeforeLast);
+  EXPECT_EQ(TextEndOf(FinishReason::kStop, 7, {3, 7}), TextEnd::kBeforeLast);
+  EXPECT_EQ(TextEndOf(FinishReason::kStop, 7, {3}), TextEnd::kAfterLast);  // a stop string
+  EXPECT_EQ(TextEndOf(FinishReason::kLength, 7, {}), TextEnd::kAfterLast);
+}
+
 // Pieces with SentencePiece's leading space: id 1 spells nothing (BOS), 5 is
 // "▁coast", 6 is ",".
 class LeadingSpaceTokenizer final : public Tokenizer {
