@@ -75,22 +75,33 @@ void GenerationEngine::Start() {
 absl::StatusOr<RequestId> GenerationEngine::Submit(GenerationRequest request) {
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) return absl::UnavailableError("the engine is shutting down");
-  // Requests the running batch has room for (a slot, and KV blocks for their
-  // first chunk, as the scheduler admits them) join it at the next step and
-  // do not wait; none does while others wait already (the queue is FIFO).
-  int64_t waiting = static_cast<int64_t>(inbox_.size()) + snapshot_.waiting;
+  // Accepted requests the snapshot does not count yet, in arrival order: those
+  // TakeInbox is handing to the scheduler, then the inbox.
+  const int64_t in_transit = static_cast<int64_t>(in_transit_prompt_tokens_.size());
+  const int64_t unpublished = in_transit + static_cast<int64_t>(inbox_.size());
+  int64_t waiting = snapshot_.waiting + unpublished;
+  // Those the next step admits do not wait: the scheduler's admission rule
+  // over the published state (a running slot, what is left of the step's
+  // token budget after a token for each running request, KV blocks for their
+  // first chunk). None does while others wait already (the queue is FIFO).
   if (snapshot_.waiting == 0) {
-    int64_t slots = std::max(0, options_.scheduler.max_running_requests - snapshot_.running);
-    int64_t blocks = snapshot_.total_blocks - snapshot_.used_blocks;
-    for (const auto& [queued_id, queued] : inbox_) {
-      const int64_t chunk =
-          std::min(static_cast<int64_t>(queued.prompt.size()), options_.scheduler.max_batch_tokens);
-      const int64_t needed = (chunk + snapshot_.block_size - 1) / snapshot_.block_size;
-      if (slots == 0 || needed > blocks) break;
-      --slots;
-      blocks -= needed;
-      --waiting;
-    }
+    const SchedulerConfig& config = options_.scheduler;
+    int64_t free_blocks = snapshot_.total_blocks - snapshot_.used_blocks;
+    waiting -= AdmitWaiting(
+        unpublished, config.max_batch_tokens - snapshot_.running,
+        config.max_running_requests - snapshot_.running,
+        [&](int64_t i) {
+          return i < in_transit
+                     ? in_transit_prompt_tokens_[static_cast<size_t>(i)]
+                     : static_cast<int64_t>(
+                           inbox_[static_cast<size_t>(i - in_transit)].second.prompt.size());
+        },
+        [&](int64_t, int64_t chunk) {
+          const int64_t needed = (chunk + snapshot_.block_size - 1) / snapshot_.block_size;
+          if (needed > free_blocks) return false;
+          free_blocks -= needed;
+          return true;
+        });
   }
   if (waiting >= options_.max_queue) {
     return absl::ResourceExhaustedError(
@@ -159,6 +170,10 @@ bool GenerationEngine::TakeInbox() {
       wake_.wait(lock, [&] { return stopping_ || !inbox_.empty() || !cancel_inbox_.empty(); });
     }
     inbox.swap(inbox_);
+    // Until PublishSnapshot counts them, Submit counts these from here.
+    for (const auto& [id, request] : inbox) {
+      in_transit_prompt_tokens_.push_back(static_cast<int64_t>(request.prompt.size()));
+    }
     cancels.swap(cancel_inbox_);
     keep_running = !stopping_;
   }
@@ -174,7 +189,7 @@ bool GenerationEngine::TakeInbox() {
     }
   }
   // Submit counts waiting requests from the snapshot: publish before the
-  // (long) step so the queue limit holds while it runs.
+  // (long) step, which also ends their time in transit.
   if (!inbox.empty()) PublishSnapshot();
   return keep_running;
 }
@@ -355,6 +370,9 @@ void GenerationEngine::PublishSnapshot() {
     snapshot_.running = static_cast<int>(scheduler_.running().size());
     snapshot_.waiting = static_cast<int>(scheduler_.waiting().size());
     snapshot_.used_blocks = allocator_.used_blocks();
+    // Every request taken from the inbox is the scheduler's by now (TakeInbox
+    // publishes once it has handed them all over), so the snapshot counts it.
+    in_transit_prompt_tokens_.clear();
     published = snapshot_;
   }
   if (observer_ != nullptr) observer_->OnStateChanged(published);

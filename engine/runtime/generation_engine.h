@@ -157,6 +157,10 @@ class GenerationEngine {
   mutable std::mutex mu_;
   std::condition_variable wake_;
   std::deque<std::pair<RequestId, GenerationRequest>> inbox_;
+  // The prompt lengths of the requests TakeInbox has taken from inbox_ and
+  // snapshot_ does not count yet (it builds their state outside the lock), in
+  // arrival order: Submit counts them, as queued ahead of inbox_.
+  std::vector<int64_t> in_transit_prompt_tokens_;
   std::vector<std::pair<RequestId, CancelCause>> cancel_inbox_;
   RequestId next_id_ = 1;
   bool stopping_ = false;

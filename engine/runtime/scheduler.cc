@@ -11,6 +11,19 @@ bool ArrivedBefore(const Sequence* a, const Sequence* b) {
 
 }  // namespace
 
+int64_t AdmitWaiting(int64_t num_waiting, int64_t token_budget, int64_t free_slots,
+                     absl::FunctionRef<int64_t(int64_t)> tokens_left,
+                     absl::FunctionRef<bool(int64_t, int64_t)> try_admit) {
+  int64_t admitted = 0;
+  while (admitted < num_waiting && admitted < free_slots && token_budget > 0) {
+    const int64_t chunk = std::min(tokens_left(admitted), token_budget);
+    if (!try_admit(admitted, chunk)) break;
+    token_budget -= chunk;
+    ++admitted;
+  }
+  return admitted;
+}
+
 Scheduler::Scheduler(const SchedulerConfig& config, KvBlockAllocator* allocator)
     : config_(config), allocator_(allocator) {}
 
@@ -85,17 +98,25 @@ ScheduleResult Scheduler::Schedule() {
   // 2. Admit waiting sequences in arrival order, unless the cache is so full
   // that running ones had to give way this step.
   if (result.preempted.empty()) {
-    while (!waiting_.empty() && budget > 0 &&
-           static_cast<int>(running_.size()) < config_.max_running_requests) {
-      Sequence* sequence = waiting_.front();
-      const int64_t length =
-          std::min(static_cast<int64_t>(sequence->tokens.size()) - sequence->num_computed, budget);
-      if (!allocator_->Reserve(sequence->id, sequence->num_computed + length).ok()) break;
-      waiting_.pop_front();
-      running_.insert(std::upper_bound(running_.begin(), running_.end(), sequence, ArrivedBefore),
-                      sequence);
-      schedule(sequence, length);
-    }
+    const int64_t admitted = AdmitWaiting(
+        static_cast<int64_t>(waiting_.size()), budget,
+        config_.max_running_requests - static_cast<int64_t>(running_.size()),
+        [&](int64_t i) {
+          const Sequence* sequence = waiting_[static_cast<size_t>(i)];
+          return static_cast<int64_t>(sequence->tokens.size()) - sequence->num_computed;
+        },
+        [&](int64_t i, int64_t length) {
+          Sequence* sequence = waiting_[static_cast<size_t>(i)];
+          if (!allocator_->Reserve(sequence->id, sequence->num_computed + length).ok()) {
+            return false;
+          }
+          running_.insert(
+              std::upper_bound(running_.begin(), running_.end(), sequence, ArrivedBefore),
+              sequence);
+          schedule(sequence, length);
+          return true;
+        });
+    waiting_.erase(waiting_.begin(), waiting_.begin() + admitted);
   }
   return result;
 }

@@ -25,6 +25,7 @@
 #include <deque>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "engine/runtime/kv_cache.h"
 
 namespace switchserve {
@@ -62,6 +63,19 @@ struct ScheduleResult {
   int64_t prefill_tokens = 0;
   int64_t decode_tokens = 0;
 };
+
+// Step 2 of Schedule(), the admission rule: waiting sequences join a step in
+// arrival order, each with a first chunk of min(its tokens left to compute,
+// the step's token budget left), while budget and a running slot are left and
+// `try_admit(i, chunk)` finds KV blocks for the i-th one's chunk (it then
+// admits it and returns true); the first that does not fit stops admission
+// (strict FCFS). `tokens_left(i)` is what the i-th of the `num_waiting`
+// sequences has left to compute. Returns how many joined: the first ones.
+// GenerationEngine::Submit applies the same rule to the queue it sees, to
+// tell the requests that join the next step from those that must wait.
+int64_t AdmitWaiting(int64_t num_waiting, int64_t token_budget, int64_t free_slots,
+                     absl::FunctionRef<int64_t(int64_t)> tokens_left,
+                     absl::FunctionRef<bool(int64_t, int64_t)> try_admit);
 
 class Scheduler {
  public:

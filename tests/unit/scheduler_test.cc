@@ -160,5 +160,34 @@ TEST_F(SchedulerTest, RemoveFreesBlocksOfRunningAndWaiting) {
   EXPECT_TRUE(scheduler_->waiting().empty());
 }
 
+// The admission rule alone, as GenerationEngine::Submit also applies it: in
+// order, while budget and slots last, first chunks of min(tokens, budget left),
+// up to the first that finds no KV room.
+TEST(AdmitWaitingTest, TakesFirstChunksInOrderWhileBudgetSlotsAndRoomLast) {
+  const std::vector<int64_t> tokens = {3, 5, 2, 1};
+  std::vector<int64_t> chunks;
+  auto tokens_left = [&](int64_t i) { return tokens[static_cast<size_t>(i)]; };
+  auto fits = [&](int64_t, int64_t chunk) {
+    chunks.push_back(chunk);
+    return true;
+  };
+  // The budget: 3, then the 3 left of 6 for the 5-token one; none for more.
+  EXPECT_EQ(AdmitWaiting(4, /*token_budget=*/6, /*free_slots=*/8, tokens_left, fits), 2);
+  EXPECT_EQ(chunks, (std::vector<int64_t>{3, 3}));
+  chunks.clear();
+  EXPECT_EQ(AdmitWaiting(4, 100, /*free_slots=*/3, tokens_left, fits), 3);
+  EXPECT_EQ(chunks, (std::vector<int64_t>{3, 5, 2}));
+  EXPECT_EQ(AdmitWaiting(4, /*token_budget=*/0, 8, tokens_left, fits), 0);
+  EXPECT_EQ(AdmitWaiting(4, 100, /*free_slots=*/-1, tokens_left, fits), 0);
+  // No room for the second: the ones behind it wait too (FCFS).
+  chunks.clear();
+  auto second_does_not_fit = [&](int64_t i, int64_t chunk) {
+    chunks.push_back(chunk);
+    return i != 1;
+  };
+  EXPECT_EQ(AdmitWaiting(4, 100, 8, tokens_left, second_does_not_fit), 1);
+  EXPECT_EQ(chunks, (std::vector<int64_t>{3, 5}));
+}
+
 }  // namespace
 }  // namespace switchserve
