@@ -36,6 +36,6 @@ ctest --preset tsan -j"$(nproc)"
 echo "=== build (fuzz)"
 cmake --preset fuzz >/dev/null
 scripts/build.sh fuzz safetensors_fuzz model_config_fuzz generate_request_fuzz tokenizer_fuzz \
-  stop_strings_fuzz completion_request_fuzz
+  stop_strings_fuzz completion_request_fuzz http_request_fuzz logprobs_fuzz model_directory_fuzz
 echo "=== test (fuzz)"
 ctest --preset fuzz -j"$(nproc)"

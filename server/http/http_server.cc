@@ -14,7 +14,6 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
 #include <condition_variable>
-#include <cstring>
 #include <deque>
 #include <limits>
 #include <list>
@@ -23,9 +22,8 @@
 #include <type_traits>
 #include <utility>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "server/http/http_request_reading.h"
 
 namespace switchserve {
 namespace {
@@ -37,10 +35,8 @@ namespace ssl = net::ssl;
 using tcp = net::ip::tcp;
 using SteadyClock = std::chrono::steady_clock;
 
-// The request line and header fields together (Beast's default), and the
-// bytes a connection buffers while the parser looks for the end of a line.
-constexpr size_t kMaxHeadBytes = 8192;
-constexpr size_t kMaxBufferedBytes = 64 * 1024;
+using http_reading::kMaxBufferedBytes;
+using http_reading::ReadOutcome;
 
 std::chrono::milliseconds Milliseconds(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
@@ -137,18 +133,6 @@ class ExchangeImpl : public HttpExchange {
 };
 
 }  // namespace
-
-std::optional<std::string_view> HttpRequest::Header(std::string_view lower_case_name) const {
-  for (const auto& [name, value] : headers) {
-    if (name == lower_case_name) return value;
-  }
-  return std::nullopt;
-}
-
-std::string_view HttpRequest::Path() const {
-  std::string_view path = target;
-  return path.substr(0, path.find('?'));
-}
 
 // Everything the listener and the connections share. The io_context is the
 // last member, so it is destroyed first: the connections its pending
@@ -253,32 +237,23 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     parser_.emplace();
     head_only_ = false;
     http10_ = false;
-    parser_->header_limit(static_cast<std::uint32_t>(kMaxHeadBytes));
-    parser_->body_limit(static_cast<uint64_t>(state_->options.max_body_bytes));
+    http_reading::SetLimits(state_->options.max_body_bytes, &*parser_);
     Lowest().expires_after(Milliseconds(state_->options.idle_timeout_s));
     http::async_read_header(
         stream_, buffer_, *parser_,
-        [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
+        [self = this->shared_from_this()](beast::error_code ec, size_t head_bytes) {
+          self->OnHeader(ec, head_bytes);
+        });
   }
 
-  void OnHeader(beast::error_code ec) {
-    if (ec) return OnReadError(ec);
+  void OnHeader(beast::error_code ec, size_t head_bytes) {
+    if (const ReadOutcome outcome =
+            http_reading::AfterHeadRead(ec, head_bytes, *parser_, state_->options.max_body_bytes);
+        outcome.kind != ReadOutcome::kGoOn) {
+      return Follow(outcome);
+    }
     head_only_ = parser_->get().method() == http::verb::head;
     http10_ = parser_->get().version() < 11;
-    // RFC 9112 3.2: an HTTP/1.1 request without a Host field is refused.
-    if (!http10_ && parser_->get().find(http::field::host) == parser_->get().end()) {
-      return RespondAndClose(/*head_read=*/true, 400,
-                             "malformed HTTP request: an HTTP/1.1 request needs a Host field");
-    }
-    // RFC 9112: a Transfer-Encoding this server does not decode, beside a
-    // Content-Length it would use instead, could frame the message unlike a
-    // proxy in front did.
-    if (const auto te = parser_->get()[http::field::transfer_encoding];
-        !te.empty() && !beast::iequals(te, "chunked")) {
-      return RespondAndClose(/*head_read=*/true, 501,
-                             absl::StrCat("Transfer-Encoding \"", std::string(te),
-                                          "\": only \"chunked\" is supported"));
-    }
     if (state_->options.check_head) {
       if (std::optional<HttpResponse> refusal =
               state_->options.check_head(RequestOf(parser_->get()));
@@ -286,15 +261,12 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
         return SendAndClose(std::move(*refusal));
       }
     }
-    // RFC 9110 10.1.1: an HTTP/1.0 client gets no 100 (Continue), and an
-    // expectation other than 100-continue cannot be met.
-    const auto expect = parser_->get()[http::field::expect];
-    if (expect.empty() || http10_) return ReadBody();
-    if (!beast::iequals(expect, "100-continue")) {
-      return RespondAndClose(
-          /*head_read=*/true, 417,
-          absl::StrCat("Expect \"", std::string(expect), "\": only \"100-continue\" is supported"));
+    bool send_continue = false;
+    if (const ReadOutcome outcome = http_reading::CheckExpectation(*parser_, &send_continue);
+        outcome.kind != ReadOutcome::kGoOn) {
+      return Follow(outcome);
     }
+    if (!send_continue) return ReadBody();
     // curl sends `Expect: 100-continue` with larger bodies and waits for it.
     auto go_on = std::make_shared<http::response<http::empty_body>>(http::status::continue_,
                                                                     parser_->get().version());
@@ -311,45 +283,24 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
         [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnRequest(ec); });
   }
 
-  void OnReadError(beast::error_code ec) {
-    if (ec == http::error::header_limit) {
-      return RespondAndClose(
-          /*head_read=*/false, 431,
-          absl::StrCat("the request's head is larger than ", kMaxHeadBytes, " bytes"));
+  // An answer the server gives itself (then it closes), or the close.
+  void Follow(const ReadOutcome& outcome) {
+    if (outcome.kind == ReadOutcome::kAnswer) {
+      return RespondAndClose(outcome.head_read, outcome.status, outcome.message);
     }
-    if (ec == http::error::body_limit) {
-      // The limit applies once the head is read (to its Content-Length) or
-      // within the body.
-      return RespondAndClose(
-          /*head_read=*/true, 413,
-          absl::StrCat("the request body is larger than ", state_->options.max_body_bytes,
-                       " bytes (--max-request-bytes)"));
-    }
-    const bool malformed =
-        ec.category() == http::make_error_code(http::error::bad_target).category() &&
-        ec != http::error::end_of_stream && ec != http::error::partial_message;
-    if (malformed) {
-      return RespondAndClose(parser_->is_header_done(), 400,
-                             absl::StrCat("malformed HTTP request: ", ec.message()));
-    }
-    Close();  // the client closed, timed out or reset the connection
+    Close();
   }
 
-  // The method, target, headers and peer of `message`, without its body.
   HttpRequest RequestOf(const http::request<http::string_body>& message) const {
-    HttpRequest request;
-    request.method = std::string(message.method_string());
-    request.target = OriginForm(std::string(message.target()));
-    for (const auto& field : message) {
-      request.headers.emplace_back(absl::AsciiStrToLower(std::string(field.name_string())),
-                                   std::string(field.value()));
-    }
-    request.peer = peer_;
-    return request;
+    return http_reading::RequestOf(message, peer_);
   }
 
   void OnRequest(beast::error_code ec) {
-    if (ec) return OnReadError(ec);
+    if (const ReadOutcome outcome =
+            http_reading::AfterBodyRead(ec, *parser_, state_->options.max_body_bytes);
+        outcome.kind != ReadOutcome::kGoOn) {
+      return Follow(outcome);
+    }
     Lowest().expires_never();
     http::request<http::string_body> message = parser_->release();
     HttpRequest request = RequestOf(message);
@@ -412,18 +363,6 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
       exchange->MarkGone();
     }
     Close();
-  }
-
-  // A target in absolute form (RFC 9112 3.2.2: "http://host/path?query", as
-  // sent to a proxy) as its path and query; any other target as sent.
-  static std::string OriginForm(const std::string& target) {
-    for (const char* scheme : {"http://", "https://"}) {
-      if (!absl::StartsWithIgnoreCase(target, scheme)) continue;
-      const size_t path = target.find_first_of("/?", std::strlen(scheme));
-      if (path == std::string::npos) return "/";
-      return target[path] == '?' ? "/" + target.substr(path) : target.substr(path);
-    }
-    return target;
   }
 
   template <class Body>

@@ -23,22 +23,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/http/http_request.h"
 #include "server/server_flags.h"
 
 namespace switchserve {
-
-struct HttpRequest {
-  std::string method;                                        // "GET", "POST", ...
-  std::string target;                                        // the path and query as sent
-  std::vector<std::pair<std::string, std::string>> headers;  // names lower-case
-  std::string body;
-  std::string peer;  // "ipv4:1.2.3.4:5678", as gRPC writes peers
-
-  // The first header named `lower_case_name`, or nullopt.
-  std::optional<std::string_view> Header(std::string_view lower_case_name) const;
-  // The target without its query string.
-  std::string_view Path() const;
-};
 
 struct HttpResponse {
   int status = 200;

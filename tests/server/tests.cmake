@@ -1,15 +1,18 @@
 # Unit tests of the server pieces that need no process or network (request
 # validation, wire parsing, flags, request ids and log lines, the OpenAI
-# request and response mapping), label `unit`. Included from
-# tests/CMakeLists.txt.
+# request and response mapping, the HTTP server's request reading), label
+# `unit`. Included from tests/CMakeLists.txt.
 foreach(test_name request_validation_test wire_format_test server_flags_test access_log_test
                   openai_protocol_test dispatch_flags_test call_gate_test mutex_checks_test
-                  thread_priority_test proto_convert_test)
+                  thread_priority_test proto_convert_test http_request_reading_test)
   add_executable(${test_name} ${CMAKE_CURRENT_LIST_DIR}/${test_name}.cc)
   target_link_libraries(${test_name} PRIVATE switchserve_http GTest::gtest_main
                                              switchserve_warnings)
   gtest_discover_tests(${test_name} PROPERTIES LABELS unit DISCOVERY_TIMEOUT 60)
 endforeach()
+# The HTTP server's request reading works on Boost.Beast's parser.
+find_package(Boost 1.74 REQUIRED)
+target_link_libraries(http_request_reading_test PRIVATE Boost::headers)
 # Token strings of the SentencePiece test model (testing::SourcePath).
 target_link_libraries(openai_protocol_test PRIVATE switchserve_test_util)
 # The test models' configs (testing::TinySwitchAllConfig).
