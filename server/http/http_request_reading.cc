@@ -8,6 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "server/http/openai_protocol.h"
 
 namespace switchserve::http_reading {
 namespace {
@@ -71,15 +72,19 @@ ReadOutcome AfterHeadRead(const beast::error_code& ec, size_t head_bytes,
     return Answer(400, "malformed HTTP request: an HTTP/1.1 request needs a Host field",
                   /*head_read=*/true);
   }
+  // RFC 9112 3.2: and one with more than one is refused too.
+  if (head.count(http::field::host) > 1) {
+    return Answer(400, "malformed HTTP request: more than one Host field", /*head_read=*/true);
+  }
   // RFC 9112: a Transfer-Encoding this server does not decode, beside a
   // Content-Length it would use instead, could frame the message unlike a
   // proxy in front did.
   if (const auto te = head[http::field::transfer_encoding];
       !te.empty() && !beast::iequals(te, "chunked")) {
-    return Answer(
-        501,
-        absl::StrCat("Transfer-Encoding \"", std::string(te), "\": only \"chunked\" is supported"),
-        /*head_read=*/true);
+    return Answer(501,
+                  absl::StrCat("Transfer-Encoding \"", ShownName(std::string(te)),
+                               "\": only \"chunked\" is supported"),
+                  /*head_read=*/true);
   }
   return {};
 }
@@ -92,10 +97,10 @@ ReadOutcome CheckExpectation(const RequestParser& parser, bool* send_continue) {
   const auto expect = head[http::field::expect];
   if (expect.empty() || head.version() < 11) return {};
   if (!beast::iequals(expect, "100-continue")) {
-    return Answer(
-        417,
-        absl::StrCat("Expect \"", std::string(expect), "\": only \"100-continue\" is supported"),
-        /*head_read=*/true);
+    return Answer(417,
+                  absl::StrCat("Expect \"", ShownName(std::string(expect)),
+                               "\": only \"100-continue\" is supported"),
+                  /*head_read=*/true);
   }
   *send_continue = true;
   return {};

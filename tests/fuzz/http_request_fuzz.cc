@@ -224,6 +224,8 @@ void CheckRaw(const std::vector<Step>& steps, const MemoryStream& stream, int64_
     }
     FUZZ_CHECK(step.version == 10 || step.version == 11);
     if (step.version == 11) FUZZ_CHECK(request.Header("host").has_value());
+    FUZZ_CHECK(std::count_if(request.headers.begin(), request.headers.end(),
+                             [](const auto& field) { return field.first == "host"; }) <= 1);
     if (const auto te = request.Header("transfer-encoding")) {
       FUZZ_CHECK(te->empty() || EqualsIgnoreCase(*te, "chunked"));
     }

@@ -66,6 +66,8 @@ TEST(HttpRequestReadingTest, HeadsAreAnsweredAsDocumented) {
       {"GET / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", 501},
       {"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n", 400},
       {"GET / HTTP/2.0\r\nHost: x\r\n\r\n", 400},
+      {"GET / HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", 400},
+      {"GET / HTTP/1.0\r\nHost: x\r\nhost: x\r\n\r\n", 400},
   };
   for (const Case& c : cases) {
     RequestParser parser;
@@ -77,6 +79,24 @@ TEST(HttpRequestReadingTest, HeadsAreAnsweredAsDocumented) {
       EXPECT_EQ(outcome.status, c.status) << c.head << outcome.message;
     }
   }
+}
+
+TEST(HttpRequestReadingTest, RefusalsQuoteALongValueShortened) {
+  const std::string value(4000, 'g');
+  RequestParser parser;
+  const ReadOutcome te =
+      HeadOutcome("GET / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: " + value + "\r\n\r\n", &parser);
+  EXPECT_EQ(te.status, 501);
+  EXPECT_LT(te.message.size(), 200u) << te.message;
+  EXPECT_NE(te.message.find("gggg..."), std::string::npos) << te.message;
+  RequestParser expecting;
+  ASSERT_EQ(
+      HeadOutcome("POST / HTTP/1.1\r\nHost: x\r\nExpect: " + value + "\r\n\r\n", &expecting).kind,
+      ReadOutcome::kGoOn);
+  bool send_continue = true;
+  const ReadOutcome expect = CheckExpectation(expecting, &send_continue);
+  EXPECT_EQ(expect.status, 417);
+  EXPECT_LT(expect.message.size(), 200u) << expect.message;
 }
 
 TEST(HttpRequestReadingTest, OnlyAnHttp11ExpectOtherThan100ContinueIsRefused) {
