@@ -46,7 +46,8 @@ absl::StatusOr<std::string> ReadTextFile(const std::string& path, uintmax_t max_
   return text.str();
 }
 
-// The dtype `e` is held in when the file stores it as `stored`.
+}  // namespace
+
 DType HeldDtype(const ExpectedTensor& e, DType stored, WeightsDtype policy) {
   if (e.held_in_f32) return DType::kF32;
   switch (policy) {
@@ -61,8 +62,6 @@ DType HeldDtype(const ExpectedTensor& e, DType stored, WeightsDtype policy) {
   }
   return stored;
 }
-
-}  // namespace
 
 // Half-precision values are checked on their bits: all exponent bits set is
 // inf or NaN.

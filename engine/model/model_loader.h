@@ -102,6 +102,9 @@ struct ExpectedTensor {
 // ParseModelConfig, whose dimensions fit in int32.
 std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& config);
 
+// The dtype LoadModel holds `e` in when the file stores it as `stored`.
+DType HeldDtype(const ExpectedTensor& e, DType stored, WeightsDtype policy);
+
 // Writes a model directory that LoadModel reads back: config.json
 // (ModelConfigToJson) and model.safetensors with every expected tensor stored
 // as `dtype` (F32, F16 or BF16; narrowing rounds to nearest even; weights held

@@ -53,21 +53,6 @@ void WriteFile(const std::string& path, std::string_view bytes) {
   FUZZ_CHECK(out.good());
 }
 
-DType HeldDtype(const ExpectedTensor& e, DType stored, WeightsDtype policy) {
-  if (e.held_in_f32) return DType::kF32;
-  switch (policy) {
-    case WeightsDtype::kF32:
-      return DType::kF32;
-    case WeightsDtype::kBF16:
-      return DType::kBF16;
-    case WeightsDtype::kF16:
-      return DType::kF16;
-    case WeightsDtype::kAsStored:
-      break;
-  }
-  return stored;
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
