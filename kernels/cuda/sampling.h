@@ -12,8 +12,12 @@
 // (one draw per non-greedy token, as the host sampler draws) and uploaded
 // with the step, so generator state never lives on the device. The double
 // sums here are block reductions in a fixed order rather than the host's
-// left-to-right loops: the two pick the same token unless u * total lies
-// within a few ulps of a cumulative boundary.
+// left-to-right loops (each thread a contiguous run of candidates once more
+// than kThreads are kept), so a running sum can differ from the host's in its
+// last bits: the two pick the same token unless u * total, or top_p, lies
+// within a few ulps of a cumulative boundary. Exactly tied candidates can put
+// top_p on one: 300 equal logits with top_p 0.5 are cut after 150 candidates
+// on the host and 151 here.
 //
 // The candidate order comes from repeated block argmax when at most
 // kSelectMax candidates are kept (top_k), otherwise from a block-wide
