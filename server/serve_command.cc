@@ -138,12 +138,24 @@ pthread_t g_stop_signal_thread;
 // supervisor, so it drains and exits with an error.
 std::atomic<bool> g_grpc_listener_lost{false};
 
+// gRPC core's error lines, and libprotobuf's, a second at most each: a
+// client can make gRPC write one with every call (a malformed grpc-encoding
+// or grpc-timeout header: "Error parsing metadata", the value quoted).
+constexpr int kLibraryErrorLinesPerSecond = 10;
+
 // gRPC core's own lines ("Failed accept4", ...) in the server's log format.
+// Its errors past kLibraryErrorLinesPerSecond are dropped, and the next one
+// written counts them (`suppressed=`); its info and debug lines, which only
+// GRPC_VERBOSITY asks for, are not limited.
 void LogGrpcLine(gpr_log_func_args* args) {
-  const LogLevel level =
-      args->severity == GPR_LOG_SEVERITY_ERROR ? LogLevel::kError : LogLevel::kInfo;
-  Log(level, absl::StrCat("grpc: ", args->message),
-      {{"source", absl::StrCat(args->file, ":", args->line)}});
+  static LogLineBudget error_budget(kLibraryErrorLinesPerSecond, std::chrono::seconds(1));
+  const bool error = args->severity == GPR_LOG_SEVERITY_ERROR;
+  int64_t suppressed = 0;
+  if (!error || error_budget.Admit(LogLineBudget::Clock::now(), &suppressed)) {
+    LogFields fields = {{"source", absl::StrCat(args->file, ":", args->line)}};
+    if (suppressed > 0) fields["suppressed"] = suppressed;
+    Log(error ? LogLevel::kError : LogLevel::kInfo, absl::StrCat("grpc: ", args->message), fields);
+  }
   // gRPC logs this only while its listeners are meant to be open.
   if (absl::StartsWith(args->message, "Failed accept4") && !g_grpc_listener_lost.exchange(true)) {
     pthread_kill(g_stop_signal_thread, SIGTERM);
@@ -190,11 +202,17 @@ std::string DescribeComputeThreads(const Backend& backend, int requested) {
 // libprotobuf's own lines (a request's string field that is not UTF-8, ...)
 // in the server's log format rather than as plain text on stderr. Its
 // errors are about the data it parsed, which the call's status already
-// reports to its client: warnings here.
+// reports to its client: warnings here. A client can cause one with every
+// call, so they are limited as gRPC's errors are (all but a fatal one).
 void LogProtobufLine(google::protobuf::LogLevel level, const char* file, int line,
                      const std::string& message) {
-  Log(level == google::protobuf::LOGLEVEL_FATAL ? LogLevel::kError : LogLevel::kWarning,
-      absl::StrCat("protobuf: ", message), {{"source", absl::StrCat(file, ":", line)}});
+  static LogLineBudget budget(kLibraryErrorLinesPerSecond, std::chrono::seconds(1));
+  const bool fatal = level == google::protobuf::LOGLEVEL_FATAL;
+  int64_t suppressed = 0;
+  if (!fatal && !budget.Admit(LogLineBudget::Clock::now(), &suppressed)) return;
+  LogFields fields = {{"source", absl::StrCat(file, ":", line)}};
+  if (suppressed > 0) fields["suppressed"] = suppressed;
+  Log(fatal ? LogLevel::kError : LogLevel::kWarning, absl::StrCat("protobuf: ", message), fields);
 }
 
 int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
@@ -460,6 +478,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   gate.WaitUntilQuiet(kQuiet, std::chrono::seconds(2));
   server->Shutdown(std::chrono::system_clock::now());
   server->Wait();
+  openai.Stop();  // the unary responses still being rendered go to their exchanges
   if (http != nullptr) http->Stop(std::chrono::seconds(2));
   Log("stopped");
   return listener_lost ? 1 : 0;

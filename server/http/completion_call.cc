@@ -118,7 +118,8 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
         update.tokens.clear();
         choice.final_update = std::move(update);
         done = --remaining_ == 0;
-        if (done && !rejected_) FinishLocked();
+        // A unary response is rendered, and the call ended, on a render thread.
+        if (done && !rejected_) done = FinishLocked();
       }
     }
     if (done) context_.gate->CallDone();
@@ -177,8 +178,10 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
     return Event(Chunk(Json::array({std::move(choice)})));
   }
 
-  // Every prompt has finished: the response (or its end), the access log.
-  void FinishLocked() {
+  // Engine thread. Every prompt has finished: the response (or its end), the
+  // access log. True when the call is done; false when a render thread
+  // renders the unary response, and ends the call (RenderResponse).
+  bool FinishLocked() {
     absl::Status failure;
     bool cancelled = false;
     int prompt_tokens = 0, completion_tokens = 0;
@@ -200,15 +203,19 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
       // Cancelled by the server: the drain timeout passed.
       failure = absl::UnavailableError("the server stopped before the request finished");
     }
+    if (!gone_ && !options_.stream && failure.ok()) {
+      // Every choice's text and logprobs as JSON, for a thousand prompts a
+      // hundred megabytes and a second or more: not on the engine thread.
+      // Nothing but ClientGone changes the call from now on.
+      context_.render_threads->Post([self = shared_from_this()] { self->RenderResponse(); });
+      return false;
+    }
     // The request once, whatever its number of prompts, before the response
     // goes out (RejectLocked says why).
     if (context_.metrics != nullptr) {
       context_.metrics->RecordRequest(RequestProtocol::kHttp,
                                       gone_ ? absl::StatusCode::kCancelled : failure.code());
     }
-    const Json usage = {{"prompt_tokens", prompt_tokens},
-                        {"completion_tokens", completion_tokens},
-                        {"total_tokens", prompt_tokens + completion_tokens}};
     if (gone_) {
       access_.status = absl::StatusCode::kCancelled;
       access_.http_status = HttpStatusFor(absl::StatusCode::kCancelled);
@@ -218,14 +225,39 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
       if (!failure.ok()) exchange_->Write(Event(MakeApiError(failure).body));
       if (failure.ok() && options_.include_usage) {
         Json last = Chunk(Json::array());
-        last["usage"] = usage;
+        last["usage"] = Usage();
         exchange_->Write(Event(last));
       }
       exchange_->Write("data: [DONE]\n\n");
       exchange_->End();
-    } else if (!failure.ok()) {
-      RespondErrorLocked(failure);
     } else {
+      RespondErrorLocked(failure);
+    }
+    LogAccess(access_);
+    return true;
+  }
+
+  Json Usage() const {
+    return {{"prompt_tokens", access_.prompt_tokens},
+            {"completion_tokens", access_.completion_tokens},
+            {"total_tokens", access_.prompt_tokens + access_.completion_tokens}};
+  }
+
+  // A render thread: the unary response of a call whose prompts all
+  // finished well (FinishLocked), its count, its access-log line and its end
+  // in the gate. Without mu_ but for gone_: every prompt has its final
+  // update, so nothing else reads or writes the choices or access_ now.
+  void RenderResponse() {
+    bool gone;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      gone = gone_;
+    }
+    const absl::StatusCode code = gone ? absl::StatusCode::kCancelled : absl::StatusCode::kOk;
+    if (context_.metrics != nullptr) context_.metrics->RecordRequest(RequestProtocol::kHttp, code);
+    access_.status = code;
+    access_.http_status = HttpStatusFor(code);
+    if (!gone) {  // no work for a client that left
       Json choices = Json::array();
       for (size_t i = 0; i < choices_.size(); ++i) {
         Choice& choice = *choices_[i];
@@ -245,13 +277,12 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
              {"finish_reason", OpenAiFinishReason(choice.final_update->finish_reason)}});
       }
       Json body = Chunk(std::move(choices));
-      body["usage"] = usage;
-      access_.status = absl::StatusCode::kOk;
-      access_.http_status = 200;
+      body["usage"] = Usage();
       exchange_->Respond(
           {.status = 200, .headers = {{"x-request-id", access_.request_id}}, .body = Dump(body)});
     }
     LogAccess(access_);
+    context_.gate->CallDone();
   }
 
   void RespondErrorLocked(const absl::Status& status) {

@@ -2,8 +2,10 @@
 // choice each) and the response they build, unary JSON or server-sent
 // events. The engine's updates arrive on the engine thread, a disconnect on
 // an HTTP thread; the call answers through its HttpExchange and ends with one
-// access-log line. A streamed update's event is rendered (JSON, logprobs) on
-// the connection's I/O thread, not the engine's.
+// access-log line. Nothing is rendered on the engine thread: a streamed
+// update's event (JSON, logprobs) is rendered on the connection's I/O thread,
+// a unary response on one of the RenderThreads, which then answers the
+// exchange, writes the access-log line and ends the call in the gate.
 #ifndef SWITCHSERVE_SERVER_HTTP_COMPLETION_CALL_H_
 #define SWITCHSERVE_SERVER_HTTP_COMPLETION_CALL_H_
 
@@ -17,6 +19,7 @@
 #include "server/access_log.h"
 #include "server/call_gate.h"
 #include "server/http/http_server.h"
+#include "server/http/render_threads.h"
 #include "server/metrics/serving_metrics.h"
 
 namespace switchserve {
@@ -26,6 +29,7 @@ struct CompletionCallContext {
   const Tokenizer* tokenizer = nullptr;
   ServingMetrics* metrics = nullptr;  // may be null
   CallGate* gate = nullptr;
+  RenderThreads* render_threads = nullptr;  // renders unary responses
   std::string model_name;
 };
 
@@ -37,7 +41,8 @@ struct CompletionOptions {
 };
 
 // Submits `prompts` (validated; origin and arrival set) and answers the
-// exchange when they finish. Counts itself in the gate until then. When the
+// exchange when they finish. Counts itself in the gate until then (until the
+// response was handed to the exchange). When the
 // engine refuses a prompt (full queue, stopping) the others are cancelled
 // and the client gets the engine's error (429, 503).
 void StartCompletionCall(const CompletionCallContext& context,

@@ -205,6 +205,7 @@ void OpenAiService::Completions(const std::shared_ptr<HttpExchange>& exchange) c
                        .tokenizer = options_.tokenizer,
                        .metrics = options_.metrics,
                        .gate = options_.gate,
+                       .render_threads = render_threads_.get(),
                        .model_name = options_.model_name},
                       exchange, options, std::move(prompts), std::move(access));
 }

@@ -7,7 +7,9 @@
 // Like the gRPC service, a handler authenticates (the same bearer token),
 // checks the drain state, validates (the same ValidateGenerateRequest),
 // hands the prompts to the engine and returns; the engine's updates complete
-// the response from the engine thread. A client that disconnects cancels its
+// the response, which is rendered off the engine thread (a streamed event on
+// the connection's I/O thread, a unary response on one of the service's
+// render threads). A client that disconnects cancels its
 // engine requests. Requests are counted in the same metrics (protocol="http")
 // and end with one access-log line.
 //
@@ -26,6 +28,7 @@
 #include "server/auth.h"
 #include "server/call_gate.h"
 #include "server/http/http_server.h"
+#include "server/http/render_threads.h"
 #include "server/metrics/serving_metrics.h"
 #include "server/request_validation.h"
 
@@ -44,11 +47,21 @@ struct OpenAiServiceOptions {
   // Prompts one request may hold (--max-queue: more could never be queued
   // together, and a retry would not help); 0: no limit.
   int max_prompts = 0;
+  // Threads that render unary completion responses (RenderThreads).
+  int render_threads = 2;
 };
 
 class OpenAiService {
  public:
-  explicit OpenAiService(const OpenAiServiceOptions& options) : options_(options) {}
+  explicit OpenAiService(const OpenAiServiceOptions& options)
+      : options_(options),
+        render_threads_(std::make_unique<RenderThreads>(options.render_threads)) {}
+
+  // Waits until every unary response being rendered has been handed to its
+  // exchange, and stops the render threads. Called after the engine stopped
+  // and before the HTTP server stops (whose exchanges must not be used after
+  // that). Idempotent.
+  void Stop() { render_threads_->Stop(); }
 
   void Handle(const std::shared_ptr<HttpExchange>& exchange) const;
   // HttpServerOptions::check_head: a /v1/ request without the bearer token
@@ -71,6 +84,7 @@ class OpenAiService {
   void Completions(const std::shared_ptr<HttpExchange>& exchange) const;
 
   OpenAiServiceOptions options_;
+  std::unique_ptr<RenderThreads> render_threads_;
 };
 
 // The body the HTTP server writes for its own errors (400, 413), in the

@@ -759,3 +759,74 @@ def test_grpc_cores_own_lines_follow_the_log_format():
         process.wait()
     records = [json.loads(line) for line in open(log_path).read().splitlines()]
     assert any(r["msg"].startswith("grpc: ") and "source" in r for r in records)
+
+
+def call_with_header(port, name, value):
+    """A Generate call over a hand-made HTTP/2 connection carrying a header
+    the Python client would refuse to send (a newline, an ESC byte); the
+    response's headers and trailers."""
+    import socket
+    import struct
+    import h2.config
+    import h2.connection
+    import h2.events
+    config = h2.config.H2Configuration(client_side=True, validate_outbound_headers=False,
+                                       normalize_outbound_headers=False)
+    connection = h2.connection.H2Connection(config)
+    body = text_request("x", 1).SerializeToString()
+    headers = {}
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        connection.initiate_connection()
+        connection.send_headers(1, [(b":method", b"POST"), (b":scheme", b"http"),
+                                    (b":path", b"/switchserve.v1.Generation/Generate"),
+                                    (b":authority", b"127.0.0.1"), (b"te", b"trailers"),
+                                    (b"content-type", b"application/grpc"), (name, value)])
+        connection.send_data(1, b"\0" + struct.pack(">I", len(body)) + body, end_stream=True)
+        s.sendall(connection.data_to_send())
+        ended = False
+        while not ended:
+            data = s.recv(65536)
+            if not data:
+                break
+            for event in connection.receive_data(data):
+                if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+                    headers.update((k.decode(), v.decode()) for k, v in event.headers)
+                elif isinstance(event, h2.events.StreamEnded):
+                    ended = True
+            s.sendall(connection.data_to_send())
+    return headers
+
+
+def test_a_client_cannot_write_lines_or_control_characters_into_the_text_log():
+    """gRPC core quotes a malformed grpc-encoding or grpc-timeout header in
+    its error line: a newline there started a forged line of the client's
+    making (an access-log line, say) and an ESC reached the terminal. Control
+    characters are escaped, and gRPC's error lines are limited to 10 a
+    second (the next one written says how many were dropped)."""
+    forged = (b"2026-12-05T22:50:00.000Z switchserve: request request_id=forged-by-client "
+              b"status=OK")
+    s = Server()
+    try:
+        start = time.monotonic()
+        calls = 20
+        for _ in range(calls):
+            call_with_header(s.port, b"grpc-encoding", b"x\n" + forged + b"\x1b[2K")
+            call_with_header(s.port, b"grpc-timeout", b"12\nINJ\x1b[31m")
+        elapsed = time.monotonic() - start
+        time.sleep(1.1)  # a new second: the next error line counts the dropped ones
+        call_with_header(s.port, b"grpc-timeout", b"12\nINJ")
+        log = s.log()
+    finally:
+        s.close()
+    lines = log.splitlines()
+    errors = [line for line in lines if "grpc: Error parsing metadata" in line]
+    assert errors, log
+    assert "\x1b" not in log
+    assert all(re.match(r"\d{4}-\d\d-\d\dT", line) for line in lines), log
+    assert not any(line.startswith(("2026-12-05T22:50:00.000Z", "INJ")) for line in lines)
+    assert any("value=x\\n2026-12-05T22:50:00.000Z switchserve: request "
+               "request_id=forged-by-client status=OK\\u001b[2K" in line for line in errors), log
+    # At most 10 a second: with 40 calls in under 3 s, fewer lines than calls.
+    assert len(errors) <= 10 * (int(elapsed) + 2), (elapsed, len(errors))
+    if elapsed < 1:
+        assert len(errors) <= 11 and re.search(r" suppressed=\d+$", errors[-1]), errors
