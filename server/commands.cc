@@ -43,6 +43,8 @@ const std::vector<Command>& AllCommands() {
         "max_running_requests",
         "max_queue",
         "stream_interval",
+        "stream_write_timeout_s",
+        "max_stream_buffer_bytes",
         "max_request_bytes",
         "max_metadata_bytes",
         "capacity_factor",

@@ -1,10 +1,15 @@
 #include "server/generate_calls.h"
 
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
+#include <thread>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "grpc/grpc.h"
 #include "server/access_log.h"
 #include "server/engine_request_handle.h"
 #include "server/generation_service.h"
@@ -103,17 +108,29 @@ class UnaryGenerateCall : public grpc::ServerUnaryReactor {
 // serializes and starts the write; while a write is in flight, further updates
 // are merged into the next message, so a slow reader gets fewer, larger
 // messages instead of an unbounded queue.
-class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
-                              public QueuedWrite {
+//
+// A client that stops reading (HTTP/2 flow control) would keep its call, and
+// everything merged for it, forever. So a stream is ended RESOURCE_EXHAUSTED
+// (its engine request cancelled, gRPC's call cancelled with that status, so
+// that the stuck write fails) once a write has waited longer than the
+// service's timeout (found by the registry's sweep) or once what is merged
+// while it waits passes the service's byte limit (found by the engine thread
+// as it merges; the rest is done on the WriteQueue thread, not the engine's).
+class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
+                                    public QueuedWrite,
+                                    public StreamRegistry::Member {
  public:
   StreamingGenerateCall(GenerationService* service, grpc::CallbackServerContext* context,
                         const GenerationRequest& request)
       : service_(service),
         context_(context),
         params_(request.sampling),
+        detail_(request.sampling.logprobs > 0 || request.sampling.return_routing),
         access_(CallAccessRecord(*context, request, "GenerateStream")) {
     service_->CallStarted();
+    service_->streams().Add(this);
   }
+  ~StreamingGenerateCall() override { service_->streams().Remove(this); }
 
   void Start(GenerationRequest request) {
     request.sink = std::make_shared<CallSink<StreamingGenerateCall>>(this);
@@ -138,11 +155,21 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
       if (update.finished) FillFromFinalUpdate(update, &access_);
       if (!update.status.ok()) {
         final_status_ = ToGrpcStatus(update.status);
-      } else {
+      } else if (!ending_) {  // an ending stream's output goes nowhere
         pending_.mutable_text()->append(update.text);
         AppendTokens(update, params_, service_->describer(), pending_.mutable_token_ids(),
                      pending_.mutable_tokens());
         has_pending_ = true;
+        // The serialized size, near enough (ids as 5 bytes, 3 per token's
+        // framing), from the new entries only.
+        pending_bytes_ += static_cast<int64_t>(update.text.size() + 5 * update.tokens.size());
+        if (detail_) {
+          const auto& tokens = pending_.tokens();
+          for (int i = tokens.size() - static_cast<int>(update.tokens.size()); i < tokens.size();
+               ++i) {
+            pending_bytes_ += static_cast<int64_t>(tokens.Get(i).ByteSizeLong()) + 3;
+          }
+        }
         if (update.finished) {
           pending_.set_finished(true);
           pending_.set_finish_reason(ToProto(update.finish_reason));
@@ -151,25 +178,69 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
                               ? CancelledCallStatus(update.cancel_cause)
                               : grpc::Status::OK;
         }
+        if (pending_bytes_ > service_->max_stream_buffer_bytes()) {
+          EndLocked(absl::StrCat("the stream's unread output passed ",
+                                 service_->max_stream_buffer_bytes(),
+                                 " bytes: its client is not reading"));
+        }
       }
       finished_ = update.finished;
       // A write in flight picks the update up when it completes; a posted
-      // call has not run yet and will.
-      if (!writing_ && !finish_called_ && !posted_) {
-        posted_ = true;
-        ++holds_;
-        post = true;
-      }
+      // call has not run yet and will. An ending stream is posted whatever
+      // it writes, to be cancelled.
+      if ((!writing_ && !finish_called_) || end_requested_) post = PostLocked();
     }
     if (post) service_->write_queue().Post(this);
     if (update.finished) Release();
   }
 
+  // Ends the stream (RESOURCE_EXHAUSTED) if a write of it has been
+  // outstanding since before `started_before`. Under the registry's lock
+  // (StreamRegistry::Sweep): the call is not deleted meanwhile, as its
+  // destructor takes that lock first.
+  void EndIfStalled(std::chrono::steady_clock::time_point started_before) {
+    bool post = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      // holds_ == 0: being deleted, past any write.
+      if (holds_ == 0 || ending_ || done_ || !writing_ || write_started_ >= started_before) return;
+      EndLocked("the stream's client read nothing for " +
+                FormatSeconds(std::chrono::steady_clock::now() - write_started_));
+      post = PostLocked();
+    }
+    if (post) service_->write_queue().Post(this);
+  }
+
   // WriteQueue thread.
   void RunQueuedWrite() override {
+    std::string end_message;
+    bool cancel = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       posted_ = false;
+      // Until OnDone the call is gRPC's to cancel; OnDone waits for
+      // cancelling_ to clear.
+      if (end_requested_ && !done_) {
+        end_requested_ = false;
+        cancelling_ = true;
+        cancelling_thread_ = std::this_thread::get_id();
+        end_message = end_message_;
+        cancel = true;
+      }
+    }
+    if (cancel) {
+      // The engine frees the request's KV blocks at its next step; the
+      // stuck write fails (OnWriteDone(false)), and the client gets the
+      // status in trailers, which flow control does not hold back.
+      handle_.Cancel(CancelCause::kClient);
+      grpc_call_cancel_with_status(context_->c_call(), GRPC_STATUS_RESOURCE_EXHAUSTED,
+                                   end_message.c_str(), nullptr);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        cancelling_ = false;
+        cancelling_thread_ = std::thread::id();
+      }
+      cancelled_.notify_all();
     }
     Pump();
     Release();
@@ -193,6 +264,15 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   }
   void OnCancel() override { handle_.Cancel(CancelCauseOf(*context_)); }
   void OnDone() override {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      done_ = true;
+      // gRPC frees the call when OnDone returns: not while RunQueuedWrite
+      // cancels it (unless that is this thread, inside the cancel).
+      if (cancelling_thread_ != std::this_thread::get_id()) {
+        cancelled_.wait(lock, [&] { return !cancelling_; });
+      }
+    }
     service_->CallDone();
     Release();
   }
@@ -207,11 +287,13 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     v1::GenerateStreamResponse message;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (writing_ || finish_called_) return;
-      if (has_pending_ && !broken_) {
+      if (writing_ || finish_called_ || cancelling_) return;
+      if (has_pending_ && !broken_ && !ending_) {
         message.Swap(&pending_);
         has_pending_ = false;
+        pending_bytes_ = 0;
         writing_ = true;
+        write_started_ = std::chrono::steady_clock::now();
         action = kWrite;
         if (finished_) {
           finish_called_ = true;
@@ -221,12 +303,19 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
         }
       } else if (finished_) {
         finish_called_ = true;
-        status = final_status_;
         action = kFinish;
-        // A broken stream ends as its client saw it, CANCELLED or
-        // DEADLINE_EXCEEDED, whatever the engine said.
-        access_.status = static_cast<absl::StatusCode>(
-            (broken_ ? CancelledCallStatus(broken_cause_) : status).error_code());
+        if (ending_) {
+          // Ended by the server: RESOURCE_EXHAUSTED, as gRPC's cancel
+          // told the client, whatever the engine said.
+          status = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, end_message_);
+          access_.status = absl::StatusCode::kResourceExhausted;
+        } else {
+          status = final_status_;
+          // A broken stream ends as its client saw it, CANCELLED or
+          // DEADLINE_EXCEEDED, whatever the engine said.
+          access_.status = static_cast<absl::StatusCode>(
+              (broken_ ? CancelledCallStatus(broken_cause_) : status).error_code());
+        }
       }
     }
     if (action == kWrite || action == kWriteAndFinish) in_flight_ = SerializeMessage(message);
@@ -237,6 +326,30 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     if (action == kWrite) StartWrite(&in_flight_);
     if (action == kWriteAndFinish) StartWriteAndFinish(&in_flight_, grpc::WriteOptions(), status);
     if (action == kFinish) Finish(status);
+  }
+
+  // Marks the stream as ending (the WriteQueue thread then cancels it):
+  // nothing more is merged or written, and what is pending is dropped.
+  void EndLocked(std::string message) {
+    ending_ = true;
+    end_requested_ = true;
+    end_message_ = std::move(message);
+    pending_.Clear();
+    has_pending_ = false;
+    pending_bytes_ = 0;
+  }
+
+  // Whether to post the call to the WriteQueue (not if it is there already).
+  bool PostLocked() {
+    if (posted_) return false;
+    posted_ = true;
+    ++holds_;
+    return true;
+  }
+
+  static std::string FormatSeconds(std::chrono::steady_clock::duration d) {
+    return absl::StrCat(std::chrono::duration_cast<std::chrono::milliseconds>(d).count() / 1000.0,
+                        " s");
   }
 
   // The call is deleted once gRPC (OnDone), the engine (its final update has
@@ -255,13 +368,17 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   GenerationService* service_;
   grpc::CallbackServerContext* context_;
   SamplingParams params_;
+  const bool detail_;  // the messages carry tokens' detail (AppendTokens)
   EngineRequestHandle handle_;
 
   std::mutex mu_;
-  int holds_ = 2;  // gRPC and the engine, plus one per posted write
+  std::condition_variable cancelled_;  // cancelling_ cleared
+  int holds_ = 2;                      // gRPC and the engine, plus one per posted write
   AccessRecord access_;
-  v1::GenerateStreamResponse pending_;  // merged updates not yet written
-  grpc::ByteBuffer in_flight_;          // the message being written
+  v1::GenerateStreamResponse pending_;                   // merged updates not yet written
+  int64_t pending_bytes_ = 0;                            // pending_'s serialized size, about
+  grpc::ByteBuffer in_flight_;                           // the message being written
+  std::chrono::steady_clock::time_point write_started_;  // of the write in flight
   bool has_pending_ = false;
   bool writing_ = false;
   bool posted_ = false;                            // in the write queue, not run yet
@@ -270,9 +387,38 @@ class StreamingGenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   bool finished_ = false;
   bool finish_called_ = false;
   grpc::Status final_status_;
+  // Ending a stream whose client does not read (EndLocked).
+  bool ending_ = false;
+  bool end_requested_ = false;  // the WriteQueue thread has yet to cancel it
+  std::string end_message_;
+  bool cancelling_ = false;  // gRPC's call is being cancelled, on cancelling_thread_
+  std::thread::id cancelling_thread_;
+  bool done_ = false;  // OnDone has run (or is waiting for the cancel)
 };
 
 }  // namespace
+
+void StreamRegistry::Add(Member* member) {
+  std::lock_guard<std::mutex> lock(mu_);
+  member->next_ = head_;
+  if (head_ != nullptr) head_->prev_ = member;
+  head_ = member;
+}
+
+void StreamRegistry::Remove(Member* member) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (member->prev_ != nullptr) member->prev_->next_ = member->next_;
+  if (member->next_ != nullptr) member->next_->prev_ = member->prev_;
+  if (head_ == member) head_ = member->next_;
+}
+
+void StreamRegistry::Sweep(std::chrono::steady_clock::duration timeout) {
+  const auto started_before = std::chrono::steady_clock::now() - timeout;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Member* member = head_; member != nullptr; member = member->next_) {
+    static_cast<StreamingGenerateCall*>(member)->EndIfStalled(started_before);
+  }
+}
 
 CancelCause CancelCauseOf(const grpc::CallbackServerContext& context) {
   // A client whose deadline passes cancels the call itself, at its own clock;

@@ -7,6 +7,8 @@
 #ifndef SWITCHSERVE_SERVER_GENERATE_CALLS_H_
 #define SWITCHSERVE_SERVER_GENERATE_CALLS_H_
 
+#include <chrono>
+#include <mutex>
 #include <optional>
 
 #include "engine/runtime/request.h"
@@ -18,6 +20,32 @@
 namespace switchserve {
 
 class GenerationService;
+
+// The running GenerateStream calls, for the periodic check (Sweep, on the
+// service's WriteQueue thread) that ends a stream whose client stopped
+// reading: one whose write has waited for it longer than the timeout.
+//
+// Thread-safe.
+class StreamRegistry {
+ public:
+  // The registry's link in a GenerateStream call (the only kind of member).
+  class Member {
+   private:
+    friend class StreamRegistry;
+    Member* prev_ = nullptr;
+    Member* next_ = nullptr;
+  };
+
+  void Add(Member* member);
+  void Remove(Member* member);
+  // Ends (RESOURCE_EXHAUSTED, its request cancelled) every stream with a
+  // write outstanding for longer than `timeout`.
+  void Sweep(std::chrono::steady_clock::duration timeout);
+
+ private:
+  std::mutex mu_;
+  Member* head_ = nullptr;
+};
 
 // Starts a unary Generate call for an already validated request.
 // `response` receives the serialized v1::GenerateResponse.

@@ -1,5 +1,6 @@
 #include "server/generation_service.h"
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <string>
@@ -63,7 +64,25 @@ std::optional<Clock::time_point> SteadyDeadline(const grpc::ServerContextBase& c
 
 }  // namespace
 
-GenerationService::GenerationService(const GenerationServiceOptions& options) : options_(options) {
+namespace {
+
+// How often the WriteQueue thread looks for stalled streams: a quarter of
+// the timeout, between 5 ms and 1 s.
+std::chrono::steady_clock::duration SweepPeriod(double timeout_s) {
+  const double period_s = std::clamp(timeout_s / 4, 0.005, 1.0);
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(period_s));
+}
+
+}  // namespace
+
+GenerationService::GenerationService(const GenerationServiceOptions& options)
+    : options_(options),
+      write_queue_(SweepPeriod(options.stream_write_timeout_s),
+                   [this, timeout = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(options.stream_write_timeout_s))] {
+                     streams_.Sweep(timeout);
+                   }) {
   if (options_.gate == nullptr) options_.gate = &own_gate_;
   describer_.tokenizer = options.tokenizer;
   describer_.layout = RouterLayout(*options.config);

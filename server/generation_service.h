@@ -17,6 +17,7 @@
 #include "server/access_log.h"
 #include "server/auth.h"
 #include "server/call_gate.h"
+#include "server/generate_calls.h"
 #include "server/metrics/serving_metrics.h"
 #include "server/proto_convert.h"
 #include "server/request_validation.h"
@@ -43,6 +44,13 @@ struct GenerationServiceOptions {
   CallGate* gate = nullptr;           // drain state shared with HTTP; null: the service's own
   // GenerateStream: tokens per message after the first (--stream-interval).
   int stream_interval = 1;
+  // GenerateStream: a stream whose write has waited this long for its client
+  // to read (HTTP/2 flow control) is ended RESOURCE_EXHAUSTED and its engine
+  // request cancelled (--stream-write-timeout-s).
+  double stream_write_timeout_s = 60;
+  // GenerateStream: output merged while a write waits, as serialized bytes;
+  // a stream past it is ended the same way (--max-stream-buffer-bytes).
+  int64_t max_stream_buffer_bytes = int64_t{4} << 20;
 };
 
 // Every method takes raw byte buffers, so that a malformed request (bad
@@ -78,6 +86,8 @@ class GenerationService final : public GenerationServiceBase {
   GenerationEngine* engine() const { return options_.engine; }
   const TokenDescriber& describer() const { return describer_; }
   WriteQueue& write_queue() { return write_queue_; }
+  StreamRegistry& streams() { return streams_; }
+  int64_t max_stream_buffer_bytes() const { return options_.max_stream_buffer_bytes; }
   void CallStarted() { options_.gate->CallStarted(); }
   void CallDone() { options_.gate->CallDone(); }
   // Counts (switchserve_requests_total) and logs a Generate* call as it
@@ -99,7 +109,8 @@ class GenerationService final : public GenerationServiceBase {
 
   GenerationServiceOptions options_;
   TokenDescriber describer_;
-  CallGate own_gate_;  // when options.gate is null
+  CallGate own_gate_;       // when options.gate is null
+  StreamRegistry streams_;  // outlives write_queue_, whose thread sweeps it
   WriteQueue write_queue_;
 };
 

@@ -315,6 +315,8 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   service_options.metrics = serving_metrics.get();
   service_options.gate = &gate;
   service_options.stream_interval = options.stream_interval;
+  service_options.stream_write_timeout_s = options.stream_write_timeout_s;
+  service_options.max_stream_buffer_bytes = options.max_stream_buffer_bytes;
   GenerationService service(service_options);
 
   grpc::EnableDefaultHealthCheckService(true);

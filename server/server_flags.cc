@@ -40,6 +40,13 @@ ABSL_FLAG(int, max_queue, 1024,
 ABSL_FLAG(int, stream_interval, 1,
           "Streamed generations (GenerateStream, HTTP stream): the first token goes out at once, "
           "then one message per this many tokens; larger: fewer messages, less CPU per token");
+ABSL_FLAG(double, stream_write_timeout_s, 60,
+          "GenerateStream: a stream whose message has waited this long for its client to read "
+          "it is ended RESOURCE_EXHAUSTED and its request cancelled (the HTTP API's write timeout "
+          "is 60 s)");
+ABSL_FLAG(int64_t, max_stream_buffer_bytes, 4194304,
+          "GenerateStream: output (serialized bytes) a stream may hold while its client is not "
+          "reading; beyond it the stream is ended RESOURCE_EXHAUSTED and its request cancelled");
 ABSL_FLAG(int64_t, max_request_bytes, 4194304,
           "Largest request message gRPC accepts (RESOURCE_EXHAUSTED beyond)");
 ABSL_FLAG(int64_t, max_metadata_bytes, 16384,
@@ -115,6 +122,8 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.max_running_requests = absl::GetFlag(FLAGS_max_running_requests);
   o.max_queue = absl::GetFlag(FLAGS_max_queue);
   o.stream_interval = absl::GetFlag(FLAGS_stream_interval);
+  o.stream_write_timeout_s = absl::GetFlag(FLAGS_stream_write_timeout_s);
+  o.max_stream_buffer_bytes = absl::GetFlag(FLAGS_max_stream_buffer_bytes);
   o.max_request_bytes = absl::GetFlag(FLAGS_max_request_bytes);
   o.max_metadata_bytes = absl::GetFlag(FLAGS_max_metadata_bytes);
   o.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
@@ -196,6 +205,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
       {"keepalive-time-s", o.connections.keepalive_time_s, 0},
       {"keepalive-timeout-s", o.connections.keepalive_timeout_s, 0.001},
       {"keepalive-min-client-interval-s", o.connections.keepalive_min_client_interval_s, 0},
+      {"stream-write-timeout-s", o.stream_write_timeout_s, 0.01},
   };
   for (const auto& d : durations) {
     if (!(d.value >= d.min && d.value <= kMaxDurationS)) {
@@ -208,6 +218,9 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   if (o.max_queue < 1) return FlagError("max-queue", "must be >= 1");
   if (o.stream_interval < 1 || o.stream_interval > 4096) {
     return FlagError("stream-interval", "must be in [1, 4096]");
+  }
+  if (o.max_stream_buffer_bytes < 1024) {
+    return FlagError("max-stream-buffer-bytes", "must be >= 1024");
   }
   if (o.max_request_bytes < 1024 || o.max_request_bytes > (int64_t{1} << 31) - 1) {
     return FlagError("max-request-bytes", "must be in [1024, 2^31)");

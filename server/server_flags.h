@@ -72,6 +72,11 @@ struct ServerOptions {
   // Streamed generations: tokens per message after the first
   // (GenerationRequest::stream_interval).
   int stream_interval = 0;
+  // GenerateStream: a stream whose client stops reading is ended after its
+  // write has waited this long, or once this much output waits for it
+  // (GenerationServiceOptions).
+  double stream_write_timeout_s = 0;
+  int64_t max_stream_buffer_bytes = 0;
   int64_t max_request_bytes = 0;
   // Request metadata of one call, counted as HPACK does (name + value + 32
   // bytes per entry). The service refuses a call above it; the transport

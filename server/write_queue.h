@@ -5,11 +5,16 @@
 // goes on with its next step. Calls posted while the thread is busy are
 // written in one pass, each with everything pending for it by then.
 //
+// It also runs a periodic task, when given one (the service's check for
+// streams whose client stopped reading).
+//
 // Thread-safe.
 #ifndef SWITCHSERVE_SERVER_WRITE_QUEUE_H_
 #define SWITCHSERVE_SERVER_WRITE_QUEUE_H_
 
+#include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -26,6 +31,8 @@ class QueuedWrite {
 class WriteQueue {
  public:
   WriteQueue();
+  // Also runs `tick` on the thread every `period` (> 0), between batches.
+  WriteQueue(std::chrono::steady_clock::duration period, std::function<void()> tick);
   // Runs what is still queued, then joins the thread.
   ~WriteQueue();
   WriteQueue(const WriteQueue&) = delete;
@@ -42,6 +49,8 @@ class WriteQueue {
   std::condition_variable wake_;
   std::vector<QueuedWrite*> queue_;
   bool stopping_ = false;
+  const std::chrono::steady_clock::duration period_{};
+  const std::function<void()> tick_;  // empty: none
   std::thread thread_;
 };
 

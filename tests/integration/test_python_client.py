@@ -30,8 +30,9 @@ CONTEXT = 64
 
 
 class Server(ServerProcess):
-    def __init__(self, *extra_args, model=MODEL):
-        super().__init__(BINARY, model, *extra_args, prefix="switchserve_py_")
+    def __init__(self, *extra_args, model=MODEL, metrics_port=0):
+        super().__init__(BINARY, model, *extra_args, metrics_port=metrics_port,
+                         prefix="switchserve_py_")
 
 
 @pytest.fixture(scope="module")
@@ -264,6 +265,150 @@ def test_a_stream_whose_client_stopped_reading_counts_as_its_client_saw_it():
         assert value('switchserve_request_finish_reason_total{reason="length"}') == 1
     finally:
         server.close()
+
+
+def stalled_streams(port, requests, wait_s):
+    """GenerateStream calls over one hand-made HTTP/2 connection whose client
+    offers a flow-control window of 0 and never reads: not one byte of a
+    message can reach it, though it answers pings. Returns, per call, the
+    response headers and trailers and the seconds until the call ended (None:
+    still open after `wait_s`)."""
+    import socket
+    import struct
+    import h2.config
+    import h2.connection
+    import h2.events
+    import h2.settings
+    connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    results = {}
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        connection.initiate_connection()
+        connection.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+        for i, request in enumerate(requests):
+            stream_id = 1 + 2 * i
+            results[stream_id] = {"ended_s": None}
+            body = request.SerializeToString()
+            connection.send_headers(stream_id, [
+                (":method", "POST"), (":scheme", "http"),
+                (":path", "/switchserve.v1.Generation/GenerateStream"),
+                (":authority", "127.0.0.1"), ("te", "trailers"),
+                ("content-type", "application/grpc")])
+            connection.send_data(stream_id, b"\0" + struct.pack(">I", len(body)) + body,
+                                 end_stream=True)
+        s.sendall(connection.data_to_send())
+        start = time.monotonic()
+        while (time.monotonic() - start < wait_s
+               and any(r["ended_s"] is None for r in results.values())):
+            s.settimeout(0.05)
+            try:
+                data = s.recv(65536)
+            except socket.timeout:
+                continue
+            if not data:
+                break
+            for event in connection.receive_data(data):
+                result = results.get(getattr(event, "stream_id", None))
+                if result is None:
+                    continue
+                if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+                    result.update((k.decode(), v.decode()) for k, v in event.headers)
+                elif isinstance(event, (h2.events.StreamEnded, h2.events.StreamReset)):
+                    if result["ended_s"] is None:
+                        result["ended_s"] = time.monotonic() - start
+            s.sendall(connection.data_to_send())  # PING and SETTINGS acks only
+    return [results[k] for k in sorted(results)]
+
+
+def metric(text, series):
+    match = re.search("^" + re.escape(series) + r" (\S+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+def wait_for_idle_engine(server):
+    """The metrics once no request runs and no KV block is held (or after 10 s)."""
+    deadline = time.monotonic() + 10
+    while True:
+        text = server.scrape_metrics()
+        if (metric(text, "switchserve_requests_running") == 0
+                and metric(text, "switchserve_kv_cache_usage_ratio") == 0) or \
+                time.monotonic() > deadline:
+            return text
+        time.sleep(0.05)
+
+
+def stream_log_lines(server, count):
+    deadline = time.monotonic() + 10
+    while True:
+        calls = [json.loads(line) for line in server.log().splitlines()
+                 if '"method":"GenerateStream"' in line]
+        if len(calls) >= count or time.monotonic() > deadline:
+            return calls
+        time.sleep(0.05)
+
+
+def test_a_stream_whose_client_reads_nothing_ends_at_the_write_timeout():
+    """A client that stops reading (window 0) held its calls, their engine
+    requests and everything merged for them, without end. A write that waits
+    longer than --stream-write-timeout-s ends the call RESOURCE_EXHAUSTED
+    (in the trailers, which flow control does not hold back, the access log
+    and the metrics) and cancels its request, long before it would have
+    ended (50 tokens at 100 ms a step)."""
+    metrics_port = free_port()
+    server = Server("--log-format", "json", "--debug-step-delay-ms", "100",
+                    "--stream-write-timeout-s", "0.5", metrics_port=metrics_port)
+    try:
+        results = stalled_streams(
+            server.port, [text_request("stall", 50, ignore_eos=True)] * 3, 30)
+        for result in results:
+            assert result["ended_s"] is not None and result["ended_s"] < 4, results
+            assert result.get("grpc-status") == "8", results
+            assert "read nothing for" in result.get("grpc-message", ""), results
+        calls = stream_log_lines(server, 3)
+        assert [(c["status"], c["finish_reason"]) for c in calls] == [
+            ("RESOURCE_EXHAUSTED", "cancelled")] * 3, calls
+        text = wait_for_idle_engine(server)
+        assert metric(text, 'switchserve_requests_total{protocol="grpc",status="RESOURCE_EXHAUSTED"}') == 3
+        assert metric(text, "switchserve_requests_running") == 0
+        assert metric(text, "switchserve_kv_cache_usage_ratio") == 0
+        expect_good_request_works_at(server)
+    finally:
+        server.close()
+
+
+def test_a_stream_whose_unread_output_passes_the_buffer_limit_ends_there():
+    """What is merged for a stream while its write waits was unbounded
+    (logprobs and routing: megabytes a call). Past --max-stream-buffer-bytes
+    the call ends RESOURCE_EXHAUSTED and its request is cancelled at once,
+    whatever the write timeout (here 60 s)."""
+    metrics_port = free_port()
+    server = Server("--log-format", "json", "--debug-step-delay-ms", "20",
+                    "--max-stream-buffer-bytes", "4096", metrics_port=metrics_port)
+    try:
+        request = text_request("stall", 50, ignore_eos=True)
+        request.logprobs = 20
+        request.return_routing = True
+        results = stalled_streams(server.port, [request] * 2, 30)
+        for result in results:
+            assert result["ended_s"] is not None and result["ended_s"] < 10, results
+            assert result.get("grpc-status") == "8", results
+            assert "passed 4096 bytes" in result.get("grpc-message", ""), results
+        calls = stream_log_lines(server, 2)
+        assert [c["status"] for c in calls] == ["RESOURCE_EXHAUSTED"] * 2, calls
+        # Ended after a few tokens, not at the request's 50.
+        assert all(c["finish_reason"] == "cancelled" and c["completion_tokens"] < 30
+                   for c in calls), calls
+        text = wait_for_idle_engine(server)
+        assert metric(text, 'switchserve_requests_total{protocol="grpc",status="RESOURCE_EXHAUSTED"}') == 2
+        assert metric(text, "switchserve_requests_running") == 0
+        assert metric(text, "switchserve_kv_cache_usage_ratio") == 0
+        expect_good_request_works_at(server)
+    finally:
+        server.close()
+
+
+def expect_good_request_works_at(server):
+    with server.channel() as channel:
+        expect_good_request_works(pb_grpc.GenerationStub(channel))
 
 
 def test_tokenize_and_model_info(stub):

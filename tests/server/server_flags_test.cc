@@ -19,6 +19,8 @@ ABSL_DECLARE_FLAG(std::optional<double>, capacity_factor);
 ABSL_DECLARE_FLAG(int64_t, max_metadata_bytes);
 ABSL_DECLARE_FLAG(int, serving_threads_nice);
 ABSL_DECLARE_FLAG(int, stream_interval);
+ABSL_DECLARE_FLAG(double, stream_write_timeout_s);
+ABSL_DECLARE_FLAG(int64_t, max_stream_buffer_bytes);
 ABSL_DECLARE_FLAG(int64_t, http_max_connections);
 ABSL_DECLARE_FLAG(std::string, host);
 ABSL_DECLARE_FLAG(std::string, metrics_host);
@@ -119,6 +121,31 @@ TEST(ServerFlagsTest, MetricsHostIsIpv4) {
     EXPECT_NE(options.status().message().find("IPv4 only"), std::string::npos);
   }
   absl::SetFlag(&FLAGS_metrics_host, "");
+}
+
+TEST(ServerFlagsTest, StreamWriteTimeoutAndBufferLimitHaveBoundedDefaults) {
+  auto options = ServerOptionsFromFlags();
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->stream_write_timeout_s, 60);  // the HTTP API's write timeout
+  EXPECT_EQ(options->max_stream_buffer_bytes, int64_t{4} << 20);
+  for (double bad : {0.0, -1.0, kInf}) {
+    absl::SetFlag(&FLAGS_stream_write_timeout_s, bad);
+    options = ServerOptionsFromFlags();
+    EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(options.status().message().find("--stream-write-timeout-s"), std::string::npos);
+  }
+  absl::SetFlag(&FLAGS_stream_write_timeout_s, 0.5);
+  options = ServerOptionsFromFlags();
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->stream_write_timeout_s, 0.5);
+  absl::SetFlag(&FLAGS_stream_write_timeout_s, 60);
+  for (int64_t bad : {int64_t{0}, int64_t{1023}}) {
+    absl::SetFlag(&FLAGS_max_stream_buffer_bytes, bad);
+    options = ServerOptionsFromFlags();
+    EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(options.status().message().find("--max-stream-buffer-bytes"), std::string::npos);
+  }
+  absl::SetFlag(&FLAGS_max_stream_buffer_bytes, int64_t{4} << 20);
 }
 
 TEST(ServerFlagsTest, StreamIntervalIsOneByDefaultAndOneTo4096) {
