@@ -33,6 +33,7 @@ const std::vector<Command>& AllCommands() {
         "port",
         "http_port",
         "http_max_connections",
+        "http_body_buffer_bytes",
         "metrics_port",
         "metrics_host",
         "reflection",

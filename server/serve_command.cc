@@ -65,6 +65,15 @@ constexpr int kMaxStreamsPerConnection = 256;
 // gRPC's memory quota: a quarter of the host's memory, at most 1 GiB.
 int64_t GrpcMemoryBytes() { return std::min<int64_t>(HostMemoryBytes() / 4, int64_t{1} << 30); }
 
+// The HTTP request bodies held at once, all connections together
+// (--http-body-buffer-bytes; by default as much again as gRPC's buffers),
+// with room for one body of --max-request-bytes.
+int64_t HttpBodyBytes(const ServerOptions& options) {
+  const int64_t budget =
+      options.http_body_buffer_bytes > 0 ? options.http_body_buffer_bytes : GrpcMemoryBytes();
+  return std::max(budget, options.max_request_bytes);
+}
+
 void Log(const std::string& message) { LogInfo(message); }
 
 // --noreflection: linking grpc++_reflection registers its plugin with every
@@ -370,6 +379,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
          .port = options.http_port,
          .tls = options.tls,
          .max_body_bytes = options.max_request_bytes,
+         .max_buffered_body_bytes = HttpBodyBytes(options),
          .max_connection_age_s = options.connections.max_connection_age_s,
          .max_connections = options.http_max_connections,
          .on_connection_refused =
@@ -450,7 +460,8 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
                      options.http_max_connections > 0
                          ? absl::StrCat(options.http_max_connections)
                          : absl::StrCat(open_files / 2, " (half the open-file limit)"),
-                     " connections)"));
+                     " connections, request bodies up to ", HttpBodyBytes(options),
+                     " bytes in all)"));
   }
   Log(absl::StrCat("listening on ", HostPort(options.host, bound_port),
                    " (grpc: switchserve.v1.Generation, grpc.health.v1.Health",

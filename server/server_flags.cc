@@ -23,6 +23,10 @@ ABSL_FLAG(int64_t, http_max_connections, 0,
           "Most HTTP API connections open at once; one past it is closed as soon as it is "
           "accepted. 0: half the open-file limit, so that HTTP clients cannot take the "
           "descriptors gRPC needs");
+ABSL_FLAG(int64_t, http_body_buffer_bytes, 0,
+          "Request bodies all HTTP API connections may hold at once, in bytes; a request whose "
+          "body does not fit is answered 429 (Retry-After: 1). 0: a quarter of the memory "
+          "limit, at most 1 GiB (as gRPC's buffers); never less than --max-request-bytes");
 ABSL_FLAG(int, metrics_port, 9090, "Prometheus metrics port (/metrics); 0 disables");
 ABSL_FLAG(std::string, metrics_host, "",
           "Address the metrics exporter listens on (plain HTTP, no TLS or token); empty: --host");
@@ -105,6 +109,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.port = absl::GetFlag(FLAGS_port);
   o.http_port = absl::GetFlag(FLAGS_http_port);
   o.http_max_connections = absl::GetFlag(FLAGS_http_max_connections);
+  o.http_body_buffer_bytes = absl::GetFlag(FLAGS_http_body_buffer_bytes);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   if (o.metrics_host.empty()) o.metrics_host = o.host;
@@ -194,6 +199,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   if (o.http_port < 0 || o.http_port > 65535)
     return FlagError("http-port", "must be in [0, 65535]");
   if (o.http_max_connections < 0) return FlagError("http-max-connections", "must be >= 0");
+  if (o.http_body_buffer_bytes < 0) return FlagError("http-body-buffer-bytes", "must be >= 0");
   // Durations become int milliseconds for gRPC: at most ~24 days.
   const struct {
     const char* flag;

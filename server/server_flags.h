@@ -52,6 +52,9 @@ struct ServerOptions {
   int http_port = 0;  // OpenAI-compatible HTTP API; 0 disables
   // HTTP connections open at once; 0: half the open-file limit.
   int64_t http_max_connections = 0;
+  // HTTP request bodies held at once, all connections together; 0: a
+  // quarter of the memory limit, at most 1 GiB.
+  int64_t http_body_buffer_bytes = 0;
   int metrics_port = 0;      // 0 disables
   std::string metrics_host;  // the exporter's address (--host unless given)
   bool reflection = true;    // serve grpc.reflection

@@ -12,7 +12,11 @@
 #include <boost/beast/http/string_body.hpp>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <string_view>
+#include <utility>
 
 #include "server/http/http_request.h"
 
@@ -44,7 +48,15 @@ struct ReadOutcome {
   std::string message;
   // kAnswer: the request's head was read whole (on_own_error is called).
   bool head_read = false;
+  // kAnswer: a Retry-After (seconds) to send with it; 0: none.
+  int retry_after_s = 0;
 };
+
+// RFC 9112 2.2: the empty lines (CR, LF) a client may send before a request
+// line, such as a CRLF after the previous request's body: how many bytes at
+// the start of `data` they take. The connection drops them before it reads
+// a head.
+size_t EmptyLineBytes(std::string_view data);
 
 // After the read of a request's head (HttpServerOptions::check_head comes
 // next): `ec` and `head_bytes` as async_read_header reports them (the bytes
@@ -65,6 +77,54 @@ ReadOutcome CheckExpectation(const RequestParser& parser, bool* send_continue);
 // kClose when the connection ended first; kGoOn with the whole request.
 ReadOutcome AfterBodyRead(const boost::beast::error_code& ec, const RequestParser& parser,
                           int64_t max_body_bytes);
+
+// The request-body bytes all connections together may hold
+// (HttpServerOptions::max_buffered_body_bytes): a body's declared
+// Content-Length is taken before it is read, a chunked body's buffer as it
+// grows. Thread-safe.
+class BodyBudget {
+ public:
+  explicit BodyBudget(int64_t limit_bytes) : limit_(limit_bytes) {}
+  int64_t limit() const { return limit_; }
+  int64_t used() const;
+  // Takes `bytes` if they fit beside what is taken; false (taking nothing)
+  // if not.
+  bool TryTake(int64_t bytes);
+  void Give(int64_t bytes);
+
+ private:
+  const int64_t limit_;
+  mutable std::mutex mu_;
+  int64_t used_ = 0;
+};
+
+// What one request's body holds of a BodyBudget, given back when the
+// reservation is destroyed (with the request, or its connection). Move-only.
+class BodyReservation {
+ public:
+  BodyReservation() = default;
+  explicit BodyReservation(std::shared_ptr<BodyBudget> budget) : budget_(std::move(budget)) {}
+  BodyReservation(BodyReservation&& other) noexcept;
+  BodyReservation& operator=(BodyReservation&& other) noexcept;
+  BodyReservation(const BodyReservation&) = delete;
+  BodyReservation& operator=(const BodyReservation&) = delete;
+  ~BodyReservation();
+
+  // Holds `bytes` in all from now on (at least what it holds: it never
+  // shrinks). False, holding what it held, when the budget has no room for
+  // the difference.
+  bool GrowTo(int64_t bytes);
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  std::shared_ptr<BodyBudget> budget_;
+  int64_t bytes_ = 0;
+};
+
+// The answer to a request whose body does not fit in what is left of
+// `budget`: 429 with Retry-After, as a full queue is answered (the
+// connection closes).
+ReadOutcome BodyBudgetExhausted(const BodyBudget& budget);
 
 // A target in absolute form (RFC 9112 3.2.2: "http://host/path?query", as
 // sent to a proxy) as its path and query; any other target as sent.

@@ -18,6 +18,7 @@
 #include <limits>
 #include <list>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -35,8 +36,14 @@ namespace ssl = net::ssl;
 using tcp = net::ip::tcp;
 using SteadyClock = std::chrono::steady_clock;
 
+using http_reading::BodyBudget;
+using http_reading::BodyReservation;
 using http_reading::kMaxBufferedBytes;
 using http_reading::ReadOutcome;
+
+// The most a connection reads into its buffer at a time outside Beast's own
+// reads (the empty lines before a head, bytes that arrive early).
+constexpr size_t kReadBytes = 16 * 1024;
 
 std::chrono::milliseconds Milliseconds(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
@@ -74,8 +81,9 @@ class SessionBase {
 
 class ExchangeImpl : public HttpExchange {
  public:
-  ExchangeImpl(HttpRequest request, std::weak_ptr<SessionBase> session)
-      : request_(std::move(request)), session_(std::move(session)) {}
+  ExchangeImpl(HttpRequest request, std::weak_ptr<SessionBase> session,
+               BodyReservation body = BodyReservation())
+      : request_(std::move(request)), session_(std::move(session)), body_(std::move(body)) {}
 
   const HttpRequest& request() const override { return request_; }
   void Respond(HttpResponse response) override {
@@ -126,6 +134,8 @@ class ExchangeImpl : public HttpExchange {
 
   const HttpRequest request_;
   const std::weak_ptr<SessionBase> session_;
+  // The budget request_.body holds, given back with the exchange.
+  const BodyReservation body_;
   std::mutex mu_;
   bool gone_ = false;
   bool complete_ = false;
@@ -141,6 +151,7 @@ struct HttpServerState {
   HttpServerOptions options;
   HttpHandler handler;
   std::optional<ssl::context> tls;
+  std::shared_ptr<BodyBudget> body_budget;  // outlives the state in exchanges
   std::atomic<bool> stopping{false};
   std::atomic<int> port{0};
 
@@ -238,7 +249,29 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     head_only_ = false;
     http10_ = false;
     http_reading::SetLimits(state_->options.max_body_bytes, &*parser_);
+    body_reservation_ = BodyReservation(state_->body_budget);
+    // One deadline for the empty lines, the head and the body.
     Lowest().expires_after(Milliseconds(state_->options.idle_timeout_s));
+    ReadHead();
+  }
+
+  // RFC 9112 2.2: empty lines before the request line (a CRLF a client sent
+  // after its previous request's body) are skipped; Beast's parser would
+  // take them for a malformed request line.
+  void ReadHead() {
+    const auto buffered = buffer_.data();
+    buffer_.consume(http_reading::EmptyLineBytes(
+        std::string_view(static_cast<const char*>(buffered.data()), buffered.size())));
+    if (buffer_.size() == 0) {
+      stream_.async_read_some(buffer_.prepare(kReadBytes),
+                              [self = this->shared_from_this()](beast::error_code ec, size_t n) {
+                                if (ec)
+                                  return self->Close();  // closed, reset or idle past the deadline
+                                self->buffer_.commit(n);
+                                self->ReadHead();
+                              });
+      return;
+    }
     http::async_read_header(
         stream_, buffer_, *parser_,
         [self = this->shared_from_this()](beast::error_code ec, size_t head_bytes) {
@@ -266,6 +299,13 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
         outcome.kind != ReadOutcome::kGoOn) {
       return Follow(outcome);
     }
+    // A declared body takes its share of the budget before it is read (the
+    // parser reserves its whole length at the body's first byte); a chunked
+    // one as it grows (ReadChunkedBody).
+    if (const auto length = parser_->content_length();
+        length && !body_reservation_.GrowTo(static_cast<int64_t>(*length))) {
+      return Follow(http_reading::BodyBudgetExhausted(*state_->body_budget));
+    }
     if (!send_continue) return ReadBody();
     // curl sends `Expect: 100-continue` with larger bodies and waits for it.
     auto go_on = std::make_shared<http::response<http::empty_body>>(http::status::continue_,
@@ -278,15 +318,33 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   }
 
   void ReadBody() {
+    if (parser_->chunked()) return ReadChunkedBody();
     http::async_read(
         stream_, buffer_, *parser_,
         [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnRequest(ec); });
   }
 
+  // A chunked body in pieces, the budget taken for what its buffer holds
+  // after each.
+  void ReadChunkedBody() {
+    if (parser_->is_done()) return OnRequest(beast::error_code());
+    http::async_read_some(
+        stream_, buffer_, *parser_,
+        [self = this->shared_from_this()](beast::error_code ec, size_t) {
+          if (ec) return self->OnRequest(ec);
+          if (!self->body_reservation_.GrowTo(
+                  static_cast<int64_t>(self->parser_->get().body().capacity()))) {
+            return self->Follow(http_reading::BodyBudgetExhausted(*self->state_->body_budget));
+          }
+          self->ReadChunkedBody();
+        });
+  }
+
   // An answer the server gives itself (then it closes), or the close.
   void Follow(const ReadOutcome& outcome) {
     if (outcome.kind == ReadOutcome::kAnswer) {
-      return RespondAndClose(outcome.head_read, outcome.status, outcome.message);
+      return RespondAndClose(outcome.head_read, outcome.status, outcome.message,
+                             outcome.retry_after_s);
     }
     Close();
   }
@@ -308,17 +366,23 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     const double max_age_s = state_->options.max_connection_age_s;
     keep_alive_ = message.keep_alive() && !state_->stopping &&
                   (max_age_s <= 0 || SteadyClock::now() - opened_ < Milliseconds(max_age_s));
-    exchange_ = std::make_shared<ExchangeImpl>(std::move(request), this->weak_from_this());
+    exchange_ = std::make_shared<ExchangeImpl>(std::move(request), this->weak_from_this(),
+                                               std::move(body_reservation_));
+    // The exchange's handler holds it, not the connection: this keeps the
+    // connection until the response is written or the connection closes.
+    answering_ = this->shared_from_this();
     WatchForDisconnect();
     state_->handler(exchange_);
   }
 
   // Answers without the handler (malformed request, body too large); the
   // request's head goes to on_own_error if it was read whole.
-  void RespondAndClose(bool head_read, int status, const std::string& message) {
+  void RespondAndClose(bool head_read, int status, const std::string& message, int retry_after_s) {
     HttpResponse response;
     response.status = status;
     response.body = state_->ErrorBody(status, message);
+    if (retry_after_s > 0)
+      response.headers.emplace_back("retry-after", absl::StrCat(retry_after_s));
     if (head_read && state_->options.on_own_error) {
       state_->options.on_own_error(RequestOf(parser_->get()), &response);
     }
@@ -334,9 +398,12 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     WriteNext();
   }
 
-  // A readable socket while a response is pending means the client closed
-  // (or sent its next request early: then this stops watching, and a failed
-  // write still notices a disconnect).
+  // While a response is pending the socket is watched: its end (or a TLS
+  // alert) means the client closed. Bytes that arrive early (the next,
+  // pipelined request, or an empty line) are set aside in the buffer, read
+  // as the next request once the response is written; past the buffer's
+  // size, or over TLS (whose records are read only through the stream),
+  // watching stops and a failed write still notices a disconnect.
   void WatchForDisconnect() {
     Lowest().socket().async_wait(tcp::socket::wait_read,
                                  [self = this->shared_from_this(), generation = watch_generation_](
@@ -354,7 +421,20 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
       return WatchForDisconnect();
     }
     constexpr unsigned char kTlsAlertRecord = 0x15;  // e.g. close_notify
-    if (peek_error || n == 0 || (kTls && first == kTlsAlertRecord)) ClientGone();
+    if (peek_error || n == 0 || (kTls && first == kTlsAlertRecord)) return ClientGone();
+    if constexpr (!kTls) {
+      const size_t room = buffer_.max_size() - buffer_.size();
+      if (room == 0) return;
+      beast::error_code read_error;
+      const size_t read =
+          Lowest().socket().receive(buffer_.prepare(std::min(room, kReadBytes)), 0, read_error);
+      buffer_.commit(read);
+      if (read_error && read_error != net::error::would_block &&
+          read_error != net::error::try_again) {
+        return ClientGone();
+      }
+      WatchForDisconnect();
+    }
   }
 
   void ClientGone() {
@@ -442,6 +522,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     // The response is complete.
     exchange_->MarkComplete();
     exchange_.reset();
+    const std::shared_ptr<Session> answering = std::move(answering_);
     pending_.clear();
     ++watch_generation_;
     beast::error_code ignored;
@@ -460,6 +541,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     beast::error_code ignored;
     Lowest().socket().shutdown(tcp::socket::shutdown_both, ignored);
     Lowest().close();
+    const std::shared_ptr<Session> answering = std::move(answering_);
   }
 
   HttpServerState* const state_;
@@ -472,7 +554,11 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   // parser fills until it finds their end.
   beast::flat_buffer buffer_{kMaxBufferedBytes};
   std::optional<http::request_parser<http::string_body>> parser_;
+  // The budget the body being read holds (moved to its exchange).
+  BodyReservation body_reservation_;
   std::shared_ptr<ExchangeImpl> exchange_;  // the request being answered
+  // Set while exchange_ is being answered and the connection open.
+  std::shared_ptr<Session> answering_;
   bool keep_alive_ = false;
   bool closed_ = false;
   uint64_t watch_generation_ = 0;
@@ -542,6 +628,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
   auto state = std::make_unique<HttpServerState>();
   state->options = options;
   state->handler = std::move(handler);
+  state->body_budget = std::make_shared<BodyBudget>(options.max_buffered_body_bytes);
   beast::error_code ec;
   if (options.tls.enabled()) {
     state->tls.emplace(ssl::context::tls_server);

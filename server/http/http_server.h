@@ -4,7 +4,8 @@
 // on them and must not block: they hand work on (to the engine) and answer
 // later from any thread through the HttpExchange.
 //
-// Connections are HTTP/1.1 keep-alive. A request body larger than
+// Connections are HTTP/1.1 keep-alive, with pipelining: requests are
+// answered in order, one at a time. A request body larger than
 // max_body_bytes is answered 413; a malformed request 400; both close the
 // connection. While a response is pending the server watches the socket, so a
 // client that disconnects is noticed at once (HttpExchange::OnClientGone),
@@ -73,6 +74,12 @@ struct HttpServerOptions {
   int port = 0;  // 0: a free port (port() says which)
   TlsOptions tls;
   int64_t max_body_bytes = 4 << 20;
+  // The request bodies all connections together may hold, being read or
+  // handed on (until their exchange is destroyed): a declared Content-Length
+  // counts before the body is read, a chunked body as it arrives. A request
+  // whose body does not fit is answered 429 with `Retry-After: 1`
+  // (on_own_error is called) and its connection closes.
+  int64_t max_buffered_body_bytes = int64_t{1} << 30;
   int threads = 2;
   // Keep-alive connections close after their first response past this age
   // (0: no limit), so clients reconnect and spread over new replicas.

@@ -31,15 +31,18 @@ HttpResponse ErrorResponse(const absl::Status& status) {
 // RESOURCE_EXHAUSTED; malformed, an encoding or expectation it does not
 // support: INVALID_ARGUMENT).
 absl::StatusCode OwnErrorCode(int http_status) {
-  return http_status == 413 || http_status == 431 ? absl::StatusCode::kResourceExhausted
-                                                  : absl::StatusCode::kInvalidArgument;
+  return http_status == 413 || http_status == 429 || http_status == 431
+             ? absl::StatusCode::kResourceExhausted
+             : absl::StatusCode::kInvalidArgument;
 }
 
 }  // namespace
 
 std::string OpenAiErrorBody(int http_status, const std::string& message) {
   ApiError error = MakeApiError(absl::Status(OwnErrorCode(http_status), message));
-  error.body["error"]["type"] = "invalid_request_error";
+  // 429 (the request bodies held are at their limit) is a full server's
+  // `rate_limit_error`, as a full queue's; the rest are the request's fault.
+  if (http_status != 429) error.body["error"]["type"] = "invalid_request_error";
   return error.body.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 

@@ -637,6 +637,180 @@ def test_disconnect_cancels_the_request():
         server.close()
 
 
+
+def completion_request(request_id, max_tokens=4, extra_head=b"", pad=0, **fields):
+    """A raw POST /v1/completions for the prompt `request_id`, its JSON body
+    padded with `pad` spaces."""
+    body = json.dumps({"prompt": request_id, "max_tokens": max_tokens, "temperature": 0,
+                       **fields}).encode()
+    body = body[:-1] + b" " * pad + b"}"
+    return (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nx-request-id: " + request_id.encode() +
+            b"\r\n" + extra_head + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" +
+            body)
+
+
+def read_responses(s, count):
+    """Reads `count` responses from `s`, each (status, headers with lower-case
+    names, body): framed by Content-Length, or chunked (the body then as it
+    was sent, chunk lines and all)."""
+    data, responses = b"", []
+    while len(responses) < count:
+        end = data.find(b"\r\n\r\n")
+        if end >= 0:
+            lines = data[:end].decode("latin-1").split("\r\n")
+            headers = {name.strip().lower(): value.strip()
+                       for name, value in (line.split(":", 1) for line in lines[1:])}
+            if headers.get("transfer-encoding") == "chunked":
+                body_end = data.find(b"\r\n0\r\n\r\n", end) + 7 if b"\r\n0\r\n\r\n" in data[end:] \
+                    else -1
+            else:
+                body_end = end + 4 + int(headers.get("content-length", 0))
+                body_end = body_end if len(data) >= body_end else -1
+            if body_end >= 0:
+                responses.append((int(lines[0].split()[1]), headers, data[end + 4:body_end]))
+                data = data[body_end:]
+                continue
+        chunk = s.recv(65536)
+        assert chunk, f"the connection ended after {len(responses)} responses: {data[:200]!r}"
+        data += chunk
+    return responses
+
+
+def test_pipelined_requests_are_answered_in_order():
+    """RFC 9112 9.3.2: requests sent before the previous response arrived are
+    answered in order on the same connection. A request arriving while a
+    response was pending closed the connection (a reset, no response), and the
+    pending request ran on, logged 200."""
+    server = Server("--debug-step-delay-ms", "10")
+    try:
+        with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as s:
+            # Two in one write (read together), then more while the first runs
+            # (20 tokens: 200 ms), one of them sent in two pieces, one larger
+            # than the connection's 64 KiB buffer.
+            s.sendall(completion_request("pipe-0", 20, ignore_eos=True) +
+                      completion_request("pipe-1"))
+            time.sleep(0.05)
+            s.sendall(completion_request("pipe-2", stream=True))
+            time.sleep(0.03)
+            third = completion_request("pipe-3", pad=100000)
+            s.sendall(third[:10])
+            time.sleep(0.03)
+            s.sendall(third[10:] + b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            responses = read_responses(s, 5)
+        assert [status for status, _, _ in responses] == [200] * 5
+        assert [headers.get("x-request-id") for _, headers, _ in responses[:4]] == [
+            "pipe-0", "pipe-1", "pipe-2", "pipe-3"]
+        assert json.loads(responses[0][2])["usage"]["completion_tokens"] == 20
+        assert b"data: [DONE]" in responses[2][2]
+        assert json.loads(responses[4][2]) == {"status": "ok"}
+        client = server.client()
+        for index in (1, 3):
+            alone = client.completions.create(model=MODEL, prompt=f"pipe-{index}", max_tokens=4,
+                                              temperature=0)
+            assert json.loads(responses[index][2])["choices"][0]["text"] == alone.choices[0].text
+        for index in range(4):
+            assert server.access_line(f"pipe-{index}")["status"] == "OK"
+    finally:
+        server.close()
+
+
+def test_a_crlf_after_a_request_neither_ends_it_nor_hides_a_disconnect():
+    """RFC 9112 2.2: an empty line before a request line is ignored. A CRLF
+    sent after a request's body, while its response was pending, reset the
+    connection at once; the request ran on uncancelled and was logged 200. A
+    client that closes after sending such bytes still cancels its request."""
+    server = Server("--debug-step-delay-ms", "40")
+    try:
+        for stream in (False, True):
+            request_id = f"crlf-{stream}"
+            with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as s:
+                s.sendall(completion_request(request_id, 15, ignore_eos=True, stream=stream))
+                time.sleep(0.1)  # the first tokens are out
+                s.sendall(b"\r\n")
+                [(status, headers, body)] = read_responses(s, 1)
+                assert status == 200 and headers["x-request-id"] == request_id
+                if stream:
+                    assert body.count(b"data: ") == 16 and b"data: [DONE]" in body
+                else:
+                    assert json.loads(body)["usage"]["completion_tokens"] == 15
+                # The connection takes its next request, after another empty line.
+                s.sendall(b"\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                [(status, _, body)] = read_responses(s, 1)
+                assert status == 200 and json.loads(body) == {"status": "ok"}
+            assert server.access_line(request_id)["status"] == "OK"
+        for extra in (b"\r\n", b"\r\nGET /he"):
+            request_id = f"crlf-gone-{len(extra)}"
+            with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as s:
+                # 40 tokens take 1.6 s at 40 ms a step.
+                s.sendall(completion_request(request_id, 40, ignore_eos=True))
+                time.sleep(0.1)
+                s.sendall(extra)
+                time.sleep(0.1)
+            record = server.access_line(request_id)
+            assert record["status"] == "CANCELLED" and record["http_status"] == 499
+            assert record["completion_tokens"] < 20
+    finally:
+        server.close()
+
+
+def test_request_bodies_share_a_budget_past_which_they_are_429():
+    """--http-body-buffer-bytes bounds the request bodies all connections hold
+    together: a body that does not fit is answered 429 with Retry-After,
+    counted and logged, and fits once the others are done. 300 connections
+    each parking an unfinished 4 MiB body took the server from 0.2 to 1.45 GB."""
+    server = Server("--http-body-buffer-bytes", "100000", "--max-request-bytes", "60000",
+                    metrics=True)
+
+    def padded(request_id, size, connection=b"keep-alive"):
+        # A valid completion request whose body is `size` bytes long.
+        start, end = b'{"prompt": "x", "max_tokens": 1', b"}"
+        body = start + b" " * (size - len(start) - len(end)) + end
+        head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nx-request-id: " +
+                request_id.encode() + b"\r\nConnection: " + connection +
+                b"\r\nContent-Length: " + str(size).encode() + b"\r\n\r\n")
+        return head, body
+
+    try:
+        with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as parked:
+            head, body = padded("parked", 60000)
+            parked.sendall(head + body[:-10])
+            time.sleep(0.2)
+            # 60,000 + 50,000 bytes do not fit in 100,000: refused at the head.
+            answer = raw_exchange(server.http_port, padded("budget-1", 50000)[0])
+            assert answer.startswith(b"HTTP/1.1 429"), answer[:300]
+            lower = answer.lower()
+            assert b"retry-after: 1\r\n" in lower and b"x-request-id: budget-1" in lower
+            error = json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
+            assert error["type"] == "rate_limit_error" and error["code"] == "resource_exhausted"
+            record = server.access_line("budget-1")
+            assert record["status"] == "RESOURCE_EXHAUSTED" and record["http_status"] == 429
+            # A body that fits beside the parked one is served.
+            small_head, small_body = padded("budget-small", 30000, b"close")
+            assert raw_exchange(server.http_port, small_head + small_body).startswith(
+                b"HTTP/1.1 200")
+            # A chunked body counts as it grows: refused before its 50,000 bytes.
+            chunks = b"".join(b"2710\r\n" + b" " * 10000 + b"\r\n" for _ in range(5))
+            answer = raw_exchange(server.http_port,
+                                  b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                                  b"x-request-id: budget-chunked\r\n"
+                                  b"Transfer-Encoding: chunked\r\n\r\n" + chunks)
+            assert answer.startswith(b"HTTP/1.1 429"), answer[:300]
+            assert server.access_line("budget-chunked")["http_status"] == 429
+            # The parked request, completed, is served.
+            parked.sendall(body[-10:])
+            [(status, headers, _)] = read_responses(parked, 1)
+            assert status == 200 and headers["x-request-id"] == "parked"
+        text = server.scrape_metrics()
+        assert ('switchserve_requests_total{protocol="http",status="RESOURCE_EXHAUSTED"} 2'
+                in text), text
+        # Its share given back, 50,000 bytes fit.
+        head, body = padded("budget-2", 50000, b"close")
+        wait_until("the parked body's share given back",
+                   lambda: raw_exchange(server.http_port, head + body).startswith(b"HTTP/1.1 200"),
+                   timeout_s=5)
+    finally:
+        server.close()
+
 def test_sigterm_drain_finishes_running_streams_and_answers_503():
     server = Server("--debug-step-delay-ms", "25")
     try:

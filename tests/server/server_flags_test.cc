@@ -22,6 +22,7 @@ ABSL_DECLARE_FLAG(int, stream_interval);
 ABSL_DECLARE_FLAG(double, stream_write_timeout_s);
 ABSL_DECLARE_FLAG(int64_t, max_stream_buffer_bytes);
 ABSL_DECLARE_FLAG(int64_t, http_max_connections);
+ABSL_DECLARE_FLAG(int64_t, http_body_buffer_bytes);
 ABSL_DECLARE_FLAG(std::string, host);
 ABSL_DECLARE_FLAG(std::string, metrics_host);
 ABSL_DECLARE_FLAG(int, metrics_port);
@@ -180,6 +181,21 @@ TEST(ServerFlagsTest, HttpMaxConnectionsIsHalfTheOpenFileLimitByDefaultAndNotNeg
   EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(options.status().message().find("--http-max-connections"), std::string::npos);
   absl::SetFlag(&FLAGS_http_max_connections, 0);
+}
+
+TEST(ServerFlagsTest, HttpBodyBufferBytesIsDerivedByDefaultAndNotNegative) {
+  auto options = ServerOptionsFromFlags();
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->http_body_buffer_bytes, 0);  // 0: a quarter of memory, at most 1 GiB
+  absl::SetFlag(&FLAGS_http_body_buffer_bytes, 1 << 20);
+  options = ServerOptionsFromFlags();
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->http_body_buffer_bytes, 1 << 20);
+  absl::SetFlag(&FLAGS_http_body_buffer_bytes, -1);
+  options = ServerOptionsFromFlags();
+  EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(options.status().message().find("--http-body-buffer-bytes"), std::string::npos);
+  absl::SetFlag(&FLAGS_http_body_buffer_bytes, 0);
 }
 
 // Flag names are typed with hyphens; values that start with '-' are not
