@@ -139,6 +139,20 @@ def test_eos_ends_generation_unless_ignored(stub):
         shutil.rmtree(model)
 
 
+def open_raw_grpc_call(connection, stream_id, method, request, extra_headers=()):
+    """Sends a gRPC call's headers and its one request message, ending the
+    client's side, on a hand-made HTTP/2 connection (h2)."""
+    import struct
+    body = request.SerializeToString()
+    connection.send_headers(stream_id, [(":method", "POST"), (":scheme", "http"),
+                                        (":path", "/switchserve.v1.Generation/" + method),
+                                        (":authority", "127.0.0.1"), ("te", "trailers"),
+                                        ("content-type", "application/grpc"),
+                                        *extra_headers])
+    connection.send_data(stream_id, b"\0" + struct.pack(">I", len(body)) + body,
+                         end_stream=True)
+
+
 def raw_grpc_call(port, method, request, timeout_header, cancel_after_s=None, window=None):
     """One call over a hand-made HTTP/2 connection, with a `grpc-timeout`
     header the Python client would refuse to send: the response headers and
@@ -147,25 +161,18 @@ def raw_grpc_call(port, method, request, timeout_header, cancel_after_s=None, wi
     With `window`, the client offers a flow-control window of that many
     bytes and never reads more: a client that stops reading."""
     import socket
-    import struct
     import h2.config
     import h2.connection
     import h2.errors
     import h2.events
     import h2.settings
-    body = request.SerializeToString()
     connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
     result = {"data": b""}
     with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
         connection.initiate_connection()
         if window is not None:
             connection.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window})
-        connection.send_headers(1, [(":method", "POST"), (":scheme", "http"),
-                                    (":path", "/switchserve.v1.Generation/" + method),
-                                    (":authority", "127.0.0.1"), ("te", "trailers"),
-                                    ("content-type", "application/grpc"),
-                                    ("grpc-timeout", timeout_header)])
-        connection.send_data(1, b"\0" + struct.pack(">I", len(body)) + body, end_stream=True)
+        open_raw_grpc_call(connection, 1, method, request, [("grpc-timeout", timeout_header)])
         s.sendall(connection.data_to_send())
         ended = False
         cancel_at = None if cancel_after_s is None else time.monotonic() + cancel_after_s
@@ -274,7 +281,6 @@ def stalled_streams(port, requests, wait_s):
     response headers and trailers and the seconds until the call ended (None:
     still open after `wait_s`)."""
     import socket
-    import struct
     import h2.config
     import h2.connection
     import h2.events
@@ -287,14 +293,7 @@ def stalled_streams(port, requests, wait_s):
         for i, request in enumerate(requests):
             stream_id = 1 + 2 * i
             results[stream_id] = {"ended_s": None}
-            body = request.SerializeToString()
-            connection.send_headers(stream_id, [
-                (":method", "POST"), (":scheme", "http"),
-                (":path", "/switchserve.v1.Generation/GenerateStream"),
-                (":authority", "127.0.0.1"), ("te", "trailers"),
-                ("content-type", "application/grpc")])
-            connection.send_data(stream_id, b"\0" + struct.pack(">I", len(body)) + body,
-                                 end_stream=True)
+            open_raw_grpc_call(connection, stream_id, "GenerateStream", request)
         s.sendall(connection.data_to_send())
         start = time.monotonic()
         while (time.monotonic() - start < wait_s
@@ -911,22 +910,16 @@ def call_with_header(port, name, value):
     the Python client would refuse to send (a newline, an ESC byte); the
     response's headers and trailers."""
     import socket
-    import struct
     import h2.config
     import h2.connection
     import h2.events
     config = h2.config.H2Configuration(client_side=True, validate_outbound_headers=False,
                                        normalize_outbound_headers=False)
     connection = h2.connection.H2Connection(config)
-    body = text_request("x", 1).SerializeToString()
     headers = {}
     with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
         connection.initiate_connection()
-        connection.send_headers(1, [(b":method", b"POST"), (b":scheme", b"http"),
-                                    (b":path", b"/switchserve.v1.Generation/Generate"),
-                                    (b":authority", b"127.0.0.1"), (b"te", b"trailers"),
-                                    (b"content-type", b"application/grpc"), (name, value)])
-        connection.send_data(1, b"\0" + struct.pack(">I", len(body)) + body, end_stream=True)
+        open_raw_grpc_call(connection, 1, "Generate", text_request("x", 1), [(name, value)])
         s.sendall(connection.data_to_send())
         ended = False
         while not ended:
