@@ -126,7 +126,8 @@ class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBu
         context_(context),
         params_(request.sampling),
         detail_(request.sampling.logprobs > 0 || request.sampling.return_routing),
-        access_(CallAccessRecord(*context, request, "GenerateStream")) {
+        access_(CallAccessRecord(*context, request, "GenerateStream")),
+        held_(service->stream_buffer_budget()) {
     service_->CallStarted();
     service_->streams().Add(this);
   }
@@ -179,9 +180,9 @@ class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBu
                               : grpc::Status::OK;
         }
         if (pending_bytes_ > service_->max_stream_buffer_bytes()) {
-          EndLocked(absl::StrCat("the stream's unread output passed ",
-                                 service_->max_stream_buffer_bytes(),
-                                 " bytes: its client is not reading"));
+          EndLocked(StreamOutputPastLimitMessage(service_->max_stream_buffer_bytes()));
+        } else if (!held_.GrowTo(pending_bytes_ + in_flight_bytes_)) {
+          EndLocked(StreamBudgetFullMessage(*service_->stream_buffer_budget()));
         }
       }
       finished_ = update.finished;
@@ -255,6 +256,8 @@ class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBu
     {
       std::lock_guard<std::mutex> lock(mu_);
       writing_ = false;
+      in_flight_bytes_ = 0;
+      held_.ShrinkTo(pending_bytes_);
       if (!ok) {
         broken_ = true;
         broken_cause_ = cause;
@@ -291,6 +294,7 @@ class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBu
       if (has_pending_ && !broken_ && !ending_) {
         message.Swap(&pending_);
         has_pending_ = false;
+        in_flight_bytes_ = pending_bytes_;
         pending_bytes_ = 0;
         writing_ = true;
         write_started_ = std::chrono::steady_clock::now();
@@ -337,6 +341,7 @@ class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBu
     pending_.Clear();
     has_pending_ = false;
     pending_bytes_ = 0;
+    held_.ShrinkTo(in_flight_bytes_);
   }
 
   // Whether to post the call to the WriteQueue (not if it is there already).
@@ -375,9 +380,12 @@ class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBu
   std::condition_variable cancelled_;  // cancelling_ cleared
   int holds_ = 2;                      // gRPC and the engine, plus one per posted write
   AccessRecord access_;
-  v1::GenerateStreamResponse pending_;                   // merged updates not yet written
-  int64_t pending_bytes_ = 0;                            // pending_'s serialized size, about
-  grpc::ByteBuffer in_flight_;                           // the message being written
+  v1::GenerateStreamResponse pending_;  // merged updates not yet written
+  int64_t pending_bytes_ = 0;           // pending_'s serialized size, about
+  grpc::ByteBuffer in_flight_;          // the message being written
+  int64_t in_flight_bytes_ = 0;         // its pending_bytes_ when taken
+  // pending_bytes_ + in_flight_bytes_ of the budget all streams share.
+  ByteReservation held_;
   std::chrono::steady_clock::time_point write_started_;  // of the write in flight
   bool has_pending_ = false;
   bool writing_ = false;

@@ -9,6 +9,7 @@
 #ifndef SWITCHSERVE_SERVER_GENERATION_SERVICE_H_
 #define SWITCHSERVE_SERVER_GENERATION_SERVICE_H_
 
+#include <memory>
 #include <string>
 
 #include "engine/model/model_config.h"
@@ -16,6 +17,7 @@
 #include "engine/text/tokenizer.h"
 #include "server/access_log.h"
 #include "server/auth.h"
+#include "server/byte_budget.h"
 #include "server/call_gate.h"
 #include "server/generate_calls.h"
 #include "server/metrics/serving_metrics.h"
@@ -51,6 +53,11 @@ struct GenerationServiceOptions {
   // GenerateStream: output merged while a write waits, as serialized bytes;
   // a stream past it is ended the same way (--max-stream-buffer-bytes).
   int64_t max_stream_buffer_bytes = int64_t{4} << 20;
+  // GenerateStream: the output every stream's client has yet to take, all
+  // streams together (serialized bytes merged or being written; shared with
+  // the HTTP API's streams, --stream-buffer-budget-bytes); a stream whose
+  // output does not fit is ended the same way. Null: no shared limit.
+  std::shared_ptr<ByteBudget> stream_buffer_budget;
 };
 
 // Every method takes raw byte buffers, so that a malformed request (bad
@@ -88,6 +95,9 @@ class GenerationService final : public GenerationServiceBase {
   WriteQueue& write_queue() { return write_queue_; }
   StreamRegistry& streams() { return streams_; }
   int64_t max_stream_buffer_bytes() const { return options_.max_stream_buffer_bytes; }
+  const std::shared_ptr<ByteBudget>& stream_buffer_budget() const {
+    return options_.stream_buffer_budget;
+  }
   void CallStarted() { options_.gate->CallStarted(); }
   void CallDone() { options_.gate->CallDone(); }
   // Counts (switchserve_requests_total) and logs a Generate* call as it

@@ -38,6 +38,7 @@
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "server/auth.h"
+#include "server/byte_budget.h"
 #include "server/call_gate.h"
 #include "server/commands.h"
 #include "server/common_flags.h"
@@ -72,6 +73,15 @@ int64_t HttpBodyBytes(const ServerOptions& options) {
   const int64_t budget =
       options.http_body_buffer_bytes > 0 ? options.http_body_buffer_bytes : GrpcMemoryBytes();
   return std::max(budget, options.max_request_bytes);
+}
+
+// The output all streams together may hold for clients that do not read it
+// (--stream-buffer-budget-bytes; by default as much as gRPC's buffers), with
+// room for one stream's --max-stream-buffer-bytes.
+int64_t StreamBufferBytes(const ServerOptions& options) {
+  const int64_t budget = options.stream_buffer_budget_bytes > 0 ? options.stream_buffer_budget_bytes
+                                                                : GrpcMemoryBytes();
+  return std::max(budget, options.max_stream_buffer_bytes);
 }
 
 void Log(const std::string& message) { LogInfo(message); }
@@ -326,6 +336,9 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   service_options.stream_interval = options.stream_interval;
   service_options.stream_write_timeout_s = options.stream_write_timeout_s;
   service_options.max_stream_buffer_bytes = options.max_stream_buffer_bytes;
+  // One budget for the unread output of gRPC's and HTTP's streams.
+  const auto stream_buffer_budget = std::make_shared<ByteBudget>(StreamBufferBytes(options));
+  service_options.stream_buffer_budget = stream_buffer_budget;
   GenerationService service(service_options);
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -380,6 +393,8 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
          .tls = options.tls,
          .max_body_bytes = options.max_request_bytes,
          .max_buffered_body_bytes = HttpBodyBytes(options),
+         .max_stream_buffer_bytes = options.max_stream_buffer_bytes,
+         .stream_buffer_budget = stream_buffer_budget,
          .max_connection_age_s = options.connections.max_connection_age_s,
          .max_connections = options.http_max_connections,
          .on_connection_refused =
@@ -444,7 +459,9 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
                       auth ? "bearer token required" : "no authentication"));
   Log(absl::StrCat(ConnectionSummary(options.connections), "; open files up to ", open_files,
                    "; gRPC: ", kMaxStreamsPerConnection, " calls a connection, buffers up to ",
-                   grpc_memory_bytes >> 20, " MiB"));
+                   grpc_memory_bytes >> 20, " MiB; streams' unread output up to ",
+                   options.max_stream_buffer_bytes, " bytes a stream, ",
+                   stream_buffer_budget->limit(), " in all"));
   if (exposer != nullptr) {
     Log(absl::StrCat("metrics on http://", HostPort(options.metrics_host, exposer->port()),
                      "/metrics",

@@ -76,10 +76,13 @@ struct ServerOptions {
   // (GenerationRequest::stream_interval).
   int stream_interval = 0;
   // GenerateStream: a stream whose client stops reading is ended after its
-  // write has waited this long, or once this much output waits for it
-  // (GenerationServiceOptions).
+  // write has waited this long (GenerationServiceOptions). Any stream (gRPC,
+  // HTTP): ended once this much output waits for it, or once the output
+  // waiting for all streams' clients would pass the budget (0: the default,
+  // serve_command.cc).
   double stream_write_timeout_s = 0;
   int64_t max_stream_buffer_bytes = 0;
+  int64_t stream_buffer_budget_bytes = 0;
   int64_t max_request_bytes = 0;
   // Request metadata of one call, counted as HPACK does (name + value + 32
   // bytes per entry). The service refuses a call above it; the transport

@@ -13,6 +13,7 @@
 #include "nlohmann/json.hpp"
 #include "server/engine_request_handle.h"
 #include "server/http/openai_protocol.h"
+#include "server/log.h"
 
 namespace switchserve {
 namespace {
@@ -72,8 +73,8 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
     if (done) context_.gate->CallDone();
     if (rejected_) return;
     std::weak_ptr<CompletionCall> weak = weak_from_this();
-    exchange_->OnClientGone([weak] {
-      if (auto call = weak.lock()) call->ClientGone();
+    exchange_->OnClientGone([weak](const absl::Status& why) {
+      if (auto call = weak.lock()) call->ClientGone(why);
     });
   }
 
@@ -125,11 +126,19 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
     if (done) context_.gate->CallDone();
   }
 
-  // An HTTP thread: the client disconnected.
-  void ClientGone() {
+  // An HTTP thread: the response cannot be completed (HttpExchange::
+  // OnClientGone): the client disconnected (CANCELLED), or the server closed
+  // a stream whose client left too much output unread (RESOURCE_EXHAUSTED,
+  // logged, as that client sees no status).
+  void ClientGone(const absl::Status& why) {
     std::lock_guard<std::mutex> lock(mu_);
     gone_ = true;
+    gone_code_ = why.code();
     for (auto& choice : choices_) choice->handle.Cancel();
+    if (why.code() != absl::StatusCode::kCancelled) {
+      Log(LogLevel::kWarning, "stream ended",
+          {{"request_id", access_.request_id}, {"peer", access_.peer}, {"why", why.ToString()}});
+    }
   }
 
   Json Chunk(Json choices) const {
@@ -213,12 +222,11 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
     // The request once, whatever its number of prompts, before the response
     // goes out (RejectLocked says why).
     if (context_.metrics != nullptr) {
-      context_.metrics->RecordRequest(RequestProtocol::kHttp,
-                                      gone_ ? absl::StatusCode::kCancelled : failure.code());
+      context_.metrics->RecordRequest(RequestProtocol::kHttp, gone_ ? gone_code_ : failure.code());
     }
     if (gone_) {
-      access_.status = absl::StatusCode::kCancelled;
-      access_.http_status = HttpStatusFor(absl::StatusCode::kCancelled);
+      access_.status = gone_code_;
+      access_.http_status = HttpStatusFor(gone_code_);
     } else if (options_.stream) {
       access_.status = failure.code();
       access_.http_status = 200;  // sent with the stream's head
@@ -316,7 +324,8 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
   std::vector<std::unique_ptr<Choice>> choices_;
   int remaining_ = 0;      // submitted prompts without their final update
   bool rejected_ = false;  // answered with the engine's refusal
-  bool gone_ = false;      // the client disconnected
+  bool gone_ = false;      // the response cannot be completed (ClientGone)
+  absl::StatusCode gone_code_ = absl::StatusCode::kOk;  // why, once gone_
 };
 
 }  // namespace

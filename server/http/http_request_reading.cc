@@ -118,47 +118,7 @@ size_t EmptyLineBytes(std::string_view data) {
   return n;
 }
 
-int64_t BodyBudget::used() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return used_;
-}
-
-bool BodyBudget::TryTake(int64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (bytes > limit_ - used_) return false;
-  used_ += bytes;
-  return true;
-}
-
-void BodyBudget::Give(int64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
-  used_ -= bytes;
-}
-
-BodyReservation::BodyReservation(BodyReservation&& other) noexcept
-    : budget_(std::move(other.budget_)), bytes_(std::exchange(other.bytes_, 0)) {}
-
-BodyReservation& BodyReservation::operator=(BodyReservation&& other) noexcept {
-  if (this != &other) {
-    if (budget_ != nullptr && bytes_ > 0) budget_->Give(bytes_);
-    budget_ = std::move(other.budget_);
-    bytes_ = std::exchange(other.bytes_, 0);
-  }
-  return *this;
-}
-
-BodyReservation::~BodyReservation() {
-  if (budget_ != nullptr && bytes_ > 0) budget_->Give(bytes_);
-}
-
-bool BodyReservation::GrowTo(int64_t bytes) {
-  if (budget_ == nullptr || bytes <= bytes_) return true;
-  if (!budget_->TryTake(bytes - bytes_)) return false;
-  bytes_ = bytes;
-  return true;
-}
-
-ReadOutcome BodyBudgetExhausted(const BodyBudget& budget) {
+ReadOutcome BodyBudgetExhausted(const ByteBudget& budget) {
   ReadOutcome outcome = Answer(429,
                                absl::StrCat("the server holds as many request bodies as it may (",
                                             budget.limit(), " bytes in all); retry later"),

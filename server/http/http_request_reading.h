@@ -18,6 +18,7 @@
 #include <string_view>
 #include <utility>
 
+#include "server/byte_budget.h"
 #include "server/http/http_request.h"
 
 namespace switchserve::http_reading {
@@ -78,53 +79,13 @@ ReadOutcome CheckExpectation(const RequestParser& parser, bool* send_continue);
 ReadOutcome AfterBodyRead(const boost::beast::error_code& ec, const RequestParser& parser,
                           int64_t max_body_bytes);
 
-// The request-body bytes all connections together may hold
-// (HttpServerOptions::max_buffered_body_bytes): a body's declared
-// Content-Length is taken before it is read, a chunked body's buffer as it
-// grows. Thread-safe.
-class BodyBudget {
- public:
-  explicit BodyBudget(int64_t limit_bytes) : limit_(limit_bytes) {}
-  int64_t limit() const { return limit_; }
-  int64_t used() const;
-  // Takes `bytes` if they fit beside what is taken; false (taking nothing)
-  // if not.
-  bool TryTake(int64_t bytes);
-  void Give(int64_t bytes);
-
- private:
-  const int64_t limit_;
-  mutable std::mutex mu_;
-  int64_t used_ = 0;
-};
-
-// What one request's body holds of a BodyBudget, given back when the
-// reservation is destroyed (with the request, or its connection). Move-only.
-class BodyReservation {
- public:
-  BodyReservation() = default;
-  explicit BodyReservation(std::shared_ptr<BodyBudget> budget) : budget_(std::move(budget)) {}
-  BodyReservation(BodyReservation&& other) noexcept;
-  BodyReservation& operator=(BodyReservation&& other) noexcept;
-  BodyReservation(const BodyReservation&) = delete;
-  BodyReservation& operator=(const BodyReservation&) = delete;
-  ~BodyReservation();
-
-  // Holds `bytes` in all from now on (at least what it holds: it never
-  // shrinks). False, holding what it held, when the budget has no room for
-  // the difference.
-  bool GrowTo(int64_t bytes);
-  int64_t bytes() const { return bytes_; }
-
- private:
-  std::shared_ptr<BodyBudget> budget_;
-  int64_t bytes_ = 0;
-};
-
 // The answer to a request whose body does not fit in what is left of
-// `budget`: 429 with Retry-After, as a full queue is answered (the
+// `budget` (the request-body bytes all connections together may hold,
+// HttpServerOptions::max_buffered_body_bytes: a body's declared
+// Content-Length is taken before it is read, a chunked body's buffer as it
+// grows): 429 with Retry-After, as a full queue is answered (the
 // connection closes).
-ReadOutcome BodyBudgetExhausted(const BodyBudget& budget);
+ReadOutcome BodyBudgetExhausted(const ByteBudget& budget);
 
 // A target in absolute form (RFC 9112 3.2.2: "http://host/path?query", as
 // sent to a proxy) as its path and query; any other target as sent.

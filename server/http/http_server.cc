@@ -36,8 +36,6 @@ namespace ssl = net::ssl;
 using tcp = net::ip::tcp;
 using SteadyClock = std::chrono::steady_clock;
 
-using http_reading::BodyBudget;
-using http_reading::BodyReservation;
 using http_reading::kMaxBufferedBytes;
 using http_reading::ReadOutcome;
 
@@ -82,7 +80,7 @@ class SessionBase {
 class ExchangeImpl : public HttpExchange {
  public:
   ExchangeImpl(HttpRequest request, std::weak_ptr<SessionBase> session,
-               BodyReservation body = BodyReservation())
+               ByteReservation body = ByteReservation())
       : request_(std::move(request)), session_(std::move(session)), body_(std::move(body)) {}
 
   const HttpRequest& request() const override { return request_; }
@@ -99,27 +97,31 @@ class ExchangeImpl : public HttpExchange {
     Send(OutPiece(OutPiece::kChunk, {}, {}, std::move(render)));
   }
   void End() override { Send(OutPiece(OutPiece::kEnd, {}, {})); }
-  void OnClientGone(std::function<void()> on_gone) override {
+  void OnClientGone(std::function<void(const absl::Status& why)> on_gone) override {
+    absl::Status why;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!gone_) {
         on_gone_ = std::move(on_gone);
         return;
       }
+      why = why_;
     }
-    on_gone();
+    on_gone(why);
   }
 
-  // The connection's side, on its strand.
-  void MarkGone() {
-    std::function<void()> on_gone;
+  // The connection's side, on its strand: the response cannot be completed,
+  // for `why`.
+  void MarkGone(absl::Status why) {
+    std::function<void(const absl::Status&)> on_gone;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (gone_ || complete_) return;
       gone_ = true;
+      why_ = why;
       on_gone.swap(on_gone_);
     }
-    if (on_gone) on_gone();
+    if (on_gone) on_gone(why);
   }
   void MarkComplete() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -135,11 +137,12 @@ class ExchangeImpl : public HttpExchange {
   const HttpRequest request_;
   const std::weak_ptr<SessionBase> session_;
   // The budget request_.body holds, given back with the exchange.
-  const BodyReservation body_;
+  const ByteReservation body_;
   std::mutex mu_;
   bool gone_ = false;
+  absl::Status why_;  // once gone_
   bool complete_ = false;
-  std::function<void()> on_gone_;
+  std::function<void(const absl::Status&)> on_gone_;
 };
 
 }  // namespace
@@ -151,7 +154,7 @@ struct HttpServerState {
   HttpServerOptions options;
   HttpHandler handler;
   std::optional<ssl::context> tls;
-  std::shared_ptr<BodyBudget> body_budget;  // outlives the state in exchanges
+  std::shared_ptr<ByteBudget> body_budget;  // outlives the state in exchanges
   std::atomic<bool> stopping{false};
   std::atomic<int> port{0};
 
@@ -194,7 +197,10 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   static constexpr bool kTls = !std::is_same_v<Stream, beast::tcp_stream>;
 
   Session(HttpServerState* state, Stream stream, std::string peer)
-      : state_(state), stream_(std::move(stream)), peer_(std::move(peer)) {}
+      : state_(state),
+        stream_(std::move(stream)),
+        peer_(std::move(peer)),
+        stream_reservation_(state->options.stream_buffer_budget) {}
   ~Session() override {
     std::lock_guard<std::mutex> lock(state_->mu);
     --state_->live_sessions;
@@ -228,6 +234,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
                   piece.data = std::exchange(piece.render, nullptr)();
                   if (piece.data.empty()) return;
                 }
+                if (piece.kind == OutPiece::kChunk && !self->HoldUnread(piece.data.size())) return;
                 self->pending_.push_back(std::move(piece));
                 self->WriteNext();
               });
@@ -249,7 +256,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     head_only_ = false;
     http10_ = false;
     http_reading::SetLimits(state_->options.max_body_bytes, &*parser_);
-    body_reservation_ = BodyReservation(state_->body_budget);
+    body_reservation_ = ByteReservation(state_->body_budget);
     // One deadline for the empty lines, the head and the body.
     Lowest().expires_after(Milliseconds(state_->options.idle_timeout_s));
     ReadHead();
@@ -437,12 +444,42 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     }
   }
 
-  void ClientGone() {
+  void ClientGone() { EndResponse(absl::CancelledError("the client went away")); }
+
+  // The response cannot be completed, for `why`: its exchange is told, and
+  // the connection closes.
+  void EndResponse(absl::Status why) {
     if (exchange_ != nullptr) {
       std::shared_ptr<ExchangeImpl> exchange = exchange_;
-      exchange->MarkGone();
+      exchange->MarkGone(std::move(why));
     }
     Close();
+  }
+
+  // Counts `bytes` more of a streamed response's data as unread (queued or
+  // being written): false, the response ended RESOURCE_EXHAUSTED, when that
+  // passes the stream's limit or does not fit in the budget all streams
+  // share.
+  bool HoldUnread(size_t bytes) {
+    const HttpServerOptions& options = state_->options;
+    const int64_t unread = unread_stream_bytes_ + static_cast<int64_t>(bytes);
+    if (unread > options.max_stream_buffer_bytes) {
+      EndResponse(absl::ResourceExhaustedError(
+          StreamOutputPastLimitMessage(options.max_stream_buffer_bytes)));
+      return false;
+    }
+    if (!stream_reservation_.GrowTo(unread)) {
+      EndResponse(
+          absl::ResourceExhaustedError(StreamBudgetFullMessage(*options.stream_buffer_budget)));
+      return false;
+    }
+    unread_stream_bytes_ = unread;
+    return true;
+  }
+
+  void ReleaseUnread(int64_t bytes) {
+    unread_stream_bytes_ -= bytes;
+    stream_reservation_.ShrinkTo(unread_stream_bytes_);
   }
 
   template <class Body>
@@ -496,6 +533,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
           chunk_ += pending_.front().data;
           pending_.pop_front();
         }
+        writing_chunk_bytes_ = static_cast<int64_t>(chunk_.size());
         if (http10_) {
           net::async_write(stream_, net::buffer(chunk_), std::move(done));
         } else {
@@ -515,6 +553,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
 
   void OnWritten(beast::error_code ec, bool last) {
     writing_ = false;
+    ReleaseUnread(std::exchange(writing_chunk_bytes_, 0));
     if (closed_) return;
     Lowest().expires_never();
     if (ec) return ClientGone();
@@ -538,6 +577,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     if (closed_) return;
     closed_ = true;
     pending_.clear();
+    ReleaseUnread(unread_stream_bytes_ - writing_chunk_bytes_);  // what a write holds: its end
     beast::error_code ignored;
     Lowest().socket().shutdown(tcp::socket::shutdown_both, ignored);
     Lowest().close();
@@ -555,7 +595,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   beast::flat_buffer buffer_{kMaxBufferedBytes};
   std::optional<http::request_parser<http::string_body>> parser_;
   // The budget the body being read holds (moved to its exchange).
-  BodyReservation body_reservation_;
+  ByteReservation body_reservation_;
   std::shared_ptr<ExchangeImpl> exchange_;  // the request being answered
   // Set while exchange_ is being answered and the connection open.
   std::shared_ptr<Session> answering_;
@@ -564,6 +604,12 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   uint64_t watch_generation_ = 0;
   std::deque<OutPiece> pending_;
   bool writing_ = false;
+  // A streamed response's data queued in pending_ or being written (of it,
+  // writing_chunk_bytes_), and what that holds of the budget all streams
+  // share (HoldUnread).
+  int64_t unread_stream_bytes_ = 0;
+  int64_t writing_chunk_bytes_ = 0;
+  ByteReservation stream_reservation_;
   // What the write in flight reads from.
   std::optional<http::response<http::string_body>> full_;
   std::optional<http::response_serializer<http::string_body>> full_serializer_;
@@ -628,7 +674,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
   auto state = std::make_unique<HttpServerState>();
   state->options = options;
   state->handler = std::move(handler);
-  state->body_budget = std::make_shared<BodyBudget>(options.max_buffered_body_bytes);
+  state->body_budget = std::make_shared<ByteBudget>(options.max_buffered_body_bytes);
   beast::error_code ec;
   if (options.tls.enabled()) {
     state->tls.emplace(ssl::context::tls_server);

@@ -9,7 +9,8 @@
 // max_body_bytes is answered 413; a malformed request 400; both close the
 // connection. While a response is pending the server watches the socket, so a
 // client that disconnects is noticed at once (HttpExchange::OnClientGone),
-// not only at the next write.
+// not only at the next write. A streamed response's client that does not
+// read is left only so much written data (HttpServerOptions).
 #ifndef SWITCHSERVE_SERVER_HTTP_HTTP_SERVER_H_
 #define SWITCHSERVE_SERVER_HTTP_HTTP_SERVER_H_
 
@@ -23,7 +24,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "server/byte_budget.h"
 #include "server/http/http_request.h"
 #include "server/server_flags.h"
 
@@ -59,10 +62,13 @@ class HttpExchange {
   virtual void WriteRendered(std::function<std::string()> render) = 0;
   virtual void End() = 0;
 
-  // `on_gone` runs once, on an I/O thread, if the client disconnects (or a
-  // write to it fails) before the response is complete; at once when that
-  // already happened. Set it at most once.
-  virtual void OnClientGone(std::function<void()> on_gone) = 0;
+  // `on_gone` runs once, on an I/O thread, if the response cannot be
+  // completed: the client disconnected or a write to it failed (`why`
+  // CANCELLED), or a stream's client left more written data unread than
+  // HttpServerOptions allow, and the server closed the connection (`why`
+  // RESOURCE_EXHAUSTED, saying which limit). At once when that already
+  // happened. Set it at most once.
+  virtual void OnClientGone(std::function<void(const absl::Status& why)> on_gone) = 0;
 };
 
 using HttpHandler = std::function<void(std::shared_ptr<HttpExchange>)>;
@@ -80,6 +86,13 @@ struct HttpServerOptions {
   // whose body does not fit is answered 429 with `Retry-After: 1`
   // (on_own_error is called) and its connection closes.
   int64_t max_buffered_body_bytes = int64_t{1} << 30;
+  // A streamed response (StartStream) whose client does not read: the
+  // written data it may hold waiting (rendered, not yet taken by the
+  // socket), and the budget that data takes from, shared with every other
+  // stream (null: none). Past either the connection is closed and the
+  // exchange's on_gone told why (RESOURCE_EXHAUSTED).
+  int64_t max_stream_buffer_bytes = int64_t{4} << 20;
+  std::shared_ptr<ByteBudget> stream_buffer_budget;
   int threads = 2;
   // Keep-alive connections close after their first response past this age
   // (0: no limit), so clients reconnect and spread over new replicas.

@@ -638,6 +638,66 @@ def test_disconnect_cancels_the_request():
 
 
 
+def stalled_stream(server, request_id, prompts, max_tokens=55):
+    """A socket that sends one streamed completion (`prompts` prompts with 5
+    logprobs each: over a kilobyte an event) and then reads nothing, with a
+    receive buffer of 4 KiB, so that the server's writes soon wait."""
+    body = json.dumps({"prompt": ["stall"] * prompts, "max_tokens": max_tokens, "logprobs": 5,
+                       "stream": True, "ignore_eos": True}).encode()
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", server.http_port))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nx-request-id: " +
+              request_id.encode() + b"\r\nContent-Length: " + str(len(body)).encode() +
+              b"\r\n\r\n" + body)
+    return s
+
+
+def read_to_end(s):
+    s.settimeout(30)
+    data = b""
+    while chunk := s.recv(65536):
+        data += chunk
+    return data
+
+
+def stream_ended_lines(server):
+    return {r["request_id"]: r["why"] for r in map(json.loads, server.log().splitlines())
+            if r["msg"] == "stream ended"}
+
+
+def test_a_stream_whose_client_reads_nothing_ends_past_its_buffer_limit():
+    """A streamed completion's events piled up, unbounded, for a client that
+    read nothing (a kilobyte and more a token with logprobs, every one the
+    engine made until the 60 s write timeout). Past --max-stream-buffer-bytes
+    the server closes the connection (the stream ends without its last chunk),
+    cancels the request, and logs and counts it RESOURCE_EXHAUSTED."""
+    server = Server("--max-stream-buffer-bytes", "65536", metrics=True)
+    try:
+        with stalled_stream(server, "stalled", prompts=64) as s:
+            record = server.access_line("stalled")
+            assert (record["status"], record["http_status"]) == ("RESOURCE_EXHAUSTED", 429)
+            # Ended early: 64 prompts of 55 tokens would have made 3520.
+            assert record["finish_reason"] == "cancelled" and record["completion_tokens"] < 3520
+            assert "passed 65536 bytes" in stream_ended_lines(server)["stalled"]
+            # What reaches the client ends without the stream's last chunk.
+            data = read_to_end(s)
+            assert data.startswith(b"HTTP/1.1 200") and not data.endswith(b"\r\n0\r\n\r\n")
+            assert b"[DONE]" not in data
+        wait_until("the request's blocks freed", lambda: cache(server).used_blocks == 0)
+        text = server.scrape_metrics()
+        assert 'switchserve_requests_total{protocol="http",status="RESOURCE_EXHAUSTED"} 1\n' in text
+        # The server keeps serving streams.
+        done = server.client().completions.create(model=MODEL, prompt=["ok"] * 4, max_tokens=8,
+                                                  logprobs=5, stream=True,
+                                                  extra_body={"ignore_eos": True})
+        finished = [choice.finish_reason for chunk in done for choice in chunk.choices
+                    if choice.finish_reason]
+        assert finished == ["length"] * 4
+    finally:
+        server.close()
+
+
 def completion_request(request_id, max_tokens=4, extra_head=b"", pad=0, **fields):
     """A raw POST /v1/completions for the prompt `request_id`, its JSON body
     padded with `pad` spaces."""

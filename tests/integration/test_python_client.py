@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -401,6 +402,70 @@ def test_a_stream_whose_unread_output_passes_the_buffer_limit_ends_there():
         assert metric(text, "switchserve_requests_running") == 0
         assert metric(text, "switchserve_kv_cache_usage_ratio") == 0
         expect_good_request_works_at(server)
+    finally:
+        server.close()
+
+
+def test_streams_share_a_budget_of_unread_output():
+    """Per call, stalled streams could still hold the limit times the calls
+    (256 a connection). All streams together, gRPC's and HTTP's, hold at most
+    --stream-buffer-budget-bytes: with it at one call's limit, two stalled
+    calls growing step by step cannot both reach that limit, and the first
+    whose output no longer fits is ended saying so."""
+    metrics_port = free_port()
+    server = Server("--log-format", "json", "--debug-step-delay-ms", "20",
+                    "--max-stream-buffer-bytes", "16384", "--stream-buffer-budget-bytes", "16384",
+                    metrics_port=metrics_port)
+    try:
+        request = text_request("stall", 50, ignore_eos=True)
+        request.logprobs = 20
+        request.return_routing = True
+        results = stalled_streams(server.port, [request] * 2, 30)
+        assert [r.get("grpc-status") for r in results] == ["8", "8"], results
+        messages = [r.get("grpc-message", "") for r in results]
+        assert any("16384 bytes in all" in m for m in messages), messages
+        text = wait_for_idle_engine(server)
+        assert metric(text, 'switchserve_requests_total{protocol="grpc",status="RESOURCE_EXHAUSTED"}') == 2
+        assert metric(text, "switchserve_kv_cache_usage_ratio") == 0
+        expect_good_request_works_at(server)
+    finally:
+        server.close()
+
+
+def test_a_stalled_grpc_stream_leaves_an_http_stream_only_the_rest_of_the_budget():
+    """The budget is one for both protocols: a GenerateStream whose client
+    reads nothing holds its whole (finished) output, under its own limit, and
+    an HTTP stream whose client reads nothing is then ended at what the
+    budget has left, not at its own limit."""
+    http_port = free_port()
+    server = Server("--log-format", "json", "--http-port", str(http_port),
+                    "--max-stream-buffer-bytes", "65536", "--stream-buffer-budget-bytes", "65536")
+    try:
+        request = text_request("stall", 10, ignore_eos=True)
+        request.logprobs = 20
+        request.return_routing = True
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            grpc_call = pool.submit(stalled_streams, server.port, [request], 5)
+            time.sleep(1)  # 10 tokens take milliseconds: the output is all made, and held
+            body = json.dumps({"prompt": ["stall"] * 64, "max_tokens": 55, "logprobs": 5,
+                               "stream": True, "ignore_eos": True}).encode()
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                s.connect(("127.0.0.1", http_port))
+                s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                          str(len(body)).encode() + b"\r\n\r\n" + body)
+                deadline = time.monotonic() + 30
+                while True:
+                    lines = [json.loads(line) for line in server.log().splitlines()
+                             if '"msg":"stream ended"' in line]
+                    if lines or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.05)
+            assert [line["why"] for line in lines] == [
+                "RESOURCE_EXHAUSTED: the server's streams hold as much unread output as they may "
+                "(65536 bytes in all): this stream's client is not reading"], server.log()
+            # The gRPC stream, under its own limit, still waits for its client.
+            assert grpc_call.result()[0]["ended_s"] is None
     finally:
         server.close()
 

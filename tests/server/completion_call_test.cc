@@ -41,7 +41,7 @@ class HeldExchange : public HttpExchange {
   void Write(std::string) override { ADD_FAILURE() << "a unary call writes"; }
   void WriteRendered(std::function<std::string()>) override { ADD_FAILURE() << "unary"; }
   void End() override { ADD_FAILURE() << "a unary call ends a stream"; }
-  void OnClientGone(std::function<void()>) override {}
+  void OnClientGone(std::function<void(const absl::Status&)>) override {}
 
   // The response, once Respond was called (within kWait), else nullopt.
   std::optional<HttpResponse> WaitResponded() {

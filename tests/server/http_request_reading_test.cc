@@ -179,36 +179,8 @@ TEST(HttpRequestReadingTest, EmptyLinesBeforeARequestLineAreCounted) {
   EXPECT_EQ(HeadOutcome(sent, &unskipped).status, 400);
 }
 
-TEST(HttpRequestReadingTest, BodyReservationsShareTheBudgetAndGiveItBack) {
-  auto budget = std::make_shared<BodyBudget>(100);
-  {
-    BodyReservation a(budget);
-    BodyReservation b(budget);
-    EXPECT_TRUE(a.GrowTo(60));
-    EXPECT_EQ(budget->used(), 60);
-    EXPECT_FALSE(b.GrowTo(41));  // 60 + 41 > 100: nothing taken
-    EXPECT_EQ(b.bytes(), 0);
-    EXPECT_EQ(budget->used(), 60);
-    EXPECT_TRUE(b.GrowTo(40));
-    EXPECT_EQ(budget->used(), 100);
-    EXPECT_TRUE(a.GrowTo(10));  // never shrinks
-    EXPECT_EQ(a.bytes(), 60);
-    EXPECT_FALSE(a.GrowTo(61));
-    EXPECT_EQ(a.bytes(), 60);
-    // Moved, the reservation is held once and given back once.
-    BodyReservation c(std::move(a));
-    EXPECT_EQ(c.bytes(), 60);
-    EXPECT_EQ(budget->used(), 100);
-    b = std::move(c);
-    EXPECT_EQ(budget->used(), 60);  // b's 40 given back, c's 60 now b's
-  }
-  EXPECT_EQ(budget->used(), 0);
-  BodyReservation none;  // without a budget: anything fits, nothing is held
-  EXPECT_TRUE(none.GrowTo(int64_t{1} << 40));
-}
-
 TEST(HttpRequestReadingTest, ABodyPastTheBudgetIsAnswered429WithRetryAfter) {
-  const BodyBudget budget(1000);
+  const ByteBudget budget(1000);
   const ReadOutcome outcome = BodyBudgetExhausted(budget);
   EXPECT_EQ(outcome.kind, ReadOutcome::kAnswer);
   EXPECT_EQ(outcome.status, 429);

@@ -1,0 +1,65 @@
+#include "server/byte_budget.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace switchserve {
+
+int64_t ByteBudget::used() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return used_;
+}
+
+bool ByteBudget::TryTake(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (bytes > limit_ - used_) return false;
+  used_ += bytes;
+  return true;
+}
+
+void ByteBudget::Give(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  used_ -= bytes;
+}
+
+ByteReservation::ByteReservation(ByteReservation&& other) noexcept
+    : budget_(std::move(other.budget_)), bytes_(std::exchange(other.bytes_, 0)) {}
+
+ByteReservation& ByteReservation::operator=(ByteReservation&& other) noexcept {
+  if (this != &other) {
+    if (budget_ != nullptr && bytes_ > 0) budget_->Give(bytes_);
+    budget_ = std::move(other.budget_);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+ByteReservation::~ByteReservation() {
+  if (budget_ != nullptr && bytes_ > 0) budget_->Give(bytes_);
+}
+
+bool ByteReservation::GrowTo(int64_t bytes) {
+  if (budget_ == nullptr || bytes <= bytes_) return true;
+  if (!budget_->TryTake(bytes - bytes_)) return false;
+  bytes_ = bytes;
+  return true;
+}
+
+void ByteReservation::ShrinkTo(int64_t bytes) {
+  if (budget_ == nullptr || bytes >= bytes_) return;
+  budget_->Give(bytes_ - bytes);
+  bytes_ = bytes;
+}
+
+std::string StreamOutputPastLimitMessage(int64_t max_stream_buffer_bytes) {
+  return absl::StrCat("the stream's unread output passed ", max_stream_buffer_bytes,
+                      " bytes: its client is not reading");
+}
+
+std::string StreamBudgetFullMessage(const ByteBudget& budget) {
+  return absl::StrCat("the server's streams hold as much unread output as they may (",
+                      budget.limit(), " bytes in all): this stream's client is not reading");
+}
+
+}  // namespace switchserve
