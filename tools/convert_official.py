@@ -39,7 +39,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "reference"))
 from reference_model import Model, rotary_dims  # noqa: E402
-from safetensors_io import load_file, save_file  # noqa: E402
+from safetensors_io import cast_for_storage, load_file, save_file  # noqa: E402
 
 
 class ConversionError(ValueError):
@@ -494,11 +494,15 @@ def _lm_sigma_moe(src, args, p, d, act):
 # -------------------------------------------------------------------- write --
 def write_model(out_dir, cfg, tensors, dtype="f32", tokenizer_model=None):
     store = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    try:  # before anything is written: a weight --dtype cannot hold is refused
+        stored = cast_for_storage(tensors, store)
+    except ValueError as e:
+        raise ConversionError(f"--dtype {dtype}: {e}") from e
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
         f.write("\n")
-    save_file({k: v.to(torch.float32).to(store).contiguous() for k, v in tensors.items()},
+    save_file({k: v.contiguous() for k, v in stored.items()},
               os.path.join(out_dir, "model.safetensors"), metadata={"converted_by": "tools/convert_official.py"})
     if tokenizer_model:
         shutil.copy(tokenizer_model, os.path.join(out_dir, "tokenizer.model"))

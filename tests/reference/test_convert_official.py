@@ -350,3 +350,25 @@ def test_sinusoid_matches_the_training_code_formula():
     pe[:, 1::2] = torch.cos(pos * div)
     assert float((sinusoid(p, d) - pe.double()).abs().max()) < 1e-3  # f32 rounding of p*w at |p| 600
     assert float((sinusoid(p[590:611], d) - pe[590:611].double()).abs().max()) < 1e-6
+
+
+def test_cli_refuses_weights_the_dtype_cannot_hold(tmp_path):
+    """f16 holds at most 65504: a larger weight became infinity in the written
+    file (exit 0), which the server then refused to load."""
+    g = torch.Generator().manual_seed(10)
+    sd = user_model(g, 32, 256, 2, 2, 4, 8, 2, True, "dense")
+    sd["blocks.1.attn.q.weight"][3, 5] = 1e5
+    ckpt = tmp_path / "modules.pt"
+    torch.save(sd, ckpt)
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(spec_for("SwitchHeadXL", 2, 2, 2, "dense", 32, 256)))
+    base = [sys.executable, str(ROOT / "tools" / "convert_official.py"), "modules", "--checkpoint", str(ckpt),
+            "--spec", str(spec)]
+    r = subprocess.run(base + ["--dtype", "f16", "--out", str(tmp_path / "f16")], capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr
+    assert "--dtype f16: tensor layers.1.attn.q.weight: element 101 of 512 (100000) is beyond F16's range" in r.stderr
+    assert not (tmp_path / "f16").exists()
+    r = subprocess.run(base + ["--dtype", "bf16", "--out", str(tmp_path / "bf16")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    got = load_model(str(tmp_path / "bf16"), torch.float32).state_dict()["layers.1.attn.q.weight"]
+    assert float(got[3, 5]) == 99840.0  # 1e5 rounded to bf16

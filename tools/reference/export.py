@@ -16,7 +16,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reference_model import Model  # noqa: E402
-from safetensors_io import load_file, save_file  # noqa: E402
+from safetensors_io import cast_for_storage, load_file, save_file  # noqa: E402
 
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
@@ -24,15 +24,16 @@ DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 def save_model(model, out_dir, dtype="f32", overrides=None):
     """Writes config.json and model.safetensors. `overrides`: {tensor name:
     storage dtype name} to mix dtypes."""
+    tensors = {}
+    for name, t in model.state_dict().items():
+        store = DTYPES[(overrides or {}).get(name, dtype)]
+        # round through f32 so f64 -> bf16 rounds once, like f32 -> bf16; a
+        # value the dtype cannot hold is refused before anything is written
+        tensors.update(cast_for_storage({name: t}, store))
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(model.raw_cfg, f, indent=2)
         f.write("\n")
-    tensors = {}
-    for name, t in model.state_dict().items():
-        store = DTYPES[(overrides or {}).get(name, dtype)]
-        # round through f32 so f64 -> bf16 rounds once, like f32 -> bf16
-        tensors[name] = t.detach().to(torch.float32).to(store)
     save_file(tensors, os.path.join(out_dir, "model.safetensors"))
 
 

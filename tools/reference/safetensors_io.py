@@ -36,6 +36,30 @@ def _to_bytes(t):
     return name, arr.astype(_NP_VIEW[name], copy=False).tobytes()
 
 
+def cast_for_storage(tensors, store):
+    """{name: tensor} rounded once through f32 to the torch dtype `store`.
+    ValueError naming the first tensor, element and value that is not finite
+    once stored (NaN, infinity, or beyond the dtype's range: 65504 for f16):
+    switchserve refuses such weights, so they must not be written silently."""
+    out = {}
+    for name in sorted(tensors):
+        t = tensors[name].detach()
+        stored = t.to(torch.float32).to(store)
+        bad = (~torch.isfinite(stored)).flatten().nonzero()
+        if len(bad):
+            i = int(bad[0])
+            value = float(t.flatten()[i])
+            if value != value or value in (float("inf"), float("-inf")):
+                why = "is not finite"
+            else:
+                wider = "f32 or bf16" if store == torch.float16 else "f32"
+                why = (f"is beyond {_NAME_OF[store]}'s range (largest finite {torch.finfo(store).max:g}); "
+                       f"store the weights as {wider}")
+            raise ValueError(f"tensor {name}: element {i} of {stored.numel()} ({value:g}) {why}")
+        out[name] = stored
+    return out
+
+
 def save_file(tensors, path, metadata=None):
     """Writes {name: tensor} to `path`, tensors in sorted-name order."""
     header = {}
