@@ -353,10 +353,14 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text,
   RETURN_IF_ERROR(top.Int("max_seq_len", 1, kMaxInt, std::nullopt, &config.max_seq_len));
   RETURN_IF_ERROR(top.Enum<NormKind>("norm", std::nullopt, kNormNames, &config.norm));
   // The backends add it as a float: one that rounds to 0 there (under about
-  // 7e-46) would divide an all-zero row by 0.
+  // 7e-46) would divide an all-zero row by 0, and one beyond the largest
+  // float is infinity there (and converting it to float is undefined).
   RETURN_IF_ERROR(top.Number(
-      "norm_eps", 1e-5, [](double e) { return e > 0.0 && static_cast<float>(e) > 0.0f; },
-      "a number > 0 that a float holds (>= 1e-45)", &config.norm_eps));
+      "norm_eps", 1e-5,
+      [](double e) {
+        return e > 0.0 && e <= std::numeric_limits<float>::max() && static_cast<float>(e) > 0.0f;
+      },
+      "a number > 0 that a float holds (>= 1e-45, <= 3.4e38)", &config.norm_eps));
   RETURN_IF_ERROR(top.Bool("tie_embeddings", true, &config.tie_embeddings));
   RETURN_IF_ERROR(top.Bool("output_bias", false, &config.output_bias));
   RETURN_IF_ERROR(TokenId(top, "bos_token_id", config.vocab_size, &config.bos_token_id));

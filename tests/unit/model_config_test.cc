@@ -281,6 +281,16 @@ struct BadCase {
   std::string expected;
 };
 
+TEST(ModelConfigTest, NormEpsSpansTheFloatRange) {
+  for (double eps : {1e-45, 1.0, 3.4028234663852886e38}) {
+    Json json = Json::parse(kFullConfig);
+    json["norm_eps"] = eps;
+    auto config = Parse(json.dump());
+    ASSERT_TRUE(config.ok()) << eps << ": " << config.status();
+    EXPECT_EQ(config->norm_eps, eps);
+  }
+}
+
 TEST(ModelConfigTest, RejectsBadValues) {
   const Json kRemove = Json(Json::value_t::discarded);
   const std::vector<BadCase> cases = {
@@ -301,8 +311,13 @@ TEST(ModelConfigTest, RejectsBadValues) {
       {"/norm", "batchnorm",
        "norm: expected one of \"layernorm\", \"rmsnorm\", found \"batchnorm\""},
       {"/norm_eps", 0.0,
-       "norm_eps: expected a number > 0 that a float holds (>= 1e-45), found 0.0"},
-      {"/norm_eps", 1e-50, "norm_eps: expected a number > 0 that a float holds (>= 1e-45)"},
+       "norm_eps: expected a number > 0 that a float holds (>= 1e-45, <= 3.4e38), found 0.0"},
+      {"/norm_eps", 1e-50, "norm_eps: expected a number > 0 that a float holds (>= 1e-45"},
+      // Beyond the largest float it is infinity there (every norm then
+      // outputs its bias alone, while the f64 reference adds a finite eps).
+      {"/norm_eps", 1e39,
+       "norm_eps: expected a number > 0 that a float holds (>= 1e-45, <= 3.4e38), found 1e+39"},
+      {"/norm_eps", 3.4028236e38, "norm_eps: expected a number > 0 that a float holds"},
       {"/norm_eps", "small", "norm_eps: expected a number > 0"},
       {"/tie_embeddings", 1, "tie_embeddings: expected true or false, found 1"},
       {"/tokenizer", "bpe", "tokenizer: expected one of \"byte\", \"sentencepiece\""},
