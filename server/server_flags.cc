@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -267,10 +268,17 @@ std::string ServedModelName(const std::string& flag_value, const ModelConfig& co
                             const std::string& model_dir) {
   if (!flag_value.empty()) return flag_value;
   if (!config.name.empty()) return config.name;
-  std::string_view dir = model_dir;
-  while (dir.size() > 1 && dir.back() == '/') dir.remove_suffix(1);
-  const size_t slash = dir.rfind('/');
-  return std::string(slash == std::string_view::npos ? dir : dir.substr(slash + 1));
+  // The directory's own name: "." (the working directory), "dir/.." and a
+  // trailing slash are resolved lexically (symbolic links are not followed).
+  std::error_code error;
+  std::filesystem::path dir = std::filesystem::absolute(model_dir, error);
+  if (error) dir = model_dir;
+  dir = dir.lexically_normal();
+  if (!dir.has_filename() && dir.has_parent_path() && dir != dir.root_path()) {
+    dir = dir.parent_path();  // "/m/kjv/" -> "/m/kjv"
+  }
+  const std::string name = dir.filename().string();
+  return name.empty() ? dir.string() : name;  // the root: "/"
 }
 
 std::string HostPort(const std::string& host, int port) {

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <optional>
 #include <string>
@@ -264,6 +265,27 @@ TEST(ServerFlagsTest, MetadataLimitIsBoundedAndBelowTheTransportLimit) {
     EXPECT_LE(options->TransportMetadataLimit(), std::numeric_limits<int>::max());
   }
   absl::SetFlag(&FLAGS_max_metadata_bytes, 16384);
+}
+
+TEST(ServerFlagsTest, ServedModelNameFallsBackToTheDirectorysName) {
+  ModelConfig config;
+  EXPECT_EQ(ServedModelName("flag", config, "/m/dir"), "flag");
+  config.name = "from-config";
+  EXPECT_EQ(ServedModelName("", config, "/m/dir"), "from-config");
+  config.name.clear();
+  for (const char* dir :
+       {"/m/kjv", "/m/kjv/", "/m/kjv//", "kjv", "/m/kjv/.", "/m/kjv/sub/..", "/m/./kjv"}) {
+    EXPECT_EQ(ServedModelName("", config, dir), "kjv") << dir;
+  }
+  // "." and ".." name the working directory and its parent, not themselves.
+  const std::filesystem::path cwd = std::filesystem::current_path();
+  ASSERT_TRUE(cwd.has_parent_path() && cwd != cwd.root_path()) << cwd;
+  EXPECT_EQ(ServedModelName("", config, "."), cwd.filename().string());
+  EXPECT_EQ(ServedModelName("", config, "./"), cwd.filename().string());
+  if (cwd.parent_path() != cwd.root_path()) {
+    EXPECT_EQ(ServedModelName("", config, ".."), cwd.parent_path().filename().string());
+  }
+  EXPECT_EQ(ServedModelName("", config, "/"), "/");  // the root has no other name
 }
 
 }  // namespace
