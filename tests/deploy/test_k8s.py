@@ -1,6 +1,7 @@
 """deploy/k8s: every overlay, alone and with every combination of the
 components, renders with `kubectl kustomize`, every object is valid for
 Kubernetes 1.30, and the Deployment agrees with the server's flags."""
+import os
 import re
 
 import pytest
@@ -9,7 +10,7 @@ import yaml
 import server_facts
 from deploy_helpers import (K8S_DIR, OVERLAYS, REPO_ROOT, VARIANTS, container_flags, container_port,
                             expand_env, labels_match, mount_for, objects_of_kind, one, overlay_of,
-                            render_overlay, server_container)
+                            render, render_overlay, server_container)
 
 KUBERNETES_VERSION = "1.30"
 # Variants whose probes must be the kubelet's native gRPC probes. The tls
@@ -124,6 +125,39 @@ def test_tls_overlay_probes_run_the_health_subcommand_at_the_grpc_port():
         assert command[:2] == [server_facts.BINARY, "health"], probe_name
         address = server_facts.parse_cli_flags(command[2:])["address"]
         assert int(address.rsplit(":", 1)[1]) == server_facts.grpc_port(), probe_name
+
+
+PROBE_TIMINGS = ("initialDelaySeconds", "periodSeconds", "timeoutSeconds", "successThreshold",
+                 "failureThreshold")
+
+
+def _tls_on(overlay, directory):
+    """The tls overlay with its resource changed to `overlay`, as
+    docs/deploy.md tells GPU users to do: a copy of the overlay's files in
+    `directory` (kustomize loads patches only from below the kustomization)."""
+    tls = K8S_DIR / "overlays" / "tls"
+    for path in tls.iterdir():
+        (directory / path.name).write_text(path.read_text())
+    kustomization = yaml.safe_load((tls / "kustomization.yaml").read_text())
+    assert kustomization["resources"] == ["../cpu"], kustomization["resources"]
+    kustomization["resources"] = [os.path.relpath(K8S_DIR / "overlays" / overlay, directory)]
+    (directory / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    return str(directory)
+
+
+@pytest.mark.parametrize("overlay", ["cpu", "gpu"])
+def test_tls_probes_keep_the_timings_of_the_overlay_beneath(overlay, tmp_path):
+    # The gpu overlay gives the startup probe 10 minutes to load the weights
+    # onto the GPU; TLS on GPUs must not cut that back to the CPU's 5.
+    beneath = server_container(_deployment(overlay))
+    container = server_container(one(render(_tls_on(overlay, tmp_path)), "Deployment"))
+    assert container_flags(container)["device"] == container_flags(beneath)["device"]
+    for probe_name in ("startupProbe", "readinessProbe", "livenessProbe"):
+        probe = container[probe_name]
+        assert set(probe) & {"grpc", "exec", "httpGet", "tcpSocket"} == {"exec"}, probe_name
+        assert probe["exec"]["command"][:2] == [server_facts.BINARY, "health"], probe_name
+        timings = {k: probe.get(k) for k in PROBE_TIMINGS}
+        assert timings == {k: beneath[probe_name].get(k) for k in PROBE_TIMINGS}, probe_name
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
