@@ -1,9 +1,11 @@
 #include "server/commands.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <iterator>
+#include <optional>
 #include <string>
 
 #include "absl/flags/commandlineflag.h"
@@ -117,6 +119,33 @@ const std::vector<Command>& AllCommands() {
   return commands;
 }
 
+namespace {
+
+// What `flag` holds, for a message about a value it cannot: "not <this>".
+std::string ValueKind(const absl::CommandLineFlag& flag) {
+  if (flag.IsOfType<bool>()) return "true or false";
+  if (flag.IsOfType<int>()) return "a 32-bit integer";
+  if (flag.IsOfType<int64_t>()) return "a 64-bit integer";
+  if (flag.IsOfType<uint64_t>()) return "an unsigned 64-bit integer";
+  if (flag.IsOfType<double>()) return "a number";
+  if (flag.IsOfType<std::optional<int>>()) return "a 32-bit integer (or empty: the model's)";
+  if (flag.IsOfType<std::optional<double>>()) return "a number (or empty: the model's)";
+  return "a value of its type";
+}
+
+// Whether `flag` can hold `value` (absl's parser exits 1 on one it cannot,
+// which `health` gives for a server that answered). The flag keeps its value.
+bool Holds(absl::CommandLineFlag& flag, absl::string_view value) {
+  if (flag.IsOfType<std::string>()) return true;
+  const std::string current = flag.CurrentValue();
+  std::string error;
+  if (!flag.ParseFrom(value, &error)) return false;
+  flag.ParseFrom(current, &error);
+  return true;
+}
+
+}  // namespace
+
 bool WantsHelp(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--") == 0) return false;
@@ -158,13 +187,17 @@ std::string ArgumentProblem(const Command& command, int argc, char** argv) {
     const size_t equals = arg.find('=');
     const absl::string_view name = arg.substr(0, equals);
     last_bool.clear();
-    const absl::CommandLineFlag* flag = nullptr;
+    absl::CommandLineFlag* flag = nullptr;
     if (listed(name)) {
       flag = absl::FindCommandLineFlag(name);
     } else if (name.substr(0, 2) == "no" && listed(name.substr(2))) {
       // --noflag: a boolean's false.
       const absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));
-      if (negated != nullptr && negated->IsOfType<bool>()) continue;
+      if (negated != nullptr && negated->IsOfType<bool>()) {
+        if (equals == absl::string_view::npos) continue;
+        return absl::StrCat("--", spelled(name), " takes no value (--", spelled(name.substr(2)),
+                            "=false)");
+      }
     } else if (std::find(std::begin(kAbslFlags), std::end(kAbslFlags), name) !=
                std::end(kAbslFlags)) {
       continue;
@@ -175,13 +208,21 @@ std::string ArgumentProblem(const Command& command, int argc, char** argv) {
                           elsewhere ? " is not a flag of this subcommand" : "", " (`switchserve ",
                           command.name, " --help` lists them)");
     }
-    if (equals != absl::string_view::npos) continue;
     // "--flag value": the next argument is the value, except after a
     // boolean, which takes none.
-    if (flag->IsOfType<bool>()) {
+    absl::string_view value;
+    if (equals != absl::string_view::npos) {
+      value = arg.substr(equals + 1);
+    } else if (flag->IsOfType<bool>()) {
       last_bool = std::string(name);
+      continue;
+    } else if (++i < argc) {
+      value = argv[i];
     } else {
-      ++i;
+      return absl::StrCat("--", spelled(name), " needs a value");
+    }
+    if (!Holds(*flag, value)) {
+      return absl::StrCat("--", spelled(name), ": not ", ValueKind(*flag), ": \"", value, "\"");
     }
   }
   return "";

@@ -29,10 +29,12 @@ bool WantsHelp(int argc, char** argv);
 // Checks the arguments after the subcommand name (flag names already with
 // underscores: NormalizeFlagNames) before absl parses them: every flag is one
 // of the command's (or absl's own, such as --flagfile) and nothing else is
-// there. absl's flags are process-wide, so it would take another
-// subcommand's flag without a word, and it drops stray words: with
-// `--allow-non-finite-weights false` the flag was on and "false" gone. The
-// message names the argument (with hyphens); "" when all is well.
+// there, and every value is one its flag can hold. absl's flags are
+// process-wide, so it would take another subcommand's flag without a word, and
+// it drops stray words: with `--allow-non-finite-weights false` the flag was
+// on and "false" gone; on a value its flag cannot hold (`--port abc`) it exits
+// 1, which `health` means for a server that is not SERVING. The message names
+// the argument (with hyphens); "" when all is well.
 std::string ArgumentProblem(const Command& command, int argc, char** argv);
 // `switchserve NAME --help`: the usage line, then every flag of the command
 // as typed on the command line (--max-new-tokens), with its default and help.

@@ -154,6 +154,28 @@ def test_arguments_another_subcommand_or_nobody_takes_are_refused(args, expected
     assert f"switchserve {args[0]}: {expected}" in stderr, stderr
 
 
+# absl's parser exited 1 on a value its flag cannot hold, which `health`
+# documents as "the server answered, not SERVING"; each is refused like any
+# other bad argument, naming the flag as typed.
+@pytest.mark.parametrize("args, expected", [
+    (["health", "--address", "127.0.0.1:1", "--timeout-s", "abc"], '--timeout-s: not a number: "abc"'),
+    (["health", "--tls=maybe"], '--tls: not true or false: "maybe"'),
+    (["serve", "--port=99999999999999999999"],
+     '--port: not a 32-bit integer: "99999999999999999999"'),
+    (["serve", "--kv-cache-bytes="], '--kv-cache-bytes: not a 64-bit integer: ""'),
+    (["serve", "--noreflection=false"], "--noreflection takes no value (--reflection=false)"),
+    (["generate", "--prompt", "x", "--max-new-tokens", "1.5"],
+     '--max-new-tokens: not a 32-bit integer: "1.5"'),
+    (["generate", "--prompt", "x", "--capacity-factor", "x"],
+     '--capacity-factor: not a number (or empty: the model\'s): "x"'),
+    (["score", "--tokens", "1,2", "--threads"], "--threads needs a value"),
+])
+def test_values_a_flag_cannot_hold_are_refused_with_exit_code_2(args, expected):
+    code, stderr, _ = run_measured(*args, timeout=20)
+    assert code == 2, stderr
+    assert f"switchserve {args[0]}: {expected}" in stderr, stderr
+
+
 def test_flag_spellings_that_are_accepted():
     """--flag value, --flag=value, -flag, --noflag for a boolean."""
     code, stderr, _ = run_measured("generate", "-prompt", "In", "--max-new-tokens=2", "--seed", "3",
