@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -206,6 +207,28 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   }
   if (o.http_port < 0 || o.http_port > 65535)
     return FlagError("http-port", "must be in [0, 65535]");
+  // Two listeners on one port of one address: the second bind failed after
+  // the model loaded, and blamed gRPC where the exporter had bound first.
+  const auto every_address = [](const std::string& host) {
+    return host == "0.0.0.0" || Ipv6Literal(host) == "::";
+  };
+  const struct {
+    const char* flag;
+    int port;
+    const std::string& host;
+  } listeners[] = {{"port", o.port, o.host},
+                   {"http-port", o.http_port, o.host},
+                   {"metrics-port", o.metrics_port, o.metrics_host}};
+  for (size_t later = 1; later < std::size(listeners); ++later) {
+    for (size_t earlier = 0; earlier < later; ++earlier) {
+      const auto& a = listeners[earlier];
+      const auto& b = listeners[later];
+      if (a.port != 0 && a.port == b.port &&
+          (a.host == b.host || every_address(a.host) || every_address(b.host))) {
+        return FlagError(b.flag, absl::StrCat(b.port, " is --", a.flag, "'s too"));
+      }
+    }
+  }
   if (o.http_max_connections < 0) return FlagError("http-max-connections", "must be >= 0");
   if (o.http_body_buffer_bytes < 0) return FlagError("http-body-buffer-bytes", "must be >= 0");
   // Durations become int milliseconds for gRPC: at most ~24 days.

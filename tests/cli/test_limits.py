@@ -243,3 +243,19 @@ def test_serve_refuses_an_address_that_is_no_address(flag):
     code, stderr, _ = run_measured("serve", flag, "999.1.1.1", "--port", "0", timeout=20)
     assert code == 2, stderr
     assert f'{flag}: not an IPv4 or IPv6 address or a host name: "999.1.1.1"' in stderr, stderr
+
+
+# Two listeners on one port of one address: the second bind failed after the
+# model loaded (exit 1), blaming "address already in use", and with the
+# metrics port it was gRPC's listener that took the blame.
+@pytest.mark.parametrize("args, expected", [
+    (["--port", "52399", "--http-port", "52399"], "--http-port: 52399 is --port's too"),
+    (["--port", "52399", "--metrics-port", "52399"], "--metrics-port: 52399 is --port's too"),
+    (["--port", "0", "--http-port", "9090"], "--metrics-port: 9090 is --http-port's too"),
+    (["--host", "::", "--port", "52399", "--metrics-host", "127.0.0.1", "--metrics-port", "52399"],
+     "--metrics-port: 52399 is --port's too"),
+])
+def test_serve_refuses_one_port_for_two_listeners(args, expected):
+    code, stderr, _ = run_measured("serve", *args, timeout=20)
+    assert code == 2, stderr
+    assert f"switchserve serve: {expected}" in stderr, stderr

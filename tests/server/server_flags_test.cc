@@ -27,6 +27,8 @@ ABSL_DECLARE_FLAG(int64_t, http_body_buffer_bytes);
 ABSL_DECLARE_FLAG(std::string, host);
 ABSL_DECLARE_FLAG(std::string, metrics_host);
 ABSL_DECLARE_FLAG(int, metrics_port);
+ABSL_DECLARE_FLAG(int, port);
+ABSL_DECLARE_FLAG(int, http_port);
 
 namespace switchserve {
 namespace {
@@ -93,6 +95,32 @@ TEST(ServerFlagsTest, ServingThreadsNiceIsZeroToNineteenTenByDefault) {
 
 // The exporter listens on IPv4 only: an IPv6 --host gives it the IPv4
 // counterpart where there is one; an IPv6 --metrics-host is refused.
+TEST(ServerFlagsTest, ListenersOnOneAddressTakeDifferentPorts) {
+  absl::SetFlag(&FLAGS_port, 52399);
+  absl::SetFlag(&FLAGS_http_port, 52399);
+  auto options = ServerOptionsFromFlags();
+  EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(options.status().message(), "--http-port: 52399 is --port's too");
+  absl::SetFlag(&FLAGS_http_port, 0);  // off
+  absl::SetFlag(&FLAGS_metrics_port, 52399);
+  options = ServerOptionsFromFlags();
+  EXPECT_EQ(options.status().message(), "--metrics-port: 52399 is --port's too");
+  // The exporter on another address may take the same port, but not beside
+  // a listener on every address.
+  absl::SetFlag(&FLAGS_host, "127.0.0.1");
+  absl::SetFlag(&FLAGS_metrics_host, "127.0.0.2");
+  EXPECT_TRUE(ServerOptionsFromFlags().ok());
+  absl::SetFlag(&FLAGS_metrics_host, "0.0.0.0");
+  EXPECT_FALSE(ServerOptionsFromFlags().ok());
+  absl::SetFlag(&FLAGS_port, 0);  // a free port, whatever the others
+  absl::SetFlag(&FLAGS_metrics_port, 0);
+  EXPECT_TRUE(ServerOptionsFromFlags().ok());
+  absl::SetFlag(&FLAGS_port, 50051);
+  absl::SetFlag(&FLAGS_metrics_port, 9090);
+  absl::SetFlag(&FLAGS_host, "0.0.0.0");
+  absl::SetFlag(&FLAGS_metrics_host, "");
+}
+
 TEST(ServerFlagsTest, MetricsHostIsIpv4) {
   const std::pair<const char*, const char*> inherited[] = {
       {"::", "0.0.0.0"},      {"[::]", "0.0.0.0"},        {"::1", "127.0.0.1"},
