@@ -38,6 +38,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "bench/load/engine_transport.h"
@@ -245,9 +246,29 @@ int Run() {
   load.requests = absl::GetFlag(FLAGS_requests);
   load.seed = absl::GetFlag(FLAGS_seed);
   load.warmup_requests = absl::GetFlag(FLAGS_warmup_requests);
-  if ((mode != "closed" && mode != "open") || load.requests < 1 || load.concurrency < 1 ||
-      load.rate_per_s <= 0 || load.warmup_requests < 0) {
-    return Usage("bad --mode/--requests/--concurrency/--rate/--warmup-requests");
+  if (mode != "closed" && mode != "open") {
+    return Usage(absl::StrCat("--mode: expected closed or open, found \"", mode, "\""));
+  }
+  if (load.requests < 1)
+    return Usage(absl::StrCat("--requests: must be >= 1, found ", load.requests));
+  if (load.concurrency < 1) {
+    return Usage(absl::StrCat("--concurrency: must be >= 1, found ", load.concurrency));
+  }
+  if (load.warmup_requests < 0) {
+    return Usage(absl::StrCat("--warmup-requests: must be >= 0, found ", load.warmup_requests));
+  }
+  // Arrival gaps and deadlines become integer clock ticks: NaN, infinity and
+  // values past these overflowed them (every request past its deadline at
+  // once, arrivals at undefined times).
+  constexpr double kMinRate = 1e-6, kMaxRate = 1e9, kMaxTimeoutS = 1e6;
+  if (!(load.rate_per_s >= kMinRate && load.rate_per_s <= kMaxRate)) {
+    return Usage(absl::StrCat("--rate: must be in [", kMinRate, ", ", kMaxRate,
+                              "] requests a second, found ", load.rate_per_s));
+  }
+  if (const double timeout_s = absl::GetFlag(FLAGS_timeout_s);
+      !(timeout_s > 0 && timeout_s <= kMaxTimeoutS)) {
+    return Usage(
+        absl::StrCat("--timeout-s: must be in (0, ", kMaxTimeoutS, "] seconds, found ", timeout_s));
   }
   absl::StatusOr<v1::GenerateRequest> request = RequestFromFlags();
   if (!request.ok()) return Usage(std::string(request.status().message()));
@@ -312,6 +333,10 @@ int main(int argc, char** argv) {
   usage.contains_helpshort_flags = usage.contains_help_flags;
   absl::SetFlagsUsageConfig(usage);
   switchserve::NormalizeFlagNames(argc, argv);
-  absl::ParseCommandLine(argc, argv);
+  // absl drops words no flag takes (`--ignore-eos false` left it true).
+  const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() > 1) {
+    return switchserve::bench::Usage(absl::StrCat("unexpected argument \"", rest[1], "\""));
+  }
   return switchserve::bench::Run();
 }

@@ -2,9 +2,13 @@
 # converted official checkpoint scored and served over gRPC (the generated API
 # modules and tests/util on PYTHONPATH), and the benchmarks' roofline chart
 # (bench/roofline_chart.py, matplotlib), the pool timeline
-# (bench/pool_timeline.py), the GPU suite's summary (bench/gpu_summary.py) and
-# serving_overhead.py's CPU accounting: pytest on Debian's python3 (numpy,
-# torch, grpcio), labelled `cli`.
+# (bench/pool_timeline.py), the GPU suite's summary (bench/gpu_summary.py),
+# serving_overhead.py's CPU accounting and switchserve-bench's flag checks:
+# pytest on Debian's python3 (numpy, torch, grpcio), labelled `cli`.
 add_test(NAME cli COMMAND /usr/bin/python3 -m pytest -q ${CMAKE_CURRENT_SOURCE_DIR}/cli)
-set_tests_properties(cli PROPERTIES LABELS cli TIMEOUT 600 ENVIRONMENT
-                     "SWITCHSERVE_BINARY=$<TARGET_FILE:switchserve>;PYTHONDONTWRITEBYTECODE=1;PYTHONPATH=${SWITCHSERVE_PROTO_PYTHON_DIR}:${CMAKE_SOURCE_DIR}/tests/util")
+set(cli_environment
+    "SWITCHSERVE_BINARY=$<TARGET_FILE:switchserve>;PYTHONDONTWRITEBYTECODE=1;PYTHONPATH=${SWITCHSERVE_PROTO_PYTHON_DIR}:${CMAKE_SOURCE_DIR}/tests/util")
+if(SWITCHSERVE_BUILD_BENCH)  # switchserve-bench's flags (test_bench_flags.py)
+  list(APPEND cli_environment "SWITCHSERVE_BENCH=$<TARGET_FILE:switchserve-bench>")
+endif()
+set_tests_properties(cli PROPERTIES LABELS cli TIMEOUT 600 ENVIRONMENT "${cli_environment}")
