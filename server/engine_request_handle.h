@@ -10,6 +10,7 @@
 #include <mutex>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "engine/runtime/generation_engine.h"
@@ -22,11 +23,18 @@ class EngineRequestHandle {
   // stopping). On error the request's sink gets no update.
   absl::Status Submit(GenerationEngine* engine, GenerationRequest request) {
     auto id = engine->Submit(std::move(request));
-    std::lock_guard<std::mutex> lock(mu_);
-    engine_ = engine;
     if (!id.ok()) return id.status();
-    id_ = *id;
-    if (cancel_requested_ != CancelCause::kNone) engine_->Cancel(*id_, cancel_requested_);
+    Accepted(engine, *id);
+    return absl::OkStatus();
+  }
+  // Several requests, all queued or none (GenerationEngine::SubmitAll):
+  // handles[i] holds requests[i]. On error no request's sink gets an update.
+  static absl::Status SubmitAll(GenerationEngine* engine,
+                                const std::vector<EngineRequestHandle*>& handles,
+                                std::vector<GenerationRequest> requests) {
+    auto ids = engine->SubmitAll(std::move(requests));
+    if (!ids.ok()) return ids.status();
+    for (size_t i = 0; i < handles.size(); ++i) handles[i]->Accepted(engine, (*ids)[i]);
     return absl::OkStatus();
   }
   // `cause` tells the engine why (the call then ends CANCELLED,
@@ -38,6 +46,15 @@ class EngineRequestHandle {
   }
 
  private:
+  // The engine queued the request as `id`: a Cancel that came first goes to
+  // it now.
+  void Accepted(GenerationEngine* engine, RequestId id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    engine_ = engine;
+    id_ = id;
+    if (cancel_requested_ != CancelCause::kNone) engine_->Cancel(*id_, cancel_requested_);
+  }
+
   std::mutex mu_;
   GenerationEngine* engine_ = nullptr;
   std::optional<RequestId> id_;

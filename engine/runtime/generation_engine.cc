@@ -72,8 +72,7 @@ void GenerationEngine::Start() {
   thread_ = StartComputeThread([this] { Loop(); });
 }
 
-absl::StatusOr<RequestId> GenerationEngine::Submit(GenerationRequest request) {
-  std::lock_guard<std::mutex> lock(mu_);
+absl::Status GenerationEngine::CheckQueueRoomLocked() const {
   if (stopping_) return absl::UnavailableError("the engine is shutting down");
   // Accepted requests the snapshot does not count yet, in arrival order: those
   // TakeInbox is handing to the scheduler, then the inbox.
@@ -108,10 +107,36 @@ absl::StatusOr<RequestId> GenerationEngine::Submit(GenerationRequest request) {
         absl::StrCat("the request queue is full (", options_.max_queue,
                      " requests waiting, --max-queue); retry later"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RequestId> GenerationEngine::Submit(GenerationRequest request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (absl::Status room = CheckQueueRoomLocked(); !room.ok()) return room;
   const RequestId id = next_id_++;
   inbox_.emplace_back(id, std::move(request));
   wake_.notify_one();
   return id;
+}
+
+absl::StatusOr<std::vector<RequestId>> GenerationEngine::SubmitAll(
+    std::vector<GenerationRequest> requests) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<RequestId> ids;
+  ids.reserve(requests.size());
+  for (GenerationRequest& request : requests) {
+    // Each is counted with those before it, as separate Submits would be.
+    if (absl::Status room = CheckQueueRoomLocked(); !room.ok()) {
+      // The engine thread takes the inbox only under mu_: it has seen none
+      // of these yet.
+      inbox_.erase(inbox_.end() - static_cast<std::ptrdiff_t>(ids.size()), inbox_.end());
+      return room;
+    }
+    ids.push_back(next_id_++);
+    inbox_.emplace_back(ids.back(), std::move(request));
+  }
+  if (!ids.empty()) wake_.notify_one();
+  return ids;
 }
 
 void GenerationEngine::Cancel(RequestId id, CancelCause cause) {

@@ -111,6 +111,12 @@ class GenerationEngine {
   // waiting; UNAVAILABLE once Stop has been called. On error the sink gets no
   // update.
   absl::StatusOr<RequestId> Submit(GenerationRequest request);
+  // Queues every request of `requests` (in order; their ids in that order)
+  // or none: the refusal of the first that would not fit, as Submit's, and
+  // then no request is queued, none is seen by the engine or its observer,
+  // and no sink gets an update. For a client request of several prompts, so
+  // that one refused leaves no trace in the queue or the metrics.
+  absl::StatusOr<std::vector<RequestId>> SubmitAll(std::vector<GenerationRequest> requests);
   // The request leaves the batch at the next step and finishes with
   // FinishReason::kCancelled and `cause` (kClient or kDeadline; a request
   // whose own deadline passes, or that Stop ends, gets its cause from the
@@ -129,6 +135,9 @@ class GenerationEngine {
   static RequestState* StateOf(Sequence* sequence);
 
   void Loop();
+  // Whether one more request may be queued now, counting those in inbox_:
+  // Submit's refusal, or OK. Called with mu_ held.
+  absl::Status CheckQueueRoomLocked() const;
   // Moves submissions and cancellations into the engine's own state. Returns
   // false when the engine should exit.
   bool TakeInbox();

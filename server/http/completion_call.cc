@@ -45,23 +45,25 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
       // Held while submitting: updates of early prompts wait until every
       // prompt is in and the stream has started.
       std::lock_guard<std::mutex> lock(mu_);
+      std::vector<EngineRequestHandle*> handles;
       for (size_t i = 0; i < prompts.size(); ++i) {
         prompts[i].sink = std::make_shared<Sink>(shared_from_this(), static_cast<int>(i));
         choices_[i]->text_offset.text_started =
             PromptSpellsText(*context_.tokenizer, prompts[i].prompt);
         choices_[i]->stop_token_ids = prompts[i].sampling.stop_token_ids;
-        absl::Status status = choices_[i]->handle.Submit(context_.engine, std::move(prompts[i]));
-        if (!status.ok()) {
-          // Those already submitted are cancelled; their final updates end
-          // the call.
-          rejected_ = true;
-          remaining_ = static_cast<int>(i);
-          for (size_t j = 0; j < i; ++j) choices_[j]->handle.Cancel();
-          RejectLocked(status);
-          done = remaining_ == 0;
-          break;
-        }
-        ++remaining_;
+        handles.push_back(&choices_[i]->handle);
+      }
+      // All the prompts are queued or none: a refused request takes no room
+      // in the queue and leaves no request in the engine or its metrics.
+      const int num_prompts = static_cast<int>(prompts.size());
+      absl::Status status =
+          EngineRequestHandle::SubmitAll(context_.engine, handles, std::move(prompts));
+      if (status.ok()) {
+        remaining_ = num_prompts;
+      } else {
+        rejected_ = true;
+        RejectLocked(status);
+        done = true;
       }
       if (!rejected_ && options_.stream) {
         HttpResponse head;
@@ -302,8 +304,8 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
                         .body = Dump(error.body)});
   }
 
-  // The engine refused a prompt: answered now, counted here (the engine's
-  // observer counts no HTTP request; those submitted before are cancelled).
+  // The engine refused the prompts: answered now, counted here (the
+  // engine's observer counts no HTTP request, and none of them was queued).
   // Counted before the response goes out: a client that reads the metrics
   // after its answer finds the request there.
   void RejectLocked(const absl::Status& status) {

@@ -606,6 +606,59 @@ def test_full_queue_is_429():
         server.close()
 
 
+def metric(text, series):
+    """The value of one series (name and labels as exposed) in a scrape."""
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no {series} in the scrape:\n{text}")
+
+
+def test_request_the_full_queue_refuses_leaves_no_trace():
+    """A request of several prompts is queued whole or not at all: one that
+    does not fit is a 429 that takes no room in the queue, and none of its
+    prompts reaches the engine's metrics (no cancelled finish reason, no
+    prompt length, no queue time)."""
+    server = Server("--max-running-requests", "1", "--max-queue", "4",
+                    "--debug-step-delay-ms", "20", metrics=True)
+    try:
+        client = server.client()
+        running = client.completions.create(model=MODEL, prompt="long", max_tokens=40,
+                                            stream=True, extra_body={"ignore_eos": True})
+        next(running)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(lambda: client.completions.create(
+                model=MODEL, prompt="wait", max_tokens=3))
+            wait_until("a waiting request", lambda: cache(server).waiting_requests == 1)
+            before = server.scrape_metrics()
+            # Four prompts, room for three.
+            with pytest.raises(openai.RateLimitError) as error:
+                client.completions.create(model=MODEL, prompt=["a", "b", "c", "d"], max_tokens=3,
+                                          extra_headers={"x-request-id": "four-prompts"})
+            assert error.value.status_code == 429
+            assert waiting.result(timeout=60).usage.completion_tokens == 3
+        assert list(running)[-1].choices[0].finish_reason == "length"
+        # The engine counts a request before its last answer goes out. Since
+        # `before`: the two served requests ended and "wait" was scheduled;
+        # the refused request's prompts add nothing.
+        after = server.scrape_metrics()
+        refused = 'switchserve_requests_total{protocol="http",status="RESOURCE_EXHAUSTED"}'
+        for name, added in (
+                (refused, 1),
+                ('switchserve_request_finish_reason_total{reason="length"}', 2),
+                ('switchserve_request_finish_reason_total{reason="cancelled"}', 0),
+                ("switchserve_request_prompt_tokens_count", 2),
+                ("switchserve_request_queue_time_seconds_count", 1),
+                ("switchserve_time_to_end_without_first_token_seconds_count", 0)):
+            assert metric(after, name) - metric(before, name) == added, name
+        assert server.access_line("four-prompts")["http_status"] == 429
+        # Once the queue has room, the same request is served whole.
+        done = client.completions.create(model=MODEL, prompt=["a", "b", "c", "d"], max_tokens=3)
+        assert [c.finish_reason for c in done.choices] == ["length"] * 4
+    finally:
+        server.close()
+
+
 def test_disconnect_cancels_the_request():
     server = Server("--debug-step-delay-ms", "50")
     try:

@@ -569,6 +569,52 @@ TEST_F(GenerationEngineTest, QueueLimitCountsWhatTheBatchHasNoRoomForAndStop) {
   EXPECT_EQ(engine_->Submit(std::move(late)).status().code(), absl::StatusCode::kUnavailable);
 }
 
+// SubmitAll (an HTTP request of several prompts) queues all its requests or
+// none: one that does not fit leaves the others out too, so the refused
+// request takes no room in the queue and no request of it reaches the
+// observer (the metrics) as cancelled.
+TEST_F(GenerationEngineTest, SubmitAllQueuesEveryRequestOrNone) {
+  FirstTokenRecorder observer;
+  Init(256, 256, /*max_running=*/1, /*max_queue=*/2, std::nullopt, &observer);
+  // Not started: "a" joins the next step's batch, two more may wait.
+  std::vector<std::shared_ptr<CollectingSink>> accepted = {Submit("a", Greedy(2))};
+  std::vector<std::shared_ptr<CollectingSink>> refused_sinks;
+  std::vector<GenerationRequest> three(3);
+  for (GenerationRequest& request : three) {
+    request.prompt = {1};
+    request.sampling = Greedy(2);
+    refused_sinks.push_back(std::make_shared<CollectingSink>());
+    request.sink = refused_sinks.back();
+  }
+  EXPECT_EQ(engine_->SubmitAll(std::move(three)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  // The queue still has room for two.
+  std::vector<GenerationRequest> two(2);
+  std::vector<std::shared_ptr<CollectingSink>> two_sinks;
+  for (GenerationRequest& request : two) {
+    request.prompt = {1};
+    request.sampling = Greedy(2);
+    two_sinks.push_back(std::make_shared<CollectingSink>());
+    request.sink = two_sinks.back();
+  }
+  auto ids = engine_->SubmitAll(std::move(two));
+  EXPECT_TRUE(ids.ok()) << ids.status();
+  if (ids.ok()) {
+    EXPECT_EQ(ids->size(), 2u);
+    EXPECT_LT(ids->front(), ids->back());
+    accepted.insert(accepted.end(), two_sinks.begin(), two_sinks.end());
+  }
+  EXPECT_EQ(SubmitOneToken().code(), absl::StatusCode::kResourceExhausted);
+  engine_->Start();
+  for (const auto& sink : accepted) EXPECT_EQ(sink->Wait().finish_reason, FinishReason::kLength);
+  engine_->Stop();  // before `observer` goes
+  for (const auto& sink : refused_sinks) EXPECT_EQ(sink->updates(), 0);
+  std::lock_guard<std::mutex> lock(observer.mu);
+  EXPECT_EQ(std::count(observer.events.begin(), observer.events.end(), "finished"),
+            static_cast<std::ptrdiff_t>(accepted.size()));
+  EXPECT_EQ(accepted.size(), 3u);
+}
+
 // Room in the batch is a slot and KV blocks for a request's first chunk: a
 // request the cache cannot take waits and counts against --max-queue
 // (counting slots alone let a burst past the limit while the cache was full).
