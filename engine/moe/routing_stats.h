@@ -37,7 +37,7 @@ struct StepRoutingStats {
 
 // Load-balance figures of one router over some window of tokens.
 struct BalanceFigures {
-  double aux_loss = 0;         // E * sum_e f_e * P_e; 1 when balanced, up to E
+  double aux_loss = 0;         // E * sum_e f_e * P_e; 1 when balanced, up to E/k
   double load_cv = 0;          // std/mean of routed counts
   double dead_fraction = 0;    // share of experts with no routed assignment
   double entropy = 0;          // entropy (nats) of the routed-assignment shares
