@@ -1,5 +1,5 @@
 // `switchserve serve`: loads the model, starts the engine thread and the gRPC
-// server, and drains gracefully on SIGTERM / SIGINT.
+// server, and drains gracefully on SIGTERM / SIGINT / SIGHUP.
 #include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -535,6 +535,9 @@ int RunServeCommand(int argc, char** argv) {
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
+  // The terminal that started the server closed: a drain, as for SIGTERM,
+  // rather than the default action's end of every running call.
+  sigaddset(&stop_signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   g_stop_signal_thread = pthread_self();
   struct sigaction forward = {};
@@ -543,6 +546,7 @@ int RunServeCommand(int argc, char** argv) {
   forward.sa_flags = SA_RESTART;
   sigaction(SIGTERM, &forward, nullptr);
   sigaction(SIGINT, &forward, nullptr);
+  sigaction(SIGHUP, &forward, nullptr);
 
   absl::ParseCommandLine(argc, argv);  // main() already turned --a-b into --a_b
   auto options = ServerOptionsFromFlags();

@@ -22,10 +22,12 @@
 namespace switchserve::testing {
 namespace {
 
-// Starts streams, sends SIGTERM once each has its first message, and checks
-// the drain: `drain_timeout_s` is long enough (or unbounded) for all to finish.
-// `second_signal` (0: none) is sent while the streams drain.
-void ExpectSigtermDrainsRunningStreams(const std::string& drain_timeout_s, int second_signal = 0) {
+// Starts streams, sends `stop_signal` (SIGTERM) once each has its first
+// message, and checks the drain: `drain_timeout_s` is long enough (or
+// unbounded) for all to finish. `second_signal` (0: none) is sent while the
+// streams drain.
+void ExpectSigtermDrainsRunningStreams(const std::string& drain_timeout_s, int second_signal = 0,
+                                       int stop_signal = SIGTERM) {
   auto server =
       ServerProcess::Start({"--debug-step-delay-ms", "25", "--drain-timeout-s", drain_timeout_s});
   ASSERT_TRUE(server.ok()) << server.status();
@@ -56,7 +58,7 @@ void ExpectSigtermDrainsRunningStreams(const std::string& drain_timeout_s, int s
     });
   }
   while (started.load() < kStreams) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  (*server)->Signal(SIGTERM);
+  (*server)->Signal(stop_signal);
 
   // While the streams drain: not ready, and new calls are refused.
   bool saw_not_serving = false, saw_unavailable = false;
@@ -99,6 +101,14 @@ TEST(LifecycleTest, SigtermDrainsRunningStreamsAndExitsZero) {
 TEST(LifecycleTest, ASecondSignalDuringTheDrainChangesNothing) {
   ExpectSigtermDrainsRunningStreams("30", SIGTERM);
   ExpectSigtermDrainsRunningStreams("30", SIGINT);
+}
+
+// SIGINT (Ctrl-C) and SIGHUP (the terminal that started the server closed)
+// drain as SIGTERM does; SIGHUP's default action ended the process at once,
+// cutting off every running call.
+TEST(LifecycleTest, SigintAndSighupDrainLikeSigterm) {
+  ExpectSigtermDrainsRunningStreams("30", 0, SIGINT);
+  ExpectSigtermDrainsRunningStreams("30", 0, SIGHUP);
 }
 
 // An unbounded grace period waits for the calls; it used to overflow in the
