@@ -15,6 +15,8 @@
 // flags --threads, --max-batch-tokens, --max-running-requests,
 // --kv-cache-bytes, --stream-interval, ... apply, with the same defaults):
 // the gRPC figures divided by these are the cost of serving.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -149,6 +151,18 @@ int RunOverHttp(const v1::GenerateRequest& request, const LoadOptions& load,
   int port = 0;
   if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port)) {
     return Usage("--http-address: want IP:PORT, found \"" + address + "\"");
+  }
+  // The HTTP client connects to an address, without resolving a name.
+  const std::string ip = address.substr(0, colon);
+  in6_addr parsed;
+  if (inet_pton(AF_INET, ip.c_str(), &parsed) != 1 &&
+      inet_pton(AF_INET6, ip.c_str(), &parsed) != 1) {
+    return Usage(
+        "--http-address: want IP:PORT with an IPv4 or IPv6 address, not a host name, found \"" +
+        address + "\"");
+  }
+  if (port < 1 || port > 65535) {
+    return Usage("--http-address: the port must be in [1, 65535], found " + std::to_string(port));
   }
   HttpTransport transport(address.substr(0, colon), port, request, BearerToken(),
                           absl::GetFlag(FLAGS_timeout_s));

@@ -49,3 +49,21 @@ def test_bench_runs_at_the_edges_it_accepts():
     result = bench("--mode", "open", "--rate", "1e9", "--timeout-s", "1e6")
     assert result.returncode == 0, result.stderr
     assert "requests: 2 ok, 0 failed" in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("address, expected", [
+    # A host name: the HTTP client connects to an address and resolves
+    # nothing (it used to abort on an uncaught exception, exit code 134).
+    ("localhost:8000", '--http-address: want IP:PORT with an IPv4 or IPv6 address, not a host name, '
+                       'found "localhost:8000"'),
+    ("127.0.0.1", '--http-address: want IP:PORT, found "127.0.0.1"'),
+    # Ports past 65535 wrapped around to another port.
+    ("127.0.0.1:99999", "--http-address: the port must be in [1, 65535], found 99999"),
+    ("127.0.0.1:0", "--http-address: the port must be in [1, 65535], found 0"),
+])
+def test_bench_refuses_an_http_address_it_cannot_connect_to(address, expected):
+    result = subprocess.run([BENCH, "--http-address", address, "--requests", "2"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"switchserve-bench: {expected}" in result.stderr, result.stderr
+    assert "requests:" not in result.stdout
