@@ -412,10 +412,9 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   health->SetServingStatus(true);
 
   Log(absl::StrFormat(
-      "model %s (%s): %s, %d layers, d_model %d, vocab %d, context %d, tokenizer %s",
-      config.name.empty() ? "(unnamed)" : config.name, model_dir, ArchitectureName(config),
-      config.n_layers, config.d_model, config.vocab_size, config.max_seq_len,
-      config.tokenizer == TokenizerKind::kByte ? "byte" : "sentencepiece"));
+      "model %s (%s): %s, %d layers, d_model %d, vocab %d, context %d, tokenizer %s", model_name,
+      model_dir, ArchitectureName(config), config.n_layers, config.d_model, config.vocab_size,
+      config.max_seq_len, config.tokenizer == TokenizerKind::kByte ? "byte" : "sentencepiece"));
   Log(absl::StrCat("dispatch: ", DescribeDispatch(dispatch)));
   if (const std::string warning = SharedCapacityWarning(dispatch); !warning.empty()) Log(warning);
   const std::string kernels =

@@ -426,3 +426,25 @@ def test_every_serve_flag_is_in_the_readme_flag_table():
     listed = set(listed_defaults(run("serve", "--help").stdout))
     assert len(listed) >= 20
     assert listed - documented == set(), "serve flags missing from README's flag table"
+
+
+@pytest.mark.parametrize("config_name, extra, expected", [
+    ("", [], "unnamed-dir"),                                   # the directory's name
+    ("kjv", [], "kjv"),                                        # config.json's name
+    ("kjv", ["--served-model-name", "served-x"], "served-x"),  # the flag
+])
+def test_startup_log_names_the_model_as_it_is_served(tmp_path, config_name, extra, expected):
+    """The startup log's `model NAME (DIR)` line gives the name clients use
+    (the HTTP API's `model`, GetModelInfo's `name`), not an "(unnamed)"."""
+    from server_process import ServerProcess
+    model = tmp_path / "unnamed-dir"
+    shutil.copytree(GOLDEN / "switchall_f16", model)
+    config = json.loads((model / "config.json").read_text())
+    config["name"] = config_name
+    (model / "config.json").write_text(json.dumps(config))
+    server = ServerProcess(BINARY, model, *extra)
+    try:
+        log = server.log()
+    finally:
+        server.close()
+    assert re.search(rf"switchserve: model {re.escape(expected)} \({re.escape(str(model))}\): ", log), log
