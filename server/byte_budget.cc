@@ -6,21 +6,12 @@
 
 namespace switchserve {
 
-int64_t ByteBudget::used() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return used_;
-}
-
 bool ByteBudget::TryTake(int64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (bytes > limit_ - used_) return false;
-  used_ += bytes;
+  int64_t used = used_.load(std::memory_order_relaxed);
+  do {
+    if (bytes > limit_ - used) return false;
+  } while (!used_.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed));
   return true;
-}
-
-void ByteBudget::Give(int64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
-  used_ -= bytes;
 }
 
 ByteReservation::ByteReservation(ByteReservation&& other) noexcept

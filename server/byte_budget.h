@@ -6,28 +6,28 @@
 #ifndef SWITCHSERVE_SERVER_BYTE_BUDGET_H_
 #define SWITCHSERVE_SERVER_BYTE_BUDGET_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 
 namespace switchserve {
 
-// A limit and what is taken of it. Thread-safe.
+// A limit and what is taken of it. Thread-safe and lock-free: a stream
+// takes and gives back on every message, on the engine thread among others.
 class ByteBudget {
  public:
   explicit ByteBudget(int64_t limit_bytes) : limit_(limit_bytes) {}
   int64_t limit() const { return limit_; }
-  int64_t used() const;
+  int64_t used() const { return used_.load(std::memory_order_relaxed); }
   // Takes `bytes` if they fit beside what is taken; false (taking nothing)
   // if not.
   bool TryTake(int64_t bytes);
-  void Give(int64_t bytes);
+  void Give(int64_t bytes) { used_.fetch_sub(bytes, std::memory_order_relaxed); }
 
  private:
   const int64_t limit_;
-  mutable std::mutex mu_;
-  int64_t used_ = 0;
+  std::atomic<int64_t> used_{0};
 };
 
 // What one holder takes of a ByteBudget, given back when the reservation is

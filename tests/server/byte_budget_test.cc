@@ -2,8 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <memory>
+#include <thread>
 #include <utility>
+#include <vector>
 
 namespace switchserve {
 namespace {
@@ -54,6 +57,22 @@ TEST(ByteBudgetTest, ShrinkingGivesBackTheDifferenceForOthersToTake) {
   a.ShrinkTo(0);
   b.ShrinkTo(0);
   EXPECT_EQ(budget->used(), 0);
+}
+
+TEST(ByteBudgetTest, ThreadsTakingAtOnceNeverTakeMoreThanTheLimit) {
+  ByteBudget budget(1000);
+  std::atomic<int> taken{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 1000; ++i) taken += budget.TryTake(1) ? 1 : 0;
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(taken.load(), 1000);
+  EXPECT_EQ(budget.used(), 1000);
+  for (int i = 0; i < 1000; ++i) budget.Give(1);
+  EXPECT_EQ(budget.used(), 0);
 }
 
 }  // namespace
