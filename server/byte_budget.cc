@@ -48,9 +48,10 @@ std::string StreamOutputPastLimitMessage(int64_t max_stream_buffer_bytes) {
                       " bytes: its client is not reading");
 }
 
-std::string StreamBudgetFullMessage(const ByteBudget& budget) {
-  return absl::StrCat("the server's streams hold as much unread output as they may (",
-                      budget.limit(), " bytes in all): this stream's client is not reading");
+std::string OutputBudgetFullMessage(const ByteBudget& budget, bool stream) {
+  return absl::StrCat("the server holds as much output waiting for clients as it may (",
+                      budget.limit(), " bytes in all)",
+                      stream ? ": this stream's client is not reading" : "; retry later");
 }
 
 }  // namespace switchserve

@@ -1,6 +1,6 @@
 // Bytes that many holders share under one limit: the HTTP request bodies
 // being read (--http-body-buffer-bytes), and the streamed output waiting for
-// clients that do not read it (--stream-buffer-budget-bytes). A holder takes
+// clients that do not read it (--output-buffer-bytes). A holder takes
 // its share through a ByteReservation, given back when the reservation is
 // destroyed, so that a holder that goes away never leaves bytes taken.
 #ifndef SWITCHSERVE_SERVER_BYTE_BUDGET_H_
@@ -58,10 +58,11 @@ class ByteReservation {
 // Why a stream (gRPC GenerateStream, an HTTP streamed completion) was ended
 // with its client not reading: its own unread output passed
 // `max_stream_buffer_bytes` (--max-stream-buffer-bytes), or did not fit in
-// `budget`, the unread output of all streams together
-// (--stream-buffer-budget-bytes).
+// `budget`, the output waiting for all clients together
+// (--output-buffer-bytes); or, `stream` false, why a unary response that
+// did not fit there was refused.
 std::string StreamOutputPastLimitMessage(int64_t max_stream_buffer_bytes);
-std::string StreamBudgetFullMessage(const ByteBudget& budget);
+std::string OutputBudgetFullMessage(const ByteBudget& budget, bool stream = true);
 
 }  // namespace switchserve
 

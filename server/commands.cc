@@ -48,7 +48,7 @@ const std::vector<Command>& AllCommands() {
         "stream_interval",
         "stream_write_timeout_s",
         "max_stream_buffer_bytes",
-        "stream_buffer_budget_bytes",
+        "output_buffer_bytes",
         "max_request_bytes",
         "max_metadata_bytes",
         "capacity_factor",

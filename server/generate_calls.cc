@@ -127,7 +127,7 @@ class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBu
         params_(request.sampling),
         detail_(request.sampling.logprobs > 0 || request.sampling.return_routing),
         access_(CallAccessRecord(*context, request, "GenerateStream")),
-        held_(service->stream_buffer_budget()) {
+        held_(service->output_budget()) {
     service_->CallStarted();
     service_->streams().Add(this);
   }
@@ -182,7 +182,7 @@ class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBu
         if (pending_bytes_ > service_->max_stream_buffer_bytes()) {
           EndLocked(StreamOutputPastLimitMessage(service_->max_stream_buffer_bytes()));
         } else if (!held_.GrowTo(pending_bytes_ + in_flight_bytes_)) {
-          EndLocked(StreamBudgetFullMessage(*service_->stream_buffer_budget()));
+          EndLocked(OutputBudgetFullMessage(*service_->output_budget()));
         }
       }
       finished_ = update.finished;

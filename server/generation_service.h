@@ -55,9 +55,9 @@ struct GenerationServiceOptions {
   int64_t max_stream_buffer_bytes = int64_t{4} << 20;
   // GenerateStream: the output every stream's client has yet to take, all
   // streams together (serialized bytes merged or being written; shared with
-  // the HTTP API's streams, --stream-buffer-budget-bytes); a stream whose
+  // the HTTP API's streams, --output-buffer-bytes); a stream whose
   // output does not fit is ended the same way. Null: no shared limit.
-  std::shared_ptr<ByteBudget> stream_buffer_budget;
+  std::shared_ptr<ByteBudget> output_budget;
 };
 
 // Every method takes raw byte buffers, so that a malformed request (bad
@@ -95,9 +95,7 @@ class GenerationService final : public GenerationServiceBase {
   WriteQueue& write_queue() { return write_queue_; }
   StreamRegistry& streams() { return streams_; }
   int64_t max_stream_buffer_bytes() const { return options_.max_stream_buffer_bytes; }
-  const std::shared_ptr<ByteBudget>& stream_buffer_budget() const {
-    return options_.stream_buffer_budget;
-  }
+  const std::shared_ptr<ByteBudget>& output_budget() const { return options_.output_budget; }
   void CallStarted() { options_.gate->CallStarted(); }
   void CallDone() { options_.gate->CallDone(); }
   // Counts (switchserve_requests_total) and logs a Generate* call as it

@@ -75,12 +75,12 @@ int64_t HttpBodyBytes(const ServerOptions& options) {
   return std::max(budget, options.max_request_bytes);
 }
 
-// The output all streams together may hold for clients that do not read it
-// (--stream-buffer-budget-bytes; by default as much as gRPC's buffers), with
-// room for one stream's --max-stream-buffer-bytes.
-int64_t StreamBufferBytes(const ServerOptions& options) {
-  const int64_t budget = options.stream_buffer_budget_bytes > 0 ? options.stream_buffer_budget_bytes
-                                                                : GrpcMemoryBytes();
+// The output all responses together may hold waiting for their clients
+// (--output-buffer-bytes; by default as much as gRPC's buffers), with room
+// for one stream's --max-stream-buffer-bytes.
+int64_t OutputBufferBytes(const ServerOptions& options) {
+  const int64_t budget =
+      options.output_buffer_bytes > 0 ? options.output_buffer_bytes : GrpcMemoryBytes();
   return std::max(budget, options.max_stream_buffer_bytes);
 }
 
@@ -336,9 +336,10 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   service_options.stream_interval = options.stream_interval;
   service_options.stream_write_timeout_s = options.stream_write_timeout_s;
   service_options.max_stream_buffer_bytes = options.max_stream_buffer_bytes;
-  // One budget for the unread output of gRPC's and HTTP's streams.
-  const auto stream_buffer_budget = std::make_shared<ByteBudget>(StreamBufferBytes(options));
-  service_options.stream_buffer_budget = stream_buffer_budget;
+  // One budget for the output waiting for clients: gRPC's and HTTP's
+  // streams, HTTP's unary responses.
+  const auto output_budget = std::make_shared<ByteBudget>(OutputBufferBytes(options));
+  service_options.output_budget = output_budget;
   GenerationService service(service_options);
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -383,7 +384,8 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
                         .gate = &gate,
                         .created_unix_s = absl::ToUnixSeconds(absl::Now()),
                         .stream_interval = options.stream_interval,
-                        .max_prompts = options.max_queue});
+                        .max_prompts = options.max_queue,
+                        .output_budget = output_budget});
   std::unique_ptr<HttpServer> http;
   RefusedConnections refused_connections(serving_metrics.get());
   if (options.http_port != 0) {
@@ -394,7 +396,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
          .max_body_bytes = options.max_request_bytes,
          .max_buffered_body_bytes = HttpBodyBytes(options),
          .max_stream_buffer_bytes = options.max_stream_buffer_bytes,
-         .stream_buffer_budget = stream_buffer_budget,
+         .output_budget = output_budget,
          .max_connection_age_s = options.connections.max_connection_age_s,
          .max_connections = options.http_max_connections,
          .on_connection_refused =
@@ -458,9 +460,9 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
                       auth ? "bearer token required" : "no authentication"));
   Log(absl::StrCat(ConnectionSummary(options.connections), "; open files up to ", open_files,
                    "; gRPC: ", kMaxStreamsPerConnection, " calls a connection, buffers up to ",
-                   grpc_memory_bytes >> 20, " MiB; streams' unread output up to ",
-                   options.max_stream_buffer_bytes, " bytes a stream, ",
-                   stream_buffer_budget->limit(), " in all"));
+                   grpc_memory_bytes >> 20, " MiB; output waiting for clients up to ",
+                   options.max_stream_buffer_bytes, " bytes a stream, ", output_budget->limit(),
+                   " in all"));
   if (exposer != nullptr) {
     Log(absl::StrCat("metrics on http://", HostPort(options.metrics_host, exposer->port()),
                      "/metrics",

@@ -54,11 +54,12 @@ ABSL_FLAG(int64_t, max_stream_buffer_bytes, 4194304,
           "Output (serialized bytes) a stream (GenerateStream, a streamed HTTP completion) may "
           "hold while its client is not reading; beyond it the stream is ended "
           "(RESOURCE_EXHAUSTED) and its request cancelled");
-ABSL_FLAG(int64_t, stream_buffer_budget_bytes, 0,
-          "Output all streams together (gRPC and HTTP) may hold while their clients are not "
-          "reading, in bytes; a stream whose output does not fit is ended the same way. 0: a "
-          "quarter of the memory limit, at most 1 GiB (as gRPC's buffers); never less than "
-          "--max-stream-buffer-bytes");
+ABSL_FLAG(int64_t, output_buffer_bytes, 0,
+          "Output all responses together may hold waiting for their clients to read it, in "
+          "bytes: streams' unread output (gRPC and HTTP) and non-streamed HTTP responses; a "
+          "stream whose output does not fit is ended the same way, such an HTTP response is "
+          "answered 429 instead. 0: a quarter of the memory limit, at most 1 GiB (as gRPC's "
+          "buffers); never less than --max-stream-buffer-bytes");
 ABSL_FLAG(int64_t, max_request_bytes, 4194304,
           "Largest request message gRPC accepts (RESOURCE_EXHAUSTED beyond)");
 ABSL_FLAG(int64_t, max_metadata_bytes, 16384,
@@ -137,7 +138,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.stream_interval = absl::GetFlag(FLAGS_stream_interval);
   o.stream_write_timeout_s = absl::GetFlag(FLAGS_stream_write_timeout_s);
   o.max_stream_buffer_bytes = absl::GetFlag(FLAGS_max_stream_buffer_bytes);
-  o.stream_buffer_budget_bytes = absl::GetFlag(FLAGS_stream_buffer_budget_bytes);
+  o.output_buffer_bytes = absl::GetFlag(FLAGS_output_buffer_bytes);
   o.max_request_bytes = absl::GetFlag(FLAGS_max_request_bytes);
   o.max_metadata_bytes = absl::GetFlag(FLAGS_max_metadata_bytes);
   o.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
@@ -259,8 +260,8 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   if (o.max_stream_buffer_bytes < 1024) {
     return FlagError("max-stream-buffer-bytes", "must be >= 1024");
   }
-  if (o.stream_buffer_budget_bytes < 0) {
-    return FlagError("stream-buffer-budget-bytes", "must be >= 0");
+  if (o.output_buffer_bytes < 0) {
+    return FlagError("output-buffer-bytes", "must be >= 0");
   }
   if (o.max_request_bytes < 1024 || o.max_request_bytes > (int64_t{1} << 31) - 1) {
     return FlagError("max-request-bytes", "must be in [1024, 2^31)");

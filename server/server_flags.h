@@ -78,11 +78,11 @@ struct ServerOptions {
   // GenerateStream: a stream whose client stops reading is ended after its
   // write has waited this long (GenerationServiceOptions). Any stream (gRPC,
   // HTTP): ended once this much output waits for it, or once the output
-  // waiting for all streams' clients would pass the budget (0: the default,
-  // serve_command.cc).
+  // waiting for all clients (streams, non-streamed HTTP responses) would pass
+  // output_buffer_bytes (0: the default, serve_command.cc).
   double stream_write_timeout_s = 0;
   int64_t max_stream_buffer_bytes = 0;
-  int64_t stream_buffer_budget_bytes = 0;
+  int64_t output_buffer_bytes = 0;
   int64_t max_request_bytes = 0;
   // Request metadata of one call, counted as HPACK does (name + value + 32
   // bytes per entry). The service refuses a call above it; the transport

@@ -256,43 +256,63 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
   // A render thread: the unary response of a call whose prompts all
   // finished well (FinishLocked), its count, its access-log line and its end
   // in the gate. Without mu_ but for gone_: every prompt has its final
-  // update, so nothing else reads or writes the choices or access_ now.
+  // update, so nothing else reads or writes the choices or access_ now. The
+  // response holds its bytes of the output budget until it is written: one
+  // that does not fit is answered 429 instead.
   void RenderResponse() {
-    bool gone;
+    absl::StatusCode code = absl::StatusCode::kOk;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      gone = gone_;
+      if (gone_) code = gone_code_;
     }
-    const absl::StatusCode code = gone ? absl::StatusCode::kCancelled : absl::StatusCode::kOk;
+    HttpResponse response;
+    if (code == absl::StatusCode::kOk) {  // no work for a client that left
+      response = {.status = 200,
+                  .headers = {{"x-request-id", access_.request_id}},
+                  .body = Dump(ResponseBody()),
+                  .held = ByteReservation(context_.output_budget)};
+      if (!response.held.GrowTo(static_cast<int64_t>(response.body.size()))) {
+        const absl::Status full = absl::ResourceExhaustedError(
+            OutputBudgetFullMessage(*context_.output_budget, /*stream=*/false));
+        code = full.code();
+        ApiError error = MakeApiError(full);
+        response = {.status = error.http_status,
+                    .headers = {{"x-request-id", access_.request_id}},
+                    .body = Dump(error.body)};
+      }
+    }
     if (context_.metrics != nullptr) context_.metrics->RecordRequest(RequestProtocol::kHttp, code);
     access_.status = code;
-    access_.http_status = HttpStatusFor(code);
-    if (!gone) {  // no work for a client that left
-      Json choices = Json::array();
-      for (size_t i = 0; i < choices_.size(); ++i) {
-        Choice& choice = *choices_[i];
-        Json logprobs = nullptr;
-        if (options_.logprobs >= 0) {
-          const TextEnd end = choice.tokens.empty()
-                                  ? TextEnd::kAfterLast
-                                  : TextEndOf(choice.final_update->finish_reason,
-                                              choice.tokens.back().token_id, choice.stop_token_ids);
-          logprobs = LogprobsObject(*context_.tokenizer, choice.tokens, options_.logprobs,
-                                    options_.tokens_as_ids, &choice.text_offset, end);
-        }
-        choices.push_back(
-            {{"index", i},
-             {"text", std::move(choice.text)},
-             {"logprobs", std::move(logprobs)},
-             {"finish_reason", OpenAiFinishReason(choice.final_update->finish_reason)}});
-      }
-      Json body = Chunk(std::move(choices));
-      body["usage"] = Usage();
-      exchange_->Respond(
-          {.status = 200, .headers = {{"x-request-id", access_.request_id}}, .body = Dump(body)});
-    }
+    access_.http_status = code == absl::StatusCode::kOk ? 200 : HttpStatusFor(code);
+    if (response.status != 0) exchange_->Respond(std::move(response));
     LogAccess(access_);
     context_.gate->CallDone();
+  }
+
+  // The unary response's JSON: every choice's text and logprobs, and the
+  // usage.
+  Json ResponseBody() {
+    Json choices = Json::array();
+    for (size_t i = 0; i < choices_.size(); ++i) {
+      Choice& choice = *choices_[i];
+      Json logprobs = nullptr;
+      if (options_.logprobs >= 0) {
+        const TextEnd end = choice.tokens.empty()
+                                ? TextEnd::kAfterLast
+                                : TextEndOf(choice.final_update->finish_reason,
+                                            choice.tokens.back().token_id, choice.stop_token_ids);
+        logprobs = LogprobsObject(*context_.tokenizer, choice.tokens, options_.logprobs,
+                                  options_.tokens_as_ids, &choice.text_offset, end);
+      }
+      choices.push_back(
+          {{"index", i},
+           {"text", std::move(choice.text)},
+           {"logprobs", std::move(logprobs)},
+           {"finish_reason", OpenAiFinishReason(choice.final_update->finish_reason)}});
+    }
+    Json body = Chunk(std::move(choices));
+    body["usage"] = Usage();
+    return body;
   }
 
   void RespondErrorLocked(const absl::Status& status) {

@@ -31,6 +31,10 @@ struct CompletionCallContext {
   CallGate* gate = nullptr;
   RenderThreads* render_threads = nullptr;  // renders unary responses
   std::string model_name;
+  // What responses hold while they wait for their clients: a unary
+  // response's body takes its bytes until written (HttpServerOptions'
+  // output_budget counts the streams' events); null: no limit.
+  std::shared_ptr<ByteBudget> output_budget;
 };
 
 struct CompletionOptions {

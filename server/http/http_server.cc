@@ -200,7 +200,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
       : state_(state),
         stream_(std::move(stream)),
         peer_(std::move(peer)),
-        stream_reservation_(state->options.stream_buffer_budget) {}
+        stream_reservation_(state->options.output_budget) {}
   ~Session() override {
     std::lock_guard<std::mutex> lock(state_->mu);
     --state_->live_sessions;
@@ -469,8 +469,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
       return false;
     }
     if (!stream_reservation_.GrowTo(unread)) {
-      EndResponse(
-          absl::ResourceExhaustedError(StreamBudgetFullMessage(*options.stream_buffer_budget)));
+      EndResponse(absl::ResourceExhaustedError(OutputBudgetFullMessage(*options.output_budget)));
       return false;
     }
     unread_stream_bytes_ = unread;
@@ -506,6 +505,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
         full_.emplace();
         SetHead(piece.response, &*full_);
         full_->body() = std::move(piece.response.body);
+        full_held_ = std::move(piece.response.held);
         full_->prepare_payload();
         if (head_only_) {
           // HEAD: the headers GET would get, Content-Length included, and
@@ -567,6 +567,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     beast::error_code ignored;
     Lowest().socket().cancel(ignored);  // the disconnect watch
     full_.reset();
+    full_held_ = ByteReservation();
     head_serializer_.reset();
     head_.reset();
     if (!keep_alive_) return Close();
@@ -612,6 +613,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   ByteReservation stream_reservation_;
   // What the write in flight reads from.
   std::optional<http::response<http::string_body>> full_;
+  ByteReservation full_held_;  // what full_'s body holds of the output budget
   std::optional<http::response_serializer<http::string_body>> full_serializer_;
   bool head_only_ = false;  // the request being answered is a HEAD
   bool http10_ = false;     // ... comes from an HTTP/1.0 client

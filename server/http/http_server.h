@@ -37,6 +37,9 @@ struct HttpResponse {
   std::string content_type = "application/json";
   std::vector<std::pair<std::string, std::string>> headers;  // extra headers
   std::string body;                                          // ignored for StartStream
+  // Respond: what the body holds of a budget (the output waiting for
+  // clients), given back once it is written or the connection closes.
+  ByteReservation held{};
 };
 
 // One request being answered. The handler (or whoever it hands the exchange
@@ -89,10 +92,11 @@ struct HttpServerOptions {
   // A streamed response (StartStream) whose client does not read: the
   // written data it may hold waiting (rendered, not yet taken by the
   // socket), and the budget that data takes from, shared with every other
-  // stream (null: none). Past either the connection is closed and the
-  // exchange's on_gone told why (RESOURCE_EXHAUSTED).
+  // response waiting for its client (null: none; a unary response brings its
+  // own reservation, HttpResponse::held). Past either the connection is
+  // closed and the exchange's on_gone told why (RESOURCE_EXHAUSTED).
   int64_t max_stream_buffer_bytes = int64_t{4} << 20;
-  std::shared_ptr<ByteBudget> stream_buffer_budget;
+  std::shared_ptr<ByteBudget> output_budget;
   int threads = 2;
   // Keep-alive connections close after their first response past this age
   // (0: no limit), so clients reconnect and spread over new replicas.

@@ -209,7 +209,8 @@ void OpenAiService::Completions(const std::shared_ptr<HttpExchange>& exchange) c
                        .metrics = options_.metrics,
                        .gate = options_.gate,
                        .render_threads = render_threads_.get(),
-                       .model_name = options_.model_name},
+                       .model_name = options_.model_name,
+                       .output_budget = options_.output_budget},
                       exchange, options, std::move(prompts), std::move(access));
 }
 

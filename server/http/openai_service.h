@@ -49,6 +49,10 @@ struct OpenAiServiceOptions {
   int max_prompts = 0;
   // Threads that render unary completion responses (RenderThreads).
   int render_threads = 2;
+  // Output waiting for clients, all responses together (--output-buffer-bytes):
+  // a unary completion's body that does not fit is answered 429. Null: no
+  // limit.
+  std::shared_ptr<ByteBudget> output_budget;
 };
 
 class OpenAiService {

@@ -751,6 +751,36 @@ def test_a_stream_whose_client_reads_nothing_ends_past_its_buffer_limit():
         server.close()
 
 
+def test_a_unary_response_past_the_output_budget_is_429():
+    """A non-streamed response waits whole for its client, and one request of
+    many prompts with logprobs can make tens of megabytes: its body holds its
+    bytes of --output-buffer-bytes until written, and one that does not fit
+    is answered 429 (the work is lost, the server's memory is not). Responses
+    that fit are answered and give their bytes back."""
+    server = Server("--max-stream-buffer-bytes", "1024", "--output-buffer-bytes", "8192",
+                    metrics=True)
+    try:
+        client = server.client()
+        for _ in range(40):  # each gives its bytes back once written (40 x ~300 > 8192)
+            assert client.completions.create(model=MODEL, prompt="ok", max_tokens=4).usage
+        with pytest.raises(openai.RateLimitError) as error:
+            client.completions.create(model=MODEL, prompt=["big"] * 8, max_tokens=40, logprobs=5,
+                                      extra_headers={"x-request-id": "too-big"})
+        assert error.value.status_code == 429
+        assert error.value.body["message"] == (
+            "the server holds as much output waiting for clients as it may (8192 bytes in all); "
+            "retry later")
+        record = server.access_line("too-big")
+        assert (record["status"], record["http_status"]) == ("RESOURCE_EXHAUSTED", 429)
+        assert record["completion_tokens"] == 320  # generated, then refused
+        text = server.scrape_metrics()
+        assert 'switchserve_requests_total{protocol="http",status="RESOURCE_EXHAUSTED"} 1\n' in text
+        assert 'switchserve_requests_total{protocol="http",status="OK"} 40\n' in text
+        assert client.completions.create(model=MODEL, prompt="ok", max_tokens=4).usage
+    finally:
+        server.close()
+
+
 def completion_request(request_id, max_tokens=4, extra_head=b"", pad=0, **fields):
     """A raw POST /v1/completions for the prompt `request_id`, its JSON body
     padded with `pad` spaces."""

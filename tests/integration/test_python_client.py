@@ -409,12 +409,12 @@ def test_a_stream_whose_unread_output_passes_the_buffer_limit_ends_there():
 def test_streams_share_a_budget_of_unread_output():
     """Per call, stalled streams could still hold the limit times the calls
     (256 a connection). All streams together, gRPC's and HTTP's, hold at most
-    --stream-buffer-budget-bytes: with it at one call's limit, two stalled
+    --output-buffer-bytes: with it at one call's limit, two stalled
     calls growing step by step cannot both reach that limit, and the first
     whose output no longer fits is ended saying so."""
     metrics_port = free_port()
     server = Server("--log-format", "json", "--debug-step-delay-ms", "20",
-                    "--max-stream-buffer-bytes", "16384", "--stream-buffer-budget-bytes", "16384",
+                    "--max-stream-buffer-bytes", "16384", "--output-buffer-bytes", "16384",
                     metrics_port=metrics_port)
     try:
         request = text_request("stall", 50, ignore_eos=True)
@@ -439,7 +439,7 @@ def test_a_stalled_grpc_stream_leaves_an_http_stream_only_the_rest_of_the_budget
     budget has left, not at its own limit."""
     http_port = free_port()
     server = Server("--log-format", "json", "--http-port", str(http_port),
-                    "--max-stream-buffer-bytes", "65536", "--stream-buffer-budget-bytes", "65536")
+                    "--max-stream-buffer-bytes", "65536", "--output-buffer-bytes", "65536")
     try:
         request = text_request("stall", 10, ignore_eos=True)
         request.logprobs = 20
@@ -462,8 +462,8 @@ def test_a_stalled_grpc_stream_leaves_an_http_stream_only_the_rest_of_the_budget
                         break
                     time.sleep(0.05)
             assert [line["why"] for line in lines] == [
-                "RESOURCE_EXHAUSTED: the server's streams hold as much unread output as they may "
-                "(65536 bytes in all): this stream's client is not reading"], server.log()
+                "RESOURCE_EXHAUSTED: the server holds as much output waiting for clients as it "
+                "may (65536 bytes in all): this stream's client is not reading"], server.log()
             # The gRPC stream, under its own limit, still waits for its client.
             assert grpc_call.result()[0]["ended_s"] is None
     finally:

@@ -43,11 +43,12 @@ class HeldExchange : public HttpExchange {
   void End() override { ADD_FAILURE() << "a unary call ends a stream"; }
   void OnClientGone(std::function<void(const absl::Status&)>) override {}
 
-  // The response, once Respond was called (within kWait), else nullopt.
+  // The response (moved out: call once), once Respond was called (within
+  // kWait), else nullopt.
   std::optional<HttpResponse> WaitResponded() {
     std::unique_lock<std::mutex> lock(mu_);
     if (!cv_.wait_for(lock, kWait, [&] { return response_.has_value(); })) return std::nullopt;
-    return response_;
+    return std::move(response_);
   }
   std::thread::id responder() {
     std::lock_guard<std::mutex> lock(mu_);
