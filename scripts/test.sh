@@ -23,12 +23,13 @@ for preset in release asan; do
   ctest --preset "$preset" -j"$(nproc)"
 done
 
-# The engine's threads under ThreadSanitizer (ctest label tsan): only that
-# test is built. The gRPC-facing tests are not run under TSan: Debian's gRPC
+# The engine's threads under ThreadSanitizer (ctest label tsan): only those
+# tests are built. The gRPC-facing tests are not run under TSan: Debian's gRPC
 # is not instrumented (docs/reliability.md).
 echo "=== build (tsan)"
 cmake --preset tsan >/dev/null
-scripts/build.sh tsan generation_engine_test cpu_worker_pool_test
+scripts/build.sh tsan generation_engine_test generation_engine_cancel_test \
+  generation_engine_queue_test cpu_worker_pool_test
 echo "=== test (tsan)"
 ctest --preset tsan -j"$(nproc)"
 
