@@ -1,7 +1,7 @@
 // How the HTTP server turns a connection's bytes into requests: the parser's
 // limits, the answers it gives a request itself (and when it only closes the
 // connection), and the HttpRequest it hands to the handler. The connection in
-// http_server.cc reads with Boost.Beast and decides with these, step by step;
+// http_session.cc reads with Boost.Beast and decides with these, step by step;
 // tests/fuzz/http_request_fuzz.cc takes the same steps over bytes in memory.
 #ifndef SWITCHSERVE_SERVER_HTTP_HTTP_REQUEST_READING_H_
 #define SWITCHSERVE_SERVER_HTTP_HTTP_REQUEST_READING_H_

@@ -76,7 +76,7 @@ class HttpExchange {
 
 using HttpHandler = std::function<void(std::shared_ptr<HttpExchange>)>;
 
-struct HttpServerState;  // http_server.cc
+struct HttpServerState;  // http_server_state.h
 
 struct HttpServerOptions {
   std::string host;

@@ -96,7 +96,7 @@ struct Step {
   size_t head_bytes = 0;
 };
 
-// The connection's steps (http_server.cc's Session, without the handler and
+// The connection's steps (http_session.cc's Session, without the handler and
 // the writes): requests until one is answered by the server itself or the
 // connection ends. No check_head: every head goes on.
 std::vector<Step> Serve(MemoryStream* stream, int64_t max_body_bytes) {
