@@ -29,7 +29,7 @@ done
 echo "=== build (tsan)"
 cmake --preset tsan >/dev/null
 scripts/build.sh tsan generation_engine_test generation_engine_cancel_test \
-  generation_engine_queue_test cpu_worker_pool_test
+  generation_engine_queue_test cpu_worker_pool_test cpu_paged_attention_test
 echo "=== test (tsan)"
 ctest --preset tsan -j"$(nproc)"
 

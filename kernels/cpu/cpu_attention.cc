@@ -6,15 +6,15 @@
 #include <cstring>
 
 #include "engine/model/dtype.h"
+#include "kernels/cpu/target_clones.h"
 
 namespace switchserve::cpu {
 namespace {
 
 // row[0, n) into the cache at element `at`, as the cache holds it.
 // Built for AVX2 too: integer rounding to bf16, the same bits at any width.
-__attribute__((target_clones("avx2", "default"))) void StoreRow(const float* row, int64_t n,
-                                                                DType dtype, void* cache,
-                                                                int64_t at) {
+SWITCHSERVE_TARGET_CLONES("avx2", "default")
+void StoreRow(const float* row, int64_t n, DType dtype, void* cache, int64_t at) {
   if (dtype == DType::kBF16) {
     uint16_t* out = static_cast<uint16_t*>(cache) + at;
 #pragma omp simd

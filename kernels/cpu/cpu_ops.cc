@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/cpu/target_clones.h"
 #include "kernels/cpu/vector_math.h"
 
 namespace switchserve::cpu {
@@ -129,9 +130,9 @@ template <int R>
 // Built for AVX-512 and AVX2 too, picked at load time where the CPU has them:
 // the same IEEE operations per element either way (no fused multiply-add), so
 // the same bits.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void NormRows(
-    NormKind kind, float eps, const float* x, int rows, int d, const float* weight,
-    const float* bias, float* out) {
+SWITCHSERVE_TARGET_CLONES("avx512f", "avx2", "default")
+void NormRows(NormKind kind, float eps, const float* x, int rows, int d, const float* weight,
+              const float* bias, float* out) {
   constexpr int kRows = 4;
   int r = 0;
   for (; r + kRows <= rows; r += kRows) {
@@ -168,9 +169,8 @@ float Sigmoid(float z) { return 1.0f / (1.0f + Exp(-z)); }
 // four and two times the lanes for GELU's and SiLU's polynomials. The same
 // IEEE operations per element at any width (no fused multiply-add:
 // -ffp-contract=off), so the same bits.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void ApplyActivation(Activation act,
-                                                                                  float* x,
-                                                                                  int64_t n) {
+SWITCHSERVE_TARGET_CLONES("avx512f", "avx2", "default")
+void ApplyActivation(Activation act, float* x, int64_t n) {
   switch (act) {
     case Activation::kRelu:
       for (int64_t i = 0; i < n; ++i) x[i] = x[i] > 0 ? x[i] : 0.0f;
@@ -204,9 +204,8 @@ void RopeTable::Reserve(int positions) {
 
 // Built for AVX2 too (as ApplyActivation): the same multiplies and adds per
 // element at any width, so the same bits.
-__attribute__((target_clones("avx2", "default"))) void RopeTable::Apply(float* x, int heads,
-                                                                        int head_dim,
-                                                                        int position) const {
+SWITCHSERVE_TARGET_CLONES("avx2", "default")
+void RopeTable::Apply(float* x, int heads, int head_dim, int position) const {
   const int half = n_rot_ / 2;
   if (half == 0) return;
   const float* c = cos_.data() + static_cast<size_t>(position) * half;
@@ -225,10 +224,8 @@ __attribute__((target_clones("avx2", "default"))) void RopeTable::Apply(float* x
 // Built for AVX-512 and AVX2 too, picked at load time where the CPU has
 // them: the same multiply and add per element at any width (no fused
 // multiply-add), so the same bits.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void AddScaledRow(float* row,
-                                                                               const float* product,
-                                                                               float weight,
-                                                                               int n) {
+SWITCHSERVE_TARGET_CLONES("avx512f", "avx2", "default")
+void AddScaledRow(float* row, const float* product, float weight, int n) {
 #pragma omp simd
   for (int c = 0; c < n; ++c) row[c] += weight * product[c];
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/cpu/target_clones.h"
 #include "kernels/cpu/vector_math.h"
 
 namespace switchserve::cpu {
@@ -53,10 +54,8 @@ typedef float Lanes16 __attribute__((vector_size(64)));
 // e_1 + ... in order. Built for AVX-512 and AVX2 too, picked at load time
 // where the CPU has them: the same IEEE operations per element at any width
 // (vector_math.h), so the same bits.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void ExpRows(float* scores,
-                                                                          int64_t lds, int rows,
-                                                                          int first_n,
-                                                                          float* sums) {
+SWITCHSERVE_TARGET_CLONES("avx512f", "avx2", "default")
+void ExpRows(float* scores, int64_t lds, int rows, int first_n, float* sums) {
   for (int r = 0; r < rows; ++r) {
     float* e = scores + r * lds;
     const int n = first_n + r;
