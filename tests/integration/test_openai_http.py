@@ -7,6 +7,7 @@ grpcio, plus the pinned `openai` client)."""
 
 import collections
 import concurrent.futures
+import contextlib
 import json
 import os
 import re
@@ -574,18 +575,27 @@ def cache(server):
     return server.grpc_stub().GetModelInfo(pb.GetModelInfoRequest(), timeout=10).cache
 
 
+@contextlib.contextmanager
+def one_running_one_waiting(server, client):
+    """On a server of one running slot: a streamed request running (40
+    tokens) and one of 3 tokens waiting; yields the stream and the waiting
+    request's future."""
+    running = client.completions.create(model=MODEL, prompt="long", max_tokens=40,
+                                        stream=True, extra_body={"ignore_eos": True})
+    next(running)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(lambda: client.completions.create(
+            model=MODEL, prompt="wait", max_tokens=3))
+        wait_until("a waiting request", lambda: cache(server).waiting_requests == 1)
+        yield running, waiting
+
+
 def test_full_queue_is_429():
     server = Server("--max-running-requests", "1", "--max-queue", "1",
                     "--debug-step-delay-ms", "20")
     try:
         client = server.client()
-        running = client.completions.create(model=MODEL, prompt="long", max_tokens=40,
-                                            stream=True, extra_body={"ignore_eos": True})
-        next(running)
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            waiting = pool.submit(lambda: client.completions.create(
-                model=MODEL, prompt="wait", max_tokens=3))
-            wait_until("a waiting request", lambda: cache(server).waiting_requests == 1)
+        with one_running_one_waiting(server, client) as (running, waiting):
             with pytest.raises(openai.RateLimitError) as error:
                 client.completions.create(model=MODEL, prompt="too many", max_tokens=3)
             assert error.value.status_code == 429
@@ -623,13 +633,7 @@ def test_request_the_full_queue_refuses_leaves_no_trace():
                     "--debug-step-delay-ms", "20", metrics=True)
     try:
         client = server.client()
-        running = client.completions.create(model=MODEL, prompt="long", max_tokens=40,
-                                            stream=True, extra_body={"ignore_eos": True})
-        next(running)
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            waiting = pool.submit(lambda: client.completions.create(
-                model=MODEL, prompt="wait", max_tokens=3))
-            wait_until("a waiting request", lambda: cache(server).waiting_requests == 1)
+        with one_running_one_waiting(server, client) as (running, waiting):
             before = server.scrape_metrics()
             # Four prompts, room for three.
             with pytest.raises(openai.RateLimitError) as error:
