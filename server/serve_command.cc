@@ -51,6 +51,7 @@
 #include "server/metrics/engine_metrics_observer.h"
 #include "server/metrics/metrics_exposer.h"
 #include "server/metrics/moe_metrics.h"
+#include "server/metrics/output_buffer_metrics.h"
 #include "server/metrics/serving_metrics.h"
 #include "server/proto_convert.h"
 #include "server/server_flags.h"
@@ -273,6 +274,9 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
     Log(absl::StrCat("--debug-step-delay-ms ", options.debug_step_delay_ms,
                      ": every engine step is slowed down (testing aid)"));
   }
+  // One budget for the output waiting for clients: gRPC's and HTTP's
+  // streams, HTTP's unary responses.
+  const auto output_budget = std::make_shared<ByteBudget>(OutputBufferBytes(options));
   // Metrics: the engine observer feeds them once per step and per finished
   // request; the exposer serves them from its own threads.
   std::shared_ptr<prometheus::Registry> registry;
@@ -284,6 +288,8 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
     registry = std::make_shared<prometheus::Registry>();
     serving_metrics = std::make_unique<ServingMetrics>(*registry);
     std::vector<std::shared_ptr<prometheus::Collectable>> collectables = {registry};
+    collectables.push_back(std::make_shared<OutputBufferMetrics>(
+        [output_budget] { return output_budget->used(); }, output_budget->limit()));
     if (options.moe_metrics) {
       moe_metrics = std::make_shared<MoeMetrics>(RouterLayout(config).routers());
       collectables.push_back(moe_metrics);
@@ -336,9 +342,6 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   service_options.stream_interval = options.stream_interval;
   service_options.stream_write_timeout_s = options.stream_write_timeout_s;
   service_options.max_stream_buffer_bytes = options.max_stream_buffer_bytes;
-  // One budget for the output waiting for clients: gRPC's and HTTP's
-  // streams, HTTP's unary responses.
-  const auto output_budget = std::make_shared<ByteBudget>(OutputBufferBytes(options));
   service_options.output_budget = output_budget;
   GenerationService service(service_options);
 

@@ -785,6 +785,44 @@ def test_a_unary_response_past_the_output_budget_is_429():
         server.close()
 
 
+def test_responses_give_back_what_they_held_of_the_output_budget():
+    """switchserve_output_buffer_bytes (of switchserve_output_buffer_limit_bytes,
+    --output-buffer-bytes) is what responses waiting for their clients hold:
+    0 again once they are written, or their connection closed, whichever way
+    they ended, though keep-alive connections stay open."""
+    server = Server("--max-stream-buffer-bytes", "65536", "--output-buffer-bytes", "1000000",
+                    "--log-format", "json", metrics=True)
+    try:
+        def held():
+            return metric(server.scrape_metrics(), "switchserve_output_buffer_bytes")
+
+        def given_back():
+            wait_until("the output budget given back", lambda: held() == 0, timeout_s=10)
+
+        assert metric(server.scrape_metrics(), "switchserve_output_buffer_limit_bytes") == 1000000
+        with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as s:
+            for stream in (False, True, False):
+                s.sendall(completion_request("kept", 8, logprobs=5, stream=stream))
+                [(status, _, _)] = read_responses(s, 1)
+                assert status == 200
+                given_back()  # the keep-alive connection still open
+        with stalled_stream(server, "stalled", prompts=64) as s:
+            assert server.access_line("stalled")["status"] == "RESOURCE_EXHAUSTED"
+            given_back()
+        with stalled_stream(server, "gone", prompts=4) as s:  # then it disconnects
+            time.sleep(0.3)
+        server.access_line("gone")
+        given_back()
+        body = json.dumps({"prompt": ["x"] * 4, "max_tokens": 8, "stream": True}).encode()
+        with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.0\r\nContent-Length: " +
+                      str(len(body)).encode() + b"\r\n\r\n" + body)
+            assert read_to_end(s).endswith(b"data: [DONE]\n\n")
+        given_back()
+    finally:
+        server.close()
+
+
 def completion_request(request_id, max_tokens=4, extra_head=b"", pad=0, **fields):
     """A raw POST /v1/completions for the prompt `request_id`, its JSON body
     padded with `pad` spaces."""

@@ -470,6 +470,51 @@ def test_a_stalled_grpc_stream_leaves_an_http_stream_only_the_rest_of_the_budget
         server.close()
 
 
+def test_the_output_streams_hold_is_in_the_metrics_and_given_back():
+    """switchserve_output_buffer_bytes is what all responses hold of
+    --output-buffer-bytes (switchserve_output_buffer_limit_bytes). Streams
+    whose client reads nothing hold their finished output there while they
+    wait; once their client goes, as after streams read to their end,
+    cancelled while a write waits, or past their deadline, it is 0 again."""
+    metrics_port = free_port()
+    server = Server("--log-format", "json", "--max-stream-buffer-bytes", "65536",
+                    "--output-buffer-bytes", "1000000", metrics_port=metrics_port)
+    try:
+        def held():
+            return metric(server.scrape_metrics(), "switchserve_output_buffer_bytes")
+
+        assert metric(server.scrape_metrics(), "switchserve_output_buffer_limit_bytes") == 1000000
+        request = text_request("stall", 10, ignore_eos=True)
+        request.logprobs = 20
+        request.return_routing = True
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            stalled = pool.submit(stalled_streams, server.port, [request] * 2, 3)
+            deadline = time.monotonic() + 10
+            while held() == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert 0 < held() <= 1000000
+            # Still waiting for their client, under every limit.
+            assert [r["ended_s"] for r in stalled.result()] == [None, None]
+        with server.channel() as channel:
+            stub = pb_grpc.GenerationStub(channel)
+            for _ in range(3):
+                assert len(list(stub.GenerateStream(request, timeout=60))) >= 1
+        slow = text_request("slow", 50, ignore_eos=True)
+        raw_grpc_call(server.port, "GenerateStream", slow, "30S", cancel_after_s=0.3, window=8)
+        import h2.exceptions
+        try:  # the server resets the stream at its deadline
+            raw_grpc_call(server.port, "GenerateStream", slow, "300m", window=8)
+        except h2.exceptions.StreamClosedError:
+            pass
+        deadline = time.monotonic() + 10
+        while held() != 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert held() == 0
+        expect_good_request_works_at(server)
+    finally:
+        server.close()
+
+
 def expect_good_request_works_at(server):
     with server.channel() as channel:
         expect_good_request_works(pb_grpc.GenerationStub(channel))

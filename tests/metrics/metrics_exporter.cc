@@ -26,6 +26,7 @@
 #include "prometheus/text_serializer.h"
 #include "server/metrics/metrics_exposer.h"
 #include "server/metrics/moe_metrics.h"
+#include "server/metrics/output_buffer_metrics.h"
 #include "server/metrics/serving_metrics.h"
 #include "tests/metrics/synthetic_routing.h"
 
@@ -285,6 +286,9 @@ int Main() {
     collectables.push_back(moe);
   }
   ServingMetrics serving(*registry);
+  // The output waiting for clients: nothing, of 1 GiB (the dashboard's panel).
+  collectables.push_back(
+      std::make_shared<OutputBufferMetrics>([] { return int64_t{0}; }, int64_t{1} << 30));
   RegisterModelInfo(*registry, {.model = model,
                                 .device = "cpu",
                                 .architecture = "switchall",

@@ -2,12 +2,16 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
+#include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 
 #include "prometheus/text_serializer.h"
 #include "server/metrics/engine_metrics_observer.h"
+#include "server/metrics/output_buffer_metrics.h"
 #include "server/metrics/process_metrics.h"
 #include "tests/metrics/registry_reader.h"
 #include "tests/metrics/synthetic_routing.h"
@@ -300,6 +304,27 @@ TEST(ProcessMetricsTest, ReadsThisProcess) {
   EXPECT_GT(values["process_max_fds"], 0.0);
   EXPECT_GE(values["process_cpu_seconds_total"], 0.0);
   EXPECT_GT(values["process_start_time_seconds"], 1.5e9);  // after 2017
+}
+
+TEST(OutputBufferMetricsTest, ReadsWhatIsHeldAtEachScrapeAndTheLimit) {
+  std::atomic<int64_t> held{0};
+  OutputBufferMetrics metrics([&held] { return held.load(); }, 4096);
+  const auto values = [&metrics] {
+    std::map<std::string, double> out;
+    for (const auto& family : metrics.Collect()) {
+      EXPECT_EQ(family.type, prometheus::MetricType::Gauge) << family.name;
+      EXPECT_EQ(family.metric.size(), 1u) << family.name;
+      out[family.name] = family.metric[0].gauge.value;
+    }
+    return out;
+  };
+  EXPECT_EQ(values(),
+            (std::map<std::string, double>{{"switchserve_output_buffer_bytes", 0.0},
+                                           {"switchserve_output_buffer_limit_bytes", 4096.0}}));
+  held = 1500;
+  EXPECT_EQ(values()["switchserve_output_buffer_bytes"], 1500.0);
+  held = 0;
+  EXPECT_EQ(values()["switchserve_output_buffer_bytes"], 0.0);
 }
 
 }  // namespace
