@@ -63,6 +63,9 @@ class ByteReservation {
 // did not fit there was refused.
 std::string StreamOutputPastLimitMessage(int64_t max_stream_buffer_bytes);
 std::string OutputBudgetFullMessage(const ByteBudget& budget, bool stream = true);
+// Why a unary response of `bytes` is refused though nothing else is held:
+// it is larger than the whole `budget`.
+std::string ResponseLargerThanOutputBudgetMessage(int64_t bytes, const ByteBudget& budget);
 
 }  // namespace switchserve
 

@@ -258,7 +258,8 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
   // in the gate. Without mu_ but for gone_: every prompt has its final
   // update, so nothing else reads or writes the choices or access_ now. The
   // response holds its bytes of the output budget until it is written: one
-  // that does not fit is answered 429 instead.
+  // that does not fit is answered 429 instead, or 400 if it is larger than
+  // the whole budget.
   void RenderResponse() {
     absl::StatusCode code = absl::StatusCode::kOk;
     {
@@ -271,9 +272,16 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
                   .headers = {{"x-request-id", access_.request_id}},
                   .body = Dump(ResponseBody()),
                   .held = ByteReservation(context_.output_budget)};
-      if (!response.held.GrowTo(static_cast<int64_t>(response.body.size()))) {
-        const absl::Status full = absl::ResourceExhaustedError(
-            OutputBudgetFullMessage(*context_.output_budget, /*stream=*/false));
+      const auto bytes = static_cast<int64_t>(response.body.size());
+      if (!response.held.GrowTo(bytes)) {
+        // Larger than the whole budget, it would never fit: not a 429 that
+        // clients retry, generating it again each time.
+        const absl::Status full =
+            bytes > context_.output_budget->limit()
+                ? absl::InvalidArgumentError(
+                      ResponseLargerThanOutputBudgetMessage(bytes, *context_.output_budget))
+                : absl::ResourceExhaustedError(
+                      OutputBudgetFullMessage(*context_.output_budget, /*stream=*/false));
         code = full.code();
         ApiError error = MakeApiError(full);
         response = {.status = error.http_status,

@@ -759,30 +759,86 @@ def test_a_unary_response_past_the_output_budget_is_429():
     """A non-streamed response waits whole for its client, and one request of
     many prompts with logprobs can make tens of megabytes: its body holds its
     bytes of --output-buffer-bytes until written, and one that does not fit
-    is answered 429 (the work is lost, the server's memory is not). Responses
-    that fit are answered and give their bytes back."""
-    server = Server("--max-stream-buffer-bytes", "1024", "--output-buffer-bytes", "8192",
-                    metrics=True)
+    beside what others hold is answered 429 (the work is lost, the server's
+    memory is not). One larger than the whole budget would never fit: it was
+    answered 429 too, and clients that retry 429 (the openai client, twice)
+    generated it again each time; it is a 400 saying so. Responses that fit
+    are answered and give their bytes back."""
+    server = Server("--max-stream-buffer-bytes", "16384", "--output-buffer-bytes", "16384",
+                    "--log-format", "json", metrics=True)
     try:
         client = server.client()
-        for _ in range(40):  # each gives its bytes back once written (40 x ~300 > 8192)
+        for _ in range(40):  # each gives its bytes back once written (40 x ~300 > 16384)
             assert client.completions.create(model=MODEL, prompt="ok", max_tokens=4).usage
-        with pytest.raises(openai.RateLimitError) as error:
-            client.completions.create(model=MODEL, prompt=["big"] * 8, max_tokens=40, logprobs=5,
-                                      extra_headers={"x-request-id": "too-big"})
+        retrying = server.client().with_options(max_retries=2)
+        with pytest.raises(openai.BadRequestError) as error:
+            retrying.completions.create(model=MODEL, prompt=["big"] * 8, max_tokens=40,
+                                        logprobs=5, extra_headers={"x-request-id": "too-big"})
+        message = error.value.body["message"]
+        assert re.fullmatch(
+            r"the response is \d+ bytes, more than the server may hold for its clients in all "
+            r"\(16384 bytes, --output-buffer-bytes\): ask for fewer prompts, tokens or "
+            r"logprobs, or stream it", message), message
+        record = server.access_line("too-big")
+        assert (record["status"], record["http_status"]) == ("INVALID_ARGUMENT", 400)
+        assert server.log().count('"request_id":"too-big"') == 1  # generated once
+        assert record["completion_tokens"] == 320  # generated, then refused
+        # A GenerateStream whose client reads nothing holds its output (about
+        # 8.6 kB): a response of 12 kB no longer fits beside it.
+        request = pb.GenerateRequest(text="stall", sampling=pb.SamplingParams(
+            max_new_tokens=10, ignore_eos=True), logprobs=20, return_routing=True)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            stalled = pool.submit(stalled_grpc_stream, server.port, request, 5)
+            wait_until("the stalled stream's output held", lambda: metric(
+                server.scrape_metrics(), "switchserve_output_buffer_bytes") > 4000)
+            with pytest.raises(openai.RateLimitError) as error:
+                client.completions.create(model=MODEL, prompt=["a"] * 4, max_tokens=16,
+                                          logprobs=5, extra_headers={"x-request-id": "no-room"})
+            stalled.result()
         assert error.value.status_code == 429
         assert error.value.body["message"] == (
-            "the server holds as much output waiting for clients as it may (8192 bytes in all); "
+            "the server holds as much output waiting for clients as it may (16384 bytes in all); "
             "retry later")
-        record = server.access_line("too-big")
+        record = server.access_line("no-room")
         assert (record["status"], record["http_status"]) == ("RESOURCE_EXHAUSTED", 429)
-        assert record["completion_tokens"] == 320  # generated, then refused
         text = server.scrape_metrics()
         assert 'switchserve_requests_total{protocol="http",status="RESOURCE_EXHAUSTED"} 1\n' in text
+        assert 'switchserve_requests_total{protocol="http",status="INVALID_ARGUMENT"} 1\n' in text
         assert 'switchserve_requests_total{protocol="http",status="OK"} 40\n' in text
         assert client.completions.create(model=MODEL, prompt="ok", max_tokens=4).usage
     finally:
         server.close()
+
+
+def stalled_grpc_stream(port, request, wait_s):
+    """A GenerateStream whose client offers a flow-control window of 0 for
+    `wait_s` seconds, then closes its connection."""
+    import h2.config
+    import h2.connection
+    import h2.settings
+    import struct
+    connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        connection.initiate_connection()
+        connection.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+        body = request.SerializeToString()
+        connection.send_headers(1, [(":method", "POST"), (":scheme", "http"),
+                                    (":path", "/switchserve.v1.Generation/GenerateStream"),
+                                    (":authority", "127.0.0.1"), ("te", "trailers"),
+                                    ("content-type", "application/grpc")])
+        connection.send_data(1, b"\0" + struct.pack(">I", len(body)) + body, end_stream=True)
+        s.sendall(connection.data_to_send())
+        end = time.monotonic() + wait_s
+        while time.monotonic() < end:
+            s.settimeout(0.05)
+            try:
+                data = s.recv(65536)
+            except socket.timeout:
+                continue
+            if not data:
+                break
+            connection.receive_data(data)
+            s.sendall(connection.data_to_send())  # PING and SETTINGS acks only
 
 
 def test_responses_give_back_what_they_held_of_the_output_budget():
