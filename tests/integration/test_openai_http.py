@@ -696,10 +696,11 @@ def test_disconnect_cancels_the_request():
 
 
 def stalled_stream(server, request_id, prompts, max_tokens=55):
-    """A socket that sends one streamed completion (`prompts` prompts with 5
-    logprobs each: over a kilobyte an event) and then reads nothing, with a
-    receive buffer of 4 KiB, so that the server's writes soon wait."""
-    body = json.dumps({"prompt": ["stall"] * prompts, "max_tokens": max_tokens, "logprobs": 5,
+    """A socket that sends one streamed completion (`prompts` prompts with 20
+    logprobs each: a few kilobytes an event, 64 prompts making more than the
+    socket buffers could take) and then reads nothing, with a receive buffer
+    of 4 KiB, so that the server's writes soon wait."""
+    body = json.dumps({"prompt": ["stall"] * prompts, "max_tokens": max_tokens, "logprobs": 20,
                        "stream": True, "ignore_eos": True}).encode()
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
