@@ -7,8 +7,8 @@ import math
 import os
 import re
 import shutil
-import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -17,6 +17,8 @@ import urllib.request
 import yaml
 
 SOURCE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(SOURCE_DIR, "tests/util"))
+from server_process import free_port  # noqa: E402  (the harness's users import it from here)
 DASHBOARD = os.path.join(SOURCE_DIR, "deploy/grafana/switchserve.json")
 ALERTS = os.path.join(SOURCE_DIR, "deploy/prometheus/alerts.yml")
 METRICS_DOC = os.path.join(SOURCE_DIR, "docs/metrics.md")
@@ -33,12 +35,6 @@ DASHBOARD_VARIABLES = {
     "$instance": ".*",
     "$layer": "0",
 }
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(what, predicate, timeout_s=30.0, interval_s=0.25):

@@ -18,12 +18,22 @@ LISTENING = re.compile(r"listening on 127\.0\.0\.1:(\d+)")
 STARTUP_TIMEOUT_S = 120
 
 
+_ports_given = set()
+
+
 def free_port():
     """A loopback TCP port that was free a moment ago (for the flags that
-    take a fixed port: --metrics-port, --http-port)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    take a fixed port: --metrics-port, --http-port), and not one this
+    process was given before: the kernel can hand the same free port out
+    twice in a row, and a server given it for two listeners refuses to
+    start."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _ports_given:
+            _ports_given.add(port)
+            return port
 
 
 class ServerProcess:
