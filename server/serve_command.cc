@@ -67,22 +67,16 @@ constexpr int kMaxStreamsPerConnection = 256;
 // gRPC's memory quota: a quarter of the host's memory, at most 1 GiB.
 int64_t GrpcMemoryBytes() { return std::min<int64_t>(HostMemoryBytes() / 4, int64_t{1} << 30); }
 
-// The HTTP request bodies held at once, all connections together
-// (--http-body-buffer-bytes; by default as much again as gRPC's buffers),
-// with room for one body of --max-request-bytes.
-int64_t HttpBodyBytes(const ServerOptions& options) {
-  const int64_t budget =
-      options.http_body_buffer_bytes > 0 ? options.http_body_buffer_bytes : GrpcMemoryBytes();
-  return std::max(budget, options.max_request_bytes);
+// A server-wide byte budget: `flag_bytes` when given (> 0), else as much as
+// gRPC's buffers; never less than `at_least` (room for one holder's largest
+// share). The HTTP request bodies held at once (--http-body-buffer-bytes, at
+// least one body of --max-request-bytes) and the output waiting for clients
+// (--output-buffer-bytes, at least one stream's --max-stream-buffer-bytes).
+int64_t BudgetBytes(int64_t flag_bytes, int64_t at_least) {
+  return std::max(flag_bytes > 0 ? flag_bytes : GrpcMemoryBytes(), at_least);
 }
-
-// The output all responses together may hold waiting for their clients
-// (--output-buffer-bytes; by default as much as gRPC's buffers), with room
-// for one stream's --max-stream-buffer-bytes.
-int64_t OutputBufferBytes(const ServerOptions& options) {
-  const int64_t budget =
-      options.output_buffer_bytes > 0 ? options.output_buffer_bytes : GrpcMemoryBytes();
-  return std::max(budget, options.max_stream_buffer_bytes);
+int64_t HttpBodyBytes(const ServerOptions& options) {
+  return BudgetBytes(options.http_body_buffer_bytes, options.max_request_bytes);
 }
 
 void Log(const std::string& message) { LogInfo(message); }
@@ -276,7 +270,8 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   }
   // One budget for the output waiting for clients: gRPC's and HTTP's
   // streams, HTTP's unary responses.
-  const auto output_budget = std::make_shared<ByteBudget>(OutputBufferBytes(options));
+  const auto output_budget = std::make_shared<ByteBudget>(
+      BudgetBytes(options.output_buffer_bytes, options.max_stream_buffer_bytes));
   // Metrics: the engine observer feeds them once per step and per finished
   // request; the exposer serves them from its own threads.
   std::shared_ptr<prometheus::Registry> registry;

@@ -25,6 +25,7 @@ import pytest
 
 import generation_pb2 as pb
 import generation_pb2_grpc as pb_grpc
+from raw_grpc import stalled_streams
 from server_process import ServerProcess, free_port
 
 BINARY = os.environ["SWITCHSERVE_BINARY"]
@@ -789,7 +790,7 @@ def test_a_unary_response_past_the_output_budget_is_429():
         request = pb.GenerateRequest(text="stall", sampling=pb.SamplingParams(
             max_new_tokens=10, ignore_eos=True), logprobs=20, return_routing=True)
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            stalled = pool.submit(stalled_grpc_stream, server.port, request, 5)
+            stalled = pool.submit(stalled_streams, server.port, [request], 5)
             wait_until("the stalled stream's output held", lambda: metric(
                 server.scrape_metrics(), "switchserve_output_buffer_bytes") > 4000)
             with pytest.raises(openai.RateLimitError) as error:
@@ -809,37 +810,6 @@ def test_a_unary_response_past_the_output_budget_is_429():
         assert client.completions.create(model=MODEL, prompt="ok", max_tokens=4).usage
     finally:
         server.close()
-
-
-def stalled_grpc_stream(port, request, wait_s):
-    """A GenerateStream whose client offers a flow-control window of 0 for
-    `wait_s` seconds, then closes its connection."""
-    import h2.config
-    import h2.connection
-    import h2.settings
-    import struct
-    connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
-        connection.initiate_connection()
-        connection.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
-        body = request.SerializeToString()
-        connection.send_headers(1, [(":method", "POST"), (":scheme", "http"),
-                                    (":path", "/switchserve.v1.Generation/GenerateStream"),
-                                    (":authority", "127.0.0.1"), ("te", "trailers"),
-                                    ("content-type", "application/grpc")])
-        connection.send_data(1, b"\0" + struct.pack(">I", len(body)) + body, end_stream=True)
-        s.sendall(connection.data_to_send())
-        end = time.monotonic() + wait_s
-        while time.monotonic() < end:
-            s.settimeout(0.05)
-            try:
-                data = s.recv(65536)
-            except socket.timeout:
-                continue
-            if not data:
-                break
-            connection.receive_data(data)
-            s.sendall(connection.data_to_send())  # PING and SETTINGS acks only
 
 
 def test_responses_give_back_what_they_held_of_the_output_budget():

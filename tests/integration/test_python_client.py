@@ -22,6 +22,7 @@ import health_pb2
 import health_pb2_grpc
 import reflection_pb2
 import reflection_pb2_grpc
+from raw_grpc import open_raw_grpc_call, stalled_streams
 from server_process import ServerProcess, free_port
 
 BINARY = os.environ["SWITCHSERVE_BINARY"]
@@ -138,20 +139,6 @@ def test_eos_ends_generation_unless_ignored(stub):
     finally:
         server.close()
         shutil.rmtree(model)
-
-
-def open_raw_grpc_call(connection, stream_id, method, request, extra_headers=()):
-    """Sends a gRPC call's headers and its one request message, ending the
-    client's side, on a hand-made HTTP/2 connection (h2)."""
-    import struct
-    body = request.SerializeToString()
-    connection.send_headers(stream_id, [(":method", "POST"), (":scheme", "http"),
-                                        (":path", "/switchserve.v1.Generation/" + method),
-                                        (":authority", "127.0.0.1"), ("te", "trailers"),
-                                        ("content-type", "application/grpc"),
-                                        *extra_headers])
-    connection.send_data(stream_id, b"\0" + struct.pack(">I", len(body)) + body,
-                         end_stream=True)
 
 
 def raw_grpc_call(port, method, request, timeout_header, cancel_after_s=None, window=None):
@@ -275,50 +262,6 @@ def test_a_stream_whose_client_stopped_reading_counts_as_its_client_saw_it():
         server.close()
 
 
-def stalled_streams(port, requests, wait_s):
-    """GenerateStream calls over one hand-made HTTP/2 connection whose client
-    offers a flow-control window of 0 and never reads: not one byte of a
-    message can reach it, though it answers pings. Returns, per call, the
-    response headers and trailers and the seconds until the call ended (None:
-    still open after `wait_s`)."""
-    import socket
-    import h2.config
-    import h2.connection
-    import h2.events
-    import h2.settings
-    connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-    results = {}
-    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
-        connection.initiate_connection()
-        connection.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
-        for i, request in enumerate(requests):
-            stream_id = 1 + 2 * i
-            results[stream_id] = {"ended_s": None}
-            open_raw_grpc_call(connection, stream_id, "GenerateStream", request)
-        s.sendall(connection.data_to_send())
-        start = time.monotonic()
-        while (time.monotonic() - start < wait_s
-               and any(r["ended_s"] is None for r in results.values())):
-            s.settimeout(0.05)
-            try:
-                data = s.recv(65536)
-            except socket.timeout:
-                continue
-            if not data:
-                break
-            for event in connection.receive_data(data):
-                result = results.get(getattr(event, "stream_id", None))
-                if result is None:
-                    continue
-                if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
-                    result.update((k.decode(), v.decode()) for k, v in event.headers)
-                elif isinstance(event, (h2.events.StreamEnded, h2.events.StreamReset)):
-                    if result["ended_s"] is None:
-                        result["ended_s"] = time.monotonic() - start
-            s.sendall(connection.data_to_send())  # PING and SETTINGS acks only
-    return [results[k] for k in sorted(results)]
-
-
 def metric(text, series):
     match = re.search("^" + re.escape(series) + r" (\S+)$", text, re.MULTILINE)
     return float(match.group(1)) if match else 0.0
@@ -346,6 +289,16 @@ def stream_log_lines(server, count):
         time.sleep(0.05)
 
 
+def expect_ended_exhausted_and_serving(server, count):
+    """Once the engine is idle: `count` calls counted RESOURCE_EXHAUSTED, no
+    request running, no KV block held, and a new call served."""
+    text = wait_for_idle_engine(server)
+    assert metric(text, 'switchserve_requests_total{protocol="grpc",status="RESOURCE_EXHAUSTED"}') == count
+    assert metric(text, "switchserve_requests_running") == 0
+    assert metric(text, "switchserve_kv_cache_usage_ratio") == 0
+    expect_good_request_works_at(server)
+
+
 def test_a_stream_whose_client_reads_nothing_ends_at_the_write_timeout():
     """A client that stops reading (window 0) held its calls, their engine
     requests and everything merged for them, without end. A write that waits
@@ -366,11 +319,7 @@ def test_a_stream_whose_client_reads_nothing_ends_at_the_write_timeout():
         calls = stream_log_lines(server, 3)
         assert [(c["status"], c["finish_reason"]) for c in calls] == [
             ("RESOURCE_EXHAUSTED", "cancelled")] * 3, calls
-        text = wait_for_idle_engine(server)
-        assert metric(text, 'switchserve_requests_total{protocol="grpc",status="RESOURCE_EXHAUSTED"}') == 3
-        assert metric(text, "switchserve_requests_running") == 0
-        assert metric(text, "switchserve_kv_cache_usage_ratio") == 0
-        expect_good_request_works_at(server)
+        expect_ended_exhausted_and_serving(server, 3)
     finally:
         server.close()
 
@@ -397,11 +346,7 @@ def test_a_stream_whose_unread_output_passes_the_buffer_limit_ends_there():
         # Ended after a few tokens, not at the request's 50.
         assert all(c["finish_reason"] == "cancelled" and c["completion_tokens"] < 30
                    for c in calls), calls
-        text = wait_for_idle_engine(server)
-        assert metric(text, 'switchserve_requests_total{protocol="grpc",status="RESOURCE_EXHAUSTED"}') == 2
-        assert metric(text, "switchserve_requests_running") == 0
-        assert metric(text, "switchserve_kv_cache_usage_ratio") == 0
-        expect_good_request_works_at(server)
+        expect_ended_exhausted_and_serving(server, 2)
     finally:
         server.close()
 
