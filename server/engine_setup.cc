@@ -91,7 +91,11 @@ absl::StatusOr<EngineSetup> SetUpEngine(const ServerOptions& options) {
   KvCacheOptions cache;
   cache.block_size = options.kv_block_size;
   cache.budget_bytes = options.kv_cache_bytes;
-  cache.max_tokens = int64_t{options.max_running_requests} * config.max_seq_len;
+  // A full context takes whole blocks: max_seq_len rounded up to the block
+  // size (a block of 1024 tokens holds one context of 256, not four).
+  const int64_t context_blocks =
+      (int64_t{config.max_seq_len} + options.kv_block_size - 1) / options.kv_block_size;
+  cache.max_tokens = int64_t{options.max_running_requests} * context_blocks * options.kv_block_size;
   cache.min_tokens = config.max_seq_len;  // one full context
   absl::StatusOr<std::unique_ptr<KvCache>> kv_cache = KvCache::Create(setup.backend.get(), cache);
   if (!kv_cache.ok()) {

@@ -96,6 +96,29 @@ def test_kv_cache_beyond_limits_is_refused(why):
     assert rss < MAX_RSS_KB
 
 
+# The built-in model's context is 256 tokens: 37 blocks of 7, 2 of 200, 1 of 1024.
+@pytest.mark.parametrize("block_size, running, blocks", [(16, 8, 8 * 16), (7, 8, 8 * 37),
+                                                         (200, 8, 8 * 2), (1024, 64, 64)])
+def test_the_kv_cache_holds_max_running_requests_full_contexts(block_size, running, blocks):
+    """With a budget to spare, the cache holds --max-running-requests full
+    contexts in whole blocks: capped at that many contexts' tokens instead,
+    a block size that does not divide the context left too few blocks (296
+    needed, 293 made at 7), and one larger than it ran 16 requests at once
+    of 64 (--kv-block-size 1024: 16 blocks)."""
+    import generation_pb2 as pb
+    import generation_pb2_grpc as pb_grpc
+    from server_process import ServerProcess
+    server = ServerProcess(BINARY, DEFAULT_MODEL, "--kv-block-size", str(block_size),
+                           "--max-running-requests", str(running))
+    try:
+        assert f"KV cache {blocks} blocks x {block_size} tokens" in server.log(), server.log()
+        with server.channel() as channel:
+            cache = pb_grpc.GenerationStub(channel).GetModelInfo(pb.GetModelInfoRequest()).cache
+        assert (cache.total_blocks, cache.block_size) == (blocks, block_size)
+    finally:
+        server.close()
+
+
 def test_score_refuses_a_context_of_one(tmp_path):
     model = model_variant(tmp_path, "short", max_seq_len=1)
     code, stderr, _ = run_measured("score", "--model", str(model), "--tokens", "73,110,32",
