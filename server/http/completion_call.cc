@@ -37,6 +37,14 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
         access_(std::move(access)) {
     for (int i = 0; i < num_prompts; ++i) choices_.push_back(std::make_unique<Choice>());
   }
+  // A stream whose end was never logged: the server closed its connection
+  // (a forced shutdown) before the end reached the connection's I/O thread.
+  ~CompletionCall() {
+    if (stream_end_.has_value() && !stream_logged_) {
+      LogStreamEnd(*stream_end_, 200);
+      context_.gate->CallDone();
+    }
+  }
 
   void Start(std::vector<GenerationRequest> prompts) {
     context_.gate->CallStarted();
@@ -132,15 +140,26 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
   // OnClientGone): the client disconnected (CANCELLED), or the server closed
   // a stream whose client left too much output unread (RESOURCE_EXHAUSTED,
   // logged, as that client sees no status).
+  // A stream whose every prompt had finished is logged and counted here
+  // when its end (the last events, [DONE]) could not be written: its client
+  // did not get the whole response.
   void ClientGone(const absl::Status& why) {
-    std::lock_guard<std::mutex> lock(mu_);
-    gone_ = true;
-    gone_code_ = why.code();
-    for (auto& choice : choices_) choice->handle.Cancel();
-    if (why.code() != absl::StatusCode::kCancelled) {
-      Log(LogLevel::kWarning, "stream ended",
-          {{"request_id", access_.request_id}, {"peer", access_.peer}, {"why", why.ToString()}});
+    bool done = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      gone_ = true;
+      gone_code_ = why.code();
+      for (auto& choice : choices_) choice->handle.Cancel();
+      if (why.code() != absl::StatusCode::kCancelled) {
+        Log(LogLevel::kWarning, "stream ended",
+            {{"request_id", access_.request_id}, {"peer", access_.peer}, {"why", why.ToString()}});
+      }
+      if (stream_end_.has_value() && !stream_logged_) {
+        LogStreamEnd(why.code(), HttpStatusFor(why.code()));
+        done = true;
+      }
     }
+    if (done) context_.gate->CallDone();
   }
 
   Json Chunk(Json choices) const {
@@ -191,7 +210,9 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
 
   // Engine thread. Every prompt has finished: the response (or its end), the
   // access log. True when the call is done; false when a render thread
-  // renders the unary response, and ends the call (RenderResponse).
+  // renders the unary response, and ends the call (RenderResponse), or a
+  // stream's end is logged, and the call ended, on the connection's I/O
+  // thread (LogStreamEnd).
   bool FinishLocked() {
     absl::Status failure;
     bool cancelled = false;
@@ -221,17 +242,25 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
       context_.render_threads->Post([self = shared_from_this()] { self->RenderResponse(); });
       return false;
     }
-    // The request once, whatever its number of prompts, before the response
-    // goes out (RejectLocked says why).
-    if (context_.metrics != nullptr) {
-      context_.metrics->RecordRequest(RequestProtocol::kHttp, gone_ ? gone_code_ : failure.code());
-    }
-    if (gone_) {
-      access_.status = gone_code_;
-      access_.http_status = HttpStatusFor(gone_code_);
-    } else if (options_.stream) {
-      access_.status = failure.code();
-      access_.http_status = 200;  // sent with the stream's head
+    if (!gone_ && options_.stream) {
+      // Logged and counted on the connection's I/O thread once the last
+      // events have been taken in there, before [DONE]: their status is
+      // `failure`'s, unless the last events do not fit in what the stream
+      // may hold for its client, and the connection is closed instead
+      // (ClientGone). The call ends then.
+      stream_end_ = failure.code();
+      exchange_->WriteRendered([self = shared_from_this()] {
+        bool done = false;
+        {
+          std::lock_guard<std::mutex> lock(self->mu_);
+          if (!self->stream_logged_) {
+            self->LogStreamEnd(*self->stream_end_, 200);  // 200: sent with the stream's head
+            done = true;
+          }
+        }
+        if (done) self->context_.gate->CallDone();
+        return std::string();
+      });
       if (!failure.ok()) exchange_->Write(Event(MakeApiError(failure).body));
       if (failure.ok() && options_.include_usage) {
         Json last = Chunk(Json::array());
@@ -240,11 +269,30 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
       }
       exchange_->Write("data: [DONE]\n\n");
       exchange_->End();
+      return false;
+    }
+    // The request once, whatever its number of prompts, before the response
+    // goes out (RejectLocked says why).
+    if (context_.metrics != nullptr) {
+      context_.metrics->RecordRequest(RequestProtocol::kHttp, gone_ ? gone_code_ : failure.code());
+    }
+    if (gone_) {
+      access_.status = gone_code_;
+      access_.http_status = HttpStatusFor(gone_code_);
     } else {
       RespondErrorLocked(failure);
     }
     LogAccess(access_);
     return true;
+  }
+
+  // A stream's end, once: its count and its access-log line.
+  void LogStreamEnd(absl::StatusCode code, int http_status) {
+    stream_logged_ = true;
+    if (context_.metrics != nullptr) context_.metrics->RecordRequest(RequestProtocol::kHttp, code);
+    access_.status = code;
+    access_.http_status = http_status;
+    LogAccess(access_);
   }
 
   Json Usage() const {
@@ -356,6 +404,10 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
   bool rejected_ = false;  // answered with the engine's refusal
   bool gone_ = false;      // the response cannot be completed (ClientGone)
   absl::StatusCode gone_code_ = absl::StatusCode::kOk;  // why, once gone_
+  // A stream whose prompts have all finished: the status its end is logged
+  // with when it reaches its client's connection (FinishLocked).
+  std::optional<absl::StatusCode> stream_end_;
+  bool stream_logged_ = false;  // LogStreamEnd has run
 };
 
 }  // namespace

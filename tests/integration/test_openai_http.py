@@ -757,6 +757,43 @@ def test_a_stream_whose_client_reads_nothing_ends_past_its_buffer_limit():
         server.close()
 
 
+def test_a_stream_whose_last_event_is_past_its_buffer_limit_is_counted_as_ended():
+    """A stream's last events were rendered after the request had been
+    logged and counted: when they did not fit in --max-stream-buffer-bytes
+    the client got neither them nor [DONE], while the access log and
+    switchserve_requests_total said OK, 200. The request is now logged when
+    its last events reach its connection: RESOURCE_EXHAUSTED, 429, after
+    the `stream ended` warning."""
+    server = Server("--max-stream-buffer-bytes", "1024", "--stream-interval", "1000",
+                    metrics=True)
+    try:
+        # One event of 40 tokens with 20 logprobs each (after the first
+        # token's own): tens of kilobytes, past 1024 bytes at once.
+        body = json.dumps({"prompt": "last", "max_tokens": 40, "logprobs": 20, "stream": True,
+                           "ignore_eos": True}).encode()
+        with socket.create_connection(("127.0.0.1", server.http_port)) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nx-request-id: last\r\n"
+                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            data = read_to_end(s)
+        assert data.startswith(b"HTTP/1.1 200") and b"[DONE]" not in data
+        assert not data.endswith(b"\r\n0\r\n\r\n")
+        record = server.access_line("last")
+        assert (record["status"], record["http_status"]) == ("RESOURCE_EXHAUSTED", 429)
+        assert record["completion_tokens"] == 40
+        assert "passed 1024 bytes" in stream_ended_lines(server)["last"]
+        text = server.scrape_metrics()
+        assert 'switchserve_requests_total{protocol="http",status="RESOURCE_EXHAUSTED"} 1\n' in text
+        assert 'switchserve_requests_total{protocol="http",status="OK"} 0\n' in text
+        # A stream that fits is logged OK once, and its client gets [DONE].
+        chunks = list(server.client().completions.create(model=MODEL, prompt="ok", max_tokens=3,
+                                                         stream=True))
+        assert chunks[-1].choices[0].finish_reason == "length"
+        text = server.scrape_metrics()
+        assert 'switchserve_requests_total{protocol="http",status="OK"} 1\n' in text
+    finally:
+        server.close()
+
+
 def test_a_unary_response_past_the_output_budget_is_429():
     """A non-streamed response waits whole for its client, and one request of
     many prompts with logprobs can make tens of megabytes: its body holds its
