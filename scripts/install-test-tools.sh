@@ -15,7 +15,7 @@
 #     (--system-site-packages, from /usr/bin/python3) holding the PyPI package
 #     kubernetes-validate, whose wheel carries the Kubernetes JSON schemas
 #     (1.25 ... 1.37) so validation works offline, and the official `openai`
-#     client, which the HTTP API tests (tests/integration/test_openai_http.py)
+#     client, which the HTTP API tests (tests/integration/http/)
 #     drive the server with;
 #   - curl, for the same tests' curl checks.
 set -euo pipefail

@@ -1,0 +1,418 @@
+"""The OpenAI-compatible HTTP API (--http-port) against the real server
+process, driven by the official `openai` Python client and by curl, and
+compared with the gRPC API (the same engine must give the same tokens):
+completions, streams, stops, seeds, logprobs, bad fields, tokens, the
+request metrics. HTTP/1.1 itself is in test_http_protocol.py, limits,
+budgets and disconnects in test_http_limits.py, the load generator in
+test_http_load_generator.py.
+
+Runs on build/venv (scripts/install-test-tools.sh: Debian's python3 with
+grpcio, plus the pinned `openai` client)."""
+
+import json
+import os
+import re
+import socket
+import tempfile
+import time
+
+import httpx
+import openai
+import pytest
+
+import generation_pb2 as pb
+from http_harness import MODEL, MODEL_DIR, Server, curl, grpc_generate
+
+
+def test_models_health_and_ready(server, client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
+    assert json.loads(curl(server.url + "/health").stdout) == {"status": "ok"}
+    assert json.loads(curl(server.url + "/ready").stdout) == {"status": "ready"}
+
+
+def test_completion_is_the_grpc_completion(server, client):
+    completion = client.completions.create(model=MODEL, prompt="And God said", max_tokens=12,
+                                           temperature=0)
+    expected = grpc_generate(server, "And God said", max_new_tokens=12, temperature=0)
+    assert completion.object == "text_completion" and completion.model == MODEL
+    assert len(completion.choices) == 1
+    choice = completion.choices[0]
+    assert choice.text == expected.text and choice.index == 0
+    assert choice.finish_reason == "length"
+    assert completion.usage.prompt_tokens == 12 and completion.usage.completion_tokens == 12
+    assert completion.usage.total_tokens == 24
+    assert completion.id.startswith("cmpl-")
+
+
+def test_default_max_tokens_is_openais_16(client):
+    completion = client.completions.create(model=MODEL, prompt="x", temperature=0,
+                                           extra_body={"ignore_eos": True})
+    assert completion.usage.completion_tokens == 16
+
+
+def test_eos_finishes_with_stop_unless_ignored(server, tmp_path):
+    # The test model declares no EOS token; served with one of the tokens of
+    # its greedy continuation as its EOS, a completion ends at that token with
+    # finish_reason "stop", as gRPC ends with FINISH_REASON_EOS.
+    ids = list(grpc_generate(server, "eos test", max_new_tokens=20, temperature=0).token_ids)
+    with open(os.path.join(MODEL_DIR, "config.json")) as f:
+        config = dict(json.load(f), eos_token_id=ids[5])
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "model.safetensors").symlink_to(os.path.join(MODEL_DIR, "model.safetensors"))
+    eos_server = Server(model_dir=str(tmp_path))
+    try:
+        eos_client, ask = eos_server.client(), dict(model=MODEL, prompt="eos test", max_tokens=20,
+                                                     temperature=0)
+        want = grpc_generate(eos_server, "eos test", max_new_tokens=20, temperature=0)
+        assert want.finish_reason == pb.FINISH_REASON_EOS
+        assert list(want.token_ids) == ids[:ids.index(ids[5]) + 1]
+        ended = eos_client.completions.create(**ask)
+        assert ended.choices[0].finish_reason == "stop" and ended.choices[0].text == want.text
+        assert ended.usage.completion_tokens == len(want.token_ids)
+        chunks = [c for c in eos_client.completions.create(**ask, stream=True) if c.choices]
+        assert chunks[-1].choices[0].finish_reason == "stop"
+        ignoring = eos_client.completions.create(**ask, extra_body={"ignore_eos": True})
+        assert ignoring.choices[0].finish_reason == "length"
+        assert ignoring.usage.completion_tokens == 20
+    finally:
+        eos_server.close()
+
+
+def test_stream_ends_with_done_and_equals_unary(server, client):
+    kwargs = dict(model=MODEL, prompt="The experts say", max_tokens=20, temperature=0.9, seed=5)
+    unary = client.completions.create(**kwargs)
+    chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True},
+                                            **kwargs))
+    text_chunks = [c for c in chunks if c.choices]
+    assert len(text_chunks) >= 2
+    assert "".join(c.choices[0].text for c in text_chunks) == unary.choices[0].text
+    assert [c.choices[0].finish_reason for c in text_chunks[:-1]] == [None] * (len(text_chunks) - 1)
+    assert text_chunks[-1].choices[0].finish_reason == unary.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == \
+        unary.usage.completion_tokens
+    # The raw stream: server-sent events, the last one `data: [DONE]`.
+    raw = curl("-N", server.url + "/v1/completions", "-H", "content-type: application/json",
+               "-d", json.dumps({**kwargs, "stream": True})).stdout
+    events = [e for e in raw.split("\n\n") if e]
+    assert all(e.startswith("data: ") for e in events)
+    assert events[-1] == "data: [DONE]"
+    assert "".join(json.loads(e[6:])["choices"][0]["text"] for e in events[:-1]) == \
+        unary.choices[0].text
+
+
+def test_stream_interval_groups_tokens_after_the_first():
+    grouping = Server("--stream-interval", "4")
+    try:
+        client = grouping.client()
+        kwargs = dict(model=MODEL, prompt="The experts say", max_tokens=30, temperature=0.9, seed=7,
+                      logprobs=0, extra_body={"ignore_eos": True})
+        unary = client.completions.create(**kwargs)
+        chunks = [c for c in client.completions.create(stream=True, **kwargs) if c.choices]
+        assert "".join(c.choices[0].text for c in chunks) == unary.choices[0].text
+        sizes = [len(c.choices[0].logprobs.tokens) for c in chunks]
+        # 1, then 4 at a time (7 events), the last token with the end.
+        assert sizes == [1] + [4] * 7 + [1]
+        assert chunks[-1].choices[0].finish_reason == "length"
+        # Each event's logprobs continue the last one's: the same tokens and
+        # text offsets as the unary answer.
+        for field in ("token_logprobs", "tokens", "text_offset"):
+            streamed = [v for c in chunks for v in getattr(c.choices[0].logprobs, field)]
+            assert streamed == getattr(unary.choices[0].logprobs, field), field
+    finally:
+        grouping.close()
+
+
+def test_stop_string(server, client):
+    reference = client.completions.create(model=MODEL, prompt="stop test", max_tokens=20,
+                                          temperature=0, extra_body={"ignore_eos": True})
+    text = reference.choices[0].text
+    stop = text[6:8]
+    stopped = client.completions.create(model=MODEL, prompt="stop test", max_tokens=20,
+                                        temperature=0, stop=[stop])
+    assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.choices[0].text == text[:text.find(stop)]
+    streamed = client.completions.create(model=MODEL, prompt="stop test", max_tokens=20,
+                                         temperature=0, stop=stop, stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == stopped.choices[0].text
+
+
+def test_seed_reproducibility(client):
+    def sample(seed):
+        return client.completions.create(model=MODEL, prompt="In the beginning", max_tokens=24,
+                                         temperature=3.0, seed=seed,
+                                         extra_body={"ignore_eos": True}).choices[0].text
+    assert sample(1234) == sample(1234)
+    assert len({sample(s) for s in range(5)}) > 1  # the seed matters
+
+
+def test_logprobs_are_the_grpc_logprobs(server, client):
+    completion = client.completions.create(model=MODEL, prompt="Hello there", max_tokens=6,
+                                           temperature=0, logprobs=3)
+    logprobs = completion.choices[0].logprobs
+    request = pb.GenerateRequest(text="Hello there", logprobs=3,
+                                 sampling=pb.SamplingParams(max_new_tokens=6, temperature=0))
+    expected = server.grpc_stub().Generate(request, timeout=60)
+    assert len(logprobs.tokens) == len(expected.tokens) == 6
+    assert logprobs.token_logprobs == pytest.approx([t.logprob for t in expected.tokens],
+                                                    rel=1e-6)
+    for top, token in zip(logprobs.top_logprobs, expected.tokens):
+        assert len(top) <= 3
+        assert sorted(top.values(), reverse=True) == pytest.approx(
+            [t.logprob for t in token.top_logprobs][:len(top)], rel=1e-6)
+    assert logprobs.text_offset[0] == 0
+    assert logprobs.text_offset == sorted(logprobs.text_offset)
+    no_logprobs = client.completions.create(model=MODEL, prompt="Hello there", max_tokens=6,
+                                            temperature=0)
+    assert no_logprobs.choices[0].logprobs is None
+    # "logprobs": 0: each token's own logprob, no alternatives.
+    own = client.completions.create(model=MODEL, prompt="Hello there", max_tokens=6,
+                                    temperature=0, logprobs=0).choices[0].logprobs
+    assert own.token_logprobs == pytest.approx(logprobs.token_logprobs, rel=1e-6)
+    assert all(not top for top in own.top_logprobs or [])
+
+
+def test_return_tokens_as_token_ids_names_every_token_by_its_id(server, client):
+    request = pb.GenerateRequest(text="Hello there", logprobs=3,
+                                 sampling=pb.SamplingParams(max_new_tokens=6, temperature=0))
+    expected = server.grpc_stub().Generate(request, timeout=60)
+    for stream in (False, True):
+        response = client.completions.create(
+            model=MODEL, prompt="Hello there", max_tokens=6, temperature=0, logprobs=3,
+            stream=stream, extra_body={"return_tokens_as_token_ids": True})
+        choices = list(response) if stream else [response]
+        tokens = [t for c in choices for t in c.choices[0].logprobs.tokens]
+        tops = [t for c in choices for t in c.choices[0].logprobs.top_logprobs]
+        assert tokens == [f"token_id:{t.token_id}" for t in expected.tokens]
+        assert [list(top) for top in tops] == [
+            [f"token_id:{a.token_id}" for a in t.top_logprobs] for t in expected.tokens]
+
+
+def test_token_prompt_and_batch_of_prompts(client):
+    one = client.completions.create(model=MODEL, prompt="hi", max_tokens=5, temperature=0)
+    by_ids = client.completions.create(model=MODEL, prompt=[104, 105], max_tokens=5,
+                                       temperature=0)
+    assert by_ids.choices[0].text == one.choices[0].text
+    # Whole floats are integers in lists too, as in max_tokens (pydantic's lax mode).
+    by_ints, by_floats = (
+        client.completions.create(model=MODEL, prompt=prompt, max_tokens=5, temperature=0,
+                                  extra_body={"stop_token_ids": stop_ids})
+        for prompt, stop_ids in (([104, 105], [101, 32]), ([104.0, 105], [101.0, 32])))
+    assert by_floats.choices[0].text == by_ints.choices[0].text
+    assert by_floats.choices[0].finish_reason == by_ints.choices[0].finish_reason
+    assert by_floats.usage == by_ints.usage
+    two = client.completions.create(model=MODEL, prompt="yo", max_tokens=5, temperature=0)
+    batch = client.completions.create(model=MODEL, prompt=["hi", "yo"], max_tokens=5,
+                                      temperature=0)
+    assert [c.index for c in batch.choices] == [0, 1]
+    assert [c.text for c in batch.choices] == [one.choices[0].text, two.choices[0].text]
+    assert batch.usage.prompt_tokens == 4 and batch.usage.completion_tokens == 10
+    streamed = {}
+    for chunk in client.completions.create(model=MODEL, prompt=[[104, 105], "yo"], max_tokens=5,
+                                           temperature=0, stream=True):
+        for choice in chunk.choices:
+            streamed[choice.index] = streamed.get(choice.index, "") + choice.text
+    assert streamed == {0: one.choices[0].text, 1: two.choices[0].text}
+
+
+BAD_BODIES = [
+    ("max_tokens over context", {"prompt": "x", "max_tokens": 64}, "max_tokens"),
+    ("max_tokens zero", {"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ("max_tokens not integer", {"prompt": "x", "max_tokens": 2.5}, "max_tokens"),
+    ("negative temperature", {"prompt": "x", "temperature": -1}, "temperature"),
+    ("temperature string", {"prompt": "x", "temperature": "hot"}, "temperature"),
+    ("top_p above one", {"prompt": "x", "top_p": 1.5}, "top_p"),
+    ("n above one", {"prompt": "x", "n": 2}, "n"),
+    ("best_of", {"prompt": "x", "best_of": 3}, "best_of"),
+    ("echo", {"prompt": "x", "echo": True}, "echo"),
+    ("presence penalty", {"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+    ("logit bias", {"prompt": "x", "logit_bias": {"1": 5}}, "logit_bias"),
+    ("suffix", {"prompt": "x", "suffix": "end"}, "suffix"),
+    ("too many logprobs", {"prompt": "x", "logprobs": 50}, "logprobs"),
+    ("too many stops", {"prompt": "x", "stop": [str(i) for i in range(17)]}, "stop"),
+    ("stop not string", {"prompt": "x", "stop": 5}, "stop"),
+    ("no prompt", {"max_tokens": 3}, "prompt"),
+    ("empty prompt", {"prompt": ""}, "prompt"),
+    ("prompt longer than context", {"prompt": "a" * 80}, "prompt"),
+    ("token outside vocabulary", {"prompt": [1, 256]}, "prompt"),
+    ("token id not integer", {"prompt": [1, 2.5]}, "prompt"),
+    ("stop token id not integer", {"prompt": "x", "stop_token_ids": [2.5]}, "stop_token_ids"),
+    ("bad second prompt", {"prompt": ["ok", ""]}, "prompt[1]"),
+    ("unknown field", {"prompt": "x", "frobnicate": 1}, "frobnicate"),
+    ("stream_options without stream", {"prompt": "x", "stream_options": {"include_usage": True}},
+     "stream_options"),
+    ("stop token outside vocabulary", {"prompt": "x", "stop_token_ids": [999]},
+     "stop_token_ids"),
+]
+
+
+@pytest.mark.parametrize("name,body,param", BAD_BODIES, ids=[b[0] for b in BAD_BODIES])
+def test_bad_field_is_400_naming_the_param(server, client, name, body, param):
+    # The client's raw post: some of these fields are not in its signature.
+    with pytest.raises(openai.BadRequestError) as error:
+        client.post("/completions", body={"model": MODEL, **body}, cast_to=httpx.Response)
+    assert error.value.status_code == 400
+    details = error.value.body
+    assert details["param"] == param, details
+    assert details["message"].startswith(param + ": "), details
+    assert details["type"] == "invalid_request_error" and details["code"] == "invalid_argument"
+    # The server keeps serving.
+    assert client.completions.create(model=MODEL, prompt="ok", max_tokens=2).usage.total_tokens
+
+
+def test_a_wrong_model_is_named_shortened(server):
+    """A model name is shown at most 64 bytes long, as every other value a
+    client sent (a 3 MB name came back whole)."""
+    result = curl("-i", server.url + "/v1/completions", "-d",
+                  json.dumps({"prompt": "x", "model": "m" * 100000}))
+    assert result.stdout.startswith("HTTP/1.1 404") and len(result.stdout) < 2000, \
+        result.stdout[:300]
+    assert "m" * 64 + "..." in result.stdout
+    result = curl("-i", server.url + "/v1/models/" + "m" * 4000)
+    assert result.stdout.startswith("HTTP/1.1 404") and len(result.stdout) < 2000
+
+
+def test_bearer_token():
+    token_file = os.path.join(tempfile.mkdtemp(prefix="switchserve_token_"), "token")
+    with open(token_file, "w") as f:
+        f.write("http-token\n")
+    server = Server("--auth-token-file", token_file, metrics=True)
+    try:
+        for key in ("nope", ""):
+            with pytest.raises(openai.AuthenticationError) as error:
+                server.client(api_key=key).completions.create(
+                    model=MODEL, prompt="x", max_tokens=2,
+                    extra_headers={"x-request-id": f"refused-{key}"})
+            assert error.value.status_code == 401
+            assert error.value.body["code"] == "unauthenticated"
+            # Counted and logged as a request, as gRPC's refusals are.
+            assert server.access_line(f"refused-{key}")["status"] == "UNAUTHENTICATED"
+        text = server.scrape_metrics()
+        assert re.search(r'switchserve_requests_total\{protocol="http",status="UNAUTHENTICATED"\} 2\n',
+                         text), text
+        result = curl("-i", server.url + "/v1/models")
+        assert result.stdout.startswith("HTTP/1.1 401")
+        # Refused at its head, before its body: no `100 Continue`, and a
+        # body announced and never sent is not waited for.
+        with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                      b"Content-Type: application/json\r\nContent-Length: 4000000\r\n"
+                      b"Expect: 100-continue\r\n\r\n")
+            assert s.recv(65536).startswith(b"HTTP/1.1 401")
+        good = server.client(api_key="http-token")
+        assert good.completions.create(model=MODEL, prompt="x", max_tokens=2).usage
+        assert [m.id for m in good.models.list().data] == [MODEL]
+        # Probes need no token.
+        assert curl(server.url + "/health").stdout and curl(server.url + "/ready").stdout
+    finally:
+        server.close()
+
+
+def test_http_requests_in_the_metrics():
+    server = Server(metrics=True)
+    try:
+        client = server.client()
+        for _ in range(2):
+            client.completions.create(model=MODEL, prompt="count me", max_tokens=4,
+                                      extra_body={"ignore_eos": True})
+        first = grpc_generate(server, "stop", max_new_tokens=1, temperature=0).token_ids[0]
+        stopped = client.completions.create(model=MODEL, prompt="stop", max_tokens=30,
+                                            temperature=0, extra_body={"stop_token_ids": [first]})
+        assert stopped.choices[0].finish_reason == "stop"
+        with pytest.raises(openai.BadRequestError):
+            client.completions.create(model=MODEL, prompt="x", top_p=7)
+        with pytest.raises(openai.NotFoundError):  # another model's name
+            client.completions.create(model="gpt-4", prompt="x")
+        # One request of three prompts: one request, three generations.
+        assert len(client.completions.create(model=MODEL, prompt=["a", "b", "c"], max_tokens=2,
+                                             extra_body={"ignore_eos": True}).choices) == 3
+        grpc_generate(server, "grpc", max_new_tokens=2)
+        text = server.scrape_metrics()
+        value = lambda series: float(re.search(re.escape(series) + r" (\S+)", text).group(1))
+        assert value('switchserve_requests_total{protocol="http",status="OK"}') == 4
+        assert value('switchserve_requests_total{protocol="http",status="INVALID_ARGUMENT"}') == 1
+        assert value('switchserve_requests_total{protocol="http",status="NOT_FOUND"}') == 1
+        assert value('switchserve_requests_total{protocol="http",status="UNKNOWN"}') == 0
+        assert value('switchserve_requests_total{protocol="grpc",status="OK"}') == 2
+        assert value('switchserve_request_finish_reason_total{reason="length"}') == 4 + 3
+        assert value('switchserve_request_finish_reason_total{reason="stop"}') == 1
+        assert value("switchserve_request_generation_tokens_sum") == 4 + 4 + 1 + 1 + 2 + 3 * 2
+        assert value("switchserve_request_prompt_tokens_count") == 5 + 3
+        assert re.search(r'switchserve_model_info\{.*model="switchall_f16".*\} 1', text)
+        assert 'device="cpu"' in re.search(r"switchserve_model_info\{.*\}", text).group(0)
+        assert 'kv_cache_dtype="f32"' in re.search(r"switchserve_model_info\{.*\}", text).group(0)
+    finally:
+        server.close()
+
+
+def test_metrics_start_from_zero_after_the_warm_up():
+    """The server's own warm-up request runs before it reports SERVING and is
+    in no metric: a fresh server's step, token and MoE counters read zero, and
+    after one request they hold that request's tokens exactly."""
+    server = Server(metrics=True)
+    try:
+        def series(text, name):
+            return [float(v) for v in re.findall(r"^" + name + r"(?:\{[^}]*\})? (\S+)$", text, re.M)]
+
+        text = server.scrape_metrics()
+        for name in ["switchserve_step_duration_seconds_count", "switchserve_step_tokens_sum",
+                     "switchserve_prompt_tokens_total", "switchserve_generation_tokens_total"]:
+            assert series(text, name) == [0.0], name
+        routers = series(text, "switchserve_moe_router_tokens_total")
+        assert routers and set(routers) == {0.0}
+        assert set(series(text, "switchserve_moe_assignments_total")) == {0.0}
+        assert set(series(text, "switchserve_moe_aux_loss")) == {0.0}
+
+        response = grpc_generate(server, "abc", max_new_tokens=3, temperature=0, ignore_eos=True)
+        assert response.usage.prompt_tokens == 3
+        # The engine records a step after handing out its tokens: the last
+        # step may reach the metrics just after the response.
+        deadline = time.monotonic() + 5
+        text = server.scrape_metrics()
+        while series(text, "switchserve_step_tokens_sum") != [5.0] and time.monotonic() < deadline:
+            time.sleep(0.05)
+            text = server.scrape_metrics()
+        assert series(text, "switchserve_prompt_tokens_total") == [3.0]
+        assert series(text, "switchserve_generation_tokens_total") == [3.0]
+        # The 3-token prompt and two decode steps (the third token ends it).
+        assert series(text, "switchserve_step_tokens_sum") == [5.0]
+        assert set(series(text, "switchserve_moe_router_tokens_total")) == {5.0}
+    finally:
+        server.close()
+
+
+def test_idle_connections_to_the_metrics_port_do_not_hold_up_a_scrape():
+    """Each connection holds an exporter thread until its request comes: with
+    2 threads and civetweb's 30 s wait, two idle connections delayed every
+    scrape by 30 s (a 10 s Prometheus scrape timed out)."""
+    server = Server(metrics=True)
+    idle = []
+    try:
+        idle = [socket.create_connection(("127.0.0.1", server.metrics_port)) for _ in range(4)]
+        time.sleep(0.2)
+        started = time.monotonic()
+        assert "switchserve_requests_running" in server.scrape_metrics()
+        assert time.monotonic() - started < 1.5
+    finally:
+        for connection in idle:
+            connection.close()
+        server.close()
+
+
+@pytest.mark.parametrize("args, held", [
+    (["--kv-cache-dtype", "bf16"], "bf16"),
+    # auto follows the weight matrices: the f16 golden model keeps an f32
+    # cache (asserted with the metrics above); held in bf16, a bf16 cache.
+    (["--weights-dtype", "bf16"], "bf16"),
+])
+def test_model_info_reports_the_kv_cache_type_the_backend_holds(args, held):
+    server = Server(*args, metrics=True)
+    try:
+        info = re.search(r"switchserve_model_info\{.*\}", server.scrape_metrics()).group(0)
+        assert f'kv_cache_dtype="{held}"' in info
+        asked = args[1] if args[0] == "--kv-cache-dtype" else "auto"
+        assert f"bytes per token, {held}; --kv-cache-dtype {asked})" in server.log()
+    finally:
+        server.close()
