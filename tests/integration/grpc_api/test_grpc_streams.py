@@ -1,0 +1,384 @@
+"""How the gRPC API's streams end: deadlines, client cancels, clients that
+stop reading (the write timeout, the per-stream and server-wide output
+budgets), cancelled streams' KV blocks, and the SIGTERM drain."""
+
+import concurrent.futures
+import json
+import re
+import signal
+import socket
+import threading
+import time
+
+import grpc
+import pytest
+
+import generation_pb2_grpc as pb_grpc
+from grpc_harness import (BINARY, MODEL, Server, expect_good_request_works_at, metric,
+                          stream_log_lines, text_request, wait_for_idle_cache,
+                          wait_for_idle_engine)
+from raw_grpc import open_raw_grpc_call, stalled_streams
+from server_process import ServerProcess, free_port
+
+
+def raw_grpc_call(port, method, request, timeout_header, cancel_after_s=None, window=None):
+    """One call over a hand-made HTTP/2 connection, with a `grpc-timeout`
+    header the Python client would refuse to send: the response headers and
+    trailers, and the response messages' bytes. With `cancel_after_s`, the
+    client resets the stream (CANCEL) that long after sending the request.
+    With `window`, the client offers a flow-control window of that many
+    bytes and never reads more: a client that stops reading."""
+    import socket
+    import h2.config
+    import h2.connection
+    import h2.errors
+    import h2.events
+    import h2.settings
+    connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    result = {"data": b""}
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        connection.initiate_connection()
+        if window is not None:
+            connection.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window})
+        open_raw_grpc_call(connection, 1, method, request, [("grpc-timeout", timeout_header)])
+        s.sendall(connection.data_to_send())
+        ended = False
+        cancel_at = None if cancel_after_s is None else time.monotonic() + cancel_after_s
+        while not ended:
+            if cancel_at is not None and time.monotonic() >= cancel_at:
+                connection.reset_stream(1, h2.errors.ErrorCodes.CANCEL)
+                s.sendall(connection.data_to_send())
+                break
+            if cancel_at is not None:
+                s.settimeout(max(0.001, cancel_at - time.monotonic()))
+            try:
+                data = s.recv(65536)
+            except socket.timeout:
+                continue
+            if not data:
+                break
+            for event in connection.receive_data(data):
+                if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+                    result.update((k.decode(), v.decode()) for k, v in event.headers)
+                elif isinstance(event, h2.events.DataReceived):
+                    if window is None:
+                        connection.acknowledge_received_data(event.flow_controlled_length, 1)
+                    result["data"] += event.data
+                elif isinstance(event, h2.events.StreamEnded):
+                    ended = True
+            s.sendall(connection.data_to_send())
+    return result
+
+
+@pytest.mark.parametrize("timeout", ["10S", "2562000H", "2562047H", "99999999H"])
+def test_a_deadline_centuries_away_is_as_good_as_none(server, timeout):
+    """grpc-timeout 2562047H (about 2^63 ns, a client's "longest" timeout)
+    and the header's largest value overflowed the steady clock into the
+    past: the call ended DEADLINE_EXCEEDED at once, without a token."""
+    request = text_request("hello", 4)
+    for method in ("Generate", "GenerateStream"):
+        result = raw_grpc_call(server.port, method, request, timeout)
+        assert result.get("grpc-status") == "0", (method, result)
+        assert len(result["data"]) > 5, (method, result)
+
+
+@pytest.mark.parametrize("timeout", ["30S", "2562047H", "99999999H"])
+def test_a_client_cancel_is_cancelled_whatever_its_deadline(timeout):
+    """A call the client resets is CANCELLED in the access log and the
+    metrics, not DEADLINE_EXCEEDED: the server's check of "at its deadline"
+    read gRPC's time_point, which wraps past the year 2262, so a deadline
+    that far away looked already past."""
+    server = Server("--debug-step-delay-ms", "20", "--log-format", "json")
+    try:
+        for method in ("Generate", "GenerateStream"):
+            raw_grpc_call(server.port, method, text_request("hello", 40), timeout,
+                          cancel_after_s=0.3)
+        deadline = time.monotonic() + 30
+        while True:
+            lines = [json.loads(line) for line in server.log().splitlines()
+                     if line.startswith("{")]
+            calls = [line for line in lines if line.get("method") in ("Generate", "GenerateStream")]
+            if len(calls) == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert sorted((c["method"], c["status"]) for c in calls) == [
+            ("Generate", "CANCELLED"), ("GenerateStream", "CANCELLED")], calls
+    finally:
+        server.close()
+
+
+def test_a_stream_whose_client_stopped_reading_counts_as_its_client_saw_it():
+    """The engine ends the request (OK, length) while its messages wait for a
+    client that stopped reading; the client then cancels. The call is
+    CANCELLED in switchserve_requests_total as in the access log: the
+    engine's observer had counted it OK when the engine finished."""
+    metrics_port = free_port()
+    # Steps of 20 ms: the first message is written (and stuck behind the
+    # 8-byte window) long before the engine ends the request, 200 ms in;
+    # the client cancels at 1.5 s.
+    server = ServerProcess(BINARY, MODEL, "--log-format", "json", "--debug-step-delay-ms", "20",
+                           metrics_port=metrics_port, prefix="switchserve_py_")
+    try:
+        raw_grpc_call(server.port, "GenerateStream", text_request("slow", 10, ignore_eos=True),
+                      "30S", cancel_after_s=1.5, window=8)
+        deadline = time.monotonic() + 30
+        while True:
+            calls = [json.loads(line) for line in server.log().splitlines()
+                     if '"method":"GenerateStream"' in line]
+            if calls or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert [(c["status"], c["finish_reason"]) for c in calls] == [("CANCELLED", "length")]
+        text = server.scrape_metrics()
+
+        def value(series):
+            match = re.search(re.escape(series) + r" (\S+)\n", text)
+            return float(match.group(1)) if match else 0.0
+        assert value('switchserve_requests_total{protocol="grpc",status="CANCELLED"}') == 1
+        assert value('switchserve_requests_total{protocol="grpc",status="OK"}') == 0
+        # The engine's own account: it ended the request at its length.
+        assert value('switchserve_request_finish_reason_total{reason="length"}') == 1
+    finally:
+        server.close()
+
+
+def expect_ended_exhausted_and_serving(server, count):
+    """Once the engine is idle: `count` calls counted RESOURCE_EXHAUSTED, no
+    request running, no KV block held, and a new call served."""
+    text = wait_for_idle_engine(server)
+    assert metric(text, 'switchserve_requests_total{protocol="grpc",status="RESOURCE_EXHAUSTED"}') == count
+    assert metric(text, "switchserve_requests_running") == 0
+    assert metric(text, "switchserve_kv_cache_usage_ratio") == 0
+    expect_good_request_works_at(server)
+
+
+def test_a_stream_whose_client_reads_nothing_ends_at_the_write_timeout():
+    """A client that stops reading (window 0) held its calls, their engine
+    requests and everything merged for them, without end. A write that waits
+    longer than --stream-write-timeout-s ends the call RESOURCE_EXHAUSTED
+    (in the trailers, which flow control does not hold back, the access log
+    and the metrics) and cancels its request, long before it would have
+    ended (50 tokens at 100 ms a step)."""
+    metrics_port = free_port()
+    server = Server("--log-format", "json", "--debug-step-delay-ms", "100",
+                    "--stream-write-timeout-s", "0.5", metrics_port=metrics_port)
+    try:
+        results = stalled_streams(
+            server.port, [text_request("stall", 50, ignore_eos=True)] * 3, 30)
+        for result in results:
+            assert result["ended_s"] is not None and result["ended_s"] < 4, results
+            assert result.get("grpc-status") == "8", results
+            assert "read nothing for" in result.get("grpc-message", ""), results
+        calls = stream_log_lines(server, 3)
+        assert [(c["status"], c["finish_reason"]) for c in calls] == [
+            ("RESOURCE_EXHAUSTED", "cancelled")] * 3, calls
+        expect_ended_exhausted_and_serving(server, 3)
+    finally:
+        server.close()
+
+
+def test_a_stream_whose_unread_output_passes_the_buffer_limit_ends_there():
+    """What is merged for a stream while its write waits was unbounded
+    (logprobs and routing: megabytes a call). Past --max-stream-buffer-bytes
+    the call ends RESOURCE_EXHAUSTED and its request is cancelled at once,
+    whatever the write timeout (here 60 s)."""
+    metrics_port = free_port()
+    server = Server("--log-format", "json", "--debug-step-delay-ms", "20",
+                    "--max-stream-buffer-bytes", "4096", metrics_port=metrics_port)
+    try:
+        request = text_request("stall", 50, ignore_eos=True)
+        request.logprobs = 20
+        request.return_routing = True
+        results = stalled_streams(server.port, [request] * 2, 30)
+        for result in results:
+            assert result["ended_s"] is not None and result["ended_s"] < 10, results
+            assert result.get("grpc-status") == "8", results
+            assert "passed 4096 bytes" in result.get("grpc-message", ""), results
+        calls = stream_log_lines(server, 2)
+        assert [c["status"] for c in calls] == ["RESOURCE_EXHAUSTED"] * 2, calls
+        # Ended after a few tokens, not at the request's 50.
+        assert all(c["finish_reason"] == "cancelled" and c["completion_tokens"] < 30
+                   for c in calls), calls
+        expect_ended_exhausted_and_serving(server, 2)
+    finally:
+        server.close()
+
+
+def test_streams_share_a_budget_of_unread_output():
+    """Per call, stalled streams could still hold the limit times the calls
+    (256 a connection). All streams together, gRPC's and HTTP's, hold at most
+    --output-buffer-bytes: with it at one call's limit, two stalled
+    calls growing step by step cannot both reach that limit, and the first
+    whose output no longer fits is ended saying so."""
+    metrics_port = free_port()
+    server = Server("--log-format", "json", "--debug-step-delay-ms", "20",
+                    "--max-stream-buffer-bytes", "16384", "--output-buffer-bytes", "16384",
+                    metrics_port=metrics_port)
+    try:
+        request = text_request("stall", 50, ignore_eos=True)
+        request.logprobs = 20
+        request.return_routing = True
+        results = stalled_streams(server.port, [request] * 2, 30)
+        assert [r.get("grpc-status") for r in results] == ["8", "8"], results
+        messages = [r.get("grpc-message", "") for r in results]
+        assert any("16384 bytes in all" in m for m in messages), messages
+        text = wait_for_idle_engine(server)
+        assert metric(text, 'switchserve_requests_total{protocol="grpc",status="RESOURCE_EXHAUSTED"}') == 2
+        assert metric(text, "switchserve_kv_cache_usage_ratio") == 0
+        expect_good_request_works_at(server)
+    finally:
+        server.close()
+
+
+def test_a_stalled_grpc_stream_leaves_an_http_stream_only_the_rest_of_the_budget():
+    """The budget is one for both protocols: a GenerateStream whose client
+    reads nothing holds its whole (finished) output, under its own limit, and
+    an HTTP stream whose client reads nothing is then ended at what the
+    budget has left, not at its own limit."""
+    http_port = free_port()
+    server = Server("--log-format", "json", "--http-port", str(http_port),
+                    "--max-stream-buffer-bytes", "65536", "--output-buffer-bytes", "65536")
+    try:
+        request = text_request("stall", 10, ignore_eos=True)
+        request.logprobs = 20
+        request.return_routing = True
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            grpc_call = pool.submit(stalled_streams, server.port, [request], 5)
+            time.sleep(1)  # 10 tokens take milliseconds: the output is all made, and held
+            body = json.dumps({"prompt": ["stall"] * 64, "max_tokens": 55, "logprobs": 5,
+                               "stream": True, "ignore_eos": True}).encode()
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                s.connect(("127.0.0.1", http_port))
+                s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                          str(len(body)).encode() + b"\r\n\r\n" + body)
+                deadline = time.monotonic() + 30
+                while True:
+                    lines = [json.loads(line) for line in server.log().splitlines()
+                             if '"msg":"stream ended"' in line]
+                    if lines or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.05)
+            assert [line["why"] for line in lines] == [
+                "RESOURCE_EXHAUSTED: the server holds as much output waiting for clients as it "
+                "may (65536 bytes in all): this stream's client is not reading"], server.log()
+            # The gRPC stream, under its own limit, still waits for its client.
+            assert grpc_call.result()[0]["ended_s"] is None
+    finally:
+        server.close()
+
+
+def test_the_output_streams_hold_is_in_the_metrics_and_given_back():
+    """switchserve_output_buffer_bytes is what all responses hold of
+    --output-buffer-bytes (switchserve_output_buffer_limit_bytes). Streams
+    whose client reads nothing hold their finished output there while they
+    wait; once their client goes, as after streams read to their end,
+    cancelled while a write waits, or past their deadline, it is 0 again."""
+    metrics_port = free_port()
+    server = Server("--log-format", "json", "--max-stream-buffer-bytes", "65536",
+                    "--output-buffer-bytes", "1000000", metrics_port=metrics_port)
+    try:
+        def held():
+            return metric(server.scrape_metrics(), "switchserve_output_buffer_bytes")
+
+        assert metric(server.scrape_metrics(), "switchserve_output_buffer_limit_bytes") == 1000000
+        request = text_request("stall", 10, ignore_eos=True)
+        request.logprobs = 20
+        request.return_routing = True
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            stalled = pool.submit(stalled_streams, server.port, [request] * 2, 3)
+            deadline = time.monotonic() + 10
+            while held() == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert 0 < held() <= 1000000
+            # Still waiting for their client, under every limit.
+            assert [r["ended_s"] for r in stalled.result()] == [None, None]
+        with server.channel() as channel:
+            stub = pb_grpc.GenerationStub(channel)
+            for _ in range(3):
+                assert len(list(stub.GenerateStream(request, timeout=60))) >= 1
+        slow = text_request("slow", 50, ignore_eos=True)
+        raw_grpc_call(server.port, "GenerateStream", slow, "30S", cancel_after_s=0.3, window=8)
+        import h2.exceptions
+        try:  # the server resets the stream at its deadline
+            raw_grpc_call(server.port, "GenerateStream", slow, "300m", window=8)
+        except h2.exceptions.StreamClosedError:
+            pass
+        deadline = time.monotonic() + 10
+        while held() != 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert held() == 0
+        expect_good_request_works_at(server)
+    finally:
+        server.close()
+
+
+def test_64_streams_then_32_cancelled_free_their_blocks():
+    server = Server("--debug-step-delay-ms", "2")
+    try:
+        with server.channel() as channel:
+            stub = pb_grpc.GenerationStub(channel)
+
+            def consume(i):
+                messages = list(stub.GenerateStream(
+                    text_request(f"py stream {i}", 40, 0.8, seed=i, ignore_eos=True),
+                    timeout=120))
+                return sum(len(m.token_ids) for m in messages), messages[-1]
+
+            with concurrent.futures.ThreadPoolExecutor(64) as pool:
+                results = list(pool.map(consume, range(64)))
+            assert all(n == 40 and last.finished for n, last in results)
+
+            def maybe_cancel(i):
+                call = stub.GenerateStream(text_request(f"py again {i}", 50, 0.8, ignore_eos=True),
+                                           timeout=120)
+                seen = 0
+                try:
+                    for _ in call:
+                        seen += 1
+                        if i % 2 == 0 and seen == 3:
+                            call.cancel()
+                except grpc.RpcError as error:
+                    return error.code()
+                return grpc.StatusCode.OK
+
+            with concurrent.futures.ThreadPoolExecutor(64) as pool:
+                codes = list(pool.map(maybe_cancel, range(64)))
+            assert codes[0::2] == [grpc.StatusCode.CANCELLED] * 32
+            assert codes[1::2] == [grpc.StatusCode.OK] * 32
+            wait_for_idle_cache(stub)
+    finally:
+        server.close()
+
+
+def test_sigterm_drains_running_streams():
+    server = Server("--debug-step-delay-ms", "25")
+    try:
+        with server.channel() as channel:
+            stub = pb_grpc.GenerationStub(channel)
+            started = threading.Barrier(9)
+
+            def stream(i):
+                tokens, first, last = 0, True, None
+                for message in stub.GenerateStream(
+                        text_request(f"drain {i}", 40, ignore_eos=True), timeout=60):
+                    tokens += len(message.token_ids)
+                    last = message
+                    if first:
+                        first = False
+                        started.wait(timeout=30)
+                return tokens, last.finished
+
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                futures = [pool.submit(stream, i) for i in range(8)]
+                started.wait(timeout=30)
+                server.process.send_signal(signal.SIGTERM)
+                with pytest.raises(grpc.RpcError) as error:
+                    for _ in range(100):
+                        stub.Generate(text_request("late", 2), timeout=5)
+                        time.sleep(0.005)
+                assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+                assert [f.result() for f in futures] == [(40, True)] * 8
+        assert server.process.wait(timeout=30) == 0
+    finally:
+        server.close()
