@@ -244,12 +244,18 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
     }
     if (!gone_ && options_.stream) {
       // Logged and counted on the connection's I/O thread once the last
-      // events have been taken in there, before [DONE]: their status is
-      // `failure`'s, unless the last events do not fit in what the stream
-      // may hold for its client, and the connection is closed instead
+      // events have been written to the socket, before [DONE]: with
+      // `failure`'s status, unless the connection is closed first, its
+      // client having left or stopped reading with them unwritten
       // (ClientGone). The call ends then.
       stream_end_ = failure.code();
-      exchange_->WriteRendered([self = shared_from_this()] {
+      if (!failure.ok()) exchange_->Write(Event(MakeApiError(failure).body));
+      if (failure.ok() && options_.include_usage) {
+        Json last = Chunk(Json::array());
+        last["usage"] = Usage();
+        exchange_->Write(Event(last));
+      }
+      exchange_->WhenWritten([self = shared_from_this()] {
         bool done = false;
         {
           std::lock_guard<std::mutex> lock(self->mu_);
@@ -259,14 +265,7 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
           }
         }
         if (done) self->context_.gate->CallDone();
-        return std::string();
       });
-      if (!failure.ok()) exchange_->Write(Event(MakeApiError(failure).body));
-      if (failure.ok() && options_.include_usage) {
-        Json last = Chunk(Json::array());
-        last["usage"] = Usage();
-        exchange_->Write(Event(last));
-      }
       exchange_->Write("data: [DONE]\n\n");
       exchange_->End();
       return false;

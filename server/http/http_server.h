@@ -63,6 +63,10 @@ class HttpExchange {
   // JSON) that the calling thread hands off. Not called once the client is
   // gone. An empty result writes nothing.
   virtual void WriteRendered(std::function<std::string()> render) = 0;
+  // Runs `written` on the connection's I/O thread once everything sent
+  // before it has been written to the socket (not necessarily read by the
+  // client); never if the response cannot be completed (on_gone runs).
+  virtual void WhenWritten(std::function<void()> written) = 0;
   virtual void End() = 0;
 
   // `on_gone` runs once, on an I/O thread, if the response cannot be

@@ -1,10 +1,13 @@
 #include "server/http/http_session.h"
 
+#include <poll.h>
+
 #include <algorithm>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/ssl.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
@@ -43,6 +46,9 @@ using http_reading::ReadOutcome;
 // The most a connection reads into its buffer at a time outside Beast's own
 // reads (the empty lines before a head, bytes that arrive early).
 constexpr size_t kReadBytes = 16 * 1024;
+// How often a stream with more than --max-stream-buffer-bytes unread looks
+// whether its client still reads.
+constexpr std::chrono::milliseconds kReadingCheckInterval{10};
 
 std::chrono::milliseconds Milliseconds(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
@@ -52,15 +58,18 @@ std::chrono::milliseconds Milliseconds(double seconds) {
 
 // What a connection is asked to send, in order.
 struct OutPiece {
-  enum Kind { kFull, kHead, kChunk, kEnd };
+  enum Kind { kFull, kHead, kChunk, kEnd, kWritten };
   OutPiece(Kind k, HttpResponse r, std::string d, std::function<std::string()> f = nullptr)
       : kind(k), response(std::move(r)), data(std::move(d)), render(std::move(f)) {}
+  explicit OutPiece(std::function<void()> w) : kind(kWritten), written(std::move(w)) {}
   Kind kind;
   HttpResponse response;  // kFull, kHead
   std::string data;       // kChunk
   // kChunk: set, it makes `data` on the connection's strand as the piece
   // arrives there.
   std::function<std::string()> render;
+  // kWritten: run when the pieces before it have been written.
+  std::function<void()> written;
 };
 
 namespace {
@@ -84,6 +93,7 @@ class ExchangeImpl : public HttpExchange {
   void WriteRendered(std::function<std::string()> render) override {
     Send(OutPiece(OutPiece::kChunk, {}, {}, std::move(render)));
   }
+  void WhenWritten(std::function<void()> written) override { Send(OutPiece(std::move(written))); }
   void End() override { Send(OutPiece(OutPiece::kEnd, {}, {})); }
   void OnClientGone(std::function<void(const absl::Status& why)> on_gone) override {
     absl::Status why;
@@ -400,22 +410,57 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
 
   // Counts `bytes` more of a streamed response's data as unread (queued or
   // being written): false, the response ended RESOURCE_EXHAUSTED, when that
-  // passes the stream's limit or does not fit in the budget all streams
-  // share.
+  // passes the stream's limit while its client is not reading
+  // (EndIfNotReading), or does not fit in the budget all streams share.
   bool HoldUnread(size_t bytes) {
     const HttpServerOptions& options = state_->options;
     const int64_t unread = unread_stream_bytes_ + static_cast<int64_t>(bytes);
-    if (unread > options.max_stream_buffer_bytes) {
-      EndResponse(absl::ResourceExhaustedError(
-          StreamOutputPastLimitMessage(options.max_stream_buffer_bytes)));
-      return false;
-    }
+    if (unread > options.max_stream_buffer_bytes && !EndIfNotReading()) return false;
     if (!stream_reservation_.GrowTo(unread)) {
       EndResponse(absl::ResourceExhaustedError(OutputBudgetFullMessage(*options.output_budget)));
       return false;
     }
     unread_stream_bytes_ = unread;
     return true;
+  }
+
+  // With more than the stream's limit unread: ends the response (false) if
+  // its client is not reading, that is, if the socket's send buffer is full.
+  // Otherwise the data waits for this thread, not for the client: a stream
+  // of many prompts makes an event for each at every engine step, all
+  // handed to this thread at once, and they queue behind the write in
+  // flight however fast the client reads (on a small machine this thread,
+  // below the engine's priority, can fall well behind the engine). Then it
+  // looks again shortly, for as long as that much stays unread.
+  bool EndIfNotReading() {
+    pollfd writable{};
+    writable.fd = Lowest().socket().native_handle();
+    writable.events = POLLOUT;
+    if (::poll(&writable, 1, 0) == 1 && (writable.revents & POLLOUT) != 0 &&
+        (writable.revents & (POLLERR | POLLHUP)) == 0) {
+      LookAgainIfNotReading();
+      return true;
+    }
+    EndResponse(absl::ResourceExhaustedError(
+        StreamOutputPastLimitMessage(state_->options.max_stream_buffer_bytes)));
+    return false;
+  }
+
+  void LookAgainIfNotReading() {
+    if (reading_check_armed_) return;
+    reading_check_armed_ = true;
+    reading_check_.expires_after(kReadingCheckInterval);
+    reading_check_.async_wait(
+        [self = this->shared_from_this(), generation = watch_generation_](beast::error_code ec) {
+          self->reading_check_armed_ = false;
+          if (ec || self->closed_ || self->exchange_ == nullptr ||
+              generation != self->watch_generation_) {
+            return;
+          }
+          if (self->unread_stream_bytes_ > self->state_->options.max_stream_buffer_bytes) {
+            self->EndIfNotReading();
+          }
+        });
   }
 
   void ReleaseUnread(int64_t bytes) {
@@ -434,6 +479,12 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   }
 
   void WriteNext() {
+    while (!writing_ && !closed_ && !pending_.empty() &&
+           pending_.front().kind == OutPiece::kWritten) {
+      std::function<void()> written = std::move(pending_.front().written);
+      pending_.pop_front();
+      written();
+    }
     if (writing_ || closed_ || pending_.empty()) return;
     OutPiece piece = std::move(pending_.front());
     pending_.pop_front();
@@ -490,6 +541,9 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
           net::async_write(stream_, http::make_chunk_last(), std::move(done));
         }
         return;
+      case OutPiece::kWritten:  // run before a write starts (above), never written
+        writing_ = false;
+        return;
     }
   }
 
@@ -520,6 +574,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     if (closed_) return;
     closed_ = true;
     pending_.clear();
+    reading_check_.cancel();
     ReleaseUnread(unread_stream_bytes_ - writing_chunk_bytes_);  // what a write holds: its end
     beast::error_code ignored;
     Lowest().socket().shutdown(tcp::socket::shutdown_both, ignored);
@@ -553,6 +608,10 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   int64_t unread_stream_bytes_ = 0;
   int64_t writing_chunk_bytes_ = 0;
   ByteReservation stream_reservation_;
+  // Looks again whether the client reads while more than the stream's limit
+  // is unread (LookAgainIfNotReading).
+  net::steady_timer reading_check_{stream_.get_executor()};
+  bool reading_check_armed_ = false;
   // What the write in flight reads from.
   std::optional<http::response<http::string_body>> full_;
   ByteReservation full_held_;  // what full_'s body holds of the output budget

@@ -40,6 +40,7 @@ class HeldExchange : public HttpExchange {
   void StartStream(HttpResponse) override { ADD_FAILURE() << "a unary call streams"; }
   void Write(std::string) override { ADD_FAILURE() << "a unary call writes"; }
   void WriteRendered(std::function<std::string()>) override { ADD_FAILURE() << "unary"; }
+  void WhenWritten(std::function<void()>) override { ADD_FAILURE() << "unary"; }
   void End() override { ADD_FAILURE() << "a unary call ends a stream"; }
   void OnClientGone(std::function<void(const absl::Status&)>) override {}
 

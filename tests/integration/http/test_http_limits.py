@@ -134,11 +134,17 @@ def test_disconnect_cancels_the_request():
         server.close()
 
 
+# For stalled_stream's 256 prompts: all running at once, in engine steps slow
+# enough for the connection's thread to keep up with them.
+UNHURRIED_STREAMS = ("--max-running-requests", "256", "--debug-step-delay-ms", "20")
+
+
 def stalled_stream(server, request_id, prompts, max_tokens=55):
     """A socket that sends one streamed completion (`prompts` prompts with 20
-    logprobs each: a few kilobytes an event, 64 prompts making more than the
-    socket buffers could take) and then reads nothing, with a receive buffer
-    of 4 KiB, so that the server's writes soon wait."""
+    logprobs each: about a kilobyte an event, 256 prompts making 12 MB, more
+    than the socket buffers could take: Linux lets a send buffer grow to
+    4 MiB) and then reads nothing, with a receive buffer of 4 KiB, so that
+    the server's writes soon wait."""
     body = json.dumps({"prompt": ["stall"] * prompts, "max_tokens": max_tokens, "logprobs": 20,
                        "stream": True, "ignore_eos": True}).encode()
     s = socket.socket()
@@ -160,14 +166,17 @@ def test_a_stream_whose_client_reads_nothing_ends_past_its_buffer_limit():
     read nothing (a kilobyte and more a token with logprobs, every one the
     engine made until the 60 s write timeout). Past --max-stream-buffer-bytes
     the server closes the connection (the stream ends without its last chunk),
-    cancels the request, and logs and counts it RESOURCE_EXHAUSTED."""
-    server = Server("--max-stream-buffer-bytes", "65536", metrics=True)
+    cancels the request, and logs and counts it RESOURCE_EXHAUSTED. (Every
+    prompt runs at once, in steps of 20 ms: the tiny model would otherwise
+    make the whole stream before the socket's buffers fill, outpacing the
+    connection's thread rather than the client.)"""
+    server = Server("--max-stream-buffer-bytes", "65536", *UNHURRIED_STREAMS, metrics=True)
     try:
-        with stalled_stream(server, "stalled", prompts=64) as s:
+        with stalled_stream(server, "stalled", prompts=256) as s:
             record = server.access_line("stalled")
             assert (record["status"], record["http_status"]) == ("RESOURCE_EXHAUSTED", 429)
-            # Ended early: 64 prompts of 55 tokens would have made 3520.
-            assert record["finish_reason"] == "cancelled" and record["completion_tokens"] < 3520
+            # Ended early: 256 prompts of 55 tokens would have made 14080.
+            assert record["finish_reason"] == "cancelled" and record["completion_tokens"] < 14080
             assert "passed 65536 bytes" in stream_ended_lines(server)["stalled"]
             # What reaches the client ends without the stream's last chunk.
             data = read_to_end(s)
@@ -187,39 +196,65 @@ def test_a_stream_whose_client_reads_nothing_ends_past_its_buffer_limit():
         server.close()
 
 
-def test_a_stream_whose_last_event_is_past_its_buffer_limit_is_counted_as_ended():
-    """A stream's last events were rendered after the request had been
-    logged and counted: when they did not fit in --max-stream-buffer-bytes
-    the client got neither them nor [DONE], while the access log and
-    switchserve_requests_total said OK, 200. The request is now logged when
-    its last events reach its connection: RESOURCE_EXHAUSTED, 429, after
-    the `stream ended` warning."""
-    server = Server("--max-stream-buffer-bytes", "1024", "--stream-interval", "1000",
-                    metrics=True)
+def test_a_stream_whose_last_events_are_past_its_buffer_limit_is_counted_as_ended():
+    """A stream was logged and counted when its last tokens were generated,
+    and its last events written afterwards: when the connection was closed
+    for them (its client not reading) the client got neither them nor
+    [DONE], while the access log and switchserve_requests_total said OK,
+    200. The request is now logged once its last events are written:
+    RESOURCE_EXHAUSTED, 429, after the `stream ended` warning. (With
+    --stream-interval past max_tokens every prompt's tokens come in its
+    final event, so the stream's output is all in its last events.)"""
+    server = Server("--max-stream-buffer-bytes", "65536", "--stream-interval", "1000",
+                    *UNHURRIED_STREAMS, metrics=True)
     try:
-        # One event of 40 tokens with 20 logprobs each (after the first
-        # token's own): tens of kilobytes, past 1024 bytes at once.
-        body = json.dumps({"prompt": "last", "max_tokens": 40, "logprobs": 20, "stream": True,
-                           "ignore_eos": True}).encode()
-        with socket.create_connection(("127.0.0.1", server.http_port)) as s:
-            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nx-request-id: last\r\n"
-                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        with stalled_stream(server, "last", prompts=256) as s:
+            record = server.access_line("last")
+            assert (record["status"], record["http_status"]) == ("RESOURCE_EXHAUSTED", 429)
+            assert record["finish_reason"] == "length" and record["completion_tokens"] == 256 * 55
+            assert "passed 65536 bytes" in stream_ended_lines(server)["last"]
             data = read_to_end(s)
-        assert data.startswith(b"HTTP/1.1 200") and b"[DONE]" not in data
-        assert not data.endswith(b"\r\n0\r\n\r\n")
-        record = server.access_line("last")
-        assert (record["status"], record["http_status"]) == ("RESOURCE_EXHAUSTED", 429)
-        assert record["completion_tokens"] == 40
-        assert "passed 1024 bytes" in stream_ended_lines(server)["last"]
+            assert data.startswith(b"HTTP/1.1 200") and b"[DONE]" not in data
         text = server.scrape_metrics()
         assert 'switchserve_requests_total{protocol="http",status="RESOURCE_EXHAUSTED"} 1\n' in text
         assert 'switchserve_requests_total{protocol="http",status="OK"} 0\n' in text
-        # A stream that fits is logged OK once, and its client gets [DONE].
+        # A stream its client reads is logged OK once, and its client gets [DONE].
         chunks = list(server.client().completions.create(model=MODEL, prompt="ok", max_tokens=3,
                                                          stream=True))
         assert chunks[-1].choices[0].finish_reason == "length"
         text = server.scrape_metrics()
         assert 'switchserve_requests_total{protocol="http",status="OK"} 1\n' in text
+    finally:
+        server.close()
+
+
+def test_a_reading_client_keeps_a_stream_whose_events_wait_for_the_server():
+    """A streamed completion of several prompts makes an event for each of
+    them at every engine step, handed to the connection's I/O thread
+    together, and they wait in the server while it writes the ones before,
+    however fast the client reads. They counted against
+    --max-stream-buffer-bytes as if the client had stopped reading: at the
+    limit's least (1024 bytes) every such stream ended RESOURCE_EXHAUSTED
+    ("its client is not reading"), and at the default 4 MiB a stream of 1000
+    prompts did on a 2-core machine, where the I/O thread runs below the
+    engine's priority and falls behind it. Only output waiting for a client
+    whose socket takes no more counts against the limit."""
+    server = Server("--max-stream-buffer-bytes", "1024", metrics=True)
+    try:
+        for attempt in range(3):
+            request_id = f"reading-{attempt}"
+            stream = server.client().completions.create(
+                model=MODEL, prompt=["ok"] * 16, max_tokens=20, logprobs=5, stream=True,
+                extra_body={"ignore_eos": True}, extra_headers={"x-request-id": request_id})
+            finished = [choice.finish_reason for chunk in stream for choice in chunk.choices
+                        if choice.finish_reason]
+            assert finished == ["length"] * 16
+            record = server.access_line(request_id)
+            assert (record["status"], record["http_status"]) == ("OK", 200)
+            assert record["completion_tokens"] == 16 * 20
+        assert stream_ended_lines(server) == {}
+        assert 'switchserve_requests_total{protocol="http",status="OK"} 3\n' in (
+            server.scrape_metrics())
     finally:
         server.close()
 
@@ -285,7 +320,7 @@ def test_responses_give_back_what_they_held_of_the_output_budget():
     0 again once they are written, or their connection closed, whichever way
     they ended, though keep-alive connections stay open."""
     server = Server("--max-stream-buffer-bytes", "65536", "--output-buffer-bytes", "1000000",
-                    "--log-format", "json", metrics=True)
+                    *UNHURRIED_STREAMS, "--log-format", "json", metrics=True)
     try:
         def held():
             return metric(server.scrape_metrics(), "switchserve_output_buffer_bytes")
@@ -300,7 +335,7 @@ def test_responses_give_back_what_they_held_of_the_output_budget():
                 [(status, _, _)] = read_responses(s, 1)
                 assert status == 200
                 given_back()  # the keep-alive connection still open
-        with stalled_stream(server, "stalled", prompts=64) as s:
+        with stalled_stream(server, "stalled", prompts=256) as s:
             assert server.access_line("stalled")["status"] == "RESOURCE_EXHAUSTED"
             given_back()
         with stalled_stream(server, "gone", prompts=4) as s:  # then it disconnects
