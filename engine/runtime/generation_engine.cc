@@ -363,7 +363,10 @@ void GenerationEngine::Finish(RequestState* state, FinishReason reason, absl::St
     state->request.sink->OnUpdate(std::exchange(state->held, {}));
   }
   GenerationUpdate update = std::exchange(state->held, {});
-  if (status.ok()) {
+  // Text still held back (an unfinished character, what may begin a stop
+  // string) is released only by an end that decides it: a request cut short
+  // ends with the text it had, as token by token.
+  if (status.ok() && reason != FinishReason::kCancelled) {
     bool stopped = false;
     update.text += state->detokenizer.Finish(&stopped);
     // The final replacement character completed a stop string.

@@ -131,5 +131,33 @@ TEST_F(GenerationEngineTest, HeldTokensReachTheSinkBeforeAnEarlyEnd) {
   engine_->Stop();  // the engine reports to `steps` until it stops
 }
 
+TEST_F(GenerationEngineTest, AnEarlyEndReleasesNoTextHeldBack) {
+  // Text that may begin a stop string is held back until that is decided; a
+  // request that ends before (cancelled, the server's drain timeout) ends
+  // with the text it had released, as token by token, not with the held
+  // text, which the stop string may have been about to take out.
+  Init(256, 256, 16);
+  engine_->Start();
+  auto reference = Submit("held back", Greedy(100));
+  reference->Wait();
+  ASSERT_EQ(reference->text_.size(), 100u);
+  backend_->set_step_delay_ms(2);
+  for (const int interval : {1, 1000}) {
+    SamplingParams p = Greedy(200);
+    p.stop = {reference->text_};  // completes at the 100th token, 200 ms away
+    auto sink = Submit("held back", p, interval);
+    const RequestId id = last_id_;
+    while (sink->updates() < 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // a few tokens more
+    engine_->Cancel(id, CancelCause::kShutdown);
+    const GenerationUpdate& final = sink->Wait();
+    EXPECT_EQ(final.finish_reason, FinishReason::kCancelled);
+    EXPECT_GT(final.completion_tokens, 0);
+    EXPECT_LT(final.completion_tokens, 100);
+    EXPECT_EQ(sink->text_, "") << "stream interval " << interval;
+  }
+  engine_->Stop();
+}
+
 }  // namespace
 }  // namespace switchserve
