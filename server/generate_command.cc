@@ -9,6 +9,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "engine/runtime/kv_cache.h"
 #include "engine/runtime/request.h"
 #include "server/offline_session.h"
+#include "server/request_validation.h"
 
 ABSL_FLAG(std::string, prompt, "", "prompt text");
 ABSL_FLAG(int, max_new_tokens, 128, "tokens to generate (stops earlier at EOS)");
@@ -59,17 +61,17 @@ int RunGenerateCommand(int argc, char** argv) {
     std::fprintf(stderr, "generate: --prompt is required\n");
     return 2;
   }
-  // The server's ranges (server/request_validation.cc), checked in double
-  // before narrowing to float.
+  // The server's ranges, checked in double before narrowing to float, as the
+  // HTTP API checks its numbers (server/request_validation.h).
   const double temperature = absl::GetFlag(FLAGS_temperature);
   const double top_p = absl::GetFlag(FLAGS_top_p);
-  if (!(temperature >= 0 && temperature <= std::numeric_limits<float>::max())) {
-    std::fprintf(stderr, "generate: --temperature must be a finite value >= 0\n");
-    return 2;
-  }
-  if (!(top_p > 0 && top_p <= 1)) {
-    std::fprintf(stderr, "generate: --top-p must be in (0, 1]\n");
-    return 2;
+  for (const auto& [field, name, value] :
+       {std::tuple{SamplingFloat::kTemperature, "--temperature", temperature},
+        std::tuple{SamplingFloat::kTopP, "--top-p", top_p}}) {
+    if (absl::Status status = CheckSamplingFloat(field, name, value); !status.ok()) {
+      std::fprintf(stderr, "generate: %s\n", std::string(status.message()).c_str());
+      return 2;
+    }
   }
   if (absl::GetFlag(FLAGS_top_k) < 0) {
     std::fprintf(stderr, "generate: --top-k must be >= 0 (0: off)\n");
@@ -98,8 +100,8 @@ int RunGenerateCommand(int argc, char** argv) {
   sampling.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   sampling.top_k = absl::GetFlag(FLAGS_top_k);
   sampling.seed = absl::GetFlag(FLAGS_seed);
-  sampling.temperature = static_cast<float>(temperature);
-  sampling.top_p = static_cast<float>(top_p);
+  sampling.temperature = NarrowSamplingFloat(SamplingFloat::kTemperature, temperature);
+  sampling.top_p = NarrowSamplingFloat(SamplingFloat::kTopP, top_p);
 
   // The server refuses what does not fit its context; the command generates
   // what fits (the token predicted from the context's last position too) and

@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <string>
 
@@ -11,16 +12,50 @@
 namespace switchserve {
 namespace {
 
-absl::Status Invalid(const char* field, const std::string& problem) {
-  return absl::InvalidArgumentError(absl::StrCat(field, ": ", problem));
+absl::Status Invalid(std::string_view field, const std::string& problem) {
+  return absl::InvalidArgumentError(absl::StrCat(std::string(field), ": ", problem));
 }
 
-// The shortest text that reads back as `value` ("1.0000001", "1e-45", "nan"):
-// a message's "found" shows what the client sent, not 6 rounded digits.
-std::string FloatText(float value) {
+// The shortest text that reads back as `value` ("1.0000001", "1e-45", "nan";
+// a double: "1.00000001"): a message's "found" shows what the client sent,
+// not 6 rounded digits.
+template <typename T>
+std::string FloatText(T value) {
   char text[32];
   const auto [end, error] = std::to_chars(text, text + sizeof(text), value);
   return error == std::errc() ? std::string(text, end) : absl::StrCat(value);
+}
+
+// The ranges compared in the value's own type: a double against 0.01, not
+// against 0.01f (a little less).
+template <typename T>
+absl::Status CheckRange(SamplingFloat field, std::string_view name, T value) {
+  switch (field) {
+    case SamplingFloat::kTemperature:
+      // At most the largest float, which the engine holds (as generate's
+      // --temperature).
+      if (value >= 0 && value <= std::numeric_limits<float>::max()) return absl::OkStatus();
+      if (value > 0 && std::isfinite(value)) {
+        return Invalid(
+            name, absl::StrCat("must be at most ", FloatText(std::numeric_limits<float>::max()),
+                               " (the largest 32-bit float), found ", FloatText(value)));
+      }
+      return Invalid(name, absl::StrCat("must be a finite value >= 0, found ", FloatText(value)));
+    case SamplingFloat::kTopP:
+      if (value > 0 && value <= 1) return absl::OkStatus();
+      return Invalid(name, absl::StrCat("must be in (0, 1], found ", FloatText(value)));
+    case SamplingFloat::kMinP:
+      if (value >= 0 && value <= 1) return absl::OkStatus();
+      return Invalid(name, absl::StrCat("must be in [0, 1], found ", FloatText(value)));
+    case SamplingFloat::kRepetitionPenalty:
+      // Bounded away from 0 and infinity: dividing (or multiplying) a logit
+      // by a denormal penalty such as 1e-45 overflows to infinity.
+      static_assert(kMinRepetitionPenalty == 0.01f && kMaxRepetitionPenalty == 100.0f);
+      if (value >= static_cast<T>(0.01) && value <= static_cast<T>(100)) return absl::OkStatus();
+      return Invalid(name, absl::StrCat("must be in [", kMinRepetitionPenalty, ", ",
+                                        kMaxRepetitionPenalty, "], found ", FloatText(value)));
+  }
+  return Invalid(name, "is not a sampling field");
 }
 
 uint64_t RandomSeed() {
@@ -29,6 +64,20 @@ uint64_t RandomSeed() {
 }
 
 }  // namespace
+
+absl::Status CheckSamplingFloat(SamplingFloat field, std::string_view name, float value) {
+  return CheckRange(field, name, value);
+}
+
+absl::Status CheckSamplingFloat(SamplingFloat field, std::string_view name, double value) {
+  return CheckRange(field, name, value);
+}
+
+float NarrowSamplingFloat(SamplingFloat field, double value) {
+  (void)field;  // every range's bounds are floats: rounding keeps within them
+  const float narrowed = static_cast<float>(value);
+  return value > 0 && narrowed == 0 ? std::numeric_limits<float>::denorm_min() : narrowed;
+}
 
 absl::StatusOr<GenerationRequest> ValidateGenerateRequest(const v1::GenerateRequest& request,
                                                           const Tokenizer& tokenizer,
@@ -87,9 +136,10 @@ absl::StatusOr<GenerationRequest> ValidateGenerateRequest(const v1::GenerateRequ
     p.max_new_tokens = std::min(limits.default_max_new_tokens, room);
   }
   if (s.has_temperature()) {
-    if (!(s.temperature() >= 0) || !std::isfinite(s.temperature())) {
-      return Invalid("sampling.temperature", absl::StrCat("must be a finite value >= 0, found ",
-                                                          FloatText(s.temperature())));
+    if (absl::Status status = CheckSamplingFloat(SamplingFloat::kTemperature,
+                                                 "sampling.temperature", s.temperature());
+        !status.ok()) {
+      return status;
     }
     p.temperature = s.temperature();
   }
@@ -98,26 +148,23 @@ absl::StatusOr<GenerationRequest> ValidateGenerateRequest(const v1::GenerateRequ
   }
   p.top_k = s.top_k();
   if (s.has_top_p()) {
-    if (!(s.top_p() > 0 && s.top_p() <= 1)) {
-      return Invalid("sampling.top_p",
-                     absl::StrCat("must be in (0, 1], found ", FloatText(s.top_p())));
+    if (absl::Status status = CheckSamplingFloat(SamplingFloat::kTopP, "sampling.top_p", s.top_p());
+        !status.ok()) {
+      return status;
     }
     p.top_p = s.top_p();
   }
-  if (!(s.min_p() >= 0 && s.min_p() <= 1)) {
-    return Invalid("sampling.min_p",
-                   absl::StrCat("must be in [0, 1], found ", FloatText(s.min_p())));
+  if (absl::Status status = CheckSamplingFloat(SamplingFloat::kMinP, "sampling.min_p", s.min_p());
+      !status.ok()) {
+    return status;
   }
   p.min_p = s.min_p();
   if (s.has_repetition_penalty()) {
-    // Bounded away from 0 and infinity: dividing (or multiplying) a logit by
-    // a denormal penalty such as 1e-45 overflows to infinity.
-    if (!(s.repetition_penalty() >= kMinRepetitionPenalty &&
-          s.repetition_penalty() <= kMaxRepetitionPenalty)) {
-      return Invalid(
-          "sampling.repetition_penalty",
-          absl::StrCat("must be in [", kMinRepetitionPenalty, ", ", kMaxRepetitionPenalty,
-                       "], found ", FloatText(s.repetition_penalty())));
+    if (absl::Status status =
+            CheckSamplingFloat(SamplingFloat::kRepetitionPenalty, "sampling.repetition_penalty",
+                               s.repetition_penalty());
+        !status.ok()) {
+      return status;
     }
     p.repetition_penalty = s.repetition_penalty();
   }

@@ -5,6 +5,8 @@
 #ifndef SWITCHSERVE_SERVER_REQUEST_VALIDATION_H_
 #define SWITCHSERVE_SERVER_REQUEST_VALIDATION_H_
 
+#include <string_view>
+
 #include "absl/status/statusor.h"
 #include "engine/runtime/request.h"
 #include "engine/text/tokenizer.h"
@@ -16,6 +18,27 @@ namespace switchserve {
 // logit of any plausible size stays finite.
 inline constexpr float kMinRepetitionPenalty = 0.01f;
 inline constexpr float kMaxRepetitionPenalty = 100.0f;
+
+// The floating-point sampling fields. Each range is checked on the value as
+// the client sent it: a gRPC request's float, or a double (an HTTP request's
+// JSON number, generate's flags) before it is narrowed to the engine's float.
+// Narrowed first, a number just outside a range rounded onto its bound and
+// passed (top_p 1.00000001 as 1, temperature -1e-50 as -0), and one inside
+// rounded past it and failed, quoting a value the client never sent (top_p
+// 1e-50 as 0).
+enum class SamplingFloat { kTemperature, kTopP, kMinP, kRepetitionPenalty };
+
+// INVALID_ARGUMENT "<name>: must be ..., found <value>" unless `value` lies in
+// the field's range (temperature: [0, the largest float]; top_p: (0, 1];
+// min_p: [0, 1]; repetition_penalty: [0.01, 100]).
+absl::Status CheckSamplingFloat(SamplingFloat field, std::string_view name, float value);
+absl::Status CheckSamplingFloat(SamplingFloat field, std::string_view name, double value);
+
+// A double that CheckSamplingFloat accepted, as the engine's float on the same
+// side of the range's bounds: the nearest float, or the smallest positive one
+// for a positive value that rounds to 0 (top_p 1e-50; a temperature of 1e-50
+// samples, it is not greedy).
+float NarrowSamplingFloat(SamplingFloat field, double value);
 
 struct RequestLimits {
   int vocab_size = 0;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_replace.h"
 #include "engine/model/json_text.h"
 #include "engine/text/detokenizer.h"
+#include "server/request_validation.h"
 
 namespace switchserve {
 
@@ -212,7 +213,14 @@ absl::Status ParseField(const std::string& key, const Json& value, CompletionReq
              key == "repetition_penalty") {
     auto x = Number(value, key);
     if (!x.ok()) return x.status();
-    const float f = static_cast<float>(*x);
+    // The range is checked on the number as sent, before it becomes the
+    // engine's float (request_validation.h).
+    const SamplingFloat field = key == "temperature" ? SamplingFloat::kTemperature
+                                : key == "top_p"     ? SamplingFloat::kTopP
+                                : key == "min_p"     ? SamplingFloat::kMinP
+                                                     : SamplingFloat::kRepetitionPenalty;
+    if (absl::Status status = CheckSamplingFloat(field, key, *x); !status.ok()) return status;
+    const float f = NarrowSamplingFloat(field, *x);
     if (key == "temperature") sampling->set_temperature(f);
     if (key == "top_p") sampling->set_top_p(f);
     if (key == "min_p") sampling->set_min_p(f);

@@ -2,10 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <string>
 
 #include "engine/text/detokenizer.h"
 #include "engine/text/tokenizer.h"
+#include "server/request_validation.h"
 #include "tests/util/test_util.h"
 
 namespace switchserve {
@@ -76,6 +78,57 @@ TEST(OpenAiProtocolTest, IntegerFieldsTakeWholeFloats) {
             "max_tokens: must be an integer, found 2.5");
   EXPECT_EQ(ParseCompletionRequest(R"({"prompt": "x", "seed": 1e30})").status().message(),
             "seed: is out of range, found 1e+30");
+}
+
+// The floating-point fields are checked as sent, in double, before they
+// become the engine's floats: a number just outside a range is refused (it
+// rounded onto the bound and passed), one inside it is served (top_p 1e-50
+// rounded to 0 and was refused as "found 0"), and a temperature past the
+// largest float is refused saying so (it was "found inf").
+TEST(OpenAiProtocolTest, FloatFieldsAreCheckedAsSentBeforeBecomingFloats) {
+  const struct {
+    const char* body;
+    const char* message;
+  } refused[] = {
+      {R"({"prompt": "x", "top_p": 1.00000001})", "top_p: must be in (0, 1], found 1.00000001"},
+      {R"({"prompt": "x", "min_p": 1.00000001})", "min_p: must be in [0, 1], found 1.00000001"},
+      {R"({"prompt": "x", "min_p": -1e-50})", "min_p: must be in [0, 1], found -1e-50"},
+      {R"({"prompt": "x", "temperature": -1e-50})",
+       "temperature: must be a finite value >= 0, found -1e-50"},
+      {R"({"prompt": "x", "repetition_penalty": 100.000001})",
+       "repetition_penalty: must be in [0.01, 100], found 100.000001"},
+      {R"({"prompt": "x", "repetition_penalty": 0.0099999999})",
+       "repetition_penalty: must be in [0.01, 100], found 0.0099999999"},
+      {R"({"prompt": "x", "top_p": 0})", "top_p: must be in (0, 1], found 0"},
+      {R"({"prompt": "x", "temperature": 1e39})",
+       "temperature: must be at most 3.4028235e+38 (the largest 32-bit float), found 1e+39"},
+  };
+  for (const auto& c : refused) {
+    auto refusal = ParseCompletionRequest(c.body);
+    ASSERT_FALSE(refusal.ok()) << c.body;
+    EXPECT_EQ(refusal.status().code(), absl::StatusCode::kInvalidArgument) << c.body;
+    EXPECT_EQ(refusal.status().message(), c.message) << c.body;
+  }
+
+  // In range as sent: served, the float on the same side of every bound.
+  auto parsed = ParseCompletionRequest(
+      R"({"prompt": "x", "top_p": 1e-50, "temperature": 3.4028234e38, "min_p": 1e-50,
+          "repetition_penalty": 0.01, "max_tokens": 1})");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const v1::SamplingParams& s = parsed->prompts[0].sampling();
+  EXPECT_EQ(s.top_p(), std::numeric_limits<float>::denorm_min());
+  EXPECT_EQ(s.temperature(), std::numeric_limits<float>::max());
+  EXPECT_EQ(s.min_p(), std::numeric_limits<float>::denorm_min());
+  const std::unique_ptr<Tokenizer> tokenizer = CreateByteTokenizer();
+  auto request = ValidateGenerateRequest(parsed->prompts[0], *tokenizer,
+                                         RequestLimits{.vocab_size = 256, .context_length = 64});
+  ASSERT_TRUE(request.ok()) << request.status();
+  EXPECT_GT(request->sampling.top_p, 0.0f);
+  EXPECT_EQ(request->sampling.temperature, std::numeric_limits<float>::max());
+  // A positive temperature too small for a float samples; it is not greedy.
+  parsed = ParseCompletionRequest(R"({"prompt": "x", "temperature": 1e-50})");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_GT(parsed->prompts[0].sampling().temperature(), 0.0f);
 }
 
 // So do the integers of lists: token-id prompts and stop_token_ids; a
