@@ -266,12 +266,23 @@ absl::Status ParseField(const std::string& key, const Json& value, CompletionReq
   } else if (key == "stop") {
     return ParseStop(value, sampling);
   } else if (key == "seed") {
+    // Any integer in [-2^63, 2^64), a negative one taken modulo 2^64.
     if (value.is_number_unsigned()) {
       sampling->set_seed(value.get<uint64_t>());
+    } else if (value.is_number_integer()) {
+      sampling->set_seed(static_cast<uint64_t>(value.get<int64_t>()));
     } else {
-      auto n = Integer(value, key);  // a negative seed, or a whole float
-      if (!n.ok()) return n.status();
-      sampling->set_seed(static_cast<uint64_t>(*n));
+      // A whole float (1e3, 1e19), as Integer takes them. The JSON reader
+      // also gives an integer past int64 or uint64 as the nearest double,
+      // and every integer from -2^63 - 1024 to -2^63 - 1 as -2^63 itself:
+      // that bound is refused, or those seeds would be taken as 2^63.
+      const double d = value.is_number_float() ? value.get<double>() : 0.5;
+      if (!std::isfinite(d) || d != std::trunc(d)) return WrongType(key, "an integer", value);
+      if (d <= -0x1p63 || d >= 0x1p64) {
+        return Invalid(key, absl::StrCat("is out of range, found ", DescribeJson(value)));
+      }
+      sampling->set_seed(d >= 0 ? static_cast<uint64_t>(d)
+                                : static_cast<uint64_t>(static_cast<int64_t>(d)));
     }
   } else if (key == "user") {
     if (!value.is_string()) return Invalid(key, "must be a string");

@@ -5,6 +5,8 @@
 #include <limits>
 #include <string>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "engine/text/detokenizer.h"
 #include "engine/text/tokenizer.h"
 #include "server/request_validation.h"
@@ -129,6 +131,37 @@ TEST(OpenAiProtocolTest, FloatFieldsAreCheckedAsSentBeforeBecomingFloats) {
   parsed = ParseCompletionRequest(R"({"prompt": "x", "temperature": 1e-50})");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_GT(parsed->prompts[0].sampling().temperature(), 0.0f);
+}
+
+// A seed is any integer in [-2^63, 2^64), a negative one taken modulo 2^64,
+// also written as a whole float. The JSON reader gives integers just below
+// -2^63 as the double -2^63: they were taken as the seed 2^63, against the
+// modulo rule (2^63 - 1 for -2^63 - 1), and 1e19 was out of range.
+TEST(OpenAiProtocolTest, SeedsAreIntegersFromMinusTwoToThe63ToTwoToThe64) {
+  const struct {
+    const char* seed;
+    uint64_t taken;
+  } accepted[] = {
+      {"0", 0},
+      {"-1", std::numeric_limits<uint64_t>::max()},
+      {"18446744073709551615", std::numeric_limits<uint64_t>::max()},
+      {"-9223372036854775808", uint64_t{1} << 63},
+      {"9223372036854775808", uint64_t{1} << 63},
+      {"1e19", 10000000000000000000u},
+      {"-2.0", std::numeric_limits<uint64_t>::max() - 1},
+  };
+  for (const auto& c : accepted) {
+    auto parsed = ParseCompletionRequest(absl::StrCat(R"({"prompt": "x", "seed": )", c.seed, "}"));
+    ASSERT_TRUE(parsed.ok()) << c.seed << ": " << parsed.status();
+    EXPECT_EQ(parsed->prompts[0].sampling().seed(), c.taken) << c.seed;
+  }
+  for (const char* seed :
+       {"-9223372036854775809", "-9223372036854776832", "-1e19", "18446744073709551616", "1e30"}) {
+    auto refused = ParseCompletionRequest(absl::StrCat(R"({"prompt": "x", "seed": )", seed, "}"));
+    ASSERT_FALSE(refused.ok()) << seed << " taken as " << refused->prompts[0].sampling().seed();
+    EXPECT_TRUE(absl::StartsWith(refused.status().message(), "seed: is out of range, found "))
+        << refused.status().message();
+  }
 }
 
 // So do the integers of lists: token-id prompts and stop_token_ids; a
