@@ -258,9 +258,10 @@ absl::Status ParseField(const std::string& key, const Json& value, CompletionReq
   } else if (key == "logprobs") {
     auto n = Integer(value, key);
     if (!n.ok()) return n.status();
-    if (*n < 0 || *n > std::numeric_limits<int32_t>::max()) {
-      return OutOfRange(key, 0, std::numeric_limits<int32_t>::max(), *n);
-    }
+    // The validation's range, named here too: a bound of int32 is none a
+    // client can use.
+    const int max_logprobs = RequestLimits{}.max_logprobs;
+    if (*n < 0 || *n > max_logprobs) return OutOfRange(key, 0, max_logprobs, *n);
     *logprobs = static_cast<int>(*n);
     request->logprobs = *logprobs;
   } else if (key == "stop") {

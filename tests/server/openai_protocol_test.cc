@@ -261,7 +261,12 @@ TEST(OpenAiProtocolTest, RefusalsSayWhatWasSent) {
        "max_tokens: is out of range, found 18446744073709551615"},
       {R"({"prompt": "x", "top_k": 2147483648})",
        "top_k: must be in [-1, 2147483647] (-1 or 0: off), found 2147483648"},
-      {R"({"prompt": "x", "logprobs": -1})", "logprobs: must be in [0, 2147483647], found -1"},
+      // logprobs' range is [0, 20] whatever the value (it said [0, 2147483647]
+      // below 0 and past int32).
+      {R"({"prompt": "x", "logprobs": -1})", "logprobs: must be in [0, 20], found -1"},
+      {R"({"prompt": "x", "logprobs": 21})", "logprobs: must be in [0, 20], found 21"},
+      {R"({"prompt": "x", "logprobs": 2147483648})",
+       "logprobs: must be in [0, 20], found 2147483648"},
       // Ids past int32 are outside the vocabulary, also those an int64 read
       // would wrap to -1.
       {R"({"prompt": [4294967361]})", "prompt: ids[0] = 4294967361 is outside the vocabulary"},
