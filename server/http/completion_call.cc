@@ -38,7 +38,7 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
     for (int i = 0; i < num_prompts; ++i) choices_.push_back(std::make_unique<Choice>());
   }
   // A stream whose end was never logged: the server closed its connection
-  // (a forced shutdown) before the end reached the connection's I/O thread.
+  // (a forced shutdown) before its last events were written.
   ~CompletionCall() {
     if (stream_end_.has_value() && !stream_logged_) {
       LogStreamEnd(*stream_end_, 200);
@@ -139,10 +139,9 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
   // An HTTP thread: the response cannot be completed (HttpExchange::
   // OnClientGone): the client disconnected (CANCELLED), or the server closed
   // a stream whose client left too much output unread (RESOURCE_EXHAUSTED,
-  // logged, as that client sees no status).
-  // A stream whose every prompt had finished is logged and counted here
-  // when its end (the last events, [DONE]) could not be written: its client
-  // did not get the whole response.
+  // logged, as that client sees no status). A stream whose prompts had all
+  // finished is logged and counted here, its last events unwritten: its
+  // client did not get the whole response.
   void ClientGone(const absl::Status& why) {
     bool done = false;
     {
@@ -404,7 +403,7 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
   bool gone_ = false;      // the response cannot be completed (ClientGone)
   absl::StatusCode gone_code_ = absl::StatusCode::kOk;  // why, once gone_
   // A stream whose prompts have all finished: the status its end is logged
-  // with when it reaches its client's connection (FinishLocked).
+  // with once its last events are written (FinishLocked).
   std::optional<absl::StatusCode> stream_end_;
   bool stream_logged_ = false;  // LogStreamEnd has run
 };
