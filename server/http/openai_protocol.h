@@ -86,7 +86,8 @@ struct TextOffset {
 // Whether a choice's text ends with the tokens given to LogprobsObject.
 enum class TextEnd {
   kOpen,       // more tokens may follow (a stream event before the last)
-  kAfterLast,  // the text ends with the last token's bytes (max_tokens, a stop string)
+  kAfterLast,  // the last token's bytes are in the text's count (max_tokens; a stop string,
+               // whose characters the offsets count though the text leaves them out)
   kBeforeLast  // the text leaves the last token out: the model's EOS, a stop_token_ids token
 };
 
