@@ -15,6 +15,21 @@
 namespace switchserve {
 namespace {
 
+// A body ParseCompletionRequest refuses: INVALID_ARGUMENT (an HTTP 400)
+// with exactly `message`.
+struct Refusal {
+  const char* body;
+  const char* message;
+};
+
+void ExpectRefused(const Refusal& c) {
+  auto refusal = ParseCompletionRequest(c.body);
+  ASSERT_FALSE(refusal.ok()) << c.body;
+  EXPECT_EQ(refusal.status().code(), absl::StatusCode::kInvalidArgument) << c.body;
+  EXPECT_EQ(refusal.status().message(), c.message) << c.body;
+  EXPECT_EQ(MakeApiError(refusal.status()).http_status, 400) << c.body;
+}
+
 TEST(OpenAiProtocolTest, ParsesTheSupportedFieldsIntoGenerateRequests) {
   auto parsed = ParseCompletionRequest(R"({
       "model": "m", "prompt": ["a", [1, 2]], "max_tokens": 7, "temperature": 0.5,
@@ -88,10 +103,7 @@ TEST(OpenAiProtocolTest, IntegerFieldsTakeWholeFloats) {
 // rounded to 0 and was refused as "found 0"), and a temperature past the
 // largest float is refused saying so (it was "found inf").
 TEST(OpenAiProtocolTest, FloatFieldsAreCheckedAsSentBeforeBecomingFloats) {
-  const struct {
-    const char* body;
-    const char* message;
-  } refused[] = {
+  const Refusal refused[] = {
       {R"({"prompt": "x", "top_p": 1.00000001})", "top_p: must be in (0, 1], found 1.00000001"},
       {R"({"prompt": "x", "min_p": 1.00000001})", "min_p: must be in [0, 1], found 1.00000001"},
       {R"({"prompt": "x", "min_p": -1e-50})", "min_p: must be in [0, 1], found -1e-50"},
@@ -105,12 +117,7 @@ TEST(OpenAiProtocolTest, FloatFieldsAreCheckedAsSentBeforeBecomingFloats) {
       {R"({"prompt": "x", "temperature": 1e39})",
        "temperature: must be at most 3.4028235e+38 (the largest 32-bit float), found 1e+39"},
   };
-  for (const auto& c : refused) {
-    auto refusal = ParseCompletionRequest(c.body);
-    ASSERT_FALSE(refusal.ok()) << c.body;
-    EXPECT_EQ(refusal.status().code(), absl::StatusCode::kInvalidArgument) << c.body;
-    EXPECT_EQ(refusal.status().message(), c.message) << c.body;
-  }
+  for (const Refusal& c : refused) ExpectRefused(c);
 
   // In range as sent: served, the float on the same side of every bound.
   auto parsed = ParseCompletionRequest(
@@ -185,10 +192,7 @@ TEST(OpenAiProtocolTest, TokenIdListsTakeWholeFloats) {
   EXPECT_EQ(parsed->prompts[1].token_ids().ids(0), 7);
   EXPECT_EQ(parsed->prompts[1].token_ids().ids(1), 0);
 
-  const struct {
-    const char* body;
-    const char* message;
-  } refused[] = {
+  const Refusal refused[] = {
       {R"({"prompt": [1, 2.5]})", "prompt: ids[1] must be an integer, found 2.5"},
       {R"({"prompt": ["a", [2.5]]})", "prompt[1]: ids[0] must be an integer, found 2.5"},
       {R"({"prompt": "x", "stop_token_ids": [3, 0.5]})",
@@ -198,13 +202,7 @@ TEST(OpenAiProtocolTest, TokenIdListsTakeWholeFloats) {
       {R"({"prompt": "x", "stop_token_ids": [-3e9]})",
        "stop_token_ids: ids[0] = -3000000000.0 is outside the vocabulary"},
   };
-  for (const auto& c : refused) {
-    auto refusal = ParseCompletionRequest(c.body);
-    ASSERT_FALSE(refusal.ok()) << c.body;
-    EXPECT_EQ(refusal.status().code(), absl::StatusCode::kInvalidArgument) << c.body;
-    EXPECT_EQ(refusal.status().message(), c.message) << c.body;
-    EXPECT_EQ(MakeApiError(refusal.status()).http_status, 400) << c.body;
-  }
+  for (const Refusal& c : refused) ExpectRefused(c);
 }
 
 TEST(OpenAiProtocolTest, RefusalsNameTheParameter) {
@@ -251,10 +249,7 @@ TEST(OpenAiProtocolTest, RefusalsNameTheParameter) {
 }
 
 TEST(OpenAiProtocolTest, RefusalsSayWhatWasSent) {
-  const struct {
-    const char* body;
-    const char* message;
-  } cases[] = {
+  const Refusal cases[] = {
       {R"({"prompt": "x", "max_tokens": 2147483648})",
        "max_tokens: must be in [1, 2147483647], found 2147483648"},
       {R"({"prompt": "x", "max_tokens": 18446744073709551615})",
@@ -275,11 +270,7 @@ TEST(OpenAiProtocolTest, RefusalsSayWhatWasSent) {
       {R"({"prompt": [1, 2.5]})", "prompt: ids[1] must be an integer, found 2.5"},
       {R"({"prompt": "x", "stream": {"a": 1}})", "stream: must be true or false, found an object"},
   };
-  for (const auto& c : cases) {
-    auto parsed = ParseCompletionRequest(c.body);
-    ASSERT_FALSE(parsed.ok()) << c.body;
-    EXPECT_EQ(parsed.status().message(), c.message) << c.body;
-  }
+  for (const Refusal& c : cases) ExpectRefused(c);
   // A long value is shown shortened, not echoed whole.
   const std::string long_value(100000, 'a');
   auto parsed = ParseCompletionRequest(R"({"prompt": "x", "max_tokens": ")" + long_value + "\"}");
