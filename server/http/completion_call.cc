@@ -37,11 +37,13 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
         access_(std::move(access)) {
     for (int i = 0; i < num_prompts; ++i) choices_.push_back(std::make_unique<Choice>());
   }
-  // A stream whose end was never logged: the server closed its connection
-  // (a forced shutdown) before its last events were written.
+  // A stream whose end was never logged, its connection gone before its
+  // last events were written without the exchange being told (the server
+  // stopping with the connection's queue unrun): its client did not get
+  // them.
   ~CompletionCall() {
     if (stream_end_.has_value() && !stream_logged_) {
-      LogStreamEnd(*stream_end_, 200);
+      LogStreamEnd(absl::StatusCode::kUnavailable, HttpStatusFor(absl::StatusCode::kUnavailable));
       context_.gate->CallDone();
     }
   }

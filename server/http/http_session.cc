@@ -194,7 +194,14 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
 
   void Shutdown(bool force) override {
     net::post(stream_.get_executor(), [self = this->shared_from_this(), force] {
-      if (force || self->exchange_ == nullptr) self->Close();
+      if (self->exchange_ == nullptr) return self->Close();
+      // A response still being written when the server stops: its exchange
+      // is told (a stream whose prompts all finished is logged UNAVAILABLE,
+      // 503, as its client never gets its end), and the connection closes.
+      if (force) {
+        self->EndResponse(
+            absl::UnavailableError("the server stopped before the response was written"));
+      }
     });
   }
 

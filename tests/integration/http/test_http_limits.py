@@ -228,6 +228,34 @@ def test_a_stream_whose_last_events_are_past_its_buffer_limit_is_counted_as_ende
         server.close()
 
 
+def test_a_stream_whose_last_events_are_unwritten_at_the_drain_timeout_is_logged_unavailable():
+    """A stream whose prompts had all finished, its last events waiting for a
+    client that reads nothing (under --max-stream-buffer-bytes), was closed
+    by the stopping server at the end of the drain and then logged OK, 200,
+    though its client never got those events nor [DONE]. It is logged
+    UNAVAILABLE, 503, with a `stream ended` warning: still running when the
+    drain timeout ended it."""
+    server = Server("--max-stream-buffer-bytes", "67108864", "--drain-timeout-s", "1",
+                    *UNHURRIED_STREAMS, metrics=True)
+    try:
+        with stalled_stream(server, "unwritten", prompts=256) as s:
+            def finished_unwritten():
+                text = server.scrape_metrics()
+                return (metric(text, "switchserve_requests_running") == 0 and
+                        metric(text, "switchserve_output_buffer_bytes") > 4 << 20)
+            wait_until("every prompt finished, its output unwritten", finished_unwritten)
+            assert '"request_id":"unwritten"' not in server.log()  # not logged yet
+            server.process.send_signal(signal.SIGTERM)
+            assert server.process.wait(timeout=30) == 0
+            record = server.access_line("unwritten")
+            assert (record["status"], record["http_status"]) == ("UNAVAILABLE", 503)
+            assert record["finish_reason"] == "length" and record["completion_tokens"] == 256 * 55
+            assert "UNAVAILABLE" in stream_ended_lines(server)["unwritten"]
+            assert b"[DONE]" not in read_to_end(s)
+    finally:
+        server.close()
+
+
 def test_a_reading_client_keeps_a_stream_whose_events_wait_for_the_server():
     """A streamed completion of several prompts makes an event for each of
     them at every engine step, handed to the connection's I/O thread
