@@ -36,9 +36,12 @@ absl::Status CheckRange(SamplingFloat field, std::string_view name, T value) {
       // --temperature).
       if (value >= 0 && value <= std::numeric_limits<float>::max()) return absl::OkStatus();
       if (value > 0 && std::isfinite(value)) {
-        return Invalid(
-            name, absl::StrCat("must be at most ", FloatText(std::numeric_limits<float>::max()),
-                               " (the largest 32-bit float), found ", FloatText(value)));
+        // The bound in the value's type: as a float's shortest text,
+        // 3.4028235e+38, read back as a double, is past it.
+        return Invalid(name,
+                       absl::StrCat("must be at most ",
+                                    FloatText(static_cast<T>(std::numeric_limits<float>::max())),
+                                    " (the largest 32-bit float), found ", FloatText(value)));
       }
       return Invalid(name, absl::StrCat("must be a finite value >= 0, found ", FloatText(value)));
     case SamplingFloat::kTopP:

@@ -115,13 +115,19 @@ TEST(OpenAiProtocolTest, FloatFieldsAreCheckedAsSentBeforeBecomingFloats) {
        "repetition_penalty: must be in [0.01, 100], found 0.0099999999"},
       {R"({"prompt": "x", "top_p": 0})", "top_p: must be in (0, 1], found 0"},
       {R"({"prompt": "x", "temperature": 1e39})",
-       "temperature: must be at most 3.4028235e+38 (the largest 32-bit float), found 1e+39"},
+       "temperature: must be at most 3.4028234663852886e+38 (the largest 32-bit float), found "
+       "1e+39"},
+      // The float's shortest text, read as a double, is past the bound: the
+      // message gave it as the bound.
+      {R"({"prompt": "x", "temperature": 3.4028235e38})",
+       "temperature: must be at most 3.4028234663852886e+38 (the largest 32-bit float), found "
+       "3.4028235e+38"},
   };
   for (const Refusal& c : refused) ExpectRefused(c);
 
   // In range as sent: served, the float on the same side of every bound.
   auto parsed = ParseCompletionRequest(
-      R"({"prompt": "x", "top_p": 1e-50, "temperature": 3.4028234e38, "min_p": 1e-50,
+      R"({"prompt": "x", "top_p": 1e-50, "temperature": 3.4028234663852886e38, "min_p": 1e-50,
           "repetition_penalty": 0.01, "max_tokens": 1})");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   const v1::SamplingParams& s = parsed->prompts[0].sampling();
