@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "server/byte_budget.h"
+#include "server/http/http_exchange.h"
 #include "server/http/http_request_reading.h"
 #include "server/http/http_server.h"
 #include "server/http/http_server_state.h"
@@ -53,95 +54,6 @@ constexpr std::chrono::milliseconds kReadingCheckInterval{10};
 std::chrono::milliseconds Milliseconds(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
 }
-
-}  // namespace
-
-// What a connection is asked to send, in order.
-struct OutPiece {
-  enum Kind { kFull, kHead, kChunk, kEnd, kWritten };
-  OutPiece(Kind k, HttpResponse r, std::string d, std::function<std::string()> f = nullptr)
-      : kind(k), response(std::move(r)), data(std::move(d)), render(std::move(f)) {}
-  explicit OutPiece(std::function<void()> w) : kind(kWritten), written(std::move(w)) {}
-  Kind kind;
-  HttpResponse response;  // kFull, kHead
-  std::string data;       // kChunk
-  // kChunk: set, it makes `data` on the connection's strand as the piece
-  // arrives there.
-  std::function<std::string()> render;
-  // kWritten: run when the pieces before it have been written.
-  std::function<void()> written;
-};
-
-namespace {
-
-class ExchangeImpl : public HttpExchange {
- public:
-  ExchangeImpl(HttpRequest request, std::weak_ptr<SessionBase> session,
-               ByteReservation body = ByteReservation())
-      : request_(std::move(request)), session_(std::move(session)), body_(std::move(body)) {}
-
-  const HttpRequest& request() const override { return request_; }
-  void Respond(HttpResponse response) override {
-    Send(OutPiece(OutPiece::kFull, std::move(response), {}));
-  }
-  void StartStream(HttpResponse head) override {
-    Send(OutPiece(OutPiece::kHead, std::move(head), {}));
-  }
-  void Write(std::string data) override {
-    if (!data.empty()) Send(OutPiece(OutPiece::kChunk, {}, std::move(data)));
-  }
-  void WriteRendered(std::function<std::string()> render) override {
-    Send(OutPiece(OutPiece::kChunk, {}, {}, std::move(render)));
-  }
-  void WhenWritten(std::function<void()> written) override { Send(OutPiece(std::move(written))); }
-  void End() override { Send(OutPiece(OutPiece::kEnd, {}, {})); }
-  void OnClientGone(std::function<void(const absl::Status& why)> on_gone) override {
-    absl::Status why;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!gone_) {
-        on_gone_ = std::move(on_gone);
-        return;
-      }
-      why = why_;
-    }
-    on_gone(why);
-  }
-
-  // The connection's side, on its strand: the response cannot be completed,
-  // for `why`.
-  void MarkGone(absl::Status why) {
-    std::function<void(const absl::Status&)> on_gone;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (gone_ || complete_) return;
-      gone_ = true;
-      why_ = why;
-      on_gone.swap(on_gone_);
-    }
-    if (on_gone) on_gone(why);
-  }
-  void MarkComplete() {
-    std::lock_guard<std::mutex> lock(mu_);
-    complete_ = true;
-    on_gone_ = nullptr;
-  }
-
- private:
-  void Send(OutPiece piece) {
-    if (auto session = session_.lock()) session->Send(std::move(piece));
-  }
-
-  const HttpRequest request_;
-  const std::weak_ptr<SessionBase> session_;
-  // The budget request_.body holds, given back with the exchange.
-  const ByteReservation body_;
-  std::mutex mu_;
-  bool gone_ = false;
-  absl::Status why_;  // once gone_
-  bool complete_ = false;
-  std::function<void(const absl::Status&)> on_gone_;
-};
 
 template <class Stream>
 class Session : public SessionBase, public std::enable_shared_from_this<Session<Stream>> {
@@ -332,8 +244,8 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     const double max_age_s = state_->options.max_connection_age_s;
     keep_alive_ = message.keep_alive() && !state_->stopping &&
                   (max_age_s <= 0 || SteadyClock::now() - opened_ < Milliseconds(max_age_s));
-    exchange_ = std::make_shared<ExchangeImpl>(std::move(request), this->weak_from_this(),
-                                               std::move(body_reservation_));
+    exchange_ = std::make_shared<SessionExchange>(std::move(request), this->weak_from_this(),
+                                                  std::move(body_reservation_));
     // The exchange's handler holds it, not the connection: this keeps the
     // connection until the response is written or the connection closes.
     answering_ = this->shared_from_this();
@@ -359,7 +271,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   // any, unread).
   void SendAndClose(HttpResponse response) {
     keep_alive_ = false;
-    exchange_ = std::make_shared<ExchangeImpl>(HttpRequest{}, this->weak_from_this());
+    exchange_ = std::make_shared<SessionExchange>(HttpRequest{}, this->weak_from_this());
     pending_.emplace_back(OutPiece::kFull, std::move(response), std::string());
     WriteNext();
   }
@@ -409,7 +321,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   // the connection closes.
   void EndResponse(absl::Status why) {
     if (exchange_ != nullptr) {
-      std::shared_ptr<ExchangeImpl> exchange = exchange_;
+      std::shared_ptr<SessionExchange> exchange = exchange_;
       exchange->MarkGone(std::move(why));
     }
     Close();
@@ -601,7 +513,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   std::optional<http::request_parser<http::string_body>> parser_;
   // The budget the body being read holds (moved to its exchange).
   ByteReservation body_reservation_;
-  std::shared_ptr<ExchangeImpl> exchange_;  // the request being answered
+  std::shared_ptr<SessionExchange> exchange_;  // the request being answered
   // Set while exchange_ is being answered and the connection open.
   std::shared_ptr<Session> answering_;
   bool keep_alive_ = false;

@@ -12,7 +12,7 @@
 namespace switchserve {
 
 struct HttpServerState;  // http_server_state.h
-struct OutPiece;         // http_session.cc
+struct OutPiece;         // http_exchange.h
 
 // The part of a connection an exchange talks to.
 class SessionBase {
