@@ -100,8 +100,8 @@ int RunGenerateCommand(int argc, char** argv) {
   sampling.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   sampling.top_k = absl::GetFlag(FLAGS_top_k);
   sampling.seed = absl::GetFlag(FLAGS_seed);
-  sampling.temperature = NarrowSamplingFloat(SamplingFloat::kTemperature, temperature);
-  sampling.top_p = NarrowSamplingFloat(SamplingFloat::kTopP, top_p);
+  sampling.temperature = NarrowSamplingFloat(temperature);
+  sampling.top_p = NarrowSamplingFloat(top_p);
 
   // The server refuses what does not fit its context; the command generates
   // what fits (the token predicted from the context's last position too) and

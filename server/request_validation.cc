@@ -76,8 +76,8 @@ absl::Status CheckSamplingFloat(SamplingFloat field, std::string_view name, doub
   return CheckRange(field, name, value);
 }
 
-float NarrowSamplingFloat(SamplingFloat field, double value) {
-  (void)field;  // every range's bounds are floats: rounding keeps within them
+float NarrowSamplingFloat(double value) {
+  // Every range's bounds are floats: rounding to the nearest keeps within them.
   const float narrowed = static_cast<float>(value);
   return value > 0 && narrowed == 0 ? std::numeric_limits<float>::denorm_min() : narrowed;
 }

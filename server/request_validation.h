@@ -38,7 +38,7 @@ absl::Status CheckSamplingFloat(SamplingFloat field, std::string_view name, doub
 // side of the range's bounds: the nearest float, or the smallest positive one
 // for a positive value that rounds to 0 (top_p 1e-50; a temperature of 1e-50
 // samples, it is not greedy).
-float NarrowSamplingFloat(SamplingFloat field, double value);
+float NarrowSamplingFloat(double value);
 
 struct RequestLimits {
   int vocab_size = 0;

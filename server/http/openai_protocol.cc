@@ -220,7 +220,7 @@ absl::Status ParseField(const std::string& key, const Json& value, CompletionReq
                                 : key == "min_p"     ? SamplingFloat::kMinP
                                                      : SamplingFloat::kRepetitionPenalty;
     if (absl::Status status = CheckSamplingFloat(field, key, *x); !status.ok()) return status;
-    const float f = NarrowSamplingFloat(field, *x);
+    const float f = NarrowSamplingFloat(*x);
     if (key == "temperature") sampling->set_temperature(f);
     if (key == "top_p") sampling->set_top_p(f);
     if (key == "min_p") sampling->set_min_p(f);

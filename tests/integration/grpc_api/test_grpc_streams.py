@@ -17,57 +17,8 @@ import generation_pb2_grpc as pb_grpc
 from grpc_harness import (BINARY, MODEL, Server, expect_good_request_works_at, metric,
                           stream_log_lines, text_request, wait_for_idle_cache,
                           wait_for_idle_engine)
-from raw_grpc import open_raw_grpc_call, stalled_streams
+from raw_grpc import raw_grpc_call, stalled_streams
 from server_process import ServerProcess, free_port
-
-
-def raw_grpc_call(port, method, request, timeout_header, cancel_after_s=None, window=None):
-    """One call over a hand-made HTTP/2 connection, with a `grpc-timeout`
-    header the Python client would refuse to send: the response headers and
-    trailers, and the response messages' bytes. With `cancel_after_s`, the
-    client resets the stream (CANCEL) that long after sending the request.
-    With `window`, the client offers a flow-control window of that many
-    bytes and never reads more: a client that stops reading."""
-    import socket
-    import h2.config
-    import h2.connection
-    import h2.errors
-    import h2.events
-    import h2.settings
-    connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-    result = {"data": b""}
-    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
-        connection.initiate_connection()
-        if window is not None:
-            connection.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window})
-        open_raw_grpc_call(connection, 1, method, request, [("grpc-timeout", timeout_header)])
-        s.sendall(connection.data_to_send())
-        ended = False
-        cancel_at = None if cancel_after_s is None else time.monotonic() + cancel_after_s
-        while not ended:
-            if cancel_at is not None and time.monotonic() >= cancel_at:
-                connection.reset_stream(1, h2.errors.ErrorCodes.CANCEL)
-                s.sendall(connection.data_to_send())
-                break
-            if cancel_at is not None:
-                s.settimeout(max(0.001, cancel_at - time.monotonic()))
-            try:
-                data = s.recv(65536)
-            except socket.timeout:
-                continue
-            if not data:
-                break
-            for event in connection.receive_data(data):
-                if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
-                    result.update((k.decode(), v.decode()) for k, v in event.headers)
-                elif isinstance(event, h2.events.DataReceived):
-                    if window is None:
-                        connection.acknowledge_received_data(event.flow_controlled_length, 1)
-                    result["data"] += event.data
-                elif isinstance(event, h2.events.StreamEnded):
-                    ended = True
-            s.sendall(connection.data_to_send())
-    return result
 
 
 @pytest.mark.parametrize("timeout", ["10S", "2562000H", "2562047H", "99999999H"])
@@ -77,7 +28,7 @@ def test_a_deadline_centuries_away_is_as_good_as_none(server, timeout):
     past: the call ended DEADLINE_EXCEEDED at once, without a token."""
     request = text_request("hello", 4)
     for method in ("Generate", "GenerateStream"):
-        result = raw_grpc_call(server.port, method, request, timeout)
+        result = raw_grpc_call(server.port, method, request, [("grpc-timeout", timeout)])
         assert result.get("grpc-status") == "0", (method, result)
         assert len(result["data"]) > 5, (method, result)
 
@@ -91,8 +42,8 @@ def test_a_client_cancel_is_cancelled_whatever_its_deadline(timeout):
     server = Server("--debug-step-delay-ms", "20", "--log-format", "json")
     try:
         for method in ("Generate", "GenerateStream"):
-            raw_grpc_call(server.port, method, text_request("hello", 40), timeout,
-                          cancel_after_s=0.3)
+            raw_grpc_call(server.port, method, text_request("hello", 40),
+                          [("grpc-timeout", timeout)], cancel_after_s=0.3)
         deadline = time.monotonic() + 30
         while True:
             lines = [json.loads(line) for line in server.log().splitlines()
@@ -120,7 +71,7 @@ def test_a_stream_whose_client_stopped_reading_counts_as_its_client_saw_it():
                            metrics_port=metrics_port, prefix="switchserve_py_")
     try:
         raw_grpc_call(server.port, "GenerateStream", text_request("slow", 10, ignore_eos=True),
-                      "30S", cancel_after_s=1.5, window=8)
+                      [("grpc-timeout", "30S")], cancel_after_s=1.5, window=8)
         deadline = time.monotonic() + 30
         while True:
             calls = [json.loads(line) for line in server.log().splitlines()
@@ -298,10 +249,11 @@ def test_the_output_streams_hold_is_in_the_metrics_and_given_back():
             for _ in range(3):
                 assert len(list(stub.GenerateStream(request, timeout=60))) >= 1
         slow = text_request("slow", 50, ignore_eos=True)
-        raw_grpc_call(server.port, "GenerateStream", slow, "30S", cancel_after_s=0.3, window=8)
+        raw_grpc_call(server.port, "GenerateStream", slow, [("grpc-timeout", "30S")],
+                      cancel_after_s=0.3, window=8)
         import h2.exceptions
         try:  # the server resets the stream at its deadline
-            raw_grpc_call(server.port, "GenerateStream", slow, "300m", window=8)
+            raw_grpc_call(server.port, "GenerateStream", slow, [("grpc-timeout", "300m")], window=8)
         except h2.exceptions.StreamClosedError:
             pass
         deadline = time.monotonic() + 10
