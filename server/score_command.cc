@@ -99,7 +99,10 @@ int RunScoreCommand(int argc, char** argv) {
 
   std::vector<int32_t> tokens;
   int64_t predicted_bytes = -1;  // unknown for --tokens input
+  // The text's bytes that a token predicts: those after the first token's
+  // span, unless a BOS precedes it.
   size_t text_bytes = 0;
+  size_t unpredicted_bytes = 0;
   if (!token_list.empty()) {
     absl::StatusOr<std::vector<int32_t>> ids = ParseTokenList(token_list);
     if (!ids.ok()) return Fail(ids.status());
@@ -113,8 +116,12 @@ int RunScoreCommand(int argc, char** argv) {
                                absl::StrCat("--text ", contents.status().message())));
     }
     text_bytes = contents->size();
-    absl::StatusOr<std::vector<int32_t>> ids = tokenizer.Encode(*contents);
+    // The first token's span, not its piece's bytes: a SentencePiece piece
+    // also spans the whitespace that normalisation removed before it.
+    std::vector<size_t> ends;
+    absl::StatusOr<std::vector<int32_t>> ids = tokenizer.EncodeSpans(*contents, &ends);
     if (!ids.ok()) return Fail(ids.status());
+    if (!config.bos_token_id && !ends.empty()) unpredicted_bytes = ends[0];
     if (config.bos_token_id) tokens.push_back(*config.bos_token_id);
     tokens.insert(tokens.end(), ids->begin(), ids->end());
   }
@@ -124,13 +131,7 @@ int RunScoreCommand(int argc, char** argv) {
         absl::StrCat(source, ": need at least 2 tokens, found ", tokens.size())));
   }
   if (token_list.empty()) {
-    // The file's bytes after those of its first token, which nothing
-    // predicts unless a BOS precedes it (a decode of the ids would count a
-    // SentencePiece text's normalised whitespace instead).
-    predicted_bytes =
-        static_cast<int64_t>(text_bytes) -
-        (config.bos_token_id ? 0
-                             : static_cast<int64_t>(tokenizer.PieceBytes(tokens[0], true).size()));
+    predicted_bytes = static_cast<int64_t>(text_bytes) - static_cast<int64_t>(unpredicted_bytes);
   }
 
   const std::string dump_path = absl::GetFlag(FLAGS_dump_logits);

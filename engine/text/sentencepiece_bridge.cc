@@ -65,19 +65,37 @@ SWITCHSERVE_SPM_EXPORT int32_t switchserve_spm_piece_size(const void* processor)
 
 SWITCHSERVE_SPM_EXPORT int64_t switchserve_spm_encode(const void* processor, const char* text,
                                                       size_t text_size, int32_t* ids,
-                                                      size_t capacity, char* error,
+                                                      uint64_t* ends, size_t capacity, char* error,
                                                       size_t error_size) {
   try {
-    std::vector<int> pieces;
+    const std::string_view input(text, text_size);
+    if (ends == nullptr) {
+      std::vector<int> pieces;
+      const sentencepiece::util::Status status = Processor(processor).Encode(input, &pieces);
+      if (!status.ok()) {
+        WriteError(status.ToString(), error, error_size);
+        return -1;
+      }
+      const size_t n = std::min(pieces.size(), capacity);
+      for (size_t i = 0; i < n; ++i) ids[i] = pieces[i];
+      return static_cast<int64_t>(pieces.size());
+    }
+    // The pieces with their spans of the input (begin and end in bytes).
+    sentencepiece::ImmutableSentencePieceText spans;
     const sentencepiece::util::Status status =
-        Processor(processor).Encode(std::string_view(text, text_size), &pieces);
+        Processor(processor).Encode(input, spans.mutable_proto());
     if (!status.ok()) {
       WriteError(status.ToString(), error, error_size);
       return -1;
     }
-    const size_t n = std::min(pieces.size(), capacity);
-    for (size_t i = 0; i < n; ++i) ids[i] = pieces[i];
-    return static_cast<int64_t>(pieces.size());
+    const size_t count = spans.pieces_size();
+    const size_t n = std::min(count, capacity);
+    for (size_t i = 0; i < n; ++i) {
+      const auto piece = spans.pieces(static_cast<int>(i));
+      ids[i] = static_cast<int32_t>(piece.id());
+      ends[i] = piece.end();
+    }
+    return static_cast<int64_t>(count);
   } catch (const std::exception& e) {
     WriteError(e.what(), error, error_size);
     return -1;

@@ -23,7 +23,7 @@
 
 // Bumped whenever a signature below changes; the loader refuses a bridge of
 // another version.
-#define SWITCHSERVE_SPM_BRIDGE_VERSION 2
+#define SWITCHSERVE_SPM_BRIDGE_VERSION 3
 
 extern "C" {
 
@@ -35,10 +35,14 @@ void switchserve_spm_free(void* processor);
 int32_t switchserve_spm_piece_size(const void* processor);
 
 // Encodes `text` (text_size bytes). Returns the number of ids, of which the
-// first min(count, capacity) are written to `ids`; call again with a larger
-// buffer when the count exceeds `capacity`.
+// first min(count, capacity) are written to `ids` and, when `ends` is not
+// null, to `ends`: where each id's span of `text` ends, in bytes, as the
+// library aligns its pieces to the text it was given (whitespace that
+// normalisation removed belongs to a neighbouring piece's span). Call again
+// with larger buffers when the count exceeds `capacity`.
 int64_t switchserve_spm_encode(const void* processor, const char* text, size_t text_size,
-                               int32_t* ids, size_t capacity, char* error, size_t error_size);
+                               int32_t* ids, uint64_t* ends, size_t capacity, char* error,
+                               size_t error_size);
 
 // Decodes `count` ids, each in [0, piece_size). Returns the text's size in
 // bytes, of which the first min(size, capacity) are written to `text`.

@@ -163,18 +163,25 @@ std::string_view SentencePieceModel::PieceBytes(int32_t id, bool first) const {
   return (first ? first_ : after_text_)[static_cast<size_t>(id)];
 }
 
-absl::StatusOr<std::vector<int32_t>> SentencePieceModel::Encode(std::string_view text) const {
+absl::StatusOr<std::vector<int32_t>> SentencePieceModel::Encode(std::string_view text,
+                                                                std::vector<size_t>* ends) const {
   // Usually one call: a piece covers at least one byte, plus a leading space
   // piece; normalization may expand text, and then a second call has room.
   std::vector<int32_t> ids(text.size() + 2);
+  std::vector<uint64_t> span_ends(ends != nullptr ? ids.size() : 0);
   for (int attempt = 0; attempt < 2; ++attempt) {
     std::array<char, kErrorSize> error{};
-    const int64_t count = bridge_->encode(handle_, text.data(), text.size(), ids.data(), ids.size(),
+    const int64_t count = bridge_->encode(handle_, text.data(), text.size(), ids.data(),
+                                          ends != nullptr ? span_ends.data() : nullptr, ids.size(),
                                           error.data(), error.size());
     if (count < 0) return absl::InvalidArgumentError(ErrorText(error));
     const bool fits = static_cast<size_t>(count) <= ids.size();
     ids.resize(static_cast<size_t>(count));
-    if (fits) return ids;
+    if (ends != nullptr) span_ends.resize(ids.size());
+    if (fits) {
+      if (ends != nullptr) ends->assign(span_ends.begin(), span_ends.end());
+      return ids;
+    }
   }
   return absl::InternalError("SentencePiece encode: the id count changed between calls");
 }

@@ -29,7 +29,9 @@ class SentencePieceModel {
   SentencePieceModel(const SentencePieceModel&) = delete;
   SentencePieceModel& operator=(const SentencePieceModel&) = delete;
 
-  absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text) const;
+  // With `ends`, also where each id's span of `text` ends (bytes).
+  absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text,
+                                              std::vector<size_t>* ends = nullptr) const;
   // Ids outside [0, PieceSize()) are skipped.
   std::string Decode(absl::Span<const int32_t> ids) const;
   // What piece `id` adds to a text, after other text or as its first

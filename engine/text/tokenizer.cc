@@ -26,6 +26,15 @@ class ByteTokenizer final : public Tokenizer {
     return ids;
   }
 
+  absl::StatusOr<std::vector<int32_t>> EncodeSpans(std::string_view text,
+                                                   std::vector<size_t>* ends) const override {
+    if (ends != nullptr) {
+      ends->resize(text.size());
+      for (size_t i = 0; i < text.size(); ++i) (*ends)[i] = i + 1;
+    }
+    return Encode(text);
+  }
+
   std::string Decode(absl::Span<const int32_t> ids) const override {
     std::string text;
     text.reserve(ids.size());
@@ -50,7 +59,12 @@ class SentencePieceTokenizer final : public Tokenizer {
       : model_(std::move(model)) {}
 
   absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text) const override {
-    absl::StatusOr<std::vector<int32_t>> ids = model_->Encode(text);
+    return EncodeSpans(text, nullptr);
+  }
+
+  absl::StatusOr<std::vector<int32_t>> EncodeSpans(std::string_view text,
+                                                   std::vector<size_t>* ends) const override {
+    absl::StatusOr<std::vector<int32_t>> ids = model_->Encode(text, ends);
     if (!ids.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("sentencepiece encode: ", ids.status().message()));

@@ -20,6 +20,12 @@ class Tokenizer {
   virtual ~Tokenizer() = default;
   // Text to ids, without BOS/EOS.
   virtual absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text) const = 0;
+  // Encode, and where each id's span of `text` ends (bytes): ids[0..i]
+  // encode text[0, ends[i]). A SentencePiece model counts the whitespace its
+  // normalisation removes in a neighbouring piece's span (leading spaces in
+  // the first piece's). Without `ends` it is Encode.
+  virtual absl::StatusOr<std::vector<int32_t>> EncodeSpans(std::string_view text,
+                                                           std::vector<size_t>* ends) const = 0;
   // Ids to text (bytes; may end inside a multi-byte UTF-8 character when the
   // ids do). Special ids decode to nothing.
   virtual std::string Decode(absl::Span<const int32_t> ids) const = 0;

@@ -102,6 +102,41 @@ def test_score_text_windows_cover_every_token_and_match_the_reference(tmp_path, 
     assert float(printed["bits_per_byte"]) == pytest.approx(reference["bits_per_byte"], rel=1e-5)
 
 
+def test_score_counts_whitespace_sentencepiece_drops_with_the_first_token(tmp_path):
+    """A SentencePiece piece spans the whitespace normalisation removed before
+    it: texts that differ only there score the same tokens, NLL and bits per
+    byte, whose bytes are the file's after the first token's span."""
+    model = tmp_path / "spm"
+    model.mkdir()
+    config = json.loads((GOLDEN / "switchall_f16" / "config.json").read_text())
+    (model / "config.json").write_text(
+        json.dumps(dict(config, vocab_size=300, tokenizer="sentencepiece")))
+    tensors = safetensors_io.load_file(str(GOLDEN / "switchall_f16" / "model.safetensors"))
+    embedding = tensors["embedding.weight"]  # tied: the output head too
+    # 44 more rows for the tokenizer's 300 pieces
+    tensors["embedding.weight"] = embedding.new_tensor(
+        np.concatenate([embedding.numpy(), embedding.numpy()[:44][::-1]]))
+    safetensors_io.save_file(tensors, str(model / "model.safetensors"))
+    shutil.copy(ROOT / "tests" / "data" / "spm" / "tokenizer.model", model / "tokenizer.model")
+
+    body = "The river runs to the sea"
+    results = {}
+    for lead in ["", " ", "   "]:
+        text = tmp_path / f"lead{len(lead)}.txt"
+        text.write_text(lead + body)
+        results[lead] = scored(run("score", "--model", str(model), "--text", str(text)))
+    plain = results[""]
+    nll_sum = float(plain["mean_nll"]) * int(plain["predicted"])
+    # The pieces are "▁T he ▁river ▁r un s ▁to ▁the ▁sea" (spm_encode): the
+    # 24 bytes after "T" are predicted.
+    assert int(plain["tokens"]) == 9
+    assert float(plain["bits_per_byte"]) == pytest.approx(nll_sum / np.log(2) / 24, rel=1e-5)
+    for lead, printed in results.items():
+        assert printed["tokens"] == plain["tokens"], repr(lead)
+        assert printed["mean_nll"] == plain["mean_nll"], repr(lead)
+        assert printed["bits_per_byte"] == plain["bits_per_byte"], repr(lead)
+
+
 @pytest.mark.parametrize("text", [b"", b"A"], ids=["empty", "one_byte"])
 def test_reference_refuses_a_text_of_fewer_than_two_tokens(tmp_path, text):
     """As `switchserve score`: a clear error, not a ZeroDivisionError."""

@@ -47,6 +47,11 @@ class PieceTokenizer : public Tokenizer {
   absl::StatusOr<std::vector<int32_t>> Encode(std::string_view) const override {
     return std::vector<int32_t>();
   }
+  absl::StatusOr<std::vector<int32_t>> EncodeSpans(std::string_view,
+                                                   std::vector<size_t>* ends) const override {
+    if (ends != nullptr) ends->clear();
+    return std::vector<int32_t>();
+  }
   std::string Decode(absl::Span<const int32_t> ids) const override {
     std::string text;
     for (const int32_t id : ids) text.append(PieceBytes(id, false));

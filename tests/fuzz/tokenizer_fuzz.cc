@@ -1,10 +1,10 @@
 // The tokenizers and the incremental detokenizer on arbitrary input. The
 // first byte picks the tokenizer (byte-level or the test SentencePiece
 // model); the rest is text to encode and, read as 16-bit ids, a generation
-// to detokenize. Encoded ids lie in the vocabulary; the byte tokenizer
-// round-trips any bytes; the detokenizer releases only valid UTF-8, and for
-// the (prefix-stable) byte tokenizer exactly the sanitized decoding of all
-// ids, however they arrive.
+// to detokenize. Encoded ids lie in the vocabulary, with their spans' ends in
+// order inside the text; the byte tokenizer round-trips any bytes; the
+// detokenizer releases only valid UTF-8, and for the (prefix-stable) byte
+// tokenizer exactly the sanitized decoding of all ids, however they arrive.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -43,6 +43,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (ids.ok()) {
     for (int32_t id : *ids) FUZZ_CHECK(id >= 0 && id < tokenizer.vocab_size());
     if (byte_level) FUZZ_CHECK(tokenizer.Decode(*ids) == text);
+    // The same ids with their spans: ends in order, inside the text.
+    std::vector<size_t> ends;
+    absl::StatusOr<std::vector<int32_t>> spanned = tokenizer.EncodeSpans(text, &ends);
+    FUZZ_CHECK(spanned.ok() && *spanned == *ids && ends.size() == ids->size());
+    for (size_t i = 0; i < ends.size(); ++i) {
+      FUZZ_CHECK(ends[i] <= text.size() && (i == 0 || ends[i - 1] <= ends[i]));
+    }
   }
 
   // The same bytes as a generation: ids past the vocabulary are special.

@@ -480,6 +480,11 @@ class LeadingSpaceTokenizer final : public Tokenizer {
   absl::StatusOr<std::vector<int32_t>> Encode(std::string_view) const override {
     return std::vector<int32_t>();
   }
+  absl::StatusOr<std::vector<int32_t>> EncodeSpans(std::string_view,
+                                                   std::vector<size_t>* ends) const override {
+    if (ends != nullptr) ends->clear();
+    return std::vector<int32_t>();
+  }
   std::string Decode(absl::Span<const int32_t>) const override { return ""; }
   std::string_view PieceBytes(int32_t id, bool first) const override {
     if (id == 5) return first ? "coast" : " coast";

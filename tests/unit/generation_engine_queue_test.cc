@@ -85,6 +85,10 @@ class GatedTokenizer : public Tokenizer {
   absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text) const override {
     return bytes_->Encode(text);
   }
+  absl::StatusOr<std::vector<int32_t>> EncodeSpans(std::string_view text,
+                                                   std::vector<size_t>* ends) const override {
+    return bytes_->EncodeSpans(text, ends);
+  }
   std::string Decode(absl::Span<const int32_t> ids) const override { return bytes_->Decode(ids); }
   std::string_view PieceBytes(int32_t id, bool first) const override {
     if (id == kGate && first) {

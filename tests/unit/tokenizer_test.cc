@@ -48,6 +48,13 @@ TEST(ByteTokenizerTest, RoundTripsAnyBytes) {
   }
 }
 
+TEST(ByteTokenizerTest, EachByteIsItsOwnSpan) {
+  auto tokenizer = CreateByteTokenizer();
+  std::vector<size_t> ends = {7};  // replaced, not appended to
+  EXPECT_THAT(*tokenizer->EncodeSpans("Hi!", &ends), ElementsAre(72, 105, 33));
+  EXPECT_THAT(ends, ElementsAre(1, 2, 3));
+}
+
 TEST(ByteTokenizerTest, SpecialIdsDecodeToNothing) {
   auto tokenizer = CreateByteTokenizer();
   EXPECT_EQ(tokenizer->Decode({256, 72, 300, 105, -1, 1 << 30}), "Hi");
@@ -71,6 +78,22 @@ TEST(SentencePieceTokenizerTest, EncodesAndDecodes) {
   }
   EXPECT_EQ((*tokenizer)->Decode(*ids), text);
   EXPECT_EQ(*(*tokenizer)->Encode(text), *ids);  // deterministic
+}
+
+// A piece's span also covers the whitespace normalisation removed before it:
+// the leading spaces belong to the first piece, the second space between two
+// words to the piece after it.
+TEST(SentencePieceTokenizerTest, SpansCoverTheWhitespaceNormalisationRemoves) {
+  auto tokenizer = LoadSentencePieceTokenizer(SpmModelPath());
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  const std::string text = "   The river  runs";
+  std::vector<size_t> ends = {7};  // replaced, not appended to
+  auto ids = (*tokenizer)->EncodeSpans(text, &ends);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(*ids, *(*tokenizer)->Encode(text));
+  EXPECT_EQ(*ids, *(*tokenizer)->Encode("The river runs"));
+  // "▁T he ▁river ▁r un s"
+  EXPECT_THAT(ends, ElementsAre(4, 6, 12, 15, 17, 18));  // "▁r": both spaces and "r"
 }
 
 TEST(SentencePieceTokenizerTest, UnknownAndSpecialIds) {
