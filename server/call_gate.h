@@ -29,6 +29,17 @@ class CallGate {
     std::lock_guard<std::mutex> lock(mu_);
     return draining_;
   }
+  // The drain's timeout has passed: the calls still running are being ended
+  // by the server (their clients see UNAVAILABLE or a cancel). A call gRPC
+  // cancels from now on was ended by the server, not by its client.
+  void EndRunningCalls() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ending_running_calls_ = true;
+  }
+  bool ending_running_calls() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ending_running_calls_;
+  }
 
   // A call started / ended; every CallStarted is followed by one CallDone.
   void CallStarted() {
@@ -74,6 +85,7 @@ class CallGate {
   mutable std::mutex mu_;
   std::condition_variable idle_;
   bool draining_ = false;
+  bool ending_running_calls_ = false;
   int in_flight_ = 0;
   std::chrono::steady_clock::time_point last_started_{};
 };

@@ -31,6 +31,11 @@ AccessRecord CallAccessRecord(const grpc::CallbackServerContext& context,
   return record;
 }
 
+std::string FormatSeconds(std::chrono::steady_clock::duration d) {
+  return absl::StrCat(std::chrono::duration_cast<std::chrono::milliseconds>(d).count() / 1000.0,
+                      " s");
+}
+
 template <typename Call>
 class CallSink : public GenerationSink {
  public:
@@ -41,7 +46,18 @@ class CallSink : public GenerationSink {
   Call* call_;
 };
 
-class UnaryGenerateCall : public grpc::ServerUnaryReactor {
+// A unary call holds its serialized response against the output budget
+// (--output-buffer-bytes) from the end of its request until gRPC is done with
+// it: a client that reads nothing (HTTP/2 flow control) keeps the response in
+// the server. One that does not fit there is refused (RESOURCE_EXHAUSTED, or
+// INVALID_ARGUMENT when it is larger than the whole budget), and one whose
+// client has taken nothing of it for the service's write timeout is ended
+// RESOURCE_EXHAUSTED (found by the registry's sweep, cancelled on the
+// WriteQueue thread). As every call, it is logged and counted as its answer
+// is handed to gRPC (GenerationService::FinishCall).
+class UnaryGenerateCall final : public grpc::ServerUnaryReactor,
+                                public QueuedWrite,
+                                public StreamRegistry::Member {
  public:
   UnaryGenerateCall(GenerationService* service, grpc::CallbackServerContext* context,
                     grpc::ByteBuffer* response, const GenerationRequest& request)
@@ -49,9 +65,12 @@ class UnaryGenerateCall : public grpc::ServerUnaryReactor {
         context_(context),
         response_(response),
         params_(request.sampling),
-        access_(CallAccessRecord(*context, request, "Generate")) {
+        access_(CallAccessRecord(*context, request, "Generate")),
+        held_(service->output_budget()) {
     service_->CallStarted();
+    service_->streams().Add(this);
   }
+  ~UnaryGenerateCall() override { service_->streams().Remove(this); }
 
   void Start(GenerationRequest request) {
     request.sink = std::make_shared<CallSink<UnaryGenerateCall>>(this);
@@ -70,30 +89,105 @@ class UnaryGenerateCall : public grpc::ServerUnaryReactor {
                  message_.mutable_tokens());
     if (!update.finished) return;
     FillFromFinalUpdate(update, &access_);
+    grpc::Status status;
     if (!update.status.ok()) {
-      access_.status = update.status.code();
-      service_->FinishCall(access_);
-      Finish(ToGrpcStatus(update.status));
-      return;
+      status = ToGrpcStatus(update.status);
+    } else if (update.finish_reason == FinishReason::kCancelled) {
+      status = CancelledCallStatus(update.cancel_cause);
+    } else {
+      message_.set_finish_reason(ToProto(update.finish_reason));
+      FillUsageAndTiming(update, message_.mutable_usage(), message_.mutable_timing());
+      *response_ = SerializeMessage(message_);
+      message_.Clear();
+      const ByteBudget& budget = *service_->output_budget();
+      const int64_t bytes = static_cast<int64_t>(response_->Length());
+      if (bytes > budget.limit()) {
+        status = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                              ResponseLargerThanOutputBudgetMessage(bytes, budget));
+      } else if (!held_.GrowTo(bytes)) {
+        status = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                              OutputBudgetFullMessage(budget, /*stream=*/false));
+      }
     }
-    message_.set_finish_reason(ToProto(update.finish_reason));
-    FillUsageAndTiming(update, message_.mutable_usage(), message_.mutable_timing());
-    *response_ = SerializeMessage(message_);
-    const grpc::Status status = update.finish_reason == FinishReason::kCancelled
-                                    ? CancelledCallStatus(update.cancel_cause)
-                                    : grpc::Status::OK;
+    if (!status.ok()) held_.ShrinkTo(0);  // a status alone needs no reading
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      responded_ = status.ok();
+      finish_called_at_ = std::chrono::steady_clock::now();
+    }
     access_.status = static_cast<absl::StatusCode>(status.error_code());
     service_->FinishCall(access_);
     Finish(status);
   }
 
+  // Ends the call (RESOURCE_EXHAUSTED) if its response has waited for its
+  // client since before `started_before`. Under the registry's lock
+  // (StreamRegistry::Sweep): the call is not deleted meanwhile.
+  void EndIfStalled(std::chrono::steady_clock::time_point started_before) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!responded_ || ending_ || done_ || finish_called_at_ >= started_before) return;
+      ending_ = true;
+      end_message_ = "the call's client read nothing of its response for " +
+                     FormatSeconds(std::chrono::steady_clock::now() - finish_called_at_);
+      ++holds_;
+    }
+    service_->write_queue().Post(this);
+  }
+
+  // WriteQueue thread: cancels the call that EndIfStalled ended.
+  void RunQueuedWrite() override {
+    std::string end_message;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      // Until OnDone the call is gRPC's to cancel; OnDone waits for
+      // cancelling_ to clear.
+      if (!done_) {
+        cancelling_ = true;
+        cancelling_thread_ = std::this_thread::get_id();
+        end_message = end_message_;
+      }
+    }
+    if (!end_message.empty()) {
+      grpc_call_cancel_with_status(context_->c_call(), GRPC_STATUS_RESOURCE_EXHAUSTED,
+                                   end_message.c_str(), nullptr);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        cancelling_ = false;
+        cancelling_thread_ = std::thread::id();
+      }
+      cancelled_.notify_all();
+    }
+    Release();
+  }
+
   void OnCancel() override { handle_.Cancel(CancelCauseOf(*context_)); }
   void OnDone() override {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      done_ = true;
+      // gRPC frees the call when OnDone returns: not while RunQueuedWrite
+      // cancels it (unless that is this thread, inside the cancel).
+      if (cancelling_thread_ != std::this_thread::get_id()) {
+        cancelled_.wait(lock, [&] { return !cancelling_; });
+      }
+    }
     service_->CallDone();
-    delete this;
+    Release();
   }
 
  private:
+  // The call is deleted once gRPC (OnDone) and a posted cancel are done with
+  // it.
+  void Release() {
+    bool delete_now;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      delete_now = --holds_ == 0;
+    }
+    if (delete_now) delete this;
+  }
+
   GenerationService* service_;
   grpc::CallbackServerContext* context_;
   grpc::ByteBuffer* response_;
@@ -101,6 +195,18 @@ class UnaryGenerateCall : public grpc::ServerUnaryReactor {
   SamplingParams params_;
   AccessRecord access_;
   EngineRequestHandle handle_;
+  ByteReservation held_;  // the serialized response, while gRPC has it
+
+  std::mutex mu_;
+  std::condition_variable cancelled_;  // cancelling_ cleared
+  int holds_ = 1;                      // gRPC, plus a posted cancel
+  bool responded_ = false;             // Finish was given a response (OK)
+  std::chrono::steady_clock::time_point finish_called_at_;
+  bool ending_ = false;  // ended by the sweep: its client read nothing
+  std::string end_message_;
+  bool cancelling_ = false;  // gRPC's call is being cancelled, on cancelling_thread_
+  std::thread::id cancelling_thread_;
+  bool done_ = false;  // OnDone has run (or is waiting for the cancel)
 };
 
 // Streams updates as they come. The engine thread merges each update into the
@@ -199,7 +305,7 @@ class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBu
   // outstanding since before `started_before`. Under the registry's lock
   // (StreamRegistry::Sweep): the call is not deleted meanwhile, as its
   // destructor takes that lock first.
-  void EndIfStalled(std::chrono::steady_clock::time_point started_before) {
+  void EndIfStalled(std::chrono::steady_clock::time_point started_before) override {
     bool post = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -250,8 +356,12 @@ class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBu
   void OnWriteDone(bool ok) override {
     // While writing_ is set the call cannot finish, so `this` stays valid.
     // A failed write: the client is gone, having cancelled or seen its
-    // deadline pass. This can come before OnCancel does, so it tells which.
-    const CancelCause cause = ok ? CancelCause::kNone : CancelCauseOf(*context_);
+    // deadline pass, or the drain's timeout ended the call. This can come
+    // before OnCancel does, so it tells which.
+    CancelCause cause = CancelCause::kNone;
+    if (!ok) {
+      cause = service_->ending_running_calls() ? CancelCause::kShutdown : CancelCauseOf(*context_);
+    }
     if (!ok) handle_.Cancel(cause);
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -352,11 +462,6 @@ class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBu
     return true;
   }
 
-  static std::string FormatSeconds(std::chrono::steady_clock::duration d) {
-    return absl::StrCat(std::chrono::duration_cast<std::chrono::milliseconds>(d).count() / 1000.0,
-                        " s");
-  }
-
   // The call is deleted once gRPC (OnDone), the engine (its final update has
   // returned) and every posted write are done with it: the engine thread may
   // still be in OnEngineUpdate, and the queue may still hold the call, when a
@@ -424,7 +529,7 @@ void StreamRegistry::Sweep(std::chrono::steady_clock::duration timeout) {
   const auto started_before = std::chrono::steady_clock::now() - timeout;
   std::lock_guard<std::mutex> lock(mu_);
   for (Member* member = head_; member != nullptr; member = member->next_) {
-    static_cast<StreamingGenerateCall*>(member)->EndIfStalled(started_before);
+    member->EndIfStalled(started_before);
   }
 }
 

@@ -28,8 +28,17 @@ class GenerationService;
 // Thread-safe.
 class StreamRegistry {
  public:
-  // The registry's link in a GenerateStream call (the only kind of member).
+  // The registry's link in a Generate or GenerateStream call.
   class Member {
+   public:
+    // Ends the call (RESOURCE_EXHAUSTED, its request cancelled) if output of
+    // it has waited for its client since before `started_before`. Called
+    // under the registry's lock, on the sweeping (WriteQueue) thread.
+    virtual void EndIfStalled(std::chrono::steady_clock::time_point started_before) = 0;
+
+   protected:
+    ~Member() = default;
+
    private:
     friend class StreamRegistry;
     Member* prev_ = nullptr;
@@ -38,8 +47,9 @@ class StreamRegistry {
 
   void Add(Member* member);
   void Remove(Member* member);
-  // Ends (RESOURCE_EXHAUSTED, its request cancelled) every stream with a
-  // write outstanding for longer than `timeout`.
+  // Ends (RESOURCE_EXHAUSTED, its request cancelled) every call with output
+  // waiting for its client for longer than `timeout`: a GenerateStream's
+  // write, a Generate's response.
   void Sweep(std::chrono::steady_clock::duration timeout);
 
  private:

@@ -98,6 +98,9 @@ class GenerationService final : public GenerationServiceBase {
   const std::shared_ptr<ByteBudget>& output_budget() const { return options_.output_budget; }
   void CallStarted() { options_.gate->CallStarted(); }
   void CallDone() { options_.gate->CallDone(); }
+  // Whether the drain's timeout has passed and the running calls are being
+  // ended (CallGate::EndRunningCalls).
+  bool ending_running_calls() const { return options_.gate->ending_running_calls(); }
   // Counts (switchserve_requests_total) and logs a Generate* call as it
   // ends, with the status its client sees: before its answer goes out, so
   // that a client reading the metrics after its answer finds its call there.

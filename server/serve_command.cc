@@ -496,6 +496,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   health->SetServingStatus(false);
   gate.StartDraining();
   if (!gate.WaitUntilIdle(MillisecondsFromSeconds(options.drain_timeout_s))) {
+    gate.EndRunningCalls();
     Log(absl::StrCat("drain timeout: cancelling ", gate.calls_in_flight(), " calls"));
   }
   engine.Stop();  // ends whatever is left; those calls get UNAVAILABLE

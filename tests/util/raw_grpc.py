@@ -77,12 +77,12 @@ def raw_grpc_call(port, method, request, headers=(), cancel_after_s=None, window
     return result
 
 
-def stalled_streams(port, requests, wait_s):
-    """GenerateStream calls over one hand-made HTTP/2 connection whose client
-    offers a flow-control window of 0 and never reads: not one byte of a
-    message can reach it, though it answers pings. Returns, per call, the
-    response headers and trailers and the seconds until the call ended (None:
-    still open after `wait_s`)."""
+def stalled_streams(port, requests, wait_s, method="GenerateStream"):
+    """`method` calls (GenerateStream, or Generate) over one hand-made HTTP/2
+    connection whose client offers a flow-control window of 0 and never
+    reads: not one byte of a message can reach it, though it answers pings.
+    Returns, per call, the response headers and trailers and the seconds
+    until the call ended (None: still open after `wait_s`)."""
     connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
     results = {}
     with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
@@ -91,7 +91,7 @@ def stalled_streams(port, requests, wait_s):
         for i, request in enumerate(requests):
             stream_id = 1 + 2 * i
             results[stream_id] = {"ended_s": None}
-            open_raw_grpc_call(connection, stream_id, "GenerateStream", request)
+            open_raw_grpc_call(connection, stream_id, method, request)
         s.sendall(connection.data_to_send())
         start = time.monotonic()
         while (time.monotonic() - start < wait_s

@@ -54,6 +54,18 @@ def wait_for_idle_engine(server):
         time.sleep(0.05)
 
 
+def wait_for_output_given_back(server):
+    """Waits until no output is held for clients (switchserve_output_buffer_bytes
+    0; a call gives back its hold once gRPC is done with it), or 10 s: the
+    value then."""
+    deadline = time.monotonic() + 10
+    while True:
+        held = metric(server.scrape_metrics(), "switchserve_output_buffer_bytes")
+        if held == 0 or time.monotonic() > deadline:
+            return held
+        time.sleep(0.01)
+
+
 def stream_log_lines(server, count):
     deadline = time.monotonic() + 10
     while True:

@@ -1,6 +1,7 @@
 """How the gRPC API's streams end: deadlines, client cancels, clients that
 stop reading (the write timeout, the per-stream and server-wide output
-budgets), cancelled streams' KV blocks, and the SIGTERM drain."""
+budgets, which bound unary responses too), cancelled streams' KV blocks, and
+the SIGTERM drain."""
 
 import concurrent.futures
 import json
@@ -11,12 +12,13 @@ import threading
 import time
 
 import grpc
+import h2.exceptions
 import pytest
 
 import generation_pb2_grpc as pb_grpc
 from grpc_harness import (BINARY, MODEL, Server, expect_good_request_works_at, metric,
                           stream_log_lines, text_request, wait_for_idle_cache,
-                          wait_for_idle_engine)
+                          wait_for_idle_engine, wait_for_output_given_back)
 from raw_grpc import raw_grpc_call, stalled_streams
 from server_process import ServerProcess, free_port
 
@@ -251,7 +253,6 @@ def test_the_output_streams_hold_is_in_the_metrics_and_given_back():
         slow = text_request("slow", 50, ignore_eos=True)
         raw_grpc_call(server.port, "GenerateStream", slow, [("grpc-timeout", "30S")],
                       cancel_after_s=0.3, window=8)
-        import h2.exceptions
         try:  # the server resets the stream at its deadline
             raw_grpc_call(server.port, "GenerateStream", slow, [("grpc-timeout", "300m")], window=8)
         except h2.exceptions.StreamClosedError:
@@ -332,5 +333,103 @@ def test_sigterm_drains_running_streams():
                 assert error.value.code() == grpc.StatusCode.UNAVAILABLE
                 assert [f.result() for f in futures] == [(40, True)] * 8
         assert server.process.wait(timeout=30) == 0
+    finally:
+        server.close()
+
+
+def test_a_stream_whose_write_fails_at_the_drain_timeout_is_unavailable():
+    """A stream whose client reads nothing, its request finished and its
+    first message still waiting when the drain's timeout ends it: the failed
+    write was taken for its client's cancel, and the call logged and counted
+    CANCELLED. The server ended it: UNAVAILABLE, as the metrics reference
+    defines a call the drain's timeout ended."""
+    metrics_port = free_port()
+    server = Server("--log-format", "json", "--drain-timeout-s", "2",
+                    "--debug-step-delay-ms", "20", metrics_port=metrics_port)
+    try:
+        def stall():
+            try:
+                stalled_streams(server.port, [text_request("stall", 20, ignore_eos=True)] * 2, 10)
+            except h2.exceptions.ProtocolError:
+                pass  # a PING after the server's GOAWAY, as it stops
+
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            client = pool.submit(stall)
+            time.sleep(1)  # 20 tokens at 20 ms a step: the requests are done
+            server.process.send_signal(signal.SIGTERM)
+            assert server.process.wait(timeout=30) == 0
+            client.result()
+        calls = stream_log_lines(server, 2)
+        assert [(c["status"], c["finish_reason"]) for c in calls] == [
+            ("UNAVAILABLE", "length")] * 2, calls
+    finally:
+        server.close()
+
+
+def unary_log_lines(server, count):
+    deadline = time.monotonic() + 10
+    while True:
+        calls = [json.loads(line) for line in server.log().splitlines()
+                 if '"method":"Generate"' in line]
+        if len(calls) >= count or time.monotonic() > deadline:
+            return calls
+        time.sleep(0.05)
+
+
+def test_a_unary_response_whose_client_reads_nothing_ends_at_the_write_timeout():
+    """A Generate whose client reads nothing kept its response in the server
+    until the drain: 400 such calls (logprobs and routing) took it from 212 MB
+    to 1.1 GB. A response that waits longer than --stream-write-timeout-s
+    ends the call RESOURCE_EXHAUSTED, giving back what it held. (It was
+    logged and counted as its response went out: OK, docs/reliability.md.)"""
+    metrics_port = free_port()
+    server = Server("--log-format", "json", "--stream-write-timeout-s", "0.5",
+                    metrics_port=metrics_port)
+    try:
+        request = text_request("stall", 50, ignore_eos=True)
+        request.logprobs = 20
+        request.return_routing = True
+        results = stalled_streams(server.port, [request] * 3, 30, method="Generate")
+        for result in results:
+            assert result["ended_s"] is not None and result["ended_s"] < 5, results
+            assert result.get("grpc-status") == "8", results
+            assert "read nothing of its response for" in result.get("grpc-message", ""), results
+        assert wait_for_output_given_back(server) == 0
+        expect_good_request_works_at(server)
+    finally:
+        server.close()
+
+
+def test_unary_responses_share_the_output_budget():
+    """A Generate's response waiting for its client is held against
+    --output-buffer-bytes with every stream's output: with the budget at
+    about one response, of two stalled calls one waits, holding it, and the
+    other is refused RESOURCE_EXHAUSTED saying so; a response larger than the
+    whole budget is INVALID_ARGUMENT, as it never would fit."""
+    metrics_port = free_port()
+    server = Server("--log-format", "json", "--max-stream-buffer-bytes", "32768",
+                    "--output-buffer-bytes", "32768", metrics_port=metrics_port)
+    try:
+        request = text_request("stall", 30, ignore_eos=True)
+        request.logprobs = 20
+        request.return_routing = True
+        with server.channel() as channel:  # one response alone fits, read at once
+            response = pb_grpc.GenerationStub(channel).Generate(request, timeout=60)
+        size = response.ByteSize()
+        assert 32768 // 2 < size <= 32768, size
+        assert wait_for_output_given_back(server) == 0
+        results = stalled_streams(server.port, [request] * 2, 3, method="Generate")
+        assert sorted(str(r.get("grpc-status")) for r in results) == ["8", "None"], results
+        refused = next(r for r in results if r.get("grpc-status") == "8")
+        assert "32768 bytes in all" in refused["grpc-message"], results
+        calls = unary_log_lines(server, 3)
+        assert sorted(c["status"] for c in calls) == ["OK", "OK", "RESOURCE_EXHAUSTED"], calls
+        request.sampling.max_new_tokens = 59
+        with server.channel() as channel, pytest.raises(grpc.RpcError) as refusal:
+            pb_grpc.GenerationStub(channel).Generate(request, timeout=60)
+        assert refusal.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "more than the server may hold for its clients in all" in refusal.value.details()
+        assert wait_for_output_given_back(server) == 0
+        expect_good_request_works_at(server)
     finally:
         server.close()
