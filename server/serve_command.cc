@@ -1,15 +1,20 @@
 // `switchserve serve`: loads the model, starts the engine thread and the gRPC
 // server, and drains gracefully on SIGTERM / SIGINT / SIGHUP.
+#include <netdb.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -96,6 +101,47 @@ class WithoutReflection : public grpc::ServerBuilderOption {
 int Fail(const absl::Status& status) {
   switchserve::Log(LogLevel::kError, status.ToString());
   return 1;
+}
+
+// Why a listener on host:port cannot be opened, as "bind: Address already in
+// use": asked again with a socket of our own after gRPC's listener (or
+// civetweb's) failed, whose own reports do not say (gRPC's buried in a
+// library error line, civetweb's "null context when constructing
+// CivetServer"). Empty when this socket binds.
+std::string WhyCannotListen(const std::string& host, int port) {
+  addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string service = absl::StrCat(port);
+  if (const int error = getaddrinfo(host.c_str(), service.c_str(), &hints, &found); error != 0) {
+    return absl::StrCat("resolve: ", gai_strerror(error));
+  }
+  std::string why;
+  for (const addrinfo* a = found; a != nullptr && why.empty(); a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      why = absl::StrCat("socket: ", std::strerror(errno));
+      break;
+    }
+    const int on = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0)
+      why = absl::StrCat("bind: ", std::strerror(errno));
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return why;
+}
+
+// `what` "cannot listen on host:port", with the reason when one is found.
+absl::Status CannotListen(const std::string& what, const std::string& host, int port,
+                          const absl::Status& fallback) {
+  const std::string why = WhyCannotListen(host, port);
+  if (why.empty()) return fallback;
+  return absl::UnavailableError(
+      absl::StrCat(what, "cannot listen on ", HostPort(host, port), " (", why, ")"));
 }
 
 int Milliseconds(double seconds) { return static_cast<int>(seconds * 1000.0 + 0.5); }
@@ -300,7 +346,10 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
          .context_length = config.max_seq_len,
          .kv_cache_dtype = kv_cache_dtype});
     auto started = MetricsExposer::Start(options.metrics_host, options.metrics_port, collectables);
-    if (!started.ok()) return Fail(started.status());
+    if (!started.ok()) {
+      return Fail(
+          CannotListen("metrics: ", options.metrics_host, options.metrics_port, started.status()));
+    }
     exposer = std::move(*started);
   }
   GenerationEngine engine(engine_options, backend, setup->kv_cache.get(),
@@ -370,7 +419,8 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   if (!options.reflection) builder.SetOption(std::make_unique<WithoutReflection>());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || bound_port == 0) {
-    return Fail(absl::UnavailableError(absl::StrCat("cannot listen on ", address)));
+    return Fail(CannotListen("", options.host, options.port,
+                             absl::UnavailableError(absl::StrCat("cannot listen on ", address))));
   }
   // The OpenAI-compatible HTTP API: same engine, gate, token, TLS and limits.
   OpenAiService openai({.engine = &engine,
@@ -547,6 +597,12 @@ int RunServeCommand(int argc, char** argv) {
   sigaction(SIGTERM, &forward, nullptr);
   sigaction(SIGINT, &forward, nullptr);
   sigaction(SIGHUP, &forward, nullptr);
+  // A write to a closed pipe fails (EPIPE) rather than ending the process:
+  // the log's stderr may be a pipe whose reader went away (a log shipper,
+  // `| head`), and the server then went on serving only with the metrics
+  // exporter on (civetweb ignores SIGPIPE) and was killed at its next log
+  // line without it, running calls and all.
+  signal(SIGPIPE, SIG_IGN);
 
   absl::ParseCommandLine(argc, argv);  // main() already turned --a-b into --a_b
   auto options = ServerOptionsFromFlags();

@@ -1,5 +1,6 @@
 #include "engine/model/model_loader.h"
 
+#include <cerrno>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -24,13 +25,23 @@ std::string JoinPath(const std::string& directory, const char* file) {
   return (std::filesystem::path(directory) / file).string();
 }
 
+// Whether a failed stat's `error` means that nothing is at the path (rather
+// than, say, a directory on the way that this user may not search).
+bool IsNotFound(const std::error_code& error) {
+  return error == std::errc::no_such_file_or_directory || error == std::errc::not_a_directory;
+}
+
 // A text file of at most `max_bytes` bytes, whole.
 absl::StatusOr<std::string> ReadTextFile(const std::string& path, uintmax_t max_bytes) {
   std::error_code error;
-  if (!std::filesystem::exists(path, error)) {
+  const std::filesystem::file_status status = std::filesystem::status(path, error);
+  if (error && !IsNotFound(error)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": cannot access: ", error.message()));
+  }
+  if (!std::filesystem::exists(status)) {
     return absl::NotFoundError(absl::StrCat(path, ": not found"));
   }
-  if (!std::filesystem::is_regular_file(path, error)) {
+  if (!std::filesystem::is_regular_file(status)) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
   }
   if (const uintmax_t size = std::filesystem::file_size(path, error); !error && size > max_bytes) {
@@ -38,6 +49,11 @@ absl::StatusOr<std::string> ReadTextFile(const std::string& path, uintmax_t max_
         absl::StrCat(path, ": ", size, " bytes, more than the ", max_bytes, " this file may have"));
   }
   std::ifstream in(path, std::ios::binary);
+  if (!in.is_open()) {
+    // The stream keeps no error of its own; open(2)'s errno is still set.
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": cannot open: ", std::generic_category().message(errno)));
+  }
   std::ostringstream text;
   text << in.rdbuf();
   if (!in.good() && !in.eof()) {
@@ -251,6 +267,10 @@ absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& directory,
                                                  const ModelLoadOptions& options) {
   std::error_code error;
   if (!std::filesystem::is_directory(directory, error)) {
+    if (error && !IsNotFound(error)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(directory, ": cannot access: ", error.message()));
+    }
     return absl::NotFoundError(absl::StrCat(directory, ": not a model directory"));
   }
   auto model = std::make_unique<Model>();

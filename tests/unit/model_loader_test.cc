@@ -373,6 +373,26 @@ TEST_F(BrokenModelTest, MissingFiles) {
   EXPECT_EQ(model.status().code(), absl::StatusCode::kNotFound);
 }
 
+// A path that cannot be looked at (a directory on the way this user may not
+// search; as root, a symbolic link loop) is not a missing file: the message
+// says why. Both were "not found" (or "not a model directory").
+TEST_F(BrokenModelTest, PathsThatCannotBeLookedAtSayWhy) {
+  const std::string config = dir_ + "/config.json";
+  std::filesystem::remove(config);
+  std::filesystem::create_symlink(config, config);
+  auto model = LoadModel(dir_);
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(model.status().message(),
+              HasSubstr(config + ": cannot access: Too many levels of symbolic links"));
+
+  const std::string loop = dir_ + "/loop";
+  std::filesystem::create_symlink(loop, loop);
+  model = LoadModel(loop);
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(model.status().message(),
+              HasSubstr(loop + ": cannot access: Too many levels of symbolic links"));
+}
+
 TEST_F(BrokenModelTest, BadConfigNamesTheFile) {
   std::ofstream(dir_ + "/config.json", std::ios::trunc) << "{\"format_version\": 1,";
   EXPECT_THAT(LoadError(), HasSubstr("config.json: invalid JSON at byte"));

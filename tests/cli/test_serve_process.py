@@ -1,0 +1,89 @@
+"""`switchserve serve` as its supervisor meets it: a listener it cannot open
+ends it with exit code 1 and a last line that says why, and a log reader that
+goes away does not end it."""
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+
+from server_process import free_port
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BINARY = os.environ["SWITCHSERVE_BINARY"]
+DEFAULT_MODEL = ROOT / "models" / "default"
+# TEST-NET-1 (RFC 5737): an address no interface of this host has.
+NOT_OURS = "192.0.2.1"
+
+
+def serve(*args, timeout=60):
+    """Runs `serve` to its end; (exit code, stderr)."""
+    result = subprocess.run([BINARY, "serve", "--model", str(DEFAULT_MODEL), *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            timeout=timeout)
+    return result.returncode, result.stderr
+
+
+def last_line(stderr):
+    lines = stderr.strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+# gRPC's listener said only "cannot listen on HOST:PORT" (the reason was in a
+# gRPC error line before it), the metrics exporter's "null context when
+# constructing CivetServer. Possible problem binding to port."
+@pytest.mark.parametrize("flag, prefix", [
+    ("--port", ""),
+    ("--http-port", "HTTP: "),
+    ("--metrics-port", "metrics: "),
+])
+def test_a_port_in_use_is_named_in_the_last_line(flag, prefix):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        ports = {"--port": "0", "--http-port": "0", "--metrics-port": "0"}
+        ports[flag] = str(port)
+        args = [arg for name, value in ports.items() for arg in (name, value)]
+        code, stderr = serve("--host", "127.0.0.1", *args)
+    assert code == 1, stderr
+    line = last_line(stderr)
+    assert f"{prefix}cannot listen on 127.0.0.1:{port} (bind: Address already in use)" in line, \
+        stderr
+
+
+@pytest.mark.parametrize("args, prefix, host_port", [
+    (["--host", NOT_OURS, "--port", "0", "--metrics-port", "0"], "", f"{NOT_OURS}:0"),
+    (["--host", "127.0.0.1", "--port", "0", "--metrics-host", NOT_OURS, "--metrics-port", "PORT"],
+     "metrics: ", f"{NOT_OURS}:PORT"),
+])
+def test_an_address_of_another_host_is_named_in_the_last_line(args, prefix, host_port):
+    port = str(free_port())
+    code, stderr = serve(*[port if arg == "PORT" else arg for arg in args])
+    assert code == 1, stderr
+    line = last_line(stderr)
+    expected = f"{prefix}cannot listen on {host_port.replace('PORT', port)}"
+    assert f"{expected} (bind: Cannot assign requested address)" in line, stderr
+
+
+# Without the metrics exporter (civetweb ignores SIGPIPE for the process) the
+# first log line after the pipe closed ended the server on SIGPIPE: here the
+# "received Terminated" line, so no drain and exit code -13.
+def test_a_log_pipe_whose_reader_went_away_does_not_end_the_server():
+    process = subprocess.Popen(
+        [BINARY, "serve", "--model", str(DEFAULT_MODEL), "--host", "127.0.0.1", "--port", "0",
+         "--metrics-port", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while b"listening on" not in process.stderr.readline():
+            assert process.poll() is None and time.monotonic() < deadline, "serve did not start"
+        process.stderr.close()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
