@@ -43,7 +43,10 @@ std::vector<std::string> BridgeCandidates() {
                              .string());
   }
 #ifdef SWITCHSERVE_SENTENCEPIECE_BRIDGE_PATH
-  candidates.push_back(SWITCHSERVE_SENTENCEPIECE_BRIDGE_PATH);
+  // The build tree puts it where an installed binary looks: named once.
+  if (candidates.empty() || candidates[0] != SWITCHSERVE_SENTENCEPIECE_BRIDGE_PATH) {
+    candidates.push_back(SWITCHSERVE_SENTENCEPIECE_BRIDGE_PATH);
+  }
 #endif
   return candidates;
 }
