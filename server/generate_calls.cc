@@ -36,6 +36,41 @@ std::string FormatSeconds(std::chrono::steady_clock::duration d) {
                       " s");
 }
 
+// A call's cancel from a thread of ours (RESOURCE_EXHAUSTED: its client
+// reads nothing) while gRPC may be finishing the call: gRPC frees the call
+// when OnDone returns, so OnDone waits for a cancel under way on another
+// thread (OnDone may also run inside the cancel, on its thread). Guarded by
+// its owner's mutex.
+class ServerCancel {
+ public:
+  // Under the owner's mutex, before OnDone: a cancel is under way on this
+  // thread; Run it next, outside the mutex.
+  void StartLocked() {
+    under_way_ = true;
+    thread_ = std::this_thread::get_id();
+  }
+  void Run(grpc::CallbackServerContext* context, const std::string& message, std::mutex* mu) {
+    grpc_call_cancel_with_status(context->c_call(), GRPC_STATUS_RESOURCE_EXHAUSTED, message.c_str(),
+                                 nullptr);
+    {
+      std::lock_guard<std::mutex> lock(*mu);
+      under_way_ = false;
+      thread_ = std::thread::id();
+    }
+    ended_.notify_all();
+  }
+  // OnDone, under the owner's mutex (`lock`).
+  void WaitLocked(std::unique_lock<std::mutex>* lock) {
+    if (thread_ != std::this_thread::get_id()) ended_.wait(*lock, [&] { return !under_way_; });
+  }
+  bool under_way() const { return under_way_; }
+
+ private:
+  std::condition_variable ended_;  // under_way_ cleared
+  bool under_way_ = false;
+  std::thread::id thread_;
+};
+
 template <typename Call>
 class CallSink : public GenerationSink {
  public:
@@ -140,24 +175,13 @@ class UnaryGenerateCall final : public grpc::ServerUnaryReactor,
     std::string end_message;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      // Until OnDone the call is gRPC's to cancel; OnDone waits for
-      // cancelling_ to clear.
+      // Until OnDone the call is gRPC's to cancel.
       if (!done_) {
-        cancelling_ = true;
-        cancelling_thread_ = std::this_thread::get_id();
+        cancel_.StartLocked();
         end_message = end_message_;
       }
     }
-    if (!end_message.empty()) {
-      grpc_call_cancel_with_status(context_->c_call(), GRPC_STATUS_RESOURCE_EXHAUSTED,
-                                   end_message.c_str(), nullptr);
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        cancelling_ = false;
-        cancelling_thread_ = std::thread::id();
-      }
-      cancelled_.notify_all();
-    }
+    if (!end_message.empty()) cancel_.Run(context_, end_message, &mu_);
     Release();
   }
 
@@ -166,11 +190,7 @@ class UnaryGenerateCall final : public grpc::ServerUnaryReactor,
     {
       std::unique_lock<std::mutex> lock(mu_);
       done_ = true;
-      // gRPC frees the call when OnDone returns: not while RunQueuedWrite
-      // cancels it (unless that is this thread, inside the cancel).
-      if (cancelling_thread_ != std::this_thread::get_id()) {
-        cancelled_.wait(lock, [&] { return !cancelling_; });
-      }
+      cancel_.WaitLocked(&lock);
     }
     service_->CallDone();
     Release();
@@ -198,14 +218,12 @@ class UnaryGenerateCall final : public grpc::ServerUnaryReactor,
   ByteReservation held_;  // the serialized response, while gRPC has it
 
   std::mutex mu_;
-  std::condition_variable cancelled_;  // cancelling_ cleared
-  int holds_ = 1;                      // gRPC, plus a posted cancel
-  bool responded_ = false;             // Finish was given a response (OK)
+  int holds_ = 1;           // gRPC, plus a posted cancel
+  bool responded_ = false;  // Finish was given a response (OK)
   std::chrono::steady_clock::time_point finish_called_at_;
   bool ending_ = false;  // ended by the sweep: its client read nothing
   std::string end_message_;
-  bool cancelling_ = false;  // gRPC's call is being cancelled, on cancelling_thread_
-  std::thread::id cancelling_thread_;
+  ServerCancel cancel_;
   bool done_ = false;  // OnDone has run (or is waiting for the cancel)
 };
 
@@ -325,12 +343,10 @@ class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBu
     {
       std::lock_guard<std::mutex> lock(mu_);
       posted_ = false;
-      // Until OnDone the call is gRPC's to cancel; OnDone waits for
-      // cancelling_ to clear.
+      // Until OnDone the call is gRPC's to cancel.
       if (end_requested_ && !done_) {
         end_requested_ = false;
-        cancelling_ = true;
-        cancelling_thread_ = std::this_thread::get_id();
+        cancel_.StartLocked();
         end_message = end_message_;
         cancel = true;
       }
@@ -340,14 +356,7 @@ class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBu
       // stuck write fails (OnWriteDone(false)), and the client gets the
       // status in trailers, which flow control does not hold back.
       handle_.Cancel(CancelCause::kClient);
-      grpc_call_cancel_with_status(context_->c_call(), GRPC_STATUS_RESOURCE_EXHAUSTED,
-                                   end_message.c_str(), nullptr);
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        cancelling_ = false;
-        cancelling_thread_ = std::thread::id();
-      }
-      cancelled_.notify_all();
+      cancel_.Run(context_, end_message, &mu_);
     }
     Pump();
     Release();
@@ -380,11 +389,7 @@ class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBu
     {
       std::unique_lock<std::mutex> lock(mu_);
       done_ = true;
-      // gRPC frees the call when OnDone returns: not while RunQueuedWrite
-      // cancels it (unless that is this thread, inside the cancel).
-      if (cancelling_thread_ != std::this_thread::get_id()) {
-        cancelled_.wait(lock, [&] { return !cancelling_; });
-      }
+      cancel_.WaitLocked(&lock);
     }
     service_->CallDone();
     Release();
@@ -400,7 +405,7 @@ class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBu
     v1::GenerateStreamResponse message;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (writing_ || finish_called_ || cancelling_) return;
+      if (writing_ || finish_called_ || cancel_.under_way()) return;
       if (has_pending_ && !broken_ && !ending_) {
         message.Swap(&pending_);
         has_pending_ = false;
@@ -482,8 +487,7 @@ class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBu
   EngineRequestHandle handle_;
 
   std::mutex mu_;
-  std::condition_variable cancelled_;  // cancelling_ cleared
-  int holds_ = 2;                      // gRPC and the engine, plus one per posted write
+  int holds_ = 2;  // gRPC and the engine, plus one per posted write
   AccessRecord access_;
   v1::GenerateStreamResponse pending_;  // merged updates not yet written
   int64_t pending_bytes_ = 0;           // pending_'s serialized size, about
@@ -504,8 +508,7 @@ class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBu
   bool ending_ = false;
   bool end_requested_ = false;  // the WriteQueue thread has yet to cancel it
   std::string end_message_;
-  bool cancelling_ = false;  // gRPC's call is being cancelled, on cancelling_thread_
-  std::thread::id cancelling_thread_;
+  ServerCancel cancel_;
   bool done_ = false;  // OnDone has run (or is waiting for the cancel)
 };
 
