@@ -32,6 +32,15 @@ def text_request(text, max_new_tokens, temperature=0.0, **kwargs):
                                    **kwargs))
 
 
+def stall_request(max_new_tokens):
+    """A request whose answer is large (20 logprobs and the routing of every
+    token), for a client that reads nothing; EOS ignored."""
+    request = text_request("stall", max_new_tokens, ignore_eos=True)
+    request.logprobs = 20
+    request.return_routing = True
+    return request
+
+
 def expect_good_request_works(stub):
     response = stub.Generate(text_request("still alive?", 5), timeout=60)
     assert len(response.token_ids) == 5
@@ -66,11 +75,12 @@ def wait_for_output_given_back(server):
         time.sleep(0.01)
 
 
-def stream_log_lines(server, count):
+def stream_log_lines(server, count, method="GenerateStream"):
+    """The access-log lines of `method` calls, once there are `count` (or after 10 s)."""
     deadline = time.monotonic() + 10
     while True:
         calls = [json.loads(line) for line in server.log().splitlines()
-                 if '"method":"GenerateStream"' in line]
+                 if f'"method":"{method}"' in line]
         if len(calls) >= count or time.monotonic() > deadline:
             return calls
         time.sleep(0.05)

@@ -17,7 +17,7 @@ import pytest
 
 import generation_pb2_grpc as pb_grpc
 from grpc_harness import (BINARY, MODEL, Server, expect_good_request_works_at, metric,
-                          stream_log_lines, text_request, wait_for_idle_cache,
+                          stall_request, stream_log_lines, text_request, wait_for_idle_cache,
                           wait_for_idle_engine, wait_for_output_given_back)
 from raw_grpc import raw_grpc_call, stalled_streams
 from server_process import ServerProcess, free_port
@@ -139,9 +139,7 @@ def test_a_stream_whose_unread_output_passes_the_buffer_limit_ends_there():
     server = Server("--log-format", "json", "--debug-step-delay-ms", "20",
                     "--max-stream-buffer-bytes", "4096", metrics_port=metrics_port)
     try:
-        request = text_request("stall", 50, ignore_eos=True)
-        request.logprobs = 20
-        request.return_routing = True
+        request = stall_request(50)
         results = stalled_streams(server.port, [request] * 2, 30)
         for result in results:
             assert result["ended_s"] is not None and result["ended_s"] < 10, results
@@ -168,9 +166,7 @@ def test_streams_share_a_budget_of_unread_output():
                     "--max-stream-buffer-bytes", "16384", "--output-buffer-bytes", "16384",
                     metrics_port=metrics_port)
     try:
-        request = text_request("stall", 50, ignore_eos=True)
-        request.logprobs = 20
-        request.return_routing = True
+        request = stall_request(50)
         results = stalled_streams(server.port, [request] * 2, 30)
         assert [r.get("grpc-status") for r in results] == ["8", "8"], results
         messages = [r.get("grpc-message", "") for r in results]
@@ -192,9 +188,7 @@ def test_a_stalled_grpc_stream_leaves_an_http_stream_only_the_rest_of_the_budget
     server = Server("--log-format", "json", "--http-port", str(http_port),
                     "--max-stream-buffer-bytes", "65536", "--output-buffer-bytes", "65536")
     try:
-        request = text_request("stall", 10, ignore_eos=True)
-        request.logprobs = 20
-        request.return_routing = True
+        request = stall_request(10)
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             grpc_call = pool.submit(stalled_streams, server.port, [request], 5)
             time.sleep(1)  # 10 tokens take milliseconds: the output is all made, and held
@@ -235,9 +229,7 @@ def test_the_output_streams_hold_is_in_the_metrics_and_given_back():
             return metric(server.scrape_metrics(), "switchserve_output_buffer_bytes")
 
         assert metric(server.scrape_metrics(), "switchserve_output_buffer_limit_bytes") == 1000000
-        request = text_request("stall", 10, ignore_eos=True)
-        request.logprobs = 20
-        request.return_routing = True
+        request = stall_request(10)
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             stalled = pool.submit(stalled_streams, server.port, [request] * 2, 3)
             deadline = time.monotonic() + 10
@@ -366,16 +358,6 @@ def test_a_stream_whose_write_fails_at_the_drain_timeout_is_unavailable():
         server.close()
 
 
-def unary_log_lines(server, count):
-    deadline = time.monotonic() + 10
-    while True:
-        calls = [json.loads(line) for line in server.log().splitlines()
-                 if '"method":"Generate"' in line]
-        if len(calls) >= count or time.monotonic() > deadline:
-            return calls
-        time.sleep(0.05)
-
-
 def test_a_unary_response_whose_client_reads_nothing_ends_at_the_write_timeout():
     """A Generate whose client reads nothing kept its response in the server
     until the drain: 400 such calls (logprobs and routing) took it from 212 MB
@@ -386,9 +368,7 @@ def test_a_unary_response_whose_client_reads_nothing_ends_at_the_write_timeout()
     server = Server("--log-format", "json", "--stream-write-timeout-s", "0.5",
                     metrics_port=metrics_port)
     try:
-        request = text_request("stall", 50, ignore_eos=True)
-        request.logprobs = 20
-        request.return_routing = True
+        request = stall_request(50)
         results = stalled_streams(server.port, [request] * 3, 30, method="Generate")
         for result in results:
             assert result["ended_s"] is not None and result["ended_s"] < 5, results
@@ -410,9 +390,7 @@ def test_unary_responses_share_the_output_budget():
     server = Server("--log-format", "json", "--max-stream-buffer-bytes", "32768",
                     "--output-buffer-bytes", "32768", metrics_port=metrics_port)
     try:
-        request = text_request("stall", 30, ignore_eos=True)
-        request.logprobs = 20
-        request.return_routing = True
+        request = stall_request(30)
         with server.channel() as channel:  # one response alone fits, read at once
             response = pb_grpc.GenerationStub(channel).Generate(request, timeout=60)
         size = response.ByteSize()
@@ -422,7 +400,7 @@ def test_unary_responses_share_the_output_budget():
         assert sorted(str(r.get("grpc-status")) for r in results) == ["8", "None"], results
         refused = next(r for r in results if r.get("grpc-status") == "8")
         assert "32768 bytes in all" in refused["grpc-message"], results
-        calls = unary_log_lines(server, 3)
+        calls = stream_log_lines(server, 3, method="Generate")
         assert sorted(c["status"] for c in calls) == ["OK", "OK", "RESOURCE_EXHAUSTED"], calls
         request.sampling.max_new_tokens = 59
         with server.channel() as channel, pytest.raises(grpc.RpcError) as refusal:
