@@ -1,5 +1,7 @@
 // Entry point of the `switchserve` binary: `switchserve [SUBCOMMAND] [FLAGS]`.
 // Without a subcommand (or with only flags) it runs `serve`.
+#include <signal.h>
+
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -10,6 +12,34 @@
 #include "server/commands.h"
 #include "server/flag_spelling.h"
 #include "server/mutex_checks.h"
+
+namespace {
+
+// SIGTERM, SIGINT and SIGHUP: `serve` drains on them (serve_command.cc).
+sigset_t StopSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
+  return signals;
+}
+
+// Blocks the stop signals before any library's initialiser runs (an
+// executable's preinit functions come first). Libraries start threads as
+// they load (OpenBLAS's), and until `serve` blocked the signals itself, one
+// that came in the process's first ~80 ms took its default action and
+// ended it. Blocked from here, it waits for `serve`'s sigwait, which drains
+// once the server is up; the other subcommands unblock them (main).
+void BlockStopSignals(int /*argc*/, char** /*argv*/, char** /*envp*/) {
+  const sigset_t signals = StopSignals();
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+}
+
+[[gnu::section(".preinit_array"),
+  gnu::used]] void (*const kBlockStopSignals)(int, char**, char**) = BlockStopSignals;
+
+}  // namespace
 
 int main(int argc, char** argv) {
   switchserve::DisableMutexDeadlockDetection();
@@ -34,6 +64,10 @@ int main(int argc, char** argv) {
     }
     --argc;
     ++argv;
+  }
+  if (std::strcmp(command->name, "serve") != 0) {
+    const sigset_t signals = StopSignals();
+    pthread_sigmask(SIG_UNBLOCK, &signals, nullptr);
   }
   if (switchserve::WantsHelp(argc, argv)) {
     switchserve::PrintCommandHelp(*command, stdout);

@@ -87,3 +87,25 @@ def test_a_log_pipe_whose_reader_went_away_does_not_end_the_server():
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_a_stop_signal_while_libraries_load_drains_once_the_server_is_up():
+    """OpenBLAS starts its threads as it is loaded, before main. A SIGTERM
+    then took its default action (exit -15, in the process's first ~80 ms):
+    the stop signals are now blocked before any library's initialiser runs,
+    so it waits for `serve`, which drains and exits 0."""
+    process = subprocess.Popen(
+        [BINARY, "serve", "--model", str(DEFAULT_MODEL), "--host", "127.0.0.1", "--port", "0",
+         "--metrics-port", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        # A second thread: a library's initialiser has run (OpenBLAS's).
+        deadline = time.monotonic() + 10
+        while len(os.listdir(f"/proc/{process.pid}/task")) < 2:
+            assert process.poll() is None and time.monotonic() < deadline, "no thread started"
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+        assert "draining" in process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
