@@ -1,6 +1,6 @@
 """`switchserve serve` as its supervisor meets it: a listener it cannot open
-ends it with exit code 1 and a last line that says why, and a log reader that
-goes away does not end it."""
+ends it with exit code 1 and a last line that says why, a log reader that
+goes away does not end it, and a stop signal while it starts drains it."""
 import os
 import pathlib
 import signal
