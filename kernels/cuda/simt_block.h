@@ -11,6 +11,7 @@
 #include <boost/context/protected_fixedsize_stack.hpp>
 #include <cstdint>
 #include <memory>
+#include <source_location>
 #include <string>
 #include <vector>
 
@@ -64,7 +65,7 @@ class BlockRunner {
 
   cudaError_t Run(const KernelLaunch& launch, uint3 block_idx, int64_t block_linear);
 
-  int Barrier(BarrierOp op, int predicate);
+  int Barrier(BarrierOp op, int predicate, const std::source_location& site);
   uint64_t Exchange(WarpOp op, unsigned mask, uint64_t bits, int bytes, int arg, int width);
   void* dynamic_shared() {
     RequireWaited("SIMT_DYNAMIC_SHARED");
@@ -116,6 +117,7 @@ class BlockRunner {
   int n_ = 0;
   int barrier_arrived_ = 0;
   BarrierOp barrier_op_ = BarrierOp::kSync;
+  std::source_location barrier_site_;  // where the first thread of this phase waits
   int barrier_value_ = 0;
   int barrier_result_ = 0;
   bool released_ = false;

@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <source_location>
 #include <type_traits>
 #include <typeinfo>
 #include <utility>
@@ -63,8 +64,9 @@ enum class WarpOp : uint8_t {
 enum class BarrierOp : uint8_t { kSync, kCount, kAnd, kOr };
 
 // Entry points into the executor; each suspends the calling fiber until its
-// block (barrier) or warp (the rest) has arrived.
-int BlockBarrier(BarrierOp op, int predicate);
+// block (barrier) or warp (the rest) has arrived. `site` is the barrier's
+// place in the source: every thread of a block must wait at the same one.
+int BlockBarrier(BarrierOp op, int predicate, const std::source_location& site);
 uint64_t WarpExchange(WarpOp op, unsigned mask, uint64_t bits, int bytes, int arg, int width);
 void* DynamicShared();
 // The block's instance of the shared array declared at `site` (one per
@@ -106,15 +108,23 @@ void GridWait();
 }  // namespace simt::detail
 #define SIMT_GRID_WAIT() ::simt::detail::GridWait()
 
-inline void __syncthreads() { simt::detail::BlockBarrier(simt::detail::BarrierOp::kSync, 0); }
-inline int __syncthreads_count(int predicate) {
-  return simt::detail::BlockBarrier(simt::detail::BarrierOp::kCount, predicate);
+// Each barrier knows its call site (the default argument is evaluated where
+// the kernel calls it): two different barriers reached by the two sides of a
+// divergent branch are reported, as they are undefined on a GPU.
+inline void __syncthreads(std::source_location site = std::source_location::current()) {
+  simt::detail::BlockBarrier(simt::detail::BarrierOp::kSync, 0, site);
 }
-inline int __syncthreads_and(int predicate) {
-  return simt::detail::BlockBarrier(simt::detail::BarrierOp::kAnd, predicate);
+inline int __syncthreads_count(int predicate,
+                               std::source_location site = std::source_location::current()) {
+  return simt::detail::BlockBarrier(simt::detail::BarrierOp::kCount, predicate, site);
 }
-inline int __syncthreads_or(int predicate) {
-  return simt::detail::BlockBarrier(simt::detail::BarrierOp::kOr, predicate);
+inline int __syncthreads_and(int predicate,
+                             std::source_location site = std::source_location::current()) {
+  return simt::detail::BlockBarrier(simt::detail::BarrierOp::kAnd, predicate, site);
+}
+inline int __syncthreads_or(int predicate,
+                            std::source_location site = std::source_location::current()) {
+  return simt::detail::BlockBarrier(simt::detail::BarrierOp::kOr, predicate, site);
 }
 inline void __syncwarp(unsigned mask = 0xffffffffu) {
   simt::detail::WarpExchange(simt::detail::WarpOp::kSyncWarp, mask, 0, 0, 0, 32);

@@ -5,6 +5,7 @@
 // the PTX definitions (shfl's clamp and segment rules, votes over the lanes
 // that exist).
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -50,15 +51,39 @@ const char* BarrierName(BarrierOp op) {
   return "?";
 }
 
-int BlockRunner::Barrier(BarrierOp op, int predicate) {
+namespace {
+
+bool SameSite(const std::source_location& a, const std::source_location& b) {
+  return a.line() == b.line() && a.column() == b.column() &&
+         std::strcmp(a.file_name(), b.file_name()) == 0;
+}
+
+// "norm.cu:42".
+std::string SiteName(const std::source_location& site) {
+  const char* file = site.file_name();
+  const char* slash = std::strrchr(file, '/');
+  return absl::StrCat(slash != nullptr ? slash + 1 : file, ":", site.line());
+}
+
+}  // namespace
+
+int BlockRunner::Barrier(BarrierOp op, int predicate, const std::source_location& site) {
   RequireWaited(BarrierName(op));
   GpuThread& t = *running_;
   const int bit = predicate != 0 ? 1 : 0;
   if (barrier_arrived_ == 0) {
     barrier_op_ = op;
+    barrier_site_ = site;
     barrier_value_ = op == BarrierOp::kAnd ? 1 : 0;
   } else if (op != barrier_op_) {
     Fail(absl::StrCat(BarrierName(op), " while other threads wait at ", BarrierName(barrier_op_)));
+  } else if (!SameSite(site, barrier_site_)) {
+    // On a GPU a barrier in code that not every thread of the block runs is
+    // undefined; here the two would release each other.
+    Fail(absl::StrCat(BarrierName(op), " at ", SiteName(site), " while other threads wait at ",
+                      BarrierName(barrier_op_), " at ", SiteName(barrier_site_),
+                      ": every thread of a block waits at the same barrier "
+                      "(kernels/cuda/README.md)"));
   }
   switch (op) {
     case BarrierOp::kSync:
@@ -183,8 +208,8 @@ void BlockRunner::Complete(Warp& warp) {
 
 // ---- Entry points from kernels (simt_device.h) ----------------------------------
 
-int BlockBarrier(BarrierOp op, int predicate) {
-  return CurrentRunner(BarrierName(op)).Barrier(op, predicate);
+int BlockBarrier(BarrierOp op, int predicate, const std::source_location& site) {
+  return CurrentRunner(BarrierName(op)).Barrier(op, predicate, site);
 }
 
 uint64_t WarpExchange(WarpOp op, unsigned mask, uint64_t bits, int bytes, int arg, int width) {

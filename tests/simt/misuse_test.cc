@@ -32,6 +32,18 @@ __global__ void EarlyExitBeforeBarrier(int* out) {
   out[threadIdx.x] = 1;
 }
 
+// The first warp waits at one barrier, the second at another: each would
+// release the other here, and on a GPU it is undefined.
+__global__ void DivergentBarriers(int* out) {
+  if (threadIdx.x < 32) {
+    out[threadIdx.x] = 1;
+    __syncthreads();
+  } else {
+    __syncthreads();
+    out[threadIdx.x] = 2;
+  }
+}
+
 __global__ void HalfWarpShuffle(int* out) {
   int v = static_cast<int>(threadIdx.x);
   if (threadIdx.x < 16) v = __shfl_xor_sync(simt::kFullMask, v, 1);
@@ -165,6 +177,28 @@ TEST_F(SimtMisuse, BarrierNotReachedByEveryThreadIsADeadlockNamingKernelAndThrea
     EXPECT_THAT(message, HasSubstr("threads 0-9 have exited"));
   }
   // The stuck fibers were unwound: later launches run normally.
+  ASSERT_EQ(SIMT_LAUNCH(WriteIndex, dim3(2), dim3(32), 0, nullptr, out.get(), 64), cudaSuccess);
+  const std::vector<int> result = out.Download();
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(result[i], i);
+}
+
+TEST_F(SimtMisuse, BarriersReachedOnTheTwoSidesOfADivergentBranchAreReported) {
+  DeviceArray<int> out(64);
+  for (const std::string& order : TestOrders()) {
+    SCOPED_TRACE(order);
+    const ScopedOrder scoped(order);
+    simt::ScopedErrorCapture capture;
+    ASSERT_EQ(SIMT_LAUNCH(DivergentBarriers, dim3(1), dim3(64), 0, nullptr, out.get()),
+              cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaErrorLaunchFailure);
+    ASSERT_EQ(capture.messages().size(), 1u);
+    const std::string message = capture.messages()[0];
+    EXPECT_THAT(message, HasSubstr("kernel 'DivergentBarriers' block (0,0,0)"));
+    EXPECT_THAT(message, HasSubstr("__syncthreads at misuse_test.cc:"));
+    EXPECT_THAT(message, HasSubstr("while other threads wait at __syncthreads at misuse_test.cc:"));
+    EXPECT_THAT(message, HasSubstr("every thread of a block waits at the same barrier"));
+  }
+  // A barrier inside a helper that every thread calls is one barrier.
   ASSERT_EQ(SIMT_LAUNCH(WriteIndex, dim3(2), dim3(32), 0, nullptr, out.get(), 64), cudaSuccess);
   const std::vector<int> result = out.Download();
   for (int i = 0; i < 64; ++i) EXPECT_EQ(result[i], i);
