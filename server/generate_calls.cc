@@ -120,8 +120,12 @@ class UnaryGenerateCall final : public grpc::ServerUnaryReactor,
   // Engine thread.
   void OnEngineUpdate(GenerationUpdate update) {
     message_.mutable_text()->append(update.text);
+    // The tokens' detail is kept serialized, as a stream's is: as protobuf
+    // objects it takes about nine times its bytes.
+    v1::GenerateResponse detail;
     AppendTokens(update, params_, service_->describer(), message_.mutable_token_ids(),
-                 message_.mutable_tokens());
+                 detail.mutable_tokens());
+    if (detail.tokens_size() > 0) detail.AppendToString(&detail_);
     if (!update.finished) return;
     FillFromFinalUpdate(update, &access_);
     grpc::Status status;
@@ -132,8 +136,10 @@ class UnaryGenerateCall final : public grpc::ServerUnaryReactor,
     } else {
       message_.set_finish_reason(ToProto(update.finish_reason));
       FillUsageAndTiming(update, message_.mutable_usage(), message_.mutable_timing());
-      *response_ = SerializeMessage(message_);
-      message_.Clear();
+      *response_ = SerializeMessage(message_, detail_);
+      // Freed, not cleared: the call lives until its client has the response.
+      message_ = v1::GenerateResponse();
+      std::string().swap(detail_);
       const ByteBudget& budget = *service_->output_budget();
       const int64_t bytes = static_cast<int64_t>(response_->Length());
       if (bytes > budget.limit()) {
@@ -211,7 +217,8 @@ class UnaryGenerateCall final : public grpc::ServerUnaryReactor,
   GenerationService* service_;
   grpc::CallbackServerContext* context_;
   grpc::ByteBuffer* response_;
-  v1::GenerateResponse message_;  // built up by the updates
+  v1::GenerateResponse message_;  // built up by the updates, but
+  std::string detail_;            // its `tokens`, serialized
   SamplingParams params_;
   AccessRecord access_;
   EngineRequestHandle handle_;
@@ -282,19 +289,19 @@ class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBu
         final_status_ = ToGrpcStatus(update.status);
       } else if (!ending_) {  // an ending stream's output goes nowhere
         pending_.mutable_text()->append(update.text);
+        // The tokens' detail is kept serialized (`tokens` entries): as
+        // protobuf objects it takes about nine times the bytes the budgets
+        // count, which a stream whose client reads nothing holds.
+        v1::GenerateStreamResponse detail;
         AppendTokens(update, params_, service_->describer(), pending_.mutable_token_ids(),
-                     pending_.mutable_tokens());
+                     detail.mutable_tokens());
+        const size_t detail_before = pending_detail_.size();
+        if (detail_) detail.AppendToString(&pending_detail_);
         has_pending_ = true;
-        // The serialized size, near enough (ids as 5 bytes, 3 per token's
-        // framing), from the new entries only.
-        pending_bytes_ += static_cast<int64_t>(update.text.size() + 5 * update.tokens.size());
-        if (detail_) {
-          const auto& tokens = pending_.tokens();
-          for (int i = tokens.size() - static_cast<int>(update.tokens.size()); i < tokens.size();
-               ++i) {
-            pending_bytes_ += static_cast<int64_t>(tokens.Get(i).ByteSizeLong()) + 3;
-          }
-        }
+        // The serialized size: near enough for the text and ids (ids as 5
+        // bytes), the detail's exactly; from the new entries only.
+        pending_bytes_ += static_cast<int64_t>(update.text.size() + 5 * update.tokens.size() +
+                                               (pending_detail_.size() - detail_before));
         if (update.finished) {
           pending_.set_finished(true);
           pending_.set_finish_reason(ToProto(update.finish_reason));
@@ -403,11 +410,13 @@ class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBu
     enum { kNothing, kWrite, kWriteAndFinish, kFinish } action = kNothing;
     grpc::Status status;
     v1::GenerateStreamResponse message;
+    std::string detail;  // message's `tokens`, serialized
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (writing_ || finish_called_ || cancel_.under_way()) return;
       if (has_pending_ && !broken_ && !ending_) {
         message.Swap(&pending_);
+        detail.swap(pending_detail_);
         has_pending_ = false;
         in_flight_bytes_ = pending_bytes_;
         pending_bytes_ = 0;
@@ -437,7 +446,9 @@ class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBu
         }
       }
     }
-    if (action == kWrite || action == kWriteAndFinish) in_flight_ = SerializeMessage(message);
+    if (action == kWrite || action == kWriteAndFinish) {
+      in_flight_ = SerializeMessage(message, detail);
+    }
     if (action == kWriteAndFinish || action == kFinish) {
       // access_ is no longer written once finish_called_ is set.
       service_->FinishCall(access_);
@@ -454,6 +465,7 @@ class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBu
     end_requested_ = true;
     end_message_ = std::move(message);
     pending_.Clear();
+    std::string().swap(pending_detail_);
     has_pending_ = false;
     pending_bytes_ = 0;
     held_.ShrinkTo(in_flight_bytes_);
@@ -489,8 +501,9 @@ class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBu
   std::mutex mu_;
   int holds_ = 2;  // gRPC and the engine, plus one per posted write
   AccessRecord access_;
-  v1::GenerateStreamResponse pending_;  // merged updates not yet written
-  int64_t pending_bytes_ = 0;           // pending_'s serialized size, about
+  v1::GenerateStreamResponse pending_;  // merged updates not yet written, but
+  std::string pending_detail_;          // their `tokens`, serialized
+  int64_t pending_bytes_ = 0;           // their serialized size, about
   grpc::ByteBuffer in_flight_;          // the message being written
   int64_t in_flight_bytes_ = 0;         // its pending_bytes_ when taken
   // pending_bytes_ + in_flight_bytes_ of the budget all streams share.

@@ -82,4 +82,11 @@ grpc::ByteBuffer SerializeMessage(const google::protobuf::Message& message) {
   return grpc::ByteBuffer(&slice, 1);
 }
 
+grpc::ByteBuffer SerializeMessage(const google::protobuf::Message& message,
+                                  const std::string& more_fields) {
+  if (more_fields.empty()) return SerializeMessage(message);
+  grpc::Slice slices[] = {grpc::Slice(message.SerializeAsString()), grpc::Slice(more_fields)};
+  return grpc::ByteBuffer(slices, 2);
+}
+
 }  // namespace switchserve

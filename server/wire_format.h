@@ -25,6 +25,11 @@ std::string FindInvalidUtf8Field(const std::string& bytes,
 
 grpc::ByteBuffer SerializeMessage(const google::protobuf::Message& message);
 
+// `message` serialized, followed by `more_fields`: fields of its type already
+// serialized (repeated fields' entries are appended to those in `message`).
+grpc::ByteBuffer SerializeMessage(const google::protobuf::Message& message,
+                                  const std::string& more_fields);
+
 }  // namespace switchserve
 
 #endif  // SWITCHSERVE_SERVER_WIRE_FORMAT_H_

@@ -24,6 +24,32 @@ TEST(WireFormatTest, RoundTrip) {
   EXPECT_EQ(parsed.sampling().stop(0), "\n");
 }
 
+TEST(WireFormatTest, FieldsSerializedApartFollowTheMessage) {
+  // A stream's message with its tokens' detail serialized apart: the
+  // detail's entries are appended to those the message holds.
+  v1::GenerateStreamResponse message;
+  message.set_text("ab");
+  message.add_token_ids(97);
+  message.add_token_ids(98);
+  message.add_tokens()->set_token_id(96);
+  message.set_finished(true);
+  v1::GenerateStreamResponse detail;
+  detail.add_tokens()->set_token_id(97);
+  detail.add_tokens()->add_top_logprobs()->set_text("b");
+  v1::GenerateStreamResponse parsed;
+  ASSERT_TRUE(ParseMessage(SerializeMessage(message, detail.SerializeAsString()), &parsed).ok());
+  EXPECT_EQ(parsed.text(), "ab");
+  ASSERT_EQ(parsed.token_ids_size(), 2);
+  EXPECT_TRUE(parsed.finished());
+  ASSERT_EQ(parsed.tokens_size(), 3);
+  EXPECT_EQ(parsed.tokens(0).token_id(), 96);
+  EXPECT_EQ(parsed.tokens(1).token_id(), 97);
+  EXPECT_EQ(parsed.tokens(2).top_logprobs(0).text(), "b");
+  // Nothing apart: the message alone.
+  ASSERT_TRUE(ParseMessage(SerializeMessage(message, ""), &parsed).ok());
+  EXPECT_EQ(parsed.tokens_size(), 1);
+}
+
 TEST(WireFormatTest, NamesTheInvalidUtf8Field) {
   v1::GenerateRequest parsed;
   // Field 1 (text), 3 bytes, not UTF-8.

@@ -5,6 +5,7 @@ the SIGTERM drain."""
 
 import concurrent.futures
 import json
+import os
 import re
 import signal
 import socket
@@ -16,9 +17,9 @@ import h2.exceptions
 import pytest
 
 import generation_pb2_grpc as pb_grpc
-from grpc_harness import (BINARY, MODEL, Server, expect_good_request_works_at, metric,
-                          stall_request, stream_log_lines, text_request, wait_for_idle_cache,
-                          wait_for_idle_engine, wait_for_output_given_back)
+from grpc_harness import (BINARY, MODEL, SOURCE_DIR, Server, expect_good_request_works_at,
+                          metric, stall_request, stream_log_lines, text_request,
+                          wait_for_idle_cache, wait_for_idle_engine, wait_for_output_given_back)
 from raw_grpc import raw_grpc_call, stalled_streams
 from server_process import ServerProcess, free_port
 
@@ -174,6 +175,49 @@ def test_streams_share_a_budget_of_unread_output():
         text = wait_for_idle_engine(server)
         assert metric(text, 'switchserve_requests_total{protocol="grpc",status="RESOURCE_EXHAUSTED"}') == 2
         assert metric(text, "switchserve_kv_cache_usage_ratio") == 0
+        expect_good_request_works_at(server)
+    finally:
+        server.close()
+
+
+def resident_bytes(pid):
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.parametrize("method", ["GenerateStream", "Generate"])
+def test_stalled_calls_hold_about_their_budget_in_memory(method):
+    """The budget counts serialized output, and the tokens' detail (20
+    logprobs and the routing of every token) of stalled streams' unread
+    output, and of unary responses while they waited, was held as protobuf
+    objects too, several times those bytes: with the default budget, a
+    quarter of a container's memory limit, four connections of stalled calls
+    got the server OOM-killed (256 MiB to 1 GiB limits). Held serialized, a
+    full budget costs about its figure (twice it at most, as a string
+    grows)."""
+    budget = 16 << 20
+    server = Server("--output-buffer-bytes", str(budget),
+                    model=os.path.join(SOURCE_DIR, "models/default"))
+    try:
+        pid = server.process.pid
+        before = peak = resident_bytes(pid)
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            calls = [pool.submit(stalled_streams, server.port, [stall_request(250)] * 256, 8,
+                                 method) for _ in range(4)]
+            while not all(call.done() for call in calls):
+                peak = max(peak, resident_bytes(pid))
+                time.sleep(0.05)
+            results = [r for call in calls for r in call.result()]
+        statuses = [r.get("grpc-status") for r in results]
+        # The budget was full: hundreds of calls were ended for it.
+        assert statuses.count("8") > 200, statuses
+        # 1024 calls cost about 25 MiB without any output; the budget's
+        # output on top, held as protobuf objects, cost 60-150 MiB more.
+        grown = peak - before
+        assert grown < 25 * (1 << 20) + 3 * budget, (grown, before)
         expect_good_request_works_at(server)
     finally:
         server.close()

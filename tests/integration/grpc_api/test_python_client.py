@@ -25,6 +25,7 @@ from grpc_harness import CONTEXT, MODEL, SOURCE_DIR, Server, expect_good_request
 def test_unary_and_streaming_agree(stub):
     request = text_request("The experts say", 30, temperature=0.9, seed=99, top_k=40, min_p=0.01)
     request.logprobs = 2
+    request.return_routing = True
     unary = stub.Generate(request, timeout=60)
     assert unary.usage.prompt_tokens == 15
     assert unary.usage.completion_tokens == len(unary.token_ids) > 0
@@ -34,6 +35,9 @@ def test_unary_and_streaming_agree(stub):
     messages = list(stub.GenerateStream(request, timeout=60))
     assert "".join(m.text for m in messages) == unary.text
     assert [t for m in messages for t in m.token_ids] == list(unary.token_ids)
+    # The detail too (a stream's messages carry it serialized apart).
+    assert [t for m in messages for t in m.tokens] == list(unary.tokens)
+    assert len(unary.tokens[0].routing.routers) > 0
     assert messages[-1].finished and messages[-1].finish_reason == unary.finish_reason
     assert not any(m.finished for m in messages[:-1])
     # Same seed, same tokens.
