@@ -154,6 +154,7 @@ class UnaryGenerateCall final : public grpc::ServerUnaryReactor,
     {
       std::lock_guard<std::mutex> lock(mu_);
       responded_ = status.ok();
+      if (responded_) response_bytes_ = static_cast<int64_t>(response_->Length());
       finish_called_at_ = std::chrono::steady_clock::now();
     }
     access_.status = static_cast<absl::StatusCode>(status.error_code());
@@ -163,14 +164,18 @@ class UnaryGenerateCall final : public grpc::ServerUnaryReactor,
 
   // Ends the call (RESOURCE_EXHAUSTED) if its response has waited for its
   // client since before `started_before`. Under the registry's lock
-  // (StreamRegistry::Sweep): the call is not deleted meanwhile.
+  // (StreamRegistry::Sweep): the call is not deleted meanwhile. gRPC does
+  // not say how much of the response its client has taken: one still
+  // reading a response too large for its link is ended too, so the message
+  // says only that the client had not finished reading it.
   void EndIfStalled(std::chrono::steady_clock::time_point started_before) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!responded_ || ending_ || done_ || finish_called_at_ >= started_before) return;
       ending_ = true;
-      end_message_ = "the call's client read nothing of its response for " +
-                     FormatSeconds(std::chrono::steady_clock::now() - finish_called_at_);
+      end_message_ = absl::StrCat(
+          "the call's client had not finished reading its response (", response_bytes_,
+          " bytes) after ", FormatSeconds(std::chrono::steady_clock::now() - finish_called_at_));
       ++holds_;
     }
     service_->write_queue().Post(this);
@@ -225,10 +230,11 @@ class UnaryGenerateCall final : public grpc::ServerUnaryReactor,
   ByteReservation held_;  // the serialized response, while gRPC has it
 
   std::mutex mu_;
-  int holds_ = 1;           // gRPC, plus a posted cancel
-  bool responded_ = false;  // Finish was given a response (OK)
+  int holds_ = 1;               // gRPC, plus a posted cancel
+  bool responded_ = false;      // Finish was given a response (OK)
+  int64_t response_bytes_ = 0;  // its serialized size
   std::chrono::steady_clock::time_point finish_called_at_;
-  bool ending_ = false;  // ended by the sweep: its client read nothing
+  bool ending_ = false;  // ended by the sweep: its client had not read the response
   std::string end_message_;
   ServerCancel cancel_;
   bool done_ = false;  // OnDone has run (or is waiting for the cancel)

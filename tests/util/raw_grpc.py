@@ -27,7 +27,7 @@ def open_raw_grpc_call(connection, stream_id, method, request, extra_headers=())
 
 
 def raw_grpc_call(port, method, request, headers=(), cancel_after_s=None, window=None,
-                  validate_headers=True):
+                  validate_headers=True, pause_s=None):
     """One call over a hand-made HTTP/2 connection, with `headers` the
     Python client would refuse to send (a `grpc-timeout` it cannot express;
     with `validate_headers` False, a newline or an ESC byte): the response
@@ -35,7 +35,8 @@ def raw_grpc_call(port, method, request, headers=(), cancel_after_s=None, window
     `cancel_after_s`, the client resets the stream (CANCEL) that long after
     sending the request. With `window`, the client offers a flow-control
     window of that many bytes and never reads more: a client that stops
-    reading."""
+    reading; with `pause_s` too, it takes each piece of data that long to
+    read and then offers the window again: a client that reads slowly."""
     config = h2.config.H2Configuration(client_side=True,
                                        validate_outbound_headers=validate_headers,
                                        normalize_outbound_headers=validate_headers)
@@ -68,7 +69,9 @@ def raw_grpc_call(port, method, request, headers=(), cancel_after_s=None, window
                 if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
                     result.update((k.decode(), v.decode()) for k, v in event.headers)
                 elif isinstance(event, h2.events.DataReceived):
-                    if window is None:
+                    if window is not None and pause_s is not None:
+                        time.sleep(pause_s)
+                    if window is None or pause_s is not None:
                         connection.acknowledge_received_data(event.flow_controlled_length, 1)
                     result["data"] += event.data
                 elif isinstance(event, h2.events.StreamEnded):

@@ -417,8 +417,31 @@ def test_a_unary_response_whose_client_reads_nothing_ends_at_the_write_timeout()
         for result in results:
             assert result["ended_s"] is not None and result["ended_s"] < 5, results
             assert result.get("grpc-status") == "8", results
-            assert "read nothing of its response for" in result.get("grpc-message", ""), results
+            assert "had not finished reading its response (" in result.get("grpc-message", ""), \
+                results
         assert wait_for_output_given_back(server) == 0
+        expect_good_request_works_at(server)
+    finally:
+        server.close()
+
+
+def test_a_unary_response_read_slowly_past_the_write_timeout_does_not_say_nothing_was_read():
+    """gRPC does not tell the server how much of a response its client has
+    taken, so a client still reading a response that takes longer than
+    --stream-write-timeout-s to reach it is ended RESOURCE_EXHAUSTED too. It
+    was told its client "read nothing of its response", having read part of
+    it; the message says only what the server knows."""
+    server = Server("--stream-write-timeout-s", "0.5")
+    try:
+        # About 40 KB at 4 KiB a 0.2 s: two seconds to read it.
+        result = raw_grpc_call(server.port, "Generate", stall_request(50), window=4096,
+                               pause_s=0.2)
+        assert result.get("grpc-status") == "8", result
+        assert len(result["data"]) >= 4096, len(result["data"])  # it was reading
+        message = result.get("grpc-message", "")
+        assert "read nothing" not in message, message
+        assert re.search(r"had not finished reading its response \(\d+ bytes\) after "
+                         r"0\.\d+ s$", message), message
         expect_good_request_works_at(server)
     finally:
         server.close()
