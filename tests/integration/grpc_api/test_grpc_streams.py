@@ -197,27 +197,32 @@ def test_stalled_calls_hold_about_their_budget_in_memory(method):
     quarter of a container's memory limit, four connections of stalled calls
     got the server OOM-killed (256 MiB to 1 GiB limits). Held serialized, a
     full budget costs about its figure (twice it at most, as a string
-    grows)."""
+    grows). Memory is not the release build's under a sanitizer: there the
+    test does not apply."""
     budget = 16 << 20
     server = Server("--output-buffer-bytes", str(budget),
                     model=os.path.join(SOURCE_DIR, "models/default"))
     try:
         pid = server.process.pid
+        with open(f"/proc/{pid}/maps") as maps:
+            if "libasan" in maps.read():
+                pytest.skip("AddressSanitizer's own memory is not the server's")
         before = peak = resident_bytes(pid)
-        with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            calls = [pool.submit(stalled_streams, server.port, [stall_request(250)] * 256, 8,
-                                 method) for _ in range(4)]
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            calls = [pool.submit(stalled_streams, server.port, [stall_request(250)] * 128, 8,
+                                 method) for _ in range(2)]
             while not all(call.done() for call in calls):
                 peak = max(peak, resident_bytes(pid))
                 time.sleep(0.05)
             results = [r for call in calls for r in call.result()]
         statuses = [r.get("grpc-status") for r in results]
-        # The budget was full: hundreds of calls were ended for it.
-        assert statuses.count("8") > 200, statuses
-        # 1024 calls cost about 25 MiB without any output; the budget's
-        # output on top, held as protobuf objects, cost 60-150 MiB more.
+        # The budget was full: about 55 calls' output fills it, the other
+        # calls were ended for it.
+        assert statuses.count("8") > 150, statuses
+        # 256 calls cost about 6 MiB without any output; the budget's output
+        # on top, held as protobuf objects, cost 60-150 MiB more.
         grown = peak - before
-        assert grown < 25 * (1 << 20) + 3 * budget, (grown, before)
+        assert grown < 6 * (1 << 20) + 3 * budget, (grown, before)
         expect_good_request_works_at(server)
     finally:
         server.close()
