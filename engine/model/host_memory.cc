@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <limits>
 #include <string>
 
@@ -49,6 +50,13 @@ int64_t CgroupMemoryLimit(std::string_view proc_self_cgroup, const std::string& 
 int64_t HostMemoryBytes() {
   static const int64_t bytes = ReadHostMemory();
   return bytes;
+}
+
+int64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size_pages = 0, resident_pages = 0;
+  if (!(statm >> size_pages >> resident_pages)) return 0;
+  return SaturatingMul(resident_pages, sysconf(_SC_PAGESIZE));
 }
 
 int64_t SaturatingMul(int64_t a, int64_t b) {

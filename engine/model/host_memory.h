@@ -23,6 +23,9 @@ int64_t HostMemoryBytes();
 // (cgroups.h); INT64_MAX for none.
 int64_t CgroupMemoryLimit(std::string_view proc_self_cgroup, const std::string& root);
 
+// This process's resident memory now (/proc/self/statm); 0 when unknown.
+int64_t ResidentBytes();
+
 // a * b and a + b for sizes (a, b >= 0), saturating at INT64_MAX.
 int64_t SaturatingMul(int64_t a, int64_t b);
 int64_t SaturatingAdd(int64_t a, int64_t b);

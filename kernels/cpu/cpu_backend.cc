@@ -43,6 +43,9 @@ class CpuBackend final : public Backend {
         want_copies_(options.one_row_weights),
         host_memory_bytes_(options.host_memory_bytes > 0 ? options.host_memory_bytes
                                                          : HostMemoryBytes()),
+        resident_bytes_(options.resident_bytes >= 0     ? options.resident_bytes
+                        : options.host_memory_bytes > 0 ? 0
+                                                        : -1),
         attention_(config, dispatch, isa_, &runner_, &pool_, &one_row_,
                    options.parallel_attention_min_macs),
         ffn_(config, dispatch, &runner_, &pool_, &one_row_),
@@ -69,18 +72,20 @@ class CpuBackend final : public Backend {
     const int64_t krow = static_cast<int64_t>(attn.n_kv_heads) * attn.head_dim;
     const int64_t vrow = krow * attn.CachedValuesPerKvHead();
     // The cache lives in host memory beside the weights and the position
-    // tables: refuse what cannot fit rather than count on the allocator
-    // (with overcommit, zero-filling it would, and end in the OOM killer).
+    // tables, and the process needs some of its own: refuse what cannot fit
+    // rather than count on the allocator (with overcommit, zero-filling it
+    // would, and end in the OOM killer; so would a cache that filled the
+    // whole host, at the server's first allocations).
     const int64_t kv_bytes = SaturatingMul(KvBytesPerToken(), rows);
     const int64_t held = SaturatingAdd(weights_.Bytes(), TableBytes());
-    if (SaturatingAdd(held, kv_bytes) > host_memory_bytes_) {
+    if (SaturatingAdd(InUse(held), kv_bytes) > HostMemoryBudget(host_memory_bytes_)) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "KV cache of ", rows, " tokens needs ",
           kv_bytes == std::numeric_limits<int64_t>::max() ? std::string("more than 2^63")
                                                           : absl::StrCat(kv_bytes),
-          " bytes beside the ", held,
-          " bytes of weights and position tables, more than this host's memory (",
-          host_memory_bytes_, " bytes)"));
+          " bytes beside the ", InUse(held), " bytes the process holds (", held,
+          " of weights and position tables), more than 90% of this host's memory (",
+          host_memory_bytes_, " bytes; the rest is the process's own)"));
     }
     const int64_t element = DTypeSize(kv_dtype_);
     k_cache_.assign(config_.n_layers, HugePageVector<float>());
@@ -108,7 +113,7 @@ class CpuBackend final : public Backend {
   DType kv_cache_dtype() const override { return kv_dtype_; }
   WeightCopies weight_copies() const override {
     return {one_row_.bytes(), skipped_copy_bytes_,
-            want_copies_ ? WeightCopiesBudget(host_memory_bytes_) : 0};
+            want_copies_ ? HostMemoryBudget(host_memory_bytes_) : 0};
   }
   int64_t KvBytesPerToken() const override {
     return switchserve::KvBytesPerToken(config_, DTypeSize(kv_dtype_));
@@ -122,9 +127,17 @@ class CpuBackend final : public Backend {
     return positions_.empty() ? 0 : std::max<int64_t>(0, cpu::XlPositionTable::BytesFor(config_));
   }
 
+  // What the process holds with the backend's `held` bytes: on the whole
+  // host, all it has resident when that is more (its libraries, the
+  // runtime's buffers: in a 256 MiB container a KV cache that fitted beside
+  // the weights alone ended the server in the OOM killer at start-up).
+  int64_t InUse(int64_t held) const {
+    return std::max(held, resident_bytes_ >= 0 ? resident_bytes_ : ResidentBytes());
+  }
+
   // The tiled copies for one-row products (CpuBackendOptions::one_row_weights)
   // where they fit beside what the backend holds and the KV cache of
-  // `kv_bytes`, in WeightCopiesBudget of the host's memory; else none.
+  // `kv_bytes`, in HostMemoryBudget of the host's memory; else none.
   void MakeWeightCopies(int64_t kv_bytes) {
     one_row_ = cpu::OneRowWeights();
     skipped_copy_bytes_ = 0;
@@ -132,7 +145,7 @@ class CpuBackend final : public Backend {
     const cpu::MatmulKernels& kernels = cpu::KernelsFor(isa_);
     const int64_t copies = cpu::OneRowWeights::BytesFor(config_, weights_, kernels);
     const int64_t held = SaturatingAdd(SaturatingAdd(weights_.Bytes(), kv_bytes), TableBytes());
-    if (SaturatingAdd(held, copies) <= WeightCopiesBudget(host_memory_bytes_)) {
+    if (SaturatingAdd(InUse(held), copies) <= HostMemoryBudget(host_memory_bytes_)) {
       one_row_ = cpu::OneRowWeights(config_, weights_, kernels);
     } else {
       skipped_copy_bytes_ = copies;
@@ -154,6 +167,7 @@ class CpuBackend final : public Backend {
   cpu::MatmulRunner runner_;
   const bool want_copies_;           // CpuBackendOptions::one_row_weights
   const int64_t host_memory_bytes_;  // that the copies must fit in
+  const int64_t resident_bytes_;     // CpuBackendOptions::resident_bytes; -1: measured
   cpu::OneRowWeights one_row_;       // made by InitKvCache
   int64_t skipped_copy_bytes_ = 0;
   cpu::CpuAttention attention_;

@@ -62,13 +62,18 @@ struct CpuBackendOptions {
   // HostMemoryBytes() (the physical memory, or the cgroup's limit). Tests
   // set it.
   int64_t host_memory_bytes = 0;
+  // What the process holds when more than the backend's weights and tables
+  // (its libraries, the runtime's buffers), counted beside the KV cache and
+  // the copies; -1: ResidentBytes() at the time with the host's own memory,
+  // none with a `host_memory_bytes` given. Tests set it.
+  int64_t resident_bytes = -1;
 };
 
-// The host memory the weights, the KV cache, the XL position tables and the
-// weight copies must fit in for the copies to be made: all but a tenth of
+// The host memory the backend's holdings may take: all but a tenth of
 // `host_memory_bytes`, the rest left to activations, the server and the
-// allocator.
-constexpr int64_t WeightCopiesBudget(int64_t host_memory_bytes) {
+// allocator. The KV cache must fit in it beside the weights and the XL
+// position tables, and the weight copies beside those three to be made.
+constexpr int64_t HostMemoryBudget(int64_t host_memory_bytes) {
   return host_memory_bytes - host_memory_bytes / 10;
 }
 

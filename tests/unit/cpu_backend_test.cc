@@ -102,7 +102,9 @@ TEST(CpuBackendTest, KvCacheLargerThanTheHostIsRefused) {
 
 // The KV cache must fit beside the weights and the XL position tables the
 // backend holds: checked alone against the host, a cache that fits by itself
-// but not beside a large model was zero-filled into the OOM killer.
+// but not beside a large model was zero-filled into the OOM killer. And in
+// 90% of the host: a cache that filled the whole of a container's limit
+// beside the model ended in the OOM killer at start-up.
 TEST(CpuBackendTest, KvCacheMustFitBesideTheWeightsAndTables) {
   for (const ModelConfig& config : {testing::TinySwitchAllConfig(), testing::XlSwitchAllConfig()}) {
     SCOPED_TRACE(config.attention.position == PositionKind::kXl ? "xl" : "rope");
@@ -112,7 +114,11 @@ TEST(CpuBackendTest, KvCacheMustFitBesideTheWeightsAndTables) {
     const int64_t tables =
         config.attention.position == PositionKind::kXl ? cpu::XlPositionTable::BytesFor(config) : 0;
     const int64_t needed = weights.Bytes() + tables + kv;
-    for (const int64_t host : {needed, needed - 1}) {
+    // HostMemoryBudget(host) >= needed holds from this many bytes on.
+    int64_t room = needed;
+    while (HostMemoryBudget(room) < needed) ++room;
+    ASSERT_GT(room - 1, needed);  // the whole host would hold it
+    for (const int64_t host : {room, room - 1}) {
       CpuBackendOptions options;
       options.num_threads = 1;
       options.one_row_weights = false;
@@ -121,7 +127,7 @@ TEST(CpuBackendTest, KvCacheMustFitBesideTheWeightsAndTables) {
           CreateCpuBackend(config, weights, config.dispatch, options);
       ASSERT_TRUE(backend.ok()) << backend.status();
       const absl::Status status = (*backend)->InitKvCache(blocks, block_size);
-      if (host == needed) {
+      if (host == room) {
         EXPECT_TRUE(status.ok()) << status;
         continue;
       }
@@ -130,6 +136,39 @@ TEST(CpuBackendTest, KvCacheMustFitBesideTheWeightsAndTables) {
                 std::string::npos)
           << status;
     }
+  }
+}
+
+// And beside what the process holds when that is more than the weights and
+// tables (its libraries, the runtime's buffers): in a 256 MiB container, a
+// cache that fitted beside the weights alone took the server into the OOM
+// killer at start-up.
+TEST(CpuBackendTest, KvCacheMustFitBesideWhatTheProcessHolds) {
+  const ModelConfig config = testing::TinySwitchAllConfig();
+  const ModelWeights weights = RandomWeights(config, 5);
+  const int64_t blocks = 4, block_size = 16;
+  const int64_t kv = KvBytesPerToken(config, sizeof(float)) * blocks * block_size;
+  const int64_t host = 10 * (weights.Bytes() + kv);  // room for both, many times over
+  for (const int64_t resident :
+       {int64_t{0}, HostMemoryBudget(host) - kv, HostMemoryBudget(host) - kv + 1}) {
+    CpuBackendOptions options;
+    options.num_threads = 1;
+    options.one_row_weights = false;
+    options.host_memory_bytes = host;
+    options.resident_bytes = resident;
+    absl::StatusOr<std::unique_ptr<Backend>> backend =
+        CreateCpuBackend(config, weights, config.dispatch, options);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    const absl::Status status = (*backend)->InitKvCache(blocks, block_size);
+    if (resident <= HostMemoryBudget(host) - kv) {
+      EXPECT_TRUE(status.ok()) << resident << ": " << status;
+      continue;
+    }
+    EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+    EXPECT_NE(
+        status.message().find(absl::StrCat("beside the ", resident, " bytes the process holds")),
+        std::string::npos)
+        << status;
   }
 }
 
@@ -329,12 +368,12 @@ TEST(CpuBackendTest, WeightCopiesAreLeftOutWhereTheHostHasNoRoom) {
     const int64_t tables =
         config.attention.position == PositionKind::kXl ? cpu::XlPositionTable::BytesFor(config) : 0;
     const int64_t needed = weights.Bytes() + kv + tables + copies;
-    // WeightCopiesBudget(host) >= needed holds from this many bytes on, and
+    // HostMemoryBudget(host) >= needed holds from this many bytes on, and
     // not below.
     int64_t room = needed * 10 / 9;
-    while (WeightCopiesBudget(room) < needed) ++room;
-    while (WeightCopiesBudget(room - 1) >= needed) --room;
-    EXPECT_EQ(WeightCopiesBudget(room), room - room / 10);
+    while (HostMemoryBudget(room) < needed) ++room;
+    while (HostMemoryBudget(room - 1) >= needed) --room;
+    EXPECT_EQ(HostMemoryBudget(room), room - room / 10);
     for (int64_t host : {room, room - 1}) {
       CpuBackendOptions options;
       options.num_threads = 1;
@@ -346,7 +385,7 @@ TEST(CpuBackendTest, WeightCopiesAreLeftOutWhereTheHostHasNoRoom) {
       const WeightCopies held = (*backend)->weight_copies();
       EXPECT_EQ(held.bytes, host == room ? copies : 0) << host;
       EXPECT_EQ(held.skipped_bytes, host == room ? 0 : copies) << host;
-      EXPECT_EQ(held.budget_bytes, WeightCopiesBudget(host)) << host;
+      EXPECT_EQ(held.budget_bytes, HostMemoryBudget(host)) << host;
     }
   }
 }
