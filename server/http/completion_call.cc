@@ -348,44 +348,41 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
   // usage), rendered a choice at a time and held in `held` as it grows: as
   // one JSON tree, a response of 1000 prompts with 20 logprobs took about
   // five times its 119 MB before its size was known, and a container of
-  // 512 MiB ended in the OOM killer. One that does not fit beside the output
-  // held for other clients is RESOURCE_EXHAUSTED at once; one larger than
-  // the whole budget, which never would fit (not a 429 that clients retry,
-  // generating it again each time), INVALID_ARGUMENT with its size.
+  // 512 MiB ended in the OOM killer. Once it does not fit, what is rendered
+  // is counted and dropped, to the end: one larger than the whole budget,
+  // which never would fit (not a 429 that clients retry, generating it
+  // again each time), is INVALID_ARGUMENT with its size, whether or not
+  // other clients' output held it back first; one that only does not fit
+  // beside the output held for other clients is RESOURCE_EXHAUSTED.
   absl::StatusOr<std::string> RenderBody(ByteReservation* held) {
     const ByteBudget& budget = *context_.output_budget;
     std::string body = Dump(Head());  // {"id":…,"model":…}
     body.back() = ',';
     body += "\"choices\":[";
-    int64_t oversized = -1;  // the bytes, once past the budget
-    auto append = [&](std::string_view piece) -> absl::Status {
-      if (oversized >= 0) {
-        oversized += static_cast<int64_t>(piece.size());
-        return absl::OkStatus();
-      }
+    int64_t unheld = -1;  // the bytes, once they did not fit
+    auto append = [&](std::string_view piece) {
       const auto bytes = static_cast<int64_t>(body.size() + piece.size());
-      if (!held->GrowTo(bytes)) {
-        if (bytes <= budget.limit()) {
-          return absl::ResourceExhaustedError(OutputBudgetFullMessage(budget, /*stream=*/false));
-        }
-        oversized = bytes;  // counted on to the end, for the message
+      if (unheld >= 0) {
+        unheld += static_cast<int64_t>(piece.size());
+      } else if (!held->GrowTo(bytes)) {
+        unheld = bytes;  // counted on to the end, for the status
         std::string().swap(body);
         held->ShrinkTo(0);
-        return absl::OkStatus();
+      } else {
+        body.append(piece);
       }
-      body.append(piece);
-      return absl::OkStatus();
     };
     for (size_t i = 0; i < choices_.size(); ++i) {
       std::string choice = i > 0 ? "," : "";
       choice += Dump(ChoiceObject(i));
-      if (absl::Status fits = append(choice); !fits.ok()) return fits;
+      append(choice);
     }
-    if (absl::Status fits = append(absl::StrCat("],\"usage\":", Dump(Usage()), "}")); !fits.ok()) {
-      return fits;
+    append(absl::StrCat("],\"usage\":", Dump(Usage()), "}"));
+    if (unheld > budget.limit()) {
+      return absl::InvalidArgumentError(ResponseLargerThanOutputBudgetMessage(unheld, budget));
     }
-    if (oversized >= 0) {
-      return absl::InvalidArgumentError(ResponseLargerThanOutputBudgetMessage(oversized, budget));
+    if (unheld >= 0) {
+      return absl::ResourceExhaustedError(OutputBudgetFullMessage(budget, /*stream=*/false));
     }
     return body;
   }

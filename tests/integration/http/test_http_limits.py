@@ -292,6 +292,15 @@ def test_a_unary_response_past_the_output_budget_is_429():
             with pytest.raises(openai.RateLimitError) as error:
                 client.completions.create(model=MODEL, prompt=["a"] * 4, max_tokens=16,
                                           logprobs=5, extra_headers={"x-request-id": "no-room"})
+            # One larger than the whole budget is a 400 beside it too, not a
+            # 429 to retry: its first part that no longer fits does not make
+            # it one.
+            with pytest.raises(openai.BadRequestError) as too_big:
+                client.completions.create(model=MODEL, prompt=["big"] * 8, max_tokens=40,
+                                          logprobs=5)
+            assert re.fullmatch(r"the response is \d+ bytes, more than the server may hold for "
+                                r"its clients in all \(16384 bytes, --output-buffer-bytes\): .*",
+                                too_big.value.body["message"]), too_big.value.body["message"]
             stalled.result()
         assert error.value.status_code == 429
         assert error.value.body["message"] == (
@@ -301,7 +310,7 @@ def test_a_unary_response_past_the_output_budget_is_429():
         assert (record["status"], record["http_status"]) == ("RESOURCE_EXHAUSTED", 429)
         text = server.scrape_metrics()
         assert 'switchserve_requests_total{protocol="http",status="RESOURCE_EXHAUSTED"} 1\n' in text
-        assert 'switchserve_requests_total{protocol="http",status="INVALID_ARGUMENT"} 1\n' in text
+        assert 'switchserve_requests_total{protocol="http",status="INVALID_ARGUMENT"} 2\n' in text
         assert 'switchserve_requests_total{protocol="http",status="OK"} 40\n' in text
         assert client.completions.create(model=MODEL, prompt="ok", max_tokens=4).usage
     finally:
