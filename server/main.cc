@@ -30,10 +30,13 @@ sigset_t StopSignals() {
 // they load (OpenBLAS's), and until `serve` blocked the signals itself, one
 // that came in the process's first ~80 ms took its default action and
 // ended it. Blocked from here, it waits for `serve`'s sigwait, which drains
-// once the server is up; the other subcommands unblock them (main).
+// once the server is up; the other subcommands get back the mask the process
+// was started with (main), a signal its parent blocked still blocked.
+sigset_t g_started_mask;
+
 void BlockStopSignals(int /*argc*/, char** /*argv*/, char** /*envp*/) {
   const sigset_t signals = StopSignals();
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  pthread_sigmask(SIG_BLOCK, &signals, &g_started_mask);
 }
 
 [[gnu::section(".preinit_array"),
@@ -66,8 +69,7 @@ int main(int argc, char** argv) {
     ++argv;
   }
   if (std::strcmp(command->name, "serve") != 0) {
-    const sigset_t signals = StopSignals();
-    pthread_sigmask(SIG_UNBLOCK, &signals, nullptr);
+    pthread_sigmask(SIG_SETMASK, &g_started_mask, nullptr);
   }
   if (switchserve::WantsHelp(argc, argv)) {
     switchserve::PrintCommandHelp(*command, stdout);

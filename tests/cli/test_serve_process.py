@@ -109,3 +109,31 @@ def test_a_stop_signal_while_libraries_load_drains_once_the_server_is_up():
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_other_subcommands_keep_the_signal_mask_they_were_started_with():
+    """The stop signals are blocked before main for `serve`; the other
+    subcommands get back the mask they were started with: a SIGTERM their
+    parent blocked stays blocked (they unblocked all three), SIGINT and
+    SIGHUP stay unblocked."""
+    port = free_port()
+    with socket.socket() as silent:  # accepts, never answers: `health` waits
+        silent.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        silent.bind(("127.0.0.1", port))
+        silent.listen()
+        silent.settimeout(30)
+        process = subprocess.Popen(
+            [BINARY, "health", "--address", f"127.0.0.1:{port}", "--timeout-s", "20"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM}))
+        try:
+            connection, _ = silent.accept()  # main has run: the check is under way
+            with connection, open(f"/proc/{process.pid}/task/{process.pid}/status") as status:
+                blocked = next(int(line.split()[1], 16) for line in status
+                               if line.startswith("SigBlk:"))
+            stop_signals = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+            assert {s for s in stop_signals if blocked & (1 << (s - 1))} == {signal.SIGTERM}, \
+                hex(blocked)
+        finally:
+            process.kill()
+            process.wait()
