@@ -355,7 +355,6 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
   // other clients' output held it back first; one that only does not fit
   // beside the output held for other clients is RESOURCE_EXHAUSTED.
   absl::StatusOr<std::string> RenderBody(ByteReservation* held) {
-    const ByteBudget& budget = *context_.output_budget;
     std::string body = Dump(Head());  // {"id":…,"model":…}
     body.back() = ',';
     body += "\"choices\":[";
@@ -378,13 +377,13 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
       append(choice);
     }
     append(absl::StrCat("],\"usage\":", Dump(Usage()), "}"));
+    if (unheld < 0) return body;
+    // Refused by a budget (a reservation without one refuses nothing).
+    const ByteBudget& budget = *context_.output_budget;
     if (unheld > budget.limit()) {
       return absl::InvalidArgumentError(ResponseLargerThanOutputBudgetMessage(unheld, budget));
     }
-    if (unheld >= 0) {
-      return absl::ResourceExhaustedError(OutputBudgetFullMessage(budget, /*stream=*/false));
-    }
-    return body;
+    return absl::ResourceExhaustedError(OutputBudgetFullMessage(budget, /*stream=*/false));
   }
 
   // Choice `i` of the unary response, its text and logprobs moved out.
