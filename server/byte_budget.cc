@@ -54,12 +54,14 @@ std::string OutputBudgetFullMessage(const ByteBudget& budget, bool stream) {
                       stream ? ": this stream's client is not reading" : "; retry later");
 }
 
-std::string ResponseLargerThanOutputBudgetMessage(int64_t bytes, const ByteBudget& budget) {
-  return absl::StrCat("the response is ", bytes,
-                      " bytes, more than the server may hold for its clients in all (",
-                      budget.limit(),
-                      " bytes, --output-buffer-bytes): ask for fewer prompts, tokens or logprobs, "
-                      "or stream it");
+absl::Status ResponseRefusal(int64_t bytes, const ByteBudget& budget) {
+  if (bytes <= budget.limit()) {
+    return absl::ResourceExhaustedError(OutputBudgetFullMessage(budget, /*stream=*/false));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the response is ", bytes, " bytes, more than the server may hold for its clients in all (",
+      budget.limit(),
+      " bytes, --output-buffer-bytes): ask for fewer prompts, tokens or logprobs, or stream it"));
 }
 
 }  // namespace switchserve

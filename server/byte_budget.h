@@ -11,6 +11,8 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
+
 namespace switchserve {
 
 // A limit and what is taken of it. Thread-safe and lock-free: a stream
@@ -63,9 +65,12 @@ class ByteReservation {
 // did not fit there was refused.
 std::string StreamOutputPastLimitMessage(int64_t max_stream_buffer_bytes);
 std::string OutputBudgetFullMessage(const ByteBudget& budget, bool stream = true);
-// Why a unary response of `bytes` is refused though nothing else is held:
-// it is larger than the whole `budget`.
-std::string ResponseLargerThanOutputBudgetMessage(int64_t bytes, const ByteBudget& budget);
+// The refusal of a unary response of `bytes` that `budget` did not hold:
+// INVALID_ARGUMENT when it is larger than the whole budget (it never would
+// fit: not a RESOURCE_EXHAUSTED that clients retry, generating it again each
+// time), else RESOURCE_EXHAUSTED (the output held for other clients leaves
+// no room).
+absl::Status ResponseRefusal(int64_t bytes, const ByteBudget& budget);
 
 }  // namespace switchserve
 

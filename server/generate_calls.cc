@@ -129,6 +129,7 @@ class UnaryGenerateCall final : public grpc::ServerUnaryReactor,
     if (!update.finished) return;
     FillFromFinalUpdate(update, &access_);
     grpc::Status status;
+    int64_t response_bytes = 0;  // of a response given to Finish (held)
     if (!update.status.ok()) {
       status = ToGrpcStatus(update.status);
     } else if (update.finish_reason == FinishReason::kCancelled) {
@@ -140,21 +141,16 @@ class UnaryGenerateCall final : public grpc::ServerUnaryReactor,
       // Freed, not cleared: the call lives until its client has the response.
       message_ = v1::GenerateResponse();
       std::string().swap(detail_);
-      const ByteBudget& budget = *service_->output_budget();
-      const int64_t bytes = static_cast<int64_t>(response_->Length());
-      if (bytes > budget.limit()) {
-        status = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                              ResponseLargerThanOutputBudgetMessage(bytes, budget));
-      } else if (!held_.GrowTo(bytes)) {
-        status = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                              OutputBudgetFullMessage(budget, /*stream=*/false));
+      const auto bytes = static_cast<int64_t>(response_->Length());
+      if (held_.GrowTo(bytes)) {
+        response_bytes = bytes;
+      } else {
+        status = ToGrpcStatus(ResponseRefusal(bytes, *service_->output_budget()));
       }
     }
-    if (!status.ok()) held_.ShrinkTo(0);  // a status alone needs no reading
     {
       std::lock_guard<std::mutex> lock(mu_);
-      responded_ = status.ok();
-      if (responded_) response_bytes_ = static_cast<int64_t>(response_->Length());
+      response_bytes_ = response_bytes;
       finish_called_at_ = std::chrono::steady_clock::now();
     }
     access_.status = static_cast<absl::StatusCode>(status.error_code());
@@ -171,7 +167,7 @@ class UnaryGenerateCall final : public grpc::ServerUnaryReactor,
   void EndIfStalled(std::chrono::steady_clock::time_point started_before) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!responded_ || ending_ || done_ || finish_called_at_ >= started_before) return;
+      if (response_bytes_ == 0 || ending_ || done_ || finish_called_at_ >= started_before) return;
       ending_ = true;
       end_message_ = absl::StrCat(
           "the call's client had not finished reading its response (", response_bytes_,
@@ -231,8 +227,7 @@ class UnaryGenerateCall final : public grpc::ServerUnaryReactor,
 
   std::mutex mu_;
   int holds_ = 1;               // gRPC, plus a posted cancel
-  bool responded_ = false;      // Finish was given a response (OK)
-  int64_t response_bytes_ = 0;  // its serialized size
+  int64_t response_bytes_ = 0;  // of the response given to Finish; 0: a status alone
   std::chrono::steady_clock::time_point finish_called_at_;
   bool ending_ = false;  // ended by the sweep: its client had not read the response
   std::string end_message_;

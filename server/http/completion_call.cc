@@ -379,11 +379,7 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
     append(absl::StrCat("],\"usage\":", Dump(Usage()), "}"));
     if (unheld < 0) return body;
     // Refused by a budget (a reservation without one refuses nothing).
-    const ByteBudget& budget = *context_.output_budget;
-    if (unheld > budget.limit()) {
-      return absl::InvalidArgumentError(ResponseLargerThanOutputBudgetMessage(unheld, budget));
-    }
-    return absl::ResourceExhaustedError(OutputBudgetFullMessage(budget, /*stream=*/false));
+    return ResponseRefusal(unheld, *context_.output_budget);
   }
 
   // Choice `i` of the unary response, its text and logprobs moved out.
