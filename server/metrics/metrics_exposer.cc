@@ -1,5 +1,11 @@
 #include "server/metrics/metrics_exposer.h"
 
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cstdlib>
 #include <exception>
 #include <utility>
 
@@ -7,6 +13,42 @@
 #include "server/metrics/process_metrics.h"
 
 namespace switchserve {
+namespace {
+
+bool Listening(int fd) {
+  int listening = 0;
+  socklen_t length = sizeof(listening);
+  return getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &length) == 0 && listening != 0;
+}
+
+// The process's TCP sockets whose local port is `port`: a listening socket
+// bound to it and the connections that socket accepted.
+std::vector<int> SocketsOnPort(int port) {
+  std::vector<int> fds;
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return fds;
+  const int own = dirfd(dir);
+  while (const dirent* entry = readdir(dir)) {
+    char* end = nullptr;
+    const long parsed = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0' || parsed == own) continue;
+    const int fd = static_cast<int>(parsed);
+    sockaddr_storage address{};
+    socklen_t length = sizeof(address);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) continue;
+    int local_port = -1;
+    if (address.ss_family == AF_INET) {
+      local_port = ntohs(reinterpret_cast<const sockaddr_in&>(address).sin_port);
+    } else if (address.ss_family == AF_INET6) {
+      local_port = ntohs(reinterpret_cast<const sockaddr_in6&>(address).sin6_port);
+    }
+    if (local_port == port) fds.push_back(fd);
+  }
+  closedir(dir);
+  return fds;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<MetricsExposer>> MetricsExposer::Start(
     const std::string& host, int port,
@@ -36,6 +78,18 @@ absl::StatusOr<std::unique_ptr<MetricsExposer>> MetricsExposer::Start(
   const std::vector<int> ports = out->exposer_->GetListeningPorts();
   out->port_ = ports.empty() ? port : ports.front();
   return out;
+}
+
+MetricsExposer::~MetricsExposer() {
+  // The listening socket first, so that no connection comes after the
+  // others were ended; then each connection, whose thread would otherwise
+  // wait up to request_timeout_ms for a request that is not coming.
+  for (const bool listening : {true, false}) {
+    for (int fd : SocketsOnPort(port_)) {
+      if (Listening(fd) == listening) shutdown(fd, SHUT_RDWR);
+    }
+  }
+  exposer_.reset();
 }
 
 }  // namespace switchserve

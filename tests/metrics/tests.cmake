@@ -9,10 +9,11 @@ add_library(switchserve_metrics_test_support STATIC ${METRICS_TEST_DIR}/syntheti
 target_link_libraries(switchserve_metrics_test_support PUBLIC switchserve_moe
                                                               switchserve_warnings)
 
-foreach(test_name moe_metrics_test serving_metrics_test)
+foreach(test_name moe_metrics_test serving_metrics_test metrics_exposer_test)
   add_executable(${test_name} ${METRICS_TEST_DIR}/${test_name}.cc)
   target_link_libraries(${test_name} PRIVATE switchserve_metrics switchserve_metrics_test_support
-                                             GTest::gtest_main switchserve_warnings)
+                                             GTest::gtest_main switchserve_warnings
+                                             switchserve_metrics_thread_stack_floor)
   gtest_discover_tests(${test_name} PROPERTIES LABELS metrics DISCOVERY_TIMEOUT 60)
 endforeach()
 
