@@ -545,7 +545,8 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
                    listener_lost ? ", then exiting with status 1 to be restarted" : ""));
   health->SetServingStatus(false);
   gate.StartDraining();
-  if (!gate.WaitUntilIdle(MillisecondsFromSeconds(options.drain_timeout_s))) {
+  const bool drained = gate.WaitUntilIdle(MillisecondsFromSeconds(options.drain_timeout_s));
+  if (!drained) {
     gate.EndRunningCalls();
     Log(absl::StrCat("drain timeout: cancelling ", gate.calls_in_flight(), " calls"));
   }
@@ -553,13 +554,17 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   // Every Generate call has its final update now; once gRPC has sent their
   // statuses (each call's OnDone) and no new call has been refused for a
   // moment, nothing of ours is running, and the shutdown need not wait for
-  // idle client connections to go away.
+  // idle client connections to go away. After the drain's timeout the calls
+  // left are ended, not waited for: an HTTP response whose client reads
+  // nothing would hold each wait below to its end (4 s more in all).
   constexpr auto kQuiet = std::chrono::milliseconds(200);
-  gate.WaitUntilQuiet(kQuiet, std::chrono::seconds(2));
+  gate.WaitUntilQuiet(kQuiet, drained ? std::chrono::milliseconds(2000) : kQuiet);
   server->Shutdown(std::chrono::system_clock::now());
   server->Wait();
   openai.Stop();  // the unary responses still being rendered go to their exchanges
-  if (http != nullptr) http->Stop(std::chrono::seconds(2));
+  if (http != nullptr) {
+    http->Stop(drained ? std::chrono::milliseconds(2000) : std::chrono::milliseconds(0));
+  }
   Log("stopped");
   return listener_lost ? 1 : 0;
 }

@@ -4,6 +4,7 @@ disconnects and the limits on connections and file descriptors)."""
 
 import concurrent.futures
 import contextlib
+import datetime
 import json
 import re
 import signal
@@ -218,6 +219,36 @@ def test_a_stream_whose_last_events_are_unwritten_at_the_drain_timeout_is_logged
             assert record["finish_reason"] == "length" and record["completion_tokens"] == 256 * 55
             assert "UNAVAILABLE" in stream_ended_lines(server)["unwritten"]
             assert b"[DONE]" not in read_to_end(s)
+    finally:
+        server.close()
+
+
+def test_a_stream_whose_client_reads_nothing_does_not_hold_the_stop_past_the_drain_timeout():
+    """At the drain's timeout the server ends what is still running. A
+    streamed response whose client read nothing then still held the stop for
+    4 s more: 2 s waiting for the calls to end, 2 s for the HTTP connections
+    to finish writing. Past the timeout they are ended at once."""
+    server = Server("--max-stream-buffer-bytes", "67108864", "--drain-timeout-s", "1",
+                    *UNHURRIED_STREAMS, metrics=True)
+    try:
+        with stalled_stream(server, "held-0", prompts=256), \
+                stalled_stream(server, "held-1", prompts=256):
+            def finished_unwritten():
+                text = server.scrape_metrics()
+                return (metric(text, "switchserve_requests_running") == 0 and
+                        metric(text, "switchserve_requests_waiting") == 0 and
+                        metric(text, "switchserve_output_buffer_bytes") > 8 << 20)
+            wait_until("both streams generated, their output unwritten", finished_unwritten)
+            server.process.send_signal(signal.SIGTERM)
+            assert server.process.wait(timeout=30) == 0
+            times = {r["msg"]: datetime.datetime.fromisoformat(r["time"])
+                     for r in map(json.loads, server.log().splitlines())}
+            seconds = (times["stopped"] -
+                       times["drain timeout: cancelling 2 calls"]).total_seconds()
+            assert seconds < 1.5, f"stopped {seconds:.2f} s after the drain timeout"
+            for request_id in ("held-0", "held-1"):
+                record = server.access_line(request_id)
+                assert (record["status"], record["http_status"]) == ("UNAVAILABLE", 503)
     finally:
         server.close()
 
