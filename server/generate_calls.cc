@@ -337,7 +337,9 @@ class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBu
       std::lock_guard<std::mutex> lock(mu_);
       // holds_ == 0: being deleted, past any write.
       if (holds_ == 0 || ending_ || done_ || !writing_ || write_started_ >= started_before) return;
-      EndLocked("the stream's client read nothing for " +
+      // A client may be reading a large message slowly: that it read nothing
+      // is more than gRPC tells.
+      EndLocked("the stream's client had not finished reading a message for " +
                 FormatSeconds(std::chrono::steady_clock::now() - write_started_));
       post = PostLocked();
     }
