@@ -83,7 +83,7 @@ std::string DescribeDispatch(const DispatchConfig& dispatch) {
 
 std::string SharedCapacityWarning(const DispatchConfig& dispatch) {
   if (dispatch.scope != CapacityScope::kStep || dispatch.Dropless()) return "";
-  return "WARNING: capacity_scope \"step\": the requests of an engine step share every expert's "
+  return "capacity_scope \"step\": the requests of an engine step share every expert's "
          "capacity, so a request's output depends on what else is in the step, and a client can "
          "crowd experts to change other requests' outputs or deny them experts (Hayes et al. "
          "2024, \"Buffer Overflow in Mixture of Experts\", arXiv:2402.05526). Use "

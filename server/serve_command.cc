@@ -295,7 +295,9 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   Log(absl::StrCat("loading model from ", resolved.model_dir));
   absl::StatusOr<EngineSetup> setup = SetUpEngine(resolved);
   if (!setup.ok()) return Fail(setup.status());
-  for (const std::string& warning : setup->model->warnings) Log(absl::StrCat("warning: ", warning));
+  for (const std::string& warning : setup->model->warnings) {
+    switchserve::Log(LogLevel::kWarning, warning);
+  }
   const std::string& model_dir = resolved.model_dir;
   const ModelConfig& config = setup->model->config;
   // The gRPC ModelInfo's name, the HTTP API's `model`, switchserve_model_info.
@@ -466,7 +468,9 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
       model_dir, ArchitectureName(config), config.n_layers, config.d_model, config.vocab_size,
       config.max_seq_len, config.tokenizer == TokenizerKind::kByte ? "byte" : "sentencepiece"));
   Log(absl::StrCat("dispatch: ", DescribeDispatch(dispatch)));
-  if (const std::string warning = SharedCapacityWarning(dispatch); !warning.empty()) Log(warning);
+  if (const std::string warning = SharedCapacityWarning(dispatch); !warning.empty()) {
+    switchserve::Log(LogLevel::kWarning, warning);
+  }
   const std::string kernels =
       backend->kernels().empty() ? ""
                                  : absl::StrCat(" (", std::string(backend->kernels()), " kernels)");

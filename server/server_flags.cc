@@ -47,25 +47,28 @@ ABSL_FLAG(int, stream_interval, 1,
           "Streamed generations (GenerateStream, HTTP stream): the first token goes out at once, "
           "then one message per this many tokens; larger: fewer messages, less CPU per token");
 ABSL_FLAG(double, stream_write_timeout_s, 60,
-          "GenerateStream: a stream whose message has waited this long for its client to read "
-          "it is ended RESOURCE_EXHAUSTED and its request cancelled (the HTTP API's write timeout "
-          "is 60 s)");
+          "A GenerateStream whose message, or a Generate whose response, has waited this long "
+          "for its client to read it is ended RESOURCE_EXHAUSTED (a stream's request cancelled); "
+          "the HTTP API's write timeout is 60 s");
 ABSL_FLAG(int64_t, max_stream_buffer_bytes, 4194304,
           "Output (serialized bytes) a stream (GenerateStream, a streamed HTTP completion) may "
           "hold while its client is not reading; beyond it the stream is ended "
           "(RESOURCE_EXHAUSTED) and its request cancelled");
 ABSL_FLAG(int64_t, output_buffer_bytes, 0,
           "Output all responses together may hold waiting for their clients to read it, in "
-          "bytes: streams' unread output (gRPC and HTTP) and non-streamed HTTP responses; a "
-          "stream whose output does not fit is ended the same way, such an HTTP response is "
-          "answered 429 instead. 0: a quarter of the memory limit, at most 1 GiB (as gRPC's "
-          "buffers); never less than --max-stream-buffer-bytes");
+          "bytes: streams' unread output (gRPC and HTTP) and non-streamed responses being "
+          "written (Generate's, HTTP completions'); a stream whose output does not fit is ended "
+          "the same way, such a response is refused instead (RESOURCE_EXHAUSTED / 429; "
+          "INVALID_ARGUMENT / 400 when larger than the whole budget). 0: a quarter of the memory "
+          "limit, at most 1 GiB (as gRPC's buffers); never less than --max-stream-buffer-bytes");
 ABSL_FLAG(int64_t, max_request_bytes, 4194304,
-          "Largest request message gRPC accepts (RESOURCE_EXHAUSTED beyond)");
+          "Largest request message: gRPC refuses a bigger one (RESOURCE_EXHAUSTED), the HTTP API "
+          "answers a bigger body 413");
 ABSL_FLAG(int64_t, max_metadata_bytes, 16384,
           "Largest request metadata (headers) of a call; more is RESOURCE_EXHAUSTED for that call");
 ABSL_FLAG(double, drain_timeout_s, 30,
-          "On SIGTERM/SIGINT, how long running calls may take to finish");
+          "On SIGTERM, SIGINT or SIGHUP, how long running calls may take to finish (inf: no "
+          "limit)");
 // --model, --device and --threads are shared with the offline subcommands
 // (server/common_flags.h), and so are the dispatch overrides
 // (server/dispatch_flags.h).

@@ -1,8 +1,11 @@
 """`switchserve serve` as its supervisor meets it: a listener it cannot open
 ends it with exit code 1 and a last line that says why, a log reader that
-goes away does not end it, and a stop signal while it starts drains it."""
+goes away does not end it, a stop signal while it starts drains it, and its
+startup warnings are warning lines a log pipeline can select."""
+import json
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,6 +18,7 @@ from server_process import free_port
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BINARY = os.environ["SWITCHSERVE_BINARY"]
 DEFAULT_MODEL = ROOT / "models" / "default"
+GOLDEN = ROOT / "tests" / "golden"
 # TEST-NET-1 (RFC 5737): an address no interface of this host has.
 NOT_OURS = "192.0.2.1"
 
@@ -137,3 +141,58 @@ def test_other_subcommands_keep_the_signal_mask_they_were_started_with():
         finally:
             process.kill()
             process.wait()
+
+
+def startup_log(model, *args):
+    """The log lines of `serve` up to `listening on`, then SIGTERM."""
+    process = subprocess.Popen(
+        [BINARY, "serve", "--model", str(model), "--host", "127.0.0.1", "--port", "0",
+         "--metrics-port", "0", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True)
+    lines = []
+    try:
+        deadline = time.monotonic() + 60
+        while not lines or "listening on" not in lines[-1]:
+            assert process.poll() is None and time.monotonic() < deadline, "".join(lines)
+            lines.append(process.stderr.readline())
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    return lines
+
+
+def test_startup_warnings_are_warning_lines(tmp_path):
+    """The step scope's warning and the model's (here a NaN weight loaded
+    with --allow-non-finite-weights) are `warning` lines: level "warning" in
+    the JSON form, `warning: ` once in the text form. Both were info lines
+    whose message said so, which a log pipeline filtering on the level
+    missed."""
+    source = GOLDEN / "dense_mha"
+    data = bytearray((source / "model.safetensors").read_bytes())
+    header_size = int.from_bytes(data[:8], "little")
+    tensor = json.loads(data[8:8 + header_size])["layers.1.ffn.w2.weight"]
+    assert tensor["dtype"] == "F32"
+    start = 8 + header_size + tensor["data_offsets"][0]
+    data[start + 7 * 4:start + 8 * 4] = b"\x00\x00\xc0\x7f"  # a float32 NaN
+    (tmp_path / "model.safetensors").write_bytes(bytes(data))
+    shutil.copy(source / "config.json", tmp_path / "config.json")
+    flags = ["--capacity-scope", "step", "--capacity-factor", "1", "--allow-non-finite-weights"]
+    expected = ['capacity_scope "step"', "tensor layers.1.ffn.w2.weight holds non-finite values"]
+
+    json_lines = [json.loads(line)
+                  for line in startup_log(tmp_path, "--log-format", "json", *flags)]
+    for text in expected:
+        found = [line for line in json_lines if text in line["msg"]]
+        assert len(found) == 1, json_lines
+        assert found[0]["level"] == "warning", found[0]
+        assert not found[0]["msg"].lower().startswith("warning"), found[0]
+
+    text_lines = startup_log(tmp_path, *flags)
+    for text in expected:
+        found = [line for line in text_lines if text in line]
+        assert len(found) == 1, text_lines
+        assert " switchserve: warning: " in found[0], found[0]
+        assert found[0].lower().count("warning:") == 1, found[0]

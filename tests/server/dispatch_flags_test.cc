@@ -99,7 +99,7 @@ TEST_F(DispatchFlagsTest, OnlyTheStepScopeWithACapacityWarns) {
   dispatch.capacity_factor = 1.25;
   EXPECT_EQ(SharedCapacityWarning(dispatch), "");
   dispatch.scope = CapacityScope::kStep;
-  EXPECT_THAT(SharedCapacityWarning(dispatch), HasSubstr("WARNING: capacity_scope \"step\""));
+  EXPECT_THAT(SharedCapacityWarning(dispatch), HasSubstr("capacity_scope \"step\""));
   EXPECT_THAT(SharedCapacityWarning(dispatch), HasSubstr("arXiv:2402.05526"));
   dispatch.capacity_factor = 0;  // dropless: nothing is shared
   EXPECT_EQ(SharedCapacityWarning(dispatch), "");
