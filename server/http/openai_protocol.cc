@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -359,6 +361,76 @@ int64_t CharacterCount(std::string_view text) {
   return n;
 }
 
+// The refusal of a body the parser could not read. JSON has no bound on a
+// number, but the parser holds one in a double: past the largest (1e400, the
+// only way JSON spells an infinity) it fails as on a syntax error. That
+// number is refused naming the parameter it was sent for, as gRPC names a
+// float field sent as inf; anything else is invalid JSON.
+absl::Status UnreadableBody(std::string_view body) {
+  // Walks the body to where the parser failed, keeping the parameter
+  // (top-level key, and an option's key within `stream_options`).
+  class Walk : public nlohmann::json_sax<Json> {
+   public:
+    bool null() override { return true; }
+    bool boolean(bool) override { return true; }
+    bool number_integer(number_integer_t) override { return true; }
+    bool number_unsigned(number_unsigned_t) override { return true; }
+    bool number_float(number_float_t, const string_t&) override { return true; }
+    bool string(string_t&) override { return true; }
+    bool binary(binary_t&) override { return true; }
+    bool start_object(std::size_t) override { return Open(true); }
+    bool start_array(std::size_t) override { return Open(false); }
+    bool end_object() override { return Close(); }
+    bool end_array() override { return Close(); }
+    bool key(string_t& key) override {
+      if (objects_.size() == 1) {
+        param_ = key;
+        option_.clear();
+      } else if (objects_.size() == 2 && objects_[1]) {
+        option_ = key;
+      }
+      return true;
+    }
+    bool parse_error(std::size_t, const std::string& token,
+                     const nlohmann::detail::exception& error) override {
+      overflow_ = error.id == 406 && !param_.empty();  // "number overflow"
+      number_ = token;
+      return false;
+    }
+    absl::Status Refusal() const {
+      if (!overflow_) return Invalid("body", "is not valid JSON");
+      if (!Known(param_)) {
+        return Invalid(ShownName(param_),
+                       "unrecognized request argument (docs/serving.md lists the supported "
+                       "ones)");
+      }
+      const std::string param = param_ == "stream_options" && !option_.empty()
+                                    ? absl::StrCat("stream_options.", ShownName(option_))
+                                    : param_;
+      constexpr size_t kMaxChars = 60;
+      const std::string shown =
+          number_.size() > kMaxChars ? absl::StrCat(number_.substr(0, kMaxChars), "...") : number_;
+      return Invalid(param, absl::StrCat("is out of range (past the largest double, 1.8e308), "
+                                         "found ",
+                                         shown));
+    }
+
+   private:
+    bool Open(bool object) {
+      objects_.push_back(object);
+      return true;
+    }
+    bool Close() {
+      objects_.pop_back();
+      return true;
+    }
+    std::vector<bool> objects_;  // the open containers: true for an object
+    std::string param_, option_, number_;
+    bool overflow_ = false;
+  } walk;
+  Json::sax_parse(body, &walk);
+  return walk.Refusal();
+}
 }  // namespace
 
 absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body) {
@@ -371,7 +443,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body) 
         "body", absl::StrCat("nests arrays and objects more than ", kMaxJsonDepth, " levels deep"));
   }
   const Json json = Json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded()) return Invalid("body", "is not valid JSON");
+  if (json.is_discarded()) return UnreadableBody(body);
   if (!json.is_object()) return Invalid("body", "must be a JSON object");
   CompletionRequest request;
   v1::SamplingParams sampling;

@@ -146,6 +146,53 @@ TEST(OpenAiProtocolTest, FloatFieldsAreCheckedAsSentBeforeBecomingFloats) {
   EXPECT_GT(parsed->prompts[0].sampling().temperature(), 0.0f);
 }
 
+// A number past the largest double (1e400: the infinity that gRPC's float
+// fields can hold) is valid JSON that the parser cannot hold: it is refused
+// naming the parameter it was sent for, as gRPC names a field sent as
+// inf, and showing it shortened (it was "body: is not valid JSON").
+TEST(OpenAiProtocolTest, NumbersPastADoubleNameTheirParameter) {
+  const Refusal cases[] = {
+      {R"({"prompt": "x", "temperature": 1e400})",
+       "temperature: is out of range (past the largest double, 1.8e308), found 1e400"},
+      {R"({"prompt": "x", "min_p": -1e400})",
+       "min_p: is out of range (past the largest double, 1.8e308), found -1e400"},
+      {R"({"max_tokens": 1E+999, "prompt": "x"})",
+       "max_tokens: is out of range (past the largest double, 1.8e308), found 1E+999"},
+      {R"({"prompt": [1, 1e400]})",
+       "prompt: is out of range (past the largest double, 1.8e308), found 1e400"},
+      {R"({"prompt": ["a", [2, 3e999]]})",
+       "prompt: is out of range (past the largest double, 1.8e308), found 3e999"},
+      {R"({"prompt": "x", "stop_token_ids": [1e400]})",
+       "stop_token_ids: is out of range (past the largest double, 1.8e308), found 1e400"},
+      {R"({"prompt": "x", "stream": true, "stream_options": {"include_usage": 1e400}})",
+       "stream_options.include_usage: is out of range (past the largest double, 1.8e308), "
+       "found 1e400"},
+      // An unknown field is refused as one, whatever its value.
+      {R"({"prompt": "x", "temprature": 1e400})",
+       "temprature: unrecognized request argument (docs/serving.md lists the supported ones)"},
+      // The body's first error is the one refused: invalid JSON before it.
+      {R"({"prompt": "x",, "top_p": 1e400})", "body: is not valid JSON"},
+      {R"({"prompt": "x" "top_p": 1e400})", "body: is not valid JSON"},
+      {R"({"prompt": "x", "top_p": 1e400 1})",
+       "top_p: is out of range (past the largest double, 1.8e308), found 1e400"},
+  };
+  for (const Refusal& c : cases) ExpectRefused(c);
+  for (const Refusal& c : cases) {
+    const std::string param = MakeApiError(ParseCompletionRequest(c.body).status())
+                                  .body["error"]["param"]
+                                  .get<std::string>();
+    EXPECT_EQ(param, std::string(c.message).substr(0, param.size())) << c.body;
+  }
+  // A long number (an integer of 400 digits overflows the double too) is
+  // shown shortened.
+  const std::string digits(100000, '9');
+  auto parsed = ParseCompletionRequest(R"({"prompt": "x", "seed": )" + digits + "}");
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_EQ(parsed.status().message(),
+            "seed: is out of range (past the largest double, 1.8e308), found " +
+                std::string(60, '9') + "...");
+}
+
 // A seed is any integer in [-2^63, 2^64), a negative one taken modulo 2^64,
 // also written as a whole float. The JSON reader gives integers just below
 // -2^63 as the double -2^63: they were taken as the seed 2^63, against the
