@@ -15,8 +15,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <thread>
 #include <vector>
@@ -552,7 +554,11 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   const bool drained = gate.WaitUntilIdle(MillisecondsFromSeconds(options.drain_timeout_s));
   if (!drained) {
     gate.EndRunningCalls();
-    Log(absl::StrCat("drain timeout: cancelling ", gate.calls_in_flight(), " calls"));
+    // Calls cut off by the server rather than finished: a warning, which a
+    // log pipeline selecting warnings and errors sees.
+    const int cancelled = gate.calls_in_flight();
+    switchserve::Log(LogLevel::kWarning, absl::StrCat("drain timeout: cancelling ", cancelled,
+                                                      cancelled == 1 ? " call" : " calls"));
   }
   engine.Stop();  // ends whatever is left; those calls get UNAVAILABLE
   // Every Generate call has its final update now; once gRPC has sent their
@@ -620,7 +626,18 @@ int RunServeCommand(int argc, char** argv) {
                  std::string(options.status().message()).c_str());
     return 2;
   }
-  return Serve(*options, stop_signals);
+  // An exception that ends the start-up (a thread the system refuses to
+  // create: std::system_error; an allocation that fails) is reported here,
+  // in the log's format, rather than as main()'s plain line after the JSON
+  // ones.
+  try {
+    return Serve(*options, stop_signals);
+  } catch (const std::bad_alloc&) {
+    switchserve::Log(LogLevel::kError, "out of memory");
+  } catch (const std::exception& e) {
+    switchserve::Log(LogLevel::kError, e.what());
+  }
+  return 1;
 }
 
 }  // namespace switchserve

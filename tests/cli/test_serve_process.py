@@ -196,3 +196,85 @@ def test_startup_warnings_are_warning_lines(tmp_path):
         assert len(found) == 1, text_lines
         assert " switchserve: warning: " in found[0], found[0]
         assert found[0].lower().count("warning:") == 1, found[0]
+
+
+def run_as_nobody_with_threads_limited(limit, *args, timeout):
+    """`serve --log-format json ...` as user nobody, its user allowed
+    `limit` threads (RLIMIT_NPROC; root is not held to it): (exit code or
+    None when it ran past `timeout`, stderr)."""
+    process = subprocess.Popen(
+        ["prlimit", f"--nproc={limit}", "setpriv", "--reuid=65534", "--regid=65534",
+         "--clear-groups", BINARY, "serve", "--model", str(DEFAULT_MODEL), "--host",
+         "127.0.0.1", "--port", "0", "--metrics-port", "0", "--threads", "1", "--log-format",
+         "json", *args],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1"))
+    try:
+        _, stderr = process.communicate(timeout=timeout)
+        return process.returncode, stderr
+    except subprocess.TimeoutExpired:
+        process.kill()
+        _, stderr = process.communicate()
+        return None, stderr
+
+
+def test_an_exception_that_ends_the_start_up_is_a_json_line():
+    """A thread the system refuses to create (std::system_error), or an
+    allocation that fails, ended `serve` with main()'s plain line
+    ("switchserve serve: Resource temporarily unavailable") after the JSON
+    lines of --log-format json. It is an error line in the log's format."""
+    if os.geteuid() != 0 or not (shutil.which("prlimit") and shutil.which("setpriv")):
+        pytest.skip("needs root, prlimit and setpriv to run as nobody under RLIMIT_NPROC")
+    probe = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "test", "-r",
+         str(DEFAULT_MODEL / "model.safetensors"), "-a", "-x", BINARY])
+    if probe.returncode != 0:
+        pytest.skip("user nobody cannot read the model or run the binary")
+    # Too few threads for the model's load; too many, and gRPC's own
+    # threads fail (gRPC aborts); in between, one of ours is refused.
+    failed = None
+    for limit in range(3, 33):
+        code, stderr = run_as_nobody_with_threads_limited(limit, timeout=15)
+        if code == 1:
+            failed = stderr
+            break
+    assert failed is not None, "no thread limit made a thread of ours fail"
+    lines = failed.splitlines()
+    records = [json.loads(line) for line in lines]  # every line is JSON
+    assert records[-1]["level"] == "error", lines
+    assert records[-1]["msg"] == os.strerror(11), lines  # EAGAIN, from std::system_error
+
+
+def test_calls_cut_off_at_the_drain_timeout_are_a_warning():
+    """The drain timeout ends calls still running (their clients get
+    UNAVAILABLE): `drain timeout: cancelling 1 call` is a warning line, not
+    an info line a log pipeline selecting warnings and errors misses."""
+    http_port = free_port()
+    process = subprocess.Popen(
+        [BINARY, "serve", "--model", str(DEFAULT_MODEL), "--host", "127.0.0.1", "--port", "0",
+         "--metrics-port", "0", "--http-port", str(http_port), "--threads", "1",
+         "--log-format", "json", "--drain-timeout-s", "1", "--debug-step-delay-ms", "100"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines = []
+    try:
+        deadline = time.monotonic() + 60
+        while not lines or "listening on" not in lines[-1]:
+            assert process.poll() is None and time.monotonic() < deadline, "".join(lines)
+            lines.append(process.stderr.readline())
+        body = b'{"prompt": "hi", "max_tokens": 200, "stream": true}'
+        with socket.create_connection(("127.0.0.1", http_port), timeout=30) as client:
+            client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                           b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                           % (len(body), body))
+            assert client.recv(65536).startswith(b"HTTP/1.1 200")  # it runs
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=30) == 0
+        lines += process.stderr.read().splitlines()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    records = [json.loads(line) for line in lines]
+    cut = [r for r in records if r["msg"].startswith("drain timeout")]
+    assert [(r["level"], r["msg"]) for r in cut] == [("warning",
+                                                     "drain timeout: cancelling 1 call")], records
