@@ -15,6 +15,7 @@
 #include "engine/model/model_config.h"
 #include "engine/model/model_weights.h"
 #include "engine/runtime/backend.h"
+#include "kernels/cpu/blas_threads.h"  // RestartWithoutBlasThreads, for main()s
 #include "kernels/cpu/kernel_isa.h"
 #include "kernels/cpu/pool_job_span.h"
 

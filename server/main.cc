@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/flags/usage.h"
+#include "kernels/backends.h"
 #include "server/commands.h"
 #include "server/flag_spelling.h"
 #include "server/mutex_checks.h"
@@ -45,6 +46,7 @@ void BlockStopSignals(int /*argc*/, char** /*argv*/, char** /*envp*/) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  char** const program_argv = argv;
   switchserve::DisableMutexDeadlockDetection();
   switchserve::NormalizeFlagNames(argc, argv);
   const auto& commands = switchserve::AllCommands();
@@ -68,9 +70,8 @@ int main(int argc, char** argv) {
     --argc;
     ++argv;
   }
-  if (std::strcmp(command->name, "serve") != 0) {
-    pthread_sigmask(SIG_SETMASK, &g_started_mask, nullptr);
-  }
+  const bool serve = std::strcmp(command->name, "serve") == 0;
+  if (!serve) pthread_sigmask(SIG_SETMASK, &g_started_mask, nullptr);
   if (switchserve::WantsHelp(argc, argv)) {
     switchserve::PrintCommandHelp(*command, stdout);
     return 0;
@@ -79,6 +80,12 @@ int main(int argc, char** argv) {
       !problem.empty()) {
     std::fprintf(stderr, "switchserve %s: %s\n", command->name, problem.c_str());
     return 2;
+  }
+  if (serve) {
+    // A server is started again without OpenBLAS's threads (blas_threads.h).
+    // The stop signals stay blocked through the exec: the new image drains
+    // on one that comes meanwhile, as this one would.
+    switchserve::cpu::RestartWithoutBlasThreads(program_argv);
   }
   absl::SetProgramUsageMessage(command->usage);
   // Sizes are checked before anything is allocated (engine/model/host_memory.h);

@@ -50,6 +50,7 @@
 #include "engine/runtime/generation_engine.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "kernels/backends.h"
 #include "server/common_flags.h"
 #include "server/engine_setup.h"
 #include "server/flag_spelling.h"
@@ -309,30 +310,12 @@ int Run() {
 }  // namespace
 }  // namespace switchserve::bench
 
-namespace {
-
-// The in-process engine links OpenBLAS, whose threaded build starts a pool of
-// threads as the library loads, before main, and lets them spin on
-// sched_yield for about 0.1 s before they sleep. Nothing here uses them (the
-// CPU backend computes on its own threads), but that spin takes a core from
-// the server under test, or from the in-process engine, at the start of every
-// run: measured, it doubled the load generator's CPU per token in a 64-request,
-// one-client gRPC run. The pool's size is read from OPENBLAS_NUM_THREADS as the
-// library loads, so unless the caller chose one, set it and start the program
-// again in its place.
-void RestartWithoutBlasThreads(char** argv) {
-  if (std::getenv("OPENBLAS_NUM_THREADS") != nullptr) return;
-  // The program's own path, so that the process keeps its name.
-  std::error_code error;
-  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
-  if (error || setenv("OPENBLAS_NUM_THREADS", "1", /*overwrite=*/1) != 0) return;
-  execv(self.c_str(), argv);  // returns only if it failed: go on as we are
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
-  RestartWithoutBlasThreads(argv);
+  // The in-process engine links OpenBLAS; its pool's start-up spin took a
+  // core from the server under test or the in-process engine at the start
+  // of every run (measured: it doubled the load generator's CPU per token in
+  // a 64-request, one-client gRPC run).
+  switchserve::cpu::RestartWithoutBlasThreads(argv);
   switchserve::DisableMutexDeadlockDetection();
   absl::SetProgramUsageMessage(
       "switchserve-bench {--address HOST:PORT | --http-address IP:PORT | --engine-model DIR "

@@ -5,6 +5,7 @@ startup warnings are warning lines a log pipeline can select."""
 import json
 import os
 import pathlib
+import resource
 import shutil
 import signal
 import socket
@@ -278,3 +279,32 @@ def test_calls_cut_off_at_the_drain_timeout_are_a_warning():
     cut = [r for r in records if r["msg"].startswith("drain timeout")]
     assert [(r["level"], r["msg"]) for r in cut] == [("warning",
                                                      "drain timeout: cancelling 1 call")], records
+
+
+def test_a_server_that_cannot_start_under_an_address_space_limit_exits():
+    """Under an address-space limit (`ulimit -v`) the pool threads that
+    OpenBLAS starts as it loads could not get their buffers and retried for
+    ever at full speed, and the exit waited for them: a server whose start-up
+    failed (here a KV cache the limit leaves no room for) logged why, then
+    neither exited nor answered SIGTERM. `serve` starts itself again without
+    that pool (OPENBLAS_NUM_THREADS=1, which nothing else uses), and exits 1."""
+    linked = subprocess.run(["ldd", BINARY], capture_output=True, text=True).stdout
+    if "libasan" in linked:
+        pytest.skip("AddressSanitizer reserves terabytes of address space: no limit fits")
+    limit = 800 << 20
+
+    def limit_address_space():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    try:
+        result = subprocess.run(
+            [BINARY, "serve", "--model", str(DEFAULT_MODEL), "--host", "127.0.0.1", "--port", "0",
+             "--metrics-port", "0", "--threads", "2", "--kv-cache-bytes", str(1 << 30)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+            preexec_fn=limit_address_space, timeout=30)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"still running 30 s on: {e.stderr}")
+    assert result.returncode == 1, result.stderr
+    assert "error:" in last_line(result.stderr) and "KV cache" in last_line(result.stderr), \
+        result.stderr
