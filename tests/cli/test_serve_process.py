@@ -2,6 +2,7 @@
 ends it with exit code 1 and a last line that says why, a log reader that
 goes away does not end it, a stop signal while it starts drains it, and its
 startup warnings are warning lines a log pipeline can select."""
+import contextlib
 import json
 import os
 import pathlib
@@ -144,8 +145,10 @@ def test_other_subcommands_keep_the_signal_mask_they_were_started_with():
             process.wait()
 
 
-def startup_log(model, *args):
-    """The log lines of `serve` up to `listening on`, then SIGTERM."""
+@contextlib.contextmanager
+def listening_server(model, *args):
+    """`serve` started and its log lines read up to `listening on`: yields
+    (process, those lines); killed afterwards if still running."""
     process = subprocess.Popen(
         [BINARY, "serve", "--model", str(model), "--host", "127.0.0.1", "--port", "0",
          "--metrics-port", "0", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -156,12 +159,18 @@ def startup_log(model, *args):
         while not lines or "listening on" not in lines[-1]:
             assert process.poll() is None and time.monotonic() < deadline, "".join(lines)
             lines.append(process.stderr.readline())
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=30) == 0
+        yield process, lines
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def startup_log(model, *args):
+    """The log lines of `serve` up to `listening on`, then SIGTERM."""
+    with listening_server(model, *args) as (process, lines):
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
     return lines
 
 
@@ -251,17 +260,9 @@ def test_calls_cut_off_at_the_drain_timeout_are_a_warning():
     UNAVAILABLE): `drain timeout: cancelling 1 call` is a warning line, not
     an info line a log pipeline selecting warnings and errors misses."""
     http_port = free_port()
-    process = subprocess.Popen(
-        [BINARY, "serve", "--model", str(DEFAULT_MODEL), "--host", "127.0.0.1", "--port", "0",
-         "--metrics-port", "0", "--http-port", str(http_port), "--threads", "1",
-         "--log-format", "json", "--drain-timeout-s", "1", "--debug-step-delay-ms", "100"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    lines = []
-    try:
-        deadline = time.monotonic() + 60
-        while not lines or "listening on" not in lines[-1]:
-            assert process.poll() is None and time.monotonic() < deadline, "".join(lines)
-            lines.append(process.stderr.readline())
+    with listening_server(DEFAULT_MODEL, "--http-port", str(http_port), "--threads", "1",
+                          "--log-format", "json", "--drain-timeout-s", "1",
+                          "--debug-step-delay-ms", "100") as (process, lines):
         body = b'{"prompt": "hi", "max_tokens": 200, "stream": true}'
         with socket.create_connection(("127.0.0.1", http_port), timeout=30) as client:
             client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
@@ -271,10 +272,6 @@ def test_calls_cut_off_at_the_drain_timeout_are_a_warning():
             process.send_signal(signal.SIGTERM)
             assert process.wait(timeout=30) == 0
         lines += process.stderr.read().splitlines()
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
     records = [json.loads(line) for line in lines]
     cut = [r for r in records if r["msg"].startswith("drain timeout")]
     assert [(r["level"], r["msg"]) for r in cut] == [("warning",
