@@ -1,13 +1,15 @@
 #include "server/metrics/metrics_exposer.h"
 
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
+#include <system_error>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "server/metrics/process_metrics.h"
@@ -25,26 +27,21 @@ bool Listening(int fd) {
 // bound to it and the connections that socket accepted.
 std::vector<int> SocketsOnPort(int port) {
   std::vector<int> fds;
-  DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return fds;
-  const int own = dirfd(dir);
-  while (const dirent* entry = readdir(dir)) {
-    char* end = nullptr;
-    const long parsed = std::strtol(entry->d_name, &end, 10);
-    if (end == entry->d_name || *end != '\0' || parsed == own) continue;
-    const int fd = static_cast<int>(parsed);
+  std::error_code error;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", error);
+       !error && it != std::filesystem::directory_iterator(); it.increment(error)) {
+    const int fd = std::atoi(it->path().filename().c_str());
     sockaddr_storage address{};
     socklen_t length = sizeof(address);
+    // Not a socket (the directory's own descriptor among them): skipped.
     if (getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) continue;
-    int local_port = -1;
-    if (address.ss_family == AF_INET) {
-      local_port = ntohs(reinterpret_cast<const sockaddr_in&>(address).sin_port);
-    } else if (address.ss_family == AF_INET6) {
-      local_port = ntohs(reinterpret_cast<const sockaddr_in6&>(address).sin6_port);
-    }
+    const int local_port = address.ss_family == AF_INET
+                               ? ntohs(reinterpret_cast<const sockaddr_in&>(address).sin_port)
+                           : address.ss_family == AF_INET6
+                               ? ntohs(reinterpret_cast<const sockaddr_in6&>(address).sin6_port)
+                               : -1;
     if (local_port == port) fds.push_back(fd);
   }
-  closedir(dir);
   return fds;
 }
 
