@@ -51,13 +51,17 @@ def metric(text, series):
     return float(match.group(1)) if match else 0.0
 
 
-def wait_for_idle_engine(server):
-    """The metrics once no request runs and no KV block is held (or after 10 s)."""
+def wait_for_idle_engine(server, counted=()):
+    """The metrics once no request runs, no KV block is held and every
+    (series, value) of `counted` reads its value (or after 10 s). A call's
+    status is counted when its reactor finishes it, which can come after its
+    client has the status and after the engine let go of the request."""
     deadline = time.monotonic() + 10
     while True:
         text = server.scrape_metrics()
         if (metric(text, "switchserve_requests_running") == 0
-                and metric(text, "switchserve_kv_cache_usage_ratio") == 0) or \
+                and metric(text, "switchserve_kv_cache_usage_ratio") == 0
+                and all(metric(text, series) == value for series, value in counted)) or \
                 time.monotonic() > deadline:
             return text
         time.sleep(0.05)

@@ -99,8 +99,9 @@ def test_a_stream_whose_client_stopped_reading_counts_as_its_client_saw_it():
 def expect_ended_exhausted_and_serving(server, count):
     """Once the engine is idle: `count` calls counted RESOURCE_EXHAUSTED, no
     request running, no KV block held, and a new call served."""
-    text = wait_for_idle_engine(server)
-    assert metric(text, 'switchserve_requests_total{protocol="grpc",status="RESOURCE_EXHAUSTED"}') == count
+    exhausted = 'switchserve_requests_total{protocol="grpc",status="RESOURCE_EXHAUSTED"}'
+    text = wait_for_idle_engine(server, counted=[(exhausted, count)])
+    assert metric(text, exhausted) == count
     assert metric(text, "switchserve_requests_running") == 0
     assert metric(text, "switchserve_kv_cache_usage_ratio") == 0
     expect_good_request_works_at(server)
@@ -173,8 +174,9 @@ def test_streams_share_a_budget_of_unread_output():
         assert [r.get("grpc-status") for r in results] == ["8", "8"], results
         messages = [r.get("grpc-message", "") for r in results]
         assert any("16384 bytes in all" in m for m in messages), messages
-        text = wait_for_idle_engine(server)
-        assert metric(text, 'switchserve_requests_total{protocol="grpc",status="RESOURCE_EXHAUSTED"}') == 2
+        exhausted = 'switchserve_requests_total{protocol="grpc",status="RESOURCE_EXHAUSTED"}'
+        text = wait_for_idle_engine(server, counted=[(exhausted, 2)])
+        assert metric(text, exhausted) == 2
         assert metric(text, "switchserve_kv_cache_usage_ratio") == 0
         expect_good_request_works_at(server)
     finally:
