@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -44,12 +45,6 @@ absl::Status WrongType(std::string_view param, const char* what, const Json& val
   return Invalid(param, absl::StrCat("must be ", what, ", found ", DescribeJson(value)));
 }
 
-// The range message of an integer parameter: "must be in [lo, hi], found v".
-absl::Status OutOfRange(std::string_view param, int64_t lo, int64_t hi, int64_t value,
-                        const char* note = "") {
-  return Invalid(param, absl::StrCat("must be in [", lo, ", ", hi, "]", note, ", found ", value));
-}
-
 // Fields a client may send, beyond which every other field is refused.
 // Supported: model, prompt, max_tokens, temperature, top_p, n (= 1), stream,
 // stream_options, logprobs, stop, seed, user; and vLLM's sampling extensions
@@ -88,26 +83,44 @@ bool Known(const std::string& key) {
   return false;
 }
 
-absl::StatusOr<int64_t> Integer(const Json& value, std::string_view param) {
+// An integer, also one written as a float (2.0, 1e3) as pydantic's lax mode
+// (vLLM) takes it; unset past int64 (1e20, 2^64 - 1), which no parameter
+// takes.
+absl::StatusOr<std::optional<int64_t>> WholeNumber(const Json& value, std::string_view param) {
   if (value.is_number_unsigned()) {
     const uint64_t u = value.get<uint64_t>();
     if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      return Invalid(param, absl::StrCat("is out of range, found ", u));
+      return std::optional<int64_t>();
     }
     return static_cast<int64_t>(u);
   }
   if (value.is_number_integer()) return value.get<int64_t>();
-  // A whole number written as a float (2.0, 1e3), as pydantic's lax mode
-  // (vLLM) takes it.
   if (value.is_number_float()) {
     const double d = value.get<double>();
     if (std::isfinite(d) && d == std::trunc(d)) {
-      if (d < -0x1p63 || d >= 0x1p63)
-        return Invalid(param, absl::StrCat("is out of range, found ", DescribeJson(value)));
+      if (d < -0x1p63 || d >= 0x1p63) return std::optional<int64_t>();
       return static_cast<int64_t>(d);
     }
   }
   return WrongType(param, "an integer", value);
+}
+
+// A message's "found": the WholeNumber, or past int64 the value as sent.
+std::string Found(const std::optional<int64_t>& n, const Json& value) {
+  return n.has_value() ? absl::StrCat(*n) : DescribeJson(value);
+}
+
+// An integer parameter in [lo, hi]. Any other integer, past int64 too, is
+// refused naming the range: "must be in [lo, hi]<note>, found <value>".
+absl::StatusOr<int64_t> Integer(const Json& value, std::string_view param, int64_t lo, int64_t hi,
+                                const char* note = "") {
+  auto n = WholeNumber(value, param);
+  if (!n.ok()) return n.status();
+  if (!n->has_value() || **n < lo || **n > hi) {
+    return Invalid(
+        param, absl::StrCat("must be in [", lo, ", ", hi, "]", note, ", found ", Found(*n, value)));
+  }
+  return **n;
 }
 
 absl::StatusOr<double> Number(const Json& value, std::string_view param) {
@@ -120,10 +133,13 @@ absl::StatusOr<bool> Boolean(const Json& value, std::string_view param) {
   return value.get<bool>();
 }
 
-// A list of token ids (a prompt, stop_token_ids): integers that fit int32
-// (the vocabulary is checked by the validation), whole floats among them as
-// Integer takes them (pydantic's lax mode reads list[int] so too).
-absl::StatusOr<v1::TokenIds> TokenIdList(const Json& list, std::string_view param) {
+// A list of token ids (a prompt, stop_token_ids; its i-th named `entry`[i]
+// in a refusal): integers that fit int32, whole floats among them as
+// WholeNumber takes them (pydantic's lax mode reads list[int] so too). The
+// validation checks them against the vocabulary; one past int32 is refused
+// here, with the same message.
+absl::StatusOr<v1::TokenIds> TokenIdList(const Json& list, std::string_view param,
+                                         const char* entry, int vocab_size) {
   v1::TokenIds ids;
   for (size_t i = 0; i < list.size(); ++i) {
     const Json& id = list[i];
@@ -131,7 +147,7 @@ absl::StatusOr<v1::TokenIds> TokenIdList(const Json& list, std::string_view para
                              id.get<double>() == std::trunc(id.get<double>());
     if (!id.is_number_integer() && !whole_float) {
       return Invalid(param,
-                     absl::StrCat("ids[", i, "] must be an integer, found ", DescribeJson(id)));
+                     absl::StrCat(entry, "[", i, "] must be an integer, found ", DescribeJson(id)));
     }
     // An id past int32 is outside every vocabulary (the unsigned ones past
     // int64 too: read as int64 they would wrap to negative ids).
@@ -142,8 +158,8 @@ absl::StatusOr<v1::TokenIds> TokenIdList(const Json& list, std::string_view para
                                     : id.get<int64_t>() >= std::numeric_limits<int32_t>::min() &&
                                           id.get<int64_t>() <= std::numeric_limits<int32_t>::max();
     if (!fits) {
-      return Invalid(
-          param, absl::StrCat("ids[", i, "] = ", DescribeJson(id), " is outside the vocabulary"));
+      return Invalid(param, absl::StrCat(entry, "[", i, "] = ", DescribeJson(id),
+                                         " is outside the vocabulary [0, ", vocab_size, ")"));
     }
     ids.add_ids(whole_float ? static_cast<int32_t>(id.get<double>())
                             : static_cast<int32_t>(id.get<int64_t>()));
@@ -153,7 +169,8 @@ absl::StatusOr<v1::TokenIds> TokenIdList(const Json& list, std::string_view para
 
 // `prompt`: a string, a list of token ids, or a list of either (several
 // prompts).
-absl::Status ParsePrompts(const Json& prompt, std::vector<v1::GenerateRequest>* out) {
+absl::Status ParsePrompts(const Json& prompt, int vocab_size,
+                          std::vector<v1::GenerateRequest>* out) {
   auto add_text = [&](const Json& text) { out->emplace_back().set_text(text.get<std::string>()); };
   if (prompt.is_string()) {
     add_text(prompt);
@@ -164,7 +181,7 @@ absl::Status ParsePrompts(const Json& prompt, std::vector<v1::GenerateRequest>* 
   }
   if (prompt.empty()) return Invalid("prompt", "the list is empty");
   if (prompt[0].is_number()) {
-    auto ids = TokenIdList(prompt, "prompt");
+    auto ids = TokenIdList(prompt, "prompt", "ids", vocab_size);
     if (!ids.ok()) return ids.status();
     *out->emplace_back().mutable_token_ids() = std::move(*ids);
     return absl::OkStatus();
@@ -174,7 +191,7 @@ absl::Status ParsePrompts(const Json& prompt, std::vector<v1::GenerateRequest>* 
     if (prompt[i].is_string()) {
       add_text(prompt[i]);
     } else if (prompt[i].is_array()) {
-      auto ids = TokenIdList(prompt[i], param);
+      auto ids = TokenIdList(prompt[i], param, "ids", vocab_size);
       if (!ids.ok()) return ids.status();
       *out->emplace_back().mutable_token_ids() = std::move(*ids);
     } else {
@@ -190,26 +207,26 @@ absl::Status ParseStop(const Json& stop, v1::SamplingParams* sampling) {
     return absl::OkStatus();
   }
   if (!stop.is_array()) return Invalid("stop", "must be a string or a list of strings");
-  for (const Json& s : stop) {
-    if (!s.is_string()) return Invalid("stop", "must be a string or a list of strings");
-    sampling->add_stop(s.get<std::string>());
+  for (size_t i = 0; i < stop.size(); ++i) {
+    if (!stop[i].is_string()) {
+      return Invalid("stop",
+                     absl::StrCat("stop[", i, "] must be a string, found ", DescribeJson(stop[i])));
+    }
+    sampling->add_stop(stop[i].get<std::string>());
   }
   return absl::OkStatus();
 }
 
 // Sets the sampling fields; every value is range-checked later by
 // ValidateGenerateRequest.
-absl::Status ParseField(const std::string& key, const Json& value, CompletionRequest* request,
-                        v1::SamplingParams* sampling, int* logprobs) {
+absl::Status ParseField(const std::string& key, const Json& value, int vocab_size,
+                        CompletionRequest* request, v1::SamplingParams* sampling, int* logprobs) {
   if (key == "model") {
     if (!value.is_string()) return Invalid("model", "must be a string");
     request->model = value.get<std::string>();
   } else if (key == "max_tokens") {
-    auto n = Integer(value, key);
+    auto n = Integer(value, key, 1, std::numeric_limits<int32_t>::max());
     if (!n.ok()) return n.status();
-    if (*n < 1 || *n > std::numeric_limits<int32_t>::max()) {
-      return OutOfRange(key, 1, std::numeric_limits<int32_t>::max(), *n);
-    }
     sampling->set_max_new_tokens(static_cast<int32_t>(*n));
   } else if (key == "temperature" || key == "top_p" || key == "min_p" ||
              key == "repetition_penalty") {
@@ -228,18 +245,15 @@ absl::Status ParseField(const std::string& key, const Json& value, CompletionReq
     if (key == "min_p") sampling->set_min_p(f);
     if (key == "repetition_penalty") sampling->set_repetition_penalty(f);
   } else if (key == "top_k") {
-    auto k = Integer(value, key);
-    if (!k.ok()) return k.status();
     // vLLM spells "off" -1; 0 means the same here.
-    if (*k < -1 || *k > std::numeric_limits<int32_t>::max()) {
-      return OutOfRange(key, -1, std::numeric_limits<int32_t>::max(), *k, " (-1 or 0: off)");
-    }
+    auto k = Integer(value, key, -1, std::numeric_limits<int32_t>::max(), " (-1 or 0: off)");
+    if (!k.ok()) return k.status();
     sampling->set_top_k(*k == -1 ? 0 : static_cast<int32_t>(*k));
   } else if (key == "n" || key == "best_of") {
-    auto n = Integer(value, key);
+    auto n = WholeNumber(value, key);
     if (!n.ok()) return n.status();
     if (*n != 1) {
-      return Invalid(key, absl::StrCat("only 1 is supported, found ", *n,
+      return Invalid(key, absl::StrCat("only 1 is supported, found ", Found(*n, value),
                                        " (send the prompt several times with different seeds)"));
     }
   } else if (key == "stream") {
@@ -258,12 +272,10 @@ absl::Status ParseField(const std::string& key, const Json& value, CompletionReq
       request->include_usage = *b;
     }
   } else if (key == "logprobs") {
-    auto n = Integer(value, key);
-    if (!n.ok()) return n.status();
     // The validation's range, named here too: a bound of int32 is none a
     // client can use.
-    const int max_logprobs = RequestLimits{}.max_logprobs;
-    if (*n < 0 || *n > max_logprobs) return OutOfRange(key, 0, max_logprobs, *n);
+    auto n = Integer(value, key, 0, RequestLimits{}.max_logprobs);
+    if (!n.ok()) return n.status();
     *logprobs = static_cast<int>(*n);
     request->logprobs = *logprobs;
   } else if (key == "stop") {
@@ -282,7 +294,9 @@ absl::Status ParseField(const std::string& key, const Json& value, CompletionReq
       const double d = value.is_number_float() ? value.get<double>() : 0.5;
       if (!std::isfinite(d) || d != std::trunc(d)) return WrongType(key, "an integer", value);
       if (d <= -0x1p63 || d >= 0x1p64) {
-        return Invalid(key, absl::StrCat("is out of range, found ", DescribeJson(value)));
+        return Invalid(key, absl::StrCat("must be in [", std::numeric_limits<int64_t>::min(), ", ",
+                                         std::numeric_limits<uint64_t>::max(), "], found ",
+                                         DescribeJson(value)));
       }
       sampling->set_seed(d >= 0 ? static_cast<uint64_t>(d)
                                 : static_cast<uint64_t>(static_cast<int64_t>(d)));
@@ -295,7 +309,7 @@ absl::Status ParseField(const std::string& key, const Json& value, CompletionReq
     sampling->set_ignore_eos(*b);
   } else if (key == "stop_token_ids") {
     if (!value.is_array()) return Invalid(key, "must be a list of token ids");
-    auto ids = TokenIdList(value, key);
+    auto ids = TokenIdList(value, key, "stop_token_ids", vocab_size);
     if (!ids.ok()) return ids.status();
     sampling->mutable_stop_token_ids()->Add(ids->ids().begin(), ids->ids().end());
   } else if (key == "return_tokens_as_token_ids") {
@@ -433,7 +447,7 @@ absl::Status UnreadableBody(std::string_view body) {
 }
 }  // namespace
 
-absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body) {
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, int vocab_size) {
   // nlohmann's lexer ends the input at a NUL byte, which JSON text never has.
   if (body.find('\0') != std::string_view::npos) {
     return Invalid("body", "is not valid JSON (a NUL byte)");
@@ -455,14 +469,15 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body) 
                      "ones)");
     }
     if (value.is_null() || key == "prompt") continue;  // null: the default
-    if (absl::Status status = ParseField(key, value, &request, &sampling, &logprobs);
+    if (absl::Status status = ParseField(key, value, vocab_size, &request, &sampling, &logprobs);
         !status.ok()) {
       return status;
     }
   }
   const auto prompt = json.find("prompt");
   if (prompt == json.end() || prompt->is_null()) return Invalid("prompt", "is required");
-  if (absl::Status status = ParsePrompts(*prompt, &request.prompts); !status.ok()) return status;
+  if (absl::Status status = ParsePrompts(*prompt, vocab_size, &request.prompts); !status.ok())
+    return status;
   if (request.include_usage && !request.stream) {
     return Invalid("stream_options", "is only allowed with \"stream\": true");
   }

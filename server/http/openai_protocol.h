@@ -40,8 +40,10 @@ struct CompletionRequest {
 };
 
 // INVALID_ARGUMENT with a message "<param>: <problem>" for anything
-// malformed, refused or unknown.
-absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body);
+// malformed, refused or unknown. `vocab_size` (the model's) is named in the
+// refusal of a token id past int32, as the validation names it for the
+// others.
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, int vocab_size);
 
 // A name the client sent (an unknown field or option, a model's name), as an
 // error message shows it: at most 64 bytes, cut at a UTF-8 character

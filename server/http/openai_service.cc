@@ -172,7 +172,7 @@ void OpenAiService::Completions(const std::shared_ptr<HttpExchange>& exchange) c
   if (options_.gate->draining()) {
     return reject(absl::UnavailableError("the server is shutting down; retry on another replica"));
   }
-  auto parsed = ParseCompletionRequest(request.body);
+  auto parsed = ParseCompletionRequest(request.body, options_.limits.vocab_size);
   if (!parsed.ok()) return reject(parsed.status());
   if (!parsed->model.empty() && parsed->model != options_.model_name) {
     return reject(absl::NotFoundError(absl::StrCat("model: `", ShownName(parsed->model),

@@ -18,7 +18,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace switchserve;
   static const auto* const tokenizer = CreateByteTokenizer().release();
   const std::string_view body(reinterpret_cast<const char*>(data), size);
-  absl::StatusOr<CompletionRequest> parsed = ParseCompletionRequest(body);
+  RequestLimits limits;
+  limits.vocab_size = 260;
+  limits.context_length = 64;
+  absl::StatusOr<CompletionRequest> parsed = ParseCompletionRequest(body, limits.vocab_size);
   if (!parsed.ok()) {
     FUZZ_CHECK(parsed.status().code() == absl::StatusCode::kInvalidArgument);
     FUZZ_CHECK(parsed.status().message().size() < 512);
@@ -29,9 +32,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   FUZZ_CHECK(!parsed->prompts.empty());
-  RequestLimits limits;
-  limits.vocab_size = 260;
-  limits.context_length = 64;
   for (const v1::GenerateRequest& prompt : parsed->prompts) {
     auto validated = ValidateGenerateRequest(prompt, *tokenizer, limits);
     FUZZ_CHECK(validated.ok() || validated.status().code() == absl::StatusCode::kInvalidArgument);

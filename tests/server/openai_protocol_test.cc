@@ -4,6 +4,7 @@
 
 #include <limits>
 #include <string>
+#include <string_view>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -15,6 +16,14 @@
 namespace switchserve {
 namespace {
 
+// The byte tokenizer's vocabulary, which the refusal of an id past int32
+// names.
+constexpr int kVocabSize = 256;
+
+absl::StatusOr<CompletionRequest> Parse(std::string_view body) {
+  return ParseCompletionRequest(body, kVocabSize);
+}
+
 // A body ParseCompletionRequest refuses: INVALID_ARGUMENT (an HTTP 400)
 // with exactly `message`.
 struct Refusal {
@@ -23,7 +32,7 @@ struct Refusal {
 };
 
 void ExpectRefused(const Refusal& c) {
-  auto refusal = ParseCompletionRequest(c.body);
+  auto refusal = Parse(c.body);
   ASSERT_FALSE(refusal.ok()) << c.body;
   EXPECT_EQ(refusal.status().code(), absl::StatusCode::kInvalidArgument) << c.body;
   EXPECT_EQ(refusal.status().message(), c.message) << c.body;
@@ -31,7 +40,7 @@ void ExpectRefused(const Refusal& c) {
 }
 
 TEST(OpenAiProtocolTest, ParsesTheSupportedFieldsIntoGenerateRequests) {
-  auto parsed = ParseCompletionRequest(R"({
+  auto parsed = Parse(R"({
       "model": "m", "prompt": ["a", [1, 2]], "max_tokens": 7, "temperature": 0.5,
       "top_p": 0.9, "n": 1, "stream": true, "stream_options": {"include_usage": true},
       "logprobs": 2, "stop": "\n", "seed": -1, "user": "u", "top_k": -1, "min_p": 0.1,
@@ -65,7 +74,7 @@ TEST(OpenAiProtocolTest, ParsesTheSupportedFieldsIntoGenerateRequests) {
 }
 
 TEST(OpenAiProtocolTest, DefaultsFollowOpenAi) {
-  auto parsed = ParseCompletionRequest(R"({"prompt": "x", "temperature": null})");
+  auto parsed = Parse(R"({"prompt": "x", "temperature": null})");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_FALSE(parsed->stream);
   EXPECT_FALSE(parsed->logprobs.has_value());
@@ -75,8 +84,7 @@ TEST(OpenAiProtocolTest, DefaultsFollowOpenAi) {
   EXPECT_FALSE(parsed->prompts[0].sampling().has_temperature());
   EXPECT_FALSE(parsed->prompts[0].sampling().has_seed());
   // null for a stream option is "not given" too (vLLM's Optional[bool]).
-  parsed = ParseCompletionRequest(
-      R"({"prompt": "x", "stream": true, "stream_options": {"include_usage": null}})");
+  parsed = Parse(R"({"prompt": "x", "stream": true, "stream_options": {"include_usage": null}})");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_FALSE(parsed->include_usage);
 }
@@ -84,17 +92,16 @@ TEST(OpenAiProtocolTest, DefaultsFollowOpenAi) {
 // Integer fields take a whole number written as a float (pydantic's lax mode,
 // vLLM's), and refuse a fraction or a whole number past int64.
 TEST(OpenAiProtocolTest, IntegerFieldsTakeWholeFloats) {
-  auto parsed = ParseCompletionRequest(
-      R"({"prompt": "x", "max_tokens": 2.0, "n": 1.0, "seed": 1e3, "top_k": 4.0})");
+  auto parsed = Parse(R"({"prompt": "x", "max_tokens": 2.0, "n": 1.0, "seed": 1e3, "top_k": 4.0})");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   const v1::SamplingParams& s = parsed->prompts[0].sampling();
   EXPECT_EQ(s.max_new_tokens(), 2);
   EXPECT_EQ(s.seed(), 1000u);
   EXPECT_EQ(s.top_k(), 4);
-  EXPECT_EQ(ParseCompletionRequest(R"({"prompt": "x", "max_tokens": 2.5})").status().message(),
+  EXPECT_EQ(Parse(R"({"prompt": "x", "max_tokens": 2.5})").status().message(),
             "max_tokens: must be an integer, found 2.5");
-  EXPECT_EQ(ParseCompletionRequest(R"({"prompt": "x", "seed": 1e30})").status().message(),
-            "seed: is out of range, found 1e+30");
+  EXPECT_EQ(Parse(R"({"prompt": "x", "seed": 1e30})").status().message(),
+            "seed: must be in [-9223372036854775808, 18446744073709551615], found 1e+30");
 }
 
 // The floating-point fields are checked as sent, in double, before they
@@ -126,7 +133,7 @@ TEST(OpenAiProtocolTest, FloatFieldsAreCheckedAsSentBeforeBecomingFloats) {
   for (const Refusal& c : refused) ExpectRefused(c);
 
   // In range as sent: served, the float on the same side of every bound.
-  auto parsed = ParseCompletionRequest(
+  auto parsed = Parse(
       R"({"prompt": "x", "top_p": 1e-50, "temperature": 3.4028234663852886e38, "min_p": 1e-50,
           "repetition_penalty": 0.01, "max_tokens": 1})");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
@@ -141,7 +148,7 @@ TEST(OpenAiProtocolTest, FloatFieldsAreCheckedAsSentBeforeBecomingFloats) {
   EXPECT_GT(request->sampling.top_p, 0.0f);
   EXPECT_EQ(request->sampling.temperature, std::numeric_limits<float>::max());
   // A positive temperature too small for a float samples; it is not greedy.
-  parsed = ParseCompletionRequest(R"({"prompt": "x", "temperature": 1e-50})");
+  parsed = Parse(R"({"prompt": "x", "temperature": 1e-50})");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_GT(parsed->prompts[0].sampling().temperature(), 0.0f);
 }
@@ -178,15 +185,14 @@ TEST(OpenAiProtocolTest, NumbersPastADoubleNameTheirParameter) {
   };
   for (const Refusal& c : cases) ExpectRefused(c);
   for (const Refusal& c : cases) {
-    const std::string param = MakeApiError(ParseCompletionRequest(c.body).status())
-                                  .body["error"]["param"]
-                                  .get<std::string>();
+    const std::string param =
+        MakeApiError(Parse(c.body).status()).body["error"]["param"].get<std::string>();
     EXPECT_EQ(param, std::string(c.message).substr(0, param.size())) << c.body;
   }
   // A long number (an integer of 400 digits overflows the double too) is
   // shown shortened.
   const std::string digits(100000, '9');
-  auto parsed = ParseCompletionRequest(R"({"prompt": "x", "seed": )" + digits + "}");
+  auto parsed = Parse(R"({"prompt": "x", "seed": )" + digits + "}");
   ASSERT_FALSE(parsed.ok());
   EXPECT_EQ(parsed.status().message(),
             "seed: is out of range (past the largest double, 1.8e308), found " +
@@ -211,15 +217,17 @@ TEST(OpenAiProtocolTest, SeedsAreIntegersFromMinusTwoToThe63ToTwoToThe64) {
       {"-2.0", std::numeric_limits<uint64_t>::max() - 1},
   };
   for (const auto& c : accepted) {
-    auto parsed = ParseCompletionRequest(absl::StrCat(R"({"prompt": "x", "seed": )", c.seed, "}"));
+    auto parsed = Parse(absl::StrCat(R"({"prompt": "x", "seed": )", c.seed, "}"));
     ASSERT_TRUE(parsed.ok()) << c.seed << ": " << parsed.status();
     EXPECT_EQ(parsed->prompts[0].sampling().seed(), c.taken) << c.seed;
   }
   for (const char* seed :
        {"-9223372036854775809", "-9223372036854776832", "-1e19", "18446744073709551616", "1e30"}) {
-    auto refused = ParseCompletionRequest(absl::StrCat(R"({"prompt": "x", "seed": )", seed, "}"));
+    auto refused = Parse(absl::StrCat(R"({"prompt": "x", "seed": )", seed, "}"));
     ASSERT_FALSE(refused.ok()) << seed << " taken as " << refused->prompts[0].sampling().seed();
-    EXPECT_TRUE(absl::StartsWith(refused.status().message(), "seed: is out of range, found "))
+    EXPECT_TRUE(absl::StartsWith(refused.status().message(),
+                                 "seed: must be in [-9223372036854775808, 18446744073709551615], "
+                                 "found "))
         << refused.status().message();
   }
 }
@@ -227,8 +235,7 @@ TEST(OpenAiProtocolTest, SeedsAreIntegersFromMinusTwoToThe63ToTwoToThe64) {
 // So do the integers of lists: token-id prompts and stop_token_ids; a
 // fraction is refused naming the element.
 TEST(OpenAiProtocolTest, TokenIdListsTakeWholeFloats) {
-  auto parsed = ParseCompletionRequest(
-      R"({"prompt": [1, 2.0, 3e1], "stop_token_ids": [4.0, 5], "max_tokens": 2})");
+  auto parsed = Parse(R"({"prompt": [1, 2.0, 3e1], "stop_token_ids": [4.0, 5], "max_tokens": 2})");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   ASSERT_EQ(parsed->prompts.size(), 1u);
   const v1::GenerateRequest& request = parsed->prompts[0];
@@ -238,7 +245,7 @@ TEST(OpenAiProtocolTest, TokenIdListsTakeWholeFloats) {
   EXPECT_EQ(std::vector<int32_t>(request.sampling().stop_token_ids().begin(),
                                  request.sampling().stop_token_ids().end()),
             (std::vector<int32_t>{4, 5}));
-  parsed = ParseCompletionRequest(R"({"prompt": ["a", [7.0, -0.0]]})");
+  parsed = Parse(R"({"prompt": ["a", [7.0, -0.0]]})");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   ASSERT_EQ(parsed->prompts.size(), 2u);
   EXPECT_EQ(parsed->prompts[1].token_ids().ids_size(), 2);
@@ -249,11 +256,13 @@ TEST(OpenAiProtocolTest, TokenIdListsTakeWholeFloats) {
       {R"({"prompt": [1, 2.5]})", "prompt: ids[1] must be an integer, found 2.5"},
       {R"({"prompt": ["a", [2.5]]})", "prompt[1]: ids[0] must be an integer, found 2.5"},
       {R"({"prompt": "x", "stop_token_ids": [3, 0.5]})",
-       "stop_token_ids: ids[1] must be an integer, found 0.5"},
+       "stop_token_ids: stop_token_ids[1] must be an integer, found 0.5"},
       {R"({"prompt": [1, "2"]})", "prompt: ids[1] must be an integer, found \"2\""},
-      {R"({"prompt": [5e9]})", "prompt: ids[0] = 5000000000.0 is outside the vocabulary"},
+      // Past int32, refused as the validation refuses the ids past the
+      // vocabulary, naming it.
+      {R"({"prompt": [5e9]})", "prompt: ids[0] = 5000000000.0 is outside the vocabulary [0, 256)"},
       {R"({"prompt": "x", "stop_token_ids": [-3e9]})",
-       "stop_token_ids: ids[0] = -3000000000.0 is outside the vocabulary"},
+       "stop_token_ids: stop_token_ids[0] = -3000000000.0 is outside the vocabulary [0, 256)"},
   };
   for (const Refusal& c : refused) ExpectRefused(c);
 }
@@ -288,7 +297,7 @@ TEST(OpenAiProtocolTest, RefusalsNameTheParameter) {
       {R"({"prompt": "x", "tools": []})", "tools"},
   };
   for (const auto& c : cases) {
-    auto parsed = ParseCompletionRequest(c.body);
+    auto parsed = Parse(c.body);
     ASSERT_FALSE(parsed.ok()) << c.body;
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << c.body;
     const std::string message(parsed.status().message());
@@ -305,8 +314,25 @@ TEST(OpenAiProtocolTest, RefusalsSayWhatWasSent) {
   const Refusal cases[] = {
       {R"({"prompt": "x", "max_tokens": 2147483648})",
        "max_tokens: must be in [1, 2147483647], found 2147483648"},
+      // Past int64 too, the range is named (it was "is out of range").
       {R"({"prompt": "x", "max_tokens": 18446744073709551615})",
-       "max_tokens: is out of range, found 18446744073709551615"},
+       "max_tokens: must be in [1, 2147483647], found 18446744073709551615"},
+      {R"({"prompt": "x", "max_tokens": 1e20})",
+       "max_tokens: must be in [1, 2147483647], found 1e+20"},
+      {R"({"prompt": "x", "max_tokens": -1e20})",
+       "max_tokens: must be in [1, 2147483647], found -1e+20"},
+      {R"({"prompt": "x", "top_k": 1e20})",
+       "top_k: must be in [-1, 2147483647] (-1 or 0: off), found 1e+20"},
+      {R"({"prompt": "x", "logprobs": 18446744073709551615})",
+       "logprobs: must be in [0, 20], found 18446744073709551615"},
+      {R"({"prompt": "x", "logprobs": 1e20})", "logprobs: must be in [0, 20], found 1e+20"},
+      {R"({"prompt": "x", "n": 1e20})",
+       "n: only 1 is supported, found 1e+20 (send the prompt several times with different seeds)"},
+      {R"({"prompt": "x", "best_of": 18446744073709551615})",
+       "best_of: only 1 is supported, found 18446744073709551615 (send the prompt several times "
+       "with different seeds)"},
+      {R"({"prompt": "x", "seed": -1e20})",
+       "seed: must be in [-9223372036854775808, 18446744073709551615], found -1e+20"},
       {R"({"prompt": "x", "top_k": 2147483648})",
        "top_k: must be in [-1, 2147483647] (-1 or 0: off), found 2147483648"},
       // logprobs' range is [0, 20] whatever the value (it said [0, 2147483647]
@@ -316,23 +342,35 @@ TEST(OpenAiProtocolTest, RefusalsSayWhatWasSent) {
       {R"({"prompt": "x", "logprobs": 2147483648})",
        "logprobs: must be in [0, 20], found 2147483648"},
       // Ids past int32 are outside the vocabulary, also those an int64 read
-      // would wrap to -1.
-      {R"({"prompt": [4294967361]})", "prompt: ids[0] = 4294967361 is outside the vocabulary"},
+      // would wrap to -1, named as the validation names it.
+      {R"({"prompt": [4294967361]})",
+       "prompt: ids[0] = 4294967361 is outside the vocabulary [0, 256)"},
       {R"({"prompt": [7, 18446744073709551615]})",
-       "prompt: ids[1] = 18446744073709551615 is outside the vocabulary"},
+       "prompt: ids[1] = 18446744073709551615 is outside the vocabulary [0, 256)"},
+      {R"({"prompt": [-3000000000]})",
+       "prompt: ids[0] = -3000000000 is outside the vocabulary [0, 256)"},
+      {R"({"prompt": ["a", [1, 4294967296]]})",
+       "prompt[1]: ids[1] = 4294967296 is outside the vocabulary [0, 256)"},
+      {R"({"prompt": "x", "stop_token_ids": [1, 4294967296]})",
+       "stop_token_ids: stop_token_ids[1] = 4294967296 is outside the vocabulary [0, 256)"},
+      {R"({"prompt": "x", "stop_token_ids": ["1"]})",
+       "stop_token_ids: stop_token_ids[0] must be an integer, found \"1\""},
+      // A list's entry is named, as the validation names a stop string.
+      {R"({"prompt": "x", "stop": [1]})", "stop: stop[0] must be a string, found 1"},
+      {R"({"prompt": "x", "stop": ["a", null]})", "stop: stop[1] must be a string, found null"},
       {R"({"prompt": [1, 2.5]})", "prompt: ids[1] must be an integer, found 2.5"},
       {R"({"prompt": "x", "stream": {"a": 1}})", "stream: must be true or false, found an object"},
   };
   for (const Refusal& c : cases) ExpectRefused(c);
   // A long value is shown shortened, not echoed whole.
   const std::string long_value(100000, 'a');
-  auto parsed = ParseCompletionRequest(R"({"prompt": "x", "max_tokens": ")" + long_value + "\"}");
+  auto parsed = Parse(R"({"prompt": "x", "max_tokens": ")" + long_value + "\"}");
   ASSERT_FALSE(parsed.ok());
   EXPECT_LT(parsed.status().message().size(), 200u) << parsed.status().message().substr(0, 200);
   // So is an unknown field's name: 64 bytes at most, cut between characters
   // (a cut inside "é" would put invalid UTF-8 into the JSON error).
   const std::string name = std::string(63, 'k') + "\xC3\xA9" + std::string(1000, 'k');
-  parsed = ParseCompletionRequest(R"({"prompt": "x", ")" + name + R"(": 1})");
+  parsed = Parse(R"({"prompt": "x", ")" + name + R"(": 1})");
   ASSERT_FALSE(parsed.ok());
   EXPECT_EQ(parsed.status().message(),
             std::string(63, 'k') +
@@ -350,29 +388,29 @@ TEST(OpenAiProtocolTest, DeepNestingIsRefusedWithoutRecursion) {
     return body.append("}");
   };
   for (const std::string key : {"max_tokens", "stream", "seed", "prompt", "user"}) {
-    auto parsed = ParseCompletionRequest(nested(200000, key));
+    auto parsed = Parse(nested(200000, key));
     ASSERT_FALSE(parsed.ok()) << key;
     EXPECT_EQ(parsed.status().message(), "body: nests arrays and objects more than 16 levels deep")
         << key;
   }
   // Refused before the body is parsed (the parser builds every level it
   // reads: 300 MB for a 4 MB body of "["), whatever follows the levels.
-  EXPECT_EQ(ParseCompletionRequest(std::string(17, '[') + "not json").status().message(),
+  EXPECT_EQ(Parse(std::string(17, '[') + "not json").status().message(),
             "body: nests arrays and objects more than 16 levels deep");
   // Brackets inside strings (escaped quotes included) are text, not levels.
   const std::string brackets = std::string(40, '[') + R"(\"{)" + std::string(40, '{');
-  EXPECT_TRUE(ParseCompletionRequest(R"({"prompt": ")" + brackets + R"("})").ok());
+  EXPECT_TRUE(Parse(R"({"prompt": ")" + brackets + R"("})").ok());
   std::string objects = R"({"prompt": "x", "stream_options": )";
   for (int i = 0; i < 100000; ++i) objects += R"({"a": )";
   objects.append("1").append(100000, '}').append("}");
-  EXPECT_EQ(ParseCompletionRequest(objects).status().message(),
+  EXPECT_EQ(Parse(objects).status().message(),
             "body: nests arrays and objects more than 16 levels deep");
   // A NUL ends nlohmann's input: a valid body followed by one is refused.
   std::string nul = R"({"prompt": "x"})";
   nul.append(1, '\0').append("{{{");
-  EXPECT_EQ(ParseCompletionRequest(nul).status().message(), "body: is not valid JSON (a NUL byte)");
+  EXPECT_EQ(Parse(nul).status().message(), "body: is not valid JSON (a NUL byte)");
   // What a request needs passes: a list of prompts of token ids.
-  EXPECT_TRUE(ParseCompletionRequest(R"({"prompt": [[1, 2], [3]], "max_tokens": 2})").ok());
+  EXPECT_TRUE(Parse(R"({"prompt": [[1, 2], [3]], "max_tokens": 2})").ok());
 }
 
 TEST(OpenAiProtocolTest, ValidationFieldsBecomeRequestParameters) {

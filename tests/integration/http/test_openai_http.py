@@ -245,7 +245,24 @@ BAD_BODIES = [
      "stream_options"),
     ("stop token outside vocabulary", {"prompt": "x", "stop_token_ids": [999]},
      "stop_token_ids"),
+    ("token past int32", {"prompt": [1, 4294967296]}, "prompt"),
+    ("stop token past int32", {"prompt": "x", "stop_token_ids": [-3000000000]},
+     "stop_token_ids"),
+    ("stop entry not string", {"prompt": "x", "stop": ["a", 1]}, "stop"),
+    ("max_tokens past int64", {"prompt": "x", "max_tokens": 1e20}, "max_tokens"),
 ]
+# The whole message where it names an entry or a range: an id past int32 as
+# one past the vocabulary, a number past int64 as one past int32.
+BAD_BODY_MESSAGES = {
+    "token outside vocabulary": "prompt: ids[1] = 256 is outside the vocabulary [0, 256)",
+    "token past int32": "prompt: ids[1] = 4294967296 is outside the vocabulary [0, 256)",
+    "stop token outside vocabulary":
+        "stop_token_ids: stop_token_ids[0] = 999 is outside the vocabulary [0, 256)",
+    "stop token past int32":
+        "stop_token_ids: stop_token_ids[0] = -3000000000 is outside the vocabulary [0, 256)",
+    "stop entry not string": "stop: stop[1] must be a string, found 1",
+    "max_tokens past int64": "max_tokens: must be in [1, 2147483647], found 1e+20",
+}
 
 
 @pytest.mark.parametrize("name,body,param", BAD_BODIES, ids=[b[0] for b in BAD_BODIES])
@@ -257,6 +274,7 @@ def test_bad_field_is_400_naming_the_param(server, client, name, body, param):
     details = error.value.body
     assert details["param"] == param, details
     assert details["message"].startswith(param + ": "), details
+    assert details["message"] == BAD_BODY_MESSAGES.get(name, details["message"]), details
     assert details["type"] == "invalid_request_error" and details["code"] == "invalid_argument"
     # The server keeps serving.
     assert client.completions.create(model=MODEL, prompt="ok", max_tokens=2).usage.total_tokens
