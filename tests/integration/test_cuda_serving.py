@@ -39,10 +39,10 @@ class Server(ServerProcess):
         super().__init__(binary, MODEL, *extra_args, metrics_port=free_port(),
                          prefix="switchserve_cuda_")
 
-    def metrics(self):
-        """The scraped counters: {(name, labels): value}."""
+    def metrics(self, text=None):
+        """The counters of a scrape (`text`, or a new one): {(name, labels): value}."""
         values = {}
-        for line in self.scrape_metrics().splitlines():
+        for line in (self.scrape_metrics() if text is None else text).splitlines():
             match = re.match(r"^(switchserve_moe_\w+)(\{[^}]*\})? (\S+)$", line)
             if match:
                 values[(match.group(1), match.group(2) or "")] = float(match.group(3))
@@ -75,9 +75,14 @@ def test_serve_device_cuda_on_the_executor_matches_cpu():
             prompt = "The experts say"
             got = cuda_stub.Generate(request(prompt, 12), timeout=300)
             want = cpu_stub.Generate(request(prompt, 12), timeout=60)
+        # A request's last step may reach the metrics just after its response:
+        # each server's, once its steps have computed the prompt and every
+        # token but the last (the warm-up is in no metric).
+        def after(server, response):
+            return server.metrics(server.scrape_metrics_after_steps(
+                response.usage.prompt_tokens + response.usage.completion_tokens - 1))
+        after_cuda, after_cpu = after(cuda, got), after(cpu, want)
     finally:
-        after_cuda = cuda.metrics() if cuda.process.poll() is None else {}
-        after_cpu = cpu.metrics() if cpu.process.poll() is None else {}
         cuda.close()
         cpu.close()
 

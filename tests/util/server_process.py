@@ -82,6 +82,20 @@ class ServerProcess:
                                     timeout=10) as response:
             return response.read().decode()
 
+    def scrape_metrics_after_steps(self, tokens, timeout_s=10):
+        """The metrics once the engine's steps have computed `tokens` tokens
+        in all (switchserve_step_tokens_sum; or after `timeout_s`). The engine
+        records a step after handing out its tokens: a request's last step
+        can reach the metrics just after its client has the response. A scrape
+        with a step's serving figures has its routing (switchserve_moe_*) too."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            text = self.scrape_metrics()
+            match = re.search(r"^switchserve_step_tokens_sum (\S+)$", text, re.MULTILINE)
+            if (match and float(match.group(1)) >= tokens) or time.monotonic() > deadline:
+                return text
+            time.sleep(0.05)
+
     def close(self):
         if self.process.poll() is None:
             self.process.kill()

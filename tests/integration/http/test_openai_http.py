@@ -385,13 +385,8 @@ def test_metrics_start_from_zero_after_the_warm_up():
 
         response = grpc_generate(server, "abc", max_new_tokens=3, temperature=0, ignore_eos=True)
         assert response.usage.prompt_tokens == 3
-        # The engine records a step after handing out its tokens: the last
-        # step may reach the metrics just after the response.
-        deadline = time.monotonic() + 5
-        text = server.scrape_metrics()
-        while series(text, "switchserve_step_tokens_sum") != [5.0] and time.monotonic() < deadline:
-            time.sleep(0.05)
-            text = server.scrape_metrics()
+        # The last step may reach the metrics just after the response.
+        text = server.scrape_metrics_after_steps(5)
         assert series(text, "switchserve_prompt_tokens_total") == [3.0]
         assert series(text, "switchserve_generation_tokens_total") == [3.0]
         # The 3-token prompt and two decode steps (the third token ends it).
