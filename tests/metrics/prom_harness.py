@@ -231,3 +231,156 @@ def doc_queries(marker):
         if any(line.strip() for line in lines):
             queries.append("\n".join(lines))
     return queries
+
+
+# --- Which series the deployment files and docs/metrics.md ask for ---------
+
+HPA = os.path.join(SOURCE_DIR, "deploy/k8s/base/hpa.yaml")
+ADAPTER_VALUES = os.path.join(SOURCE_DIR, "deploy/k8s/prometheus-adapter/values.yaml")
+# Labels Prometheus attaches to a scrape, not the server: the target's (job,
+# instance) and, through the Operator's PodMonitor, the pod's.
+SCRAPE_LABELS = {"job", "instance", "namespace", "pod", "container", "endpoint", "service"}
+# Series Prometheus writes for every scrape, not the server.
+SCRAPE_SERIES = {"up", "scrape_duration_seconds", "scrape_samples_scraped",
+                 "scrape_samples_post_metric_relabeling", "scrape_series_added"}
+# The server's own metric families, as opposed to Prometheus' (`up`, ...).
+_OWN_METRIC = re.compile(r"\b((?:switchserve|process|exposer)_[A-Za-z0-9_:]*)")
+_STRING = re.compile(r'"((?:[^"\\]|\\.)*)"')
+_MATCHER = re.compile(r"([A-Za-z_]\w*)\s*(=~|!~|!=|=)\s*\"(\d+)\"")
+_GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)")
+
+
+class Reference:
+    """One PromQL expression (or template) of a deployment file or the docs:
+    the metric names it selects, each with its label matchers, and the labels
+    it groups, joins or labels legends by."""
+
+    def __init__(self, where, expr, legend=""):
+        self.where, self.expr = where, expr
+        strings = []
+
+        def keep(match):
+            strings.append(re.sub(r"\\(.)", r"\1", match.group(1)))
+            return f'"{len(strings) - 1}"'
+
+        masked = _STRING.sub(keep, expr)
+        self.selectors = []  # [(name, [(label, op, value)])]
+        for match in _OWN_METRIC.finditer(masked):
+            rest = masked[match.end():]
+            braces = re.match(r"\s*\{([^}]*)\}", rest)
+            matchers = [(label, op, strings[int(i)])
+                        for label, op, i in _MATCHER.findall(braces.group(1) if braces else "")]
+            self.selectors.append((match.group(1), matchers))
+        self.labels = {label.strip() for group in _GROUPING.findall(masked)
+                       for label in group.split(",") if label.strip()}
+        template = re.fullmatch(r"\s*label_values\((.*),\s*(\w+)\)\s*", masked, re.S)
+        if template:
+            self.labels.add(template.group(2))
+        self.labels |= set(re.findall(r"\{\{\s*\.?(\w+)\s*\}\}", legend))
+
+
+def deploy_references():
+    """Every PromQL expression operators deploy: the dashboard's panels and
+    variables, the alert rules, and the metric the autoscaler scales on."""
+    refs = []
+    dashboard, _ = dashboard_expressions()
+
+    def walk(panels):
+        for panel in panels:
+            for target in panel.get("targets", []):
+                refs.append(Reference(f"dashboard panel {panel['title']!r}", target["expr"],
+                                      target.get("legendFormat", "")))
+            walk(panel.get("panels", []))
+
+    walk(dashboard["panels"])
+    for variable in dashboard["templating"]["list"]:
+        if variable["type"] == "query":
+            refs.append(Reference(f"dashboard variable ${variable['name']}",
+                                  variable["query"]["query"]))
+    for rule in alert_rules():
+        refs.append(Reference(f"alert {rule['alert']}", rule["expr"]))
+    for metric in yaml.safe_load(open(HPA))["spec"]["metrics"]:
+        refs.append(Reference("HorizontalPodAutoscaler", metric["pods"]["metric"]["name"]))
+    for rule in yaml.safe_load(open(ADAPTER_VALUES))["rules"]["custom"]:
+        refs.append(Reference("prometheus-adapter seriesQuery", rule["seriesQuery"]))
+    return refs
+
+
+def doc_references():
+    """The PromQL blocks of docs/metrics.md."""
+    text = open(METRICS_DOC).read()
+    return [Reference(f"docs/metrics.md promql block {i}", block)
+            for i, block in enumerate(re.findall(r"```promql\n(.*?)```", text, re.S))]
+
+
+def exposed_series(prom, job):
+    """{metric name: {label: {values}}} of every series Prometheus holds for
+    `job`, scrape series and labels left out."""
+    reply = prom.get("/api/v1/series", **{"match[]": f'{{job="{job}"}}'})
+    assert reply["status"] == "success", reply
+    series = {}
+    for labels in reply["data"]:
+        name = labels.pop("__name__")
+        if name in SCRAPE_SERIES:
+            continue
+        found = series.setdefault(name, {})
+        for label, value in labels.items():
+            if label not in SCRAPE_LABELS:
+                found.setdefault(label, set()).add(value)
+    return series
+
+
+def reference_problems(ref, series):
+    """What `ref` asks for that the exposition lacks, as readable lines."""
+    problems = []
+    known_labels = set(SCRAPE_LABELS)
+    for name, matchers in ref.selectors:
+        if name not in series:
+            problems.append(f"{ref.where}: no series {name}")
+            continue
+        labels = series[name]
+        known_labels |= set(labels)
+        for label, op, value in matchers:
+            if label in SCRAPE_LABELS or "$" in value:
+                continue  # the scrape's, or a dashboard variable's
+            if label not in labels:
+                problems.append(f"{ref.where}: {name} has no label {label!r}")
+                continue
+            if op in ("=", "!="):
+                wanted = [value]
+            elif re.fullmatch(r"[\w.-]+(\|[\w.-]+)*", value):
+                wanted = value.split("|")  # a list of values: each must exist
+            else:
+                wanted = [value]
+            for want in wanted:
+                match = (lambda v: v == want) if op in ("=", "!=") else (
+                    lambda v: re.fullmatch(want, v) is not None)
+                if value and not any(match(v) for v in labels[label]):
+                    problems.append(f"{ref.where}: no {name}{{{label}{op}{want!r}}}; "
+                                    f"values: {sorted(labels[label])}")
+    for label in sorted(ref.labels - known_labels - {"le", "quantile"}):
+        problems.append(f"{ref.where}: groups or labels by {label!r}, which none of "
+                        f"{sorted({n for n, _ in ref.selectors})} has")
+    return problems
+
+
+def metric_families(series):
+    """Family names of the exposed series (histograms' and summaries'
+    _bucket, _sum, _count folded into their family)."""
+    families = set()
+    for name in series:
+        base = re.sub(r"_(bucket|sum|count)$", "", name)
+        families.add(base if base != name and (base in series or f"{base}_bucket" in series)
+                     else name)
+    return families
+
+
+def documented_metrics():
+    """Metric names docs/metrics.md gives in its tables and its process
+    metrics section."""
+    text = open(METRICS_DOC).read()
+    names = set(re.findall(r"^\| `((?:switchserve|process|exposer)_\w+)`", text, re.M))
+    process = re.search(r"^## Process metrics\n(.*?)^## ", text, re.M | re.S)
+    assert process, "docs/metrics.md lost its Process metrics section"
+    names |= set(re.findall(r"`((?:process|exposer)_\w+)`", process.group(1)))
+    return names

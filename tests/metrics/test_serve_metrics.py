@@ -32,8 +32,14 @@ from prom_harness import (
     SOURCE_DIR,
     alert_rules,
     check_every_dashboard_query,
+    deploy_references,
+    doc_references,
+    documented_metrics,
     eventually,
+    exposed_series,
     free_port,
+    metric_families,
+    reference_problems,
     running_prometheus,
     wait_for,
 )
@@ -329,3 +335,31 @@ def test_dashboard_and_alerts_against_the_server(traffic):
     )
     for rule in alert_rules():
         assert prom.query(rule["expr"])["status"] == "success", rule["alert"]
+
+
+def test_every_series_the_deployment_queries_is_exposed(traffic):
+    """The dashboard, the alert rules and the autoscaler name series, labels
+    and label values this server exports. A query of a renamed metric parses
+    and returns nothing: an alert that never fires, a blank panel."""
+    prom, _, _, _ = traffic
+    series = exposed_series(prom, "serve-drop")
+    refs = deploy_references()
+    assert {r.where for r in refs} >= {
+        "alert SwitchserveLatencySLOBurnFast",
+        "HorizontalPodAutoscaler",
+    }
+    problems = [p for ref in refs for p in reference_problems(ref, series)]
+    assert not problems, "\n".join(problems)
+
+
+def test_metrics_doc_matches_the_exposition(traffic):
+    """docs/metrics.md documents every metric family the server exports and
+    no other; its PromQL examples ask for exposed series and labels."""
+    prom, _, _, _ = traffic
+    series = exposed_series(prom, "serve-drop")
+    families = metric_families(series)
+    documented = documented_metrics()
+    assert sorted(families - documented) == [], "exported, not in docs/metrics.md"
+    assert sorted(documented - families) == [], "in docs/metrics.md, not exported"
+    problems = [p for ref in doc_references() for p in reference_problems(ref, series)]
+    assert not problems, "\n".join(problems)
