@@ -14,6 +14,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -37,6 +38,7 @@
 #include "engine/runtime/backend.h"
 #include "engine/runtime/generation_engine.h"
 #include "google/protobuf/stubs/logging.h"
+#include "grpc/grpc.h"
 #include "grpc/support/log.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -277,10 +279,8 @@ void LogProtobufLine(google::protobuf::LogLevel level, const char* file, int lin
   Log(fatal ? LogLevel::kError : LogLevel::kWarning, absl::StrCat("protobuf: ", message), fields);
 }
 
-int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
-  SetLogFormat(options.log_format);
-  gpr_set_log_function(LogGrpcLine);
-  google::protobuf::SetLogHandler(LogProtobufLine);
+// Sets `*up` once the server is up (before it logs its settings).
+int Serve(const ServerOptions& options, const sigset_t& stop_signals, bool* up) {
   // Credentials and the token first: a typo there is reported in a second,
   // not after the model has loaded and warmed up.
   auto credentials = MakeServerCredentials(options.tls);
@@ -464,6 +464,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals) {
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   health->SetServingStatus(v1::Generation::service_full_name(), true);
   health->SetServingStatus(true);
+  *up = true;
 
   Log(absl::StrFormat(
       "model %s (%s): %s, %d layers, d_model %d, vocab %d, context %d, tokenizer %s", model_name,
@@ -626,18 +627,38 @@ int RunServeCommand(int argc, char** argv) {
                  std::string(options.status().message()).c_str());
     return 2;
   }
+  SetLogFormat(options->log_format);
+  gpr_set_log_function(LogGrpcLine);
+  google::protobuf::SetLogHandler(LogProtobufLine);
+  // gRPC stays initialised until Serve has returned: the last reference
+  // dropped runs gRPC's teardown (grpc_shutdown), which waits for every
+  // thread gRPC counted as started. One the system refused to create (a
+  // thread limit: RLIMIT_NPROC) never ends, and a start-up that failed hung
+  // there for ever, in the unwinding before its error line was written.
+  grpc_init();
+  int code = 1;
+  bool up = false;
   // An exception that ends the start-up (a thread the system refuses to
   // create: std::system_error; an allocation that fails) is reported here,
   // in the log's format, rather than as main()'s plain line after the JSON
   // ones.
   try {
-    return Serve(*options, stop_signals);
+    code = Serve(*options, stop_signals, &up);
   } catch (const std::bad_alloc&) {
     switchserve::Log(LogLevel::kError, "out of memory");
   } catch (const std::exception& e) {
     switchserve::Log(LogLevel::kError, e.what());
   }
-  return 1;
+  if (!up) {
+    // A start-up that failed (its error line written: every line is
+    // flushed) ends here, without gRPC's teardown or the exit's, which can
+    // wait for ever as above: its supervisor restarts it.
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(code);
+  }
+  grpc_shutdown();
+  return code;
 }
 
 }  // namespace switchserve

@@ -228,11 +228,7 @@ def run_as_nobody_with_threads_limited(limit, *args, timeout):
         return None, stderr
 
 
-def test_an_exception_that_ends_the_start_up_is_a_json_line():
-    """A thread the system refuses to create (std::system_error), or an
-    allocation that fails, ended `serve` with main()'s plain line
-    ("switchserve serve: Resource temporarily unavailable") after the JSON
-    lines of --log-format json. It is an error line in the log's format."""
+def skip_unless_nobody_can_serve():
     if os.geteuid() != 0 or not (shutil.which("prlimit") and shutil.which("setpriv")):
         pytest.skip("needs root, prlimit and setpriv to run as nobody under RLIMIT_NPROC")
     probe = subprocess.run(
@@ -240,6 +236,14 @@ def test_an_exception_that_ends_the_start_up_is_a_json_line():
          str(DEFAULT_MODEL / "model.safetensors"), "-a", "-x", BINARY])
     if probe.returncode != 0:
         pytest.skip("user nobody cannot read the model or run the binary")
+
+
+def test_an_exception_that_ends_the_start_up_is_a_json_line():
+    """A thread the system refuses to create (std::system_error), or an
+    allocation that fails, ended `serve` with main()'s plain line
+    ("switchserve serve: Resource temporarily unavailable") after the JSON
+    lines of --log-format json. It is an error line in the log's format."""
+    skip_unless_nobody_can_serve()
     # Too few threads for the model's load; too many, and gRPC's own
     # threads fail (gRPC aborts); in between, one of ours is refused.
     failed = None
@@ -253,6 +257,22 @@ def test_an_exception_that_ends_the_start_up_is_a_json_line():
     records = [json.loads(line) for line in lines]  # every line is JSON
     assert records[-1]["level"] == "error", lines
     assert records[-1]["msg"] == os.strerror(11), lines  # EAGAIN, from std::system_error
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3])
+def test_a_start_up_that_fails_under_a_thread_limit_exits(limit):
+    """With a thread gRPC could not create (its timer thread: a limit this
+    low), the unwinding of the failed start-up waited in gRPC's teardown
+    (grpc_shutdown) for that thread to end: the server hung for ever, idle,
+    before its error line, where a supervisor waits for it to exit and
+    restart it. It exits 1, its last line the error."""
+    skip_unless_nobody_can_serve()
+    code, stderr = run_as_nobody_with_threads_limited(limit, timeout=15)
+    assert code is not None, f"still running 15 s on: {stderr}"
+    assert code == 1, stderr
+    records = [json.loads(line) for line in stderr.splitlines()]
+    assert records[-1]["level"] == "error", records
+    assert records[-1]["msg"] == os.strerror(11), records  # EAGAIN, from std::system_error
 
 
 def test_calls_cut_off_at_the_drain_timeout_are_a_warning():
