@@ -1,17 +1,23 @@
 #include "server/commands.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <iterator>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/reflection.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 
 namespace switchserve {
@@ -144,17 +150,42 @@ bool Holds(absl::CommandLineFlag& flag, absl::string_view value) {
   return true;
 }
 
-}  // namespace
+// Flagfiles in flagfiles, deeper than this, are refused: absl reads them
+// without end when one includes itself.
+constexpr int kMaxFlagfileDepth = 8;
 
-bool WantsHelp(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--") == 0) return false;
-    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-help") == 0) return true;
+// The arguments of the flagfile `path` as absl reads them (absl/flags/parse.cc,
+// ArgsList::ReadFromFlagfile): one a line, its leading whitespace dropped;
+// blank lines and those that start with '#' skipped; any other line starts
+// with '-' and is not "--". "" when all is well, else the problem.
+std::string ReadFlagfile(const std::string& path, std::vector<std::string>* args) {
+  std::FILE* file = std::fopen(path.c_str(), "r");
+  if (file == nullptr) return absl::StrCat("cannot read: ", std::strerror(errno));
+  std::string text;
+  char buffer[4096];
+  size_t n = 0;
+  while ((n = std::fread(buffer, 1, sizeof(buffer), file)) > 0) text.append(buffer, n);
+  const int error = std::ferror(file) ? errno : 0;
+  std::fclose(file);
+  if (error != 0) return absl::StrCat("cannot read: ", std::strerror(error));
+  int number = 0;
+  for (const absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++number;
+    const absl::string_view stripped = absl::StripLeadingAsciiWhitespace(line);
+    if (stripped.empty() || stripped[0] == '#') continue;
+    if (stripped[0] != '-' || stripped == "--") {
+      return absl::StrCat("line ", number, ": \"", std::string(line),
+                          "\" is not a flag (one a line: --name=value)");
+    }
+    args->emplace_back(stripped);
   }
-  return false;
+  return "";
 }
 
-std::string ArgumentProblem(const Command& command, int argc, char** argv) {
+// ArgumentProblem for `args` (those after the subcommand name), which came
+// from the command line (depth 0) or from a flagfile `depth` deep.
+std::string ArgumentsProblem(const Command& command, const std::vector<std::string>& args,
+                             int depth) {
   const auto spelled = [](absl::string_view name) {
     return absl::StrReplaceAll(name, {{"_", "-"}});
   };
@@ -168,11 +199,12 @@ std::string ArgumentProblem(const Command& command, int argc, char** argv) {
   static constexpr absl::string_view kAbslFlags[] = {
       "flagfile", "fromenv",   "tryfromenv",  "undefok", "helpfull",       "helpshort",
       "helpon",   "helpmatch", "helppackage", "version", "only_check_args"};
+  const int argc = static_cast<int>(args.size());
   std::string last_bool;  // the flag before, when a boolean without "=value"
-  for (int i = 1; i < argc; ++i) {
-    absl::string_view arg = argv[i];
+  for (int i = 0; i < argc; ++i) {
+    absl::string_view arg = args[i];
     if (arg == "--") {
-      if (i + 1 < argc) return absl::StrCat("unexpected argument \"", argv[i + 1], "\"");
+      if (i + 1 < argc) return absl::StrCat("unexpected argument \"", args[i + 1], "\"");
       break;
     }
     if (arg.size() < 2 || arg[0] != '-') {
@@ -200,13 +232,61 @@ std::string ArgumentProblem(const Command& command, int argc, char** argv) {
       }
     } else if (std::find(std::begin(kAbslFlags), std::end(kAbslFlags), name) !=
                std::end(kAbslFlags)) {
+      // absl reports a flagfile or an environment variable it cannot use
+      // with its own line and exit code 1: they are checked here, and what
+      // they hold as the command line is.
+      const absl::CommandLineFlag* own = absl::FindCommandLineFlag(name);
+      if (own == nullptr || own->IsOfType<bool>()) continue;
+      std::string value;
+      if (equals != absl::string_view::npos) {
+        value = std::string(arg.substr(equals + 1));
+      } else if (++i < argc) {
+        value = args[i];
+      } else {
+        return absl::StrCat("--", name, " needs a value");
+      }
+      // A comma-separated list (absl's std::vector<std::string> flags).
+      const std::vector<std::string> items =
+          value.empty() ? std::vector<std::string>() : absl::StrSplit(value, ',');
+      for (const std::string& item : items) {
+        std::vector<std::string> held;
+        std::string problem;
+        if (name == "flagfile") {
+          problem = depth < kMaxFlagfileDepth
+                        ? ReadFlagfile(item, &held)
+                        : absl::StrCat("flagfiles nested more than ", kMaxFlagfileDepth,
+                                       " deep (does one include itself?)");
+        } else if (name == "fromenv" || name == "tryfromenv") {
+          const std::string variable = absl::StrCat("FLAGS_", item);
+          if (item == "fromenv" || item == "tryfromenv") {
+            problem = absl::StrCat("cannot name ", item);
+          } else if (const char* set = std::getenv(variable.c_str()); set != nullptr) {
+            held.push_back(absl::StrCat("--", item, "=", set));
+          } else if (name == "fromenv") {
+            problem = absl::StrCat(variable, " is not set");
+          }
+        }
+        if (problem.empty()) problem = ArgumentsProblem(command, held, depth + 1);
+        if (!problem.empty()) {
+          return absl::StrCat("--", name, name == "flagfile" ? absl::StrCat(" \"", item, "\"") : "",
+                              ": ", problem);
+        }
+      }
       continue;
     }
     if (flag == nullptr) {
       const bool elsewhere = absl::FindCommandLineFlag(name) != nullptr;
-      return absl::StrCat(elsewhere ? "" : "unknown flag ", "--", spelled(name),
-                          elsewhere ? " is not a flag of this subcommand" : "", " (`switchserve ",
-                          command.name, " --help` lists them)");
+      std::string problem = absl::StrCat(elsewhere ? "" : "unknown flag ", "--", spelled(name),
+                                         elsewhere ? " is not a flag of this subcommand" : "",
+                                         " (`switchserve ", command.name, " --help` lists them)");
+      // The command line's hyphens become underscores (main); absl reads
+      // a flagfile's names as they are.
+      const std::string underscored = absl::StrReplaceAll(name, {{"-", "_"}});
+      if (depth > 0 && underscored != name && listed(underscored)) {
+        problem = absl::StrCat("--", name, ": a flagfile spells its flags with underscores (--",
+                               underscored, ")");
+      }
+      return problem;
     }
     // "--flag value": the next argument is the value, except after a
     // boolean, which takes none.
@@ -217,7 +297,7 @@ std::string ArgumentProblem(const Command& command, int argc, char** argv) {
       last_bool = std::string(name);
       continue;
     } else if (++i < argc) {
-      value = argv[i];
+      value = args[i];
     } else {
       return absl::StrCat("--", spelled(name), " needs a value");
     }
@@ -226,6 +306,21 @@ std::string ArgumentProblem(const Command& command, int argc, char** argv) {
     }
   }
   return "";
+}
+
+}  // namespace
+
+bool WantsHelp(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--") == 0) return false;
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-help") == 0) return true;
+  }
+  return false;
+}
+
+std::string ArgumentProblem(const Command& command, int argc, char** argv) {
+  return ArgumentsProblem(command, std::vector<std::string>(argv + std::min(argc, 1), argv + argc),
+                          0);
 }
 
 void PrintCommandHelp(const Command& command, std::FILE* out) {

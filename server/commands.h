@@ -33,8 +33,10 @@ bool WantsHelp(int argc, char** argv);
 // process-wide, so it would take another subcommand's flag without a word, and
 // it drops stray words: with `--allow-non-finite-weights false` the flag was
 // on and "false" gone; on a value its flag cannot hold (`--port abc`) it exits
-// 1, which `health` means for a server that is not SERVING. The message names
-// the argument (with hyphens); "" when all is well.
+// 1, which `health` means for a server that is not SERVING. What a --flagfile
+// or --fromenv holds is checked alike (absl too exited 1 on a flagfile it
+// could not read). The message names the argument (with hyphens), and the
+// flagfile it came from; "" when all is well.
 std::string ArgumentProblem(const Command& command, int argc, char** argv);
 // `switchserve NAME --help`: the usage line, then every flag of the command
 // as typed on the command line (--max-new-tokens), with its default and help.

@@ -207,6 +207,76 @@ def test_flag_spellings_that_are_accepted():
     assert code == 0, stderr
 
 
+# absl reads --flagfile and --fromenv itself: a flagfile it could not open, a
+# line or a flag in it that it refused, ended the process with absl's own
+# line ("ERROR: Can't open flagfile ...") and exit code 1, which `health`
+# means for a server that answered and is not SERVING; a flag in it of
+# another subcommand was taken without a word. What they hold is checked as
+# the command line is, the problem naming the flagfile.
+HEALTH = ["health", "--address", "127.0.0.1:1"]
+
+
+@pytest.mark.parametrize("command, lines, expected", [
+    (["serve"], None, "cannot read: No such file or directory"),
+    (["serve"], "directory", "cannot read: Is a directory"),
+    (["serve"], ["--bogus=1"], "unknown flag --bogus (`switchserve serve --help` lists them)"),
+    (["serve"], ["# settings", "", "  --port=abc"], '--port: not a 32-bit integer: "abc"'),
+    (["serve"], ["--prompt=x"], "--prompt is not a flag of this subcommand"),
+    (["serve"], ["--port=0", "port=5"],
+     'line 2: "port=5" is not a flag (one a line: --name=value)'),
+    (["serve"], ["--"], 'line 1: "--" is not a flag'),
+    (["serve"], ["--max-batch-tokens=5"],
+     "--max-batch-tokens: a flagfile spells its flags with underscores (--max_batch_tokens)"),
+    (["serve"], ["--flagfile=PATH"], "flagfiles nested more than 8 deep"),
+    (HEALTH, None, "cannot read: No such file or directory"),
+    (HEALTH, ["--timeout_s=abc"], '--timeout-s: not a number: "abc"'),
+])
+def test_flagfile_problems_are_refused_with_exit_code_2(tmp_path, command, lines, expected):
+    path = tmp_path / "flags"
+    if lines == "directory":
+        path.mkdir()
+    elif lines is not None:
+        path.write_text("".join(line.replace("PATH", str(path)) + "\n" for line in lines))
+    # After the flagfile, whose flags absl sets where it is named: a server
+    # that started despite it would take ports of no one else's.
+    ports = ["--port", "0", "--metrics-port", "0"] if command[0] == "serve" else []
+    code, stderr, _ = run_measured(*command, f"--flagfile={path}", *ports, timeout=20)
+    assert code == 2, stderr
+    assert stderr.startswith(f'switchserve {command[0]}: --flagfile "{path}": '), stderr
+    assert expected in stderr, stderr
+
+
+@pytest.mark.parametrize("value, expected", [
+    (None, "--fromenv: FLAGS_port is not set"),
+    ("abc", '--fromenv: --port: not a 32-bit integer: "abc"'),
+])
+def test_fromenv_problems_are_refused_with_exit_code_2(monkeypatch, value, expected):
+    monkeypatch.delenv("FLAGS_port", raising=False)
+    if value is not None:
+        monkeypatch.setenv("FLAGS_port", value)
+    code, stderr, _ = run_measured("serve", "--fromenv=port", "--metrics-port", "0", timeout=20)
+    assert code == 2, stderr
+    assert f"switchserve serve: {expected}" in stderr, stderr
+
+
+def test_a_flagfile_sets_its_flags(tmp_path):
+    """Read with --flagfile=FILE or --flagfile FILE (which was refused as a
+    stray word), its flags act as on the command line."""
+    path = tmp_path / "flags"
+    path.write_text("# generate\n--prompt=In\n\n  --max_new_tokens=3\n--seed=3\n--temperature=1\n")
+    outputs = [subprocess.run([BINARY, "generate", *args], capture_output=True, text=True,
+                              timeout=60)
+               for args in (["--flagfile", str(path)], [f"--flagfile={path}"],
+                            ["--prompt", "In", "--max-new-tokens", "3", "--seed", "3",
+                             "--temperature", "1"])]
+    for output in outputs:
+        assert output.returncode == 0, output.stderr
+    assert outputs[0].stdout == outputs[1].stdout == outputs[2].stdout
+    assert outputs[2].stdout != subprocess.run(
+        [BINARY, "generate", "--prompt", "In", "--max-new-tokens", "3", "--seed", "4",
+         "--temperature", "1"], capture_output=True, text=True, timeout=60).stdout
+
+
 @pytest.mark.parametrize("command", [["generate", "--prompt", "x"], ["score", "--tokens", "1,2"],
                                      ["serve", "--port", "0"]])
 @pytest.mark.parametrize("threads", ["-1", "1025", "100000"])
