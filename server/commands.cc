@@ -10,6 +10,7 @@
 #include <iterator>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "absl/flags/commandlineflag.h"
@@ -183,9 +184,10 @@ std::string ReadFlagfile(const std::string& path, std::vector<std::string>* args
 }
 
 // ArgumentProblem for `args` (those after the subcommand name), which came
-// from the command line (depth 0) or from a flagfile `depth` deep.
+// from the command line (depth 0) or from a flagfile `depth` deep; `reading`
+// holds the flagfiles being read around them (their paths made absolute).
 std::string ArgumentsProblem(const Command& command, const std::vector<std::string>& args,
-                             int depth) {
+                             int depth, std::vector<std::filesystem::path>* reading) {
   const auto spelled = [](absl::string_view name) {
     return absl::StrReplaceAll(name, {{"_", "-"}});
   };
@@ -251,11 +253,19 @@ std::string ArgumentsProblem(const Command& command, const std::vector<std::stri
       for (const std::string& item : items) {
         std::vector<std::string> held;
         std::string problem;
-        if (name == "flagfile") {
+        std::error_code error;
+        std::filesystem::path path;
+        if (name == "flagfile") path = std::filesystem::weakly_canonical(item, error);
+        if (error) path = item;
+        const bool includes_itself =
+            name == "flagfile" &&
+            std::find(reading->begin(), reading->end(), path) != reading->end();
+        if (includes_itself) {
+          problem = "is read again inside itself (flagfiles that include each other)";
+        } else if (name == "flagfile") {
           problem = depth < kMaxFlagfileDepth
                         ? ReadFlagfile(item, &held)
-                        : absl::StrCat("flagfiles nested more than ", kMaxFlagfileDepth,
-                                       " deep (does one include itself?)");
+                        : absl::StrCat("flagfiles nested more than ", kMaxFlagfileDepth, " deep");
         } else if (name == "fromenv" || name == "tryfromenv") {
           const std::string variable = absl::StrCat("FLAGS_", item);
           if (item == "fromenv" || item == "tryfromenv") {
@@ -266,7 +276,11 @@ std::string ArgumentsProblem(const Command& command, const std::vector<std::stri
             problem = absl::StrCat(variable, " is not set");
           }
         }
-        if (problem.empty()) problem = ArgumentsProblem(command, held, depth + 1);
+        if (problem.empty()) {
+          if (name == "flagfile") reading->push_back(path);
+          problem = ArgumentsProblem(command, held, depth + 1, reading);
+          if (name == "flagfile") reading->pop_back();
+        }
         if (!problem.empty()) {
           return absl::StrCat("--", name, name == "flagfile" ? absl::StrCat(" \"", item, "\"") : "",
                               ": ", problem);
@@ -319,8 +333,9 @@ bool WantsHelp(int argc, char** argv) {
 }
 
 std::string ArgumentProblem(const Command& command, int argc, char** argv) {
+  std::vector<std::filesystem::path> reading;
   return ArgumentsProblem(command, std::vector<std::string>(argv + std::min(argc, 1), argv + argc),
-                          0);
+                          0, &reading);
 }
 
 void PrintCommandHelp(const Command& command, std::FILE* out) {

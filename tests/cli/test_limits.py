@@ -227,7 +227,7 @@ HEALTH = ["health", "--address", "127.0.0.1:1"]
     (["serve"], ["--"], 'line 1: "--" is not a flag'),
     (["serve"], ["--max-batch-tokens=5"],
      "--max-batch-tokens: a flagfile spells its flags with underscores (--max_batch_tokens)"),
-    (["serve"], ["--flagfile=PATH"], "flagfiles nested more than 8 deep"),
+    (["serve"], ["--flagfile=PATH"], "is read again inside itself"),
     (HEALTH, None, "cannot read: No such file or directory"),
     (HEALTH, ["--timeout_s=abc"], '--timeout-s: not a number: "abc"'),
 ])
@@ -244,6 +244,35 @@ def test_flagfile_problems_are_refused_with_exit_code_2(tmp_path, command, lines
     assert code == 2, stderr
     assert stderr.startswith(f'switchserve {command[0]}: --flagfile "{path}": '), stderr
     assert expected in stderr, stderr
+
+
+def test_flagfiles_in_a_loop_or_nested_too_deep_are_refused_once(tmp_path):
+    """A loop of flagfiles is named once round (it was refused only at 8
+    deep, its names repeated nine times); a chain of nine is refused at 8."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_text(f"--flagfile={b}\n")
+    b.write_text(f"--flagfile={a}\n")
+    code, stderr, _ = run_measured("serve", f"--flagfile={a}", "--port", "0", "--metrics-port", "0",
+                                   timeout=20)
+    assert code == 2, stderr
+    assert stderr.strip() == (f'switchserve serve: --flagfile "{a}": --flagfile "{b}": '
+                              f'--flagfile "{a}": is read again inside itself '
+                              "(flagfiles that include each other)"), stderr
+    chain = [tmp_path / f"d{i}" for i in range(10)]
+    for here, there in zip(chain, chain[1:]):
+        here.write_text(f"--flagfile={there}\n")
+    chain[-1].write_text("--port=0\n")
+    code, stderr, _ = run_measured("serve", f"--flagfile={chain[0]}", "--port", "0",
+                                   "--metrics-port", "0", timeout=20)
+    assert code == 2, stderr
+    assert stderr.strip().endswith(f'--flagfile "{chain[8]}": flagfiles nested more than 8 deep'), \
+        stderr
+    # The same flagfile twice side by side is no loop: the flags pass, and
+    # `health` goes on to ask the server.
+    chain[-1].write_text("--timeout_s=1\n")
+    code, stderr, _ = run_measured("health", f"--flagfile={chain[-1]},{chain[-1]}",
+                                   "--address", "127.0.0.1:1", timeout=20)
+    assert "failed to connect" in stderr, stderr
 
 
 @pytest.mark.parametrize("value, expected", [
