@@ -16,6 +16,7 @@ import grpc
 import h2.exceptions
 import pytest
 
+import generation_pb2 as pb
 import generation_pb2_grpc as pb_grpc
 from grpc_harness import (BINARY, MODEL, SOURCE_DIR, Server, expect_good_request_works_at,
                           metric, stall_request, stream_log_lines, text_request,
@@ -375,6 +376,19 @@ def test_sigterm_drains_running_streams():
                         stub.Generate(text_request("late", 2), timeout=5)
                         time.sleep(0.005)
                 assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+                # Every new call is refused while the streams drain, not
+                # only Generate: a stream, Tokenize and GetModelInfo too.
+                for name, call in [
+                        ("GenerateStream",
+                         lambda: list(stub.GenerateStream(text_request("late", 2), timeout=5))),
+                        ("Tokenize",
+                         lambda: stub.Tokenize(pb.TokenizeRequest(text="late"), timeout=5)),
+                        ("GetModelInfo",
+                         lambda: stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=5))]:
+                    with pytest.raises(grpc.RpcError) as error:
+                        call()
+                    assert error.value.code() == grpc.StatusCode.UNAVAILABLE, name
+                    assert "shutting down" in error.value.details(), name
                 assert [f.result() for f in futures] == [(40, True)] * 8
         assert server.process.wait(timeout=30) == 0
     finally:
