@@ -1,5 +1,7 @@
 #include "server/commands.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
@@ -16,6 +18,7 @@
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/reflection.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
@@ -158,8 +161,14 @@ constexpr int kMaxFlagfileDepth = 8;
 // The arguments of the flagfile `path` as absl reads them (absl/flags/parse.cc,
 // ArgsList::ReadFromFlagfile): one a line, its leading whitespace dropped;
 // blank lines and those that start with '#' skipped; any other line starts
-// with '-' and is not "--". "" when all is well, else the problem.
+// with '-' and is not "--". "" when all is well, else the problem. Only a
+// regular file is read here: a pipe (`--flagfile=<(...)`, /dev/stdin) can be
+// read once, and that read is absl's; its contents go unchecked.
 std::string ReadFlagfile(const std::string& path, std::vector<std::string>* args) {
+  struct stat status {};
+  if (stat(path.c_str(), &status) != 0) return absl::StrCat("cannot read: ", std::strerror(errno));
+  if (S_ISDIR(status.st_mode)) return absl::StrCat("cannot read: ", std::strerror(EISDIR));
+  if (!S_ISREG(status.st_mode)) return "";
   std::FILE* file = std::fopen(path.c_str(), "r");
   if (file == nullptr) return absl::StrCat("cannot read: ", std::strerror(errno));
   std::string text;
@@ -183,13 +192,61 @@ std::string ReadFlagfile(const std::string& path, std::vector<std::string>* args
   return "";
 }
 
+// The value of `--name=value` or `--name value` at args[*i] (moving *i past
+// a value that follows), if args[*i] is the flag `name`.
+std::optional<std::string> ValueOf(absl::string_view name, const std::vector<std::string>& args,
+                                   size_t* i) {
+  absl::string_view arg = args[*i];
+  if (arg.size() < 2 || arg[0] != '-') return std::nullopt;
+  arg.remove_prefix(arg[1] == '-' ? 2 : 1);
+  if (arg == name) {
+    if (*i + 1 >= args.size()) return std::nullopt;
+    return args[++*i];
+  }
+  if (arg.size() > name.size() && arg.substr(0, name.size()) == name && arg[name.size()] == '=') {
+    return std::string(arg.substr(name.size() + 1));
+  }
+  return std::nullopt;
+}
+
+// The names --undefok lists, on the command line or in the regular
+// flagfiles it names (to kMaxFlagfileDepth): absl takes an unknown flag
+// named there, wherever it comes, without a word.
+void CollectUndefok(const std::vector<std::string>& args, int depth,
+                    std::vector<std::string>* names) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--") return;
+    if (auto listed = ValueOf("undefok", args, &i)) {
+      for (absl::string_view name : absl::StrSplit(*listed, ',', absl::SkipEmpty())) {
+        names->emplace_back(name);
+      }
+    } else if (auto files = ValueOf("flagfile", args, &i); files && depth < kMaxFlagfileDepth) {
+      for (absl::string_view file : absl::StrSplit(*files, ',', absl::SkipEmpty())) {
+        std::vector<std::string> held;
+        if (ReadFlagfile(std::string(file), &held).empty()) {
+          CollectUndefok(held, depth + 1, names);
+        }
+      }
+    }
+  }
+}
+
+// What ArgumentsProblem carries through the flagfiles it reads.
+struct ArgumentWalk {
+  // The flagfiles being read around the arguments (their paths made absolute).
+  std::vector<std::filesystem::path> reading;
+  std::vector<std::string> undefok;  // CollectUndefok's
+};
+
 // ArgumentProblem for `args` (those after the subcommand name), which came
-// from the command line (depth 0) or from a flagfile `depth` deep; `reading`
-// holds the flagfiles being read around them (their paths made absolute).
+// from the command line (depth 0) or from a flagfile `depth` deep.
 std::string ArgumentsProblem(const Command& command, const std::vector<std::string>& args,
-                             int depth, std::vector<std::filesystem::path>* reading) {
-  const auto spelled = [](absl::string_view name) {
-    return absl::StrReplaceAll(name, {{"_", "-"}});
+                             int depth, ArgumentWalk* walk) {
+  std::vector<std::filesystem::path>* reading = &walk->reading;
+  // A name as the user spells it: on the command line with hyphens (main
+  // turned them into underscores), in a flagfile as written.
+  const auto spelled = [depth](absl::string_view name) {
+    return depth > 0 ? std::string(name) : absl::StrReplaceAll(name, {{"_", "-"}});
   };
   const auto listed = [&](absl::string_view name) {
     for (const char* flag : command.flags) {
@@ -278,7 +335,7 @@ std::string ArgumentsProblem(const Command& command, const std::vector<std::stri
         }
         if (problem.empty()) {
           if (name == "flagfile") reading->push_back(path);
-          problem = ArgumentsProblem(command, held, depth + 1, reading);
+          problem = ArgumentsProblem(command, held, depth + 1, walk);
           if (name == "flagfile") reading->pop_back();
         }
         if (!problem.empty()) {
@@ -289,6 +346,11 @@ std::string ArgumentsProblem(const Command& command, const std::vector<std::stri
       continue;
     }
     if (flag == nullptr) {
+      const absl::string_view positive = name.substr(0, 2) == "no" ? name.substr(2) : name;
+      if (std::find(walk->undefok.begin(), walk->undefok.end(), name) != walk->undefok.end() ||
+          std::find(walk->undefok.begin(), walk->undefok.end(), positive) != walk->undefok.end()) {
+        continue;  // absl drops it
+      }
       const bool elsewhere = absl::FindCommandLineFlag(name) != nullptr;
       std::string problem = absl::StrCat(elsewhere ? "" : "unknown flag ", "--", spelled(name),
                                          elsewhere ? " is not a flag of this subcommand" : "",
@@ -299,6 +361,13 @@ std::string ArgumentsProblem(const Command& command, const std::vector<std::stri
       if (depth > 0 && underscored != name && listed(underscored)) {
         problem = absl::StrCat("--", name, ": a flagfile spells its flags with underscores (--",
                                underscored, ")");
+      }
+      // A line of a flagfile written with Windows' line ending.
+      const absl::string_view trimmed = absl::StripTrailingAsciiWhitespace(name);
+      if (trimmed != name && listed(trimmed)) {
+        problem =
+            absl::StrCat("--", trimmed, ": whitespace after the name (",
+                         absl::CEscape(name.substr(trimmed.size())), "; a Windows line ending?)");
       }
       return problem;
     }
@@ -333,9 +402,10 @@ bool WantsHelp(int argc, char** argv) {
 }
 
 std::string ArgumentProblem(const Command& command, int argc, char** argv) {
-  std::vector<std::filesystem::path> reading;
-  return ArgumentsProblem(command, std::vector<std::string>(argv + std::min(argc, 1), argv + argc),
-                          0, &reading);
+  const std::vector<std::string> args(argv + std::min(argc, 1), argv + argc);
+  ArgumentWalk walk;
+  CollectUndefok(args, 0, &walk.undefok);
+  return ArgumentsProblem(command, args, 0, &walk);
 }
 
 void PrintCommandHelp(const Command& command, std::FILE* out) {

@@ -229,7 +229,8 @@ HEALTH = ["health", "--address", "127.0.0.1:1"]
      "--max-batch-tokens: a flagfile spells its flags with underscores (--max_batch_tokens)"),
     (["serve"], ["--flagfile=PATH"], "is read again inside itself"),
     (HEALTH, None, "cannot read: No such file or directory"),
-    (HEALTH, ["--timeout_s=abc"], '--timeout-s: not a number: "abc"'),
+    (HEALTH, ["--timeout_s=abc"], '--timeout_s: not a number: "abc"'),
+    (HEALTH, ["--tls\r"], "--tls: whitespace after the name (\\r; a Windows line ending?)"),
 ])
 def test_flagfile_problems_are_refused_with_exit_code_2(tmp_path, command, lines, expected):
     path = tmp_path / "flags"
@@ -244,6 +245,34 @@ def test_flagfile_problems_are_refused_with_exit_code_2(tmp_path, command, lines
     assert code == 2, stderr
     assert stderr.startswith(f'switchserve {command[0]}: --flagfile "{path}": '), stderr
     assert expected in stderr, stderr
+
+
+@pytest.mark.parametrize("command, flag, expected", [
+    (["health"], "--address=127.0.0.1:1", "127.0.0.1:1: failed to connect"),
+    (["serve", "--model", "/nonexistent", "--port", "0", "--metrics-port", "0"],
+     "--auth_token_file=/nonexistent/token", "/nonexistent/token"),
+])
+def test_a_flagfile_read_from_a_pipe_keeps_its_flags(command, flag, expected):
+    """A pipe can be read once: the argument check read it first, and absl
+    then found it empty; the flags were dropped without a word (a server
+    without its --auth-token-file)."""
+    output = subprocess.run([BINARY, *command, "--flagfile=/dev/stdin"], input=flag + "\n",
+                            capture_output=True, text=True, timeout=30)
+    assert output.returncode != 0, output.stderr
+    assert expected in output.stderr, output.stderr
+
+
+def test_undefok_in_a_flagfile_lets_its_unknown_flags_pass(tmp_path):
+    """absl drops an unknown flag that --undefok names, from a flagfile too
+    (one flagfile shared by versions that know different flags)."""
+    path = tmp_path / "flags"
+    path.write_text("--undefok=retired_flag\n--retired_flag=1\n--noretired_flag\n"
+                    "--address=127.0.0.1:1\n")
+    code, stderr, _ = run_measured("health", f"--flagfile={path}", timeout=20)
+    assert "127.0.0.1:1: failed to connect" in stderr, stderr
+    path.write_text("--retired_flag=1\n--address=127.0.0.1:1\n")
+    code, stderr, _ = run_measured("health", f"--flagfile={path}", timeout=20)
+    assert code == 2 and "unknown flag --retired_flag" in stderr, stderr
 
 
 def test_flagfiles_in_a_loop_or_nested_too_deep_are_refused_once(tmp_path):
