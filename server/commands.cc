@@ -242,7 +242,6 @@ struct ArgumentWalk {
 // from the command line (depth 0) or from a flagfile `depth` deep.
 std::string ArgumentsProblem(const Command& command, const std::vector<std::string>& args,
                              int depth, ArgumentWalk* walk) {
-  std::vector<std::filesystem::path>* reading = &walk->reading;
   // A name as the user spells it: on the command line with hyphens (main
   // turned them into underscores), in a flagfile as written.
   const auto spelled = [depth](absl::string_view name) {
@@ -316,7 +315,7 @@ std::string ArgumentsProblem(const Command& command, const std::vector<std::stri
         if (error) path = item;
         const bool includes_itself =
             name == "flagfile" &&
-            std::find(reading->begin(), reading->end(), path) != reading->end();
+            std::find(walk->reading.begin(), walk->reading.end(), path) != walk->reading.end();
         if (includes_itself) {
           problem = "is read again inside itself (flagfiles that include each other)";
         } else if (name == "flagfile") {
@@ -334,9 +333,9 @@ std::string ArgumentsProblem(const Command& command, const std::vector<std::stri
           }
         }
         if (problem.empty()) {
-          if (name == "flagfile") reading->push_back(path);
+          if (name == "flagfile") walk->reading.push_back(path);
           problem = ArgumentsProblem(command, held, depth + 1, walk);
-          if (name == "flagfile") reading->pop_back();
+          if (name == "flagfile") walk->reading.pop_back();
         }
         if (!problem.empty()) {
           return absl::StrCat("--", name, name == "flagfile" ? absl::StrCat(" \"", item, "\"") : "",

@@ -143,26 +143,18 @@ absl::StatusOr<v1::TokenIds> TokenIdList(const Json& list, std::string_view para
   v1::TokenIds ids;
   for (size_t i = 0; i < list.size(); ++i) {
     const Json& id = list[i];
-    const bool whole_float = id.is_number_float() && std::isfinite(id.get<double>()) &&
-                             id.get<double>() == std::trunc(id.get<double>());
-    if (!id.is_number_integer() && !whole_float) {
+    const auto n = WholeNumber(id, param);
+    if (!n.ok()) {
       return Invalid(param,
                      absl::StrCat(entry, "[", i, "] must be an integer, found ", DescribeJson(id)));
     }
-    // An id past int32 is outside every vocabulary (the unsigned ones past
-    // int64 too: read as int64 they would wrap to negative ids).
-    const bool fits = id.is_number_unsigned()
-                          ? id.get<uint64_t>() <= std::numeric_limits<int32_t>::max()
-                      : whole_float ? id.get<double>() >= std::numeric_limits<int32_t>::min() &&
-                                          id.get<double>() <= std::numeric_limits<int32_t>::max()
-                                    : id.get<int64_t>() >= std::numeric_limits<int32_t>::min() &&
-                                          id.get<int64_t>() <= std::numeric_limits<int32_t>::max();
-    if (!fits) {
+    // An id past int32 is outside every vocabulary (those past int64 too).
+    if (!n->has_value() || **n < std::numeric_limits<int32_t>::min() ||
+        **n > std::numeric_limits<int32_t>::max()) {
       return Invalid(param, absl::StrCat(entry, "[", i, "] = ", DescribeJson(id),
                                          " is outside the vocabulary [0, ", vocab_size, ")"));
     }
-    ids.add_ids(whole_float ? static_cast<int32_t>(id.get<double>())
-                            : static_cast<int32_t>(id.get<int64_t>()));
+    ids.add_ids(static_cast<int32_t>(**n));
   }
   return ids;
 }
