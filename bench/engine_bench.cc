@@ -35,6 +35,11 @@
 //   --threads=N    host threads of the backend (BackendOptions::num_threads;
 //                  default: all cores): how a step scales with cores. The
 //                  machine's limits are still measured on all cores.
+//   --weight-copies=0|1
+//                  CPU: whether the backend keeps tiled copies of the weights
+//                  for one-row products (BackendOptions::cpu_weight_copies,
+//                  the server's --cpu-weight-copies; default 1), to measure
+//                  what they give a batch-1 step.
 //   --pool-timeline=FILE
 //                  CPU: appends a timeline of each timed loop to FILE: when
 //                  every step started and every job the worker pool shared
@@ -106,6 +111,7 @@ struct Settings {
   int threads = 0;                           // host threads of the backend; 0: all cores
   std::optional<cpu::KernelIsa> kernel_isa;  // CPU; none: the fastest
   std::string pool_timeline;                 // CPU; empty: no timeline
+  bool weight_copies = true;                 // CPU; BackendOptions::cpu_weight_copies
 };
 Settings& settings() {
   static Settings s;
@@ -338,6 +344,7 @@ std::unique_ptr<Backend> NewBackend(const BenchModel& model) {
       settings().device, model.config, model.weights, model.config.dispatch,
       BackendOptions{.num_threads = settings().threads,
                      .kv_cache_dtype = settings().kv_cache_dtype,
+                     .cpu_weight_copies = settings().weight_copies,
                      .cpu_kernels = settings().kernel_isa,
                      .cuda_attention_segment_tokens = settings().attention_segment_tokens});
   return backend.ok() ? *std::move(backend) : nullptr;
@@ -574,6 +581,13 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "engine_bench: --pool-timeline: expected a file\n");
         return 2;
       }
+    } else if (std::strncmp(argv[i], "--weight-copies=", 16) == 0) {
+      const std::string value = argv[i] + 16;
+      if (value != "0" && value != "1") {
+        std::fprintf(stderr, "engine_bench: --weight-copies: expected 0 or 1\n");
+        return 2;
+      }
+      settings().weight_copies = value == "1";
     } else if (std::strncmp(argv[i], "--attention-segment-tokens=", 27) == 0) {
       if (!absl::SimpleAtoi(argv[i] + 27, &settings().attention_segment_tokens) ||
           settings().attention_segment_tokens < 1) {
