@@ -81,6 +81,69 @@ class CallSink : public GenerationSink {
   Call* call_;
 };
 
+// What a Generate call and a GenerateStream call share: the service, the
+// engine request, the access record, the output budget's reservation, and
+// their end. gRPC's OnCancel cancels the engine request; the call is deleted
+// once gRPC (OnDone) and everything else holding it are done with it; OnDone
+// waits for a cancel under way on another thread (ServerCancel). Each final
+// class adds itself to the service's StreamRegistry in its constructor and
+// removes itself in its destructor, so that the sweep never sees it half
+// made or half gone.
+class GenerateCall : public QueuedWrite, public StreamRegistry::Member {
+ protected:
+  // `holds`: who holds the call at first (gRPC, and the engine where it
+  // releases the call too).
+  GenerateCall(GenerationService* service, grpc::CallbackServerContext* context,
+               const GenerationRequest& request, const char* method, int holds)
+      : service_(service),
+        context_(context),
+        params_(request.sampling),
+        access_(CallAccessRecord(*context, request, method)),
+        held_(service->output_budget()),
+        holds_(holds) {
+    service_->CallStarted();
+  }
+
+  // gRPC's OnCancel.
+  void CancelRequest() { handle_.Cancel(CancelCauseOf(*context_)); }
+
+  // gRPC's OnDone.
+  void Done() {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      done_ = true;
+      cancel_.WaitLocked(&lock);
+    }
+    service_->CallDone();
+    Release();
+  }
+
+  // Drops one hold; the last deletes the call.
+  void Release() {
+    bool delete_now;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      delete_now = --holds_ == 0;
+    }
+    if (delete_now) delete this;
+  }
+
+  GenerationService* const service_;
+  grpc::CallbackServerContext* const context_;
+  const SamplingParams params_;
+  AccessRecord access_;
+  EngineRequestHandle handle_;
+  ByteReservation held_;  // the output the call holds against the budget
+
+  std::mutex mu_;
+  int holds_;  // guarded by mu_
+  // Ending a call whose client does not read (guarded by mu_).
+  bool ending_ = false;
+  std::string end_message_;
+  ServerCancel cancel_;
+  bool done_ = false;  // OnDone has run (or is waiting for the cancel)
+};
+
 // A unary call holds its serialized response against the output budget
 // (--output-buffer-bytes) from the end of its request until gRPC is done with
 // it: a client that reads nothing (HTTP/2 flow control) keeps the response in
@@ -90,19 +153,11 @@ class CallSink : public GenerationSink {
 // RESOURCE_EXHAUSTED (found by the registry's sweep, cancelled on the
 // WriteQueue thread). As every call, it is logged and counted as its answer
 // is handed to gRPC (GenerationService::FinishCall).
-class UnaryGenerateCall final : public grpc::ServerUnaryReactor,
-                                public QueuedWrite,
-                                public StreamRegistry::Member {
+class UnaryGenerateCall final : public grpc::ServerUnaryReactor, public GenerateCall {
  public:
   UnaryGenerateCall(GenerationService* service, grpc::CallbackServerContext* context,
                     grpc::ByteBuffer* response, const GenerationRequest& request)
-      : service_(service),
-        context_(context),
-        response_(response),
-        params_(request.sampling),
-        access_(CallAccessRecord(*context, request, "Generate")),
-        held_(service->output_budget()) {
-    service_->CallStarted();
+      : GenerateCall(service, context, request, "Generate", /*holds=*/1), response_(response) {
     service_->streams().Add(this);
   }
   ~UnaryGenerateCall() override { service_->streams().Remove(this); }
@@ -192,47 +247,20 @@ class UnaryGenerateCall final : public grpc::ServerUnaryReactor,
     Release();
   }
 
-  void OnCancel() override { handle_.Cancel(CancelCauseOf(*context_)); }
-  void OnDone() override {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      done_ = true;
-      cancel_.WaitLocked(&lock);
-    }
-    service_->CallDone();
-    Release();
-  }
+  void OnCancel() override { CancelRequest(); }
+  // The call is deleted once gRPC and a posted cancel are done with it (held_
+  // holds the serialized response while gRPC has it).
+  void OnDone() override { Done(); }
 
  private:
-  // The call is deleted once gRPC (OnDone) and a posted cancel are done with
-  // it.
-  void Release() {
-    bool delete_now;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      delete_now = --holds_ == 0;
-    }
-    if (delete_now) delete this;
-  }
-
-  GenerationService* service_;
-  grpc::CallbackServerContext* context_;
   grpc::ByteBuffer* response_;
   v1::GenerateResponse message_;  // built up by the updates, but
   std::string detail_;            // its `tokens`, serialized
-  SamplingParams params_;
-  AccessRecord access_;
-  EngineRequestHandle handle_;
-  ByteReservation held_;  // the serialized response, while gRPC has it
 
-  std::mutex mu_;
-  int holds_ = 1;               // gRPC, plus a posted cancel
+  // Guarded by mu_. ending_: ended by the sweep, its client had not read the
+  // response.
   int64_t response_bytes_ = 0;  // of the response given to Finish; 0: a status alone
   std::chrono::steady_clock::time_point finish_called_at_;
-  bool ending_ = false;  // ended by the sweep: its client had not read the response
-  std::string end_message_;
-  ServerCancel cancel_;
-  bool done_ = false;  // OnDone has run (or is waiting for the cancel)
 };
 
 // Streams updates as they come. The engine thread merges each update into the
@@ -249,18 +277,12 @@ class UnaryGenerateCall final : public grpc::ServerUnaryReactor,
 // while it waits passes the service's byte limit (found by the engine thread
 // as it merges; the rest is done on the WriteQueue thread, not the engine's).
 class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
-                                    public QueuedWrite,
-                                    public StreamRegistry::Member {
+                                    public GenerateCall {
  public:
   StreamingGenerateCall(GenerationService* service, grpc::CallbackServerContext* context,
                         const GenerationRequest& request)
-      : service_(service),
-        context_(context),
-        params_(request.sampling),
-        detail_(request.sampling.logprobs > 0 || request.sampling.return_routing),
-        access_(CallAccessRecord(*context, request, "GenerateStream")),
-        held_(service->output_budget()) {
-    service_->CallStarted();
+      : GenerateCall(service, context, request, "GenerateStream", /*holds=*/2),
+        detail_(request.sampling.logprobs > 0 || request.sampling.return_routing) {
     service_->streams().Add(this);
   }
   ~StreamingGenerateCall() override { service_->streams().Remove(this); }
@@ -394,16 +416,12 @@ class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBu
     }
     Pump();
   }
-  void OnCancel() override { handle_.Cancel(CancelCauseOf(*context_)); }
-  void OnDone() override {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      done_ = true;
-      cancel_.WaitLocked(&lock);
-    }
-    service_->CallDone();
-    Release();
-  }
+  void OnCancel() override { CancelRequest(); }
+  // The call is deleted once gRPC, the engine (its final update has
+  // returned) and every posted write are done with it: the engine thread may
+  // still be in OnEngineUpdate, and the queue may still hold the call, when a
+  // gRPC thread finishes it.
+  void OnDone() override { Done(); }
 
  private:
   // Starts the next write (the last one together with the call's end), or
@@ -482,35 +500,15 @@ class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBu
     return true;
   }
 
-  // The call is deleted once gRPC (OnDone), the engine (its final update has
-  // returned) and every posted write are done with it: the engine thread may
-  // still be in OnEngineUpdate, and the queue may still hold the call, when a
-  // gRPC thread finishes it.
-  void Release() {
-    bool delete_now;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      delete_now = --holds_ == 0;
-    }
-    if (delete_now) delete this;
-  }
-
-  GenerationService* service_;
-  grpc::CallbackServerContext* context_;
-  SamplingParams params_;
   const bool detail_;  // the messages carry tokens' detail (AppendTokens)
-  EngineRequestHandle handle_;
 
-  std::mutex mu_;
-  int holds_ = 2;  // gRPC and the engine, plus one per posted write
-  AccessRecord access_;
-  v1::GenerateStreamResponse pending_;  // merged updates not yet written, but
-  std::string pending_detail_;          // their `tokens`, serialized
-  int64_t pending_bytes_ = 0;           // their serialized size, about
-  grpc::ByteBuffer in_flight_;          // the message being written
-  int64_t in_flight_bytes_ = 0;         // its pending_bytes_ when taken
-  // pending_bytes_ + in_flight_bytes_ of the budget all streams share.
-  ByteReservation held_;
+  // Guarded by mu_, as access_ is here. holds_: gRPC and the engine, plus
+  // one per posted write. held_: pending_bytes_ + in_flight_bytes_.
+  v1::GenerateStreamResponse pending_;                   // merged updates not yet written, but
+  std::string pending_detail_;                           // their `tokens`, serialized
+  int64_t pending_bytes_ = 0;                            // their serialized size, about
+  grpc::ByteBuffer in_flight_;                           // the message being written
+  int64_t in_flight_bytes_ = 0;                          // its pending_bytes_ when taken
   std::chrono::steady_clock::time_point write_started_;  // of the write in flight
   bool has_pending_ = false;
   bool writing_ = false;
@@ -520,12 +518,8 @@ class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBu
   bool finished_ = false;
   bool finish_called_ = false;
   grpc::Status final_status_;
-  // Ending a stream whose client does not read (EndLocked).
-  bool ending_ = false;
+  // Ending a stream whose client does not read (EndLocked; ending_ too).
   bool end_requested_ = false;  // the WriteQueue thread has yet to cancel it
-  std::string end_message_;
-  ServerCancel cancel_;
-  bool done_ = false;  // OnDone has run (or is waiting for the cancel)
 };
 
 }  // namespace
