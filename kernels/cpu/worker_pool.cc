@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 
@@ -26,12 +27,20 @@ inline void Relax() {
 std::atomic<std::vector<PoolJobSpan>*> recorded_jobs{nullptr};
 std::mutex recorded_jobs_mutex;
 
-constexpr uint64_t Generation(uint64_t cursor) { return cursor >> 32; }
-constexpr uint32_t Index(uint64_t cursor) { return static_cast<uint32_t>(cursor); }
+constexpr uint32_t Generation(uint64_t value) { return static_cast<uint32_t>(value >> 32); }
+
+// A job's pieces are numbered in 16 bits (Share); longer jobs run as several.
+constexpr int kMaxPieces = 0xFFFF;
+
+constexpr uint64_t PackShare(uint32_t generation, int lo, int hi) {
+  return uint64_t{generation} << 32 | static_cast<uint64_t>(lo) << 16 | static_cast<uint64_t>(hi);
+}
+constexpr int Lo(uint64_t share) { return static_cast<int>((share >> 16) & 0xFFFF); }
+constexpr int Hi(uint64_t share) { return static_cast<int>(share & 0xFFFF); }
 
 }  // namespace
 
-WorkerPool::WorkerPool(int threads) {
+WorkerPool::WorkerPool(int threads) : shares_(std::max(threads, 1)) {
   // Compute threads (engine/runtime/compute_threads.h), listed by the time
   // the pool exists.
   for (int slot = 1; slot < threads; ++slot) {
@@ -65,22 +74,37 @@ void WorkerPool::Run(int count, PieceFn fn, const void* context) {
     for (int i = 0; i < count; ++i) fn(context, i, 0);
     return;
   }
+  for (int first = 0; first < count; first += kMaxPieces) {
+    RunPieces(first, std::min(kMaxPieces, count - first), fn, context);
+  }
+}
+
+void WorkerPool::RunPieces(int first, int count, PieceFn fn, const void* context) {
   const bool record = recorded_jobs.load(std::memory_order_relaxed) != nullptr;
   const int64_t start_ns = record ? SteadyNowNs() : 0;
-  const uint64_t generation = Generation(cursor_.load(std::memory_order_relaxed)) + 1;
+  const uint32_t generation = Generation(cursor_.load(std::memory_order_relaxed)) + 1;
   Job& job = jobs_[generation & 1];
   job.fn.store(fn, std::memory_order_relaxed);
   job.context.store(context, std::memory_order_relaxed);
-  job.count.store(count, std::memory_order_relaxed);
+  job.first.store(first, std::memory_order_relaxed);
   job.done.store(0, std::memory_order_relaxed);
   job.record.store(record, std::memory_order_relaxed);
   if (record) job.workers_end_ns.store(0, std::memory_order_relaxed);
-  cursor_.store(generation << 32);  // publishes the job (seq_cst: see WorkerLoop)
+  // Each slot's own consecutive pieces. Every piece of the last job has run
+  // (Run waited for them), so a worker still looking at it finds a newer
+  // generation here and takes nothing.
+  const int threads = this->threads();
+  for (int slot = 0; slot < threads; ++slot) {
+    shares_[slot].value.store(
+        PackShare(generation, count * slot / threads, count * (slot + 1) / threads),
+        std::memory_order_relaxed);
+  }
+  cursor_.store(uint64_t{generation} << 32);  // publishes the job (seq_cst: see WorkerLoop)
   if (sleepers_.load() > 0) {
     std::lock_guard<std::mutex> lock(mutex_);
     wake_.notify_all();
   }
-  const int ran = TakePieces(generation << 32, 0);
+  const int ran = TakePieces(generation, 0);
   const int64_t caller_end_ns = record ? SteadyNowNs() : 0;
   // Only pieces a worker has taken can still be running.
   while (job.done.load(std::memory_order_acquire) < count) Relax();
@@ -94,25 +118,39 @@ void WorkerPool::Run(int count, PieceFn fn, const void* context) {
   }
 }
 
-int WorkerPool::TakePieces(uint64_t cursor, int slot) {
-  const uint64_t generation = Generation(cursor);
+int WorkerPool::TakePieces(uint32_t generation, int slot) {
   Job& job = jobs_[generation & 1];
-  // Read under `cursor`'s generation: if the job changed since, the exchange
-  // below fails and nothing read here is used.
-  const int count = job.count.load(std::memory_order_relaxed);
+  const int threads = this->threads();
   int ran = 0;
-  while (Index(cursor) < static_cast<uint32_t>(count)) {
-    if (!cursor_.compare_exchange_weak(cursor, cursor + 1, std::memory_order_acq_rel,
-                                       std::memory_order_acquire)) {
-      if (Generation(cursor) != generation) break;
-      continue;
+  // Its own pieces from the front, then each other slot's from the back.
+  for (int k = 0; k < threads; ++k) {
+    const int from = (slot + k) % threads;
+    Share& share = shares_[from];
+    uint64_t value = share.value.load(std::memory_order_acquire);
+    for (;;) {
+      if (Generation(value) != generation) return FinishTaking(job, slot, ran);
+      const int lo = Lo(value), hi = Hi(value);
+      if (lo >= hi) break;
+      const int piece = k == 0 ? lo : hi - 1;
+      const uint64_t taken =
+          k == 0 ? PackShare(generation, lo + 1, hi) : PackShare(generation, lo, hi - 1);
+      if (!share.value.compare_exchange_weak(value, taken, std::memory_order_acq_rel,
+                                             std::memory_order_acquire)) {
+        continue;
+      }
+      // Read under the share's generation: the job cannot change before
+      // this piece is counted done.
+      job.fn.load(std::memory_order_relaxed)(job.context.load(std::memory_order_relaxed),
+                                             job.first.load(std::memory_order_relaxed) + piece,
+                                             slot);
+      ++ran;
+      value = share.value.load(std::memory_order_acquire);
     }
-    job.fn.load(std::memory_order_relaxed)(job.context.load(std::memory_order_relaxed),
-                                           static_cast<int>(Index(cursor)), slot);
-    ++ran;
-    cursor = cursor_.load(std::memory_order_acquire);
-    if (Generation(cursor) != generation) break;
   }
+  return FinishTaking(job, slot, ran);
+}
+
+int WorkerPool::FinishTaking(Job& job, int slot, int ran) {
   if (ran > 0 && slot > 0 && job.record.load(std::memory_order_relaxed)) {
     const int64_t now = SteadyNowNs();
     int64_t latest = job.workers_end_ns.load(std::memory_order_relaxed);
@@ -159,7 +197,7 @@ void WorkerPool::WorkerLoop(int slot) {
     }
     if (stop_.load()) return;
     seen = Generation(cursor);
-    TakePieces(cursor, slot);
+    TakePieces(static_cast<uint32_t>(seen), slot);
   }
 }
 

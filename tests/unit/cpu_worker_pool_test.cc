@@ -33,27 +33,64 @@ TEST(WorkerPoolTest, EveryPieceRunsOnceAndIsDoneWhenRunReturns) {
   }
 }
 
+// A job of more pieces than a share numbers (2^16 - 1) runs as several,
+// every piece once.
+TEST(WorkerPoolTest, JobsOfMorePiecesThanAShareNumbersRunEveryPieceOnce) {
+  WorkerPool pool(2);
+  constexpr int kCount = 3 * 65535 + 7;
+  std::vector<std::atomic<int>> runs(kCount);
+  pool.Run(kCount, [&](int i, int) { runs[i].fetch_add(1); });
+  for (int i = 0; i < kCount; ++i) ASSERT_EQ(runs[i].load(), 1) << i;
+}
+
+// Each thread runs its own share first: with the caller held in its first
+// piece, the worker runs the pieces of its own share in order, before any
+// of the caller's.
+TEST(WorkerPoolTest, EachThreadRunsItsOwnShareFirst) {
+  WorkerPool pool(2);
+  for (int round = 0; round < 20; ++round) {
+    constexpr int kCount = 8;
+    std::atomic<int> worker_pieces{0};
+    std::mutex order_mutex;
+    std::vector<int> worker_order;
+    pool.Run(kCount, [&](int i, int slot) {
+      if (slot != 0) {
+        std::lock_guard<std::mutex> lock(order_mutex);
+        worker_order.push_back(i);
+        worker_pieces.fetch_add(1);
+        return;
+      }
+      // The caller's first piece waits for the worker's whole share.
+      if (i == 0) {
+        while (worker_pieces.load() < kCount / 2) std::this_thread::yield();
+      }
+    });
+    ASSERT_GE(worker_order.size(), static_cast<size_t>(kCount / 2)) << "round " << round;
+    for (int j = 0; j < kCount / 2; ++j) {
+      EXPECT_EQ(worker_order[j], kCount / 2 + j) << "round " << round;
+    }
+  }
+}
+
 TEST(WorkerPoolTest, WorkersTakePiecesWhenTheCallerIsBusy) {
   WorkerPool pool(2);
-  // Piece 0 holds the caller or a worker until another thread has run
-  // piece 1: it can only finish if a second thread takes part.
+  // Each piece holds its thread until both have started: the job can only
+  // finish if a second thread takes the piece the first is not running.
   for (int round = 0; round < 20; ++round) {
-    std::atomic<bool> second_done{false};
+    std::atomic<int> started{0};
     std::set<std::thread::id> ids;
     std::mutex ids_mutex;
     std::set<int> slots;
-    pool.Run(2, [&](int i, int slot) {
+    pool.Run(2, [&](int, int slot) {
       {
         std::lock_guard<std::mutex> lock(ids_mutex);
         ids.insert(std::this_thread::get_id());
         slots.insert(slot);
       }
-      if (i == 1) second_done.store(true);
-      if (i == 0) {
-        while (!second_done.load()) std::this_thread::yield();
-      }
+      started.fetch_add(1);
+      while (started.load() < 2) std::this_thread::yield();
     });
-    EXPECT_TRUE(second_done.load());
+    EXPECT_EQ(started.load(), 2);
     EXPECT_EQ(ids.size(), 2u);
     EXPECT_EQ(slots, (std::set<int>{0, 1})) << "each thread has its own slot";
   }
@@ -73,14 +110,14 @@ TEST(WorkerPoolTest, SleepingWorkersWakeForTheNextJob) {
   for (int round = 0; round < 5; ++round) {
     // Long enough for the worker to stop polling and sleep.
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    std::atomic<bool> second_done{false};
-    pool.Run(2, [&](int i, int) {
-      if (i == 1) second_done.store(true);
-      if (i == 0) {
-        while (!second_done.load()) std::this_thread::yield();
-      }
+    // Each piece waits until both have started: only a worker that woke
+    // can start the second.
+    std::atomic<int> started{0};
+    pool.Run(2, [&](int, int) {
+      started.fetch_add(1);
+      while (started.load() < 2) std::this_thread::yield();
     });
-    EXPECT_TRUE(second_done.load());
+    EXPECT_EQ(started.load(), 2);
   }
 }
 
@@ -89,22 +126,20 @@ TEST(WorkerPoolTest, RestingWorkersStillTakePartInTheNextJob) {
   for (int round = 0; round < 20; ++round) {
     pool.Rest();
     if (round % 2 == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    // Piece 0 waits for piece 1: the job finishes only if the resting worker
-    // wakes and takes a piece.
-    std::atomic<bool> second_done{false};
+    // Each piece waits until both have started: the job finishes only if
+    // the resting worker wakes and takes a piece.
+    std::atomic<int> started{0};
     std::set<int> slots;
     std::mutex slots_mutex;
-    pool.Run(2, [&](int i, int slot) {
+    pool.Run(2, [&](int, int slot) {
       {
         std::lock_guard<std::mutex> lock(slots_mutex);
         slots.insert(slot);
       }
-      if (i == 1) second_done.store(true);
-      if (i == 0) {
-        while (!second_done.load()) std::this_thread::yield();
-      }
+      started.fetch_add(1);
+      while (started.load() < 2) std::this_thread::yield();
     });
-    EXPECT_TRUE(second_done.load());
+    EXPECT_EQ(started.load(), 2);
     EXPECT_EQ(slots, (std::set<int>{0, 1})) << "round " << round;
   }
 }
