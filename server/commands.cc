@@ -238,6 +238,37 @@ struct ArgumentWalk {
   std::vector<std::string> undefok;  // CollectUndefok's
 };
 
+// The arguments the flagfile `item` holds, read `depth` deep inside
+// `walk`'s flagfiles, into *held; "" or the problem. *path: the file's path
+// made absolute, as `walk` holds those being read.
+std::string FlagfileArguments(const std::string& item, int depth, const ArgumentWalk& walk,
+                              std::filesystem::path* path, std::vector<std::string>* held) {
+  std::error_code error;
+  *path = std::filesystem::weakly_canonical(item, error);
+  if (error) *path = item;
+  if (std::find(walk.reading.begin(), walk.reading.end(), *path) != walk.reading.end()) {
+    return "is read again inside itself (flagfiles that include each other)";
+  }
+  if (depth >= kMaxFlagfileDepth) {
+    return absl::StrCat("flagfiles nested more than ", kMaxFlagfileDepth, " deep");
+  }
+  return ReadFlagfile(item, held);
+}
+
+// The argument --fromenv or --tryfromenv (`name`) takes from the
+// environment for the flag `item`, into *held; "" or the problem.
+std::string EnvironmentArguments(absl::string_view name, const std::string& item,
+                                 std::vector<std::string>* held) {
+  if (item == "fromenv" || item == "tryfromenv") return absl::StrCat("cannot name ", item);
+  const std::string variable = absl::StrCat("FLAGS_", item);
+  if (const char* set = std::getenv(variable.c_str()); set != nullptr) {
+    held->push_back(absl::StrCat("--", item, "=", set));
+  } else if (name == "fromenv") {
+    return absl::StrCat(variable, " is not set");
+  }
+  return "";
+}
+
 // ArgumentProblem for `args` (those after the subcommand name), which came
 // from the command line (depth 0) or from a flagfile `depth` deep.
 std::string ArgumentsProblem(const Command& command, const std::vector<std::string>& args,
@@ -303,43 +334,25 @@ std::string ArgumentsProblem(const Command& command, const std::vector<std::stri
       } else {
         return absl::StrCat("--", name, " needs a value");
       }
+      // Only these hold arguments; the others' values are names.
+      const bool flagfile = name == "flagfile";
+      if (!flagfile && name != "fromenv" && name != "tryfromenv") continue;
       // A comma-separated list (absl's std::vector<std::string> flags).
       const std::vector<std::string> items =
           value.empty() ? std::vector<std::string>() : absl::StrSplit(value, ',');
       for (const std::string& item : items) {
         std::vector<std::string> held;
-        std::string problem;
-        std::error_code error;
         std::filesystem::path path;
-        if (name == "flagfile") path = std::filesystem::weakly_canonical(item, error);
-        if (error) path = item;
-        const bool includes_itself =
-            name == "flagfile" &&
-            std::find(walk->reading.begin(), walk->reading.end(), path) != walk->reading.end();
-        if (includes_itself) {
-          problem = "is read again inside itself (flagfiles that include each other)";
-        } else if (name == "flagfile") {
-          problem = depth < kMaxFlagfileDepth
-                        ? ReadFlagfile(item, &held)
-                        : absl::StrCat("flagfiles nested more than ", kMaxFlagfileDepth, " deep");
-        } else if (name == "fromenv" || name == "tryfromenv") {
-          const std::string variable = absl::StrCat("FLAGS_", item);
-          if (item == "fromenv" || item == "tryfromenv") {
-            problem = absl::StrCat("cannot name ", item);
-          } else if (const char* set = std::getenv(variable.c_str()); set != nullptr) {
-            held.push_back(absl::StrCat("--", item, "=", set));
-          } else if (name == "fromenv") {
-            problem = absl::StrCat(variable, " is not set");
-          }
-        }
+        std::string problem = flagfile ? FlagfileArguments(item, depth, *walk, &path, &held)
+                                       : EnvironmentArguments(name, item, &held);
         if (problem.empty()) {
-          if (name == "flagfile") walk->reading.push_back(path);
+          if (flagfile) walk->reading.push_back(path);
           problem = ArgumentsProblem(command, held, depth + 1, walk);
-          if (name == "flagfile") walk->reading.pop_back();
+          if (flagfile) walk->reading.pop_back();
         }
         if (!problem.empty()) {
-          return absl::StrCat("--", name, name == "flagfile" ? absl::StrCat(" \"", item, "\"") : "",
-                              ": ", problem);
+          return absl::StrCat("--", name, flagfile ? absl::StrCat(" \"", item, "\"") : "", ": ",
+                              problem);
         }
       }
       continue;
