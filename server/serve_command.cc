@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
@@ -422,6 +423,15 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals, bool* up) 
   builder.RegisterService(&service);
   if (!options.reflection) builder.SetOption(std::make_unique<WithoutReflection>());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  // A start-up that fails from here on (an error returned, or an exception:
+  // a thread of the HTTP API the system refuses to create) leaves gRPC's
+  // server to the process's end (RunServeCommand ends a failed start-up at
+  // once). Destroying it waits for the timer threads of gRPC's event engine,
+  // one of which a thread limit may have kept from starting: the server hung
+  // for ever, before its error line, with the stop signals blocked.
+  const absl::Cleanup leave_server_if_not_up = [&server, up] {
+    if (!*up) static_cast<void>(server.release());
+  };
   if (server == nullptr || bound_port == 0) {
     return Fail(CannotListen("", options.host, options.port,
                              absl::UnavailableError(absl::StrCat("cannot listen on ", address))));

@@ -42,13 +42,23 @@ constexpr int Hi(uint64_t share) { return static_cast<int>(share & 0xFFFF); }
 
 WorkerPool::WorkerPool(int threads) : shares_(std::max(threads, 1)) {
   // Compute threads (engine/runtime/compute_threads.h), listed by the time
-  // the pool exists.
-  for (int slot = 1; slot < threads; ++slot) {
-    workers_.push_back(StartComputeThread([this, slot] { WorkerLoop(slot); }));
+  // the pool exists. A thread the system refuses to create (a thread limit:
+  // std::system_error) ends the construction with the workers started before
+  // it stopped and joined: destroyed running, they ended the process
+  // (std::terminate) instead of the error reaching the caller.
+  try {
+    for (int slot = 1; slot < threads; ++slot) {
+      workers_.push_back(StartComputeThread([this, slot] { WorkerLoop(slot); }));
+    }
+  } catch (...) {
+    StopWorkers();
+    throw;
   }
 }
 
-WorkerPool::~WorkerPool() {
+WorkerPool::~WorkerPool() { StopWorkers(); }
+
+void WorkerPool::StopWorkers() {
   stop_.store(true);
   cursor_.fetch_add(uint64_t{1} << 32);  // a new generation ends every worker's wait
   {

@@ -96,6 +96,8 @@ class WorkerPool {
   };
 
   void WorkerLoop(int slot);
+  // Ends every worker's loop and joins it.
+  void StopWorkers();
   // Runs a job of at most kMaxPieces pieces, numbered from `first`.
   void RunPieces(int first, int count, PieceFn fn, const void* context);
   // Takes and runs pieces of the job of `generation`: its own share, then

@@ -126,10 +126,16 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
   }
   state->port = acceptor.local_endpoint().port();
   net::dispatch(*state->acceptor_strand, [s = state.get()] { s->Accept(); });
+  // The threads start once the server owns the state: a thread the system
+  // refuses to create (std::system_error) ends the start with those started
+  // before it stopped and joined by ~HttpServer; destroyed running, they
+  // ended the process (std::terminate).
+  std::unique_ptr<HttpServer> server(new HttpServer(std::move(state)));
+  HttpServerState& started = *server->state_;
   for (int i = 0; i < std::max(1, options.threads); ++i) {
-    state->threads.emplace_back([s = state.get()] { s->ioc.run(); });
+    started.threads.emplace_back([s = &started] { s->ioc.run(); });
   }
-  return std::unique_ptr<HttpServer>(new HttpServer(std::move(state)));
+  return server;
 }
 
 HttpServer::HttpServer(std::unique_ptr<HttpServerState> state) : state_(std::move(state)) {}

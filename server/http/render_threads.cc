@@ -7,7 +7,15 @@
 namespace switchserve {
 
 RenderThreads::RenderThreads(int threads) {
-  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Loop(); });
+  // A thread the system refuses to create (std::system_error) ends the
+  // construction with those started before it stopped and joined: destroyed
+  // running, they ended the process (std::terminate).
+  try {
+    for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Loop(); });
+  } catch (...) {
+    Stop();
+    throw;
+  }
 }
 
 RenderThreads::~RenderThreads() { Stop(); }

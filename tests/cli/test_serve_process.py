@@ -6,11 +6,13 @@ import contextlib
 import json
 import os
 import pathlib
+import queue
 import resource
 import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 
 import pytest
@@ -273,6 +275,86 @@ def test_a_start_up_that_fails_under_a_thread_limit_exits(limit):
     records = [json.loads(line) for line in stderr.splitlines()]
     assert records[-1]["level"] == "error", records
     assert records[-1]["msg"] == os.strerror(11), records  # EAGAIN, from std::system_error
+
+
+def log_record(line):
+    """A line of `--log-format json`'s log; one that is not JSON (the C++
+    runtime's own, before an abort) as the record {"level": None, "msg": line}."""
+    try:
+        return json.loads(line)
+    except ValueError:
+        return {"level": None, "msg": line.rstrip("\n")}
+
+
+def start_as_nobody_with_threads_limited(limit, *args, timeout=15):
+    """`serve --log-format json ...` as user nobody under a limit of `limit`
+    threads, until it exits or logs that it listens: ("exited", code) or
+    ("up", code of the exit SIGTERM then gives) or ("hung", None), with its
+    log's records."""
+    process = subprocess.Popen(
+        ["prlimit", f"--nproc={limit}", "setpriv", "--reuid=65534", "--regid=65534",
+         "--clear-groups", BINARY, "serve", "--model", str(DEFAULT_MODEL), "--host",
+         "127.0.0.1", "--port", "0", "--metrics-port", "0", "--log-format", "json", *args],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1"))
+    lines = queue.Queue()  # stderr's lines, then None at its end
+    reader = threading.Thread(target=lambda: [*map(lines.put, process.stderr), lines.put(None)])
+    reader.start()
+    records = []
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return "hung", None, records
+            if line is None:
+                return "exited", process.wait(timeout=timeout), records
+            records.append(log_record(line))
+            if records[-1]["msg"].startswith("listening on"):
+                process.send_signal(signal.SIGTERM)
+                code = process.wait(timeout=30)
+                while (line := lines.get(timeout=30)) is not None:
+                    records.append(log_record(line))
+                return "up", code, records
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        reader.join()
+
+
+@pytest.mark.parametrize("flags", [
+    ("--noreflection", "--threads", "1"),
+    ("--noreflection", "--threads", "4", "--http-port", "0"),
+], ids=["grpc", "grpc-http-4-compute-threads"])
+def test_every_thread_limit_ends_a_start_up_with_its_error_or_lets_it_serve(flags):
+    """Each limit from 1 thread up makes the next thread the start-up creates
+    fail, until one lets it serve: together they reach every thread it
+    creates, in order. Each failure ends the process with status 1, its
+    last line the error. Before: a compute or HTTP thread refused after
+    others of the same pool had started ended the process in std::terminate
+    (status 134, no error line), and one refused after gRPC's server was
+    built hung for ever in the server's destruction, its stop signals
+    blocked. (gRPC's reflection service runs on gRPC's own sync-server
+    threads, whose failure gRPC ends with an assertion: --noreflection.)"""
+    skip_unless_nobody_can_serve()
+    if "--http-port" in flags:
+        flags = (*flags[:-1], str(free_port()))
+    failed_limits = []
+    for limit in range(1, 65):
+        outcome, code, records = start_as_nobody_with_threads_limited(limit, *flags)
+        assert outcome != "hung", (limit, records)
+        if outcome == "up":
+            assert code == 0, (limit, records)
+            break
+        assert code == 1, (limit, records)
+        assert records[-1]["level"] == "error", (limit, records)
+        assert records[-1]["msg"] == os.strerror(11), (limit, records)  # EAGAIN
+        failed_limits.append(limit)
+    else:
+        pytest.fail("no limit up to 64 threads let the server start")
+    assert failed_limits == list(range(1, limit)), failed_limits
 
 
 def test_calls_cut_off_at_the_drain_timeout_are_a_warning():
