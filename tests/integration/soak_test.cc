@@ -145,6 +145,20 @@ std::map<std::string, double> StatusCounters(int metrics_port) {
   return counters;
 }
 
+// StatusCounters once two reads 100 ms apart agree (within 5 s): a call its
+// client saw end may not be counted yet (a cancellation the server has still
+// to take up), and each count compared below is of every call.
+std::map<std::string, double> SettledStatusCounters(int metrics_port) {
+  std::map<std::string, double> last = StatusCounters(metrics_port);
+  for (int i = 0; i < 50; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::map<std::string, double> now = StatusCounters(metrics_port);
+    if (now == last) break;
+    last = std::move(now);
+  }
+  return last;
+}
+
 TEST(SoakTest, MixedTrafficWithCancellationsLeavesNothingBehind) {
   const int total = EnvInt("SWITCHSERVE_SOAK_REQUESTS", 3000);
   const int clients = EnvInt("SWITCHSERVE_SOAK_CLIENTS", 12);
@@ -223,7 +237,7 @@ TEST(SoakTest, MixedTrafficWithCancellationsLeavesNothingBehind) {
   // its own end (the response is on the wire when the deadline or the
   // cancellation lands): such a call is OK for the server and not for the
   // client, so the per-status counts may differ by those races only.
-  const std::map<std::string, double> counted = StatusCounters(metrics_port);
+  const std::map<std::string, double> counted = SettledStatusCounters(metrics_port);
   double counted_total = 0;
   for (const auto& [name, value] : counted) {
     EXPECT_GE(value, 0) << name << " has no series";
@@ -294,7 +308,7 @@ TEST(SoakTest, StreamsPastTheirDeadlineAreCountedAsDeadlines) {
   v1::ModelInfo info;
   EXPECT_TRUE(WaitForIdleCache(*stub, &info)) << info.DebugString();
 
-  const std::map<std::string, double> counted = StatusCounters(metrics_port);
+  const std::map<std::string, double> counted = SettledStatusCounters(metrics_port);
   std::printf("%d DEADLINE_EXCEEDED, %d OK seen by clients; %.0f, %.0f counted, %.0f CANCELLED\n",
               seen[grpc::StatusCode::DEADLINE_EXCEEDED], seen[grpc::StatusCode::OK],
               counted.at("DEADLINE_EXCEEDED"), counted.at("OK"), counted.at("CANCELLED"));
