@@ -19,7 +19,6 @@
 namespace switchserve {
 namespace {
 
-// Forwards the engine's updates to a call object that outlives the request.
 // What the access log says about a call, before it ends.
 AccessRecord CallAccessRecord(const grpc::CallbackServerContext& context,
                               const GenerationRequest& request, const char* method) {
@@ -71,6 +70,7 @@ class ServerCancel {
   std::thread::id thread_;
 };
 
+// Forwards the engine's updates to a call object that outlives the request.
 template <typename Call>
 class CallSink : public GenerationSink {
  public:

@@ -179,12 +179,12 @@ void WorkerPool::WorkerLoop(int slot) {
   pthread_setname_np(pthread_self(), ("cpu-worker-" + std::to_string(slot)).substr(0, 15).c_str());
   // Generation 0 has no job: a worker that starts late must still take part
   // in the first one, so it does not read the current generation as seen.
-  uint64_t seen = 0;
+  uint32_t seen = 0;
   for (;;) {
     uint64_t cursor = cursor_.load(std::memory_order_acquire);
     auto spin_start = std::chrono::steady_clock::now();
     int polls = 0;
-    // stop_ is checked too: a worker that starts after the destructor bumped
+    // stop_ is checked too: a worker that starts after StopWorkers bumped
     // the generation reads the bumped one as already seen.
     while (Generation(cursor) == seen && !stop_.load(std::memory_order_relaxed)) {
       const bool poll =
@@ -207,7 +207,7 @@ void WorkerPool::WorkerLoop(int slot) {
     }
     if (stop_.load()) return;
     seen = Generation(cursor);
-    TakePieces(static_cast<uint32_t>(seen), slot);
+    TakePieces(seen, slot);
   }
 }
 

@@ -210,17 +210,21 @@ def test_startup_warnings_are_warning_lines(tmp_path):
         assert found[0].lower().count("warning:") == 1, found[0]
 
 
-def run_as_nobody_with_threads_limited(limit, *args, timeout):
-    """`serve --log-format json ...` as user nobody, its user allowed
-    `limit` threads (RLIMIT_NPROC; root is not held to it): (exit code or
-    None when it ran past `timeout`, stderr)."""
-    process = subprocess.Popen(
+def serve_as_nobody(limit, *args):
+    """`serve --log-format json ...` started as user nobody, its user allowed
+    `limit` threads (RLIMIT_NPROC; root is not held to it); stderr piped."""
+    return subprocess.Popen(
         ["prlimit", f"--nproc={limit}", "setpriv", "--reuid=65534", "--regid=65534",
          "--clear-groups", BINARY, "serve", "--model", str(DEFAULT_MODEL), "--host",
-         "127.0.0.1", "--port", "0", "--metrics-port", "0", "--threads", "1", "--log-format",
-         "json", *args],
+         "127.0.0.1", "--port", "0", "--metrics-port", "0", "--log-format", "json", *args],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         env=dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1"))
+
+
+def run_as_nobody_with_threads_limited(limit, *args, timeout):
+    """`serve --threads 1 ...` as serve_as_nobody: (exit code or None when it
+    ran past `timeout`, stderr)."""
+    process = serve_as_nobody(limit, "--threads", "1", *args)
     try:
         _, stderr = process.communicate(timeout=timeout)
         return process.returncode, stderr
@@ -287,16 +291,10 @@ def log_record(line):
 
 
 def start_as_nobody_with_threads_limited(limit, *args, timeout=15):
-    """`serve --log-format json ...` as user nobody under a limit of `limit`
-    threads, until it exits or logs that it listens: ("exited", code) or
-    ("up", code of the exit SIGTERM then gives) or ("hung", None), with its
-    log's records."""
-    process = subprocess.Popen(
-        ["prlimit", f"--nproc={limit}", "setpriv", "--reuid=65534", "--regid=65534",
-         "--clear-groups", BINARY, "serve", "--model", str(DEFAULT_MODEL), "--host",
-         "127.0.0.1", "--port", "0", "--metrics-port", "0", "--log-format", "json", *args],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        env=dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1"))
+    """`serve ...` as serve_as_nobody, until it exits or logs that it
+    listens: ("exited", code) or ("up", code of the exit SIGTERM then gives)
+    or ("hung", None), with its log's records."""
+    process = serve_as_nobody(limit, *args)
     lines = queue.Queue()  # stderr's lines, then None at its end
     reader = threading.Thread(target=lambda: [*map(lines.put, process.stderr), lines.put(None)])
     reader.start()
