@@ -10,6 +10,7 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -67,15 +68,30 @@ Config& TheConfig() {
   return *config;
 }
 
-// Host threads for blocks: the caller plus `threads - 1` pool threads.
+// Host threads for blocks: the caller plus up to `threads - 1` pool threads.
+// The pool lives as long as the process, so each thread is detached as it
+// starts. A thread the system refuses (a process thread limit) leaves the
+// pool smaller, said once on stderr: launches then run on fewer threads.
 class HostPool {
  public:
   explicit HostPool(int threads) {
-    for (int i = 0; i + 1 < threads; ++i) workers_.emplace_back([this, i] { Loop(i); });
-    for (std::thread& t : workers_) t.detach();  // the pool lives as long as the process
+    for (int i = 0; i + 1 < threads; ++i) {
+      try {
+        std::thread([this, i] { Loop(i); }).detach();
+      } catch (const std::system_error& e) {
+        std::fprintf(stderr, "simt: host thread %d of %d not started (%s): blocks run on %d\n",
+                     i + 2, threads, e.what(), i + 1);
+        break;
+      }
+      ++workers_;
+    }
   }
 
-  // Runs `work` on `n` host threads at once; returns when every one returned.
+  // The caller and the pool's threads.
+  int threads() const { return workers_ + 1; }
+
+  // Runs `work` on `n` (at most threads()) host threads at once; returns
+  // when every one returned.
   void Run(int n, const std::function<void()>& work) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -115,7 +131,7 @@ class HostPool {
   uint64_t generation_ = 0;
   int wanted_ = 0;
   int active_ = 0;
-  std::vector<std::thread> workers_;
+  int workers_ = 0;  // threads started
 };
 
 // Aborts the process when one launch runs longer than the configured limit: a
@@ -123,8 +139,15 @@ class HostPool {
 // change (a pattern the executor cannot run) would otherwise hang the test.
 class Watchdog {
  public:
+  // Where the system refuses its thread, launches run unwatched, said once
+  // on stderr.
   explicit Watchdog(int limit_s) : limit_s_(limit_s) {
-    std::thread([this] { Loop(); }).detach();
+    try {
+      std::thread([this] { Loop(); }).detach();
+    } catch (const std::system_error& e) {
+      std::fprintf(stderr, "simt: watchdog thread not started (%s): launches run unwatched\n",
+                   e.what());
+    }
   }
   void Start(const std::string& kernel) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -171,9 +194,11 @@ ThreadOrder CurrentOrder() {
 }
 
 cudaError_t RunGrid(const KernelLaunch& launch) {
-  static HostPool* pool = new HostPool(HostThreads());
+  // The watchdog first: under a thread limit, a hang caught matters more
+  // than a block run in parallel.
   static Watchdog* watchdog =
       TheConfig().watchdog_s > 0 ? new Watchdog(TheConfig().watchdog_s) : nullptr;
+  static HostPool* pool = new HostPool(HostThreads());
   const dim3 grid = launch.grid;
   const int64_t blocks = int64_t{grid.x} * grid.y * grid.z;
   const ThreadOrder order = CurrentOrder();
@@ -210,7 +235,7 @@ cudaError_t RunGrid(const KernelLaunch& launch) {
     }
   };
   if (watchdog != nullptr) watchdog->Start(launch.name);
-  const int threads = static_cast<int>(std::min<int64_t>(HostThreads(), blocks));
+  const int threads = static_cast<int>(std::min<int64_t>(pool->threads(), blocks));
   if (threads <= 1) {
     work();
   } else {
