@@ -23,13 +23,15 @@ for preset in release asan; do
   ctest --preset "$preset" -j"$(nproc)"
 done
 
-# The engine's threads under ThreadSanitizer (ctest label tsan): only those
-# tests are built. The gRPC-facing tests are not run under TSan: Debian's gRPC
-# is not instrumented (docs/reliability.md).
+# The engine's threads, and the server behind the HTTP API's tests, under
+# ThreadSanitizer (ctest label tsan): only what those need is built. The
+# gRPC-facing tests are not run under TSan: Debian's gRPC is not instrumented
+# (docs/reliability.md).
 echo "=== build (tsan)"
 cmake --preset tsan >/dev/null
 scripts/build.sh tsan generation_engine_test generation_engine_cancel_test \
-  generation_engine_queue_test cpu_worker_pool_test cpu_paged_attention_test
+  generation_engine_queue_test cpu_worker_pool_test cpu_paged_attention_test \
+  switchserve switchserve_integration_python
 echo "=== test (tsan)"
 ctest --preset tsan -j"$(nproc)"
 

@@ -468,20 +468,17 @@ def test_sigterm_drain_finishes_running_streams_and_answers_503():
         server.close()
 
 
+@pytest.mark.rss
 def test_a_large_unary_response_takes_about_its_size_to_render():
     """A non-streamed response was built as one JSON tree and then dumped,
     about five times its body before its size was known: one request of
     1000 prompts with 20 logprobs (a 119 MB body) ended a 512 MiB container
     in the OOM killer instead of its 429 or 400. Rendered a choice at a time,
     the server grows by a few times the body at most (the body, the string's
-    growth, the tokens' detail the engine handed over). Memory is not the
-    release build's under a sanitizer: there the test does not apply."""
+    growth, the tokens' detail the engine handed over)."""
     server = Server("--output-buffer-bytes", str(256 << 20))
     try:
         pid = server.process.pid
-        with open(f"/proc/{pid}/maps") as maps:
-            if "libasan" in maps.read():
-                pytest.skip("AddressSanitizer's own memory is not the server's")
 
         def resident():
             with open(f"/proc/{pid}/status") as status:
