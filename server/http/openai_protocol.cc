@@ -85,7 +85,9 @@ bool Known(const std::string& key) {
 
 // An integer, also one written as a float (2.0, 1e3) as pydantic's lax mode
 // (vLLM) takes it; unset past int64 (1e20, 2^64 - 1), which no parameter
-// takes.
+// takes. A float of -2^63 is past it too: the JSON reader gives every integer
+// from -2^63 - 1024 to -2^63 - 1 as that double (-2^63 itself is an integer),
+// which a refusal would otherwise name as -9223372036854775808.
 absl::StatusOr<std::optional<int64_t>> WholeNumber(const Json& value, std::string_view param) {
   if (value.is_number_unsigned()) {
     const uint64_t u = value.get<uint64_t>();
@@ -98,7 +100,7 @@ absl::StatusOr<std::optional<int64_t>> WholeNumber(const Json& value, std::strin
   if (value.is_number_float()) {
     const double d = value.get<double>();
     if (std::isfinite(d) && d == std::trunc(d)) {
-      if (d < -0x1p63 || d >= 0x1p63) return std::optional<int64_t>();
+      if (d <= -0x1p63 || d >= 0x1p63) return std::optional<int64_t>();
       return static_cast<int64_t>(d);
     }
   }

@@ -331,6 +331,16 @@ TEST(OpenAiProtocolTest, RefusalsSayWhatWasSent) {
       {R"({"prompt": "x", "best_of": 18446744073709551615})",
        "best_of: only 1 is supported, found 18446744073709551615 (send the prompt several times "
        "with different seeds)"},
+      // Just below -2^63 the reader's double is -2^63 itself: past int64,
+      // named as that double, not as int64's minimum.
+      {R"({"prompt": "x", "n": -9223372036854775809})",
+       "n: only 1 is supported, found -9.223372036854776e+18 (send the prompt several times with "
+       "different seeds)"},
+      {R"({"prompt": "x", "max_tokens": -9223372036854775809})",
+       "max_tokens: must be in [1, 2147483647], found -9.223372036854776e+18"},
+      {R"({"prompt": "x", "n": -9223372036854775808})",
+       "n: only 1 is supported, found -9223372036854775808 (send the prompt several times with "
+       "different seeds)"},
       {R"({"prompt": "x", "seed": -1e20})",
        "seed: must be in [-9223372036854775808, 18446744073709551615], found -1e+20"},
       {R"({"prompt": "x", "top_k": 2147483648})",
