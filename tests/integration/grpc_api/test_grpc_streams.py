@@ -192,6 +192,7 @@ def resident_bytes(pid):
     raise AssertionError("no VmRSS")
 
 
+@pytest.mark.rss
 @pytest.mark.parametrize("method", ["GenerateStream", "Generate"])
 def test_stalled_calls_hold_about_their_budget_in_memory(method):
     """The budget counts serialized output, and the tokens' detail (20
@@ -201,16 +202,12 @@ def test_stalled_calls_hold_about_their_budget_in_memory(method):
     quarter of a container's memory limit, four connections of stalled calls
     got the server OOM-killed (256 MiB to 1 GiB limits). Held serialized, a
     full budget costs about its figure (twice it at most, as a string
-    grows). Memory is not the release build's under a sanitizer: there the
-    test does not apply."""
+    grows)."""
     budget = 16 << 20
     server = Server("--output-buffer-bytes", str(budget),
                     model=os.path.join(SOURCE_DIR, "models/default"))
     try:
         pid = server.process.pid
-        with open(f"/proc/{pid}/maps") as maps:
-            if "libasan" in maps.read():
-                pytest.skip("AddressSanitizer's own memory is not the server's")
         before = peak = resident_bytes(pid)
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             calls = [pool.submit(stalled_streams, server.port, [stall_request(250)] * 128, 8,
