@@ -23,10 +23,10 @@ for preset in release asan; do
   ctest --preset "$preset" -j"$(nproc)"
 done
 
-# The engine's threads, and the server behind the HTTP API's tests, under
-# ThreadSanitizer (ctest label tsan): only what those need is built. The
-# gRPC-facing tests are not run under TSan: Debian's gRPC is not instrumented
-# (docs/reliability.md).
+# The engine's threads, and the server behind the HTTP and gRPC API tests,
+# under ThreadSanitizer (ctest label tsan): only what those need is built.
+# Debian's gRPC is not instrumented, so reports through gRPC are suppressed
+# and the C++ gRPC tests are not run (docs/reliability.md).
 echo "=== build (tsan)"
 cmake --preset tsan >/dev/null
 scripts/build.sh tsan generation_engine_test generation_engine_cancel_test \
