@@ -3,6 +3,7 @@
 #include <poll.h>
 
 #include <algorithm>
+#include <atomic>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
@@ -93,7 +94,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   void Send(OutPiece piece) override {
     net::post(stream_.get_executor(),
               [self = this->shared_from_this(), piece = std::move(piece)]() mutable {
-                if (self->closed_ || self->exchange_ == nullptr) return;
+                if (self->closed_ || self->exchange_ == nullptr || self->forced_shutdown_) return;
                 if (piece.render) {
                   piece.data = std::exchange(piece.render, nullptr)();
                   if (piece.data.empty()) return;
@@ -105,6 +106,10 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   }
 
   void Shutdown(bool force) override {
+    // The pieces already queued before the forced close are dropped as they
+    // come up, not made and written: thousands of a stream's may wait here
+    // behind a write its client holds, and the close must not wait for them.
+    if (force) forced_shutdown_ = true;
     net::post(stream_.get_executor(), [self = this->shared_from_this(), force] {
       if (self->exchange_ == nullptr) return self->Close();
       // A response still being written when the server stops: its exchange
@@ -518,6 +523,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   std::shared_ptr<Session> answering_;
   bool keep_alive_ = false;
   bool closed_ = false;
+  std::atomic<bool> forced_shutdown_{false};  // Shutdown(force) was called
   uint64_t watch_generation_ = 0;
   std::deque<OutPiece> pending_;
   bool writing_ = false;
