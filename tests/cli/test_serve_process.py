@@ -18,6 +18,7 @@ import time
 import pytest
 
 from server_process import free_port
+from thread_limit import as_nobody_limited, skip_unless_nobody_may
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BINARY = os.environ["SWITCHSERVE_BINARY"]
@@ -214,9 +215,9 @@ def serve_as_nobody(limit, *args):
     """`serve --log-format json ...` started as user nobody, its user allowed
     `limit` threads (RLIMIT_NPROC; root is not held to it); stderr piped."""
     return subprocess.Popen(
-        ["prlimit", f"--nproc={limit}", "setpriv", "--reuid=65534", "--regid=65534",
-         "--clear-groups", BINARY, "serve", "--model", str(DEFAULT_MODEL), "--host",
-         "127.0.0.1", "--port", "0", "--metrics-port", "0", "--log-format", "json", *args],
+        as_nobody_limited(limit, BINARY, "serve", "--model", str(DEFAULT_MODEL), "--host",
+                          "127.0.0.1", "--port", "0", "--metrics-port", "0", "--log-format",
+                          "json", *args),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         env=dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1"))
 
@@ -235,13 +236,8 @@ def run_as_nobody_with_threads_limited(limit, *args, timeout):
 
 
 def skip_unless_nobody_can_serve():
-    if os.geteuid() != 0 or not (shutil.which("prlimit") and shutil.which("setpriv")):
-        pytest.skip("needs root, prlimit and setpriv to run as nobody under RLIMIT_NPROC")
-    probe = subprocess.run(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "test", "-r",
-         str(DEFAULT_MODEL / "model.safetensors"), "-a", "-x", BINARY])
-    if probe.returncode != 0:
-        pytest.skip("user nobody cannot read the model or run the binary")
+    skip_unless_nobody_may("-r", str(DEFAULT_MODEL / "model.safetensors"), "-a", "-x", BINARY,
+                           what="read the model or run the binary")
 
 
 def test_an_exception_that_ends_the_start_up_is_a_json_line():

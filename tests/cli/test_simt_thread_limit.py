@@ -6,10 +6,10 @@ missing ones. Now the pool runs blocks on the threads it has, the watchdog
 (started first) is left out only when not even it can start, and each
 shortfall is one stderr line."""
 import os
-import shutil
 import subprocess
 
 import pytest
+from thread_limit import as_nobody_limited, skip_unless_nobody_may
 
 EXECUTOR_TEST = os.environ.get("SWITCHSERVE_SIMT_EXECUTOR_TEST")
 pytestmark = pytest.mark.skipif(not EXECUTOR_TEST, reason="the SIMT executor is not built "
@@ -22,16 +22,12 @@ CONCURRENT_TEST = "SimtSharedMemory.ConcurrentBlocksHaveTheirOwnSharedArrays"
 def run_as_nobody(limit, *args):
     """The executor's tests as user nobody, its user allowed `limit` threads
     (RLIMIT_NPROC; root is not held to it): (exit code, stderr)."""
-    if os.geteuid() != 0 or not (shutil.which("prlimit") and shutil.which("setpriv")):
-        pytest.skip("needs root, prlimit and setpriv to run as nobody under RLIMIT_NPROC")
-    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-    if subprocess.run([*as_nobody, "test", "-x", EXECUTOR_TEST]).returncode != 0:
-        pytest.skip("user nobody cannot run the test binary")
+    skip_unless_nobody_may("-x", EXECUTOR_TEST, what="run the test binary")
     # OpenBLAS's threads are not the executor's; LeakSanitizer's check at
     # exit (the ASan build) needs a thread of its own that the limit refuses.
     asan_options = ":".join(filter(None, [os.environ.get("ASAN_OPTIONS"), "detect_leaks=0"]))
     process = subprocess.run(
-        ["prlimit", f"--nproc={limit}", *as_nobody, EXECUTOR_TEST, "--gtest_brief=1", *args],
+        as_nobody_limited(limit, EXECUTOR_TEST, "--gtest_brief=1", *args),
         capture_output=True, text=True, timeout=120,
         env=dict(os.environ, SWITCHSERVE_SIMT_THREADS=str(HOST_THREADS), OPENBLAS_NUM_THREADS="1",
                  OMP_NUM_THREADS="1", ASAN_OPTIONS=asan_options))
