@@ -1,5 +1,6 @@
 #include "server/generate_calls.h"
 
+#include <chrono>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -29,6 +30,13 @@ AccessRecord CallAccessRecord(const grpc::CallbackServerContext& context,
   record.peer = context.peer();
   return record;
 }
+
+// A stream past --max-stream-buffer-bytes is ended only once its write in
+// flight has waited this long: its client has taken none of it meanwhile
+// (gRPC tells no more of what a client reads). A write to a reading client
+// completes within milliseconds, or a round trip where it waits for the
+// client's flow-control window.
+constexpr std::chrono::milliseconds kNotReadingAfter{100};
 
 std::string FormatSeconds(std::chrono::steady_clock::duration d) {
   return absl::StrCat(std::chrono::duration_cast<std::chrono::milliseconds>(d).count() / 1000.0,
@@ -333,7 +341,7 @@ class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBu
                               ? CancelledCallStatus(update.cancel_cause)
                               : grpc::Status::OK;
         }
-        if (pending_bytes_ > service_->max_stream_buffer_bytes()) {
+        if (pending_bytes_ > service_->max_stream_buffer_bytes() && ClientNotReadingLocked()) {
           EndLocked(StreamOutputPastLimitMessage(service_->max_stream_buffer_bytes()));
         } else if (!held_.GrowTo(pending_bytes_ + in_flight_bytes_)) {
           EndLocked(OutputBudgetFullMessage(*service_->output_budget()));
@@ -490,6 +498,15 @@ class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBu
     has_pending_ = false;
     pending_bytes_ = 0;
     held_.ShrinkTo(in_flight_bytes_);
+  }
+
+  // Whether the stream's client is not reading: a write has waited
+  // kNotReadingAfter. Output waiting for the server's own threads (no write
+  // in flight: the call is in the write queue, or a write completes now)
+  // does not wait for the client, which then reads what it is given. It
+  // counts against the budget all streams share (held_) alone.
+  bool ClientNotReadingLocked() const {
+    return writing_ && std::chrono::steady_clock::now() - write_started_ >= kNotReadingAfter;
   }
 
   // Whether to post the call to the WriteQueue (not if it is there already).

@@ -159,6 +159,34 @@ def test_a_stream_whose_unread_output_passes_the_buffer_limit_ends_there():
         server.close()
 
 
+def test_reading_clients_keep_streams_whose_output_waits_for_the_server():
+    """A stream was ended past --max-stream-buffer-bytes whatever its client
+    did: output waiting for the server's own write thread counted as unread,
+    and so did a step's output while a write to a reading client completed.
+    With logprobs and routing (about 1 KiB a token) the limit's least, 1024
+    bytes, ended every stream of 16 reading clients, and 16 KiB did too. Now
+    only a stream whose write has waited 100 ms is ended there."""
+    server = Server("--log-format", "json", "--max-stream-buffer-bytes", "1024")
+    try:
+        request = stall_request(50)
+
+        def read_stream(_):
+            with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                responses = list(pb_grpc.GenerationStub(channel).GenerateStream(request,
+                                                                                timeout=120))
+            return (sum(len(r.token_ids) for r in responses), responses[-1].finished,
+                    responses[-1].finish_reason)
+
+        for _ in range(3):
+            with concurrent.futures.ThreadPoolExecutor(16) as pool:
+                outcomes = list(pool.map(read_stream, range(16)))
+            assert outcomes == [(50, True, pb.FINISH_REASON_LENGTH)] * 16, outcomes
+        calls = stream_log_lines(server, 48)
+        assert [c["status"] for c in calls] == ["OK"] * 48, calls
+    finally:
+        server.close()
+
+
 def test_streams_share_a_budget_of_unread_output():
     """Per call, stalled streams could still hold the limit times the calls
     (256 a connection). All streams together, gRPC's and HTTP's, hold at most
