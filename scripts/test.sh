@@ -30,7 +30,7 @@ done
 echo "=== build (tsan)"
 cmake --preset tsan >/dev/null
 scripts/build.sh tsan generation_engine_test generation_engine_cancel_test \
-  generation_engine_queue_test cpu_worker_pool_test cpu_paged_attention_test \
+  generation_engine_queue_test cpu_worker_pool_test cpu_paged_attention_test http_server_test \
   switchserve switchserve_integration_python
 echo "=== test (tsan)"
 ctest --preset tsan -j"$(nproc)"

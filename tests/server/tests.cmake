@@ -10,7 +10,13 @@ foreach(test_name request_validation_test wire_format_test server_flags_test acc
   add_executable(${test_name} ${CMAKE_CURRENT_LIST_DIR}/${test_name}.cc)
   target_link_libraries(${test_name} PRIVATE switchserve_http GTest::gtest_main
                                              switchserve_warnings)
-  gtest_discover_tests(${test_name} PROPERTIES LABELS unit DISCOVERY_TIMEOUT 60)
+  # The HTTP server's I/O thread and its stop, with no gRPC in the process,
+  # also run under ThreadSanitizer (in the `tsan` build, label tsan).
+  set(labels unit)
+  if(SWITCHSERVE_TSAN AND test_name STREQUAL "http_server_test")
+    set(labels tsan)
+  endif()
+  gtest_discover_tests(${test_name} PROPERTIES LABELS ${labels} DISCOVERY_TIMEOUT 60)
 endforeach()
 # The HTTP server's request reading works on Boost.Beast's parser.
 find_package(Boost 1.74 REQUIRED)
