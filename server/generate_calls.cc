@@ -358,19 +358,28 @@ class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBu
   }
 
   // Ends the stream (RESOURCE_EXHAUSTED) if a write of it has been
-  // outstanding since before `started_before`. Under the registry's lock
-  // (StreamRegistry::Sweep): the call is not deleted meanwhile, as its
-  // destructor takes that lock first.
+  // outstanding since before `started_before`, or if its client is not
+  // reading with more than --max-stream-buffer-bytes waiting: that is
+  // looked at with each engine update, and here for a stream whose request
+  // finished before its write had waited long enough to tell. Under the
+  // registry's lock (StreamRegistry::Sweep): the call is not deleted
+  // meanwhile, as its destructor takes that lock first.
   void EndIfStalled(std::chrono::steady_clock::time_point started_before) override {
     bool post = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       // holds_ == 0: being deleted, past any write.
-      if (holds_ == 0 || ending_ || done_ || !writing_ || write_started_ >= started_before) return;
-      // A client may be reading a large message slowly: that it read nothing
-      // is more than gRPC tells.
-      EndLocked("the stream's client had not finished reading a message for " +
-                FormatSeconds(std::chrono::steady_clock::now() - write_started_));
+      if (holds_ == 0 || ending_ || done_ || !writing_) return;
+      if (write_started_ < started_before) {
+        // A client may be reading a large message slowly: that it read
+        // nothing is more than gRPC tells.
+        EndLocked("the stream's client had not finished reading a message for " +
+                  FormatSeconds(std::chrono::steady_clock::now() - write_started_));
+      } else if (pending_bytes_ > service_->max_stream_buffer_bytes() && ClientNotReadingLocked()) {
+        EndLocked(StreamOutputPastLimitMessage(service_->max_stream_buffer_bytes()));
+      } else {
+        return;
+      }
       post = PostLocked();
     }
     if (post) service_->write_queue().Post(this);

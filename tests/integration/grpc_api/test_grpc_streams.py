@@ -159,6 +159,27 @@ def test_a_stream_whose_unread_output_passes_the_buffer_limit_ends_there():
         server.close()
 
 
+def test_a_stream_that_finished_past_the_buffer_limit_ends_before_the_write_timeout():
+    """Past --max-stream-buffer-bytes a stream ends once its write has waited
+    100 ms. Without a step delay its 50 tokens are generated sooner than
+    that: the periodic check ends it then, it does not hold its output until
+    the write timeout (60 s)."""
+    metrics_port = free_port()
+    server = Server("--log-format", "json", "--max-stream-buffer-bytes", "4096",
+                    metrics_port=metrics_port)
+    try:
+        results = stalled_streams(server.port, [stall_request(50)] * 2, 30)
+        for result in results:
+            assert result["ended_s"] is not None and result["ended_s"] < 10, results
+            assert result.get("grpc-status") == "8", results
+            assert "passed 4096 bytes" in result.get("grpc-message", ""), results
+        calls = stream_log_lines(server, 2)
+        assert [c["status"] for c in calls] == ["RESOURCE_EXHAUSTED"] * 2, calls
+        expect_ended_exhausted_and_serving(server, 2)
+    finally:
+        server.close()
+
+
 def test_reading_clients_keep_streams_whose_output_waits_for_the_server():
     """A stream was ended past --max-stream-buffer-bytes whatever its client
     did: output waiting for the server's own write thread counted as unread,
