@@ -188,7 +188,10 @@ class UnaryGenerateCall final : public grpc::ServerUnaryReactor, public Generate
     v1::GenerateResponse detail;
     AppendTokens(update, params_, service_->describer(), message_.mutable_token_ids(),
                  detail.mutable_tokens());
-    if (detail.tokens_size() > 0) detail.AppendToString(&detail_);
+    AppendPromptTokens(update, service_->describer(), detail.mutable_prompt_tokens());
+    if (detail.tokens_size() > 0 || detail.prompt_tokens_size() > 0) {
+      detail.AppendToString(&detail_);
+    }
     if (!update.finished) return;
     FillFromFinalUpdate(update, &access_);
     grpc::Status status;
@@ -320,14 +323,16 @@ class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBu
         final_status_ = ToGrpcStatus(update.status);
       } else if (!ending_) {  // an ending stream's output goes nowhere
         pending_.mutable_text()->append(update.text);
-        // The tokens' detail is kept serialized (`tokens` entries): as
+        // The tokens' detail is kept serialized (`tokens` and
+        // `prompt_tokens` entries): as
         // protobuf objects it takes about nine times the bytes the budgets
         // count, which a stream whose client reads nothing holds.
         v1::GenerateStreamResponse detail;
         AppendTokens(update, params_, service_->describer(), pending_.mutable_token_ids(),
                      detail.mutable_tokens());
+        AppendPromptTokens(update, service_->describer(), detail.mutable_prompt_tokens());
         const size_t detail_before = pending_detail_.size();
-        if (detail_) detail.AppendToString(&pending_detail_);
+        if (detail_ || detail.prompt_tokens_size() > 0) detail.AppendToString(&pending_detail_);
         has_pending_ = true;
         // The serialized size: near enough for the text and ids (ids as 5
         // bytes), the detail's exactly; from the new entries only.

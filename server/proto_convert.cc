@@ -66,6 +66,31 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
+namespace {
+
+// A token's logprob and its alternatives, with their texts.
+void FillLogprobs(const GeneratedTokenInfo& info, const TokenDescriber& describer,
+                  v1::GeneratedToken* token) {
+  token->set_logprob(info.logprob);
+  for (const auto& [id, logprob] : info.top_logprobs) {
+    v1::TokenLogprob* alt = token->add_top_logprobs();
+    alt->set_token_id(id);
+    alt->set_logprob(logprob);
+    alt->set_text(TokenText(describer.tokenizer, id));
+  }
+}
+
+}  // namespace
+
+void AppendPromptTokens(const GenerationUpdate& update, const TokenDescriber& describer,
+                        google::protobuf::RepeatedPtrField<v1::GeneratedToken>* tokens) {
+  for (const GeneratedTokenInfo& info : update.prompt_logprobs) {
+    v1::GeneratedToken* token = tokens->Add();
+    token->set_token_id(info.token_id);
+    FillLogprobs(info, describer, token);
+  }
+}
+
 void AppendTokens(const GenerationUpdate& update, const SamplingParams& params,
                   const TokenDescriber& describer,
                   google::protobuf::RepeatedField<int32_t>* token_ids,
@@ -76,15 +101,7 @@ void AppendTokens(const GenerationUpdate& update, const SamplingParams& params,
     if (!detail) continue;
     v1::GeneratedToken* token = tokens->Add();
     token->set_token_id(info.token_id);
-    if (params.logprobs > 0) {
-      token->set_logprob(info.logprob);
-      for (const auto& [id, logprob] : info.top_logprobs) {
-        v1::TokenLogprob* alt = token->add_top_logprobs();
-        alt->set_token_id(id);
-        alt->set_logprob(logprob);
-        alt->set_text(TokenText(describer.tokenizer, id));
-      }
-    }
+    if (params.logprobs > 0) FillLogprobs(info, describer, token);
     if (params.return_routing)
       FillRouting(info.routing, describer.layout, token->mutable_routing());
   }

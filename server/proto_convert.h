@@ -31,6 +31,10 @@ void AppendTokens(const GenerationUpdate& update, const SamplingParams& params,
                   const TokenDescriber& describer,
                   google::protobuf::RepeatedField<int32_t>* token_ids,
                   google::protobuf::RepeatedPtrField<v1::GeneratedToken>* tokens);
+// Appends the update's prompt tokens with their logprobs
+// (SamplingParams::prompt_logprobs) to a response.
+void AppendPromptTokens(const GenerationUpdate& update, const TokenDescriber& describer,
+                        google::protobuf::RepeatedPtrField<v1::GeneratedToken>* tokens);
 void FillUsageAndTiming(const GenerationUpdate& final_update, v1::Usage* usage, v1::Timing* timing);
 
 // "switchall", "switchhead", "switch" or "dense".

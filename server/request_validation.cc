@@ -208,6 +208,13 @@ absl::StatusOr<GenerationRequest> ValidateGenerateRequest(const v1::GenerateRequ
   }
   p.logprobs = request.logprobs();
   p.return_routing = request.return_routing();
+  if (request.has_prompt_logprobs()) {
+    if (request.prompt_logprobs() < 0 || request.prompt_logprobs() > limits.max_logprobs) {
+      return Invalid("prompt_logprobs", absl::StrCat("must be in [0, ", limits.max_logprobs,
+                                                     "], found ", request.prompt_logprobs()));
+    }
+    p.prompt_logprobs = request.prompt_logprobs();
+  }
   return out;
 }
 

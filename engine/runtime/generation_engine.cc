@@ -38,6 +38,9 @@ struct GenerationEngine::RequestState : Sequence {
   // position 0 when a preempted request is recomputed.
   GroupLoads group_loads;
   int generated = 0;
+  // With prompt logprobs: the next prompt position to score (the first has
+  // nothing before it). A recompute after preemption does not score again.
+  int64_t prompt_scored = 1;
   // Tokens sampled and not yet delivered (request.stream_interval).
   GenerationUpdate held;
   CancelCause cancelled = CancelCause::kNone;  // set: leaves at the next step
@@ -257,6 +260,7 @@ void GenerationEngine::RunStep() {
         batch_.Add(absl::MakeConstSpan(chunk.sequence->tokens).subspan(chunk.start, chunk.length),
                    static_cast<int32_t>(chunk.start), allocator_.BlockTable(chunk.sequence->id));
     sequence.group_loads = &state->group_loads;
+    if (ScoresPrompt(*state, chunk)) sequence.logits = LogitsMode::kAll;
     if (chunk.samples) {
       const SamplingParams& params = state->request.sampling;
       sequence.sample = {&params, chunk.sequence->tokens, &state->rng};
@@ -276,6 +280,7 @@ void GenerationEngine::RunStep() {
     }
   } else {
     scheduler_.CommitStep(schedule);
+    ScorePrompts(schedule);
     for (SampledToken& sampled : step_output_.samples) {
       const ScheduledChunk& chunk = schedule.chunks[sampled.sequence];
       RequestState* state = StateOf(chunk.sequence);
@@ -343,6 +348,31 @@ void GenerationEngine::RunStep() {
     report.update_ms = MillisBetween(t2, t3);
     report.routing = status.ok() ? &step_output_.stats : nullptr;
     observer_->OnStep(report);
+  }
+}
+
+bool GenerationEngine::ScoresPrompt(const RequestState& state, const ScheduledChunk& chunk) {
+  const int64_t prompt = static_cast<int64_t>(state.request.prompt.size());
+  // Positions chunk.start ... predict the tokens after them.
+  return state.request.sampling.prompt_logprobs >= 0 && state.prompt_scored < prompt &&
+         chunk.start < prompt - 1 && chunk.start + chunk.length >= state.prompt_scored;
+}
+
+void GenerationEngine::ScorePrompts(const ScheduleResult& schedule) {
+  const int32_t vocab = step_output_.vocab_size;
+  for (size_t row = 0; row < step_output_.row_sequence.size(); ++row) {
+    RequestState* state = StateOf(schedule.chunks[step_output_.row_sequence[row]].sequence);
+    const std::vector<int32_t>& prompt = state->request.prompt;
+    const int64_t next = int64_t{step_output_.row_position[row]} + 1;
+    if (next != state->prompt_scored || next >= static_cast<int64_t>(prompt.size())) continue;
+    SampleResult scored =
+        TokenLogprobs(absl::MakeConstSpan(step_output_.logits).subspan(row * vocab, vocab),
+                      prompt[next], state->request.sampling.prompt_logprobs);
+    GeneratedTokenInfo& info = state->held.prompt_logprobs.emplace_back();
+    info.token_id = prompt[next];
+    info.logprob = scored.logprob;
+    info.top_logprobs = std::move(scored.top_logprobs);
+    ++state->prompt_scored;
   }
 }
 

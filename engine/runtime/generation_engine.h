@@ -143,6 +143,13 @@ class GenerationEngine {
   bool TakeInbox();
   void DropCancelledAndExpired();
   void RunStep();
+  // Whether `chunk` of `state` returns every position's logits: the request
+  // asks for its prompt's logprobs and the chunk predicts some not yet
+  // scored.
+  static bool ScoresPrompt(const RequestState& state, const ScheduledChunk& chunk);
+  // Adds the logprobs of the prompt tokens the step's rows predict to their
+  // requests' held updates.
+  void ScorePrompts(const ScheduleResult& schedule);
   // Delivers the request's final update (with the tokens it still holds).
   void Finish(RequestState* state, FinishReason reason, absl::Status status,
               CancelCause cause = CancelCause::kNone);

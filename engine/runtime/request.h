@@ -40,6 +40,10 @@ struct SamplingParams {
   bool sampled_logprob = false;
   bool WantsLogprob() const { return logprobs > 0 || sampled_logprob; }
   bool return_routing = false;
+  // The prompt's tokens' logprobs (GenerationUpdate::prompt_logprobs), each
+  // with this many alternatives; -1: none. The logits of every prompt
+  // position are then computed, not only the last one's.
+  int prompt_logprobs = -1;
 };
 
 enum class FinishReason { kNone, kLength, kStop, kEos, kCancelled };
@@ -64,6 +68,11 @@ struct GeneratedTokenInfo {
 struct GenerationUpdate {
   std::string text;  // new text; never ends inside a UTF-8 character
   std::vector<GeneratedTokenInfo> tokens;
+  // With SamplingParams::prompt_logprobs >= 0, in the update of the first
+  // generated token (or the final one, for a request that ends before it):
+  // the prompt's tokens after the first, each one's logprob given the
+  // tokens before it and the most likely alternatives there (no routing).
+  std::vector<GeneratedTokenInfo> prompt_logprobs;
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   CancelCause cancel_cause = CancelCause::kNone;  // set with kCancelled

@@ -27,6 +27,12 @@ float Finite(float v) {
   return std::clamp(v, -kMax, kMax);
 }
 
+std::vector<float> FiniteCopy(absl::Span<const float> logits) {
+  std::vector<float> finite(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) finite[i] = Finite(logits[i]);
+  return finite;
+}
+
 // Lowest id among the maxima: deterministic greedy ties.
 int32_t ArgMax(absl::Span<const float> values) {
   int32_t best = 0;
@@ -81,11 +87,17 @@ uint64_t SamplerRng::Next() {
 
 double SamplerRng::Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
 
+SampleResult TokenLogprobs(absl::Span<const float> logits, int32_t token, int num_logprobs) {
+  SampleResult result;
+  result.token_id = token;
+  FillLogprobs(FiniteCopy(logits), num_logprobs, /*wanted=*/true, &result);
+  return result;
+}
+
 SampleResult SampleToken(absl::Span<const float> logits, const SamplingParams& params,
                          absl::Span<const int32_t> history, int num_logprobs, SamplerRng& rng) {
   const int32_t vocab = static_cast<int32_t>(logits.size());
-  std::vector<float> finite(logits.size());
-  for (size_t i = 0; i < logits.size(); ++i) finite[i] = Finite(logits[i]);
+  const std::vector<float> finite = FiniteCopy(logits);
   std::vector<float> scores = finite;
   if (params.repetition_penalty != 1.0f) {
     std::vector<bool> seen(vocab, false);

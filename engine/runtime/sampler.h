@@ -48,6 +48,11 @@ struct SampleResult {
 SampleResult SampleToken(absl::Span<const float> logits, const SamplingParams& params,
                          absl::Span<const int32_t> history, int num_logprobs, SamplerRng& rng);
 
+// `token`'s logprob under `logits` (one row, log-softmax as SampleToken
+// reports it) and the `num_logprobs` most likely tokens', most likely first:
+// how a prompt token scores given the logits of the position before it.
+SampleResult TokenLogprobs(absl::Span<const float> logits, int32_t token, int num_logprobs);
+
 }  // namespace switchserve
 
 #endif  // SWITCHSERVE_ENGINE_RUNTIME_SAMPLER_H_

@@ -1,11 +1,12 @@
 // Isolation (docs/design.md, "Serving semantics"): under the sequence
-// capacity scope a request's generated tokens and logprobs are bitwise the
-// same alone and among 31 varied neighbours — with a small token budget
-// (chunked prefill), a KV cache small enough to force preemption, and drop,
-// reroute or dropless dispatch with assignments actually dropped — and equal
-// to the full-pass logprobs `score` computes. Under the step scope the same
-// comparison shows the dependence. Every backend (but the CUDA backend on the
-// SIMT executor: EngineScaleBackendsUnderTest()), the built-in model.
+// capacity scope a request's generated tokens and logprobs, and its prompt's
+// logprobs, are bitwise the same alone and among 31 varied neighbours — with
+// a small token budget (chunked prefill), a KV cache small enough to force
+// preemption, and drop, reroute or dropless dispatch with assignments
+// actually dropped — and equal to the full-pass logprobs `score` computes.
+// Under the step scope the same comparison shows the dependence. Every
+// backend (but the CUDA backend on the SIMT executor:
+// EngineScaleBackendsUnderTest()), the built-in model.
 #include <cstring>
 #include <ostream>
 #include <string>
@@ -33,13 +34,16 @@ using testing::TestRequest;
 
 constexpr int kVictimTokens = 16;
 
+// Its prompt's logprobs too, with 5 alternatives each.
 TestRequest Victim() {
-  return testing::GreedyRoutedRequest("And God said unto Moses, Speak unto the children of Israel",
-                                      kVictimTokens);
+  TestRequest victim = testing::GreedyRoutedRequest(
+      "And God said unto Moses, Speak unto the children of Israel", kVictimTokens);
+  victim.sampling.prompt_logprobs = 5;
+  return victim;
 }
 
 // 31 neighbours: prompts of 3 to 90 bytes, greedy and sampled, 4 to 20
-// tokens generated.
+// tokens generated, some with their prompts' logprobs.
 std::vector<TestRequest> Neighbours() {
   const std::vector<std::string> texts = {
       "In the beginning",
@@ -67,6 +71,9 @@ std::vector<TestRequest> Neighbours() {
       r.sampling.seed = 1000 + i;
     }
     r.sampling.logprobs = i % 4;
+    // Every fifth one asks for its prompt's logprobs: its steps return every
+    // position's logits.
+    if (i % 5 == 4) r.sampling.prompt_logprobs = i % 3;
     neighbours.push_back(std::move(r));
   }
   return neighbours;
@@ -122,15 +129,16 @@ uint32_t Bits(float f) {
   return bits;
 }
 
-// Token ids, logprob bits, alternatives and routing of two runs of one
-// request, bit for bit; "" when equal, else where they first differ.
-std::string FirstDifference(const RequestOutcome& a, const RequestOutcome& b) {
-  if (a.tokens.size() != b.tokens.size()) {
-    return "lengths " + std::to_string(a.tokens.size()) + " vs " + std::to_string(b.tokens.size());
+// Token ids, logprob bits, alternatives and routing of two lists of tokens,
+// bit for bit; "" when equal, else where they first differ.
+std::string FirstDifference(const std::vector<GeneratedTokenInfo>& a,
+                            const std::vector<GeneratedTokenInfo>& b) {
+  if (a.size() != b.size()) {
+    return "lengths " + std::to_string(a.size()) + " vs " + std::to_string(b.size());
   }
-  for (size_t i = 0; i < a.tokens.size(); ++i) {
-    const GeneratedTokenInfo& x = a.tokens[i];
-    const GeneratedTokenInfo& y = b.tokens[i];
+  for (size_t i = 0; i < a.size(); ++i) {
+    const GeneratedTokenInfo& x = a[i];
+    const GeneratedTokenInfo& y = b[i];
     const std::string where = "token " + std::to_string(i) + ": ";
     if (x.token_id != y.token_id) return where + "id";
     if (Bits(x.logprob) != Bits(y.logprob)) return where + "logprob";
@@ -151,6 +159,15 @@ std::string FirstDifference(const RequestOutcome& a, const RequestOutcome& b) {
     }
   }
   return "";
+}
+
+// The same of two runs of one request: its generated tokens, then its
+// prompt's logprobs.
+std::string FirstDifference(const RequestOutcome& a, const RequestOutcome& b) {
+  const std::string generated = FirstDifference(a.tokens, b.tokens);
+  if (!generated.empty()) return generated;
+  const std::string prompt = FirstDifference(a.prompt_logprobs, b.prompt_logprobs);
+  return prompt.empty() ? "" : "prompt " + prompt;
 }
 
 // Parameter: (backend, engine shape).
@@ -201,6 +218,18 @@ class IsolationTest : public ::testing::TestWithParam<std::tuple<BackendUnderTes
       EXPECT_EQ(run.tokens[i].token_id, want.token_id) << "token " << i;
       EXPECT_EQ(Bits(run.tokens[i].logprob), Bits(want.logprob))
           << "token " << i << ": " << run.tokens[i].logprob << " vs full pass " << want.logprob;
+    }
+    // The prompt's tokens after the first, each scored by the row before it.
+    ASSERT_EQ(run.prompt_logprobs.size(), victim.prompt.size() - 1);
+    for (size_t i = 0; i + 1 < victim.prompt.size(); ++i) {
+      const SampleResult want =
+          TokenLogprobs(absl::MakeConstSpan(logits).subspan(i * vocab, vocab), victim.prompt[i + 1],
+                        victim.sampling.prompt_logprobs);
+      const GeneratedTokenInfo& got = run.prompt_logprobs[i];
+      EXPECT_EQ(got.token_id, victim.prompt[i + 1]) << "prompt token " << i + 1;
+      EXPECT_EQ(Bits(got.logprob), Bits(want.logprob))
+          << "prompt token " << i + 1 << ": " << got.logprob << " vs full pass " << want.logprob;
+      EXPECT_EQ(got.top_logprobs, want.top_logprobs) << "prompt token " << i + 1;
     }
   }
 };

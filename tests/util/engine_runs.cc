@@ -19,6 +19,9 @@ class OutcomeSink : public GenerationSink {
   void OnUpdate(GenerationUpdate update) override {
     std::lock_guard<std::mutex> lock(mu_);
     for (GeneratedTokenInfo& token : update.tokens) outcome_.tokens.push_back(std::move(token));
+    for (GeneratedTokenInfo& token : update.prompt_logprobs) {
+      outcome_.prompt_logprobs.push_back(std::move(token));
+    }
     if (update.finished) {
       outcome_.status = update.status;
       outcome_.finish_reason = update.finish_reason;

@@ -33,6 +33,7 @@ struct RequestOutcome {
   absl::Status status;
   FinishReason finish_reason = FinishReason::kNone;
   std::vector<GeneratedTokenInfo> tokens;
+  std::vector<GeneratedTokenInfo> prompt_logprobs;  // with SamplingParams::prompt_logprobs
 };
 
 // What the run's steps did, summed over steps.

@@ -203,6 +203,10 @@ BAD_INPUTS = [
     ("stop id outside vocabulary", text_request("x", 4, stop_token_ids=[1000]),
      "sampling.stop_token_ids"),
     ("too many logprobs", pb.GenerateRequest(text="x", logprobs=50), "logprobs"),
+    ("too many prompt logprobs", pb.GenerateRequest(text="x", prompt_logprobs=21),
+     "prompt_logprobs: must be in [0, 20], found 21"),
+    ("negative prompt logprobs", pb.GenerateRequest(text="x", prompt_logprobs=-1),
+     "prompt_logprobs: must be in [0, 20], found -1"),
 ]
 
 
