@@ -58,8 +58,16 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
       std::vector<EngineRequestHandle*> handles;
       for (size_t i = 0; i < prompts.size(); ++i) {
         prompts[i].sink = std::make_shared<Sink>(shared_from_this(), static_cast<int>(i));
-        choices_[i]->text_offset.text_started =
-            PromptSpellsText(*context_.tokenizer, prompts[i].prompt);
+        Choice& choice = *choices_[i];
+        if (options_.echo) {
+          // The text and its offsets start at the prompt's first token.
+          choice.echo_text = EchoText(*context_.tokenizer, prompts[i].prompt);
+          choice.echo_first.token_id = prompts[i].prompt.front();
+          choice.echo_pending = true;
+        } else {
+          choice.text_offset.text_started =
+              PromptSpellsText(*context_.tokenizer, prompts[i].prompt);
+        }
         choices_[i]->stop_token_ids = prompts[i].sampling.stop_token_ids;
         handles.push_back(&choices_[i]->handle);
       }
@@ -98,6 +106,11 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
     TextOffset text_offset;                  // of the next token, for logprobs
     std::vector<int32_t> stop_token_ids;     // the request's (TextEndOf)
     std::optional<GenerationUpdate> final_update;
+    // With echo: the prompt's text, its first token (whose logprob is null),
+    // and whether they are still to be added before the first tokens.
+    std::string echo_text;
+    GeneratedTokenInfo echo_first;
+    bool echo_pending = false;
   };
 
   class Sink : public GenerationSink {
@@ -120,6 +133,7 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
         if (options_.stream) {
           StreamUpdateLocked(index, &update);
         } else {
+          TakeEchoLocked(&choice, &update);
           choice.text += update.text;
           if (options_.logprobs >= 0) {
             std::move(update.tokens.begin(), update.tokens.end(),
@@ -178,18 +192,37 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
     return chunk;
   }
 
+  // Engine thread: with echo, puts the prompt's text and tokens (its first,
+  // then those the update scores) before the update's first ones. True when
+  // it did (the first token is the prompt's).
+  bool TakeEchoLocked(Choice* choice, GenerationUpdate* update) {
+    if (!choice->echo_pending) return false;
+    choice->echo_pending = false;
+    update->text.insert(0, std::exchange(choice->echo_text, {}));
+    std::vector<GeneratedTokenInfo> tokens;
+    if (options_.logprobs >= 0) {
+      tokens.reserve(1 + update->prompt_logprobs.size() + update->tokens.size());
+      tokens.push_back(choice->echo_first);
+      std::move(update->prompt_logprobs.begin(), update->prompt_logprobs.end(),
+                std::back_inserter(tokens));
+      std::move(update->tokens.begin(), update->tokens.end(), std::back_inserter(tokens));
+      update->tokens = std::move(tokens);
+    }
+    return true;
+  }
+
   // Engine thread: hands the update's text and tokens (moved out of it) to
   // the connection's I/O thread, which renders the event (RenderEvent).
   void StreamUpdateLocked(int index, GenerationUpdate* update) {
     if (!update->status.ok() || update->finish_reason == FinishReason::kCancelled) return;
+    const bool echoed = TakeEchoLocked(choices_[index].get(), update);
     if (update->text.empty() && update->tokens.empty() && !update->finished) return;
     exchange_->WriteRendered(
         [self = shared_from_this(), index, text = std::move(update->text),
          tokens = std::move(update->tokens),
          finish_reason =
-             update->finished ? std::optional<FinishReason>(update->finish_reason) : std::nullopt] {
-          return self->RenderEvent(index, text, tokens, finish_reason);
-        });
+             update->finished ? std::optional<FinishReason>(update->finish_reason) : std::nullopt,
+         echoed] { return self->RenderEvent(index, text, tokens, finish_reason, echoed); });
   }
 
   // The connection's I/O thread, one event at a time in the order of the
@@ -199,7 +232,7 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
   // else uses.
   std::string RenderEvent(int index, const std::string& text,
                           const std::vector<GeneratedTokenInfo>& tokens,
-                          std::optional<FinishReason> finish_reason) {
+                          std::optional<FinishReason> finish_reason, bool echoed) {
     Json choice = {
         {"index", index}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
     if (options_.logprobs >= 0 && !tokens.empty()) {
@@ -208,7 +241,7 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
                               ? TextEndOf(*finish_reason, tokens.back().token_id, c.stop_token_ids)
                               : TextEnd::kOpen;
       choice["logprobs"] = LogprobsObject(*context_.tokenizer, tokens, options_.logprobs,
-                                          options_.tokens_as_ids, &c.text_offset, end);
+                                          options_.tokens_as_ids, &c.text_offset, end, echoed);
     }
     if (finish_reason) choice["finish_reason"] = OpenAiFinishReason(*finish_reason);
     return Event(Chunk(Json::array({std::move(choice)})));
@@ -392,7 +425,7 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
                               : TextEndOf(choice.final_update->finish_reason,
                                           choice.tokens.back().token_id, choice.stop_token_ids);
       logprobs = LogprobsObject(*context_.tokenizer, choice.tokens, options_.logprobs,
-                                options_.tokens_as_ids, &choice.text_offset, end);
+                                options_.tokens_as_ids, &choice.text_offset, end, options_.echo);
     }
     return {{"index", i},
             {"text", std::move(choice.text)},

@@ -42,6 +42,7 @@ struct CompletionOptions {
   bool include_usage = false;
   int logprobs = -1;           // < 0: no logprobs object
   bool tokens_as_ids = false;  // CompletionRequest::tokens_as_ids
+  bool echo = false;           // CompletionRequest::echo
 };
 
 // Submits `prompts` (validated; origin and arrival set) and answers the

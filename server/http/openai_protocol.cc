@@ -313,7 +313,7 @@ absl::Status ParseField(const std::string& key, const Json& value, int vocab_siz
   } else if (key == "echo") {
     auto b = Boolean(value, key);
     if (!b.ok()) return b.status();
-    if (*b) return Invalid(key, "is not supported (the prompt is not repeated in the response)");
+    request->echo = *b;
   } else if (key == "presence_penalty" || key == "frequency_penalty") {
     auto x = Number(value, key);
     if (!x.ok()) return x.status();
@@ -568,7 +568,8 @@ TextEnd TextEndOf(FinishReason reason, int32_t last_token,
 
 nlohmann::ordered_json LogprobsObject(const Tokenizer& tokenizer,
                                       const std::vector<GeneratedTokenInfo>& tokens, int top_n,
-                                      bool tokens_as_ids, TextOffset* offset, TextEnd end) {
+                                      bool tokens_as_ids, TextOffset* offset, TextEnd end,
+                                      bool first_unscored) {
   using OrderedJson = nlohmann::ordered_json;
   OrderedJson strings = OrderedJson::array(), logprobs = OrderedJson::array(),
               tops = OrderedJson::array();
@@ -618,10 +619,20 @@ nlohmann::ordered_json LogprobsObject(const Tokenizer& tokenizer,
   std::fill(starts.begin() + unplaced, starts.end(), offset->characters);
   OrderedJson offsets = OrderedJson::array();
   for (const int64_t start : starts) offsets.push_back(start);
+  if (first_unscored && !tokens.empty()) {
+    logprobs[0] = nullptr;
+    tops[0] = nullptr;
+  }
   return {{"tokens", std::move(strings)},
           {"token_logprobs", std::move(logprobs)},
           {"top_logprobs", std::move(tops)},
           {"text_offset", std::move(offsets)}};
+}
+
+std::string EchoText(const Tokenizer& tokenizer, absl::Span<const int32_t> prompt) {
+  std::string text;
+  AppendSanitizedUtf8(tokenizer.Decode(prompt), /*final_chunk=*/true, &text);
+  return text;
 }
 
 }  // namespace switchserve

@@ -37,6 +37,8 @@ struct CompletionRequest {
   // vLLM's return_tokens_as_token_ids: the logprobs object names each token
   // "token_id:N" (distinct keys for tokens that spell the same text).
   bool tokens_as_ids = false;
+  // Each choice's text (and logprobs) starts with its prompt's.
+  bool echo = false;
 };
 
 // INVALID_ARGUMENT with a message "<param>: <problem>" for anything
@@ -107,10 +109,16 @@ TextEnd TextEndOf(FinishReason reason, int32_t last_token,
 // there or the next token breaks it (then a U+FFFD), at it if the next token
 // completes it; when neither comes with `tokens` and `end` is kOpen, at it.
 // `tokens_as_ids`: see CompletionRequest.
+// `first_unscored`: the first token is a prompt's first (echo), which
+// nothing predicts: its logprob and alternatives are null.
 nlohmann::ordered_json LogprobsObject(const Tokenizer& tokenizer,
                                       const std::vector<GeneratedTokenInfo>& tokens, int top_n,
                                       bool tokens_as_ids, TextOffset* offset,
-                                      TextEnd end = TextEnd::kOpen);
+                                      TextEnd end = TextEnd::kOpen, bool first_unscored = false);
+
+// A prompt as an echoing response's text starts with it (`echo`): its ids
+// decoded, bytes that end no character U+FFFD.
+std::string EchoText(const Tokenizer& tokenizer, absl::Span<const int32_t> prompt);
 
 }  // namespace switchserve
 

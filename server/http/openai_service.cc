@@ -189,6 +189,8 @@ void OpenAiService::Completions(const std::shared_ptr<HttpExchange>& exchange) c
   prompts.reserve(count);
   const auto arrival = Clock::now();
   for (int i = 0; i < count; ++i) {
+    // An echo's logprobs cover its prompt's tokens too.
+    if (parsed->echo && parsed->logprobs) parsed->prompts[i].set_prompt_logprobs(*parsed->logprobs);
     auto prepared =
         ValidateGenerateRequest(parsed->prompts[i], *options_.tokenizer, options_.limits);
     if (!prepared.ok()) return reject(ToApiError(prepared.status(), i, count));
@@ -204,6 +206,7 @@ void OpenAiService::Completions(const std::shared_ptr<HttpExchange>& exchange) c
   options.include_usage = parsed->include_usage;
   options.logprobs = parsed->logprobs.value_or(-1);
   options.tokens_as_ids = parsed->tokens_as_ids;
+  options.echo = parsed->echo;
   StartCompletionCall({.engine = options_.engine,
                        .tokenizer = options_.tokenizer,
                        .metrics = options_.metrics,

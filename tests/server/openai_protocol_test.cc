@@ -45,11 +45,12 @@ TEST(OpenAiProtocolTest, ParsesTheSupportedFieldsIntoGenerateRequests) {
       "top_p": 0.9, "n": 1, "stream": true, "stream_options": {"include_usage": true},
       "logprobs": 2, "stop": "\n", "seed": -1, "user": "u", "top_k": -1, "min_p": 0.1,
       "repetition_penalty": 1.2, "ignore_eos": true, "stop_token_ids": [3],
-      "echo": false, "best_of": null, "presence_penalty": 0, "frequency_penalty": 0.0,
+      "echo": true, "best_of": null, "presence_penalty": 0, "frequency_penalty": 0.0,
       "logit_bias": {}, "suffix": null, "return_tokens_as_token_ids": true})");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->model, "m");
   EXPECT_TRUE(parsed->tokens_as_ids);
+  EXPECT_TRUE(parsed->echo);
   EXPECT_TRUE(parsed->stream);
   EXPECT_TRUE(parsed->include_usage);
   EXPECT_EQ(parsed->logprobs, 2);
@@ -280,7 +281,7 @@ TEST(OpenAiProtocolTest, RefusalsNameTheParameter) {
       {R"({"prompt": [1, 5000000000]})", "prompt"},
       {R"({"prompt": ["a", 3]})", "prompt[1]"},
       {R"({"prompt": "x", "n": 2})", "n"},
-      {R"({"prompt": "x", "echo": true})", "echo"},
+      {R"({"prompt": "x", "echo": 1})", "echo"},
       {R"({"prompt": "x", "suffix": "s"})", "suffix"},
       {R"({"prompt": "x", "logit_bias": {"5": 1}})", "logit_bias"},
       {R"({"prompt": "x", "frequency_penalty": 1})", "frequency_penalty"},
@@ -580,7 +581,11 @@ class LeadingSpaceTokenizer final : public Tokenizer {
     if (ends != nullptr) ends->clear();
     return std::vector<int32_t>();
   }
-  std::string Decode(absl::Span<const int32_t>) const override { return ""; }
+  std::string Decode(absl::Span<const int32_t> ids) const override {
+    std::string text;
+    for (const int32_t id : ids) text += PieceBytes(id, text.empty());
+    return text;
+  }
   std::string_view PieceBytes(int32_t id, bool first) const override {
     if (id == 5) return first ? "coast" : " coast";
     if (id == 6) return ",";
@@ -609,6 +614,40 @@ TEST(OpenAiProtocolTest, TextOffsetsFollowTheTextAfterAPromptThatSpellsNothing) 
                                                           : nlohmann::ordered_json({0, 5, 6}));
     EXPECT_EQ(logprobs["tokens"], nlohmann::ordered_json({" coast", ",", " coast"}));
   }
+}
+
+// An echoed prompt's first token: nothing predicts it, so its logprob and
+// alternatives are null; the offsets count from the prompt's start, where
+// a SentencePiece piece's leading space is not in the text.
+TEST(OpenAiProtocolTest, AnEchoedPromptsFirstTokenHasNullLogprobs) {
+  const LeadingSpaceTokenizer tokenizer;
+  std::vector<GeneratedTokenInfo> tokens(3);
+  tokens[0].token_id = 5;
+  tokens[1].token_id = 6;
+  tokens[1].logprob = -0.5f;
+  tokens[1].top_logprobs = {{6, -0.5f}};
+  tokens[2].token_id = 5;
+  tokens[2].logprob = -1.5f;
+  TextOffset offset;
+  const nlohmann::ordered_json logprobs =
+      LogprobsObject(tokenizer, tokens, 1, false, &offset, TextEnd::kOpen,
+                     /*first_unscored=*/true);
+  EXPECT_EQ(logprobs["token_logprobs"], nlohmann::ordered_json({nullptr, -0.5, -1.5}));
+  EXPECT_EQ(logprobs["top_logprobs"][0], nullptr);
+  EXPECT_EQ(logprobs["top_logprobs"][1], nlohmann::ordered_json({{",", -0.5}}));
+  EXPECT_EQ(logprobs["text_offset"], nlohmann::ordered_json({0, 5, 6}));  // "coast, coast"
+  EXPECT_EQ(EchoText(tokenizer, {5, 6, 5}), "coast, coast");
+  const nlohmann::ordered_json unechoed = LogprobsObject(tokenizer, tokens, 1, false, &offset);
+  EXPECT_EQ(unechoed["token_logprobs"][0], 0.0);
+}
+
+// A prompt whose last bytes end no character: one U+FFFD for them, as the
+// text's end.
+TEST(OpenAiProtocolTest, AnEchoedPromptEndsWithWholeCharacters) {
+  const auto tokenizer = CreateByteTokenizer();
+  EXPECT_EQ(EchoText(*tokenizer, {'a', 0xc3, 0xa9, 'b', 0xe2, 0x82}),
+            "a\xc3\xa9"
+            "b\xef\xbf\xbd");  // aéb and U+FFFD
 }
 
 // A token's alternatives come most likely first, as the engine ranks them

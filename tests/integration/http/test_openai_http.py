@@ -174,6 +174,43 @@ def test_logprobs_are_the_grpc_logprobs(server, client):
     assert all(not top for top in own.top_logprobs or [])
 
 
+def test_echo_starts_the_text_and_logprobs_with_the_prompt(server, client):
+    """`echo` (what lm-evaluation-harness sends to score a text: echo,
+    logprobs 1, max_tokens 1): the text starts with the prompt, and the
+    logprobs object covers the prompt's tokens too, the first one's logprob
+    and alternatives null, the others' those of gRPC's prompt_logprobs."""
+    prompt = "Hello there"
+    request = pb.GenerateRequest(text=prompt, logprobs=1, prompt_logprobs=1,
+                                 sampling=pb.SamplingParams(max_new_tokens=4, temperature=0))
+    expected = server.grpc_stub().Generate(request, timeout=60)
+    assert len(expected.prompt_tokens) == len(prompt) - 1  # byte tokens
+    scored = list(expected.prompt_tokens) + list(expected.tokens)
+    for stream in (False, True):
+        response = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4,
+                                             temperature=0, logprobs=1, echo=True, stream=stream)
+        chunks = list(response) if stream else [response]
+        text = "".join(c.choices[0].text for c in chunks)
+        assert text == prompt + expected.text, stream
+        tokens = [t for c in chunks for t in c.choices[0].logprobs.tokens]
+        logprobs = [t for c in chunks for t in c.choices[0].logprobs.token_logprobs]
+        tops = [t for c in chunks for t in c.choices[0].logprobs.top_logprobs]
+        offsets = [t for c in chunks for t in c.choices[0].logprobs.text_offset]
+        assert tokens == list(prompt) + [chr(i) for i in expected.token_ids], stream
+        assert logprobs[0] is None and tops[0] is None, stream
+        assert logprobs[1:] == pytest.approx([t.logprob for t in scored], rel=1e-6), stream
+        assert all(len(top) == 1 for top in tops[1:]), stream
+        assert [v for top in tops[1:] for v in top.values()] == pytest.approx(
+            [t.top_logprobs[0].logprob for t in scored], rel=1e-6), stream
+        assert offsets == list(range(len(prompt) + 4)), stream
+    # Without logprobs only the text; echo false changes nothing.
+    plain = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0,
+                                      echo=True)
+    assert plain.choices[0].text == prompt + expected.text
+    assert plain.choices[0].logprobs is None
+    assert client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0,
+                                     echo=False).choices[0].text == expected.text
+
+
 def test_return_tokens_as_token_ids_names_every_token_by_its_id(server, client):
     request = pb.GenerateRequest(text="Hello there", logprobs=3,
                                  sampling=pb.SamplingParams(max_new_tokens=6, temperature=0))
@@ -226,7 +263,7 @@ BAD_BODIES = [
     ("top_p above one", {"prompt": "x", "top_p": 1.5}, "top_p"),
     ("n above one", {"prompt": "x", "n": 2}, "n"),
     ("best_of", {"prompt": "x", "best_of": 3}, "best_of"),
-    ("echo", {"prompt": "x", "echo": True}, "echo"),
+    ("echo not boolean", {"prompt": "x", "echo": "yes"}, "echo"),
     ("presence penalty", {"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
     ("logit bias", {"prompt": "x", "logit_bias": {"1": 5}}, "logit_bias"),
     ("suffix", {"prompt": "x", "suffix": "end"}, "suffix"),
