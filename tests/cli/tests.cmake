@@ -3,7 +3,8 @@
 # modules and tests/util on PYTHONPATH), and the benchmarks' roofline chart
 # (bench/roofline_chart.py, matplotlib), the pool timeline
 # (bench/pool_timeline.py), the GPU suite's summary (bench/gpu_summary.py),
-# serving_overhead.py's CPU accounting, switchserve-bench's flag checks and
+# serving_overhead.py's CPU accounting, serving_scores.py's windows,
+# switchserve-bench's flag checks and
 # the SIMT executor under a thread limit:
 # pytest on Debian's python3 (numpy, torch, grpcio), labelled `cli`.
 add_test(NAME cli COMMAND /usr/bin/python3 -m pytest -q ${CMAKE_CURRENT_SOURCE_DIR}/cli)
