@@ -3,27 +3,14 @@ of the requests its CPU was spent on. switchserve-bench's `cpu:` line leaves
 its warm-up requests out; the server's threads, read around the whole run,
 served them too."""
 import collections
-import pathlib
-import sys
 
 import pytest
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from bench_scripts import import_bench_script
 
 
 @pytest.fixture(scope="module")
 def overhead():
-    # compare_pytorch (imported by the script) would start the process again
-    # for OpenBLAS's kernels unless told to keep the environment.
-    argv = sys.argv
-    sys.argv = ["serving_overhead.py", "--keep-openblas-coretype"]
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import serving_overhead
-    finally:
-        sys.argv = argv
-        sys.path.remove(str(ROOT / "bench"))
-    return serving_overhead
+    return import_bench_script("serving_overhead")
 
 
 def bench_output(requests, warmup, cpu_s, transport):

@@ -1,26 +1,12 @@
 """bench/serving_scores.py's windows: every token of the text but the first is
 scored once, each window within the room a request has (context - 1)."""
-import pathlib
-import sys
-
 import pytest
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from bench_scripts import import_bench_script
 
 
 @pytest.fixture(scope="module")
 def scores():
-    # compare_pytorch (imported by the script) would start the process again
-    # for OpenBLAS's kernels unless told to keep the environment.
-    argv = sys.argv
-    sys.argv = ["serving_scores.py", "--keep-openblas-coretype"]
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import serving_scores
-    finally:
-        sys.argv = argv
-        sys.path.remove(str(ROOT / "bench"))
-    return serving_scores
+    return import_bench_script("serving_scores")
 
 
 @pytest.mark.parametrize("length", [2, 3, 254, 255, 256, 509, 1000])

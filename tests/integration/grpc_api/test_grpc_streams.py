@@ -134,39 +134,18 @@ def test_a_stream_whose_client_reads_nothing_ends_at_the_write_timeout():
         server.close()
 
 
-def test_a_stream_whose_unread_output_passes_the_buffer_limit_ends_there():
+@pytest.mark.parametrize("step_delay_ms", [20, 0])
+def test_a_stream_whose_unread_output_passes_the_buffer_limit_ends_there(step_delay_ms):
     """What is merged for a stream while its write waits was unbounded
     (logprobs and routing: megabytes a call). Past --max-stream-buffer-bytes
     the call ends RESOURCE_EXHAUSTED and its request is cancelled at once,
-    whatever the write timeout (here 60 s)."""
+    whatever the write timeout (here 60 s): once its write has waited 100 ms,
+    at the next step (20 ms apart here), or, for a request whose 50 tokens
+    are generated sooner than that (no step delay), at the periodic check
+    for stalled writes, which ended it only at the write timeout before."""
     metrics_port = free_port()
-    server = Server("--log-format", "json", "--debug-step-delay-ms", "20",
+    server = Server("--log-format", "json", "--debug-step-delay-ms", str(step_delay_ms),
                     "--max-stream-buffer-bytes", "4096", metrics_port=metrics_port)
-    try:
-        request = stall_request(50)
-        results = stalled_streams(server.port, [request] * 2, 30)
-        for result in results:
-            assert result["ended_s"] is not None and result["ended_s"] < 10, results
-            assert result.get("grpc-status") == "8", results
-            assert "passed 4096 bytes" in result.get("grpc-message", ""), results
-        calls = stream_log_lines(server, 2)
-        assert [c["status"] for c in calls] == ["RESOURCE_EXHAUSTED"] * 2, calls
-        # Ended after a few tokens, not at the request's 50.
-        assert all(c["finish_reason"] == "cancelled" and c["completion_tokens"] < 30
-                   for c in calls), calls
-        expect_ended_exhausted_and_serving(server, 2)
-    finally:
-        server.close()
-
-
-def test_a_stream_that_finished_past_the_buffer_limit_ends_before_the_write_timeout():
-    """Past --max-stream-buffer-bytes a stream ends once its write has waited
-    100 ms. Without a step delay its 50 tokens are generated sooner than
-    that: the periodic check ends it then, it does not hold its output until
-    the write timeout (60 s)."""
-    metrics_port = free_port()
-    server = Server("--log-format", "json", "--max-stream-buffer-bytes", "4096",
-                    metrics_port=metrics_port)
     try:
         results = stalled_streams(server.port, [stall_request(50)] * 2, 30)
         for result in results:
@@ -175,6 +154,10 @@ def test_a_stream_that_finished_past_the_buffer_limit_ends_before_the_write_time
             assert "passed 4096 bytes" in result.get("grpc-message", ""), results
         calls = stream_log_lines(server, 2)
         assert [c["status"] for c in calls] == ["RESOURCE_EXHAUSTED"] * 2, calls
+        if step_delay_ms:
+            # Ended after a few tokens, not at the request's 50.
+            assert all(c["finish_reason"] == "cancelled" and c["completion_tokens"] < 30
+                       for c in calls), calls
         expect_ended_exhausted_and_serving(server, 2)
     finally:
         server.close()
