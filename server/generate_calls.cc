@@ -346,7 +346,7 @@ class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBu
                               ? CancelledCallStatus(update.cancel_cause)
                               : grpc::Status::OK;
         }
-        if (pending_bytes_ > service_->max_stream_buffer_bytes() && ClientNotReadingLocked()) {
+        if (PastBufferLimitLocked()) {
           EndLocked(StreamOutputPastLimitMessage(service_->max_stream_buffer_bytes()));
         } else if (!held_.GrowTo(pending_bytes_ + in_flight_bytes_)) {
           EndLocked(OutputBudgetFullMessage(*service_->output_budget()));
@@ -380,7 +380,7 @@ class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBu
         // nothing is more than gRPC tells.
         EndLocked("the stream's client had not finished reading a message for " +
                   FormatSeconds(std::chrono::steady_clock::now() - write_started_));
-      } else if (pending_bytes_ > service_->max_stream_buffer_bytes() && ClientNotReadingLocked()) {
+      } else if (PastBufferLimitLocked()) {
         EndLocked(StreamOutputPastLimitMessage(service_->max_stream_buffer_bytes()));
       } else {
         return;
@@ -512,6 +512,14 @@ class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBu
     has_pending_ = false;
     pending_bytes_ = 0;
     held_.ShrinkTo(in_flight_bytes_);
+  }
+
+  // Whether the stream holds more than --max-stream-buffer-bytes for a
+  // client that is not reading: merged output and the message being
+  // written (all of it may have gone into one write, which then waits).
+  bool PastBufferLimitLocked() const {
+    return pending_bytes_ + in_flight_bytes_ > service_->max_stream_buffer_bytes() &&
+           ClientNotReadingLocked();
   }
 
   // Whether the stream's client is not reading: a write has waited

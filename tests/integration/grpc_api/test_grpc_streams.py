@@ -153,12 +153,18 @@ def test_a_stream_whose_unread_output_passes_the_buffer_limit_ends_there(step_de
             assert result.get("grpc-status") == "8", results
             assert "passed 4096 bytes" in result.get("grpc-message", ""), results
         calls = stream_log_lines(server, 2)
-        assert [c["status"] for c in calls] == ["RESOURCE_EXHAUSTED"] * 2, calls
         if step_delay_ms:
+            assert [c["status"] for c in calls] == ["RESOURCE_EXHAUSTED"] * 2, calls
             # Ended after a few tokens, not at the request's 50.
             assert all(c["finish_reason"] == "cancelled" and c["completion_tokens"] < 30
                        for c in calls), calls
-        expect_ended_exhausted_and_serving(server, 2)
+            expect_ended_exhausted_and_serving(server, 2)
+        else:
+            # A finished request's last message, sent with its status, may be
+            # the write that waits: the call was then logged with that status
+            # as it was handed to gRPC (docs/serving.md).
+            assert all(c["status"] in ("RESOURCE_EXHAUSTED", "OK") for c in calls), calls
+            expect_good_request_works_at(server)
     finally:
         server.close()
 
