@@ -256,11 +256,13 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
     absl::Status failure;
     bool cancelled = false;
     int prompt_tokens = 0, completion_tokens = 0;
-    for (const auto& choice : choices_) {
-      const GenerationUpdate& last = *choice->final_update;
+    for (size_t i = 0; i < choices_.size(); ++i) {
+      const GenerationUpdate& last = *choices_[i]->final_update;
       if (!last.status.ok() && failure.ok()) failure = last.status;
       cancelled |= last.finish_reason == FinishReason::kCancelled;
-      prompt_tokens += last.prompt_tokens;
+      // A prompt's tokens once, however many choices it has (as OpenAI
+      // counts them).
+      if (i % options_.n == 0) prompt_tokens += last.prompt_tokens;
       completion_tokens += last.completion_tokens;
       access_.queue_ms = std::max(access_.queue_ms, last.queue_ms);
       access_.time_to_first_token_ms =

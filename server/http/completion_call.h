@@ -43,9 +43,11 @@ struct CompletionOptions {
   int logprobs = -1;           // < 0: no logprobs object
   bool tokens_as_ids = false;  // CompletionRequest::tokens_as_ids
   bool echo = false;           // CompletionRequest::echo
+  int n = 1;                   // choices per prompt, consecutive in `prompts`
 };
 
-// Submits `prompts` (validated; origin and arrival set) and answers the
+// Submits `prompts` (validated; origin and arrival set; a prompt's n choices
+// one after another, the response's choices in that order) and answers the
 // exchange when they finish. Counts itself in the gate until then (until the
 // response was handed to the exchange). When the
 // engine refuses a prompt (full queue, stopping) the others are cancelled

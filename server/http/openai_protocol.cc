@@ -46,12 +46,11 @@ absl::Status WrongType(std::string_view param, const char* what, const Json& val
 }
 
 // Fields a client may send, beyond which every other field is refused.
-// Supported: model, prompt, max_tokens, temperature, top_p, n (= 1), stream,
-// stream_options, logprobs, stop, seed, user; and vLLM's sampling extensions
-// top_k, min_p, repetition_penalty, ignore_eos, stop_token_ids,
-// return_tokens_as_token_ids. Accepted
-// only at their neutral value: echo, best_of, presence_penalty,
-// frequency_penalty, logit_bias, suffix.
+// Supported: model, prompt, max_tokens, temperature, top_p, n, best_of (= n),
+// stream, stream_options, logprobs, stop, seed, user, echo; and vLLM's
+// sampling extensions top_k, min_p, repetition_penalty, ignore_eos,
+// stop_token_ids, return_tokens_as_token_ids. Accepted only at their neutral
+// value: presence_penalty, frequency_penalty, logit_bias, suffix.
 bool Known(const std::string& key) {
   static const char* const kKnown[] = {"model",
                                        "prompt",
@@ -214,7 +213,8 @@ absl::Status ParseStop(const Json& stop, v1::SamplingParams* sampling) {
 // Sets the sampling fields; every value is range-checked later by
 // ValidateGenerateRequest.
 absl::Status ParseField(const std::string& key, const Json& value, int vocab_size,
-                        CompletionRequest* request, v1::SamplingParams* sampling, int* logprobs) {
+                        CompletionRequest* request, v1::SamplingParams* sampling, int* logprobs,
+                        std::optional<int>* best_of) {
   if (key == "model") {
     if (!value.is_string()) return Invalid("model", "must be a string");
     request->model = value.get<std::string>();
@@ -243,13 +243,15 @@ absl::Status ParseField(const std::string& key, const Json& value, int vocab_siz
     auto k = Integer(value, key, -1, std::numeric_limits<int32_t>::max(), " (-1 or 0: off)");
     if (!k.ok()) return k.status();
     sampling->set_top_k(*k == -1 ? 0 : static_cast<int32_t>(*k));
-  } else if (key == "n" || key == "best_of") {
-    auto n = WholeNumber(value, key);
+  } else if (key == "n") {
+    auto n = Integer(value, key, 1, kMaxChoicesPerPrompt);
     if (!n.ok()) return n.status();
-    if (*n != 1) {
-      return Invalid(key, absl::StrCat("only 1 is supported, found ", Found(*n, value),
-                                       " (send the prompt several times with different seeds)"));
-    }
+    request->n = static_cast<int>(*n);
+  } else if (key == "best_of") {
+    // Checked against n once every field is read.
+    auto n = Integer(value, key, 1, kMaxChoicesPerPrompt);
+    if (!n.ok()) return n.status();
+    *best_of = static_cast<int>(*n);
   } else if (key == "stream") {
     auto b = Boolean(value, key);
     if (!b.ok()) return b.status();
@@ -456,6 +458,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
   CompletionRequest request;
   v1::SamplingParams sampling;
   int logprobs = 0;
+  std::optional<int> best_of;
   for (const auto& [key, value] : json.items()) {
     if (!Known(key)) {
       return Invalid(ShownName(key),
@@ -463,10 +466,19 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
                      "ones)");
     }
     if (value.is_null() || key == "prompt") continue;  // null: the default
-    if (absl::Status status = ParseField(key, value, vocab_size, &request, &sampling, &logprobs);
+    if (absl::Status status =
+            ParseField(key, value, vocab_size, &request, &sampling, &logprobs, &best_of);
         !status.ok()) {
       return status;
     }
+  }
+  // best_of > n samples more choices and returns the n most likely: not
+  // done here (nor by vLLM's current engine).
+  if (best_of.has_value() && *best_of != request.n) {
+    return Invalid("best_of", absl::StrCat("must equal n (", request.n,
+                                           "): returning the best of more samples is not "
+                                           "supported, found ",
+                                           *best_of));
   }
   const auto prompt = json.find("prompt");
   if (prompt == json.end() || prompt->is_null()) return Invalid("prompt", "is required");

@@ -26,11 +26,17 @@ namespace switchserve {
 // OpenAI's default for /v1/completions (vLLM's too), not gRPC's 256.
 inline constexpr int kDefaultMaxTokens = 16;
 
+// The most choices one prompt may ask for (`n`), as OpenAI's API allows.
+inline constexpr int kMaxChoicesPerPrompt = 128;
+
 // A parsed /v1/completions request: one GenerateRequest per prompt (same
 // sampling for all), not yet validated.
 struct CompletionRequest {
   std::string model;  // as sent; empty when absent
   std::vector<v1::GenerateRequest> prompts;
+  // Choices per prompt, each sampled on its own (`n`; `best_of`, if given,
+  // must equal it). Choice j of prompt i is the response's choice i * n + j.
+  int n = 1;
   bool stream = false;
   bool include_usage = false;   // stream_options.include_usage
   std::optional<int> logprobs;  // unset: no logprobs in the response

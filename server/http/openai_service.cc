@@ -1,6 +1,7 @@
 #include "server/http/openai_service.h"
 
 #include <chrono>
+#include <cstdint>
 #include <utility>
 #include <vector>
 
@@ -180,13 +181,20 @@ void OpenAiService::Completions(const std::shared_ptr<HttpExchange>& exchange) c
                                                    options_.model_name, "`")));
   }
   const int count = static_cast<int>(parsed->prompts.size());
-  if (options_.max_prompts > 0 && count > options_.max_prompts) {
-    return reject(absl::InvalidArgumentError(
-        absl::StrCat("prompt: at most ", options_.max_prompts,
-                     " prompts in one request (--max-queue), found ", count)));
+  const int n = parsed->n;
+  // Every choice is a request in the engine's queue.
+  if (options_.max_prompts > 0 && int64_t{count} * n > options_.max_prompts) {
+    if (n == 1) {
+      return reject(absl::InvalidArgumentError(
+          absl::StrCat("prompt: at most ", options_.max_prompts,
+                       " prompts in one request (--max-queue), found ", count)));
+    }
+    return reject(absl::InvalidArgumentError(absl::StrCat(
+        "n: at most ", options_.max_prompts, " choices in one request (--max-queue), found ",
+        int64_t{count} * n, " (", count, " prompts, n = ", n, ")")));
   }
   std::vector<GenerationRequest> prompts;
-  prompts.reserve(count);
+  prompts.reserve(static_cast<size_t>(count) * n);
   const auto arrival = Clock::now();
   for (int i = 0; i < count; ++i) {
     // An echo's logprobs cover its prompt's tokens too.
@@ -199,7 +207,13 @@ void OpenAiService::Completions(const std::shared_ptr<HttpExchange>& exchange) c
     // "logprobs": 0 still reports each token's own logprob.
     prepared->sampling.sampled_logprob = parsed->logprobs.has_value();
     prepared->stream_interval = parsed->stream ? options_.stream_interval : 0;
-    prompts.push_back(std::move(*prepared));
+    // The prompt's choices draw from generators seeded seed, seed + 1, ...
+    // (the seed sent, or the one the validation drew), as vLLM seeds them:
+    // a seeded request gives the same choices again.
+    for (int j = 0; j < n; ++j) {
+      prompts.push_back(j + 1 < n ? *prepared : std::move(*prepared));
+      prompts.back().sampling.seed += static_cast<uint64_t>(j);
+    }
   }
   CompletionOptions options;
   options.stream = parsed->stream;
@@ -207,6 +221,7 @@ void OpenAiService::Completions(const std::shared_ptr<HttpExchange>& exchange) c
   options.logprobs = parsed->logprobs.value_or(-1);
   options.tokens_as_ids = parsed->tokens_as_ids;
   options.echo = parsed->echo;
+  options.n = n;
   StartCompletionCall({.engine = options_.engine,
                        .tokenizer = options_.tokenizer,
                        .metrics = options_.metrics,

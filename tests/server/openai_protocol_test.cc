@@ -42,13 +42,14 @@ void ExpectRefused(const Refusal& c) {
 TEST(OpenAiProtocolTest, ParsesTheSupportedFieldsIntoGenerateRequests) {
   auto parsed = Parse(R"({
       "model": "m", "prompt": ["a", [1, 2]], "max_tokens": 7, "temperature": 0.5,
-      "top_p": 0.9, "n": 1, "stream": true, "stream_options": {"include_usage": true},
+      "top_p": 0.9, "n": 3, "stream": true, "stream_options": {"include_usage": true},
       "logprobs": 2, "stop": "\n", "seed": -1, "user": "u", "top_k": -1, "min_p": 0.1,
       "repetition_penalty": 1.2, "ignore_eos": true, "stop_token_ids": [3],
       "echo": true, "best_of": null, "presence_penalty": 0, "frequency_penalty": 0.0,
       "logit_bias": {}, "suffix": null, "return_tokens_as_token_ids": true})");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->model, "m");
+  EXPECT_EQ(parsed->n, 3);
   EXPECT_TRUE(parsed->tokens_as_ids);
   EXPECT_TRUE(parsed->echo);
   EXPECT_TRUE(parsed->stream);
@@ -80,6 +81,7 @@ TEST(OpenAiProtocolTest, DefaultsFollowOpenAi) {
   EXPECT_FALSE(parsed->stream);
   EXPECT_FALSE(parsed->logprobs.has_value());
   EXPECT_FALSE(parsed->tokens_as_ids);
+  EXPECT_EQ(parsed->n, 1);
   ASSERT_EQ(parsed->prompts.size(), 1u);
   EXPECT_EQ(parsed->prompts[0].sampling().max_new_tokens(), kDefaultMaxTokens);
   EXPECT_FALSE(parsed->prompts[0].sampling().has_temperature());
@@ -88,6 +90,23 @@ TEST(OpenAiProtocolTest, DefaultsFollowOpenAi) {
   parsed = Parse(R"({"prompt": "x", "stream": true, "stream_options": {"include_usage": null}})");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_FALSE(parsed->include_usage);
+}
+
+// best_of may be sent when it asks for no more samples than n: each choice
+// is then its own sample, as with n alone.
+TEST(OpenAiProtocolTest, BestOfEqualToNIsNAlone) {
+  const struct {
+    const char* body;
+    int n;
+  } cases[] = {{R"({"prompt": "x", "n": 4, "best_of": 4})", 4},
+               {R"({"prompt": "x", "best_of": 4.0, "n": 4})", 4},
+               {R"({"prompt": "x", "best_of": 1})", 1}};
+  for (const auto& c : cases) {
+    auto parsed = Parse(c.body);
+    ASSERT_TRUE(parsed.ok()) << c.body << ": " << parsed.status();
+    EXPECT_EQ(parsed->n, c.n) << c.body;
+    EXPECT_EQ(parsed->prompts.size(), 1u) << c.body;
+  }
 }
 
 // Integer fields take a whole number written as a float (pydantic's lax mode,
@@ -280,7 +299,10 @@ TEST(OpenAiProtocolTest, RefusalsNameTheParameter) {
       {R"({"prompt": []})", "prompt"},
       {R"({"prompt": [1, 5000000000]})", "prompt"},
       {R"({"prompt": ["a", 3]})", "prompt[1]"},
-      {R"({"prompt": "x", "n": 2})", "n"},
+      {R"({"prompt": "x", "n": 0})", "n"},
+      {R"({"prompt": "x", "n": 129})", "n"},
+      {R"({"prompt": "x", "n": 2, "best_of": 3})", "best_of"},
+      {R"({"prompt": "x", "best_of": 2})", "best_of"},
       {R"({"prompt": "x", "echo": 1})", "echo"},
       {R"({"prompt": "x", "suffix": "s"})", "suffix"},
       {R"({"prompt": "x", "logit_bias": {"5": 1}})", "logit_bias"},
@@ -327,21 +349,19 @@ TEST(OpenAiProtocolTest, RefusalsSayWhatWasSent) {
       {R"({"prompt": "x", "logprobs": 18446744073709551615})",
        "logprobs: must be in [0, 20], found 18446744073709551615"},
       {R"({"prompt": "x", "logprobs": 1e20})", "logprobs: must be in [0, 20], found 1e+20"},
-      {R"({"prompt": "x", "n": 1e20})",
-       "n: only 1 is supported, found 1e+20 (send the prompt several times with different seeds)"},
+      {R"({"prompt": "x", "n": 1e20})", "n: must be in [1, 128], found 1e+20"},
       {R"({"prompt": "x", "best_of": 18446744073709551615})",
-       "best_of: only 1 is supported, found 18446744073709551615 (send the prompt several times "
-       "with different seeds)"},
+       "best_of: must be in [1, 128], found 18446744073709551615"},
+      {R"({"prompt": "x", "n": 4, "best_of": 8})",
+       "best_of: must equal n (4): returning the best of more samples is not supported, found 8"},
       // Just below -2^63 the reader's double is -2^63 itself: past int64,
       // named as that double, not as int64's minimum.
       {R"({"prompt": "x", "n": -9223372036854775809})",
-       "n: only 1 is supported, found -9.223372036854776e+18 (send the prompt several times with "
-       "different seeds)"},
+       "n: must be in [1, 128], found -9.223372036854776e+18"},
       {R"({"prompt": "x", "max_tokens": -9223372036854775809})",
        "max_tokens: must be in [1, 2147483647], found -9.223372036854776e+18"},
       {R"({"prompt": "x", "n": -9223372036854775808})",
-       "n: only 1 is supported, found -9223372036854775808 (send the prompt several times with "
-       "different seeds)"},
+       "n: must be in [1, 128], found -9223372036854775808"},
       {R"({"prompt": "x", "seed": -1e20})",
        "seed: must be in [-9223372036854775808, 18446744073709551615], found -1e+20"},
       {R"({"prompt": "x", "top_k": 2147483648})",

@@ -58,6 +58,11 @@ def test_full_queue_is_429():
             client.completions.create(model=MODEL, prompt=["a", "b"], max_tokens=2)
         assert error.value.body["param"] == "prompt"
         assert "at most 1 prompts in one request (--max-queue), found 2" in error.value.body["message"]
+        # So could more choices (n) than it holds, of one prompt too.
+        with pytest.raises(openai.BadRequestError) as error:
+            client.completions.create(model=MODEL, prompt="a", n=2, max_tokens=2)
+        assert error.value.body["message"] == \
+            "n: at most 1 choices in one request (--max-queue), found 2 (1 prompts, n = 2)"
     finally:
         server.close()
 

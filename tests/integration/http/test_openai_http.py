@@ -254,6 +254,38 @@ def test_token_prompt_and_batch_of_prompts(client):
     assert streamed == {0: one.choices[0].text, 1: two.choices[0].text}
 
 
+def test_n_choices_are_samples_of_their_prompt(client):
+    """`n`: each prompt's n choices, one after another (choice i * n + j is
+    prompt i's j-th), each its own sample: with a seed, choice j is what the
+    prompt alone gives with seed + j (as vLLM seeds them); the usage counts
+    each prompt once. Streamed, each event names its choice."""
+    kwargs = dict(model=MODEL, max_tokens=8, temperature=3.0, extra_body={"ignore_eos": True})
+
+    def alone(prompt, seed):
+        return client.completions.create(prompt=prompt, seed=seed, **kwargs).choices[0].text
+
+    prompts = ["hi", [121, 111]]  # "yo" as ids
+    batch = client.completions.create(prompt=prompts, n=3, seed=11, **kwargs)
+    assert [c.index for c in batch.choices] == list(range(6))
+    assert [c.text for c in batch.choices] == [alone(p, 11 + j) for p in prompts for j in range(3)]
+    assert len({c.text for c in batch.choices[:3]}) > 1  # samples, not copies
+    assert batch.usage.prompt_tokens == 4 and batch.usage.completion_tokens == 48
+    # The same seed, the same choices; best_of equal to n changes nothing.
+    again = client.completions.create(prompt=prompts, n=3, best_of=3, seed=11, **kwargs)
+    assert [c.text for c in again.choices] == [c.text for c in batch.choices]
+    streamed = {}
+    for chunk in client.completions.create(prompt=prompts, n=3, seed=11, stream=True, **kwargs):
+        for choice in chunk.choices:
+            streamed[choice.index] = streamed.get(choice.index, "") + choice.text
+    assert streamed == {c.index: c.text for c in batch.choices}
+    # Without a seed the choices still differ; with echo each starts with its prompt.
+    unseeded = client.completions.create(prompt="hi", n=4, echo=True, **kwargs)
+    assert len(unseeded.choices) == 4
+    assert all(c.text.startswith("hi") for c in unseeded.choices)
+    assert len({c.text for c in unseeded.choices}) > 1
+    assert unseeded.usage.prompt_tokens == 2 and unseeded.usage.completion_tokens == 32
+
+
 BAD_BODIES = [
     ("max_tokens over context", {"prompt": "x", "max_tokens": 64}, "max_tokens"),
     ("max_tokens zero", {"prompt": "x", "max_tokens": 0}, "max_tokens"),
@@ -261,8 +293,9 @@ BAD_BODIES = [
     ("negative temperature", {"prompt": "x", "temperature": -1}, "temperature"),
     ("temperature string", {"prompt": "x", "temperature": "hot"}, "temperature"),
     ("top_p above one", {"prompt": "x", "top_p": 1.5}, "top_p"),
-    ("n above one", {"prompt": "x", "n": 2}, "n"),
-    ("best_of", {"prompt": "x", "best_of": 3}, "best_of"),
+    ("n zero", {"prompt": "x", "n": 0}, "n"),
+    ("n past 128", {"prompt": "x", "n": 129}, "n"),
+    ("best_of above n", {"prompt": "x", "n": 2, "best_of": 3}, "best_of"),
     ("echo not boolean", {"prompt": "x", "echo": "yes"}, "echo"),
     ("presence penalty", {"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
     ("logit bias", {"prompt": "x", "logit_bias": {"1": 5}}, "logit_bias"),
@@ -291,6 +324,9 @@ BAD_BODIES = [
 # The whole message where it names an entry or a range: an id past int32 as
 # one past the vocabulary, a number past int64 as one past int32.
 BAD_BODY_MESSAGES = {
+    "n past 128": "n: must be in [1, 128], found 129",
+    "best_of above n":
+        "best_of: must equal n (2): returning the best of more samples is not supported, found 3",
     "token outside vocabulary": "prompt: ids[1] = 256 is outside the vocabulary [0, 256)",
     "token past int32": "prompt: ids[1] = 4294967296 is outside the vocabulary [0, 256)",
     "stop token outside vocabulary":
