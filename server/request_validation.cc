@@ -1,10 +1,12 @@
 #include "server/request_validation.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "engine/text/detokenizer.h"
@@ -57,6 +59,13 @@ absl::Status CheckRange(SamplingFloat field, std::string_view name, T value) {
       if (value >= static_cast<T>(0.01) && value <= static_cast<T>(100)) return absl::OkStatus();
       return Invalid(name, absl::StrCat("must be in [", kMinRepetitionPenalty, ", ",
                                         kMaxRepetitionPenalty, "], found ", FloatText(value)));
+    case SamplingFloat::kPresencePenalty:
+    case SamplingFloat::kFrequencyPenalty:
+      if (value >= -2 && value <= 2) return absl::OkStatus();
+      return Invalid(name, absl::StrCat("must be in [-2, 2], found ", FloatText(value)));
+    case SamplingFloat::kLogitBias:
+      if (value >= -100 && value <= 100) return absl::OkStatus();
+      return Invalid(name, absl::StrCat("must be in [-100, 100], found ", FloatText(value)));
   }
   return Invalid(name, "is not a sampling field");
 }
@@ -171,6 +180,34 @@ absl::StatusOr<GenerationRequest> ValidateGenerateRequest(const v1::GenerateRequ
     }
     p.repetition_penalty = s.repetition_penalty();
   }
+  for (const auto& [field, name, value] :
+       {std::tuple(SamplingFloat::kPresencePenalty, "sampling.presence_penalty",
+                   s.presence_penalty()),
+        std::tuple(SamplingFloat::kFrequencyPenalty, "sampling.frequency_penalty",
+                   s.frequency_penalty())}) {
+    if (absl::Status status = CheckSamplingFloat(field, name, value); !status.ok()) return status;
+  }
+  p.presence_penalty = s.presence_penalty();
+  p.frequency_penalty = s.frequency_penalty();
+  if (s.logit_bias_size() > limits.max_logit_bias) {
+    return Invalid("sampling.logit_bias", absl::StrCat("at most ", limits.max_logit_bias,
+                                                       " ids, found ", s.logit_bias_size()));
+  }
+  for (const auto& [id, bias] : s.logit_bias()) {
+    if (id < 0 || id >= limits.vocab_size) {
+      return Invalid(
+          "sampling.logit_bias",
+          absl::StrCat("id ", id, " is outside the vocabulary [0, ", limits.vocab_size, ")"));
+    }
+    if (absl::Status status = CheckSamplingFloat(
+            SamplingFloat::kLogitBias, absl::StrCat("sampling.logit_bias[", id, "]"), bias);
+        !status.ok()) {
+      return status;
+    }
+    p.logit_bias.emplace_back(id, bias);
+  }
+  // The map's order is unspecified: ascending ids, the same bits whatever it was.
+  std::sort(p.logit_bias.begin(), p.logit_bias.end());
   p.seed = s.has_seed() ? s.seed() : RandomSeed();
   if (s.stop_size() > limits.max_stop_strings) {
     return Invalid("sampling.stop", absl::StrCat("at most ", limits.max_stop_strings,

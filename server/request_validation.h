@@ -26,11 +26,20 @@ inline constexpr float kMaxRepetitionPenalty = 100.0f;
 // passed (top_p 1.00000001 as 1, temperature -1e-50 as -0), and one inside
 // rounded past it and failed, quoting a value the client never sent (top_p
 // 1e-50 as 0).
-enum class SamplingFloat { kTemperature, kTopP, kMinP, kRepetitionPenalty };
+enum class SamplingFloat {
+  kTemperature,
+  kTopP,
+  kMinP,
+  kRepetitionPenalty,
+  kPresencePenalty,
+  kFrequencyPenalty,
+  kLogitBias
+};
 
 // INVALID_ARGUMENT "<name>: must be ..., found <value>" unless `value` lies in
 // the field's range (temperature: [0, the largest float]; top_p: (0, 1];
-// min_p: [0, 1]; repetition_penalty: [0.01, 100]).
+// min_p: [0, 1]; repetition_penalty: [0.01, 100]; presence_penalty and
+// frequency_penalty: [-2, 2]; a logit_bias value: [-100, 100]).
 absl::Status CheckSamplingFloat(SamplingFloat field, std::string_view name, float value);
 absl::Status CheckSamplingFloat(SamplingFloat field, std::string_view name, double value);
 
@@ -48,6 +57,7 @@ struct RequestLimits {
   int max_stop_string_bytes = 256;
   int max_stop_token_ids = 64;
   int max_logprobs = 20;
+  int max_logit_bias = kMaxLogitBias;
 };
 
 // Fills everything except arrival, deadline and sink.

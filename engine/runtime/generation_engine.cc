@@ -263,7 +263,8 @@ void GenerationEngine::RunStep() {
     if (ScoresPrompt(*state, chunk)) sequence.logits = LogitsMode::kAll;
     if (chunk.samples) {
       const SamplingParams& params = state->request.sampling;
-      sequence.sample = {&params, chunk.sequence->tokens, &state->rng};
+      sequence.sample = {&params, chunk.sequence->tokens, &state->rng,
+                         chunk.sequence->prompt_tokens};
       sequence.collect_routing = params.return_routing;
     }
   }

@@ -20,6 +20,10 @@ namespace switchserve {
 
 using Clock = std::chrono::steady_clock;
 
+// The most logit_bias entries one request may give (the server's limit;
+// the CUDA backend's decode graphs hold that many per sequence).
+inline constexpr int kMaxLogitBias = 300;
+
 // Sampling parameters of one request. Already validated: the engine trusts
 // every value (temperature >= 0, 0 < top_p <= 1, ...).
 struct SamplingParams {
@@ -29,6 +33,17 @@ struct SamplingParams {
   float top_p = 1.0f;               // 1: off
   float min_p = 0.0f;               // 0: off
   float repetition_penalty = 1.0f;  // 1: off
+  // Subtracted from the score of each generated token (not the prompt's):
+  // presence_penalty once, frequency_penalty times its count. 0: off.
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  // Added to the score of each listed token: distinct ids in the vocabulary,
+  // ascending.
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  // Whether a penalty is on: the sampler then reads the sequence's tokens.
+  bool PenalisesHistory() const {
+    return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f;
+  }
   uint64_t seed = 0;
   std::vector<std::string> stop;  // stop strings, non-empty each
   std::vector<int32_t> stop_token_ids;

@@ -95,10 +95,14 @@ SampleResult TokenLogprobs(absl::Span<const float> logits, int32_t token, int nu
 }
 
 SampleResult SampleToken(absl::Span<const float> logits, const SamplingParams& params,
-                         absl::Span<const int32_t> history, int num_logprobs, SamplerRng& rng) {
+                         absl::Span<const int32_t> history, int64_t prompt_length, int num_logprobs,
+                         SamplerRng& rng) {
   const int32_t vocab = static_cast<int32_t>(logits.size());
   const std::vector<float> finite = FiniteCopy(logits);
   std::vector<float> scores = finite;
+  for (const auto& [id, bias] : params.logit_bias) {
+    if (id >= 0 && id < vocab) scores[id] = Finite(scores[id] + bias);
+  }
   if (params.repetition_penalty != 1.0f) {
     std::vector<bool> seen(vocab, false);
     for (int32_t id : history) {
@@ -106,6 +110,21 @@ SampleResult SampleToken(absl::Span<const float> logits, const SamplingParams& p
       seen[id] = true;
       float& s = scores[id];
       s = Finite(s > 0 ? s / params.repetition_penalty : s * params.repetition_penalty);
+    }
+  }
+  if (params.presence_penalty != 0.0f || params.frequency_penalty != 0.0f) {
+    std::vector<int32_t> counts(vocab, 0);
+    const auto generated = history.subspan(static_cast<size_t>(prompt_length));
+    for (int32_t id : generated) {
+      if (id >= 0 && id < vocab) ++counts[id];
+    }
+    for (int32_t id : generated) {
+      if (id < 0 || id >= vocab || counts[id] == 0) continue;
+      // One fused multiply-add, as the CUDA sampler computes it.
+      const float penalty = std::fma(params.frequency_penalty, static_cast<float>(counts[id]),
+                                     params.presence_penalty);
+      scores[id] = Finite(scores[id] - penalty);
+      counts[id] = 0;  // each distinct id once
     }
   }
 

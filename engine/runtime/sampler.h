@@ -1,6 +1,7 @@
-// Picks the next token of one sequence from its logits: repetition penalty,
-// then greedy argmax (temperature 0) or temperature, top-k, top-p and min-p
-// filtering and a draw from the request's own random generator.
+// Picks the next token of one sequence from its logits: logit bias and
+// repetition, presence and frequency penalties, then greedy argmax
+// (temperature 0) or temperature, top-k, top-p and min-p filtering and a
+// draw from the request's own random generator.
 //
 // Pure functions of their inputs and the generator state: the same logits,
 // parameters, history and seed give the same token, whatever else runs in the
@@ -39,14 +40,20 @@ struct SampleResult {
   std::vector<std::pair<int32_t, float>> top_logprobs;  // num_logprobs best
 };
 
-// Samples from `logits` (one row, vocab_size values). `history` holds the ids
-// the repetition penalty applies to (prompt and generated so far).
-// `num_logprobs` alternatives are returned, most likely first; the sampled
-// token's logprob when num_logprobs > 0 or params.sampled_logprob. Non-finite
-// logits are made finite first (NaN: the least likely token; +-inf: the
-// largest finite magnitudes), so no comparison or probability sees a NaN.
+// Samples from `logits` (one row, vocab_size values). `history` holds the
+// sequence's tokens so far, its first `prompt_length` the prompt's. The
+// scores sampled from are the logits made finite, plus params.logit_bias,
+// then the repetition penalty on every id of `history` (each distinct id
+// once), then score - fma(frequency_penalty, count, presence_penalty) for
+// each id generated `count` > 0 times (history from prompt_length on), each
+// step made finite again. `num_logprobs` alternatives are returned, most
+// likely first; the sampled token's logprob when num_logprobs > 0 or
+// params.sampled_logprob, both of the raw logits. Non-finite logits are made
+// finite first (NaN: the least likely token; +-inf: the largest finite
+// magnitudes), so no comparison or probability sees a NaN.
 SampleResult SampleToken(absl::Span<const float> logits, const SamplingParams& params,
-                         absl::Span<const int32_t> history, int num_logprobs, SamplerRng& rng);
+                         absl::Span<const int32_t> history, int64_t prompt_length, int num_logprobs,
+                         SamplerRng& rng);
 
 // `token`'s logprob under `logits` (one row, log-softmax as SampleToken
 // reports it) and the `num_logprobs` most likely tokens', most likely first:

@@ -90,6 +90,13 @@ absl::Status ValidateStepBatch(const StepBatch& batch, int vocab_size, int max_s
     if (sample.params != nullptr && sample.rng == nullptr) {
       return absl::InvalidArgumentError(where() + ".sample: no generator");
     }
+    if (sample.params != nullptr &&
+        (sample.prompt_length < 0 ||
+         sample.prompt_length > static_cast<int64_t>(sample.history.size()))) {
+      return absl::InvalidArgumentError(absl::StrCat(where(), ".sample: prompt_length ",
+                                                     sample.prompt_length, " outside [0, ",
+                                                     sample.history.size(), "]"));
+    }
   }
   return absl::OkStatus();
 }

@@ -40,11 +40,13 @@ enum class LogitsMode { kNone, kLast, kAll };
 // by the host sampler's rules (engine/runtime/sampler.h).
 struct SampleRequest {
   const SamplingParams* params = nullptr;  // null: the step samples nothing
-  // The ids the repetition penalty applies to: the prompt and the tokens
-  // generated so far.
+  // The sequence's tokens so far: the prompt, then the generated ones. The
+  // repetition penalty applies to all of them, the presence and frequency
+  // penalties to those from `prompt_length` on.
   absl::Span<const int32_t> history;
   // The request's generator; the backend advances it by the draws it makes.
   SamplerRng* rng = nullptr;
+  int64_t prompt_length = 0;  // <= history.size()
 };
 
 // What a sequence carries from step to step under the sequence capacity scope

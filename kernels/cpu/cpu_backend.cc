@@ -298,8 +298,9 @@ absl::Status CpuBackend::Forward(const StepBatch& batch, StepOutput* out) {
     const SampleRequest& request = sequence.sample;
     SampledToken& sampled = out->samples.emplace_back();
     sampled.sequence = pending.sequence;
-    sampled.sample = SampleToken(absl::MakeConstSpan(logits, vocab), *request.params,
-                                 request.history, request.params->logprobs, *request.rng);
+    sampled.sample =
+        SampleToken(absl::MakeConstSpan(logits, vocab), *request.params, request.history,
+                    request.prompt_length, request.params->logprobs, *request.rng);
     if (sequence.collect_routing) {
       AppendRouting(batch.token_offsets[pending.sequence + 1] - 1, &sampled.routing);
     }

@@ -1,6 +1,7 @@
 #include "kernels/cuda/cuda_step.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 #include "engine/runtime/sampler.h"
@@ -118,14 +119,24 @@ absl::Status StepIo::Prepare(const StepBatch& batch, int real_tokens, int bucket
     d.top_p = params.top_p;
     d.min_p = params.min_p;
     d.repetition_penalty = params.repetition_penalty;
+    d.presence_penalty = params.presence_penalty;
+    d.frequency_penalty = params.frequency_penalty;
     d.logits_row = p.head_row;
     d.top_k = params.top_k;
     d.n_logprobs = params.logprobs;
     d.history_begin = static_cast<int32_t>(history_.size());
-    if (params.repetition_penalty != 1.0f) {
+    if (params.PenalisesHistory()) {
       history_.insert(history_.end(), request.history.begin(), request.history.end());
     }
     d.history_end = static_cast<int32_t>(history_.size());
+    d.generated_begin = static_cast<int32_t>(
+        std::min<int64_t>(d.history_begin + request.prompt_length, d.history_end));
+    d.bias_begin = d.history_end;
+    for (const auto& [id, bias] : params.logit_bias) {
+      history_.push_back(id);
+      history_.push_back(std::bit_cast<int32_t>(bias));
+    }
+    d.bias_end = static_cast<int32_t>(history_.size());
     sample_params_.push_back(d);
     max_logprobs = std::max(max_logprobs, params.logprobs);
   }
@@ -159,8 +170,10 @@ absl::Status StepIo::Prepare(const StepBatch& batch, int real_tokens, int bucket
     shape.max_logprobs = kGraphMaxLogprobs;
     // Padding sequences add a block each (PadDecodeStep); they have no history.
     shape.block_entries = std::min(bucket * max_blocks, model_.kv_blocks + bucket);
+    // The penalised histories, then each sequence's logit bias pairs.
     shape.history =
-        std::min(bucket * int64_t{model_.max_seq_len}, model_.kv_blocks * model_.block_size);
+        std::min(bucket * int64_t{model_.max_seq_len}, model_.kv_blocks * model_.block_size) +
+        bucket * int64_t{2 * kMaxLogitBias};
     // One token per sequence: one segment each.
     shape.dispatch_segments = model_.capacity_group > 0 ? bucket : 0;
     if (static_cast<int64_t>(batch.block_tables.size()) > shape.block_entries ||

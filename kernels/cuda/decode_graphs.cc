@@ -25,10 +25,11 @@ bool GraphEligible(const StepBatch& batch, const DispatchConfig& dispatch, int m
     const SampleRequest& sample = batch.sequences[s].sample;
     if (sample.params == nullptr) continue;
     if (sample.params->logprobs > kGraphMaxLogprobs ||
-        static_cast<int64_t>(sample.history.size()) > max_seq_len) {
+        static_cast<int64_t>(sample.history.size()) > max_seq_len ||
+        sample.params->logit_bias.size() > static_cast<size_t>(kMaxLogitBias)) {
       return false;
     }
-    if (sample.params->repetition_penalty != 1.0f) history += sample.history.size();
+    if (sample.params->PenalisesHistory()) history += sample.history.size();
   }
   return blocks <= kv_blocks && history <= kv_blocks * batch.block_size;
 }

@@ -45,9 +45,10 @@ inline constexpr int kGraphMaxLogprobs = 20;
 // per sequence (a capacity of the step scope would count padding rows and
 // change with the step's tokens); and the step fits the bucket's fixed
 // arrays: block tables of at most ceil(max_seq_len / block_size) blocks,
-// histories of at most max_seq_len ids, at most kGraphMaxLogprobs logprobs;
+// histories of at most max_seq_len ids, at most kGraphMaxLogprobs logprobs
+// and kMaxLogitBias logit biases;
 // and, all sequences together, at most `kv_blocks` blocks and as many
-// repetition-penalty history ids as those blocks hold tokens (a sane batch's
+// penalised history ids as those blocks hold tokens (a sane batch's
 // sequences hold their blocks in a cache of kv_blocks side by side, so the
 // arrays are sized by the cache).
 bool GraphEligible(const StepBatch& batch, const DispatchConfig& dispatch, int max_seq_len,

@@ -16,6 +16,9 @@ constexpr int kWarps = kThreads / kWarp;
 constexpr int kPenalised = 1;
 constexpr int kSelected = 2;
 constexpr int kListed = 4;
+constexpr int kCounted = 8;
+// A generated id's count, in the flags above their bits.
+constexpr int kCountShift = 4;
 
 int PaddedVocab(int vocab) {
   int p = 1;
@@ -188,6 +191,11 @@ __global__ void __launch_bounds__(kThreads)
     flags[i] = 0;
   }
   __syncthreads();
+  for (int b = p.bias_begin + 2 * tid; b + 1 < p.bias_end; b += 2 * kThreads) {
+    const int id = history[b];
+    if (id >= 0 && id < vocab) scores[id] = Finite(scores[id] + __int_as_float(history[b + 1]));
+  }
+  __syncthreads();
   if (p.repetition_penalty != 1.0f) {
     for (int h = p.history_begin + tid; h < p.history_end; h += kThreads) {
       const int id = history[h];
@@ -199,6 +207,23 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   __syncthreads();
+  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+    for (int h = p.generated_begin + tid; h < p.history_end; h += kThreads) {
+      const int id = history[h];
+      if (id >= 0 && id < vocab) atomicAdd(&flags[id], 1 << kCountShift);
+    }
+    __syncthreads();
+    for (int h = p.generated_begin + tid; h < p.history_end; h += kThreads) {
+      const int id = history[h];
+      if (id < 0 || id >= vocab) continue;
+      const int before = atomicOr(&flags[id], kCounted);
+      if ((before & kCounted) != 0) continue;  // each distinct id once
+      const float count = static_cast<float>(before >> kCountShift);
+      const float penalty = __fmaf_rn(p.frequency_penalty, count, p.presence_penalty);
+      scores[id] = Finite(scores[id] - penalty);
+    }
+    __syncthreads();
+  }
 
   // log-softmax normaliser of the raw logits (made finite).
   float top_logit = -INFINITY;

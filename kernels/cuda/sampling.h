@@ -1,6 +1,8 @@
 // The next token of each sampling sequence, picked on the device from its
-// logits row by the host sampler's rules (engine/runtime/sampler.h):
-// repetition penalty over the history (each distinct id once), then greedy
+// logits row by the host sampler's rules (engine/runtime/sampler.h): logit
+// bias, repetition penalty over the history (each distinct id once),
+// presence and frequency penalties over its generated part (one fused
+// multiply-add per distinct id, as the host computes it), then greedy
 // argmax (temperature 0; ties to the lower id) or: candidates ordered by
 // penalised score (ties to the lower id), cut to top_k, to the top_p mass and
 // to min_p of the best, weights exp((s - best) / temperature) in double, and
@@ -39,12 +41,21 @@ struct DeviceSampleParams {
   float top_p = 1;
   float min_p = 0;
   float repetition_penalty = 1;
+  float presence_penalty = 0;
+  float frequency_penalty = 0;
   int32_t logits_row = 0;  // row of `logits`
   int32_t top_k = 0;
   int32_t n_logprobs = 0;  // <= SamplingArgs::max_logprobs
+  // history[history_begin, history_end): the sequence's ids (the repetition
+  // penalty's); from generated_begin on, the generated ones (the presence and
+  // frequency penalties').
   int32_t history_begin = 0;
-  int32_t history_end = 0;  // ids history[begin, end) get the penalty
-  int32_t unused = 0;
+  int32_t history_end = 0;
+  int32_t generated_begin = 0;
+  // history[bias_begin, bias_end): the logit bias as pairs (token id, the
+  // bits of its float bias), distinct ids.
+  int32_t bias_begin = 0;
+  int32_t bias_end = 0;
 };
 
 inline constexpr int kSelectMax = 64;
@@ -58,8 +69,8 @@ struct SamplingArgs {
   int vocab = 0;
   const DeviceSampleParams* params = nullptr;  // [samples]
   int samples = 0;
-  const int32_t* history = nullptr;
-  void* scratch = nullptr;  // samples * SamplingScratchBytes(vocab) bytes
+  const int32_t* history = nullptr;  // DeviceSampleParams' ids and biases
+  void* scratch = nullptr;           // samples * SamplingScratchBytes(vocab) bytes
   int max_logprobs = 0;
   // Outputs: [samples], and [samples, max_logprobs] (the first n_logprobs used).
   int32_t* token = nullptr;

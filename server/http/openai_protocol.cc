@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "engine/model/json_text.h"
@@ -49,8 +50,8 @@ absl::Status WrongType(std::string_view param, const char* what, const Json& val
 // Supported: model, prompt, max_tokens, temperature, top_p, n, best_of (= n),
 // stream, stream_options, logprobs, stop, seed, user, echo; and vLLM's
 // sampling extensions top_k, min_p, repetition_penalty, ignore_eos,
-// stop_token_ids, return_tokens_as_token_ids. Accepted only at their neutral
-// value: presence_penalty, frequency_penalty, logit_bias, suffix.
+// stop_token_ids, return_tokens_as_token_ids; presence_penalty,
+// frequency_penalty, logit_bias. Accepted only at its neutral value: suffix.
 bool Known(const std::string& key) {
   static const char* const kKnown[] = {"model",
                                        "prompt",
@@ -319,13 +320,32 @@ absl::Status ParseField(const std::string& key, const Json& value, int vocab_siz
   } else if (key == "presence_penalty" || key == "frequency_penalty") {
     auto x = Number(value, key);
     if (!x.ok()) return x.status();
-    if (*x != 0) {
-      return Invalid(key,
-                     "is not supported (only 0); repetition_penalty is: it divides the "
-                     "logits of tokens already in the sequence");
-    }
+    const SamplingFloat field = key == "presence_penalty" ? SamplingFloat::kPresencePenalty
+                                                          : SamplingFloat::kFrequencyPenalty;
+    if (absl::Status status = CheckSamplingFloat(field, key, *x); !status.ok()) return status;
+    const float f = NarrowSamplingFloat(*x);
+    if (key == "presence_penalty") sampling->set_presence_penalty(f);
+    if (key == "frequency_penalty") sampling->set_frequency_penalty(f);
   } else if (key == "logit_bias") {
-    if (!value.is_object() || !value.empty()) return Invalid(key, "is not supported");
+    // {"<token id>": bias}: JSON keys are strings.
+    if (!value.is_object()) return WrongType(key, "an object of token ids to biases", value);
+    for (const auto& [id_text, bias] : value.items()) {
+      int64_t id = 0;
+      if (!absl::SimpleAtoi(id_text, &id) || id < std::numeric_limits<int32_t>::min() ||
+          id > std::numeric_limits<int32_t>::max()) {
+        return Invalid(key, absl::StrCat("the key \"", ShownName(id_text),
+                                         "\" is no token id in [0, ", vocab_size, ")"));
+      }
+      if (bias.is_null()) continue;
+      const std::string param = absl::StrCat(key, "[", id, "]");
+      auto x = Number(bias, param);
+      if (!x.ok()) return x.status();
+      if (absl::Status status = CheckSamplingFloat(SamplingFloat::kLogitBias, param, *x);
+          !status.ok()) {
+        return status;
+      }
+      (*sampling->mutable_logit_bias())[static_cast<int32_t>(id)] = NarrowSamplingFloat(*x);
+    }
   } else if (key == "suffix") {
     if (!value.is_string() || !value.get<std::string>().empty()) {
       return Invalid(key, "is not supported");

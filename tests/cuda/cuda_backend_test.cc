@@ -155,11 +155,13 @@ TEST(DecodeGraphsTest, GraphStepsCopyWhatTheirSequencesUse) {
   StepBatch padded;
   cuda::PadDecodeStep(decode, bucket, /*scratch_block=*/64, &padded);
   ASSERT_TRUE(io.Prepare(padded, 9, bucket, nullptr).ok());
-  EXPECT_EQ(io.shape().history, 64 * 16);  // the cache's rows, not 16 x 2^20
+  // The cache's rows, not 16 x 2^20, and room for each sequence's logit bias.
+  const int64_t bias_room = 16 * 2 * kMaxLogitBias;
+  EXPECT_EQ(io.shape().history, 64 * 16 + bias_room);
   EXPECT_EQ(io.shape().block_entries, 64 + 16);
-  EXPECT_LT(io.input_bytes(), size_t{32} << 10);
+  EXPECT_LT(io.input_bytes(), (size_t{32} << 10) + bias_room * 4);
   // The fixed arrays and 9 x 3 + 7 table entries, then 9 x 40 history tokens.
-  EXPECT_LT(io.upload_bytes(), io.input_bytes() - (64 * 16 - 9 * 40) * 4);
+  EXPECT_LT(io.upload_bytes(), io.input_bytes() - (io.shape().history - 9 * 40) * 4);
   EXPECT_GE(io.upload_bytes(), size_t{(9 * 3 + 7) * 4 + 9 * 40 * 4});
 }
 
@@ -182,7 +184,8 @@ TEST(CudaBackendTest, PositionTablesCoverTheCachesRowsWhateverTheContext) {
   EXPECT_EQ(testing::FloatBytes(got, 0, got.size()), testing::FloatBytes(want, 0, want.size()));
 }
 
-// Sixteen requests, each with its own mix of sampling parameters, in one
+// Sixteen requests, each with its own mix of sampling parameters (penalties
+// and logit biases among them), in one
 // prefill step and then a decode step (a graph bucket): every token is the
 // host sampler's choice from the returned logits, and each generator advanced
 // by the same draws.
@@ -198,6 +201,9 @@ TEST(CudaBackendTest, EveryRequestSamplesLikeTheHostSampler) {
     p.top_p = i % 5 == 0 ? 0.7f : 1.0f;
     p.min_p = i % 7 == 0 ? 0.05f : 0.0f;
     p.repetition_penalty = i % 2 == 0 ? 1.0f : 1.5f;
+    p.presence_penalty = i % 3 == 2 ? 0.8f : 0.0f;
+    p.frequency_penalty = i % 4 == 1 ? -0.6f : 0.0f;
+    if (i % 5 == 3) p.logit_bias = {{1, 30.0f}, {V - 1, -3.0f}};  // decides the token
     p.logprobs = i % 4;
     p.sampled_logprob = i % 8 == 0;  // "logprobs": 0; the others at 0 get no logprob
   }
@@ -217,7 +223,9 @@ TEST(CudaBackendTest, EveryRequestSamplesLikeTheHostSampler) {
       BackendHarness::Chunk chunk = step == 0 ? BackendHarness::Chunk{i, prompts[i], 0}
                                               : BackendHarness::Chunk{i, {prompts[i][0]}, length};
       chunk.logits = LogitsMode::kLast;
-      chunk.sample = {&params[i], prompts[i], &rngs[i]};
+      // The history's first id taken as the prompt, the rest as generated
+      // (the presence and frequency penalties count those).
+      chunk.sample = {&params[i], prompts[i], &rngs[i], /*prompt_length=*/1};
       chunks.push_back(chunk);
     }
     StepOutput out;
@@ -227,7 +235,7 @@ TEST(CudaBackendTest, EveryRequestSamplesLikeTheHostSampler) {
       SCOPED_TRACE("step " + std::to_string(step) + " request " + std::to_string(i));
       const std::vector<float> logits = testing::Slice(out.logits, i, V);
       const SampleResult want =
-          SampleToken(logits, params[i], prompts[i], params[i].logprobs, expected[i]);
+          SampleToken(logits, params[i], prompts[i], 1, params[i].logprobs, expected[i]);
       EXPECT_EQ(out.samples[i].sequence, i);
       EXPECT_EQ(out.samples[i].sample.token_id, want.token_id);
       EXPECT_EQ(out.samples[i].sample.logprob, want.logprob);

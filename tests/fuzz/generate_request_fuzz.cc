@@ -53,6 +53,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(p.repetition_penalty >= kMinRepetitionPenalty &&
              p.repetition_penalty <= kMaxRepetitionPenalty);
   FUZZ_CHECK(p.logprobs >= 0 && p.logprobs <= limits.max_logprobs);
+  FUZZ_CHECK(p.presence_penalty >= -2 && p.presence_penalty <= 2 && p.frequency_penalty >= -2 &&
+             p.frequency_penalty <= 2);
+  FUZZ_CHECK(static_cast<int>(p.logit_bias.size()) <= limits.max_logit_bias);
+  for (size_t i = 0; i < p.logit_bias.size(); ++i) {
+    const auto& [id, bias] = p.logit_bias[i];
+    FUZZ_CHECK(id >= 0 && id < limits.vocab_size && bias >= -100 && bias <= 100);
+    FUZZ_CHECK(i == 0 || p.logit_bias[i - 1].first < id);
+  }
 
   // Logits: the input's bytes as floats, whatever they encode.
   std::vector<float> logits(limits.vocab_size, 0.0f);
@@ -60,7 +68,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::memcpy(&logits[i], data + 4 * i, sizeof(float));
   }
   SamplerRng rng(p.seed);
-  const SampleResult result = SampleToken(logits, p, request->prompt, p.logprobs, rng);
+  const SampleResult result =
+      SampleToken(logits, p, request->prompt, static_cast<int64_t>(request->prompt.size() / 2),
+                  p.logprobs, rng);
   FUZZ_CHECK(result.token_id >= 0 && result.token_id < limits.vocab_size);
   FUZZ_CHECK(!std::isnan(result.logprob));
   FUZZ_CHECK(static_cast<int>(result.top_logprobs.size()) == p.logprobs);

@@ -63,6 +63,10 @@ def write_request_seeds():
                 logprobs=3, return_routing=True),
             "penalty_edge": pb.GenerateRequest(
                 text="x", sampling=pb.SamplingParams(repetition_penalty=0.01, temperature=1e-30)),
+            "penalties_bias": pb.GenerateRequest(
+                text="abcabc", sampling=pb.SamplingParams(
+                    temperature=0.9, presence_penalty=-2.0, frequency_penalty=1.5,
+                    logit_bias={97: -100.0, 98: 100.0, 255: 0.5})),
         }
         for name, request in requests.items():
             (CORPUS / "generate_request_fuzz" / name).write_bytes(request.SerializeToString())

@@ -45,8 +45,9 @@ TEST(OpenAiProtocolTest, ParsesTheSupportedFieldsIntoGenerateRequests) {
       "top_p": 0.9, "n": 3, "stream": true, "stream_options": {"include_usage": true},
       "logprobs": 2, "stop": "\n", "seed": -1, "user": "u", "top_k": -1, "min_p": 0.1,
       "repetition_penalty": 1.2, "ignore_eos": true, "stop_token_ids": [3],
-      "echo": true, "best_of": null, "presence_penalty": 0, "frequency_penalty": 0.0,
-      "logit_bias": {}, "suffix": null, "return_tokens_as_token_ids": true})");
+      "echo": true, "best_of": null, "presence_penalty": -0.5, "frequency_penalty": 1.25,
+      "logit_bias": {"7": -100, "65": 2.5, "3": null}, "suffix": null,
+      "return_tokens_as_token_ids": true})");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->model, "m");
   EXPECT_EQ(parsed->n, 3);
@@ -71,6 +72,12 @@ TEST(OpenAiProtocolTest, ParsesTheSupportedFieldsIntoGenerateRequests) {
     EXPECT_EQ(s.stop(0), "\n");
     EXPECT_TRUE(s.ignore_eos());
     EXPECT_EQ(s.stop_token_ids_size(), 1);
+    EXPECT_EQ(s.presence_penalty(), -0.5f);
+    EXPECT_EQ(s.frequency_penalty(), 1.25f);
+    // null: no bias for that id.
+    ASSERT_EQ(s.logit_bias_size(), 2);
+    EXPECT_EQ(s.logit_bias().at(7), -100.0f);
+    EXPECT_EQ(s.logit_bias().at(65), 2.5f);
     EXPECT_EQ(prompt.logprobs(), 2);
   }
 }
@@ -305,8 +312,12 @@ TEST(OpenAiProtocolTest, RefusalsNameTheParameter) {
       {R"({"prompt": "x", "best_of": 2})", "best_of"},
       {R"({"prompt": "x", "echo": 1})", "echo"},
       {R"({"prompt": "x", "suffix": "s"})", "suffix"},
-      {R"({"prompt": "x", "logit_bias": {"5": 1}})", "logit_bias"},
-      {R"({"prompt": "x", "frequency_penalty": 1})", "frequency_penalty"},
+      {R"({"prompt": "x", "logit_bias": [5, 1]})", "logit_bias"},
+      {R"({"prompt": "x", "logit_bias": {"five": 1}})", "logit_bias"},
+      {R"({"prompt": "x", "logit_bias": {"5": "1"}})", "logit_bias[5]"},
+      {R"({"prompt": "x", "logit_bias": {"5": 101}})", "logit_bias[5]"},
+      {R"({"prompt": "x", "frequency_penalty": 2.5})", "frequency_penalty"},
+      {R"({"prompt": "x", "presence_penalty": "1"})", "presence_penalty"},
       {R"({"prompt": "x", "max_tokens": "9"})", "max_tokens"},
       {R"({"prompt": "x", "max_tokens": 0})", "max_tokens"},
       {R"({"prompt": "x", "stream": 1})", "stream"},
@@ -350,6 +361,13 @@ TEST(OpenAiProtocolTest, RefusalsSayWhatWasSent) {
        "logprobs: must be in [0, 20], found 18446744073709551615"},
       {R"({"prompt": "x", "logprobs": 1e20})", "logprobs: must be in [0, 20], found 1e+20"},
       {R"({"prompt": "x", "n": 1e20})", "n: must be in [1, 128], found 1e+20"},
+      // Checked as sent, before the float: 2.0000000001 rounds to 2.
+      {R"({"prompt": "x", "presence_penalty": 2.0000000001})",
+       "presence_penalty: must be in [-2, 2], found 2.0000000001"},
+      {R"({"prompt": "x", "logit_bias": {"12": -100.5}})",
+       "logit_bias[12]: must be in [-100, 100], found -100.5"},
+      {R"({"prompt": "x", "logit_bias": {"4294967296": 1}})",
+       "logit_bias: the key \"4294967296\" is no token id in [0, 256)"},
       {R"({"prompt": "x", "best_of": 18446744073709551615})",
        "best_of: must be in [1, 128], found 18446744073709551615"},
       {R"({"prompt": "x", "n": 4, "best_of": 8})",

@@ -70,6 +70,51 @@ TEST_F(RequestValidationTest, RequestsWithoutASeedGetDifferentSeeds) {
   EXPECT_EQ(seeds.size(), 8u);
 }
 
+TEST_F(RequestValidationTest, PenaltiesAndLogitBias) {
+  auto request = Validate([](auto* r) {
+    v1::SamplingParams* s = r->mutable_sampling();
+    s->set_presence_penalty(-2.0f);
+    s->set_frequency_penalty(1.5f);
+    (*s->mutable_logit_bias())[200] = -100.0f;
+    (*s->mutable_logit_bias())[7] = 100.0f;
+    (*s->mutable_logit_bias())[65] = 0.25f;
+  });
+  ASSERT_TRUE(request.ok()) << request.status();
+  EXPECT_EQ(request->sampling.presence_penalty, -2.0f);
+  EXPECT_EQ(request->sampling.frequency_penalty, 1.5f);
+  // Ascending ids, whatever the map's order.
+  EXPECT_EQ(request->sampling.logit_bias,
+            (std::vector<std::pair<int32_t, float>>{{7, 100.0f}, {65, 0.25f}, {200, -100.0f}}));
+  auto unset = Validate([](auto*) {});
+  ASSERT_TRUE(unset.ok());
+  EXPECT_FALSE(unset->sampling.PenalisesHistory());
+  EXPECT_TRUE(unset->sampling.logit_bias.empty());
+
+  for (float penalty : {-2.01f, 2.0001f, std::numeric_limits<float>::infinity(),
+                        std::numeric_limits<float>::quiet_NaN()}) {
+    ExpectInvalid([&](auto* r) { r->mutable_sampling()->set_presence_penalty(penalty); },
+                  "sampling.presence_penalty");
+    ExpectInvalid([&](auto* r) { r->mutable_sampling()->set_frequency_penalty(penalty); },
+                  "sampling.frequency_penalty");
+  }
+  auto over = Validate([](auto* r) { r->mutable_sampling()->set_frequency_penalty(2.5f); });
+  EXPECT_EQ(over.status().message(), "sampling.frequency_penalty: must be in [-2, 2], found 2.5");
+  auto bias = Validate([](auto* r) { (*r->mutable_sampling()->mutable_logit_bias())[3] = 101; });
+  EXPECT_EQ(bias.status().message(), "sampling.logit_bias[3]: must be in [-100, 100], found 101");
+  ExpectInvalid([](auto* r) { (*r->mutable_sampling()->mutable_logit_bias())[3] = NAN; },
+                "sampling.logit_bias[3]");
+  auto outside = Validate([](auto* r) { (*r->mutable_sampling()->mutable_logit_bias())[256] = 1; });
+  EXPECT_EQ(outside.status().message(),
+            "sampling.logit_bias: id 256 is outside the vocabulary [0, 256)");
+  ExpectInvalid([](auto* r) { (*r->mutable_sampling()->mutable_logit_bias())[-1] = 1; },
+                "sampling.logit_bias");
+  limits_.max_logit_bias = 2;
+  auto many = Validate([](auto* r) {
+    for (int id : {1, 2, 3}) (*r->mutable_sampling()->mutable_logit_bias())[id] = 1;
+  });
+  EXPECT_EQ(many.status().message(), "sampling.logit_bias: at most 2 ids, found 3");
+}
+
 TEST_F(RequestValidationTest, PromptLimits) {
   ExpectInvalid([](auto* r) { r->set_text(""); }, "text");
   ExpectInvalid([](auto* r) { r->clear_prompt(); }, "prompt");

@@ -2,11 +2,14 @@
 // (engine/runtime/sampler.h): the same token, logprob and alternatives from
 // the same logits, parameters, history and uniform draw, for greedy and
 // temperature sampling with every filter, both candidate paths (selection
-// and full sort), tied logits and a repeated history.
+// and full sort), tied logits and a repeated history, the presence and
+// frequency penalties and a logit bias.
 #include "kernels/cuda/sampling.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -27,6 +30,7 @@ constexpr int kMaxLogprobs = 5;
 struct Request {
   SamplingParams params;
   std::vector<int32_t> history;
+  int64_t prompt_length = 0;  // history's first ids are the prompt's
   uint64_t seed = 0;
 };
 
@@ -53,12 +57,21 @@ Sampled SampleOnDevice(const std::vector<float>& logits, int vocab,
     p.top_p = s.top_p;
     p.min_p = s.min_p;
     p.repetition_penalty = s.repetition_penalty;
+    p.presence_penalty = s.presence_penalty;
+    p.frequency_penalty = s.frequency_penalty;
     p.logits_row = i;
     p.top_k = s.top_k;
     p.n_logprobs = s.logprobs;
     p.history_begin = static_cast<int32_t>(history.size());
     history.insert(history.end(), requests[i].history.begin(), requests[i].history.end());
     p.history_end = static_cast<int32_t>(history.size());
+    p.generated_begin = p.history_begin + static_cast<int32_t>(requests[i].prompt_length);
+    p.bias_begin = p.history_end;
+    for (const auto& [id, bias] : s.logit_bias) {
+      history.push_back(id);
+      history.push_back(std::bit_cast<int32_t>(bias));
+    }
+    p.bias_end = static_cast<int32_t>(history.size());
   }
   if (history.empty()) history.push_back(0);
   const auto [token, logprob, top_ids, top_logprobs] = InEveryOrder([&] {
@@ -104,13 +117,17 @@ Sampled ExpectHostSamplerChoices(const std::vector<float>& logits, int vocab,
     SCOPED_TRACE("request " + std::to_string(i) + " T=" + std::to_string(r.params.temperature) +
                  " top_k=" + std::to_string(r.params.top_k) + " top_p=" +
                  std::to_string(r.params.top_p) + " min_p=" + std::to_string(r.params.min_p) +
-                 " penalty=" + std::to_string(r.params.repetition_penalty));
+                 " penalty=" + std::to_string(r.params.repetition_penalty) +
+                 " presence=" + std::to_string(r.params.presence_penalty) +
+                 " frequency=" + std::to_string(r.params.frequency_penalty) +
+                 " biases=" + std::to_string(r.params.logit_bias.size()));
     SamplerRng rng(r.seed);
     // The kernel computes every sample's logprob, also where none was asked.
     SamplingParams params = r.params;
     params.sampled_logprob = true;
-    const SampleResult want = SampleToken(absl::MakeConstSpan(logits.data() + i * vocab, vocab),
-                                          params, r.history, r.params.logprobs, rng);
+    const SampleResult want =
+        SampleToken(absl::MakeConstSpan(logits.data() + i * vocab, vocab), params, r.history,
+                    r.prompt_length, r.params.logprobs, rng);
     EXPECT_EQ(got.token[i], want.token_id);
     EXPECT_NEAR(got.logprob[i], want.logprob, 1e-6 * (1 + std::fabs(want.logprob)));
     EXPECT_EQ(want.top_logprobs.size(), static_cast<size_t>(r.params.logprobs));
@@ -143,6 +160,23 @@ std::vector<Request> Requests(int count, int vocab, uint64_t seed) {
     for (int h = 0; h < history; ++h) r.history.push_back(static_cast<int32_t>(rng() % vocab));
     if (!r.history.empty()) r.history.push_back(r.history.front());  // a repeated id
     r.seed = rng();
+    // Presence and frequency penalties over the history's generated part,
+    // a logit bias on a few ids.
+    if (rng() % 2 == 0) {
+      p.presence_penalty = static_cast<float>(static_cast<int>(rng() % 41) - 20) / 10.0f;
+      p.frequency_penalty = static_cast<float>(static_cast<int>(rng() % 41) - 20) / 10.0f;
+      r.prompt_length = static_cast<int64_t>(rng() % (r.history.size() + 1));
+    }
+    const int biases = static_cast<int>(rng() % 4);
+    for (int b = 0; b < biases; ++b) {
+      const auto id = static_cast<int32_t>(rng() % vocab);
+      if (std::any_of(p.logit_bias.begin(), p.logit_bias.end(),
+                      [&](const auto& entry) { return entry.first == id; })) {
+        continue;
+      }
+      p.logit_bias.emplace_back(id, static_cast<float>(static_cast<int>(rng() % 201) - 100) / 7.0f);
+    }
+    std::sort(p.logit_bias.begin(), p.logit_bias.end());
   }
   return requests;
 }
@@ -192,6 +226,40 @@ TEST(SimtSampling, RepetitionPenaltyAppliesOncePerId) {
   r.params.logprobs = 2;
   const Sampled got = ExpectHostSamplerChoices(logits, vocab, {r});
   EXPECT_EQ(got.token[0], 1);
+}
+
+// Presence and frequency penalties count the generated ids only (after
+// prompt_length), each distinct id penalised once by frequency * count +
+// presence; a logit bias comes before them.
+TEST(SimtSampling, PresenceAndFrequencyPenaltiesCountGeneratedIdsOnly) {
+  SIMT_REQUIRE_DEVICE();
+  const int vocab = 8;
+  const std::vector<float> row = {1.0f, 4.0f, 3.9f, 3.0f, 0.0f, 2.0f, 3.5f, 0.5f};
+  std::vector<float> logits;
+  std::vector<Request> requests;
+  auto add = [&](float presence, float frequency, std::vector<int32_t> history,
+                 int64_t prompt_length, std::vector<std::pair<int32_t, float>> bias = {}) {
+    logits.insert(logits.end(), row.begin(), row.end());
+    Request r;
+    r.params.temperature = 0.0f;
+    r.params.presence_penalty = presence;
+    r.params.frequency_penalty = frequency;
+    r.params.logit_bias = std::move(bias);
+    r.params.logprobs = 2;
+    r.history = std::move(history);
+    r.prompt_length = prompt_length;
+    requests.push_back(r);
+  };
+  add(0.2f, 0.0f, {1, 1, 1}, 0);         // 4.0 - 0.2 = 3.8 < 3.9: token 2
+  add(0.0f, 0.05f, {1, 1}, 0);           // 4.0 - 0.1 = 3.9, tie to the lower id: 1
+  add(0.0f, 0.05f, {1, 1, 1}, 0);        // 4.0 - 0.15 = 3.85 < 3.9: 2
+  add(0.2f, 0.0f, {1, 1, 1}, 3);         // all prompt: no penalty, 1
+  add(0.0f, 0.05f, {1, 1, 1, 1}, 2);     // two generated: 3.9, 1
+  add(-1.0f, 0.0f, {6}, 0);              // a negative presence favours 6: 4.5
+  add(0.0f, 0.0f, {}, 0, {{3, 1.5f}});   // the bias lifts 3 to 4.5
+  add(0.5f, 0.0f, {3}, 0, {{3, 1.5f}});  // biased, then penalised: 4.0, tie: 1
+  const Sampled got = ExpectHostSamplerChoices(logits, vocab, requests);
+  EXPECT_EQ(got.token, (std::vector<int32_t>{2, 1, 2, 1, 1, 6, 3, 1}));
 }
 
 // Non-finite logits (a model that overflows) and a penalty that overflows a

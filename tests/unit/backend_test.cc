@@ -364,7 +364,7 @@ TEST_P(BackendTest, SamplesLikeTheHostSampler) {
   ASSERT_EQ(out.samples.size(), 2u);
   ASSERT_EQ(out.logits.size(), static_cast<size_t>(V));  // a's row only
 
-  const SampleResult expected_a = SampleToken(out.logits, hot, a, hot.logprobs, expected_rng_a);
+  const SampleResult expected_a = SampleToken(out.logits, hot, a, 0, hot.logprobs, expected_rng_a);
   EXPECT_EQ(out.samples[0].sequence, 0);
   EXPECT_EQ(out.samples[0].sample.token_id, expected_a.token_id);
   EXPECT_EQ(out.samples[0].sample.logprob, expected_a.logprob);
@@ -373,7 +373,7 @@ TEST_P(BackendTest, SamplesLikeTheHostSampler) {
   EXPECT_EQ(rng_a.Next(), expected_rng_a.Next());       // advanced by the same draws
 
   const SampleResult expected_b =
-      SampleToken(b_logits, greedy, b_history, greedy.logprobs, expected_rng_b);
+      SampleToken(b_logits, greedy, b_history, 0, greedy.logprobs, expected_rng_b);
   ASSERT_NE(expected_b.token_id, b_history.back());
   EXPECT_EQ(out.samples[1].sequence, 1);
   EXPECT_EQ(out.samples[1].sample.token_id, expected_b.token_id);

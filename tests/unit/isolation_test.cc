@@ -34,16 +34,21 @@ using testing::TestRequest;
 
 constexpr int kVictimTokens = 16;
 
-// Its prompt's logprobs too, with 5 alternatives each.
+// Its prompt's logprobs too, with 5 alternatives each; presence and
+// frequency penalties on what it generates, and a logit bias.
 TestRequest Victim() {
   TestRequest victim = testing::GreedyRoutedRequest(
       "And God said unto Moses, Speak unto the children of Israel", kVictimTokens);
   victim.sampling.prompt_logprobs = 5;
+  victim.sampling.presence_penalty = 0.4f;
+  victim.sampling.frequency_penalty = 0.3f;
+  victim.sampling.logit_bias = {{' ', -1.5f}, {'e', 0.75f}};
   return victim;
 }
 
 // 31 neighbours: prompts of 3 to 90 bytes, greedy and sampled, 4 to 20
-// tokens generated, some with their prompts' logprobs.
+// tokens generated, some with their prompts' logprobs, some with a penalty
+// and a logit bias.
 std::vector<TestRequest> Neighbours() {
   const std::vector<std::string> texts = {
       "In the beginning",
@@ -71,6 +76,10 @@ std::vector<TestRequest> Neighbours() {
       r.sampling.seed = 1000 + i;
     }
     r.sampling.logprobs = i % 4;
+    if (i % 7 == 1) {
+      r.sampling.frequency_penalty = -0.5f;
+      r.sampling.logit_bias = {{'a', 2.0f}};
+    }
     // Every fifth one asks for its prompt's logprobs: its steps return every
     // position's logits.
     if (i % 5 == 4) r.sampling.prompt_logprobs = i % 3;
@@ -212,9 +221,9 @@ class IsolationTest : public ::testing::TestWithParam<std::tuple<BackendUnderTes
     for (size_t i = 0; i < run.tokens.size(); ++i) {
       const size_t row = victim.prompt.size() - 1 + i;
       const std::vector<int32_t> history(tokens.begin(), tokens.begin() + row + 1);
-      const SampleResult want =
-          SampleToken(absl::MakeConstSpan(logits).subspan(row * vocab, vocab), victim.sampling,
-                      history, victim.sampling.logprobs, rng);
+      const SampleResult want = SampleToken(
+          absl::MakeConstSpan(logits).subspan(row * vocab, vocab), victim.sampling, history,
+          static_cast<int64_t>(victim.prompt.size()), victim.sampling.logprobs, rng);
       EXPECT_EQ(run.tokens[i].token_id, want.token_id) << "token " << i;
       EXPECT_EQ(Bits(run.tokens[i].logprob), Bits(want.logprob))
           << "token " << i << ": " << run.tokens[i].logprob << " vs full pass " << want.logprob;

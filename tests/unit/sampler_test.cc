@@ -20,7 +20,7 @@ SamplingParams Greedy() {
 TEST(SamplerTest, GreedyPicksArgmaxLowestIdOnTies) {
   SamplerRng rng(1);
   const std::vector<float> logits = {0.1f, 3.0f, 3.0f, -1.0f};
-  EXPECT_EQ(SampleToken(logits, Greedy(), {}, 0, rng).token_id, 1);
+  EXPECT_EQ(SampleToken(logits, Greedy(), {}, 0, 0, rng).token_id, 1);
 }
 
 TEST(SamplerTest, RepetitionPenaltyDemotesSeenTokens) {
@@ -28,9 +28,51 @@ TEST(SamplerTest, RepetitionPenaltyDemotesSeenTokens) {
   SamplingParams p = Greedy();
   p.repetition_penalty = 2.0f;
   const std::vector<float> logits = {3.0f, 2.0f, -1.0f};
-  EXPECT_EQ(SampleToken(logits, p, {0}, 0, rng).token_id, 1);  // 3/2 < 2
+  EXPECT_EQ(SampleToken(logits, p, {0}, 0, 0, rng).token_id, 1);  // 3/2 < 2
   const std::vector<float> negative = {-1.0f, -1.5f};
-  EXPECT_EQ(SampleToken(negative, p, {0}, 0, rng).token_id, 1);  // -2 < -1.5
+  EXPECT_EQ(SampleToken(negative, p, {0}, 0, 0, rng).token_id, 1);  // -2 < -1.5
+}
+
+// Presence and frequency penalties subtract presence + frequency * count
+// from each id generated so far (after the prompt), once per distinct id.
+TEST(SamplerTest, PresenceAndFrequencyPenaltiesCountGeneratedTokens) {
+  SamplerRng rng(1);
+  SamplingParams p = Greedy();
+  const std::vector<float> logits = {3.0f, 2.0f, 1.0f};
+  p.presence_penalty = 0.6f;
+  EXPECT_EQ(SampleToken(logits, p, {0, 0, 0}, 0, 0, rng).token_id, 0);  // 2.4 > 2
+  p.presence_penalty = 1.5f;
+  EXPECT_EQ(SampleToken(logits, p, {0}, 0, 0, rng).token_id, 1);  // 1.5 < 2
+  // The prompt's ids are not penalised.
+  EXPECT_EQ(SampleToken(logits, p, {0, 1}, 1, 0, rng).token_id, 0);  // 3 > 2 - 1.5
+  EXPECT_EQ(SampleToken(logits, p, {0, 1}, 2, 0, rng).token_id, 0);
+  p.presence_penalty = 0.0f;
+  p.frequency_penalty = 0.4f;
+  EXPECT_EQ(SampleToken(logits, p, {0, 0}, 0, 0, rng).token_id, 0);     // 3 - 0.8 > 2
+  EXPECT_EQ(SampleToken(logits, p, {0, 0, 0}, 0, 0, rng).token_id, 1);  // 3 - 1.2 < 2
+  // Negative values favour repeating.
+  p.frequency_penalty = -1.1f;
+  EXPECT_EQ(SampleToken(logits, p, {2, 2}, 0, 0, rng).token_id, 2);  // 1 + 2.2 > 3
+  // The logprobs stay those of the raw logits.
+  p.logprobs = 1;
+  const SampleResult r = SampleToken(logits, p, {2, 2}, 0, 1, rng);
+  EXPECT_EQ(r.top_logprobs.at(0).first, 0);
+}
+
+// A logit bias moves the listed ids' scores: -100 keeps a token from ever
+// being drawn, a bias can make another the argmax.
+TEST(SamplerTest, LogitBiasMovesTheListedTokens) {
+  SamplerRng rng(3);
+  const std::vector<float> logits = {2.0f, 1.9f, 0.0f, -1.0f};
+  SamplingParams p = Greedy();
+  p.logit_bias = {{3, 3.5f}};
+  EXPECT_EQ(SampleToken(logits, p, {}, 0, 0, rng).token_id, 3);
+  p.temperature = 1.0f;
+  p.logit_bias = {{0, -100.0f}, {1, -100.0f}};
+  for (int i = 0; i < 300; ++i) {
+    const int32_t token = SampleToken(logits, p, {}, 0, 0, rng).token_id;
+    ASSERT_TRUE(token == 2 || token == 3) << token;
+  }
 }
 
 TEST(SamplerTest, SameSeedSameTokens) {
@@ -41,7 +83,7 @@ TEST(SamplerTest, SameSeedSameTokens) {
   auto draw = [&](uint64_t seed) {
     SamplerRng rng(seed);
     std::vector<int32_t> out;
-    for (int i = 0; i < 32; ++i) out.push_back(SampleToken(logits, p, {}, 0, rng).token_id);
+    for (int i = 0; i < 32; ++i) out.push_back(SampleToken(logits, p, {}, 0, 0, rng).token_id);
     return out;
   };
   EXPECT_EQ(draw(42), draw(42));
@@ -55,7 +97,7 @@ TEST(SamplerTest, TopKKeepsOnlyKBest) {
   p.top_k = 2;
   SamplerRng rng(7);
   std::set<int32_t> seen;
-  for (int i = 0; i < 500; ++i) seen.insert(SampleToken(logits, p, {}, 0, rng).token_id);
+  for (int i = 0; i < 500; ++i) seen.insert(SampleToken(logits, p, {}, 0, 0, rng).token_id);
   EXPECT_EQ(seen, (std::set<int32_t>{1, 4}));
 }
 
@@ -66,7 +108,7 @@ TEST(SamplerTest, TopPKeepsSmallestNucleus) {
   p.top_p = 0.75f;
   SamplerRng rng(3);
   std::map<int32_t, int> counts;
-  for (int i = 0; i < 2000; ++i) ++counts[SampleToken(logits, p, {}, 0, rng).token_id];
+  for (int i = 0; i < 2000; ++i) ++counts[SampleToken(logits, p, {}, 0, 0, rng).token_id];
   EXPECT_EQ(counts.count(2), 0u);
   EXPECT_NEAR(counts[0] / 2000.0, 0.5 / 0.8, 0.05);
 }
@@ -78,7 +120,7 @@ TEST(SamplerTest, TopPStopsAtTheTokenThatReachesIt) {
   SamplingParams p;
   p.top_p = 0.5f;
   SamplerRng rng(9);
-  for (int i = 0; i < 200; ++i) ASSERT_EQ(SampleToken(logits, p, {}, 0, rng).token_id, 0) << i;
+  for (int i = 0; i < 200; ++i) ASSERT_EQ(SampleToken(logits, p, {}, 0, 0, rng).token_id, 0) << i;
 }
 
 TEST(SamplerTest, MinPDropsUnlikelyTokens) {
@@ -87,7 +129,7 @@ TEST(SamplerTest, MinPDropsUnlikelyTokens) {
   p.min_p = 0.4f;  // threshold 0.24: keeps 0 and 1
   SamplerRng rng(5);
   std::set<int32_t> seen;
-  for (int i = 0; i < 1000; ++i) seen.insert(SampleToken(logits, p, {}, 0, rng).token_id);
+  for (int i = 0; i < 1000; ++i) seen.insert(SampleToken(logits, p, {}, 0, 0, rng).token_id);
   EXPECT_EQ(seen, (std::set<int32_t>{0, 1}));
 }
 
@@ -97,14 +139,14 @@ TEST(SamplerTest, TemperatureMatchesSoftmax) {
   p.temperature = 1.0f;
   SamplerRng rng(11);
   int ones = 0;
-  for (int i = 0; i < 4000; ++i) ones += SampleToken(logits, p, {}, 0, rng).token_id;
+  for (int i = 0; i < 4000; ++i) ones += SampleToken(logits, p, {}, 0, 0, rng).token_id;
   EXPECT_NEAR(ones / 4000.0, 0.75, 0.03);
 }
 
 TEST(SamplerTest, LogprobsAreRawLogSoftmaxMostLikelyFirst) {
   const std::vector<float> logits = {std::log(0.2f), std::log(0.5f), std::log(0.3f)};
   SamplerRng rng(1);
-  SampleResult r = SampleToken(logits, Greedy(), {}, 2, rng);
+  SampleResult r = SampleToken(logits, Greedy(), {}, 0, 2, rng);
   EXPECT_EQ(r.token_id, 1);
   EXPECT_NEAR(r.logprob, std::log(0.5f), 1e-5);
   ASSERT_EQ(r.top_logprobs.size(), 2u);
@@ -119,7 +161,7 @@ TEST(SamplerTest, LogprobsAreRawLogSoftmaxMostLikelyFirst) {
 TEST(SamplerTest, LikelyTokensLogprobsArePreciseBesideLargeLogits) {
   const std::vector<float> logits = {700.0f, 688.0f};
   SamplerRng rng(1);
-  const SampleResult r = SampleToken(logits, Greedy(), {}, 2, rng);
+  const SampleResult r = SampleToken(logits, Greedy(), {}, 0, 2, rng);
   ASSERT_EQ(r.token_id, 0);
   const double want = -std::log1p(std::exp(-12.0));
   EXPECT_NEAR(r.logprob, want, 1e-6 * -want);
@@ -135,13 +177,13 @@ TEST(SamplerTest, SampledTokensLogprobOnlyWhenAsked) {
   const std::vector<float> logits = {std::log(probs[0]), std::log(probs[1]), std::log(probs[2])};
   SamplingParams p = Greedy();
   SamplerRng rng(1);
-  const SampleResult none = SampleToken(logits, p, {}, 0, rng);
+  const SampleResult none = SampleToken(logits, p, {}, 0, 0, rng);
   EXPECT_EQ(none.token_id, 1);
   EXPECT_EQ(none.logprob, 0.0f);
   p.sampled_logprob = true;
   for (float temperature : {0.0f, 1.0f}) {
     p.temperature = temperature;
-    const SampleResult own = SampleToken(logits, p, {}, 0, rng);
+    const SampleResult own = SampleToken(logits, p, {}, 0, 0, rng);
     EXPECT_NEAR(own.logprob, std::log(probs[own.token_id]), 1e-5) << own.token_id;
     EXPECT_TRUE(own.top_logprobs.empty());
   }
@@ -159,7 +201,7 @@ TEST(SamplerTest, OverflowingPenaltyNeverYieldsNaNOrTheLeastLikelyToken) {
   SamplerRng rng(11);
   std::set<int32_t> drawn;
   for (int i = 0; i < 200; ++i) {
-    const SampleResult r = SampleToken(logits, p, {0, 1, 2}, 2, rng);
+    const SampleResult r = SampleToken(logits, p, {0, 1, 2}, 0, 2, rng);
     drawn.insert(r.token_id);
     EXPECT_FALSE(std::isnan(r.logprob));
   }
@@ -172,11 +214,11 @@ TEST(SamplerTest, NonFiniteLogitsAreOrderedNotNaN) {
   constexpr float kInf = std::numeric_limits<float>::infinity();
   const std::vector<float> with_nan = {kNaN, 1.0f, 2.0f, kNaN, 0.5f};
   SamplerRng rng(3);
-  EXPECT_EQ(SampleToken(with_nan, Greedy(), {}, 0, rng).token_id, 2);
+  EXPECT_EQ(SampleToken(with_nan, Greedy(), {}, 0, 0, rng).token_id, 2);
   SamplingParams p;
   p.temperature = 1.0f;
   for (int i = 0; i < 200; ++i) {
-    const SampleResult r = SampleToken(with_nan, p, {}, 5, rng);
+    const SampleResult r = SampleToken(with_nan, p, {}, 0, 5, rng);
     EXPECT_TRUE(r.token_id == 1 || r.token_id == 2 || r.token_id == 4) << r.token_id;
     EXPECT_FALSE(std::isnan(r.logprob));
     ASSERT_EQ(r.top_logprobs.size(), 5u);
@@ -188,7 +230,7 @@ TEST(SamplerTest, NonFiniteLogitsAreOrderedNotNaN) {
   const std::vector<float> with_inf = {-kInf, kInf, 0.0f};
   p.sampled_logprob = true;
   for (int i = 0; i < 50; ++i) {
-    const SampleResult r = SampleToken(with_inf, p, {}, 0, rng);
+    const SampleResult r = SampleToken(with_inf, p, {}, 0, 0, rng);
     EXPECT_EQ(r.token_id, 1);
     EXPECT_FALSE(std::isnan(r.logprob));
   }

@@ -71,7 +71,7 @@ absl::Status FakeBackend::Forward(const StepBatch& batch, StepOutput* out) {
         const SampleRequest& request = sequence.sample;
         SampledToken& sampled = out->samples.emplace_back();
         sampled.sequence = s;
-        sampled.sample = SampleToken(row, *request.params, request.history,
+        sampled.sample = SampleToken(row, *request.params, request.history, request.prompt_length,
                                      request.params->logprobs, *request.rng);
         sampled.routing = std::move(routing);
       }

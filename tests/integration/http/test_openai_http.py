@@ -254,6 +254,31 @@ def test_token_prompt_and_batch_of_prompts(client):
     assert streamed == {0: one.choices[0].text, 1: two.choices[0].text}
 
 
+def test_penalties_and_logit_bias_are_grpcs(server, client):
+    """presence_penalty, frequency_penalty and logit_bias reach the engine as
+    gRPC's fields do: the same tokens, greedy and seeded; and they act (a
+    bias of 100 all but forces its token, penalties change a greedy text)."""
+    prompt = "And God said"
+    fields = dict(presence_penalty=0.7, frequency_penalty=0.9, logit_bias={101: 1.5, 32: -2.0})
+    for temperature, seed in ((0.0, None), (0.9, 17)):
+        completion = client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=16, temperature=temperature, seed=seed,
+            presence_penalty=fields["presence_penalty"],
+            frequency_penalty=fields["frequency_penalty"],
+            logit_bias={str(k): v for k, v in fields["logit_bias"].items()},
+            extra_body={"ignore_eos": True})
+        expected = grpc_generate(server, prompt, max_new_tokens=16, temperature=temperature,
+                                 ignore_eos=True, **({"seed": seed} if seed else {}), **fields)
+        assert completion.choices[0].text == expected.text, temperature
+    plain = grpc_generate(server, prompt, max_new_tokens=16, temperature=0, ignore_eos=True)
+    penalised = grpc_generate(server, prompt, max_new_tokens=16, temperature=0, ignore_eos=True,
+                              frequency_penalty=2.0)
+    assert penalised.text != plain.text
+    forced = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0,
+                                       logit_bias={"122": 100}, extra_body={"ignore_eos": True})
+    assert forced.choices[0].text == "z" * 6
+
+
 def test_n_choices_are_samples_of_their_prompt(client):
     """`n`: each prompt's n choices, one after another (choice i * n + j is
     prompt i's j-th), each its own sample: with a seed, choice j is what the
@@ -297,8 +322,9 @@ BAD_BODIES = [
     ("n past 128", {"prompt": "x", "n": 129}, "n"),
     ("best_of above n", {"prompt": "x", "n": 2, "best_of": 3}, "best_of"),
     ("echo not boolean", {"prompt": "x", "echo": "yes"}, "echo"),
-    ("presence penalty", {"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
-    ("logit bias", {"prompt": "x", "logit_bias": {"1": 5}}, "logit_bias"),
+    ("presence penalty past 2", {"prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
+    ("logit bias past 100", {"prompt": "x", "logit_bias": {"1": 500}}, "logit_bias[1]"),
+    ("logit bias outside vocabulary", {"prompt": "x", "logit_bias": {"256": 1}}, "logit_bias"),
     ("suffix", {"prompt": "x", "suffix": "end"}, "suffix"),
     ("too many logprobs", {"prompt": "x", "logprobs": 50}, "logprobs"),
     ("too many stops", {"prompt": "x", "stop": [str(i) for i in range(17)]}, "stop"),
@@ -324,6 +350,7 @@ BAD_BODIES = [
 # The whole message where it names an entry or a range: an id past int32 as
 # one past the vocabulary, a number past int64 as one past int32.
 BAD_BODY_MESSAGES = {
+    "logit bias outside vocabulary": "logit_bias: id 256 is outside the vocabulary [0, 256)",
     "n past 128": "n: must be in [1, 128], found 129",
     "best_of above n":
         "best_of: must equal n (2): returning the best of more samples is not supported, found 3",
