@@ -125,6 +125,15 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
 
   // Engine thread.
   void OnUpdate(int index, GenerationUpdate update) {
+    if (options_.echo_only) {
+      // The prompt alone: the token the engine generated is left out, and the
+      // choice ends where the prompt does ("length", as vLLM answers).
+      update.text.clear();
+      update.tokens.clear();
+      if (update.finished && update.finish_reason != FinishReason::kCancelled) {
+        update.finish_reason = FinishReason::kLength;
+      }
+    }
     bool done = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -335,10 +344,13 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
     LogAccess(access_);
   }
 
+  // The response's tokens (with echo_only none, though the access log counts
+  // the one the engine generated).
   Json Usage() const {
+    const int completion_tokens = options_.echo_only ? 0 : access_.completion_tokens;
     return {{"prompt_tokens", access_.prompt_tokens},
-            {"completion_tokens", access_.completion_tokens},
-            {"total_tokens", access_.prompt_tokens + access_.completion_tokens}};
+            {"completion_tokens", completion_tokens},
+            {"total_tokens", access_.prompt_tokens + completion_tokens}};
   }
 
   // A render thread: the unary response of a call whose prompts all

@@ -43,6 +43,7 @@ struct CompletionOptions {
   int logprobs = -1;           // < 0: no logprobs object
   bool tokens_as_ids = false;  // CompletionRequest::tokens_as_ids
   bool echo = false;           // CompletionRequest::echo
+  bool echo_only = false;      // CompletionRequest::echo_only
   int n = 1;                   // choices per prompt, consecutive in `prompts`
 };
 

@@ -220,6 +220,12 @@ absl::Status ParseField(const std::string& key, const Json& value, int vocab_siz
     if (!value.is_string()) return Invalid("model", "must be a string");
     request->model = value.get<std::string>();
   } else if (key == "max_tokens") {
+    // 0 is checked against echo once every field is read.
+    if (auto zero = WholeNumber(value, key); zero.ok() && *zero == std::optional<int64_t>(0)) {
+      request->echo_only = true;
+      sampling->set_max_new_tokens(1);
+      return absl::OkStatus();
+    }
     auto n = Integer(value, key, 1, std::numeric_limits<int32_t>::max());
     if (!n.ok()) return n.status();
     sampling->set_max_new_tokens(static_cast<int32_t>(*n));
@@ -499,6 +505,11 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
                                            "): returning the best of more samples is not "
                                            "supported, found ",
                                            *best_of));
+  }
+  if (request.echo_only && !request.echo) {
+    return Invalid("max_tokens",
+                   "must be in [1, 2147483647], found 0 (0 only with \"echo\": "
+                   "true, for the prompt alone)");
   }
   const auto prompt = json.find("prompt");
   if (prompt == json.end() || prompt->is_null()) return Invalid("prompt", "is required");

@@ -45,6 +45,10 @@ struct CompletionRequest {
   bool tokens_as_ids = false;
   // Each choice's text (and logprobs) starts with its prompt's.
   bool echo = false;
+  // "max_tokens": 0 with echo: the prompt alone (its logprobs), as vLLM
+  // answers it. The engine generates one token, which the response leaves
+  // out; `prompts` ask for that one.
+  bool echo_only = false;
 };
 
 // INVALID_ARGUMENT with a message "<param>: <problem>" for anything

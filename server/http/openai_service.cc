@@ -221,6 +221,7 @@ void OpenAiService::Completions(const std::shared_ptr<HttpExchange>& exchange) c
   options.logprobs = parsed->logprobs.value_or(-1);
   options.tokens_as_ids = parsed->tokens_as_ids;
   options.echo = parsed->echo;
+  options.echo_only = parsed->echo_only;
   options.n = n;
   StartCompletionCall({.engine = options_.engine,
                        .tokenizer = options_.tokenizer,

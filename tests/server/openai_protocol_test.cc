@@ -99,6 +99,27 @@ TEST(OpenAiProtocolTest, DefaultsFollowOpenAi) {
   EXPECT_FALSE(parsed->include_usage);
 }
 
+// "max_tokens": 0 with echo asks for the prompt alone: the engine is asked
+// for one token, which the response leaves out. Without echo it is refused.
+TEST(OpenAiProtocolTest, ZeroMaxTokensWithEchoIsThePromptAlone) {
+  for (const char* body : {R"({"prompt": "x", "echo": true, "max_tokens": 0})",
+                           R"({"max_tokens": 0.0, "prompt": "x", "echo": true})"}) {
+    auto parsed = Parse(body);
+    ASSERT_TRUE(parsed.ok()) << body << ": " << parsed.status();
+    EXPECT_TRUE(parsed->echo_only) << body;
+    EXPECT_EQ(parsed->prompts.at(0).sampling().max_new_tokens(), 1) << body;
+  }
+  auto one = Parse(R"({"prompt": "x", "echo": true, "max_tokens": 1})");
+  ASSERT_TRUE(one.ok());
+  EXPECT_FALSE(one->echo_only);
+  ExpectRefused({R"({"prompt": "x", "max_tokens": 0})",
+                 "max_tokens: must be in [1, 2147483647], found 0 (0 only with \"echo\": true, "
+                 "for the prompt alone)"});
+  ExpectRefused({R"({"prompt": "x", "echo": false, "max_tokens": 0})",
+                 "max_tokens: must be in [1, 2147483647], found 0 (0 only with \"echo\": true, "
+                 "for the prompt alone)"});
+}
+
 // best_of may be sent when it asks for no more samples than n: each choice
 // is then its own sample, as with n alone.
 TEST(OpenAiProtocolTest, BestOfEqualToNIsNAlone) {

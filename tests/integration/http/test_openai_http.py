@@ -211,6 +211,36 @@ def test_echo_starts_the_text_and_logprobs_with_the_prompt(server, client):
                                      echo=False).choices[0].text == expected.text
 
 
+def test_echo_with_zero_max_tokens_is_the_prompt_alone(server, client):
+    """`"max_tokens": 0` with `echo` (as vLLM answers it): the prompt's text
+    and its tokens' logprobs, nothing generated: no completion tokens in the
+    usage, finish_reason "length"; streamed the same. Without echo, a 400."""
+    prompt = "Hello there"
+    request = pb.GenerateRequest(text=prompt, logprobs=2, prompt_logprobs=2,
+                                 sampling=pb.SamplingParams(max_new_tokens=1, temperature=0))
+    expected = server.grpc_stub().Generate(request, timeout=60)
+    for stream in (False, True):
+        response = client.completions.create(model=MODEL, prompt=prompt, max_tokens=0, echo=True,
+                                             logprobs=2, stream=stream,
+                                             **({"stream_options": {"include_usage": True}}
+                                                if stream else {}))
+        chunks = list(response) if stream else [response]
+        choices = [c.choices[0] for c in chunks if c.choices]
+        assert "".join(c.text for c in choices) == prompt, stream
+        tokens = [t for c in choices for t in c.logprobs.tokens]
+        logprobs = [t for c in choices for t in c.logprobs.token_logprobs]
+        assert tokens == list(prompt), stream
+        assert logprobs[0] is None
+        assert logprobs[1:] == pytest.approx([t.logprob for t in expected.prompt_tokens],
+                                             rel=1e-6), stream
+        assert choices[-1].finish_reason == "length", stream
+        usage = chunks[-1].usage
+        assert usage.prompt_tokens == len(prompt) and usage.completion_tokens == 0, stream
+    with pytest.raises(openai.BadRequestError) as error:
+        client.completions.create(model=MODEL, prompt=prompt, max_tokens=0)
+    assert error.value.body["param"] == "max_tokens"
+
+
 def test_return_tokens_as_token_ids_names_every_token_by_its_id(server, client):
     request = pb.GenerateRequest(text="Hello there", logprobs=3,
                                  sampling=pb.SamplingParams(max_new_tokens=6, temperature=0))
