@@ -113,18 +113,22 @@ SampleResult SampleToken(absl::Span<const float> logits, const SamplingParams& p
     }
   }
   if (params.presence_penalty != 0.0f || params.frequency_penalty != 0.0f) {
-    std::vector<int32_t> counts(vocab, 0);
+    // The generated ids sorted: each distinct id's count is its run, in
+    // memory of the history's length rather than the vocabulary's.
     const auto generated = history.subspan(static_cast<size_t>(prompt_length));
-    for (int32_t id : generated) {
-      if (id >= 0 && id < vocab) ++counts[id];
-    }
-    for (int32_t id : generated) {
-      if (id < 0 || id >= vocab || counts[id] == 0) continue;
-      // One fused multiply-add, as the CUDA sampler computes it.
-      const float penalty = std::fma(params.frequency_penalty, static_cast<float>(counts[id]),
-                                     params.presence_penalty);
-      scores[id] = Finite(scores[id] - penalty);
-      counts[id] = 0;  // each distinct id once
+    std::vector<int32_t> ids(generated.begin(), generated.end());
+    std::sort(ids.begin(), ids.end());
+    for (size_t run = 0; run < ids.size();) {
+      const int32_t id = ids[run];
+      size_t end = run + 1;
+      while (end < ids.size() && ids[end] == id) ++end;
+      if (id >= 0 && id < vocab) {
+        // One fused multiply-add, as the CUDA sampler computes it.
+        const float penalty = std::fma(params.frequency_penalty, static_cast<float>(end - run),
+                                       params.presence_penalty);
+        scores[id] = Finite(scores[id] - penalty);
+      }
+      run = end;
     }
   }
 
