@@ -230,21 +230,26 @@ absl::Status ParseField(const std::string& key, const Json& value, int vocab_siz
     if (!n.ok()) return n.status();
     sampling->set_max_new_tokens(static_cast<int32_t>(*n));
   } else if (key == "temperature" || key == "top_p" || key == "min_p" ||
-             key == "repetition_penalty") {
+             key == "repetition_penalty" || key == "presence_penalty" ||
+             key == "frequency_penalty") {
     auto x = Number(value, key);
     if (!x.ok()) return x.status();
     // The range is checked on the number as sent, before it becomes the
     // engine's float (request_validation.h).
-    const SamplingFloat field = key == "temperature" ? SamplingFloat::kTemperature
-                                : key == "top_p"     ? SamplingFloat::kTopP
-                                : key == "min_p"     ? SamplingFloat::kMinP
-                                                     : SamplingFloat::kRepetitionPenalty;
+    const SamplingFloat field = key == "temperature"         ? SamplingFloat::kTemperature
+                                : key == "top_p"             ? SamplingFloat::kTopP
+                                : key == "min_p"             ? SamplingFloat::kMinP
+                                : key == "presence_penalty"  ? SamplingFloat::kPresencePenalty
+                                : key == "frequency_penalty" ? SamplingFloat::kFrequencyPenalty
+                                                             : SamplingFloat::kRepetitionPenalty;
     if (absl::Status status = CheckSamplingFloat(field, key, *x); !status.ok()) return status;
     const float f = NarrowSamplingFloat(*x);
     if (key == "temperature") sampling->set_temperature(f);
     if (key == "top_p") sampling->set_top_p(f);
     if (key == "min_p") sampling->set_min_p(f);
     if (key == "repetition_penalty") sampling->set_repetition_penalty(f);
+    if (key == "presence_penalty") sampling->set_presence_penalty(f);
+    if (key == "frequency_penalty") sampling->set_frequency_penalty(f);
   } else if (key == "top_k") {
     // vLLM spells "off" -1; 0 means the same here.
     auto k = Integer(value, key, -1, std::numeric_limits<int32_t>::max(), " (-1 or 0: off)");
@@ -323,15 +328,6 @@ absl::Status ParseField(const std::string& key, const Json& value, int vocab_siz
     auto b = Boolean(value, key);
     if (!b.ok()) return b.status();
     request->echo = *b;
-  } else if (key == "presence_penalty" || key == "frequency_penalty") {
-    auto x = Number(value, key);
-    if (!x.ok()) return x.status();
-    const SamplingFloat field = key == "presence_penalty" ? SamplingFloat::kPresencePenalty
-                                                          : SamplingFloat::kFrequencyPenalty;
-    if (absl::Status status = CheckSamplingFloat(field, key, *x); !status.ok()) return status;
-    const float f = NarrowSamplingFloat(*x);
-    if (key == "presence_penalty") sampling->set_presence_penalty(f);
-    if (key == "frequency_penalty") sampling->set_frequency_penalty(f);
   } else if (key == "logit_bias") {
     // {"<token id>": bias}: JSON keys are strings.
     if (!value.is_object()) return WrongType(key, "an object of token ids to biases", value);
