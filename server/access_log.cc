@@ -49,6 +49,7 @@ std::string_view FinishReasonName(FinishReason reason) {
 void FillFromFinalUpdate(const GenerationUpdate& final_update, AccessRecord* record) {
   record->prompt_tokens = final_update.prompt_tokens;
   record->completion_tokens = final_update.completion_tokens;
+  record->cached_prompt_tokens = final_update.cached_prompt_tokens;
   record->queue_ms = final_update.queue_ms;
   record->time_to_first_token_ms = final_update.time_to_first_token_ms;
   record->total_ms = final_update.total_ms;
@@ -66,6 +67,7 @@ void LogAccess(const AccessRecord& record) {
   if (record.http_status != 0) fields["http_status"] = record.http_status;
   fields["prompt_tokens"] = record.prompt_tokens;
   fields["completion_tokens"] = record.completion_tokens;
+  if (record.cached_prompt_tokens > 0) fields["cached_prompt_tokens"] = record.cached_prompt_tokens;
   fields["queue_ms"] = Rounded(record.queue_ms);
   // Only for a request that produced a token: without one there is no first
   // token to time (the engine's figure is then its end).

@@ -40,6 +40,7 @@ struct AccessRecord {
   // From the engine's final update; zero for requests it never saw.
   int prompt_tokens = 0;
   int completion_tokens = 0;
+  int cached_prompt_tokens = 0;  // logged when > 0 (prefix caching)
   double queue_ms = 0;
   double time_to_first_token_ms = 0;
   double total_ms = 0;

@@ -55,6 +55,7 @@ const std::vector<Command>& AllCommands() {
         "max_batch_tokens",
         "max_running_requests",
         "max_queue",
+        "enable_prefix_caching",
         "stream_interval",
         "stream_write_timeout_s",
         "max_stream_buffer_bytes",

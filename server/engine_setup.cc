@@ -97,6 +97,7 @@ absl::StatusOr<EngineSetup> SetUpEngine(const ServerOptions& options) {
       (int64_t{config.max_seq_len} + options.kv_block_size - 1) / options.kv_block_size;
   cache.max_tokens = int64_t{options.max_running_requests} * context_blocks * options.kv_block_size;
   cache.min_tokens = config.max_seq_len;  // one full context
+  cache.prefix_caching = options.prefix_caching;
   absl::StatusOr<std::unique_ptr<KvCache>> kv_cache = KvCache::Create(setup.backend.get(), cache);
   if (!kv_cache.ok()) {
     // A refusal that names its flag already (the CUDA backend's of
@@ -117,6 +118,7 @@ absl::StatusOr<EngineSetup> SetUpEngine(const ServerOptions& options) {
   engine.max_queue = options.max_queue;
   engine.context_length = config.max_seq_len;
   engine.eos_token_id = config.eos_token_id;
+  engine.dispatch = setup.dispatch;
   return setup;
 }
 

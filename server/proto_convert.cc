@@ -111,6 +111,7 @@ void FillUsageAndTiming(const GenerationUpdate& final_update, v1::Usage* usage,
                         v1::Timing* timing) {
   usage->set_prompt_tokens(final_update.prompt_tokens);
   usage->set_completion_tokens(final_update.completion_tokens);
+  usage->set_cached_prompt_tokens(final_update.cached_prompt_tokens);
   timing->set_queue_ms(final_update.queue_ms);
   timing->set_time_to_first_token_ms(final_update.time_to_first_token_ms);
   timing->set_total_ms(final_update.total_ms);

@@ -515,9 +515,11 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals, bool* up) 
   }
   Log(
       absl::StrFormat("scheduler: max_batch_tokens %d, max_running_requests %d, max_queue %d, "
-                      "stream_interval %d, max_request_bytes %d, drain_timeout_s %g",
+                      "stream_interval %d, max_request_bytes %d, drain_timeout_s %g, prefix "
+                      "caching %s",
                       options.max_batch_tokens, options.max_running_requests, options.max_queue,
-                      options.stream_interval, options.max_request_bytes, options.drain_timeout_s));
+                      options.stream_interval, options.max_request_bytes, options.drain_timeout_s,
+                      options.prefix_caching ? "on" : "off"));
   Log(absl::StrFormat("security: %s, %s",
                       !options.tls.enabled()               ? "plaintext"
                       : options.tls.client_ca_file.empty() ? "TLS"

@@ -41,6 +41,11 @@ ABSL_FLAG(int64_t, kv_cache_bytes, 1073741824,
 ABSL_FLAG(int64_t, max_batch_tokens, 2048,
           "Tokens computed per engine step (decode tokens + prefill chunks)");
 ABSL_FLAG(int, max_running_requests, 64, "Requests in the running batch at once");
+ABSL_FLAG(bool, enable_prefix_caching, false,
+          "Keep the KV blocks of computed prompts (and generated text) after their requests end, "
+          "and start a request whose tokens begin with a cached prefix after it: the same logits, "
+          "less prefill. Cached tokens are neither computed nor routed, so the MoE metrics count "
+          "only the tokens computed");
 ABSL_FLAG(int, max_queue, 1024,
           "Requests waiting for admission; beyond it calls get RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, stream_interval, 1,
@@ -138,6 +143,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   o.max_running_requests = absl::GetFlag(FLAGS_max_running_requests);
   o.max_queue = absl::GetFlag(FLAGS_max_queue);
+  o.prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
   o.stream_interval = absl::GetFlag(FLAGS_stream_interval);
   o.stream_write_timeout_s = absl::GetFlag(FLAGS_stream_write_timeout_s);
   o.max_stream_buffer_bytes = absl::GetFlag(FLAGS_max_stream_buffer_bytes);

@@ -29,14 +29,13 @@ struct GenerationEngine::RequestState : Sequence {
     id = request_id;
     tokens = request.prompt;
     prompt_tokens = static_cast<int64_t>(tokens.size());
+    // Scoring the prompt needs the logits of every position.
+    uses_prefix_cache = request.sampling.prompt_logprobs < 0;
   }
 
   GenerationRequest request;
   SamplerRng rng;
   IncrementalDetokenizer detokenizer;
-  // Its capacity groups' loads under the sequence scope; rebuilt from
-  // position 0 when a preempted request is recomputed.
-  GroupLoads group_loads;
   int generated = 0;
   // With prompt logprobs: the next prompt position to score (the first has
   // nothing before it). A recompute after preemption does not score again.
@@ -259,7 +258,7 @@ void GenerationEngine::RunStep() {
     StepSequence& sequence =
         batch_.Add(absl::MakeConstSpan(chunk.sequence->tokens).subspan(chunk.start, chunk.length),
                    static_cast<int32_t>(chunk.start), allocator_.BlockTable(chunk.sequence->id));
-    sequence.group_loads = &state->group_loads;
+    sequence.group_loads = &chunk.sequence->group_loads;
     if (ScoresPrompt(*state, chunk)) sequence.logits = LogitsMode::kAll;
     if (chunk.samples) {
       const SamplingParams& params = state->request.sampling;
@@ -281,6 +280,7 @@ void GenerationEngine::RunStep() {
     }
   } else {
     scheduler_.CommitStep(schedule);
+    CacheComputedBlocks(schedule);
     ScorePrompts(schedule);
     for (SampledToken& sampled : step_output_.samples) {
       const ScheduledChunk& chunk = schedule.chunks[sampled.sequence];
@@ -340,6 +340,8 @@ void GenerationEngine::RunStep() {
     report.num_tokens = schedule.num_tokens;
     report.prefill_tokens = schedule.prefill_tokens;
     report.decode_tokens = schedule.decode_tokens;
+    report.prefix_query_tokens = schedule.prefix_query_tokens;
+    report.prefix_hit_tokens = schedule.prefix_hit_tokens;
     report.preempted = static_cast<int>(schedule.preempted.size());
     report.running = static_cast<int>(scheduler_.running().size());
     report.waiting = static_cast<int>(scheduler_.waiting().size());
@@ -349,6 +351,30 @@ void GenerationEngine::RunStep() {
     report.update_ms = MillisBetween(t2, t3);
     report.routing = status.ok() ? &step_output_.stats : nullptr;
     observer_->OnStep(report);
+  }
+}
+
+void GenerationEngine::CacheComputedBlocks(const ScheduleResult& schedule) {
+  if (!allocator_.prefix_caching()) return;
+  const DispatchConfig& dispatch = options_.dispatch;
+  const bool carries = dispatch.CarriesGroupLoads();
+  const int block = allocator_.block_size();
+  for (const ScheduledChunk& chunk : schedule.chunks) {
+    Sequence& sequence = *chunk.sequence;
+    const int64_t end = sequence.num_computed;  // the chunk's end, committed
+    for (int64_t index = allocator_.BlocksCached(sequence.id); (index + 1) * block <= end;
+         ++index) {
+      const int64_t block_end = (index + 1) * block;
+      // A sequence may start after this block when its dispatch state there
+      // is known: nothing carried, a group boundary, or the chunk's end,
+      // whose group loads the step has just committed.
+      const bool group_boundary = carries && block_end % dispatch.capacity_group == 0;
+      const bool at_end = carries && block_end == end && sequence.group_loads.next_position == end;
+      std::vector<int32_t> loads;
+      if (at_end && !group_boundary) loads = sequence.group_loads.loads;
+      allocator_.CacheBlock(sequence.id, index, sequence.tokens,
+                            !carries || group_boundary || at_end, std::move(loads));
+    }
   }
 }
 
@@ -409,6 +435,8 @@ void GenerationEngine::Finish(RequestState* state, FinishReason reason, absl::St
   update.status = std::move(status);
   update.prompt_tokens = static_cast<int>(state->request.prompt.size());
   update.completion_tokens = state->generated;
+  update.cached_prompt_tokens =
+      static_cast<int>(std::min(state->cached_tokens, state->prompt_tokens));
   const Clock::time_point arrival = state->request.arrival;
   update.queue_ms = MillisBetween(arrival, state->first_scheduled.value_or(now));
   update.time_to_first_token_ms = MillisBetween(arrival, state->first_token.value_or(now));

@@ -37,6 +37,9 @@ struct EngineOptions {
   // included: the model's max_seq_len for the server.
   int context_length = 0;
   std::optional<int32_t> eos_token_id;
+  // The backend's dispatch: with prefix caching, where a cached prefix may
+  // end (a capacity-group boundary, or where the group's loads are known).
+  DispatchConfig dispatch;
 };
 
 // What one engine step did; the seam for metrics (timings, batch shape,
@@ -46,6 +49,10 @@ struct StepReport {
   int64_t num_tokens = 0;
   int64_t prefill_tokens = 0;
   int64_t decode_tokens = 0;
+  // Prefix caching: prompt (and recomputed) tokens of the admitted sequences
+  // looked up in the cache, and those found there (not computed).
+  int64_t prefix_query_tokens = 0;
+  int64_t prefix_hit_tokens = 0;
   int preempted = 0;
   int running = 0;  // after the step
   int waiting = 0;
@@ -150,6 +157,8 @@ class GenerationEngine {
   // Adds the logprobs of the prompt tokens the step's rows predict to their
   // requests' held updates.
   void ScorePrompts(const ScheduleResult& schedule);
+  // Registers the blocks the step filled in the prefix cache.
+  void CacheComputedBlocks(const ScheduleResult& schedule);
   // Delivers the request's final update (with the tokens it still holds).
   void Finish(RequestState* state, FinishReason reason, absl::Status status,
               CancelCause cause = CancelCause::kNone);

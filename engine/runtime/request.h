@@ -94,6 +94,9 @@ struct GenerationUpdate {
   absl::Status status;
   int prompt_tokens = 0;
   int completion_tokens = 0;
+  // Prompt tokens taken from the prefix cache rather than computed (the
+  // last admission's, after a preemption).
+  int cached_prompt_tokens = 0;
   double queue_ms = 0;
   double time_to_first_token_ms = 0;
   double total_ms = 0;

@@ -98,17 +98,36 @@ ScheduleResult Scheduler::Schedule() {
   // 2. Admit waiting sequences in arrival order, unless the cache is so full
   // that running ones had to give way this step.
   if (result.preempted.empty()) {
+    PrefixHit hit;  // the cached prefix of the sequence tokens_left last saw
     const int64_t admitted = AdmitWaiting(
         static_cast<int64_t>(waiting_.size()), budget,
         config_.max_running_requests - static_cast<int64_t>(running_.size()),
         [&](int64_t i) {
           const Sequence* sequence = waiting_[static_cast<size_t>(i)];
-          return static_cast<int64_t>(sequence->tokens.size()) - sequence->num_computed;
+          const int64_t total = static_cast<int64_t>(sequence->tokens.size());
+          hit = {};
+          if (sequence->uses_prefix_cache && sequence->num_computed == 0) {
+            hit = allocator_->FindPrefix(sequence->tokens, total - 1);
+          }
+          return total - sequence->num_computed - hit.tokens;
         },
         [&](int64_t i, int64_t length) {
           Sequence* sequence = waiting_[static_cast<size_t>(i)];
-          if (!allocator_->Reserve(sequence->id, sequence->num_computed + length).ok()) {
+          if (hit.tokens > 0) {
+            allocator_->AttachPrefix(sequence->id, sequence->tokens, hit.tokens);
+          }
+          if (!allocator_->Reserve(sequence->id, hit.tokens + length).ok()) {
+            allocator_->Free(sequence->id);
             return false;
+          }
+          if (sequence->uses_prefix_cache && allocator_->prefix_caching()) {
+            result.prefix_query_tokens += static_cast<int64_t>(sequence->tokens.size());
+            result.prefix_hit_tokens += hit.tokens;
+          }
+          sequence->cached_tokens = hit.tokens;
+          if (hit.tokens > 0) {
+            sequence->num_computed = hit.tokens;
+            sequence->group_loads = {hit.tokens, std::move(hit.loads)};
           }
           running_.insert(
               std::upper_bound(running_.begin(), running_.end(), sequence, ArrivedBefore),

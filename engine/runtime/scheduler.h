@@ -12,6 +12,10 @@
 //     (max_running_requests) and the free KV blocks allow; a long prompt is
 //     admitted with a first chunk and continues in later steps. A waiting
 //     sequence that does not fit blocks the ones behind it (strict FCFS).
+//     With prefix caching, an admitted sequence first takes the cached
+//     blocks of the longest cached prefix of its tokens (all but the last
+//     token at most: a step must compute the token it samples from) and
+//     computes from there.
 //
 // The scheduler owns the order of sequences and their KV block reservations
 // (through KvBlockAllocator) and never touches tensors; the engine owns the
@@ -27,6 +31,7 @@
 
 #include "absl/functional/function_ref.h"
 #include "engine/runtime/kv_cache.h"
+#include "engine/runtime/step_batch.h"
 
 namespace switchserve {
 
@@ -44,6 +49,15 @@ struct Sequence {
   int64_t prompt_tokens = 0;  // the first tokens, the prompt; the rest were generated
   int64_t num_computed = 0;
   int num_preemptions = 0;
+  // Whether admission may start it from a cached prefix (KvCacheOptions::
+  // prefix_caching); not for a request that needs every prompt position's
+  // logits.
+  bool uses_prefix_cache = false;
+  // Tokens its latest admission found in the cache.
+  int64_t cached_tokens = 0;
+  // Its capacity groups' loads under the sequence scope (StepSequence::
+  // group_loads); admission from a cached prefix sets the prefix's.
+  GroupLoads group_loads;
 };
 
 // A chunk of one sequence to compute this step: tokens[start, start+length).
@@ -62,6 +76,10 @@ struct ScheduleResult {
   int64_t num_tokens = 0;              // sum of chunk lengths
   int64_t prefill_tokens = 0;
   int64_t decode_tokens = 0;
+  // Prefix caching: the tokens of the sequences admitted from the cache's
+  // lookups, and those the cache held (not computed, not in num_tokens).
+  int64_t prefix_query_tokens = 0;
+  int64_t prefix_hit_tokens = 0;
 };
 
 // Step 2 of Schedule(), the admission rule: waiting sequences join a step in

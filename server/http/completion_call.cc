@@ -264,14 +264,17 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
   bool FinishLocked() {
     absl::Status failure;
     bool cancelled = false;
-    int prompt_tokens = 0, completion_tokens = 0;
+    int prompt_tokens = 0, completion_tokens = 0, cached_prompt_tokens = 0;
     for (size_t i = 0; i < choices_.size(); ++i) {
       const GenerationUpdate& last = *choices_[i]->final_update;
       if (!last.status.ok() && failure.ok()) failure = last.status;
       cancelled |= last.finish_reason == FinishReason::kCancelled;
       // A prompt's tokens once, however many choices it has (as OpenAI
       // counts them).
-      if (i % options_.n == 0) prompt_tokens += last.prompt_tokens;
+      if (i % options_.n == 0) {
+        prompt_tokens += last.prompt_tokens;
+        cached_prompt_tokens += last.cached_prompt_tokens;
+      }
       completion_tokens += last.completion_tokens;
       access_.queue_ms = std::max(access_.queue_ms, last.queue_ms);
       access_.time_to_first_token_ms =
@@ -280,6 +283,7 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
     }
     access_.prompt_tokens = prompt_tokens;
     access_.completion_tokens = completion_tokens;
+    access_.cached_prompt_tokens = cached_prompt_tokens;
     access_.finish_reason = choices_[0]->final_update->finish_reason;
     if (failure.ok() && cancelled && !gone_) {
       // Cancelled by the server: the drain timeout passed.
@@ -345,12 +349,17 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
   }
 
   // The response's tokens (with echo_only none, though the access log counts
-  // the one the engine generated).
+  // the one the engine generated), and the prompt tokens found in the prefix
+  // cache where there were any (OpenAI's prompt_tokens_details).
   Json Usage() const {
     const int completion_tokens = options_.echo_only ? 0 : access_.completion_tokens;
-    return {{"prompt_tokens", access_.prompt_tokens},
-            {"completion_tokens", completion_tokens},
-            {"total_tokens", access_.prompt_tokens + completion_tokens}};
+    Json usage = {{"prompt_tokens", access_.prompt_tokens},
+                  {"completion_tokens", completion_tokens},
+                  {"total_tokens", access_.prompt_tokens + completion_tokens}};
+    if (access_.cached_prompt_tokens > 0) {
+      usage["prompt_tokens_details"] = {{"cached_tokens", access_.cached_prompt_tokens}};
+    }
+    return usage;
   }
 
   // A render thread: the unary response of a call whose prompts all

@@ -28,7 +28,9 @@ void EngineMetricsObserver::OnStep(const StepReport& report) {
       {.duration_seconds = (report.schedule_ms + report.forward_ms + report.update_ms) / 1e3,
        .prefill_tokens = report.prefill_tokens,
        .decode_tokens = report.decode_tokens,
-       .preemptions = report.preempted});
+       .preemptions = report.preempted,
+       .prefix_query_tokens = report.prefix_query_tokens,
+       .prefix_hit_tokens = report.prefix_hit_tokens});
 }
 
 void EngineMetricsObserver::OnStateChanged(const EngineSnapshot& snapshot) {

@@ -105,6 +105,15 @@ ServingMetrics::ServingMetrics(prometheus::Registry& registry) {
                                    "Tokens generated, counted when their request finishes.");
   preemptions_ = &NewCounter(registry, "switchserve_preemptions_total",
                              "Sequences preempted (recompute) because KV blocks ran out.");
+  prefix_query_tokens_ = &NewCounter(
+      registry, "switchserve_prefix_cache_query_tokens_total",
+      "Tokens of the requests admitted while prefix caching is on (--enable-prefix-caching), "
+      "each looked up in the cache when admitted (again after a preemption).");
+  prefix_hit_tokens_ =
+      &NewCounter(registry, "switchserve_prefix_cache_hit_tokens_total",
+                  "Of switchserve_prefix_cache_query_tokens_total, those whose K and V were in "
+                  "the cache: not computed (not in switchserve_prompt_tokens_total) and not "
+                  "routed (not in the MoE metrics).");
   http_connections_refused_ =
       &NewCounter(registry, "switchserve_http_connections_refused_total",
                   "HTTP API connections closed as they were accepted, because "
@@ -145,6 +154,12 @@ void ServingMetrics::RecordStep(const ServingStepSample& step) {
   step_tokens_->Observe(static_cast<double>(step.prefill_tokens + step.decode_tokens));
   if (step.prefill_tokens > 0) prompt_tokens_->Increment(static_cast<double>(step.prefill_tokens));
   if (step.preemptions > 0) preemptions_->Increment(static_cast<double>(step.preemptions));
+  if (step.prefix_query_tokens > 0) {
+    prefix_query_tokens_->Increment(static_cast<double>(step.prefix_query_tokens));
+  }
+  if (step.prefix_hit_tokens > 0) {
+    prefix_hit_tokens_->Increment(static_cast<double>(step.prefix_hit_tokens));
+  }
 }
 
 void ServingMetrics::RecordHttpConnectionRefused() { http_connections_refused_->Increment(); }

@@ -33,6 +33,9 @@ struct ServingStepSample {
   int64_t prefill_tokens = 0;   // prompt tokens computed (recomputed ones included)
   int64_t decode_tokens = 0;    // tokens of running sequences decoded
   int64_t preemptions = 0;      // sequences preempted (recompute) in this step
+  // Prefix caching: tokens of the admitted sequences looked up, and found.
+  int64_t prefix_query_tokens = 0;
+  int64_t prefix_hit_tokens = 0;
 };
 
 // The protocols a request can arrive by (the `protocol` label).
@@ -123,6 +126,8 @@ class ServingMetrics {
   prometheus::Counter* prompt_tokens_ = nullptr;
   prometheus::Counter* generation_tokens_ = nullptr;
   prometheus::Counter* preemptions_ = nullptr;
+  prometheus::Counter* prefix_query_tokens_ = nullptr;
+  prometheus::Counter* prefix_hit_tokens_ = nullptr;
   prometheus::Counter* http_connections_refused_ = nullptr;
   prometheus::Gauge* running_ = nullptr;
   prometheus::Gauge* waiting_ = nullptr;

@@ -2,7 +2,8 @@
 // tolerances): decoding token by token and prefilling in chunks give exactly
 // the full pass's logits; a sequence's logits do not change with its
 // neighbours or its row; a decode step padded to its graph bucket returns
-// exactly what the unpadded step returns. In the 16-bit and f32 formats, on
+// exactly what the unpadded step returns; a sequence that starts from blocks
+// another computed (prefix caching) gets the full pass's logits. In the 16-bit and f32 formats, on
 // every architecture variant, dropless and under the sequence capacity scope
 // with small groups and capacities (the step scope shares slots between
 // sequences by definition).
@@ -146,6 +147,42 @@ void CudaConsistencyTest::CheckNeighbours(const ModelConfig& config, const Model
     for (size_t row = 0; row < got.size() / V; ++row) {
       EXPECT_EQ(FloatBytes(got, row * V, V), FloatBytes(want, row * V, V)) << "row " << row;
     }
+  }
+}
+
+// Prefix caching at the backend: sequence 2's block table starts with the
+// three blocks sequence 1 computed, and its chunk after them gives the full
+// pass's logits. The prefix ends inside a capacity group of 8 under the
+// sequence scope, so sequence 2 starts with the group's loads sequence 1
+// carried there, as the engine hands them over.
+TEST_P(CudaConsistencyTest, ASequenceFromAnothersCachedBlocksGetsTheFullPass) {
+  const ModelConfig& config = this->config();
+  const ModelWeights weights = RandomWeights(config, 107);
+  const int n = 23, V = config.vocab_size, prefix = 12;
+  const std::vector<int32_t> tokens = RandomTokens(n, V, 108);
+  for (auto [dispatch_name, dispatch] : PerSequenceDispatches(config.dispatch)) {
+    SCOPED_TRACE(dispatch_name);
+    if (dispatch.CarriesGroupLoads()) dispatch.capacity_group = 8;
+    BackendHarness full(backend(), config, weights, dispatch);
+    const std::vector<float> reference = full.Run(1, tokens, 0);
+
+    BackendHarness cached(backend(), config, weights, dispatch, /*prefix_caching=*/true);
+    cached.Run(1, {tokens.begin(), tokens.begin() + prefix}, 0);
+    // Only the last block ends where sequence 1's loads are known.
+    const int64_t blocks = prefix / testing::kHarnessBlockSize;
+    for (int64_t index = 0; index < blocks; ++index) {
+      const bool last = index == blocks - 1;
+      cached.alloc().CacheBlock(1, index, tokens, /*resumable=*/last,
+                                last ? cached.group_loads(1).loads : std::vector<int32_t>());
+    }
+    const PrefixHit hit = cached.alloc().FindPrefix(tokens, n - 1);
+    ASSERT_EQ(hit.tokens, prefix);
+    cached.alloc().AttachPrefix(2, tokens, hit.tokens);
+    cached.group_loads(2) = {hit.tokens, hit.loads};
+    EXPECT_EQ(cached.alloc().BlockTable(2), cached.alloc().BlockTable(1));
+    const std::vector<float> got = cached.Run(2, {tokens.begin() + prefix, tokens.end()}, prefix);
+    EXPECT_EQ(FloatBytes(got, 0, got.size()),
+              FloatBytes(reference, static_cast<size_t>(prefix) * V, got.size()));
   }
 }
 

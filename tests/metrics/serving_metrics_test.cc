@@ -48,7 +48,7 @@ TEST(ServingMetricsTest, EveryProtocolStatusAndFinishReasonHasASeriesAtZero) {
         << reason;
   }
   EXPECT_EQ(reader.Gauge("switchserve_requests_waiting", {}), 0.0);
-  EXPECT_EQ(reader.AllExposedSeries(), 183u);  // docs/metrics.md
+  EXPECT_EQ(reader.AllExposedSeries(), 185u);  // docs/metrics.md
 }
 
 TEST(ServingMetricsTest, EngineFinishedRequestsCountReasonsAndLengths) {

@@ -7,7 +7,6 @@
 // Under the step scope the same comparison shows the dependence. Every
 // backend (but the CUDA backend on the SIMT executor:
 // EngineScaleBackendsUnderTest()), the built-in model.
-#include <cstring>
 #include <ostream>
 #include <string>
 #include <tuple>
@@ -24,11 +23,13 @@ namespace switchserve {
 namespace {
 
 using testing::BackendUnderTest;
+using testing::Bits;
 using testing::ByteTokens;
 using testing::CountFates;
 using testing::DefaultModel;
 using testing::EngineRunConfig;
 using testing::EngineRunTotals;
+using testing::FirstDifference;
 using testing::RequestOutcome;
 using testing::TestRequest;
 
@@ -130,53 +131,6 @@ DispatchConfig Dispatch(CapacityScope scope, double factor, OverflowPolicy overf
   dispatch.min_capacity = 0;
   dispatch.overflow = overflow;
   return dispatch;
-}
-
-uint32_t Bits(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
-  return bits;
-}
-
-// Token ids, logprob bits, alternatives and routing of two lists of tokens,
-// bit for bit; "" when equal, else where they first differ.
-std::string FirstDifference(const std::vector<GeneratedTokenInfo>& a,
-                            const std::vector<GeneratedTokenInfo>& b) {
-  if (a.size() != b.size()) {
-    return "lengths " + std::to_string(a.size()) + " vs " + std::to_string(b.size());
-  }
-  for (size_t i = 0; i < a.size(); ++i) {
-    const GeneratedTokenInfo& x = a[i];
-    const GeneratedTokenInfo& y = b[i];
-    const std::string where = "token " + std::to_string(i) + ": ";
-    if (x.token_id != y.token_id) return where + "id";
-    if (Bits(x.logprob) != Bits(y.logprob)) return where + "logprob";
-    if (x.top_logprobs.size() != y.top_logprobs.size()) return where + "alternatives";
-    for (size_t j = 0; j < x.top_logprobs.size(); ++j) {
-      if (x.top_logprobs[j].first != y.top_logprobs[j].first ||
-          Bits(x.top_logprobs[j].second) != Bits(y.top_logprobs[j].second)) {
-        return where + "alternative " + std::to_string(j);
-      }
-    }
-    if (x.routing.choices.size() != y.routing.choices.size()) return where + "routing size";
-    for (size_t j = 0; j < x.routing.choices.size(); ++j) {
-      const RouteChoice& p = x.routing.choices[j];
-      const RouteChoice& q = y.routing.choices[j];
-      if (p.expert != q.expert || p.fate != q.fate || Bits(p.gate) != Bits(q.gate)) {
-        return where + "routing choice " + std::to_string(j);
-      }
-    }
-  }
-  return "";
-}
-
-// The same of two runs of one request: its generated tokens, then its
-// prompt's logprobs.
-std::string FirstDifference(const RequestOutcome& a, const RequestOutcome& b) {
-  const std::string generated = FirstDifference(a.tokens, b.tokens);
-  if (!generated.empty()) return generated;
-  const std::string prompt = FirstDifference(a.prompt_logprobs, b.prompt_logprobs);
-  return prompt.empty() ? "" : "prompt " + prompt;
 }
 
 // Parameter: (backend, engine shape).

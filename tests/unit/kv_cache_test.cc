@@ -1,5 +1,6 @@
 #include "engine/runtime/kv_cache.h"
 
+#include <algorithm>
 #include <limits>
 #include <set>
 #include <string>
@@ -177,6 +178,164 @@ TEST(KvCacheTest, AbsurdSizesAreRefusedBeforeTheBackendAllocates) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("block ids"), std::string::npos) << status;
   EXPECT_EQ(backend.calls, 0);
+}
+
+// Prefix caching: blocks of 4 tokens.
+std::vector<int32_t> Tokens(int n, int32_t first) {
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) tokens[static_cast<size_t>(i)] = first + i;
+  return tokens;
+}
+
+// Registers every full block of `id` up to `tokens.size()`, all resumable,
+// with loads {index}.
+void CacheAll(KvBlockAllocator& alloc, SequenceId id, const std::vector<int32_t>& tokens) {
+  const int64_t blocks = static_cast<int64_t>(alloc.BlockTable(id).size());
+  for (int64_t index = alloc.BlocksCached(id);
+       index < blocks && (index + 1) * alloc.block_size() <= static_cast<int64_t>(tokens.size());
+       ++index) {
+    alloc.CacheBlock(id, index, tokens, /*resumable=*/true, {static_cast<int32_t>(index)});
+  }
+}
+
+TEST(KvCacheTest, WithoutPrefixCachingNothingIsCached) {
+  KvBlockAllocator alloc(8, 4);
+  const std::vector<int32_t> tokens = Tokens(10, 100);
+  ASSERT_TRUE(alloc.Reserve(1, 10).ok());
+  CacheAll(alloc, 1, tokens);
+  EXPECT_EQ(alloc.BlocksCached(1), 0);
+  alloc.Free(1);
+  EXPECT_EQ(alloc.FindPrefix(tokens, 9).tokens, 0);
+  EXPECT_EQ(alloc.free_blocks(), 8);
+  EXPECT_EQ(alloc.cached_free_blocks(), 0);
+}
+
+TEST(KvCacheTest, CachedBlocksOutliveTheirSequenceAndAreShared) {
+  KvBlockAllocator alloc(8, 4, /*prefix_caching=*/true);
+  const std::vector<int32_t> tokens = Tokens(10, 100);
+  ASSERT_TRUE(alloc.Reserve(1, 10).ok());
+  const std::vector<int32_t> table = alloc.BlockTable(1);
+  CacheAll(alloc, 1, tokens);  // blocks 0 and 1; block 2 holds 2 tokens
+  EXPECT_EQ(alloc.BlocksCached(1), 2);
+  alloc.Free(1);
+  // Free for a Reserve, but still cached.
+  EXPECT_EQ(alloc.free_blocks(), 8);
+  EXPECT_EQ(alloc.used_blocks(), 0);
+  EXPECT_EQ(alloc.cached_free_blocks(), 2);
+
+  PrefixHit hit = alloc.FindPrefix(tokens, 9);
+  EXPECT_EQ(hit.tokens, 8);
+  EXPECT_EQ(hit.loads, std::vector<int32_t>{1});     // block 1's
+  EXPECT_EQ(alloc.FindPrefix(tokens, 7).tokens, 4);  // at most max_tokens
+  std::vector<int32_t> other = tokens;
+  other[5] = 7;  // the second block differs
+  EXPECT_EQ(alloc.FindPrefix(other, 9).tokens, 4);
+  other[0] = 7;  // so does the first: the second's equal tokens do not count
+  other[5] = tokens[5];
+  EXPECT_EQ(alloc.FindPrefix(other, 9).tokens, 0);
+
+  // Two sequences share the cached blocks; they are freed by neither.
+  alloc.AttachPrefix(2, tokens, 8);
+  alloc.AttachPrefix(3, tokens, 4);
+  EXPECT_EQ(alloc.BlockTable(2), (std::vector<int32_t>{table[0], table[1]}));
+  EXPECT_EQ(alloc.BlockTable(3), (std::vector<int32_t>{table[0]}));
+  EXPECT_EQ(alloc.BlocksCached(2), 2);
+  EXPECT_EQ(alloc.used_blocks(), 2);
+  EXPECT_EQ(alloc.cached_free_blocks(), 0);
+  ASSERT_TRUE(alloc.Reserve(2, 12).ok());
+  EXPECT_EQ(alloc.BlockTable(2).size(), 3u);
+  alloc.Free(2);
+  EXPECT_EQ(alloc.used_blocks(), 1);  // sequence 3 still holds block 0
+  EXPECT_EQ(alloc.cached_free_blocks(), 1);
+  alloc.Free(3);
+  EXPECT_EQ(alloc.cached_free_blocks(), 2);
+  EXPECT_EQ(alloc.FindPrefix(tokens, 9).tokens, 8);
+}
+
+TEST(KvCacheTest, PrefixEndsAtTheLastResumableBlock) {
+  KvBlockAllocator alloc(8, 4, /*prefix_caching=*/true);
+  const std::vector<int32_t> tokens = Tokens(12, 0);
+  ASSERT_TRUE(alloc.Reserve(1, 12).ok());
+  alloc.CacheBlock(1, 0, tokens, /*resumable=*/true, {});
+  alloc.CacheBlock(1, 1, tokens, /*resumable=*/false, {});
+  alloc.CacheBlock(1, 2, tokens, /*resumable=*/true, {5, 6});
+  alloc.Free(1);
+  PrefixHit hit = alloc.FindPrefix(tokens, 12);
+  EXPECT_EQ(hit.tokens, 12);
+  EXPECT_EQ(hit.loads, (std::vector<int32_t>{5, 6}));
+  hit = alloc.FindPrefix(tokens, 11);  // block 1 ends where the loads are unknown
+  EXPECT_EQ(hit.tokens, 4);
+  EXPECT_TRUE(hit.loads.empty());
+}
+
+TEST(KvCacheTest, LeastRecentlyReleasedBlocksAreEvictedTailFirst) {
+  KvBlockAllocator alloc(4, 4, /*prefix_caching=*/true);
+  const std::vector<int32_t> a = Tokens(8, 0);
+  const std::vector<int32_t> b = Tokens(8, 50);
+  ASSERT_TRUE(alloc.Reserve(1, 8).ok());
+  CacheAll(alloc, 1, a);
+  alloc.Free(1);
+  ASSERT_TRUE(alloc.Reserve(2, 8).ok());
+  CacheAll(alloc, 2, b);
+  alloc.Free(2);
+  EXPECT_EQ(alloc.cached_free_blocks(), 4);
+  EXPECT_EQ(alloc.free_blocks(), 4);
+  // One block: a's tail goes first (released before b's, and after a's head).
+  ASSERT_TRUE(alloc.Reserve(3, 4).ok());
+  EXPECT_EQ(alloc.FindPrefix(a, 8).tokens, 4);
+  EXPECT_EQ(alloc.FindPrefix(b, 8).tokens, 8);
+  // Two more: a's head, then b's tail.
+  ASSERT_TRUE(alloc.Reserve(3, 12).ok());
+  EXPECT_EQ(alloc.FindPrefix(a, 8).tokens, 0);
+  EXPECT_EQ(alloc.FindPrefix(b, 8).tokens, 4);
+  // A held block is never evicted: one left to take.
+  alloc.AttachPrefix(4, b, 4);
+  EXPECT_EQ(alloc.free_blocks(), 0);
+  EXPECT_EQ(alloc.Reserve(5, 1).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(alloc.FindPrefix(b, 8).tokens, 4);
+}
+
+// A sequence that computed a cached block again chains its next block after
+// the cached copy, which it does not hold: that copy can be evicted while its
+// successor stays cached. The successor must not be found through whatever
+// the evicted block holds next.
+TEST(KvCacheTest, AnEvictedBlocksSuccessorsAreNotFoundThroughItsReuse) {
+  KvBlockAllocator alloc(3, 4, /*prefix_caching=*/true);
+  const std::vector<int32_t> a = Tokens(8, 0);
+  ASSERT_TRUE(alloc.Reserve(1, 4).ok());
+  ASSERT_TRUE(alloc.Reserve(2, 8).ok());
+  const int32_t head = alloc.BlockTable(1)[0];
+  CacheAll(alloc, 1, a);  // a's first block
+  CacheAll(alloc, 2, a);  // its copy stays uncached; its second block follows `head`
+  alloc.Free(1);
+  ASSERT_TRUE(alloc.Reserve(3, 4).ok());  // evicts `head`, the only block free
+  ASSERT_EQ(alloc.BlockTable(3)[0], head);
+  std::vector<int32_t> c = a;
+  c[0] = 99;
+  CacheAll(alloc, 3, std::vector<int32_t>(c.begin(), c.begin() + 4));
+  alloc.Free(3);
+  alloc.Free(2);
+  EXPECT_EQ(alloc.cached_free_blocks(), 2);  // c's first, a's second
+  EXPECT_EQ(alloc.FindPrefix(a, 8).tokens, 0);
+  EXPECT_EQ(alloc.FindPrefix(c, 8).tokens, 4);
+}
+
+TEST(KvCacheTest, ABlockComputedTwiceIsCachedOnceAndTheChainGoesOn) {
+  KvBlockAllocator alloc(8, 4, /*prefix_caching=*/true);
+  const std::vector<int32_t> tokens = Tokens(12, 0);
+  ASSERT_TRUE(alloc.Reserve(1, 8).ok());
+  ASSERT_TRUE(alloc.Reserve(2, 12).ok());
+  CacheAll(alloc, 1, tokens);
+  CacheAll(alloc, 2, tokens);  // blocks 0 and 1 equal sequence 1's, block 2 new
+  EXPECT_EQ(alloc.BlocksCached(1), 2);
+  EXPECT_EQ(alloc.BlocksCached(2), 3);
+  alloc.Free(1);
+  alloc.Free(2);
+  // Sequence 2's copies of blocks 0 and 1 were not cached: back in the free
+  // list; its block 2 chains after sequence 1's block 1.
+  EXPECT_EQ(alloc.cached_free_blocks(), 3);
+  EXPECT_EQ(alloc.free_blocks(), 8);
+  EXPECT_EQ(alloc.FindPrefix(tokens, 12).tokens, 12);
 }
 
 }  // namespace

@@ -10,8 +10,9 @@ namespace {
 
 class SchedulerTest : public ::testing::Test {
  protected:
-  void Init(int64_t blocks, int block_size, int64_t max_tokens, int max_running) {
-    allocator_ = std::make_unique<KvBlockAllocator>(blocks, block_size);
+  void Init(int64_t blocks, int block_size, int64_t max_tokens, int max_running,
+            bool prefix_caching = false) {
+    allocator_ = std::make_unique<KvBlockAllocator>(blocks, block_size, prefix_caching);
     scheduler_ =
         std::make_unique<Scheduler>(SchedulerConfig{max_tokens, max_running}, allocator_.get());
   }
@@ -187,6 +188,67 @@ TEST(AdmitWaitingTest, TakesFirstChunksInOrderWhileBudgetSlotsAndRoomLast) {
   };
   EXPECT_EQ(AdmitWaiting(4, 100, 8, tokens_left, second_does_not_fit), 1);
   EXPECT_EQ(chunks, (std::vector<int64_t>{3, 5}));
+}
+
+// Prefix caching: a sequence admitted after another with the same first
+// blocks starts after them; one that may not use the cache, or whose every
+// token is cached, still computes what it samples from.
+TEST_F(SchedulerTest, AdmissionStartsAfterTheCachedPrefix) {
+  Init(100, 4, 64, 4, /*prefix_caching=*/true);
+  Sequence* a = Add(10);
+  a->uses_prefix_cache = true;
+  ScheduleResult r = scheduler_->Schedule();
+  EXPECT_EQ(r.prefix_query_tokens, 10);
+  EXPECT_EQ(r.prefix_hit_tokens, 0);
+  Complete(r);
+  for (int64_t index = 0; index < 2; ++index) {
+    allocator_->CacheBlock(a->id, index, a->tokens, /*resumable=*/true, {});
+  }
+  scheduler_->Remove(a);
+
+  Sequence* b = Add(10);  // the same tokens
+  b->uses_prefix_cache = true;
+  Sequence* c = Add(10);
+  c->uses_prefix_cache = false;
+  Sequence* d = Add(8);  // all 8 cached: computes its last block's last token
+  d->uses_prefix_cache = true;
+  r = scheduler_->Schedule();
+  ASSERT_EQ(r.chunks.size(), 3u);
+  EXPECT_EQ(r.chunks[0].sequence, b);
+  EXPECT_EQ(r.chunks[0].start, 8);
+  EXPECT_EQ(r.chunks[0].length, 2);
+  EXPECT_EQ(b->cached_tokens, 8);
+  EXPECT_EQ(b->group_loads.next_position, 8);
+  EXPECT_EQ(r.chunks[1].start, 0);
+  EXPECT_EQ(r.chunks[1].length, 10);
+  EXPECT_EQ(r.chunks[2].start, 4);
+  EXPECT_EQ(r.chunks[2].length, 4);
+  EXPECT_EQ(r.num_tokens, 16);
+  EXPECT_EQ(r.prefill_tokens, 16);
+  EXPECT_EQ(r.prefix_query_tokens, 18);  // c does not look
+  EXPECT_EQ(r.prefix_hit_tokens, 12);
+  EXPECT_EQ(allocator_->BlockTable(b->id)[0], allocator_->BlockTable(d->id)[0]);
+}
+
+// A sequence whose cached prefix is attached but whose own blocks do not fit
+// waits, holding nothing.
+TEST_F(SchedulerTest, ACachedPrefixIsReleasedWhenTheRestDoesNotFit) {
+  Init(4, 4, 64, 4, /*prefix_caching=*/true);
+  Sequence* a = Add(8);
+  a->uses_prefix_cache = true;
+  ScheduleResult r = scheduler_->Schedule();
+  Complete(r);
+  allocator_->CacheBlock(a->id, 0, a->tokens, /*resumable=*/true, {});
+  Sequence* big = Add(12);  // holds 3 blocks, more than the 2 free
+  big->uses_prefix_cache = true;
+  big->tokens = a->tokens;
+  big->tokens.resize(12, 5);
+  r = scheduler_->Schedule();
+  ASSERT_EQ(r.chunks.size(), 1u);  // a's decode
+  EXPECT_EQ(r.chunks[0].sequence, a);
+  EXPECT_FALSE(allocator_->Has(big->id));
+  EXPECT_EQ(big->num_computed, 0);
+  EXPECT_EQ(allocator_->used_blocks(), 3);  // a's 3; big holds a's first no more
 }
 
 }  // namespace

@@ -30,9 +30,11 @@ std::vector<float> Slice(const std::vector<float>& v, size_t row, size_t width) 
 }
 
 BackendHarness::BackendHarness(const BackendUnderTest& backend, const ModelConfig& config,
-                               const ModelWeights& weights, const DispatchConfig& dispatch)
+                               const ModelWeights& weights, const DispatchConfig& dispatch,
+                               bool prefix_caching)
     : backend_(backend.create(config, weights, dispatch)) {
   KvCacheOptions cache;
+  cache.prefix_caching = prefix_caching;
   cache.block_size = kHarnessBlockSize;
   cache.max_tokens = kHarnessNumBlocks * kHarnessBlockSize;
   auto kv_cache = KvCache::Create(backend_.get(), cache);

@@ -28,11 +28,14 @@ std::vector<float> Slice(const std::vector<float>& v, size_t row, size_t width);
 // A backend made by `backend` with a KV cache of kHarnessNumBlocks blocks of
 // kHarnessBlockSize tokens; a few blocks are held by a dummy sequence so real
 // ones get scattered ids. Each sequence carries its capacity group loads
-// from step to step, as the engine's requests do.
+// from step to step, as the engine's requests do. With `prefix_caching`, the
+// cache is a prefix-caching one (KvCacheOptions::prefix_caching), for tests
+// that hand one sequence's blocks to another.
 class BackendHarness {
  public:
   BackendHarness(const BackendUnderTest& backend, const ModelConfig& config,
-                 const ModelWeights& weights, const DispatchConfig& dispatch);
+                 const ModelWeights& weights, const DispatchConfig& dispatch,
+                 bool prefix_caching = false);
 
   struct Chunk {
     SequenceId seq;
@@ -49,6 +52,8 @@ class BackendHarness {
 
   Backend& backend() { return *backend_; }
   KvBlockAllocator& alloc() { return kv_cache_->allocator(); }
+  // The capacity-group loads `seq` carries.
+  GroupLoads& group_loads(SequenceId seq) { return group_loads_[seq]; }
 
  private:
   std::unique_ptr<Backend> backend_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstring>
 #include <memory>
 #include <mutex>
 
@@ -25,6 +26,7 @@ class OutcomeSink : public GenerationSink {
     if (update.finished) {
       outcome_.status = update.status;
       outcome_.finish_reason = update.finish_reason;
+      outcome_.cached_prompt_tokens = update.cached_prompt_tokens;
       done_ = true;
       cv_.notify_all();
     }
@@ -49,6 +51,8 @@ class TotalsObserver : public EngineObserver {
     ++totals_->steps;
     totals_->preemptions += report.preempted;
     totals_->prefill_tokens += report.prefill_tokens;
+    totals_->prefix_query_tokens += report.prefix_query_tokens;
+    totals_->prefix_hit_tokens += report.prefix_hit_tokens;
     totals_->max_sequences_per_step =
         std::max(totals_->max_sequences_per_step, report.num_sequences);
     if (report.routing == nullptr) return;
@@ -73,10 +77,12 @@ std::vector<RequestOutcome> RunEngine(const BackendUnderTest& backend, const Mod
   KvCacheOptions cache;
   cache.block_size = config.block_size;
   cache.max_tokens = config.kv_cache_tokens;
+  cache.prefix_caching = config.prefix_caching;
   absl::StatusOr<std::unique_ptr<KvCache>> kv_cache = KvCache::Create(engine_backend.get(), cache);
   EXPECT_TRUE(kv_cache.ok()) << kv_cache.status();
   if (!kv_cache.ok()) return {};
   EngineOptions options;
+  options.dispatch = config.dispatch;
   options.scheduler.max_batch_tokens = config.max_batch_tokens;
   options.scheduler.max_running_requests = config.max_running_requests;
   options.context_length = model.config.max_seq_len;
@@ -169,6 +175,49 @@ const Model& DefaultModel() {
     return loaded.ok() ? loaded->release() : nullptr;
   }();
   return *model;
+}
+
+uint32_t Bits(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  return bits;
+}
+
+std::string FirstDifference(const std::vector<GeneratedTokenInfo>& a,
+                            const std::vector<GeneratedTokenInfo>& b) {
+  if (a.size() != b.size()) {
+    return "lengths " + std::to_string(a.size()) + " vs " + std::to_string(b.size());
+  }
+  for (size_t i = 0; i < a.size(); ++i) {
+    const GeneratedTokenInfo& x = a[i];
+    const GeneratedTokenInfo& y = b[i];
+    const std::string where = "token " + std::to_string(i) + ": ";
+    if (x.token_id != y.token_id) return where + "id";
+    if (Bits(x.logprob) != Bits(y.logprob)) return where + "logprob";
+    if (x.top_logprobs.size() != y.top_logprobs.size()) return where + "alternatives";
+    for (size_t j = 0; j < x.top_logprobs.size(); ++j) {
+      if (x.top_logprobs[j].first != y.top_logprobs[j].first ||
+          Bits(x.top_logprobs[j].second) != Bits(y.top_logprobs[j].second)) {
+        return where + "alternative " + std::to_string(j);
+      }
+    }
+    if (x.routing.choices.size() != y.routing.choices.size()) return where + "routing size";
+    for (size_t j = 0; j < x.routing.choices.size(); ++j) {
+      const RouteChoice& p = x.routing.choices[j];
+      const RouteChoice& q = y.routing.choices[j];
+      if (p.expert != q.expert || p.fate != q.fate || Bits(p.gate) != Bits(q.gate)) {
+        return where + "routing choice " + std::to_string(j);
+      }
+    }
+  }
+  return "";
+}
+
+std::string FirstDifference(const RequestOutcome& a, const RequestOutcome& b) {
+  const std::string generated = FirstDifference(a.tokens, b.tokens);
+  if (!generated.empty()) return generated;
+  const std::string prompt = FirstDifference(a.prompt_logprobs, b.prompt_logprobs);
+  return prompt.empty() ? "" : "prompt " + prompt;
 }
 
 TestRequest GreedyRoutedRequest(const std::string& text, int max_new_tokens) {

@@ -22,6 +22,7 @@ struct EngineRunConfig {
   int max_running_requests = 64;
   int block_size = 16;
   int64_t kv_cache_tokens = 4096;  // cache capacity
+  bool prefix_caching = false;     // KvCacheOptions::prefix_caching
 };
 
 struct TestRequest {
@@ -34,6 +35,7 @@ struct RequestOutcome {
   FinishReason finish_reason = FinishReason::kNone;
   std::vector<GeneratedTokenInfo> tokens;
   std::vector<GeneratedTokenInfo> prompt_logprobs;  // with SamplingParams::prompt_logprobs
+  int cached_prompt_tokens = 0;                     // GenerationUpdate::cached_prompt_tokens
 };
 
 // What the run's steps did, summed over steps.
@@ -44,6 +46,8 @@ struct EngineRunTotals {
   int max_sequences_per_step = 0;
   int64_t dropped = 0;   // assignments, every router
   int64_t rerouted = 0;  // assignments, every router
+  int64_t prefix_query_tokens = 0;
+  int64_t prefix_hit_tokens = 0;
 };
 
 // Submits every request, in order, before the engine starts (so they arrive
@@ -71,6 +75,17 @@ struct FateCounts {
   bool operator==(const FateCounts&) const = default;
 };
 FateCounts CountFates(const std::vector<GeneratedTokenInfo>& tokens);
+
+// The bits of `f`.
+uint32_t Bits(float f);
+
+// Token ids, logprob bits, alternatives and routing of two lists of tokens,
+// bit for bit; "" when equal, else where they first differ.
+std::string FirstDifference(const std::vector<GeneratedTokenInfo>& a,
+                            const std::vector<GeneratedTokenInfo>& b);
+// The same of two runs of one request: its generated tokens, then its
+// prompt's logprobs.
+std::string FirstDifference(const RequestOutcome& a, const RequestOutcome& b);
 
 // Bytes of `text` as byte-tokenizer ids.
 std::vector<int32_t> ByteTokens(const std::string& text);

@@ -284,6 +284,33 @@ def test_token_prompt_and_batch_of_prompts(client):
     assert streamed == {0: one.choices[0].text, 1: two.choices[0].text}
 
 
+def test_prompt_tokens_found_in_the_prefix_cache_are_in_the_usage():
+    """With --enable-prefix-caching, a prompt sent again is answered the same
+    and its usage says how many of its tokens the cache held
+    (`prompt_tokens_details.cached_tokens`, as OpenAI's API reports them),
+    unary and streamed; a first prompt's usage has no details."""
+    cached = Server("--enable-prefix-caching")
+    try:
+        client = cached.client()
+        prompt = "And God said unto Moses, Speak unto the children"
+        first = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6,
+                                          temperature=0)
+        assert first.usage.prompt_tokens_details is None
+        again = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6,
+                                          temperature=0)
+        assert again.choices[0].text == first.choices[0].text
+        # Blocks of 16 tokens: all of the prompt's whole blocks but the one
+        # holding its last token, which a step computes.
+        assert again.usage.prompt_tokens_details.cached_tokens == 48 - 16
+        chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=6,
+                                                temperature=0, stream=True,
+                                                stream_options={"include_usage": True}))
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == first.choices[0].text
+        assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 32
+    finally:
+        cached.close()
+
+
 def test_penalties_and_logit_bias_are_grpcs(server, client):
     """presence_penalty, frequency_penalty and logit_bias reach the engine as
     gRPC's fields do: the same tokens, greedy and seeded; and they act (a
