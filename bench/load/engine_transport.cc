@@ -62,6 +62,7 @@ EngineTransport::EngineTransport(GenerationEngine* engine, GenerationRequest req
 void EngineTransport::Start(uint64_t seed, RequestProgress* progress) {
   GenerationRequest request = request_;
   request.sampling.seed = seed;
+  VaryTail(seed, request.prompt);
   request.arrival = Clock::now();
   request.deadline = request.arrival + timeout_;
   request.sink = std::make_shared<ProgressSink>(progress);

@@ -83,6 +83,7 @@ GrpcTransport::~GrpcTransport() {
 void GrpcTransport::Start(uint64_t seed, RequestProgress* progress) {
   v1::GenerateRequest request = request_;
   request.mutable_sampling()->set_seed(seed);
+  if (request.has_token_ids()) VaryTail(seed, *request.mutable_token_ids()->mutable_ids());
   (new StreamCall(std::move(request), token_, timeout_s_, progress))->Start(stub_.get(), &queue_);
 }
 

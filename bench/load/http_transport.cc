@@ -196,6 +196,7 @@ HttpTransport::~HttpTransport() {
 void HttpTransport::Start(uint64_t seed, RequestProgress* progress) {
   nlohmann::json body = impl_->body;
   body["seed"] = seed;
+  if (body["prompt"].is_array()) VaryTail(seed, body["prompt"]);
   http::request<http::string_body> request(http::verb::post, "/v1/completions", 11);
   request.set(http::field::host, impl_->host_header);
   request.set(http::field::content_type, "application/json");

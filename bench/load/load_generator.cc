@@ -119,6 +119,14 @@ void StartUnnested(std::function<void()> start) {
 
 }  // namespace
 
+uint64_t LoadTransport::TailDraw(uint64_t seed, int position) {
+  // SplitMix64's finalizer over the seed and the position.
+  uint64_t z = seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(position) + 1;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
 LoadResult RunLoad(LoadTransport& transport, const LoadOptions& options) {
   if (options.warmup_requests > 0) {
     // A closed-loop load of its own, whose figures are dropped; its seeds

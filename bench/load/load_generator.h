@@ -7,6 +7,7 @@
 #ifndef SWITCHSERVE_BENCH_LOAD_LOAD_GENERATOR_H_
 #define SWITCHSERVE_BENCH_LOAD_LOAD_GENERATOR_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -32,6 +33,33 @@ class LoadTransport {
   // Starts one request whose sampling seed is `seed` and returns without
   // waiting for it; its progress goes to `progress`.
   virtual void Start(uint64_t seed, RequestProgress* progress) = 0;
+  // Each request's last `tokens` prompt ids (a prompt given as ids) are its
+  // own, drawn from its seed: a prefix every request shares, then a part of
+  // its own, as behind one system prompt. 0 (the default): every request
+  // sends the same prompt.
+  void set_distinct_tail_tokens(int tokens) { distinct_tail_tokens_ = tokens; }
+
+ protected:
+  // Replaces the last distinct_tail_tokens of `ids` with ids drawn from
+  // `seed`, in the range of the ids before them.
+  template <typename Ids>
+  void VaryTail(uint64_t seed, Ids& ids) const {
+    const int n = static_cast<int>(ids.size());
+    const int shared = n - std::min(distinct_tail_tokens_, n);
+    if (shared == n) return;
+    int32_t lo = ids[0], hi = ids[0];
+    for (int i = 0; i < std::max(shared, 1); ++i) {
+      lo = std::min<int32_t>(lo, ids[i]);
+      hi = std::max<int32_t>(hi, ids[i]);
+    }
+    for (int i = shared; i < n; ++i) {
+      ids[i] = lo + static_cast<int32_t>(TailDraw(seed, i) % static_cast<uint64_t>(hi - lo + 1));
+    }
+  }
+
+ private:
+  static uint64_t TailDraw(uint64_t seed, int position);
+  int distinct_tail_tokens_ = 0;
 };
 
 enum class LoadMode { kClosed, kOpen };

@@ -8,8 +8,10 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace switchserve::bench {
 namespace {
@@ -111,6 +113,36 @@ TEST(RunLoad, KeepsItsConcurrencyWhenSomeRequestsAreRefusedAtOnce) {
   EXPECT_LE(transport.max_in_flight(), 4);
   EXPECT_NE(result.report.find("requests: 200 ok, 200 failed"), std::string::npos) << result.report;
   EXPECT_NE(result.report.find("error refused: 200"), std::string::npos) << result.report;
+}
+
+// A transport that only shows the prompt each seed's request would carry.
+class PromptTransport : public LoadTransport {
+ public:
+  void Start(uint64_t, RequestProgress*) override {}
+  std::vector<int32_t> PromptFor(uint64_t seed, std::vector<int32_t> ids) const {
+    VaryTail(seed, ids);
+    return ids;
+  }
+};
+
+TEST(LoadTransport, DistinctTailsAreEachRequestsOwnAfterASharedPrefix) {
+  const std::vector<int32_t> prompt = {40, 41, 42, 43, 44, 45, 46, 47, 48, 60};
+  PromptTransport transport;
+  EXPECT_EQ(transport.PromptFor(7, prompt), prompt);  // off by default
+  transport.set_distinct_tail_tokens(4);
+  std::set<std::vector<int32_t>> tails;
+  for (uint64_t seed = 1; seed <= 50; ++seed) {
+    const std::vector<int32_t> ids = transport.PromptFor(seed, prompt);
+    ASSERT_EQ(ids.size(), prompt.size());
+    EXPECT_TRUE(std::equal(prompt.begin(), prompt.begin() + 6, ids.begin())) << seed;
+    for (size_t i = 6; i < ids.size(); ++i) {
+      EXPECT_GE(ids[i], 40) << seed;  // the shared part's range
+      EXPECT_LE(ids[i], 45) << seed;
+    }
+    EXPECT_EQ(transport.PromptFor(seed, prompt), ids);  // the seed decides
+    tails.emplace(ids.begin() + 6, ids.end());
+  }
+  EXPECT_GE(tails.size(), 45u);  // 6^4 tails: a few repeats among 50 at most
 }
 
 }  // namespace

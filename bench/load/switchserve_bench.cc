@@ -74,6 +74,9 @@ ABSL_FLAG(int, warmup_requests, 0,
 ABSL_FLAG(std::string, prompt, "The mixture of experts", "prompt text of every request");
 ABSL_FLAG(std::string, prompt_ids, "",
           "comma-separated prompt token ids of every request (instead of --prompt)");
+ABSL_FLAG(int, distinct_tail_tokens, 0,
+          "with --prompt-ids: each request's last N prompt ids are its own (drawn from its "
+          "seed), the rest shared by all, as behind one system prompt; 0: the same prompt");
 ABSL_FLAG(int, max_new_tokens, 32, "tokens to generate per request");
 ABSL_FLAG(double, temperature, 0, "sampling temperature (0: greedy)");
 ABSL_FLAG(bool, ignore_eos, true, "generate max_new_tokens whatever the model says");
@@ -141,6 +144,7 @@ int RunOverGrpc(const v1::GenerateRequest& request, const LoadOptions& load,
   const std::string address = absl::GetFlag(FLAGS_address);
   GrpcTransport transport(grpc::CreateChannel(address, credentials), request, BearerToken(),
                           absl::GetFlag(FLAGS_timeout_s));
+  transport.set_distinct_tail_tokens(absl::GetFlag(FLAGS_distinct_tail_tokens));
   *transport_name = "grpc " + address;
   return std::printf("%s", RunLoad(transport, load).report.c_str()) < 0;
 }
@@ -167,6 +171,7 @@ int RunOverHttp(const v1::GenerateRequest& request, const LoadOptions& load,
   }
   HttpTransport transport(address.substr(0, colon), port, request, BearerToken(),
                           absl::GetFlag(FLAGS_timeout_s));
+  transport.set_distinct_tail_tokens(absl::GetFlag(FLAGS_distinct_tail_tokens));
   *transport_name = "http " + address + " (OpenAI /v1/completions, stream)";
   return std::printf("%s", RunLoad(transport, load).report.c_str()) < 0;
 }
@@ -230,6 +235,7 @@ int RunInProcess(const v1::GenerateRequest& request, LoadOptions load,
     return Usage(status.ToString());
   }
   EngineTransport transport(&engine, *std::move(validated), absl::GetFlag(FLAGS_timeout_s));
+  transport.set_distinct_tail_tokens(absl::GetFlag(FLAGS_distinct_tail_tokens));
   *transport_name =
       absl::StrFormat("engine in-process (%s, threads %s)", options->model_dir,
                       options->threads == 0 ? "all" : std::to_string(options->threads));
@@ -288,9 +294,16 @@ int Run() {
   absl::StatusOr<v1::GenerateRequest> request = RequestFromFlags();
   if (!request.ok()) return Usage(std::string(request.status().message()));
 
-  const std::string prompt = request->has_token_ids()
-                                 ? absl::StrCat(request->token_ids().ids_size(), " tokens")
-                                 : absl::StrCat(request->text().size(), " bytes");
+  const int distinct_tail = absl::GetFlag(FLAGS_distinct_tail_tokens);
+  if (distinct_tail != 0 && (!request->has_token_ids() || distinct_tail < 0 ||
+                             distinct_tail > request->token_ids().ids_size())) {
+    return Usage(absl::StrCat("--distinct-tail-tokens: wants --prompt-ids and at most its ",
+                              request->token_ids().ids_size(), " ids, found ", distinct_tail));
+  }
+  std::string prompt = request->has_token_ids()
+                           ? absl::StrCat(request->token_ids().ids_size(), " tokens")
+                           : absl::StrCat(request->text().size(), " bytes");
+  if (distinct_tail > 0) absl::StrAppend(&prompt, " (the last ", distinct_tail, " each its own)");
   std::printf(
       "switchserve-bench: %s loop, %s, %d requests (after %d warm-up), prompt %s, %d new "
       "tokens\n",
