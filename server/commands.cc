@@ -88,7 +88,8 @@ const std::vector<Command>& AllCommands() {
       {"generate",
        "generate text from a prompt, offline",
        "switchserve generate [--model DIR] --prompt TEXT [--max-new-tokens N] "
-       "[--temperature T --top-k K --top-p P --seed S] [dispatch overrides]",
+       "[--temperature T --top-k K --top-p P --min-p P --repetition-penalty R "
+       "--presence-penalty P --frequency-penalty F --seed S] [dispatch overrides]",
        {"model",
         "device",
         "threads",
@@ -103,6 +104,10 @@ const std::vector<Command>& AllCommands() {
         "temperature",
         "top_k",
         "top_p",
+        "min_p",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
         "seed",
         "capacity_factor",
         "overflow",

@@ -27,6 +27,13 @@ ABSL_FLAG(double, temperature, 0.0, "0: greedy; > 0: sample from softmax(logits 
 ABSL_FLAG(int, top_k, 0, "sample among the k most likely tokens (0: all)");
 ABSL_FLAG(double, top_p, 1.0,
           "nucleus sampling: the smallest set of tokens with this much probability");
+ABSL_FLAG(double, min_p, 0.0, "drop tokens below min_p x the top probability (0: off)");
+ABSL_FLAG(double, repetition_penalty, 1.0,
+          "divide positive (multiply negative) logits of tokens already in the text (1: off)");
+ABSL_FLAG(double, presence_penalty, 0.0,
+          "subtracted from the logit of each token already generated, once (0: off)");
+ABSL_FLAG(double, frequency_penalty, 0.0,
+          "subtracted from the logit of each token already generated, per time it was (0: off)");
 ABSL_FLAG(uint64_t, seed, 0, "random seed for sampling");
 
 namespace switchserve {
@@ -65,9 +72,17 @@ int RunGenerateCommand(int argc, char** argv) {
   // HTTP API checks its numbers (server/request_validation.h).
   const double temperature = absl::GetFlag(FLAGS_temperature);
   const double top_p = absl::GetFlag(FLAGS_top_p);
+  const double min_p = absl::GetFlag(FLAGS_min_p);
+  const double repetition_penalty = absl::GetFlag(FLAGS_repetition_penalty);
+  const double presence_penalty = absl::GetFlag(FLAGS_presence_penalty);
+  const double frequency_penalty = absl::GetFlag(FLAGS_frequency_penalty);
   for (const auto& [field, name, value] :
        {std::tuple{SamplingFloat::kTemperature, "--temperature", temperature},
-        std::tuple{SamplingFloat::kTopP, "--top-p", top_p}}) {
+        std::tuple{SamplingFloat::kTopP, "--top-p", top_p},
+        std::tuple{SamplingFloat::kMinP, "--min-p", min_p},
+        std::tuple{SamplingFloat::kRepetitionPenalty, "--repetition-penalty", repetition_penalty},
+        std::tuple{SamplingFloat::kPresencePenalty, "--presence-penalty", presence_penalty},
+        std::tuple{SamplingFloat::kFrequencyPenalty, "--frequency-penalty", frequency_penalty}}) {
     if (absl::Status status = CheckSamplingFloat(field, name, value); !status.ok()) {
       std::fprintf(stderr, "generate: %s\n", std::string(status.message()).c_str());
       return 2;
@@ -102,6 +117,10 @@ int RunGenerateCommand(int argc, char** argv) {
   sampling.seed = absl::GetFlag(FLAGS_seed);
   sampling.temperature = NarrowSamplingFloat(temperature);
   sampling.top_p = NarrowSamplingFloat(top_p);
+  sampling.min_p = NarrowSamplingFloat(min_p);
+  sampling.repetition_penalty = NarrowSamplingFloat(repetition_penalty);
+  sampling.presence_penalty = NarrowSamplingFloat(presence_penalty);
+  sampling.frequency_penalty = NarrowSamplingFloat(frequency_penalty);
 
   // The server refuses what does not fit its context; the command generates
   // what fits (the token predicted from the context's last position too) and

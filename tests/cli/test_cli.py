@@ -209,6 +209,23 @@ def test_generate_is_deterministic():
     assert first.stdout.startswith("abc")
 
 
+def test_generate_takes_the_servers_penalties_and_ranges():
+    """generate's min-p and penalty flags change a greedy text that repeats
+    itself, and values outside the server's ranges are refused (exit 2,
+    naming the flag)."""
+    args = ["generate", "--prompt", "the the the", "--max-new-tokens", "24"]
+    plain = run(*args).stdout
+    for flag, value in [("--repetition-penalty", "1.5"), ("--presence-penalty", "2"),
+                        ("--frequency-penalty", "2")]:
+        assert run(*args, flag, value).stdout != plain, flag
+        assert run(*args, flag, value).stdout == run(*args, flag, value).stdout, flag
+    assert run(*args, "--min-p", "0.5").stdout == plain  # greedy keeps the top token
+    for flag, value in [("--min-p", "1.5"), ("--repetition-penalty", "0"),
+                        ("--presence-penalty", "3"), ("--frequency-penalty", "-2.5")]:
+        refused = run(*args, flag, value, check=False)
+        assert refused.returncode == 2 and flag in refused.stderr, (flag, refused.stderr)
+
+
 def test_bad_input_is_reported_not_crashed(tmp_path):
     missing = run("score", "--model", str(tmp_path / "nope"), "--tokens", "1,2", check=False)
     assert missing.returncode == 1 and "not a model directory" in missing.stderr
