@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
+#include <random>
 #include <set>
 #include <string>
 
@@ -336,6 +338,71 @@ TEST(KvCacheTest, ABlockComputedTwiceIsCachedOnceAndTheChainGoesOn) {
   EXPECT_EQ(alloc.cached_free_blocks(), 3);
   EXPECT_EQ(alloc.free_blocks(), 8);
   EXPECT_EQ(alloc.FindPrefix(tokens, 12).tokens, 12);
+}
+
+// Random sequences over a two-token alphabet (so prefixes repeat), admitted
+// as the scheduler admits them and freed in random order, in a cache too
+// small for all of them: every block a sequence is given from the cache
+// holds that sequence's tokens, no sequence writes a block another holds,
+// and the counts add up.
+TEST(KvCacheTest, CachedBlocksAlwaysHoldTheirTokensUnderRandomUse) {
+  constexpr int kBlock = 4;
+  KvBlockAllocator alloc(24, kBlock, /*prefix_caching=*/true);
+  std::mt19937 rng(7);
+  std::map<int32_t, std::vector<int32_t>> written;  // block -> the tokens computed into it
+  std::map<SequenceId, std::vector<int32_t>> live;  // sequence -> its tokens
+  SequenceId next_id = 1;
+  int64_t hits = 0;
+  for (int round = 0; round < 4000; ++round) {
+    if (live.size() < 5 && rng() % 2 == 0) {
+      const SequenceId id = next_id++;
+      std::vector<int32_t> tokens(5 + rng() % 20);
+      for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % 2);
+      const PrefixHit hit = alloc.FindPrefix(tokens, static_cast<int64_t>(tokens.size()) - 1);
+      if (hit.tokens > 0) alloc.AttachPrefix(id, tokens, hit.tokens);
+      const std::vector<int32_t> attached = alloc.BlockTable(id);
+      ASSERT_EQ(static_cast<int64_t>(attached.size()) * kBlock, hit.tokens);
+      for (size_t b = 0; b < attached.size(); ++b) {
+        const std::vector<int32_t> want(tokens.begin() + static_cast<int64_t>(b) * kBlock,
+                                        tokens.begin() + static_cast<int64_t>(b + 1) * kBlock);
+        ASSERT_EQ(written[attached[b]], want) << "round " << round << ", block " << b;
+      }
+      hits += hit.tokens;
+      if (!alloc.Reserve(id, static_cast<int64_t>(tokens.size())).ok()) {
+        alloc.Free(id);
+        continue;
+      }
+      // Compute the rest: blocks nobody else holds.
+      const std::vector<int32_t>& table = alloc.BlockTable(id);
+      for (size_t b = attached.size(); b < table.size(); ++b) {
+        for (const auto& [other, other_tokens] : live) {
+          const std::vector<int32_t>& held = alloc.BlockTable(other);
+          ASSERT_EQ(std::find(held.begin(), held.end(), table[b]), held.end())
+              << "round " << round << ": block " << table[b] << " is sequence " << other << "'s";
+        }
+        const int64_t begin = static_cast<int64_t>(b) * kBlock;
+        const int64_t end = std::min<int64_t>(begin + kBlock, static_cast<int64_t>(tokens.size()));
+        written[table[b]].assign(tokens.begin() + begin, tokens.begin() + end);
+      }
+      for (int64_t index = alloc.BlocksCached(id);
+           (index + 1) * kBlock <= static_cast<int64_t>(tokens.size()); ++index) {
+        alloc.CacheBlock(id, index, tokens, /*resumable=*/rng() % 3 != 0, {});
+      }
+      live.emplace(id, std::move(tokens));
+    } else if (!live.empty()) {
+      auto it = live.begin();
+      std::advance(it, rng() % live.size());
+      alloc.Free(it->first);
+      live.erase(it);
+    }
+    std::set<int32_t> held;
+    for (const auto& [id, tokens] : live) {
+      for (int32_t b : alloc.BlockTable(id)) held.insert(b);
+    }
+    ASSERT_EQ(alloc.used_blocks(), static_cast<int64_t>(held.size())) << "round " << round;
+    ASSERT_LE(alloc.cached_free_blocks(), alloc.free_blocks());
+  }
+  EXPECT_GT(hits, 1000);  // the cache was used
 }
 
 }  // namespace
