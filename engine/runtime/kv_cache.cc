@@ -185,6 +185,7 @@ PrefixHit KvBlockAllocator::FindPrefix(absl::Span<const int32_t> tokens, int64_t
     if (found < 0) break;
     const Block& block = blocks_[static_cast<size_t>(found)];
     parent = block.serial;
+    hit.matched = end;
     if (block.resumable) {
       hit.tokens = end;
       resume = &block;

@@ -48,9 +48,12 @@ int64_t KvBlocksForBudget(int64_t budget_bytes, int64_t bytes_per_token, int blo
 // prefix ends where the loads are known: `loads` are those of the group
 // holding its last position (DispatchConfig::CarriesGroupLoads), empty where
 // the next position opens a group or no loads are carried.
+// `matched` is the length of the longest chain of cached blocks the tokens
+// begin with (>= `tokens`): past `tokens`, blocks whose loads are not known.
 struct PrefixHit {
   int64_t tokens = 0;
   std::vector<int32_t> loads;
+  int64_t matched = 0;
 };
 
 class KvBlockAllocator {

@@ -109,6 +109,11 @@ ScheduleResult Scheduler::Schedule() {
           if (sequence->uses_prefix_cache && sequence->num_computed == 0) {
             hit = allocator_->FindPrefix(sequence->tokens, total - 1);
           }
+          // Cached blocks past the last whose group loads are known: the
+          // first chunk ends where they end, so that its step records the
+          // loads there and the next sequence with this prefix takes all of
+          // it.
+          if (hit.matched > hit.tokens) return hit.matched - hit.tokens;
           return total - sequence->num_computed - hit.tokens;
         },
         [&](int64_t i, int64_t length) {

@@ -15,7 +15,10 @@
 //     With prefix caching, an admitted sequence first takes the cached
 //     blocks of the longest cached prefix of its tokens (all but the last
 //     token at most: a step must compute the token it samples from) and
-//     computes from there.
+//     computes from there. Where the cached chain goes on past the last
+//     block a sequence may start after (its capacity group's loads unknown
+//     there), the first chunk ends with the chain, so that the step records
+//     the loads at its end and later sequences take the whole chain.
 //
 // The scheduler owns the order of sequences and their KV block reservations
 // (through KvBlockAllocator) and never touches tensors; the engine owns the

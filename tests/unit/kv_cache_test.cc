@@ -265,9 +265,11 @@ TEST(KvCacheTest, PrefixEndsAtTheLastResumableBlock) {
   PrefixHit hit = alloc.FindPrefix(tokens, 12);
   EXPECT_EQ(hit.tokens, 12);
   EXPECT_EQ(hit.loads, (std::vector<int32_t>{5, 6}));
+  EXPECT_EQ(hit.matched, 12);
   hit = alloc.FindPrefix(tokens, 11);  // block 1 ends where the loads are unknown
   EXPECT_EQ(hit.tokens, 4);
   EXPECT_TRUE(hit.loads.empty());
+  EXPECT_EQ(hit.matched, 8);  // the chain goes on past it
 }
 
 TEST(KvCacheTest, LeastRecentlyReleasedBlocksAreEvictedTailFirst) {

@@ -251,5 +251,33 @@ TEST_F(SchedulerTest, ACachedPrefixIsReleasedWhenTheRestDoesNotFit) {
   EXPECT_EQ(allocator_->used_blocks(), 3);  // a's 3; big holds a's first no more
 }
 
+// A cached chain that goes on past the last block a sequence may start
+// after: the first chunk ends with the chain (so its step records the loads
+// there), and the rest follows in the next step.
+TEST_F(SchedulerTest, TheFirstChunkEndsWithTheCachedChain) {
+  Init(100, 4, 64, 4, /*prefix_caching=*/true);
+  Sequence* a = Add(14);
+  a->uses_prefix_cache = true;
+  Complete(scheduler_->Schedule());
+  allocator_->CacheBlock(a->id, 0, a->tokens, /*resumable=*/true, {});
+  allocator_->CacheBlock(a->id, 1, a->tokens, /*resumable=*/false, {});
+  allocator_->CacheBlock(a->id, 2, a->tokens, /*resumable=*/false, {});
+  scheduler_->Remove(a);
+
+  Sequence* b = Add(14);
+  b->uses_prefix_cache = true;
+  ScheduleResult r = scheduler_->Schedule();
+  ASSERT_EQ(r.chunks.size(), 1u);
+  EXPECT_EQ(r.chunks[0].start, 4);
+  EXPECT_EQ(r.chunks[0].length, 8);  // to the chain's end, 12
+  EXPECT_FALSE(r.chunks[0].samples);
+  EXPECT_EQ(r.prefix_hit_tokens, 4);
+  Complete(r);
+  r = scheduler_->Schedule();
+  EXPECT_EQ(r.chunks[0].start, 12);
+  EXPECT_EQ(r.chunks[0].length, 2);
+  EXPECT_TRUE(r.chunks[0].samples);
+}
+
 }  // namespace
 }  // namespace switchserve
