@@ -240,9 +240,13 @@ ADAPTER_VALUES = os.path.join(SOURCE_DIR, "deploy/k8s/prometheus-adapter/values.
 # Labels Prometheus attaches to a scrape, not the server: the target's (job,
 # instance) and, through the Operator's PodMonitor, the pod's.
 SCRAPE_LABELS = {"job", "instance", "namespace", "pod", "container", "endpoint", "service"}
-# Series Prometheus writes for every scrape, not the server.
+# Series Prometheus writes for every scrape, and for an alert rule pending or
+# firing on the scraped series (ALERTS, ALERTS_FOR_STATE, with the target's
+# job: the latency alerts can fire on a sanitizer build's slow load), not the
+# server.
 SCRAPE_SERIES = {"up", "scrape_duration_seconds", "scrape_samples_scraped",
-                 "scrape_samples_post_metric_relabeling", "scrape_series_added"}
+                 "scrape_samples_post_metric_relabeling", "scrape_series_added",
+                 "ALERTS", "ALERTS_FOR_STATE"}
 # The server's own metric families, as opposed to Prometheus' (`up`, ...).
 _OWN_METRIC = re.compile(r"\b((?:switchserve|process|exposer)_[A-Za-z0-9_:]*)")
 _STRING = re.compile(r'"((?:[^"\\]|\\.)*)"')
