@@ -186,27 +186,24 @@ PrefixHit KvBlockAllocator::FindPrefix(absl::Span<const int32_t> tokens, int64_t
     const Block& block = blocks_[static_cast<size_t>(found)];
     parent = block.serial;
     hit.matched = end;
+    hit.blocks.push_back(found);
     if (block.resumable) {
       hit.tokens = end;
       resume = &block;
     }
   }
   if (resume != nullptr) hit.loads = resume->loads;
+  hit.blocks.resize(static_cast<size_t>(hit.tokens / block_size_));
   return hit;
 }
 
-void KvBlockAllocator::AttachPrefix(SequenceId id, absl::Span<const int32_t> tokens,
-                                    int64_t num_tokens) {
+void KvBlockAllocator::AttachPrefix(SequenceId id, const PrefixHit& hit) {
+  if (hit.blocks.empty()) return;
   Table& table = tables_[id];
-  uint64_t parent = 0;
-  for (int64_t end = block_size_; end <= num_tokens; end += block_size_) {
-    const int32_t found = Lookup(parent, tokens.subspan(end - block_size_, block_size_));
-    Hold(found);
-    table.blocks.push_back(found);
-    parent = blocks_[static_cast<size_t>(found)].serial;
-  }
+  for (int32_t block : hit.blocks) Hold(block);
+  table.blocks = hit.blocks;
   table.cached = static_cast<int64_t>(table.blocks.size());
-  table.chain = parent;
+  table.chain = blocks_[static_cast<size_t>(table.blocks.back())].serial;
 }
 
 void KvBlockAllocator::CacheBlock(SequenceId id, int64_t index, absl::Span<const int32_t> tokens,

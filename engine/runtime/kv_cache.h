@@ -50,10 +50,12 @@ int64_t KvBlocksForBudget(int64_t budget_bytes, int64_t bytes_per_token, int blo
 // the next position opens a group or no loads are carried.
 // `matched` is the length of the longest chain of cached blocks the tokens
 // begin with (>= `tokens`): past `tokens`, blocks whose loads are not known.
+// `blocks` are the cached blocks of the first `tokens`, in order.
 struct PrefixHit {
   int64_t tokens = 0;
   std::vector<int32_t> loads;
   int64_t matched = 0;
+  std::vector<int32_t> blocks;
 };
 
 class KvBlockAllocator {
@@ -94,11 +96,10 @@ class KvBlockAllocator {
   // ends at a block CacheBlock marked resumable; 0 tokens when there is none
   // (or prefix caching is off).
   PrefixHit FindPrefix(absl::Span<const int32_t> tokens, int64_t max_tokens) const;
-  // Gives `id`, which must hold no blocks, the cached blocks of a prefix of
-  // `tokens` that FindPrefix found (`num_tokens`, a whole number of blocks),
-  // as the start of its block table. Cached blocks are never freed while a
-  // sequence holds them.
-  void AttachPrefix(SequenceId id, absl::Span<const int32_t> tokens, int64_t num_tokens);
+  // Gives `id`, which must hold no blocks, the cached blocks FindPrefix
+  // found (`hit`, with nothing evicted since), as the start of its block
+  // table. Cached blocks are never freed while a sequence holds them.
+  void AttachPrefix(SequenceId id, const PrefixHit& hit);
   // Registers block `index` of `id`'s table, whose K and V are computed for
   // `tokens` (the sequence's tokens, at least through the block's end), in
   // the cache, after the blocks before it, which must be registered already

@@ -118,9 +118,7 @@ ScheduleResult Scheduler::Schedule() {
         },
         [&](int64_t i, int64_t length) {
           Sequence* sequence = waiting_[static_cast<size_t>(i)];
-          if (hit.tokens > 0) {
-            allocator_->AttachPrefix(sequence->id, sequence->tokens, hit.tokens);
-          }
+          allocator_->AttachPrefix(sequence->id, hit);
           if (!allocator_->Reserve(sequence->id, hit.tokens + length).ok()) {
             allocator_->Free(sequence->id);
             return false;

@@ -177,7 +177,7 @@ TEST_P(CudaConsistencyTest, ASequenceFromAnothersCachedBlocksGetsTheFullPass) {
     }
     const PrefixHit hit = cached.alloc().FindPrefix(tokens, n - 1);
     ASSERT_EQ(hit.tokens, prefix);
-    cached.alloc().AttachPrefix(2, tokens, hit.tokens);
+    cached.alloc().AttachPrefix(2, hit);
     cached.group_loads(2) = {hit.tokens, hit.loads};
     EXPECT_EQ(cached.alloc().BlockTable(2), cached.alloc().BlockTable(1));
     const std::vector<float> got = cached.Run(2, {tokens.begin() + prefix, tokens.end()}, prefix);

@@ -237,8 +237,8 @@ TEST(KvCacheTest, CachedBlocksOutliveTheirSequenceAndAreShared) {
   EXPECT_EQ(alloc.FindPrefix(other, 9).tokens, 0);
 
   // Two sequences share the cached blocks; they are freed by neither.
-  alloc.AttachPrefix(2, tokens, 8);
-  alloc.AttachPrefix(3, tokens, 4);
+  alloc.AttachPrefix(2, alloc.FindPrefix(tokens, 8));
+  alloc.AttachPrefix(3, alloc.FindPrefix(tokens, 4));
   EXPECT_EQ(alloc.BlockTable(2), (std::vector<int32_t>{table[0], table[1]}));
   EXPECT_EQ(alloc.BlockTable(3), (std::vector<int32_t>{table[0]}));
   EXPECT_EQ(alloc.BlocksCached(2), 2);
@@ -293,7 +293,7 @@ TEST(KvCacheTest, LeastRecentlyReleasedBlocksAreEvictedTailFirst) {
   EXPECT_EQ(alloc.FindPrefix(a, 8).tokens, 0);
   EXPECT_EQ(alloc.FindPrefix(b, 8).tokens, 4);
   // A held block is never evicted: one left to take.
-  alloc.AttachPrefix(4, b, 4);
+  alloc.AttachPrefix(4, alloc.FindPrefix(b, 4));
   EXPECT_EQ(alloc.free_blocks(), 0);
   EXPECT_EQ(alloc.Reserve(5, 1).code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(alloc.FindPrefix(b, 8).tokens, 4);
@@ -361,7 +361,7 @@ TEST(KvCacheTest, CachedBlocksAlwaysHoldTheirTokensUnderRandomUse) {
       std::vector<int32_t> tokens(5 + rng() % 20);
       for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % 2);
       const PrefixHit hit = alloc.FindPrefix(tokens, static_cast<int64_t>(tokens.size()) - 1);
-      if (hit.tokens > 0) alloc.AttachPrefix(id, tokens, hit.tokens);
+      alloc.AttachPrefix(id, hit);
       const std::vector<int32_t> attached = alloc.BlockTable(id);
       ASSERT_EQ(static_cast<int64_t>(attached.size()) * kBlock, hit.tokens);
       for (size_t b = 0; b < attached.size(); ++b) {
