@@ -17,6 +17,14 @@ double MillisBetween(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double, std::milli>(to - from).count();
 }
 
+// The scheduler's configuration: the engine's, and the capacity group when
+// sequences carry group loads (where a cached prefix may end).
+SchedulerConfig SchedulerConfigOf(const EngineOptions& options) {
+  SchedulerConfig config = options.scheduler;
+  if (options.dispatch.CarriesGroupLoads()) config.capacity_group = options.dispatch.capacity_group;
+  return config;
+}
+
 }  // namespace
 
 // A request in the engine: the scheduler's view of it (Sequence) plus what
@@ -61,7 +69,7 @@ GenerationEngine::GenerationEngine(const EngineOptions& options, Backend* backen
       observer_(observer),
       kv_cache_(kv_cache),
       allocator_(kv_cache->allocator()),
-      scheduler_(options.scheduler, &allocator_) {
+      scheduler_(SchedulerConfigOf(options), &allocator_) {
   snapshot_.total_blocks = kv_cache->num_blocks();
   snapshot_.block_size = kv_cache->block_size();
 }
@@ -99,9 +107,9 @@ absl::Status GenerationEngine::CheckQueueRoomLocked() const {
         },
         [&](int64_t, int64_t chunk) {
           const int64_t needed = (chunk + snapshot_.block_size - 1) / snapshot_.block_size;
-          if (needed > free_blocks) return false;
+          if (needed > free_blocks) return Admission::kNoRoom;
           free_blocks -= needed;
-          return true;
+          return Admission::kAdmitted;
         });
   }
   if (waiting >= options_.max_queue) {

@@ -13,13 +13,16 @@ bool ArrivedBefore(const Sequence* a, const Sequence* b) {
 
 int64_t AdmitWaiting(int64_t num_waiting, int64_t token_budget, int64_t free_slots,
                      absl::FunctionRef<int64_t(int64_t)> tokens_left,
-                     absl::FunctionRef<bool(int64_t, int64_t)> try_admit) {
+                     absl::FunctionRef<Admission(int64_t, int64_t)> try_admit) {
   int64_t admitted = 0;
-  while (admitted < num_waiting && admitted < free_slots && token_budget > 0) {
-    const int64_t chunk = std::min(tokens_left(admitted), token_budget);
-    if (!try_admit(admitted, chunk)) break;
-    token_budget -= chunk;
-    ++admitted;
+  for (int64_t i = 0; i < num_waiting && i < free_slots && token_budget > 0; ++i) {
+    const int64_t chunk = std::min(tokens_left(i), token_budget);
+    const Admission admission = try_admit(i, chunk);
+    if (admission == Admission::kNoRoom) break;
+    if (admission == Admission::kAdmitted) {
+      token_budget -= chunk;
+      ++admitted;
+    }
   }
   return admitted;
 }
@@ -98,8 +101,9 @@ ScheduleResult Scheduler::Schedule() {
   // 2. Admit waiting sequences in arrival order, unless the cache is so full
   // that running ones had to give way this step.
   if (result.preempted.empty()) {
-    PrefixHit hit;  // the cached prefix of the sequence tokens_left last saw
-    const int64_t admitted = AdmitWaiting(
+    PrefixHit hit;                  // the cached prefix of the sequence tokens_left last saw
+    std::vector<int64_t> admitted;  // indices into waiting_, ascending
+    AdmitWaiting(
         static_cast<int64_t>(waiting_.size()), budget,
         config_.max_running_requests - static_cast<int64_t>(running_.size()),
         [&](int64_t i) {
@@ -118,10 +122,17 @@ ScheduleResult Scheduler::Schedule() {
         },
         [&](int64_t i, int64_t length) {
           Sequence* sequence = waiting_[static_cast<size_t>(i)];
+          if (sequence->uses_prefix_cache && sequence->num_computed == 0 &&
+              allocator_->prefix_caching()) {
+            if (const Sequence* other = AnotherComputes(*sequence, hit.tokens)) {
+              EndChunkWithSharedBlocks(*sequence, *other, &result);
+              return Admission::kDeferred;
+            }
+          }
           allocator_->AttachPrefix(sequence->id, hit);
           if (!allocator_->Reserve(sequence->id, hit.tokens + length).ok()) {
             allocator_->Free(sequence->id);
-            return false;
+            return Admission::kNoRoom;
           }
           if (sequence->uses_prefix_cache && allocator_->prefix_caching()) {
             result.prefix_query_tokens += static_cast<int64_t>(sequence->tokens.size());
@@ -136,11 +147,57 @@ ScheduleResult Scheduler::Schedule() {
               std::upper_bound(running_.begin(), running_.end(), sequence, ArrivedBefore),
               sequence);
           schedule(sequence, length);
-          return true;
+          admitted.push_back(i);
+          return Admission::kAdmitted;
         });
-    waiting_.erase(waiting_.begin(), waiting_.begin() + admitted);
+    for (auto it = admitted.rbegin(); it != admitted.rend(); ++it) {
+      waiting_.erase(waiting_.begin() + *it);
+    }
   }
   return result;
+}
+
+Sequence* Scheduler::AnotherComputes(const Sequence& sequence, int64_t from) const {
+  const int64_t end = from + allocator_->block_size();
+  // Only a block it could take from the cache (not the one its first token
+  // is sampled from).
+  if (end > static_cast<int64_t>(sequence.tokens.size()) - 1) return nullptr;
+  const auto first = sequence.tokens.begin();
+  for (Sequence* other : running_) {
+    if (other->num_computed >= end || static_cast<int64_t>(other->tokens.size()) < end) continue;
+    // The block itself first: sequences behind one shared prefix differ after it.
+    if (std::equal(first + from, first + end, other->tokens.begin() + from) &&
+        std::equal(first, first + from, other->tokens.begin())) {
+      return other;
+    }
+  }
+  return nullptr;
+}
+
+void Scheduler::EndChunkWithSharedBlocks(const Sequence& waiting, const Sequence& other,
+                                         ScheduleResult* result) const {
+  const int64_t group = config_.capacity_group;
+  if (group <= 0) return;  // any cached block may start a sequence
+  const int64_t block = allocator_->block_size();
+  // The whole blocks `waiting` could take (all but its last token at most).
+  const int64_t limit = std::min(static_cast<int64_t>(waiting.tokens.size()) - 1,
+                                 static_cast<int64_t>(other.tokens.size()));
+  const int64_t common =
+      std::mismatch(waiting.tokens.begin(), waiting.tokens.begin() + limit, other.tokens.begin())
+          .first -
+      waiting.tokens.begin();
+  const int64_t shared_end = common / block * block;
+  if (shared_end % group == 0) return;  // a group boundary: its loads are known
+  for (ScheduledChunk& chunk : result->chunks) {
+    if (chunk.sequence != &other) continue;
+    const int64_t past = chunk.start + chunk.length - shared_end;
+    if (shared_end <= chunk.start || past <= 0) return;
+    chunk.length -= past;
+    chunk.samples = false;
+    result->num_tokens -= past;
+    result->prefill_tokens -= past;
+    return;
+  }
 }
 
 void Scheduler::CommitStep(const ScheduleResult& result) {

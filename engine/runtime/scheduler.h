@@ -11,14 +11,24 @@
 //     order while the token budget (max_batch_tokens), the running limit
 //     (max_running_requests) and the free KV blocks allow; a long prompt is
 //     admitted with a first chunk and continues in later steps. A waiting
-//     sequence that does not fit blocks the ones behind it (strict FCFS).
+//     sequence that does not fit blocks the ones behind it (FCFS).
 //     With prefix caching, an admitted sequence first takes the cached
 //     blocks of the longest cached prefix of its tokens (all but the last
 //     token at most: a step must compute the token it samples from) and
 //     computes from there. Where the cached chain goes on past the last
 //     block a sequence may start after (its capacity group's loads unknown
 //     there), the first chunk ends with the chain, so that the step records
-//     the loads at its end and later sequences take the whole chain.
+//     the loads at its end and later sequences take the whole chain. A
+//     sequence whose next block past its cached prefix a running sequence is
+//     about to compute (the same tokens from position 0; one admitted this
+//     step, or one still computing its prompt) is deferred until that block
+//     is cached, so that sequences arriving together behind one prefix (a
+//     request's n choices, a burst behind one system prompt) compute it once;
+//     the ones behind it may join meanwhile, but no more sequences are looked
+//     at than there are free running slots, so it keeps its turn. Where the
+//     blocks they share end inside a capacity group (`capacity_group`), the
+//     other's chunk this step ends there, so that its step records the
+//     group's loads at that block and the waiting one may start after it.
 //
 // The scheduler owns the order of sequences and their KV block reservations
 // (through KvBlockAllocator) and never touches tensors; the engine owns the
@@ -41,6 +51,11 @@ namespace switchserve {
 struct SchedulerConfig {
   int64_t max_batch_tokens = 2048;  // tokens computed per step, >= 1
   int max_running_requests = 64;    // sequences in the batch, >= 1
+  // Prefix caching under the sequence capacity scope with a capacity limit
+  // (DispatchConfig::CarriesGroupLoads): the capacity group. A sequence may
+  // start after a cached block that ends at a multiple of it, or where a
+  // step's chunk ended (its group loads recorded there). 0: after any block.
+  int64_t capacity_group = 0;
 };
 
 // The scheduler's view of a sequence. `tokens` holds the prompt followed by
@@ -85,18 +100,26 @@ struct ScheduleResult {
   int64_t prefix_hit_tokens = 0;
 };
 
-// Step 2 of Schedule(), the admission rule: waiting sequences join a step in
+// What admission did with a waiting sequence.
+enum class Admission {
+  kAdmitted,  // it joins the step with its first chunk
+  kDeferred,  // it waits for a later step; the ones behind it may join
+  kNoRoom,    // no KV blocks for its first chunk: it and the ones behind it wait
+};
+
+// Step 2 of Schedule(), the admission rule: waiting sequences are looked at in
 // arrival order, each with a first chunk of min(its tokens left to compute,
-// the step's token budget left), while budget and a running slot are left and
-// `try_admit(i, chunk)` finds KV blocks for the i-th one's chunk (it then
-// admits it and returns true); the first that does not fit stops admission
-// (strict FCFS). `tokens_left(i)` is what the i-th of the `num_waiting`
-// sequences has left to compute. Returns how many joined: the first ones.
-// GenerationEngine::Submit applies the same rule to the queue it sees, to
-// tell the requests that join the next step from those that must wait.
+// the step's token budget left), while budget is left and fewer have been
+// looked at than there are free running slots; `try_admit(i, chunk)` admits
+// the i-th (KV blocks found for its chunk), defers it (it keeps its place but
+// takes no budget) or finds no room, which stops admission (FCFS).
+// `tokens_left(i)` is what the i-th of the `num_waiting` sequences has left
+// to compute. Returns how many joined. GenerationEngine::Submit applies the
+// same rule to the queue it sees (deferring none), to tell the requests that
+// join the next step from those that must wait.
 int64_t AdmitWaiting(int64_t num_waiting, int64_t token_budget, int64_t free_slots,
                      absl::FunctionRef<int64_t(int64_t)> tokens_left,
-                     absl::FunctionRef<bool(int64_t, int64_t)> try_admit);
+                     absl::FunctionRef<Admission(int64_t, int64_t)> try_admit);
 
 class Scheduler {
  public:
@@ -120,6 +143,15 @@ class Scheduler {
 
  private:
   void Preempt(Sequence* sequence);
+  // A running sequence that has the same tokens as `sequence` through the
+  // block starting at `from` (a block `sequence` could take from the cache)
+  // and has not computed that block yet: it will, and cache it. Null if none.
+  Sequence* AnotherComputes(const Sequence& sequence, int64_t from) const;
+  // `waiting` waits for blocks `other` computes: where the whole blocks they
+  // share end inside a capacity group, and `other`'s chunk this step goes on
+  // past that end, the chunk ends there instead (in `result`).
+  void EndChunkWithSharedBlocks(const Sequence& waiting, const Sequence& other,
+                                ScheduleResult* result) const;
 
   SchedulerConfig config_;
   KvBlockAllocator* allocator_;

@@ -63,19 +63,24 @@ EngineRunConfig Config(const EngineShape& shape, const DispatchConfig& dispatch,
   return config;
 }
 
+RequestOutcome Alone(const BackendUnderTest& backend, const EngineShape& shape,
+                     const DispatchConfig& dispatch, const TestRequest& request) {
+  std::vector<RequestOutcome> outcome = testing::RunEngine(
+      backend, DefaultModel(), Config(shape, dispatch, /*prefix_caching=*/false), {request});
+  EXPECT_EQ(outcome.size(), 1u);
+  if (outcome.empty()) return {};
+  EXPECT_TRUE(outcome[0].status.ok()) << outcome[0].status;
+  EXPECT_EQ(outcome[0].cached_prompt_tokens, 0);
+  return outcome[0];
+}
+
 class PrefixCacheTest : public ::testing::TestWithParam<std::tuple<BackendUnderTest, EngineShape>> {
  protected:
   const BackendUnderTest& backend() const { return std::get<0>(GetParam()); }
   const EngineShape& shape() const { return std::get<1>(GetParam()); }
 
   RequestOutcome Alone(const DispatchConfig& dispatch, const TestRequest& request) const {
-    std::vector<RequestOutcome> outcome = testing::RunEngine(
-        backend(), DefaultModel(), Config(shape(), dispatch, /*prefix_caching=*/false), {request});
-    EXPECT_EQ(outcome.size(), 1u);
-    if (outcome.empty()) return {};
-    EXPECT_TRUE(outcome[0].status.ok()) << outcome[0].status;
-    EXPECT_EQ(outcome[0].cached_prompt_tokens, 0);
-    return outcome[0];
+    return switchserve::Alone(backend(), shape(), dispatch, request);
   }
 };
 
@@ -174,6 +179,56 @@ INSTANTIATE_TEST_SUITE_P(
                                          EngineShape{"chunked_steps", 24, 4096},
                                          EngineShape{"small_cache", 24, 128})),
     TestName);
+
+// Requests behind one prefix that arrive together (a request's n choices, a
+// burst behind one system prompt), in steps large enough for all of them: the
+// first computes the prefix, the others wait until its blocks are cached and
+// start after them, with the same bits as alone: every shared whole block,
+// 28 of 30 tokens. With capacity groups (of 16) the first one's first chunk
+// ends at 28, inside a group, so that its step records the group's loads
+// there.
+class ArrivingTogetherTest : public ::testing::TestWithParam<BackendUnderTest> {};
+
+TEST_P(ArrivingTogetherTest, RequestsBehindOnePrefixComputeItOnce) {
+  const EngineShape shape{"together", 256, 4096};
+  DispatchConfig dropless = Dispatch(OverflowPolicy::kDrop);
+  dropless.capacity_factor = 0;
+  for (const DispatchConfig& dispatch :
+       {Dispatch(OverflowPolicy::kDrop), Dispatch(OverflowPolicy::kReroute), dropless}) {
+    SCOPED_TRACE(dispatch.CarriesGroupLoads() ? std::string(ToString(dispatch.overflow))
+                                              : "dropless");
+    std::vector<TestRequest> requests;
+    for (const char* tail : {" of the LORD", " and of Aaron", ", saying", " in the wilderness"}) {
+      TestRequest request = GreedyRoutedRequest(
+          "And God said unto Moses, Speak unto the children of Israel, that they", 6);
+      request.prompt.resize(30);
+      for (int32_t token : ByteTokens(tail)) request.prompt.push_back(token);
+      requests.push_back(request);
+    }
+    EngineRunConfig config = Config(shape, dispatch, /*prefix_caching=*/true);
+    config.max_running_requests = 8;
+    EngineRunTotals totals;
+    const std::vector<RequestOutcome> cached =
+        testing::RunEngine(GetParam(), DefaultModel(), config, requests, &totals);
+    ASSERT_EQ(cached.size(), requests.size());
+    int64_t prompt_tokens = 0, cached_tokens = 0;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      SCOPED_TRACE("request " + std::to_string(i));
+      EXPECT_TRUE(cached[i].status.ok()) << cached[i].status;
+      EXPECT_EQ(FirstDifference(Alone(GetParam(), shape, dispatch, requests[i]), cached[i]), "");
+      EXPECT_EQ(cached[i].cached_prompt_tokens, i == 0 ? 0 : 28);
+      prompt_tokens += static_cast<int64_t>(requests[i].prompt.size());
+      cached_tokens += cached[i].cached_prompt_tokens;
+    }
+    EXPECT_EQ(totals.prefill_tokens, prompt_tokens - cached_tokens);
+  }
+}
+
+std::string BackendName(const ::testing::TestParamInfo<BackendUnderTest>& param) {
+  return param.param.name;
+}
+INSTANTIATE_TEST_SUITE_P(Backends, ArrivingTogetherTest,
+                         ::testing::ValuesIn(testing::EngineScaleBackendsUnderTest()), BackendName);
 
 }  // namespace
 }  // namespace switchserve

@@ -11,10 +11,10 @@ namespace {
 class SchedulerTest : public ::testing::Test {
  protected:
   void Init(int64_t blocks, int block_size, int64_t max_tokens, int max_running,
-            bool prefix_caching = false) {
+            bool prefix_caching = false, int64_t capacity_group = 0) {
     allocator_ = std::make_unique<KvBlockAllocator>(blocks, block_size, prefix_caching);
-    scheduler_ =
-        std::make_unique<Scheduler>(SchedulerConfig{max_tokens, max_running}, allocator_.get());
+    scheduler_ = std::make_unique<Scheduler>(
+        SchedulerConfig{max_tokens, max_running, capacity_group}, allocator_.get());
   }
   Sequence* Add(int prompt_len) {
     auto seq = std::make_unique<Sequence>();
@@ -170,7 +170,7 @@ TEST(AdmitWaitingTest, TakesFirstChunksInOrderWhileBudgetSlotsAndRoomLast) {
   auto tokens_left = [&](int64_t i) { return tokens[static_cast<size_t>(i)]; };
   auto fits = [&](int64_t, int64_t chunk) {
     chunks.push_back(chunk);
-    return true;
+    return Admission::kAdmitted;
   };
   // The budget: 3, then the 3 left of 6 for the 5-token one; none for more.
   EXPECT_EQ(AdmitWaiting(4, /*token_budget=*/6, /*free_slots=*/8, tokens_left, fits), 2);
@@ -184,10 +184,26 @@ TEST(AdmitWaitingTest, TakesFirstChunksInOrderWhileBudgetSlotsAndRoomLast) {
   chunks.clear();
   auto second_does_not_fit = [&](int64_t i, int64_t chunk) {
     chunks.push_back(chunk);
-    return i != 1;
+    return i != 1 ? Admission::kAdmitted : Admission::kNoRoom;
   };
   EXPECT_EQ(AdmitWaiting(4, 100, 8, tokens_left, second_does_not_fit), 1);
   EXPECT_EQ(chunks, (std::vector<int64_t>{3, 5}));
+  // The second deferred: it takes no budget, the ones behind it join, but
+  // it counts among the slots looked at.
+  chunks.clear();
+  std::vector<int64_t> admitted;
+  auto second_deferred = [&](int64_t i, int64_t chunk) {
+    chunks.push_back(chunk);
+    if (i == 1) return Admission::kDeferred;
+    admitted.push_back(i);
+    return Admission::kAdmitted;
+  };
+  EXPECT_EQ(AdmitWaiting(4, /*token_budget=*/6, 8, tokens_left, second_deferred), 3);
+  EXPECT_EQ(chunks, (std::vector<int64_t>{3, 3, 2, 1}));
+  EXPECT_EQ(admitted, (std::vector<int64_t>{0, 2, 3}));
+  admitted.clear();
+  EXPECT_EQ(AdmitWaiting(4, 100, /*free_slots=*/3, tokens_left, second_deferred), 2);
+  EXPECT_EQ(admitted, (std::vector<int64_t>{0, 2}));
 }
 
 // Prefix caching: a sequence admitted after another with the same first
@@ -277,6 +293,82 @@ TEST_F(SchedulerTest, TheFirstChunkEndsWithTheCachedChain) {
   EXPECT_EQ(r.chunks[0].start, 12);
   EXPECT_EQ(r.chunks[0].length, 2);
   EXPECT_TRUE(r.chunks[0].samples);
+}
+
+// Sequences behind one prefix that arrive together: the first computes it,
+// the others wait until its blocks are cached and then start after them.
+// Sequences that share no whole block with it, or that do not use the cache,
+// are not held back.
+TEST_F(SchedulerTest, ASequenceWaitsForTheBlocksAnotherIsComputing) {
+  Init(100, 4, 64, 8, /*prefix_caching=*/true);
+  Sequence* a = Add(10);
+  Sequence* b = Add(10);  // the same tokens
+  Sequence* c = Add(10);  // the same tokens, not using the cache
+  Sequence* d = Add(10);  // differs in its first block
+  d->tokens[2] = 9;
+  Sequence* e = Add(4);  // could take no block: 3 tokens at most
+  for (Sequence* s : {a, b, d, e}) s->uses_prefix_cache = true;
+  ScheduleResult r = scheduler_->Schedule();
+  ASSERT_EQ(r.chunks.size(), 4u);
+  EXPECT_EQ(r.chunks[0].sequence, a);
+  EXPECT_EQ(r.chunks[1].sequence, c);
+  EXPECT_EQ(r.chunks[2].sequence, d);
+  EXPECT_EQ(r.chunks[3].sequence, e);
+  ASSERT_EQ(scheduler_->waiting().size(), 1u);
+  EXPECT_EQ(scheduler_->waiting()[0], b);
+  EXPECT_EQ(r.prefix_query_tokens, 24);  // a, d, e; b's when it joins
+  Complete(r);
+  for (int64_t index = 0; index < 2; ++index) {
+    allocator_->CacheBlock(a->id, index, a->tokens, /*resumable=*/true, {});
+  }
+  r = scheduler_->Schedule();
+  ASSERT_EQ(r.chunks.size(), 5u);
+  EXPECT_EQ(r.chunks[4].sequence, b);
+  EXPECT_EQ(r.chunks[4].start, 8);
+  EXPECT_EQ(r.chunks[4].length, 2);
+  EXPECT_EQ(b->cached_tokens, 8);
+  EXPECT_EQ(r.prefix_hit_tokens, 8);
+  EXPECT_TRUE(scheduler_->waiting().empty());
+}
+
+// Under capacity groups, where the blocks a waiting sequence shares with
+// the one computing them end inside a group, that one's chunk ends there (its
+// step records the group's loads at that block); at a group boundary, or
+// without groups, it runs on.
+TEST_F(SchedulerTest, TheChunkAnotherWaitsForEndsWithTheSharedBlocks) {
+  for (int64_t group : {0, 8, 12}) {
+    SCOPED_TRACE(group);
+    Init(100, 4, 64, 8, /*prefix_caching=*/true, group);
+    Sequence* a = Add(20);
+    Sequence* b = Add(20);
+    b->tokens[13] = 9;  // shares 13 tokens: 3 whole blocks, 12
+    for (Sequence* s : {a, b}) s->uses_prefix_cache = true;
+    ScheduleResult r = scheduler_->Schedule();
+    ASSERT_EQ(r.chunks.size(), 1u);
+    const int64_t end = group == 8 ? 12 : 20;
+    EXPECT_EQ(r.chunks[0].length, end);
+    EXPECT_EQ(r.chunks[0].samples, end == 20);
+    EXPECT_EQ(r.num_tokens, end);
+    EXPECT_EQ(r.prefill_tokens, end);
+    Complete(r);
+    EXPECT_EQ(a->num_computed, end);
+    seqs_.clear();
+  }
+}
+
+// A deferred sequence keeps its turn: no more are looked at than there are
+// free running slots.
+TEST_F(SchedulerTest, ADeferredSequenceTakesALookedAtSlot) {
+  Init(100, 4, 64, 2, /*prefix_caching=*/true);
+  Sequence* a = Add(10);
+  Sequence* b = Add(10);
+  Sequence* c = Add(10);
+  c->tokens[0] = 9;
+  for (Sequence* s : {a, b, c}) s->uses_prefix_cache = true;
+  ScheduleResult r = scheduler_->Schedule();
+  ASSERT_EQ(r.chunks.size(), 1u);
+  EXPECT_EQ(r.chunks[0].sequence, a);
+  EXPECT_EQ(scheduler_->waiting().size(), 2u);
 }
 
 }  // namespace

@@ -311,6 +311,40 @@ def test_prompt_tokens_found_in_the_prefix_cache_are_in_the_usage():
         cached.close()
 
 
+def test_n_choices_compute_their_prompt_once_with_the_prefix_cache(client):
+    """With --enable-prefix-caching, a request's n choices reach the engine
+    together: the first computes the prompt's whole blocks and the others
+    wait for them and start after them (the metrics count what they found),
+    with the choices of a server without the flag; the usage counts the
+    prompt once, with its first choice's cached tokens (none)."""
+    cached = Server("--enable-prefix-caching", metrics=True)
+    try:
+        prompt = "And God said unto Moses, Speak unto the "
+        length = len(prompt.encode())  # the built-in model's tokens are bytes
+        kwargs = dict(model=MODEL, prompt=prompt, n=4, seed=5, max_tokens=6, temperature=0.9,
+                      extra_body={"ignore_eos": True})
+        completion = cached.client().completions.create(**kwargs)
+        plain = client.completions.create(**kwargs)
+        assert [c.text for c in completion.choices] == [c.text for c in plain.choices]
+        assert completion.usage.prompt_tokens == length
+        assert completion.usage.prompt_tokens_details is None
+        # Blocks of 16: the three other choices take every whole block before
+        # the one holding the prompt's last token.
+        whole = (length - 1) // 16 * 16
+        computed = 4 * length - 3 * whole
+        text = cached.scrape_metrics_after_steps(computed + 4 * 5)  # and 5 decode steps each
+
+        def total(name):
+            return sum(float(v) for v in re.findall(r"^" + name + r"(?:\{[^}]*\})? (\S+)$", text,
+                                                    re.M))
+
+        assert total("switchserve_prefix_cache_query_tokens_total") == 4 * length
+        assert total("switchserve_prefix_cache_hit_tokens_total") == 3 * whole
+        assert total("switchserve_prompt_tokens_total") == computed
+    finally:
+        cached.close()
+
+
 def test_penalties_and_logit_bias_are_grpcs(server, client):
     """presence_penalty, frequency_penalty and logit_bias reach the engine as
     gRPC's fields do: the same tokens, greedy and seeded; and they act (a
