@@ -56,6 +56,7 @@ const std::vector<Command>& AllCommands() {
         "max_running_requests",
         "max_queue",
         "enable_prefix_caching",
+        "scheduling_policy",
         "stream_interval",
         "stream_write_timeout_s",
         "max_stream_buffer_bytes",

@@ -252,6 +252,13 @@ absl::StatusOr<GenerationRequest> ValidateGenerateRequest(const v1::GenerateRequ
     }
     p.prompt_logprobs = request.prompt_logprobs();
   }
+  if (request.priority() != 0 && !limits.priority_scheduling) {
+    return Invalid("priority",
+                   absl::StrCat("must be 0: this server schedules in arrival order (start it with "
+                                "--scheduling-policy priority), found ",
+                                request.priority()));
+  }
+  out.priority = request.priority();
   return out;
 }
 

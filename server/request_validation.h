@@ -58,6 +58,7 @@ struct RequestLimits {
   int max_stop_token_ids = 64;
   int max_logprobs = 20;
   int max_logit_bias = kMaxLogitBias;
+  bool priority_scheduling = false;  // --scheduling-policy priority: `priority` may be set
 };
 
 // Fills everything except arrival, deadline and sink.

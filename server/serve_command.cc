@@ -384,6 +384,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals, bool* up) 
   service_options.device = std::string(backend->name());
   service_options.limits.vocab_size = config.vocab_size;
   service_options.limits.context_length = config.max_seq_len;
+  service_options.limits.priority_scheduling = options.priority_scheduling;
   service_options.auth = auth.get();
   service_options.max_metadata_bytes = options.max_metadata_bytes;
   service_options.metrics = serving_metrics.get();
@@ -513,13 +514,13 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals, bool* up) 
   } else if (!options.cpu_weight_copies) {
     Log("weight copies for batch-1 decode: off (--cpu-weight-copies=false)");
   }
-  Log(
-      absl::StrFormat("scheduler: max_batch_tokens %d, max_running_requests %d, max_queue %d, "
-                      "stream_interval %d, max_request_bytes %d, drain_timeout_s %g, prefix "
-                      "caching %s",
-                      options.max_batch_tokens, options.max_running_requests, options.max_queue,
-                      options.stream_interval, options.max_request_bytes, options.drain_timeout_s,
-                      options.prefix_caching ? "on" : "off"));
+  Log(absl::StrFormat(
+      "scheduler: max_batch_tokens %d, max_running_requests %d, max_queue %d, "
+      "stream_interval %d, max_request_bytes %d, drain_timeout_s %g, prefix "
+      "caching %s, scheduling policy %s",
+      options.max_batch_tokens, options.max_running_requests, options.max_queue,
+      options.stream_interval, options.max_request_bytes, options.drain_timeout_s,
+      options.prefix_caching ? "on" : "off", options.priority_scheduling ? "priority" : "fcfs"));
   Log(absl::StrFormat("security: %s, %s",
                       !options.tls.enabled()               ? "plaintext"
                       : options.tls.client_ca_file.empty() ? "TLS"

@@ -46,6 +46,9 @@ ABSL_FLAG(bool, enable_prefix_caching, false,
           "and start a request whose tokens begin with a cached prefix after it: the same logits, "
           "less prefill. Cached tokens are neither computed nor routed, so the MoE metrics count "
           "only the tokens computed");
+ABSL_FLAG(std::string, scheduling_policy, "fcfs",
+          "fcfs | priority: with priority, requests may set `priority` (lower first); a waiting "
+          "request of a higher priority preempts running ones of a lower priority");
 ABSL_FLAG(int, max_queue, 1024,
           "Requests waiting for admission; beyond it calls get RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, stream_interval, 1,
@@ -144,6 +147,12 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.max_running_requests = absl::GetFlag(FLAGS_max_running_requests);
   o.max_queue = absl::GetFlag(FLAGS_max_queue);
   o.prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
+  if (const std::string policy = absl::GetFlag(FLAGS_scheduling_policy); policy == "priority") {
+    o.priority_scheduling = true;
+  } else if (policy != "fcfs") {
+    return FlagError("scheduling-policy",
+                     absl::StrCat("must be fcfs or priority, found \"", policy, "\""));
+  }
   o.stream_interval = absl::GetFlag(FLAGS_stream_interval);
   o.stream_write_timeout_s = absl::GetFlag(FLAGS_stream_write_timeout_s);
   o.max_stream_buffer_bytes = absl::GetFlag(FLAGS_max_stream_buffer_bytes);

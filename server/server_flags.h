@@ -72,7 +72,8 @@ struct ServerOptions {
   int64_t max_batch_tokens = 0;
   int max_running_requests = 0;
   int max_queue = 0;
-  bool prefix_caching = false;  // --enable-prefix-caching (KvCacheOptions::prefix_caching)
+  bool prefix_caching = false;       // --enable-prefix-caching (KvCacheOptions::prefix_caching)
+  bool priority_scheduling = false;  // --scheduling-policy priority (RequestLimits)
   // Streamed generations: tokens per message after the first
   // (GenerationRequest::stream_interval).
   int stream_interval = 0;

@@ -215,6 +215,7 @@ bool GenerationEngine::TakeInbox() {
   for (auto& [id, request] : inbox) {
     auto state = std::make_unique<RequestState>(id, std::move(request), tokenizer_);
     state->arrival_order = next_arrival_++;
+    state->priority = state->request.priority;
     scheduler_.Add(state.get());
     active_.push_back(std::move(state));
   }
@@ -350,7 +351,8 @@ void GenerationEngine::RunStep() {
     report.decode_tokens = schedule.decode_tokens;
     report.prefix_query_tokens = schedule.prefix_query_tokens;
     report.prefix_hit_tokens = schedule.prefix_hit_tokens;
-    report.preempted = static_cast<int>(schedule.preempted.size());
+    report.priority_preempted = static_cast<int>(schedule.priority_preemptions);
+    report.preempted = static_cast<int>(schedule.preempted.size()) - report.priority_preempted;
     report.running = static_cast<int>(scheduler_.running().size());
     report.waiting = static_cast<int>(scheduler_.waiting().size());
     report.used_blocks = allocator_.used_blocks();

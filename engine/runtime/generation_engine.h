@@ -53,8 +53,9 @@ struct StepReport {
   // looked up in the cache, and those found there (not computed).
   int64_t prefix_query_tokens = 0;
   int64_t prefix_hit_tokens = 0;
-  int preempted = 0;
-  int running = 0;  // after the step
+  int preempted = 0;           // for KV blocks
+  int priority_preempted = 0;  // for a waiting request of a higher priority
+  int running = 0;             // after the step
   int waiting = 0;
   int64_t used_blocks = 0;
   double schedule_ms = 0;

@@ -133,6 +133,10 @@ struct GenerationRequest {
   // answers only at the end). A streaming server sends a message per update,
   // so a larger interval costs it fewer messages per token. >= 0.
   int stream_interval = 1;
+  // Scheduling priority, lower first (vLLM's convention): the engine admits
+  // waiting requests by priority, then arrival, and preempts running ones of
+  // a lower priority (higher value) for them (Scheduler). 0 for all: FCFS.
+  int32_t priority = 0;
   RequestOrigin origin;
   // Whether the engine's observer sees the request: the steps it takes part
   // in and its end. The server's own warm-up request is not observed, so

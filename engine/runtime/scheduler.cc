@@ -5,7 +5,9 @@
 namespace switchserve {
 namespace {
 
-bool ArrivedBefore(const Sequence* a, const Sequence* b) {
+// The scheduling order: priority (lower first), then arrival.
+bool ComesBefore(const Sequence* a, const Sequence* b) {
+  if (a->priority != b->priority) return a->priority < b->priority;
   return a->arrival_order < b->arrival_order;
 }
 
@@ -31,7 +33,7 @@ Scheduler::Scheduler(const SchedulerConfig& config, KvBlockAllocator* allocator)
     : config_(config), allocator_(allocator) {}
 
 void Scheduler::Add(Sequence* sequence) {
-  waiting_.insert(std::upper_bound(waiting_.begin(), waiting_.end(), sequence, ArrivedBefore),
+  waiting_.insert(std::upper_bound(waiting_.begin(), waiting_.end(), sequence, ComesBefore),
                   sequence);
 }
 
@@ -72,8 +74,27 @@ ScheduleResult Scheduler::Schedule() {
     result.chunks.push_back(chunk);
   };
 
-  // 1. Running sequences, oldest first. Preemption victims are taken from the
-  // newest end, which this loop has not reached yet.
+  // 0. A waiting sequence of a higher priority than the last running one
+  // takes the running slot and the KV blocks its first chunk needs from the
+  // running sequences that come last.
+  while (!waiting_.empty() && !running_.empty() &&
+         waiting_.front()->priority < running_.back()->priority) {
+    const Sequence* head = waiting_.front();
+    const int64_t first_chunk = std::min(
+        static_cast<int64_t>(head->tokens.size()) - head->num_computed, config_.max_batch_tokens);
+    if (static_cast<int64_t>(running_.size()) < config_.max_running_requests &&
+        allocator_->free_blocks() >= allocator_->BlocksFor(first_chunk)) {
+      break;
+    }
+    Sequence* victim = running_.back();
+    result.preempted.push_back(victim);
+    Preempt(victim);
+  }
+  result.priority_preemptions = static_cast<int64_t>(result.preempted.size());
+
+  // 1. Running sequences, first in the scheduling order first. Preemption
+  // victims are taken from the other end, which this loop has not reached
+  // yet.
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Sequence* sequence = running_[i];
     const int64_t remaining =
@@ -98,9 +119,9 @@ ScheduleResult Scheduler::Schedule() {
     ++i;
   }
 
-  // 2. Admit waiting sequences in arrival order, unless the cache is so full
-  // that running ones had to give way this step.
-  if (result.preempted.empty()) {
+  // 2. Admit waiting sequences in order, unless the cache is so full that
+  // running ones had to give way to each other this step.
+  if (static_cast<int64_t>(result.preempted.size()) == result.priority_preemptions) {
     PrefixHit hit;                  // the cached prefix of the sequence tokens_left last saw
     std::vector<int64_t> admitted;  // indices into waiting_, ascending
     AdmitWaiting(
@@ -143,9 +164,8 @@ ScheduleResult Scheduler::Schedule() {
             sequence->num_computed = hit.tokens;
             sequence->group_loads = {hit.tokens, std::move(hit.loads)};
           }
-          running_.insert(
-              std::upper_bound(running_.begin(), running_.end(), sequence, ArrivedBefore),
-              sequence);
+          running_.insert(std::upper_bound(running_.begin(), running_.end(), sequence, ComesBefore),
+                          sequence);
           schedule(sequence, length);
           admitted.push_back(i);
           return Admission::kAdmitted;

@@ -1,17 +1,22 @@
-// Continuous-batching scheduling policy (iteration level, FCFS, chunked
-// prefill, preemption by recompute). Each call to Schedule() decides what the
-// next engine step computes:
+// Continuous-batching scheduling policy (iteration level, priority then
+// FCFS, chunked prefill, preemption by recompute). Sequences are kept in the
+// scheduling order: priority (lower first; all 0 unless the server schedules
+// by priority), then arrival. Each call to Schedule() decides what the next
+// engine step computes:
 //
-//  1. Running sequences, oldest first, get their next chunk: one decode token,
+//  0. While the first waiting sequence has a higher priority than the last
+//     running one and finds no free running slot or not the KV blocks for its
+//     first chunk, the last running sequence is preempted.
+//  1. Running sequences, in order, get their next chunk: one decode token,
 //     or the rest of a prefill (chunked to what is left of the token budget).
-//     When the KV cache has no room for a chunk, the newest running sequence
+//     When the KV cache has no room for a chunk, the last running sequence
 //     is preempted: its blocks are freed and it goes back to the waiting queue
 //     to be recomputed from scratch (prompt + tokens generated so far).
-//  2. If nothing was preempted, waiting sequences are admitted in arrival
-//     order while the token budget (max_batch_tokens), the running limit
+//  2. If nothing was preempted in 1, waiting sequences are admitted in order
+//     while the token budget (max_batch_tokens), the running limit
 //     (max_running_requests) and the free KV blocks allow; a long prompt is
 //     admitted with a first chunk and continues in later steps. A waiting
-//     sequence that does not fit blocks the ones behind it (FCFS).
+//     sequence that does not fit blocks the ones behind it.
 //     With prefix caching, an admitted sequence first takes the cached
 //     blocks of the longest cached prefix of its tokens (all but the last
 //     token at most: a step must compute the token it samples from) and
@@ -62,7 +67,9 @@ struct SchedulerConfig {
 // the tokens generated so far; the first `num_computed` are in the KV cache.
 struct Sequence {
   SequenceId id = 0;
-  int64_t arrival_order = 0;  // FCFS key; lower arrived first
+  int64_t arrival_order = 0;  // lower arrived first
+  // Lower is scheduled first (vLLM's convention); among equals, arrival.
+  int32_t priority = 0;
   std::vector<int32_t> tokens;
   int64_t prompt_tokens = 0;  // the first tokens, the prompt; the rest were generated
   int64_t num_computed = 0;
@@ -91,7 +98,10 @@ struct ScheduledChunk {
 struct ScheduleResult {
   std::vector<ScheduledChunk> chunks;  // running ones first, oldest first
   std::vector<Sequence*> preempted;    // moved back to the waiting queue
-  int64_t num_tokens = 0;              // sum of chunk lengths
+  // How many of `preempted`, the first ones, gave way to a waiting sequence
+  // of a higher priority (the rest to running ones, for KV blocks).
+  int64_t priority_preemptions = 0;
+  int64_t num_tokens = 0;  // sum of chunk lengths
   int64_t prefill_tokens = 0;
   int64_t decode_tokens = 0;
   // Prefix caching: the tokens of the sequences admitted from the cache's
@@ -155,8 +165,9 @@ class Scheduler {
 
   SchedulerConfig config_;
   KvBlockAllocator* allocator_;
-  std::vector<Sequence*> running_;  // ordered by arrival_order
-  std::deque<Sequence*> waiting_;   // ordered by arrival_order
+  // Both in the scheduling order: priority, then arrival_order.
+  std::vector<Sequence*> running_;
+  std::deque<Sequence*> waiting_;
 };
 
 }  // namespace switchserve

@@ -76,6 +76,7 @@ bool Known(const std::string& key) {
                                        "presence_penalty",
                                        "frequency_penalty",
                                        "logit_bias",
+                                       "priority",
                                        "suffix"};
   for (const char* known : kKnown) {
     if (key == known) return true;
@@ -348,6 +349,13 @@ absl::Status ParseField(const std::string& key, const Json& value, int vocab_siz
       }
       (*sampling->mutable_logit_bias())[static_cast<int32_t>(id)] = NarrowSamplingFloat(*x);
     }
+  } else if (key == "priority") {
+    // vLLM's extension; checked against the server's scheduling policy with
+    // the rest of the request (request_validation.h).
+    auto priority = Integer(value, key, std::numeric_limits<int32_t>::min(),
+                            std::numeric_limits<int32_t>::max());
+    if (!priority.ok()) return priority.status();
+    request->priority = static_cast<int32_t>(*priority);
   } else if (key == "suffix") {
     if (!value.is_string() || !value.get<std::string>().empty()) {
       return Invalid(key, "is not supported");
@@ -518,6 +526,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
   for (v1::GenerateRequest& one : request.prompts) {
     *one.mutable_sampling() = sampling;
     one.set_logprobs(logprobs);
+    one.set_priority(request.priority);
   }
   return request;
 }

@@ -49,6 +49,7 @@ struct CompletionRequest {
   // answers it. The engine generates one token, which the response leaves
   // out; `prompts` ask for that one.
   bool echo_only = false;
+  int32_t priority = 0;  // vLLM's `priority`: lower is scheduled first
 };
 
 // INVALID_ARGUMENT with a message "<param>: <problem>" for anything

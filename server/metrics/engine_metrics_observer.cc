@@ -29,6 +29,7 @@ void EngineMetricsObserver::OnStep(const StepReport& report) {
        .prefill_tokens = report.prefill_tokens,
        .decode_tokens = report.decode_tokens,
        .preemptions = report.preempted,
+       .priority_preemptions = report.priority_preempted,
        .prefix_query_tokens = report.prefix_query_tokens,
        .prefix_hit_tokens = report.prefix_hit_tokens});
 }

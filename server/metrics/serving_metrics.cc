@@ -105,6 +105,10 @@ ServingMetrics::ServingMetrics(prometheus::Registry& registry) {
                                    "Tokens generated, counted when their request finishes.");
   preemptions_ = &NewCounter(registry, "switchserve_preemptions_total",
                              "Sequences preempted (recompute) because KV blocks ran out.");
+  priority_preemptions_ =
+      &NewCounter(registry, "switchserve_priority_preemptions_total",
+                  "Sequences preempted (recompute) for a waiting request of a higher priority "
+                  "(--scheduling-policy priority).");
   prefix_query_tokens_ = &NewCounter(
       registry, "switchserve_prefix_cache_query_tokens_total",
       "Tokens of the requests admitted while prefix caching is on (--enable-prefix-caching), "
@@ -154,6 +158,9 @@ void ServingMetrics::RecordStep(const ServingStepSample& step) {
   step_tokens_->Observe(static_cast<double>(step.prefill_tokens + step.decode_tokens));
   if (step.prefill_tokens > 0) prompt_tokens_->Increment(static_cast<double>(step.prefill_tokens));
   if (step.preemptions > 0) preemptions_->Increment(static_cast<double>(step.preemptions));
+  if (step.priority_preemptions > 0) {
+    priority_preemptions_->Increment(static_cast<double>(step.priority_preemptions));
+  }
   if (step.prefix_query_tokens > 0) {
     prefix_query_tokens_->Increment(static_cast<double>(step.prefix_query_tokens));
   }

@@ -29,10 +29,11 @@ namespace switchserve {
 
 // One engine step, as the scheduler saw it.
 struct ServingStepSample {
-  double duration_seconds = 0;  // wall time of the step (schedule + forward + sample)
-  int64_t prefill_tokens = 0;   // prompt tokens computed (recomputed ones included)
-  int64_t decode_tokens = 0;    // tokens of running sequences decoded
-  int64_t preemptions = 0;      // sequences preempted (recompute) in this step
+  double duration_seconds = 0;       // wall time of the step (schedule + forward + sample)
+  int64_t prefill_tokens = 0;        // prompt tokens computed (recomputed ones included)
+  int64_t decode_tokens = 0;         // tokens of running sequences decoded
+  int64_t preemptions = 0;           // sequences preempted (recompute) for KV blocks in this step
+  int64_t priority_preemptions = 0;  // ... for a waiting request of a higher priority
   // Prefix caching: tokens of the admitted sequences looked up, and found.
   int64_t prefix_query_tokens = 0;
   int64_t prefix_hit_tokens = 0;
@@ -126,6 +127,7 @@ class ServingMetrics {
   prometheus::Counter* prompt_tokens_ = nullptr;
   prometheus::Counter* generation_tokens_ = nullptr;
   prometheus::Counter* preemptions_ = nullptr;
+  prometheus::Counter* priority_preemptions_ = nullptr;
   prometheus::Counter* prefix_query_tokens_ = nullptr;
   prometheus::Counter* prefix_hit_tokens_ = nullptr;
   prometheus::Counter* http_connections_refused_ = nullptr;

@@ -48,7 +48,7 @@ TEST(ServingMetricsTest, EveryProtocolStatusAndFinishReasonHasASeriesAtZero) {
         << reason;
   }
   EXPECT_EQ(reader.Gauge("switchserve_requests_waiting", {}), 0.0);
-  EXPECT_EQ(reader.AllExposedSeries(), 185u);  // docs/metrics.md
+  EXPECT_EQ(reader.AllExposedSeries(), 186u);  // docs/metrics.md
 }
 
 TEST(ServingMetricsTest, EngineFinishedRequestsCountReasonsAndLengths) {
@@ -99,20 +99,22 @@ TEST(ServingMetricsTest, StepsCountTokensAndTheEngineStateSetsTheGauges) {
   ServingMetrics metrics(registry);
   metrics.RecordStep(
       {.duration_seconds = 0.02, .prefill_tokens = 100, .decode_tokens = 3, .preemptions = 1});
+  metrics.RecordStep({.duration_seconds = 0.001, .priority_preemptions = 2});
   metrics.SetEngineState(5, 7, 0.25);
   metrics.RecordStep({.duration_seconds = 0.004, .prefill_tokens = 0, .decode_tokens = 5});
   metrics.SetEngineState(4, 2, 0.5);
   RegistryReader reader(registry);
   EXPECT_EQ(reader.Counter("switchserve_prompt_tokens_total", {}), 100.0);
   EXPECT_EQ(reader.Counter("switchserve_preemptions_total", {}), 1.0);
+  EXPECT_EQ(reader.Counter("switchserve_priority_preemptions_total", {}), 2.0);
   EXPECT_EQ(reader.Gauge("switchserve_requests_running", {}), 4.0);
   EXPECT_EQ(reader.Gauge("switchserve_requests_waiting", {}), 2.0);
   EXPECT_EQ(reader.Gauge("switchserve_kv_cache_usage_ratio", {}), 0.5);
   const auto& duration = HistogramOf(reader, "switchserve_step_duration_seconds");
-  EXPECT_EQ(duration.sample_count, 2u);
-  EXPECT_NEAR(duration.sample_sum, 0.024, 1e-12);
+  EXPECT_EQ(duration.sample_count, 3u);
+  EXPECT_NEAR(duration.sample_sum, 0.025, 1e-12);
   const auto& tokens = HistogramOf(reader, "switchserve_step_tokens");
-  EXPECT_EQ(tokens.sample_count, 2u);
+  EXPECT_EQ(tokens.sample_count, 3u);
   EXPECT_EQ(tokens.sample_sum, 108.0);
 }
 

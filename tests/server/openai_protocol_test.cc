@@ -47,7 +47,7 @@ TEST(OpenAiProtocolTest, ParsesTheSupportedFieldsIntoGenerateRequests) {
       "repetition_penalty": 1.2, "ignore_eos": true, "stop_token_ids": [3],
       "echo": true, "best_of": null, "presence_penalty": -0.5, "frequency_penalty": 1.25,
       "logit_bias": {"7": -100, "65": 2.5, "3": null}, "suffix": null,
-      "return_tokens_as_token_ids": true})");
+      "return_tokens_as_token_ids": true, "priority": -4})");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->model, "m");
   EXPECT_EQ(parsed->n, 3);
@@ -79,6 +79,7 @@ TEST(OpenAiProtocolTest, ParsesTheSupportedFieldsIntoGenerateRequests) {
     EXPECT_EQ(s.logit_bias().at(7), -100.0f);
     EXPECT_EQ(s.logit_bias().at(65), 2.5f);
     EXPECT_EQ(prompt.logprobs(), 2);
+    EXPECT_EQ(prompt.priority(), -4);
   }
 }
 
@@ -342,6 +343,8 @@ TEST(OpenAiProtocolTest, RefusalsNameTheParameter) {
       {R"({"prompt": "x", "max_tokens": "9"})", "max_tokens"},
       {R"({"prompt": "x", "max_tokens": 0})", "max_tokens"},
       {R"({"prompt": "x", "stream": 1})", "stream"},
+      {R"({"prompt": "x", "priority": 1.5})", "priority"},
+      {R"({"prompt": "x", "priority": 2147483648})", "priority"},
       {R"({"prompt": "x", "return_tokens_as_token_ids": "yes"})", "return_tokens_as_token_ids"},
       {R"({"prompt": "x", "stream_options": {"continuous_usage_stats": true}})",
        "stream_options.continuous_usage_stats"},

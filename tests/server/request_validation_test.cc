@@ -57,6 +57,20 @@ TEST_F(RequestValidationTest, DefaultsAndValues) {
   EXPECT_EQ(unset->sampling.repetition_penalty, 1.0f);
 }
 
+// `priority` only where the server schedules by priority; any int32 there.
+TEST_F(RequestValidationTest, PriorityNeedsThePrioritySchedulingPolicy) {
+  auto zero = Validate([](auto* r) { r->set_priority(0); });
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  EXPECT_EQ(zero->priority, 0);
+  ExpectInvalid([](auto* r) { r->set_priority(-3); }, "priority");
+  limits_.priority_scheduling = true;
+  for (int32_t priority : {-3, 0, 7, std::numeric_limits<int32_t>::min()}) {
+    auto request = Validate([&](auto* r) { r->set_priority(priority); });
+    ASSERT_TRUE(request.ok()) << request.status();
+    EXPECT_EQ(request->priority, priority);
+  }
+}
+
 // A request without a seed gets a random one: the same prompt sent twice
 // samples two different continuations (as the HTTP API's answer to n > 1
 // expects), however many are sent.

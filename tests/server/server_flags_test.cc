@@ -20,6 +20,7 @@ ABSL_DECLARE_FLAG(std::optional<double>, capacity_factor);
 ABSL_DECLARE_FLAG(int64_t, max_metadata_bytes);
 ABSL_DECLARE_FLAG(int, serving_threads_nice);
 ABSL_DECLARE_FLAG(int, stream_interval);
+ABSL_DECLARE_FLAG(std::string, scheduling_policy);
 ABSL_DECLARE_FLAG(double, stream_write_timeout_s);
 ABSL_DECLARE_FLAG(int64_t, max_stream_buffer_bytes);
 ABSL_DECLARE_FLAG(int64_t, http_max_connections);
@@ -195,6 +196,21 @@ TEST(ServerFlagsTest, StreamIntervalIsOneByDefaultAndOneTo4096) {
     EXPECT_NE(options.status().message().find("--stream-interval"), std::string::npos);
   }
   absl::SetFlag(&FLAGS_stream_interval, 1);
+}
+
+TEST(ServerFlagsTest, SchedulingPolicyIsFcfsByDefaultOrPriority) {
+  auto options = ServerOptionsFromFlags();
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_FALSE(options->priority_scheduling);
+  absl::SetFlag(&FLAGS_scheduling_policy, "priority");
+  options = ServerOptionsFromFlags();
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_TRUE(options->priority_scheduling);
+  absl::SetFlag(&FLAGS_scheduling_policy, "lifo");
+  options = ServerOptionsFromFlags();
+  EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(options.status().message().find("--scheduling-policy"), std::string::npos);
+  absl::SetFlag(&FLAGS_scheduling_policy, "fcfs");
 }
 
 TEST(ServerFlagsTest, HttpMaxConnectionsIsHalfTheOpenFileLimitByDefaultAndNotNegative) {

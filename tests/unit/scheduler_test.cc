@@ -16,10 +16,11 @@ class SchedulerTest : public ::testing::Test {
     scheduler_ = std::make_unique<Scheduler>(
         SchedulerConfig{max_tokens, max_running, capacity_group}, allocator_.get());
   }
-  Sequence* Add(int prompt_len) {
+  Sequence* Add(int prompt_len, int32_t priority = 0) {
     auto seq = std::make_unique<Sequence>();
     seq->id = static_cast<SequenceId>(seqs_.size() + 1);
     seq->arrival_order = seq->id;
+    seq->priority = priority;
     seq->tokens.assign(prompt_len, 7);
     seq->prompt_tokens = prompt_len;
     scheduler_->Add(seq.get());
@@ -204,6 +205,57 @@ TEST(AdmitWaitingTest, TakesFirstChunksInOrderWhileBudgetSlotsAndRoomLast) {
   admitted.clear();
   EXPECT_EQ(AdmitWaiting(4, 100, /*free_slots=*/3, tokens_left, second_deferred), 2);
   EXPECT_EQ(admitted, (std::vector<int64_t>{0, 2}));
+}
+
+// Priorities: the queue is ordered by priority, then arrival; a waiting
+// sequence of a higher priority (lower value) than the last running one
+// takes its running slot (it is preempted, and recomputed later); equal
+// priorities keep arrival order and preempt nothing.
+TEST_F(SchedulerTest, AHigherPriorityIsAdmittedFirstAndTakesTheLastRunningSlot) {
+  Init(100, 4, 64, 2);
+  Sequence* a = Add(4, /*priority=*/3);
+  Sequence* b = Add(4, /*priority=*/3);
+  Complete(scheduler_->Schedule());
+  ASSERT_EQ(scheduler_->running().size(), 2u);
+  Sequence* c = Add(4, /*priority=*/3);  // same priority: waits
+  ScheduleResult r = scheduler_->Schedule();
+  EXPECT_TRUE(r.preempted.empty());
+  EXPECT_EQ(r.chunks.size(), 2u);
+  Complete(r);
+  Sequence* d = Add(4, /*priority=*/5);   // lower: waits behind c
+  Sequence* e = Add(6, /*priority=*/-1);  // higher than every running one: takes b's slot
+  r = scheduler_->Schedule();
+  ASSERT_EQ(r.preempted.size(), 1u);
+  EXPECT_EQ(r.preempted[0], b);
+  EXPECT_EQ(b->num_computed, 0);
+  EXPECT_EQ(b->num_preemptions, 1);
+  ASSERT_EQ(r.chunks.size(), 2u);
+  EXPECT_EQ(r.chunks[0].sequence, a);  // running, then admitted
+  EXPECT_EQ(r.chunks[1].sequence, e);
+  EXPECT_EQ(r.chunks[1].length, 6);
+  // Running sequences in order: e first.
+  EXPECT_EQ(scheduler_->running()[0], e);
+  // The queue: b (3, arrived second), c (3), d (5).
+  ASSERT_EQ(scheduler_->waiting().size(), 3u);
+  EXPECT_EQ(scheduler_->waiting()[0], b);
+  EXPECT_EQ(scheduler_->waiting()[1], c);
+  EXPECT_EQ(scheduler_->waiting()[2], d);
+}
+
+// A higher priority also takes the KV blocks its first chunk needs.
+TEST_F(SchedulerTest, AHigherPriorityTakesTheKvBlocksOfTheLastRunning) {
+  Init(4, 4, 64, 8);
+  Sequence* a = Add(8, /*priority=*/1);
+  Sequence* b = Add(7, /*priority=*/2);  // holds 2 blocks
+  Complete(scheduler_->Schedule());
+  EXPECT_EQ(allocator_->free_blocks(), 0);
+  Sequence* c = Add(4, /*priority=*/0);
+  ScheduleResult r = scheduler_->Schedule();
+  ASSERT_EQ(r.preempted.size(), 1u);
+  EXPECT_EQ(r.preempted[0], b);
+  ASSERT_EQ(r.chunks.size(), 2u);
+  EXPECT_EQ(r.chunks[0].sequence, a);
+  EXPECT_EQ(r.chunks[1].sequence, c);
 }
 
 // Prefix caching: a sequence admitted after another with the same first

@@ -437,6 +437,8 @@ BAD_BODIES = [
      "stop_token_ids"),
     ("stop entry not string", {"prompt": "x", "stop": ["a", 1]}, "stop"),
     ("max_tokens past int64", {"prompt": "x", "max_tokens": 1e20}, "max_tokens"),
+    ("priority without the priority policy", {"prompt": "x", "priority": 2}, "priority"),
+    ("priority not integer", {"prompt": "x", "priority": "high"}, "priority"),
 ]
 # The whole message where it names an entry or a range: an id past int32 as
 # one past the vocabulary, a number past int64 as one past int32.
@@ -453,6 +455,9 @@ BAD_BODY_MESSAGES = {
         "stop_token_ids: stop_token_ids[0] = -3000000000 is outside the vocabulary [0, 256)",
     "stop entry not string": "stop: stop[1] must be a string, found 1",
     "max_tokens past int64": "max_tokens: must be in [1, 2147483647], found 1e+20",
+    "priority without the priority policy":
+        "priority: must be 0: this server schedules in arrival order (start it with "
+        "--scheduling-policy priority), found 2",
 }
 
 
