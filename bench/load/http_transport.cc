@@ -179,6 +179,7 @@ HttpTransport::HttpTransport(std::string host, int port, const v1::GenerateReque
   body["max_tokens"] = sampling.max_new_tokens();
   body["temperature"] = sampling.temperature();
   body["ignore_eos"] = sampling.ignore_eos();
+  if (request.priority() != 0) body["priority"] = request.priority();
   body["stream"] = true;
   // The token count, which the events themselves do not give (TakeEvents).
   body["stream_options"] = {{"include_usage", true}};

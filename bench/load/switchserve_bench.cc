@@ -74,6 +74,9 @@ ABSL_FLAG(int, warmup_requests, 0,
 ABSL_FLAG(std::string, prompt, "The mixture of experts", "prompt text of every request");
 ABSL_FLAG(std::string, prompt_ids, "",
           "comma-separated prompt token ids of every request (instead of --prompt)");
+ABSL_FLAG(int, priority, 0,
+          "every request's scheduling priority (lower first; a server started with "
+          "--scheduling-policy priority takes anything but 0)");
 ABSL_FLAG(int, distinct_tail_tokens, 0,
           "with --prompt-ids: each request's last N prompt ids are its own (drawn from its "
           "seed), the rest shared by all, as behind one system prompt; 0: the same prompt");
@@ -125,6 +128,7 @@ absl::StatusOr<v1::GenerateRequest> RequestFromFlags() {
   sampling->set_max_new_tokens(absl::GetFlag(FLAGS_max_new_tokens));
   sampling->set_temperature(static_cast<float>(absl::GetFlag(FLAGS_temperature)));
   sampling->set_ignore_eos(absl::GetFlag(FLAGS_ignore_eos));
+  request.set_priority(absl::GetFlag(FLAGS_priority));
   return request;
 }
 
@@ -222,6 +226,7 @@ int RunInProcess(const v1::GenerateRequest& request, LoadOptions load,
   RequestLimits limits;
   limits.vocab_size = config.vocab_size;
   limits.context_length = config.max_seq_len;
+  limits.priority_scheduling = true;  // the engine orders by priority whatever it is
   absl::StatusOr<GenerationRequest> validated =
       ValidateGenerateRequest(request, *setup->model->tokenizer, limits);
   if (!validated.ok()) return Usage(validated.status().ToString());

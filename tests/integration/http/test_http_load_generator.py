@@ -173,6 +173,27 @@ def test_load_generator_in_process_counts_the_engines_steps():
 
 
 @pytest.mark.bench
+@pytest.mark.bench
+def test_load_generator_sends_its_priority_over_grpc_and_http():
+    """--priority reaches the server by either transport: a server that
+    schedules in arrival order refuses every request (INVALID_ARGUMENT, 400),
+    one started with --scheduling-policy priority serves them all."""
+    for policy, expected in (("fcfs", "requests: 0 ok, 4 failed"),
+                             ("priority", "requests: 4 ok, 0 failed")):
+        server = Server("--scheduling-policy", policy)
+        try:
+            for address in (["--address", server.address],
+                            ["--http-address", f"127.0.0.1:{server.http_port}"]):
+                result = subprocess.run(
+                    [os.environ["SWITCHSERVE_BENCH"], *address, "--requests", "4",
+                     "--max-new-tokens", "3", "--priority", "2"],
+                    capture_output=True, text=True, timeout=120)
+                assert result.returncode == 0, result.stderr
+                assert expected in result.stdout, (policy, address, result.stdout)
+        finally:
+            server.close()
+
+
 def test_load_generator_over_grpc():
     """switchserve-bench --address completes every request and counts each
     streamed token; a request the server refuses counts as failed, with its
