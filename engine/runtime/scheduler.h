@@ -96,7 +96,7 @@ struct ScheduledChunk {
 };
 
 struct ScheduleResult {
-  std::vector<ScheduledChunk> chunks;  // running ones first, oldest first
+  std::vector<ScheduledChunk> chunks;  // running ones first, each group in order
   std::vector<Sequence*> preempted;    // moved back to the waiting queue
   // How many of `preempted`, the first ones, gave way to a waiting sequence
   // of a higher priority (the rest to running ones, for KV blocks).
@@ -118,7 +118,7 @@ enum class Admission {
 };
 
 // Step 2 of Schedule(), the admission rule: waiting sequences are looked at in
-// arrival order, each with a first chunk of min(its tokens left to compute,
+// the queue's order, each with a first chunk of min(its tokens left to compute,
 // the step's token budget left), while budget is left and fewer have been
 // looked at than there are free running slots; `try_admit(i, chunk)` admits
 // the i-th (KV blocks found for its chunk), defers it (it keeps its place but
