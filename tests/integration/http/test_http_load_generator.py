@@ -173,7 +173,6 @@ def test_load_generator_in_process_counts_the_engines_steps():
 
 
 @pytest.mark.bench
-@pytest.mark.bench
 def test_load_generator_sends_its_priority_over_grpc_and_http():
     """--priority reaches the server by either transport: a server that
     schedules in arrival order refuses every request (INVALID_ARGUMENT, 400),
@@ -194,6 +193,7 @@ def test_load_generator_sends_its_priority_over_grpc_and_http():
             server.close()
 
 
+@pytest.mark.bench
 def test_load_generator_over_grpc():
     """switchserve-bench --address completes every request and counts each
     streamed token; a request the server refuses counts as failed, with its
