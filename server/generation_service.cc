@@ -209,6 +209,7 @@ grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerCo
   v1::ModelInfo response;
   FillModelInfo(*options_.config, options_.model_name, options_.dispatch, options_.device,
                 options_.engine->Snapshot(), &response);
+  response.set_scheduling_policy(options_.limits.priority_scheduling ? "priority" : "fcfs");
   *response_buffer = SerializeMessage(response);
   return new FinishedCall(this, grpc::Status::OK);
 }

@@ -169,6 +169,8 @@ void FillModelInfo(const ModelConfig& config, const std::string& name,
   cache->set_capacity_tokens(snapshot.total_blocks * snapshot.block_size);
   cache->set_running_requests(snapshot.running);
   cache->set_waiting_requests(snapshot.waiting);
+  cache->set_prefix_caching(snapshot.prefix_caching);
+  cache->set_cached_blocks(snapshot.cached_blocks);
   info->set_device(device);
 }
 

@@ -72,6 +72,7 @@ GenerationEngine::GenerationEngine(const EngineOptions& options, Backend* backen
       scheduler_(SchedulerConfigOf(options), &allocator_) {
   snapshot_.total_blocks = kv_cache->num_blocks();
   snapshot_.block_size = kv_cache->block_size();
+  snapshot_.prefix_caching = allocator_.prefix_caching();
 }
 
 GenerationEngine::~GenerationEngine() { Stop(); }
@@ -467,6 +468,7 @@ void GenerationEngine::PublishSnapshot() {
     snapshot_.running = static_cast<int>(scheduler_.running().size());
     snapshot_.waiting = static_cast<int>(scheduler_.waiting().size());
     snapshot_.used_blocks = allocator_.used_blocks();
+    snapshot_.cached_blocks = allocator_.cached_free_blocks();
     // Every request taken from the inbox is the scheduler's by now (TakeInbox
     // publishes once it has handed them all over), so the snapshot counts it.
     in_transit_prompt_tokens_.clear();

@@ -70,6 +70,8 @@ struct EngineSnapshot {
   int64_t used_blocks = 0;
   int64_t total_blocks = 0;
   int block_size = 0;
+  bool prefix_caching = false;
+  int64_t cached_blocks = 0;  // held by no request, keeping a cached prefix (free)
 };
 
 // Called on the engine thread; must be quick and must not call back into the

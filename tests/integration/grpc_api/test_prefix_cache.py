@@ -100,6 +100,18 @@ def test_cached_prefixes_give_the_same_bits_and_are_counted():
         assert logged == hits, logged
         assert "prefix caching on" in cached.log()
         assert "prefix caching off" in plain.log()
+        # GetModelInfo: the flag, and the blocks the idle server keeps cached
+        # (the conversation's whole blocks), which no request holds.
+        for server, caching in ((cached, True), (plain, False)):
+            with server.channel() as channel:
+                cache = pb_grpc.GenerationStub(channel).GetModelInfo(
+                    pb.GetModelInfoRequest(), timeout=10).cache
+            assert cache.prefix_caching == caching
+            assert cache.used_blocks == 0
+            if caching:
+                assert cache.cached_blocks >= (prompt[1] + 8) // 4 - 1, cache
+            else:
+                assert cache.cached_blocks == 0
     finally:
         plain.close()
         cached.close()

@@ -9,6 +9,7 @@ import threading
 import grpc
 import pytest
 
+import generation_pb2 as pb
 import generation_pb2_grpc as pb_grpc
 from grpc_harness import Server, access_lines, expect_good_request_works, metric, text_request
 from server_process import free_port
@@ -51,6 +52,10 @@ def test_a_higher_priority_takes_the_running_slot_of_a_lower_one():
         order = [line["request_id"] for line in access_lines(server)
                  if line["request_id"] in ("low", "high")]
         assert order == ["high", "low"], order
+        with server.channel() as channel:
+            info = pb_grpc.GenerationStub(channel).GetModelInfo(pb.GetModelInfoRequest(),
+                                                                timeout=10)
+        assert info.scheduling_policy == "priority"
         text = server.scrape_metrics()
         assert metric(text, "switchserve_priority_preemptions_total") == 1
         assert metric(text, "switchserve_preemptions_total") == 0  # those for KV blocks
@@ -68,3 +73,4 @@ def test_a_priority_is_refused_where_requests_are_served_in_arrival_order(server
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error.value.details().startswith("priority: must be 0")
     expect_good_request_works(stub)
+    assert stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).scheduling_policy == "fcfs"
