@@ -74,6 +74,7 @@ void LogAccess(const AccessRecord& record) {
   if (record.completion_tokens > 0) fields["ttft_ms"] = Rounded(record.time_to_first_token_ms);
   fields["total_ms"] = Rounded(record.total_ms);
   fields["finish_reason"] = FinishReasonName(record.finish_reason);
+  if (record.priority != 0) fields["priority"] = record.priority;
   LogInfo("request", fields);
 }
 

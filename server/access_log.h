@@ -45,6 +45,7 @@ struct AccessRecord {
   double time_to_first_token_ms = 0;
   double total_ms = 0;
   FinishReason finish_reason = FinishReason::kNone;
+  int32_t priority = 0;  // the request's; logged when not 0 (--scheduling-policy priority)
 };
 
 // Fills the token counts, timings and finish reason from a final update.

@@ -28,6 +28,7 @@ AccessRecord CallAccessRecord(const grpc::CallbackServerContext& context,
   record.protocol = "grpc";
   record.method = method;
   record.peer = context.peer();
+  record.priority = request.priority;
   return record;
 }
 

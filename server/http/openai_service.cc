@@ -175,6 +175,7 @@ void OpenAiService::Completions(const std::shared_ptr<HttpExchange>& exchange) c
   }
   auto parsed = ParseCompletionRequest(request.body, options_.limits.vocab_size);
   if (!parsed.ok()) return reject(parsed.status());
+  access.priority = parsed->priority;
   if (!parsed->model.empty() && parsed->model != options_.model_name) {
     return reject(absl::NotFoundError(absl::StrCat("model: `", ShownName(parsed->model),
                                                    "` does not exist; this server serves `",

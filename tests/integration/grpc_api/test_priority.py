@@ -49,9 +49,10 @@ def test_a_higher_priority_takes_the_running_slot_of_a_lower_one():
             assert low_tokens == alone["low"]
         # The high-priority request finished first, and the low one was
         # preempted once for it.
-        order = [line["request_id"] for line in access_lines(server)
-                 if line["request_id"] in ("low", "high")]
-        assert order == ["high", "low"], order
+        lines = [line for line in access_lines(server) if line["request_id"] in ("low", "high")]
+        assert [line["request_id"] for line in lines] == ["high", "low"], lines
+        # The log gives each its priority.
+        assert [line["priority"] for line in lines] == [-1, 5], lines
         with server.channel() as channel:
             info = pb_grpc.GenerationStub(channel).GetModelInfo(pb.GetModelInfoRequest(),
                                                                 timeout=10)

@@ -176,7 +176,8 @@ def test_load_generator_in_process_counts_the_engines_steps():
 def test_load_generator_sends_its_priority_over_grpc_and_http():
     """--priority reaches the server by either transport: a server that
     schedules in arrival order refuses every request (INVALID_ARGUMENT, 400),
-    one started with --scheduling-policy priority serves them all."""
+    one started with --scheduling-policy priority serves them all and logs
+    their priority."""
     for policy, expected in (("fcfs", "requests: 0 ok, 4 failed"),
                              ("priority", "requests: 4 ok, 0 failed")):
         server = Server("--scheduling-policy", policy)
@@ -189,6 +190,11 @@ def test_load_generator_sends_its_priority_over_grpc_and_http():
                     capture_output=True, text=True, timeout=120)
                 assert result.returncode == 0, result.stderr
                 assert expected in result.stdout, (policy, address, result.stdout)
+            if policy == "priority":
+                # The access log gives every request's priority, both protocols.
+                records = [json.loads(l) for l in server.log().splitlines()]
+                logged = [(r["protocol"], r["priority"]) for r in records if r["msg"] == "request"]
+                assert sorted(logged) == [("grpc", 2)] * 4 + [("http", 2)] * 4, logged
         finally:
             server.close()
 
