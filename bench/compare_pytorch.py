@@ -40,10 +40,12 @@ import math
 import os
 import random
 import re
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -153,14 +155,33 @@ def run_bench(args, target, prompt, new_tokens, concurrency):
     return float(THROUGHPUT.search(out).group(2)), out
 
 
-class Server:
-    """`switchserve serve --port 0` on loopback; the port comes from its log."""
+_GIVEN_PORTS = set()
 
-    def __init__(self, binary, model_dir, threads, device, extra_args=()):
+
+def free_port():
+    """A loopback TCP port that was free a moment ago, for a flag that takes
+    a fixed port (--http-port, --metrics-port), never one given before: the
+    kernel can hand the same free port out twice in a row."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in _GIVEN_PORTS:
+            _GIVEN_PORTS.add(port)
+            return port
+
+
+class Server:
+    """`switchserve serve --port 0` on loopback; the port comes from its log.
+    `metrics_port` 0: no exporter."""
+
+    def __init__(self, binary, model_dir, threads, device, extra_args=(), metrics_port=0):
         self.log = tempfile.TemporaryFile(mode="w+")
+        self.metrics_port = metrics_port
         self.proc = subprocess.Popen(
             [binary, "serve", "--model", model_dir, "--host", "127.0.0.1", "--port", "0",
-             "--metrics-port", "0", "--threads", str(threads), "--device", device, *extra_args],
+             "--metrics-port", str(metrics_port), "--threads", str(threads), "--device", device,
+             *extra_args],
             stdout=subprocess.DEVNULL, stderr=self.log, text=True)
         deadline = time.time() + 600
         while time.time() < deadline:
@@ -174,6 +195,14 @@ class Server:
                 raise SystemExit(f"switchserve serve exited:\n{self.log.read()}")
             time.sleep(0.2)
         raise SystemExit("switchserve serve did not start in 600 s")
+
+    def metric_total(self, name):
+        """The sum of the series of metric `name` in a scrape of the exporter."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url) as response:
+            text = response.read().decode()
+        return sum(float(m.group(1)) for m in
+                   re.finditer(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE))
 
     def close(self):
         self.proc.terminate()

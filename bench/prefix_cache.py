@@ -36,7 +36,6 @@ import os
 import re
 import statistics
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,8 +44,8 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_pytorch import (PAPER_CONFIG, ROOT, Model, Server, init_random,  # noqa: E402
-                             prompt_ids, save_model)
+from compare_pytorch import (PAPER_CONFIG, ROOT, Model, Server, free_port,  # noqa: E402
+                             init_random, prompt_ids, save_model)
 
 THROUGHPUT = re.compile(r"throughput: ([\d.]+) requests/s, ([\d.]+) tokens/s")
 TTFT = re.compile(r"TTFT\s+p50\s+([\d.]+) ms")
@@ -66,12 +65,6 @@ def run_bench(args, server, prompt, concurrency, seed):
     if failed or ok != args.requests:
         raise SystemExit(f"{' '.join(cmd)}: {failed} requests failed\n{out}")
     return float(THROUGHPUT.search(out).group(2)), float(TTFT.search(out).group(1))
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def http_port(server):
@@ -125,16 +118,9 @@ def run_choices(args, server, cfg, concurrency, seed):
     return tokens[0] / elapsed, statistics.median(latencies)
 
 
-def metric(server, name):
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics") as response:
-        text = response.read().decode()
-    return sum(float(m.group(1)) for m in re.finditer(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text,
-                                                       re.MULTILINE))
-
-
 def metrics_hit_share(server):
-    query = metric(server, "switchserve_prefix_cache_query_tokens_total")
-    return metric(server, "switchserve_prefix_cache_hit_tokens_total") / query if query else 0.0
+    query = server.metric_total("switchserve_prefix_cache_query_tokens_total")
+    return server.metric_total("switchserve_prefix_cache_hit_tokens_total") / query if query else 0.0
 
 
 def hit_share(server):
@@ -177,11 +163,10 @@ def main():
 
     plain = Server(binary, model_dir, args.threads, args.device,
                    ["--http-port", str(free_port())] if args.choices else [])
-    metrics_port = free_port()
     cached = Server(binary, model_dir, args.threads, args.device,
-                    ["--enable-prefix-caching", "--metrics-port", str(metrics_port),
-                     *(["--http-port", str(free_port())] if args.choices else [])])
-    cached.metrics_port = metrics_port
+                    ["--enable-prefix-caching",
+                     *(["--http-port", str(free_port())] if args.choices else [])],
+                    metrics_port=free_port())
     try:
         shape = (f"{args.choices} choices of a prompt of its own a request" if args.choices
                  else f"the last {args.distinct_tail} each request's own")

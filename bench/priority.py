@@ -24,21 +24,13 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_pytorch import ROOT, Server, prompt_ids  # noqa: E402
-from prefix_cache import free_port  # noqa: E402
+from compare_pytorch import ROOT, Server, free_port, prompt_ids  # noqa: E402
 
 TTFT = re.compile(r"TTFT\s+p50\s+([\d.]+) ms\s+p90\s+[\d.]+ ms\s+p99\s+([\d.]+) ms")
 LATENCY = re.compile(r"latency\s+p50\s+([\d.]+) ms\s+p90\s+[\d.]+ ms\s+p99\s+([\d.]+) ms")
 OKS = re.compile(r"requests: (\d+) ok, (\d+) failed")
-
-
-def generated_tokens(server):
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics") as response:
-        text = response.read().decode()
-    return float(re.search(r"^switchserve_generation_tokens_total (\S+)$", text, re.M).group(1))
 
 
 def bench(args, server, prompt, concurrency, requests, new_tokens, priority, seed):
@@ -58,12 +50,12 @@ def run(args, server, prompt, prioritized, seed):
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         time.sleep(args.settle_s)  # every slot taken, a queue waiting
-        before, start = generated_tokens(server), time.perf_counter()
+        before, start = server.metric_total("switchserve_generation_tokens_total"), time.perf_counter()
         out = subprocess.run(
             bench(args, server, prompt, 1, args.foreground_requests, args.foreground_new_tokens,
                   0, seed + 5_000_000),
             check=True, capture_output=True, text=True).stdout
-        rate = (generated_tokens(server) - before) / (time.perf_counter() - start)
+        rate = (server.metric_total("switchserve_generation_tokens_total") - before) / (time.perf_counter() - start)
     finally:
         background.kill()
         background.wait()
@@ -98,11 +90,10 @@ def main():
     servers = {}
     try:
         for name, policy in (("fcfs", "fcfs"), ("priority", "priority")):
-            port = free_port()
             servers[name] = Server(binary, args.model, args.threads, args.device,
-                                   ["--scheduling-policy", policy, "--metrics-port", str(port),
-                                    "--max-running-requests", str(args.max_running_requests)])
-            servers[name].metrics_port = port
+                                   ["--scheduling-policy", policy,
+                                    "--max-running-requests", str(args.max_running_requests)],
+                                   metrics_port=free_port())
         print(f"model {cfg.get('name', args.model)}: --max-running-requests "
               f"{args.max_running_requests}; background {args.background_concurrency} clients, "
               f"{args.background_new_tokens} new tokens; foreground 1 client, "

@@ -41,13 +41,13 @@ import json
 import math
 import os
 import re
-import socket
 import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_pytorch import ROOT, Server, prompt_ids, requests_per_run, run_bench  # noqa: E402
+from compare_pytorch import (ROOT, Server, free_port, prompt_ids, requests_per_run,  # noqa: E402
+                             run_bench)
 
 CPU = re.compile(r"cpu: ([\d.]+) s user\+system")
 TOKENS = re.compile(r"requests: (\d+) ok")
@@ -143,9 +143,7 @@ def main():
                  else ["--stream-interval", str(args.stream_interval)])
     server_args += streaming
     if args.protocol == "http":
-        with socket.socket() as probe:  # a free port for the HTTP API
-            probe.bind(("127.0.0.1", 0))
-            http_port = probe.getsockname()[1]
+        http_port = free_port()
         server_args += ["--http-port", str(http_port)]
     server = Server(os.path.join(args.build_dir, "server", "switchserve"), args.model, args.threads,
                     args.device, server_args)

@@ -17,11 +17,13 @@ double MillisBetween(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double, std::milli>(to - from).count();
 }
 
-// The scheduler's configuration: the engine's, and the capacity group when
-// sequences carry group loads (where a cached prefix may end).
+// The scheduler's configuration: the engine's, with the capacity group taken
+// from the dispatch (where a cached prefix may end; 0 when no group loads are
+// carried).
 SchedulerConfig SchedulerConfigOf(const EngineOptions& options) {
   SchedulerConfig config = options.scheduler;
-  if (options.dispatch.CarriesGroupLoads()) config.capacity_group = options.dispatch.capacity_group;
+  config.capacity_group =
+      options.dispatch.CarriesGroupLoads() ? options.dispatch.capacity_group : 0;
   return config;
 }
 

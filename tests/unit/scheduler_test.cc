@@ -27,6 +27,13 @@ class SchedulerTest : public ::testing::Test {
     seqs_.push_back(std::move(seq));
     return seqs_.back().get();
   }
+  // Registers the first `count` blocks of `sequence` in the cache, each one
+  // a sequence may start after (as the engine does after a step).
+  void CacheFirstBlocks(const Sequence& sequence, int64_t count) {
+    for (int64_t index = 0; index < count; ++index) {
+      allocator_->CacheBlock(sequence.id, index, sequence.tokens, /*resumable=*/true, {});
+    }
+  }
   // Commits the step and "samples" a token for every chunk that reached its end.
   void Complete(const ScheduleResult& r) {
     scheduler_->CommitStep(r);
@@ -269,9 +276,7 @@ TEST_F(SchedulerTest, AdmissionStartsAfterTheCachedPrefix) {
   EXPECT_EQ(r.prefix_query_tokens, 10);
   EXPECT_EQ(r.prefix_hit_tokens, 0);
   Complete(r);
-  for (int64_t index = 0; index < 2; ++index) {
-    allocator_->CacheBlock(a->id, index, a->tokens, /*resumable=*/true, {});
-  }
+  CacheFirstBlocks(*a, 2);
   scheduler_->Remove(a);
 
   Sequence* b = Add(10);  // the same tokens
@@ -370,9 +375,7 @@ TEST_F(SchedulerTest, ASequenceWaitsForTheBlocksAnotherIsComputing) {
   EXPECT_EQ(scheduler_->waiting()[0], b);
   EXPECT_EQ(r.prefix_query_tokens, 24);  // a, d, e; b's when it joins
   Complete(r);
-  for (int64_t index = 0; index < 2; ++index) {
-    allocator_->CacheBlock(a->id, index, a->tokens, /*resumable=*/true, {});
-  }
+  CacheFirstBlocks(*a, 2);
   r = scheduler_->Schedule();
   ASSERT_EQ(r.chunks.size(), 5u);
   EXPECT_EQ(r.chunks[4].sequence, b);
