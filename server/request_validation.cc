@@ -239,6 +239,12 @@ absl::StatusOr<GenerationRequest> ValidateGenerateRequest(const v1::GenerateRequ
     p.stop_token_ids.push_back(id);
   }
   p.ignore_eos = s.ignore_eos();
+  if (s.min_tokens() < 0 || s.min_tokens() > p.max_new_tokens) {
+    return Invalid("sampling.min_tokens",
+                   absl::StrCat("must be in [0, max_new_tokens = ", p.max_new_tokens, "], found ",
+                                s.min_tokens()));
+  }
+  p.min_tokens = s.min_tokens();
   if (request.logprobs() < 0 || request.logprobs() > limits.max_logprobs) {
     return Invalid("logprobs", absl::StrCat("must be in [0, ", limits.max_logprobs, "], found ",
                                             request.logprobs()));

@@ -55,7 +55,7 @@ struct RequestLimits {
   int default_max_new_tokens = 256;  // when unset (capped by the context)
   int max_stop_strings = 16;
   int max_stop_string_bytes = 256;
-  int max_stop_token_ids = 64;
+  int max_stop_token_ids = kMaxStopTokenIds;
   int max_logprobs = 20;
   int max_logit_bias = kMaxLogitBias;
   bool priority_scheduling = false;  // --scheduling-policy priority: `priority` may be set

@@ -32,11 +32,20 @@ SchedulerConfig SchedulerConfigOf(const EngineOptions& options) {
 // A request in the engine: the scheduler's view of it (Sequence) plus what
 // generation needs.
 struct GenerationEngine::RequestState : Sequence {
-  RequestState(RequestId request_id, GenerationRequest r, const Tokenizer* tokenizer)
+  RequestState(RequestId request_id, GenerationRequest r, const Tokenizer* tokenizer,
+               std::optional<int32_t> eos_token_id)
       : request(std::move(r)),
         rng(request.sampling.seed),
-        detokenizer(tokenizer, request.sampling.stop, request.prompt) {
+        detokenizer(tokenizer, request.sampling.stop, request.prompt, request.sampling.min_tokens) {
     id = request_id;
+    SamplingParams& sampling = request.sampling;
+    if (sampling.min_tokens > 0) {
+      std::vector<int32_t>& ids = sampling.min_tokens_ids;
+      ids = sampling.stop_token_ids;
+      if (eos_token_id && !sampling.ignore_eos) ids.push_back(*eos_token_id);
+      std::sort(ids.begin(), ids.end());
+      ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    }
     tokens = request.prompt;
     prompt_tokens = static_cast<int64_t>(tokens.size());
     // Scoring the prompt needs the logits of every position.
@@ -216,7 +225,8 @@ bool GenerationEngine::TakeInbox() {
     keep_running = !stopping_;
   }
   for (auto& [id, request] : inbox) {
-    auto state = std::make_unique<RequestState>(id, std::move(request), tokenizer_);
+    auto state =
+        std::make_unique<RequestState>(id, std::move(request), tokenizer_, options_.eos_token_id);
     state->arrival_order = next_arrival_++;
     state->priority = state->request.priority;
     scheduler_.Add(state.get());
@@ -320,9 +330,12 @@ void GenerationEngine::RunStep() {
 
       FinishReason reason = FinishReason::kNone;
       const auto& stop_ids = params.stop_token_ids;
-      if (!params.ignore_eos && options_.eos_token_id && token == *options_.eos_token_id) {
+      // The first min_tokens tokens end nothing (the sampler held the ids back).
+      const bool may_stop = state->generated > params.min_tokens;
+      if (may_stop && !params.ignore_eos && options_.eos_token_id &&
+          token == *options_.eos_token_id) {
         reason = FinishReason::kEos;
-      } else if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) {
+      } else if (may_stop && std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) {
         reason = FinishReason::kStop;
       } else {
         bool stopped = false;

@@ -23,6 +23,11 @@ using Clock = std::chrono::steady_clock;
 // The most logit_bias entries one request may give (the server's limit;
 // the CUDA backend's decode graphs hold that many per sequence).
 inline constexpr int kMaxLogitBias = 300;
+// The most stop_token_ids one request may give (the server's limit).
+inline constexpr int kMaxStopTokenIds = 64;
+// The most logit biases one sample applies: a request's own, and the ids
+// min_tokens holds back (the model's EOS and the stop ids).
+inline constexpr int kMaxSampleBiases = kMaxLogitBias + 1 + kMaxStopTokenIds;
 
 // Sampling parameters of one request. Already validated: the engine trusts
 // every value (temperature >= 0, 0 < top_p <= 1, ...).
@@ -48,6 +53,18 @@ struct SamplingParams {
   std::vector<std::string> stop;  // stop strings, non-empty each
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
+  // The first min_tokens generated tokens cannot end the generation: the ids
+  // in min_tokens_ids are not sampled for them (a logit bias of -inf), and a
+  // stop string counts only when it ends in the text of a later token.
+  // <= max_new_tokens.
+  int min_tokens = 0;
+  // The ids min_tokens holds back, ascending and distinct: the model's EOS
+  // (unless ignore_eos) and stop_token_ids. The engine fills it.
+  std::vector<int32_t> min_tokens_ids;
+  // Whether min_tokens holds the ids back for the token after `generated`.
+  bool HoldsBackStops(int64_t generated) const {
+    return generated < min_tokens && !min_tokens_ids.empty();
+  }
   int logprobs = 0;  // top-n alternatives per token
   // The sampled token's own logprob also when logprobs == 0 (OpenAI's
   // "logprobs": 0). Without either, the sampler skips the log-softmax and

@@ -94,13 +94,32 @@ SampleResult TokenLogprobs(absl::Span<const float> logits, int32_t token, int nu
   return result;
 }
 
+std::vector<std::pair<int32_t, float>> SampleBiases(const SamplingParams& params,
+                                                    int64_t generated) {
+  if (!params.HoldsBackStops(generated)) return params.logit_bias;
+  std::vector<std::pair<int32_t, float>> biases;
+  biases.reserve(params.logit_bias.size() + params.min_tokens_ids.size());
+  auto bias = params.logit_bias.begin();
+  for (const int32_t id : params.min_tokens_ids) {
+    for (; bias != params.logit_bias.end() && bias->first < id; ++bias) biases.push_back(*bias);
+    if (bias != params.logit_bias.end() && bias->first == id) ++bias;
+    biases.emplace_back(id, -std::numeric_limits<float>::infinity());
+  }
+  biases.insert(biases.end(), bias, params.logit_bias.end());
+  return biases;
+}
+
 SampleResult SampleToken(absl::Span<const float> logits, const SamplingParams& params,
                          absl::Span<const int32_t> history, int64_t prompt_length, int num_logprobs,
                          SamplerRng& rng) {
   const int32_t vocab = static_cast<int32_t>(logits.size());
   const std::vector<float> finite = FiniteCopy(logits);
   std::vector<float> scores = finite;
-  for (const auto& [id, bias] : params.logit_bias) {
+  const int64_t count = static_cast<int64_t>(history.size()) - prompt_length;
+  const bool holds_back = params.HoldsBackStops(count);
+  std::vector<std::pair<int32_t, float>> held_back;
+  if (holds_back) held_back = SampleBiases(params, count);
+  for (const auto& [id, bias] : holds_back ? held_back : params.logit_bias) {
     if (id >= 0 && id < vocab) scores[id] = Finite(scores[id] + bias);
   }
   if (params.repetition_penalty != 1.0f) {

@@ -103,10 +103,13 @@ bool PromptSpellsText(const Tokenizer& tokenizer, absl::Span<const int32_t> prom
 
 IncrementalDetokenizer::IncrementalDetokenizer(const Tokenizer* tokenizer,
                                                std::vector<std::string> stop_strings,
-                                               absl::Span<const int32_t> prompt)
+                                               absl::Span<const int32_t> prompt, int min_tokens)
     : tokenizer_(tokenizer),
       stop_strings_(std::move(stop_strings)),
-      text_started_(PromptSpellsText(*tokenizer, prompt)) {}
+      to_min_tokens_(min_tokens),
+      text_started_(PromptSpellsText(*tokenizer, prompt)) {
+  if (to_min_tokens_ <= 0) stops_after_ = 0;
+}
 
 std::string IncrementalDetokenizer::Add(int32_t token_id, bool* stopped) {
   *stopped = false;
@@ -115,6 +118,7 @@ std::string IncrementalDetokenizer::Add(int32_t token_id, bool* stopped) {
   text_started_ = text_started_ || !bytes.empty();
   pending_.append(bytes);
   pending_.erase(0, AppendSanitizedUtf8(pending_, false, &text_));
+  if (to_min_tokens_ > 0 && --to_min_tokens_ == 0) stops_after_ = text_.size();
 
   if (const size_t stop_at = FindStop(); stop_at != std::string::npos) {
     stopped_ = true;
@@ -156,8 +160,11 @@ size_t IncrementalDetokenizer::FindStop() const {
   // A stop string cannot start inside released text: any text that might
   // begin one is held back (Add).
   size_t stop_at = std::string::npos;
+  if (stops_after_ == std::string::npos) return stop_at;
   for (const std::string& stop : stop_strings_) {
-    const size_t pos = text_.find(stop, released_);
+    // Those starting here or later end past stops_after_.
+    const size_t from = stops_after_ >= stop.size() ? stops_after_ + 1 - stop.size() : 0;
+    const size_t pos = text_.find(stop, std::max(released_, from));
     if (pos != std::string::npos) stop_at = std::min(stop_at, pos);
   }
   return stop_at;

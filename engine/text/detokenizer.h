@@ -45,9 +45,11 @@ bool PromptSpellsText(const Tokenizer& tokenizer, absl::Span<const int32_t> prom
 
 class IncrementalDetokenizer {
  public:
-  // `tokenizer` must outlive this object; `prompt` is read here only.
+  // `tokenizer` must outlive this object; `prompt` is read here only. A stop
+  // string counts only when it ends in text after that of the first
+  // `min_tokens` ids (it may begin before).
   IncrementalDetokenizer(const Tokenizer* tokenizer, std::vector<std::string> stop_strings,
-                         absl::Span<const int32_t> prompt = {});
+                         absl::Span<const int32_t> prompt = {}, int min_tokens = 0);
 
   // Adds one generated id; returns the text it releases. Sets `*stopped` when
   // a stop string completed: the text up to the stop string has then been
@@ -65,10 +67,12 @@ class IncrementalDetokenizer {
 
   const Tokenizer* tokenizer_;
   std::vector<std::string> stop_strings_;
-  bool text_started_ = false;  // some id (of the prompt too) added bytes
-  std::string pending_;        // bytes not yet in text_: an incomplete character
-  std::string text_;           // sanitized text of the bytes so far
-  size_t released_ = 0;        // bytes of text_ handed out
+  int to_min_tokens_;                       // ids still to add before stops count
+  size_t stops_after_ = std::string::npos;  // a stop string must end past this byte of text_
+  bool text_started_ = false;               // some id (of the prompt too) added bytes
+  std::string pending_;                     // bytes not yet in text_: an incomplete character
+  std::string text_;                        // sanitized text of the bytes so far
+  size_t released_ = 0;                     // bytes of text_ handed out
   bool stopped_ = false;
 };
 

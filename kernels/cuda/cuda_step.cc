@@ -132,9 +132,17 @@ absl::Status StepIo::Prepare(const StepBatch& batch, int real_tokens, int bucket
     d.generated_begin = static_cast<int32_t>(
         std::min<int64_t>(d.history_begin + request.prompt_length, d.history_end));
     d.bias_begin = d.history_end;
-    for (const auto& [id, bias] : params.logit_bias) {
-      history_.push_back(id);
-      history_.push_back(std::bit_cast<int32_t>(bias));
+    const auto push_biases = [this](const std::vector<std::pair<int32_t, float>>& biases) {
+      for (const auto& [id, bias] : biases) {
+        history_.push_back(id);
+        history_.push_back(std::bit_cast<int32_t>(bias));
+      }
+    };
+    const int64_t generated = static_cast<int64_t>(request.history.size()) - request.prompt_length;
+    if (params.HoldsBackStops(generated)) {
+      push_biases(SampleBiases(params, generated));
+    } else {
+      push_biases(params.logit_bias);
     }
     d.bias_end = static_cast<int32_t>(history_.size());
     sample_params_.push_back(d);
@@ -173,7 +181,7 @@ absl::Status StepIo::Prepare(const StepBatch& batch, int real_tokens, int bucket
     // The penalised histories, then each sequence's logit bias pairs.
     shape.history =
         std::min(bucket * int64_t{model_.max_seq_len}, model_.kv_blocks * model_.block_size) +
-        bucket * int64_t{2 * kMaxLogitBias};
+        bucket * int64_t{2 * kMaxSampleBiases};
     // One token per sequence: one segment each.
     shape.dispatch_segments = model_.capacity_group > 0 ? bucket : 0;
     if (static_cast<int64_t>(batch.block_tables.size()) > shape.block_entries ||

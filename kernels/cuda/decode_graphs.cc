@@ -26,7 +26,8 @@ bool GraphEligible(const StepBatch& batch, const DispatchConfig& dispatch, int m
     if (sample.params == nullptr) continue;
     if (sample.params->logprobs > kGraphMaxLogprobs ||
         static_cast<int64_t>(sample.history.size()) > max_seq_len ||
-        sample.params->logit_bias.size() > static_cast<size_t>(kMaxLogitBias)) {
+        sample.params->logit_bias.size() + sample.params->min_tokens_ids.size() >
+            static_cast<size_t>(kMaxSampleBiases)) {
       return false;
     }
     if (sample.params->PenalisesHistory()) history += sample.history.size();

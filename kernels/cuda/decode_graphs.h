@@ -46,7 +46,7 @@ inline constexpr int kGraphMaxLogprobs = 20;
 // change with the step's tokens); and the step fits the bucket's fixed
 // arrays: block tables of at most ceil(max_seq_len / block_size) blocks,
 // histories of at most max_seq_len ids, at most kGraphMaxLogprobs logprobs
-// and kMaxLogitBias logit biases;
+// and kMaxSampleBiases logit biases;
 // and, all sequences together, at most `kv_blocks` blocks and as many
 // penalised history ids as those blocks hold tokens (a sane batch's
 // sequences hold their blocks in a cache of kv_blocks side by side, so the

@@ -50,7 +50,7 @@ absl::Status WrongType(std::string_view param, const char* what, const Json& val
 // Supported: model, prompt, max_tokens, temperature, top_p, n, best_of (= n),
 // stream, stream_options, logprobs, stop, seed, user, echo; and vLLM's
 // sampling extensions top_k, min_p, repetition_penalty, ignore_eos,
-// stop_token_ids, return_tokens_as_token_ids; presence_penalty,
+// stop_token_ids, min_tokens, return_tokens_as_token_ids; presence_penalty,
 // frequency_penalty, logit_bias. Accepted only at its neutral value: suffix.
 bool Known(const std::string& key) {
   static const char* const kKnown[] = {"model",
@@ -70,6 +70,7 @@ bool Known(const std::string& key) {
                                        "repetition_penalty",
                                        "ignore_eos",
                                        "stop_token_ids",
+                                       "min_tokens",
                                        "return_tokens_as_token_ids",
                                        "echo",
                                        "best_of",
@@ -321,6 +322,10 @@ absl::Status ParseField(const std::string& key, const Json& value, int vocab_siz
     auto ids = TokenIdList(value, key, "stop_token_ids", vocab_size);
     if (!ids.ok()) return ids.status();
     sampling->mutable_stop_token_ids()->Add(ids->ids().begin(), ids->ids().end());
+  } else if (key == "min_tokens") {
+    auto n = Integer(value, key, 0, std::numeric_limits<int32_t>::max());
+    if (!n.ok()) return n.status();
+    sampling->set_min_tokens(static_cast<int32_t>(*n));
   } else if (key == "return_tokens_as_token_ids") {
     auto b = Boolean(value, key);
     if (!b.ok()) return b.status();

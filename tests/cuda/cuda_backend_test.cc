@@ -156,7 +156,7 @@ TEST(DecodeGraphsTest, GraphStepsCopyWhatTheirSequencesUse) {
   cuda::PadDecodeStep(decode, bucket, /*scratch_block=*/64, &padded);
   ASSERT_TRUE(io.Prepare(padded, 9, bucket, nullptr).ok());
   // The cache's rows, not 16 x 2^20, and room for each sequence's logit bias.
-  const int64_t bias_room = 16 * 2 * kMaxLogitBias;
+  const int64_t bias_room = 16 * 2 * kMaxSampleBiases;
   EXPECT_EQ(io.shape().history, 64 * 16 + bias_room);
   EXPECT_EQ(io.shape().block_entries, 64 + 16);
   EXPECT_LT(io.input_bytes(), (size_t{32} << 10) + bias_room * 4);
@@ -184,8 +184,8 @@ TEST(CudaBackendTest, PositionTablesCoverTheCachesRowsWhateverTheContext) {
   EXPECT_EQ(testing::FloatBytes(got, 0, got.size()), testing::FloatBytes(want, 0, want.size()));
 }
 
-// Sixteen requests, each with its own mix of sampling parameters (penalties
-// and logit biases among them), in one
+// Sixteen requests, each with its own mix of sampling parameters (penalties,
+// logit biases and min_tokens among them), in one
 // prefill step and then a decode step (a graph bucket): every token is the
 // host sampler's choice from the returned logits, and each generator advanced
 // by the same draws.
@@ -204,6 +204,17 @@ TEST(CudaBackendTest, EveryRequestSamplesLikeTheHostSampler) {
     p.presence_penalty = i % 3 == 2 ? 0.8f : 0.0f;
     p.frequency_penalty = i % 4 == 1 ? -0.6f : 0.0f;
     if (i % 5 == 3) p.logit_bias = {{1, 30.0f}, {V - 1, -3.0f}};  // decides the token
+    if (i % 6 == 2) {
+      // min_tokens holds back 1, which its bias would choose, and 4.
+      p.logit_bias = {{1, 30.0f}};
+      p.min_tokens = 8;
+      p.min_tokens_ids = {1, 4};
+    }
+    if (i % 6 == 5) {
+      // Held back at i = 5 (1 token generated), not at i = 11 (2).
+      p.min_tokens = 2;
+      p.min_tokens_ids = {0, 2, V - 1};
+    }
     p.logprobs = i % 4;
     p.sampled_logprob = i % 8 == 0;  // "logprobs": 0; the others at 0 get no logprob
   }

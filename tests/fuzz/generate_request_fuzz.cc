@@ -55,6 +55,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(p.logprobs >= 0 && p.logprobs <= limits.max_logprobs);
   FUZZ_CHECK(p.presence_penalty >= -2 && p.presence_penalty <= 2 && p.frequency_penalty >= -2 &&
              p.frequency_penalty <= 2);
+  FUZZ_CHECK(p.min_tokens >= 0 && p.min_tokens <= p.max_new_tokens);
   FUZZ_CHECK(static_cast<int>(p.logit_bias.size()) <= limits.max_logit_bias);
   for (size_t i = 0; i < p.logit_bias.size(); ++i) {
     const auto& [id, bias] = p.logit_bias[i];

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -67,7 +68,9 @@ Sampled SampleOnDevice(const std::vector<float>& logits, int vocab,
     p.history_end = static_cast<int32_t>(history.size());
     p.generated_begin = p.history_begin + static_cast<int32_t>(requests[i].prompt_length);
     p.bias_begin = p.history_end;
-    for (const auto& [id, bias] : s.logit_bias) {
+    const int64_t generated =
+        static_cast<int64_t>(requests[i].history.size()) - requests[i].prompt_length;
+    for (const auto& [id, bias] : SampleBiases(s, generated)) {
       history.push_back(id);
       history.push_back(std::bit_cast<int32_t>(bias));
     }
@@ -120,7 +123,8 @@ Sampled ExpectHostSamplerChoices(const std::vector<float>& logits, int vocab,
                  " penalty=" + std::to_string(r.params.repetition_penalty) +
                  " presence=" + std::to_string(r.params.presence_penalty) +
                  " frequency=" + std::to_string(r.params.frequency_penalty) +
-                 " biases=" + std::to_string(r.params.logit_bias.size()));
+                 " biases=" + std::to_string(r.params.logit_bias.size()) +
+                 " min_tokens=" + std::to_string(r.params.min_tokens));
     SamplerRng rng(r.seed);
     // The kernel computes every sample's logprob, also where none was asked.
     SamplingParams params = r.params;
@@ -177,6 +181,15 @@ std::vector<Request> Requests(int count, int vocab, uint64_t seed) {
       p.logit_bias.emplace_back(id, static_cast<float>(static_cast<int>(rng() % 201) - 100) / 7.0f);
     }
     std::sort(p.logit_bias.begin(), p.logit_bias.end());
+    // min_tokens holding back a few ids (a biased one among them), or not
+    // yet / no longer.
+    if (rng() % 3 == 0) {
+      p.min_tokens = static_cast<int>(rng() % 30);
+      std::set<int32_t> ids = {static_cast<int32_t>(rng() % vocab),
+                               static_cast<int32_t>(rng() % vocab)};
+      if (!p.logit_bias.empty()) ids.insert(p.logit_bias.front().first);
+      p.min_tokens_ids.assign(ids.begin(), ids.end());
+    }
   }
   return requests;
 }
@@ -260,6 +273,35 @@ TEST(SimtSampling, PresenceAndFrequencyPenaltiesCountGeneratedIdsOnly) {
   add(0.5f, 0.0f, {3}, 0, {{3, 1.5f}});  // biased, then penalised: 4.0, tie: 1
   const Sampled got = ExpectHostSamplerChoices(logits, vocab, requests);
   EXPECT_EQ(got.token, (std::vector<int32_t>{2, 1, 2, 1, 1, 6, 3, 1}));
+}
+
+// min_tokens: while fewer tokens are generated, its ids get a bias of -inf
+// (in place of their own bias); greedy and every draw pick another token.
+// Once enough are generated, the ids are back.
+TEST(SimtSampling, MinTokensHoldsItsIdsBackUntilEnoughAreGenerated) {
+  SIMT_REQUIRE_DEVICE();
+  const int vocab = 8;
+  const std::vector<float> row = {1.0f, 4.0f, 3.9f, 3.0f, 0.0f, 2.0f, 3.5f, 0.5f};
+  std::vector<float> logits;
+  std::vector<Request> requests;
+  for (int i = 0; i < 24; ++i) {
+    logits.insert(logits.end(), row.begin(), row.end());
+    Request r;
+    r.params.temperature = i % 3 == 0 ? 0.0f : 2.0f;
+    r.params.min_tokens = 3;
+    r.params.min_tokens_ids = {1, 2};
+    if (i % 2 == 1) r.params.logit_bias = {{1, 50.0f}};
+    r.prompt_length = 1;
+    r.history.assign(1 + (i < 20 ? i % 3 : 3), 0);  // 0-2 tokens generated; 3 for the last four
+    r.seed = 500 + i;
+    requests.push_back(r);
+  }
+  const Sampled got = ExpectHostSamplerChoices(logits, vocab, requests);
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_NE(got.token[i], 1) << i;
+    EXPECT_NE(got.token[i], 2) << i;
+  }
+  EXPECT_EQ(got.token[21], 1);  // biased by 50, no longer held back
 }
 
 // Non-finite logits (a model that overflows) and a penalty that overflows a

@@ -1,8 +1,10 @@
 #include "engine/text/detokenizer.h"
 
+#include <random>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_join.h"
 #include "engine/text/tokenizer.h"
 #include "gtest/gtest.h"
 #include "tests/util/fake_backend.h"
@@ -13,9 +15,9 @@ namespace {
 
 // Feeds `bytes` one id per byte; returns the released chunks.
 std::vector<std::string> Feed(const std::string& bytes, std::vector<std::string> stops,
-                              bool* stopped_out = nullptr) {
+                              bool* stopped_out = nullptr, int min_tokens = 0) {
   auto tokenizer = CreateByteTokenizer();
-  IncrementalDetokenizer detok(tokenizer.get(), std::move(stops));
+  IncrementalDetokenizer detok(tokenizer.get(), std::move(stops), {}, min_tokens);
   std::vector<std::string> chunks;
   bool stopped = false;
   for (unsigned char c : bytes) {
@@ -101,6 +103,62 @@ TEST(DetokenizerTest, TheEarliestStopStringEndsTheText) {
     bool stopped = false;
     EXPECT_EQ(Join(Feed("xxab", stops, &stopped)), "xx") << stops[0];
     EXPECT_TRUE(stopped);
+  }
+}
+
+// With min_tokens, a stop string counts only when it ends in the text of a
+// later id: one that lies in the first ids' text stays in the text, one that
+// begins there and ends later stops it.
+TEST(DetokenizerTest, StopStringsCountOnlyWhenTheyEndPastMinTokens) {
+  bool stopped = false;
+  // The first "b." ends with the third id: counted past two, not past three.
+  EXPECT_EQ(Join(Feed("ab.ab.ab", {"b."}, &stopped, 0)), "a");
+  EXPECT_TRUE(stopped);
+  EXPECT_EQ(Join(Feed("ab.ab.ab", {"b."}, &stopped, 2)), "a");
+  EXPECT_TRUE(stopped);
+  EXPECT_EQ(Join(Feed("ab.ab.ab", {"b."}, &stopped, 3)), "ab.a");
+  EXPECT_TRUE(stopped);
+  EXPECT_EQ(Join(Feed("ab.ab.ab", {"b.", "ab"}, &stopped, 7)), "ab.ab.");
+  EXPECT_TRUE(stopped);  // "ab" ends at the eighth id
+  EXPECT_EQ(Join(Feed("ab.ab.ab", {"b."}, &stopped, 8)), "ab.ab.ab");
+  EXPECT_FALSE(stopped);
+}
+
+// The same rule on random texts of three letters, against its plain
+// statement: the text stops at the first id after which a stop string ends
+// with that id's byte past the first min_tokens bytes, before the longest
+// stop string ending there.
+TEST(DetokenizerTest, MinTokensStopsWhereThePlainRuleSays) {
+  std::mt19937 rng(17);
+  const std::string letters = "ab.";
+  auto random_text = [&](int length) {
+    std::string text;
+    for (int i = 0; i < length; ++i) text += letters[rng() % letters.size()];
+    return text;
+  };
+  for (int trial = 0; trial < 3000; ++trial) {
+    const std::string text = random_text(12);
+    std::vector<std::string> stops;
+    for (int i = 1 + static_cast<int>(rng() % 3); i > 0; --i) {
+      stops.push_back(random_text(1 + static_cast<int>(rng() % 3)));
+    }
+    const int min_tokens = static_cast<int>(rng() % 14);
+    std::string want = text;
+    bool want_stopped = false;
+    for (size_t end = static_cast<size_t>(min_tokens) + 1; end <= text.size() && !want_stopped;
+         ++end) {
+      for (const std::string& stop : stops) {
+        if (stop.size() <= end && text.compare(end - stop.size(), stop.size(), stop) == 0 &&
+            (!want_stopped || end - stop.size() < want.size())) {
+          want = text.substr(0, end - stop.size());
+          want_stopped = true;
+        }
+      }
+    }
+    bool stopped = false;
+    EXPECT_EQ(Join(Feed(text, stops, &stopped, min_tokens)), want)
+        << text << " min_tokens " << min_tokens << " stops " << absl::StrJoin(stops, ",");
+    EXPECT_EQ(stopped, want_stopped) << text;
   }
 }
 

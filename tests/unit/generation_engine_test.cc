@@ -193,6 +193,63 @@ TEST_F(GenerationEngineTest, EosEndsRequestUnlessIgnored) {
   EXPECT_EQ(ignoring->ids_, ids);
 }
 
+// min_tokens: the first tokens are neither the EOS nor a stop id (the
+// sampler holds them back), and a stop string counts only when it ends in
+// the text of a later token; without it the same request ends at once.
+TEST_F(GenerationEngineTest, MinTokensKeepsTheFirstTokensFromEndingIt) {
+  Init(256, 256, 16);
+  engine_->Start();
+  auto reference = Submit("abc", Greedy(20));
+  reference->Wait();
+  const std::vector<int32_t> ids = reference->ids_;
+  const std::string text = reference->text_;
+  ASSERT_EQ(text.size(), 20u);  // one byte a token
+
+  // The stop string's first occurrence ends with the third token.
+  SamplingParams p = Greedy(20);
+  p.stop = {text.substr(1, 2)};
+  auto early = Submit("abc", p);
+  EXPECT_EQ(early->Wait().finish_reason, FinishReason::kStop);
+  EXPECT_EQ(early->text_, text.substr(0, 1));
+  p.min_tokens = 3;
+  auto late = Submit("abc", p);
+  const size_t next = text.find(p.stop[0], 2);
+  EXPECT_EQ(late->Wait().finish_reason,
+            next == std::string::npos ? FinishReason::kLength : FinishReason::kStop);
+  EXPECT_EQ(late->ids_, ids);  // nothing held back: the same tokens
+  EXPECT_EQ(late->text_, text.substr(0, next));
+  engine_->Stop();
+
+  const int32_t eos = ids[1];
+  Init(256, 256, 16, 1000, eos);
+  engine_->Start();
+  p = Greedy(20);
+  p.stop_token_ids = {ids[0]};
+  auto at_once = Submit("abc", p);
+  EXPECT_EQ(at_once->Wait().finish_reason, FinishReason::kStop);
+  EXPECT_EQ(at_once->ids_, std::vector<int32_t>{ids[0]});
+  p.min_tokens = 5;
+  auto held = Submit("abc", p);
+  const GenerationUpdate& final = held->Wait();
+  EXPECT_TRUE(final.status.ok());
+  ASSERT_GT(held->ids_.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_NE(held->ids_[i], eos) << i;
+    EXPECT_NE(held->ids_[i], ids[0]) << i;
+  }
+  // Later, either ends it, as the last token.
+  const int32_t last = held->ids_.back();
+  EXPECT_EQ(final.finish_reason, last == eos      ? FinishReason::kEos
+                                 : last == ids[0] ? FinishReason::kStop
+                                                  : FinishReason::kLength);
+  // With ignore_eos the EOS is an id like another: not held back.
+  p.ignore_eos = true;
+  p.stop_token_ids = {};
+  auto ignoring = Submit("abc", p);
+  EXPECT_EQ(ignoring->Wait().finish_reason, FinishReason::kLength);
+  EXPECT_EQ(ignoring->ids_, ids);
+}
+
 TEST_F(GenerationEngineTest, StreamIntervalSendsTheFirstTokenAloneThenGroups) {
   Init(256, 256, 16);
   engine_->Start();

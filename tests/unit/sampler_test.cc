@@ -75,6 +75,35 @@ TEST(SamplerTest, LogitBiasMovesTheListedTokens) {
   }
 }
 
+// min_tokens: the ids it holds back get a bias of -inf while fewer tokens
+// than min_tokens follow the prompt, in place of any bias the request gave
+// them; then they are sampled as before.
+TEST(SamplerTest, MinTokensHoldsItsIdsBackUntilEnoughAreGenerated) {
+  SamplerRng rng(4);
+  const std::vector<float> logits = {2.0f, 1.9f, 0.0f, -1.0f};
+  SamplingParams p = Greedy();
+  p.min_tokens = 2;
+  p.min_tokens_ids = {0, 3};
+  p.logit_bias = {{1, -0.5f}, {3, 9.0f}};
+  // A prompt of 2: 0, then 1 token generated: 0 and 3 held back, 1 biased.
+  EXPECT_EQ(SampleToken(logits, p, {5, 5}, 2, 0, rng).token_id, 1);
+  EXPECT_EQ(SampleToken(logits, p, {5, 5, 1}, 2, 0, rng).token_id, 1);
+  EXPECT_EQ(SampleToken(logits, p, {5, 5, 1, 1}, 2, 0, rng).token_id, 3);  // 2 generated: biased 3
+  p.temperature = 1.0f;
+  for (int i = 0; i < 300; ++i) {
+    const int32_t token = SampleToken(logits, p, {5, 5, 1}, 2, 0, rng).token_id;
+    ASSERT_TRUE(token == 1 || token == 2) << token;
+  }
+  EXPECT_EQ(SampleBiases(p, 1),
+            (std::vector<std::pair<int32_t, float>>{{0, -std::numeric_limits<float>::infinity()},
+                                                    {1, -0.5f},
+                                                    {3, -std::numeric_limits<float>::infinity()}}));
+  EXPECT_EQ(SampleBiases(p, 2), p.logit_bias);
+  // The logprobs stay those of the raw logits.
+  const SampleResult r = SampleToken(logits, p, {5, 5}, 2, 2, rng);
+  EXPECT_EQ(r.top_logprobs.at(0).first, 0);
+}
+
 TEST(SamplerTest, SameSeedSameTokens) {
   std::vector<float> logits(50);
   for (int i = 0; i < 50; ++i) logits[i] = static_cast<float>(i % 7) * 0.3f;

@@ -60,6 +60,33 @@ def test_stop_string_and_stop_token(stub):
         reference.token_ids[3]) + 1])
 
 
+def test_min_tokens_keeps_the_first_tokens_from_stopping(stub):
+    """A stop id the model would pick first is not sampled for the first
+    min_tokens tokens (nor a stop string ending in their text); without
+    min_tokens the same request stops at once."""
+    reference = stub.Generate(text_request("stop test", 20, ignore_eos=True), timeout=60)
+    first = reference.token_ids[0]
+    at_once = stub.Generate(text_request("stop test", 20, stop_token_ids=[first]), timeout=60)
+    assert at_once.finish_reason == pb.FINISH_REASON_STOP
+    assert list(at_once.token_ids) == [first]
+    held = stub.Generate(text_request("stop test", 20, stop_token_ids=[first], min_tokens=6),
+                         timeout=60)
+    assert len(held.token_ids) > 6
+    assert first not in held.token_ids[:6]
+    assert held.finish_reason == (pb.FINISH_REASON_STOP if held.token_ids[-1] == first
+                                  else pb.FINISH_REASON_LENGTH)
+    assert held.usage.completion_tokens == len(held.token_ids)
+    # A stop string in the first tokens' text: not counted.
+    stop = reference.text[1:3]
+    late = stub.Generate(text_request("stop test", 20, stop=[stop], ignore_eos=True,
+                                      min_tokens=20), timeout=60)
+    assert late.finish_reason == pb.FINISH_REASON_LENGTH
+    assert late.text == reference.text
+    streamed = "".join(m.text for m in stub.GenerateStream(
+        text_request("stop test", 20, stop=[stop], ignore_eos=True, min_tokens=20), timeout=60))
+    assert streamed == reference.text
+
+
 def model_with_eos(eos_token_id):
     """The test model with config.json declaring `eos_token_id` (same weights)."""
     model = tempfile.mkdtemp(prefix="switchserve_eos_")
@@ -206,6 +233,10 @@ BAD_INPUTS = [
      "sampling.stop"),
     ("stop id outside vocabulary", text_request("x", 4, stop_token_ids=[1000]),
      "sampling.stop_token_ids"),
+    ("negative min_tokens", text_request("x", 4, min_tokens=-1),
+     "sampling.min_tokens: must be in [0, max_new_tokens = 4], found -1"),
+    ("min_tokens past max_new_tokens", text_request("x", 4, min_tokens=5),
+     "sampling.min_tokens: must be in [0, max_new_tokens = 4], found 5"),
     ("too many logprobs", pb.GenerateRequest(text="x", logprobs=50), "logprobs"),
     ("too many prompt logprobs", pb.GenerateRequest(text="x", prompt_logprobs=21),
      "prompt_logprobs: must be in [0, 20], found 21"),

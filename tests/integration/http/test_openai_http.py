@@ -402,6 +402,25 @@ def test_n_choices_are_samples_of_their_prompt(client):
     assert unseeded.usage.prompt_tokens == 2 and unseeded.usage.completion_tokens == 32
 
 
+def test_min_tokens_holds_back_the_stop_ids(server, client):
+    """vLLM's min_tokens: a stop id the model picks first is not sampled for
+    the first min_tokens tokens; the gRPC request with the same field gives
+    the same text."""
+    first = grpc_generate(server, "stop", max_new_tokens=1, temperature=0).token_ids[0]
+    body = {"stop_token_ids": [first], "min_tokens": 5}
+    at_once = client.completions.create(model=MODEL, prompt="stop", max_tokens=12, temperature=0,
+                                        extra_body={"stop_token_ids": [first]})
+    assert at_once.usage.completion_tokens == 1 and at_once.choices[0].finish_reason == "stop"
+    held = client.completions.create(model=MODEL, prompt="stop", max_tokens=12, temperature=0,
+                                     extra_body=body)
+    assert held.usage.completion_tokens > 5
+    same = grpc_generate(server, "stop", max_new_tokens=12, temperature=0, stop_token_ids=[first],
+                         min_tokens=5)
+    assert held.choices[0].text == same.text
+    assert held.usage.completion_tokens == same.usage.completion_tokens
+    assert first not in same.token_ids[:5]
+
+
 BAD_BODIES = [
     ("max_tokens over context", {"prompt": "x", "max_tokens": 64}, "max_tokens"),
     ("max_tokens zero", {"prompt": "x", "max_tokens": 0}, "max_tokens"),
@@ -439,6 +458,10 @@ BAD_BODIES = [
     ("max_tokens past int64", {"prompt": "x", "max_tokens": 1e20}, "max_tokens"),
     ("priority without the priority policy", {"prompt": "x", "priority": 2}, "priority"),
     ("priority not integer", {"prompt": "x", "priority": "high"}, "priority"),
+    ("min_tokens past max_tokens", {"prompt": "x", "max_tokens": 3, "min_tokens": 4},
+     "min_tokens"),
+    ("negative min_tokens", {"prompt": "x", "min_tokens": -1}, "min_tokens"),
+    ("min_tokens not integer", {"prompt": "x", "min_tokens": 1.5}, "min_tokens"),
 ]
 # The whole message where it names an entry or a range: an id past int32 as
 # one past the vocabulary, a number past int64 as one past int32.
@@ -455,6 +478,8 @@ BAD_BODY_MESSAGES = {
         "stop_token_ids: stop_token_ids[0] = -3000000000 is outside the vocabulary [0, 256)",
     "stop entry not string": "stop: stop[1] must be a string, found 1",
     "max_tokens past int64": "max_tokens: must be in [1, 2147483647], found 1e+20",
+    "min_tokens past max_tokens": "min_tokens: must be in [0, max_tokens = 3], found 4",
+    "negative min_tokens": "min_tokens: must be in [0, 2147483647], found -1",
     "priority without the priority policy":
         "priority: must be 0: this server schedules in arrival order (start it with "
         "--scheduling-policy priority), found 2",
