@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "engine/text/detokenizer.h"
 #include "grpc/support/time.h"
 #include "server/generate_calls.h"
 #include "server/wire_format.h"
@@ -194,6 +195,30 @@ grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContex
   if (!ids.ok()) return new FinishedCall(this, ToGrpcStatus(ids.status()));
   v1::TokenizeResponse response;
   response.mutable_token_ids()->Add(ids->begin(), ids->end());
+  *response_buffer = SerializeMessage(response);
+  return new FinishedCall(this, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* GenerationService::Detokenize(grpc::CallbackServerContext* context,
+                                                        const grpc::ByteBuffer* request_buffer,
+                                                        grpc::ByteBuffer* response_buffer) {
+  if (grpc::Status status = Admit(context); !status.ok()) return new FinishedCall(this, status);
+  v1::DetokenizeRequest request;
+  if (absl::Status status = ParseMessage(*request_buffer, &request); !status.ok()) {
+    return new FinishedCall(this, ToGrpcStatus(status));
+  }
+  const int vocab = options_.limits.vocab_size;
+  for (int i = 0; i < request.token_ids_size(); ++i) {
+    const int32_t id = request.token_ids(i);
+    if (id < 0 || id >= vocab) {
+      return new FinishedCall(
+          this, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                             absl::StrCat("token_ids: ids[", i, "] = ", id,
+                                          " is outside the vocabulary [0, ", vocab, ")")));
+    }
+  }
+  v1::DetokenizeResponse response;
+  response.set_text(DecodedText(*options_.tokenizer, request.token_ids()));
   *response_buffer = SerializeMessage(response);
   return new FinishedCall(this, grpc::Status::OK);
 }

@@ -67,7 +67,8 @@ struct GenerationServiceOptions {
 using GenerationServiceBase = v1::Generation::WithRawCallbackMethod_Generate<
     v1::Generation::WithRawCallbackMethod_GenerateStream<
         v1::Generation::WithRawCallbackMethod_Tokenize<
-            v1::Generation::WithRawCallbackMethod_GetModelInfo<v1::Generation::Service>>>>;
+            v1::Generation::WithRawCallbackMethod_Detokenize<
+                v1::Generation::WithRawCallbackMethod_GetModelInfo<v1::Generation::Service>>>>>;
 
 class GenerationService final : public GenerationServiceBase {
  public:
@@ -85,6 +86,9 @@ class GenerationService final : public GenerationServiceBase {
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
                                      const grpc::ByteBuffer* request,
                                      grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* Detokenize(grpc::CallbackServerContext* context,
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
                                          const grpc::ByteBuffer* request,
                                          grpc::ByteBuffer* response) override;

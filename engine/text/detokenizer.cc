@@ -95,6 +95,12 @@ bool IsValidUtf8(std::string_view text) {
   return true;
 }
 
+std::string DecodedText(const Tokenizer& tokenizer, absl::Span<const int32_t> ids) {
+  std::string text;
+  AppendSanitizedUtf8(tokenizer.Decode(ids), /*final_chunk=*/true, &text);
+  return text;
+}
+
 bool PromptSpellsText(const Tokenizer& tokenizer, absl::Span<const int32_t> prompt) {
   return std::any_of(prompt.begin(), prompt.end(), [&tokenizer](int32_t id) {
     return !tokenizer.PieceBytes(id, /*first=*/true).empty();

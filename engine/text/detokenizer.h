@@ -39,6 +39,11 @@ size_t CharactersEndedWithin(std::string_view bytes, size_t boundary);
 // True when `text` is valid UTF-8 (no overlong forms or surrogates).
 bool IsValidUtf8(std::string_view text);
 
+// `ids` decoded as one text (Tokenizer::Decode), bytes that form no
+// character U+FFFD as AppendSanitizedUtf8 makes them at the text's end: an
+// echoed prompt, a detokenized list of ids.
+std::string DecodedText(const Tokenizer& tokenizer, absl::Span<const int32_t> ids);
+
 // Whether `prompt` decodes to some text: then the first generated
 // SentencePiece piece keeps its leading space (Tokenizer::PieceBytes' first).
 bool PromptSpellsText(const Tokenizer& tokenizer, absl::Span<const int32_t> prompt);

@@ -61,7 +61,7 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
         Choice& choice = *choices_[i];
         if (options_.echo) {
           // The text and its offsets start at the prompt's first token.
-          choice.echo_text = EchoText(*context_.tokenizer, prompts[i].prompt);
+          choice.echo_text = DecodedText(*context_.tokenizer, prompts[i].prompt);
           choice.echo_first.token_id = prompts[i].prompt.front();
           choice.echo_pending = true;
         } else {

@@ -476,9 +476,9 @@ absl::Status UnreadableBody(std::string_view body) {
   Json::sax_parse(body, &walk);
   return walk.Refusal();
 }
-}  // namespace
 
-absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, int vocab_size) {
+// A request's body: a JSON object, at most kMaxJsonDepth deep.
+absl::StatusOr<Json> BodyObject(std::string_view body) {
   // nlohmann's lexer ends the input at a NUL byte, which JSON text never has.
   if (body.find('\0') != std::string_view::npos) {
     return Invalid("body", "is not valid JSON (a NUL byte)");
@@ -487,19 +487,94 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
     return Invalid(
         "body", absl::StrCat("nests arrays and objects more than ", kMaxJsonDepth, " levels deep"));
   }
-  const Json json = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  Json json = Json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded()) return UnreadableBody(body);
   if (!json.is_object()) return Invalid("body", "must be a JSON object");
+  return json;
+}
+
+absl::Status UnknownField(const std::string& key) {
+  return Invalid(ShownName(key),
+                 "unrecognized request argument (docs/serving.md lists the supported ones)");
+}
+
+}  // namespace
+
+absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(std::string_view body) {
+  auto json = BodyObject(body);
+  if (!json.ok()) return json.status();
+  TokenizeRequest request;
+  bool has_prompt = false;
+  for (const auto& [key, value] : json->items()) {
+    if (value.is_null()) continue;  // the default
+    if (key == "model") {
+      if (!value.is_string()) return Invalid("model", "must be a string");
+      request.model = value.get<std::string>();
+    } else if (key == "prompt") {
+      if (!value.is_string()) return WrongType(key, "a string", value);
+      request.prompt = value.get<std::string>();
+      has_prompt = true;
+    } else if (key == "add_special_tokens") {
+      auto b = Boolean(value, key);
+      if (!b.ok()) return b.status();
+      if (*b) {
+        return Invalid(key,
+                       "must be false: prompts are encoded with no special tokens added (as "
+                       "/v1/completions encodes them), found true");
+      }
+    } else if (key == "return_token_strs") {
+      auto b = Boolean(value, key);
+      if (!b.ok()) return b.status();
+      request.return_token_strs = *b;
+    } else {
+      return UnknownField(key);
+    }
+  }
+  if (!has_prompt) return Invalid("prompt", "is required");
+  return request;
+}
+
+absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(std::string_view body, int vocab_size) {
+  auto json = BodyObject(body);
+  if (!json.ok()) return json.status();
+  DetokenizeRequest request;
+  bool has_tokens = false;
+  for (const auto& [key, value] : json->items()) {
+    if (value.is_null()) continue;  // the default
+    if (key == "model") {
+      if (!value.is_string()) return Invalid("model", "must be a string");
+      request.model = value.get<std::string>();
+    } else if (key == "tokens") {
+      if (!value.is_array()) return WrongType(key, "a list of token ids", value);
+      auto ids = TokenIdList(value, key, "tokens", vocab_size);
+      if (!ids.ok()) return ids.status();
+      for (int i = 0; i < ids->ids_size(); ++i) {
+        const int32_t id = ids->ids(i);
+        if (id < 0 || id >= vocab_size) {
+          return Invalid(key, absl::StrCat("tokens[", i, "] = ", id,
+                                           " is outside the vocabulary [0, ", vocab_size, ")"));
+        }
+      }
+      request.tokens.assign(ids->ids().begin(), ids->ids().end());
+      has_tokens = true;
+    } else {
+      return UnknownField(key);
+    }
+  }
+  if (!has_tokens) return Invalid("tokens", "is required");
+  return request;
+}
+
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, int vocab_size) {
+  auto parsed = BodyObject(body);
+  if (!parsed.ok()) return parsed.status();
+  const Json& json = *parsed;
   CompletionRequest request;
   v1::SamplingParams sampling;
   int logprobs = 0;
   std::optional<int> best_of;
   for (const auto& [key, value] : json.items()) {
-    if (!Known(key)) {
-      return Invalid(ShownName(key),
-                     "unrecognized request argument (docs/serving.md lists the supported "
-                     "ones)");
-    }
+    if (!Known(key)) return UnknownField(key);
     if (value.is_null() || key == "prompt") continue;  // null: the default
     if (absl::Status status =
             ParseField(key, value, vocab_size, &request, &sampling, &logprobs, &best_of);
@@ -680,12 +755,6 @@ nlohmann::ordered_json LogprobsObject(const Tokenizer& tokenizer,
           {"token_logprobs", std::move(logprobs)},
           {"top_logprobs", std::move(tops)},
           {"text_offset", std::move(offsets)}};
-}
-
-std::string EchoText(const Tokenizer& tokenizer, absl::Span<const int32_t> prompt) {
-  std::string text;
-  AppendSanitizedUtf8(tokenizer.Decode(prompt), /*final_chunk=*/true, &text);
-  return text;
 }
 
 }  // namespace switchserve

@@ -58,6 +58,23 @@ struct CompletionRequest {
 // others.
 absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, int vocab_size);
 
+// A parsed POST /tokenize request (vLLM's): the text of `prompt`, encoded
+// as /v1/completions encodes a prompt.
+struct TokenizeRequest {
+  std::string model;  // as sent; empty when absent
+  std::string prompt;
+  bool return_token_strs = false;  // also each token's text (`token_strs`)
+};
+absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(std::string_view body);
+
+// A parsed POST /detokenize request (vLLM's): `tokens`, ids in the
+// vocabulary.
+struct DetokenizeRequest {
+  std::string model;  // as sent; empty when absent
+  std::vector<int32_t> tokens;
+};
+absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(std::string_view body, int vocab_size);
+
 // A name the client sent (an unknown field or option, a model's name), as an
 // error message shows it: at most 64 bytes, cut at a UTF-8 character
 // boundary, "..." after a cut. A message never echoes a long name back whole.
@@ -126,10 +143,6 @@ nlohmann::ordered_json LogprobsObject(const Tokenizer& tokenizer,
                                       const std::vector<GeneratedTokenInfo>& tokens, int top_n,
                                       bool tokens_as_ids, TextOffset* offset,
                                       TextEnd end = TextEnd::kOpen, bool first_unscored = false);
-
-// A prompt as an echoing response's text starts with it (`echo`): its ids
-// decoded, bytes that end no character U+FFFD.
-std::string EchoText(const Tokenizer& tokenizer, absl::Span<const int32_t> prompt);
 
 }  // namespace switchserve
 

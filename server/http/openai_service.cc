@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/text/detokenizer.h"
 #include "nlohmann/json.hpp"
 #include "server/access_log.h"
 #include "server/http/completion_call.h"
@@ -26,6 +27,15 @@ HttpResponse JsonResponse(int status, const Json& body) {
 HttpResponse ErrorResponse(const absl::Status& status) {
   const ApiError error = MakeApiError(status);
   return JsonResponse(error.http_status, error.body);
+}
+
+// Paths whose requests need the bearer token: the API's, not the probes.
+bool Guarded(std::string_view path) {
+  return path.rfind("/v1/", 0) == 0 || path == "/tokenize" || path == "/detokenize";
+}
+
+absl::Status Draining() {
+  return absl::UnavailableError("the server is shutting down; retry on another replica");
 }
 
 // The code of an answer the HTTP layer gives itself (body or head too large:
@@ -69,7 +79,7 @@ void OpenAiService::Handle(const std::shared_ptr<HttpExchange>& exchange) const 
     return exchange->Respond(
         JsonResponse(draining ? 503 : 200, {{"status", draining ? "draining" : "ready"}}));
   }
-  if (path.rfind("/v1/", 0) != 0) {
+  if (!Guarded(path)) {
     return exchange->Respond(
         ErrorResponse(absl::NotFoundError(absl::StrCat(path, ": no such endpoint"))));
   }
@@ -77,6 +87,10 @@ void OpenAiService::Handle(const std::shared_ptr<HttpExchange>& exchange) const 
   // has check_head, a request without it does not get here).
   if (std::optional<HttpResponse> refusal = CheckHead(request)) {
     return exchange->Respond(*std::move(refusal));
+  }
+  if (path == "/tokenize" || path == "/detokenize") {
+    if (request.method != "POST") return wrong_method("POST");
+    return exchange->Respond(path == "/tokenize" ? Tokenize(request) : Detokenize(request));
   }
   if (path == "/v1/completions") {
     if (request.method != "POST") return wrong_method("POST");
@@ -119,7 +133,7 @@ absl::Status OpenAiService::Authorize(const HttpRequest& request) const {
 
 std::optional<HttpResponse> OpenAiService::CheckHead(const HttpRequest& head) const {
   const std::string path(head.Path());
-  if (path.rfind("/v1/", 0) != 0) return std::nullopt;
+  if (!Guarded(path)) return std::nullopt;
   const absl::Status authorized = Authorize(head);
   if (authorized.ok()) return std::nullopt;
   if (path == "/v1/completions" && head.method == "POST") {
@@ -163,6 +177,41 @@ HttpResponse OpenAiService::RefuseCompletion(const absl::Status& status,
   return response;
 }
 
+absl::Status OpenAiService::CheckModel(const std::string& model) const {
+  if (model.empty() || model == options_.model_name) return absl::OkStatus();
+  return absl::NotFoundError(absl::StrCat("model: `", ShownName(model),
+                                          "` does not exist; this server serves `",
+                                          options_.model_name, "`"));
+}
+
+HttpResponse OpenAiService::Tokenize(const HttpRequest& request) const {
+  if (options_.gate->draining()) return ErrorResponse(Draining());
+  auto parsed = ParseTokenizeRequest(request.body);
+  if (!parsed.ok()) return ErrorResponse(parsed.status());
+  if (absl::Status served = CheckModel(parsed->model); !served.ok()) return ErrorResponse(served);
+  auto ids = options_.tokenizer->Encode(parsed->prompt);
+  if (!ids.ok()) {
+    return ErrorResponse(
+        absl::InvalidArgumentError(absl::StrCat("prompt: ", ids.status().message())));
+  }
+  Json body = {
+      {"count", ids->size()}, {"max_model_len", options_.limits.context_length}, {"tokens", *ids}};
+  if (parsed->return_token_strs) {
+    Json strs = Json::array();
+    for (const int32_t id : *ids) strs.push_back(TokenString(*options_.tokenizer, id));
+    body["token_strs"] = std::move(strs);
+  }
+  return JsonResponse(200, body);
+}
+
+HttpResponse OpenAiService::Detokenize(const HttpRequest& request) const {
+  if (options_.gate->draining()) return ErrorResponse(Draining());
+  auto parsed = ParseDetokenizeRequest(request.body, options_.limits.vocab_size);
+  if (!parsed.ok()) return ErrorResponse(parsed.status());
+  if (absl::Status served = CheckModel(parsed->model); !served.ok()) return ErrorResponse(served);
+  return JsonResponse(200, {{"prompt", DecodedText(*options_.tokenizer, parsed->tokens)}});
+}
+
 void OpenAiService::Completions(const std::shared_ptr<HttpExchange>& exchange) const {
   const HttpRequest& request = exchange->request();
   AccessRecord access = CompletionAccess(request);
@@ -170,17 +219,11 @@ void OpenAiService::Completions(const std::shared_ptr<HttpExchange>& exchange) c
     exchange->Respond(RefuseCompletion(status, &access));
   };
 
-  if (options_.gate->draining()) {
-    return reject(absl::UnavailableError("the server is shutting down; retry on another replica"));
-  }
+  if (options_.gate->draining()) return reject(Draining());
   auto parsed = ParseCompletionRequest(request.body, options_.limits.vocab_size);
   if (!parsed.ok()) return reject(parsed.status());
   access.priority = parsed->priority;
-  if (!parsed->model.empty() && parsed->model != options_.model_name) {
-    return reject(absl::NotFoundError(absl::StrCat("model: `", ShownName(parsed->model),
-                                                   "` does not exist; this server serves `",
-                                                   options_.model_name, "`")));
-  }
+  if (absl::Status served = CheckModel(parsed->model); !served.ok()) return reject(served);
   const int count = static_cast<int>(parsed->prompts.size());
   const int n = parsed->n;
   // Every choice is a request in the engine's queue.

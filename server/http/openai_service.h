@@ -1,7 +1,8 @@
 // The OpenAI-compatible HTTP API on top of the engine (docs/serving.md):
 // POST /v1/completions (unary or server-sent events), GET /v1/models and
-// /v1/models/{id}, GET /health (the process serves) and /ready (the model is
-// loaded and the server is not draining). /v1/chat/completions is refused:
+// /v1/models/{id}, POST /tokenize and /detokenize (vLLM's), GET /health (the
+// process serves) and /ready (the model is loaded and the server is not
+// draining). /v1/chat/completions is refused:
 // the models have no chat template.
 //
 // Like the gRPC service, a handler authenticates (the same bearer token),
@@ -68,7 +69,8 @@ class OpenAiService {
   void Stop() { render_threads_->Stop(); }
 
   void Handle(const std::shared_ptr<HttpExchange>& exchange) const;
-  // HttpServerOptions::check_head: a /v1/ request without the bearer token
+  // HttpServerOptions::check_head: an API request (/v1/, /tokenize,
+  // /detokenize) without the bearer token
   // is refused at its head, its body never read (a completion counted and
   // logged as Handle would).
   std::optional<HttpResponse> CheckHead(const HttpRequest& head) const;
@@ -86,6 +88,11 @@ class OpenAiService {
   HttpResponse RefuseCompletion(const absl::Status& status, AccessRecord* access) const;
   // POST /v1/completions, its token checked.
   void Completions(const std::shared_ptr<HttpExchange>& exchange) const;
+  // POST /tokenize and /detokenize (vLLM's), their token checked.
+  HttpResponse Tokenize(const HttpRequest& request) const;
+  HttpResponse Detokenize(const HttpRequest& request) const;
+  // NOT_FOUND naming `model` unless it is empty or the served model's name.
+  absl::Status CheckModel(const std::string& model) const;
 
   OpenAiServiceOptions options_;
   std::unique_ptr<RenderThreads> render_threads_;

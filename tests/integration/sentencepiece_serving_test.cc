@@ -1,5 +1,5 @@
 // A SentencePiece model served end to end by the real binaries: `switchserve
-// serve` (Tokenize, Generate, GenerateStream, GetModelInfo) and `switchserve
+// serve` (Tokenize, Detokenize, Generate, GenerateStream, GetModelInfo) and `switchserve
 // generate`. Both processes link gRPC's libprotobuf, which libsentencepiece's
 // bundled protobuf copy must never meet (engine/text/sentencepiece_bridge.h);
 // so does this test, which encodes in-process to check the server's ids.
@@ -98,7 +98,7 @@ TEST_F(SentencePieceServingTest, ModelInfoNamesTheTokenizer) {
   EXPECT_EQ(info.vocab_size(), 300);
 }
 
-TEST_F(SentencePieceServingTest, TokenizeGivesTheLibrarysPieces) {
+TEST_F(SentencePieceServingTest, TokenizeGivesTheLibrarysPiecesAndDetokenizeTheText) {
   v1::TokenizeRequest request;
   request.set_text(kText);
   v1::TokenizeResponse response;
@@ -112,6 +112,16 @@ TEST_F(SentencePieceServingTest, TokenizeGivesTheLibrarysPieces) {
   // Subword pieces, not bytes.
   EXPECT_LT(ids.size(), std::string(kText).size() / 2);
   EXPECT_EQ(tokenizer_->Decode(ids), kText);
+
+  // Detokenize gives the text back, the first piece's leading space dropped
+  // as the library's Decode drops it.
+  v1::DetokenizeRequest back;
+  back.mutable_token_ids()->Add(ids.begin(), ids.end());
+  v1::DetokenizeResponse text;
+  auto back_context = ContextWithDeadline();
+  const grpc::Status decoded = stub_->Detokenize(back_context.get(), back, &text);
+  ASSERT_TRUE(decoded.ok()) << decoded.error_message();
+  EXPECT_EQ(text.text(), kText);
 }
 
 TEST_F(SentencePieceServingTest, GenerateAndStreamDecodeThePieces) {

@@ -698,7 +698,7 @@ TEST(OpenAiProtocolTest, AnEchoedPromptsFirstTokenHasNullLogprobs) {
   EXPECT_EQ(logprobs["top_logprobs"][0], nullptr);
   EXPECT_EQ(logprobs["top_logprobs"][1], nlohmann::ordered_json({{",", -0.5}}));
   EXPECT_EQ(logprobs["text_offset"], nlohmann::ordered_json({0, 5, 6}));  // "coast, coast"
-  EXPECT_EQ(EchoText(tokenizer, {5, 6, 5}), "coast, coast");
+  EXPECT_EQ(DecodedText(tokenizer, {5, 6, 5}), "coast, coast");
   const nlohmann::ordered_json unechoed = LogprobsObject(tokenizer, tokens, 1, false, &offset);
   EXPECT_EQ(unechoed["token_logprobs"][0], 0.0);
 }
@@ -707,7 +707,7 @@ TEST(OpenAiProtocolTest, AnEchoedPromptsFirstTokenHasNullLogprobs) {
 // text's end.
 TEST(OpenAiProtocolTest, AnEchoedPromptEndsWithWholeCharacters) {
   const auto tokenizer = CreateByteTokenizer();
-  EXPECT_EQ(EchoText(*tokenizer, {'a', 0xc3, 0xa9, 'b', 0xe2, 0x82}),
+  EXPECT_EQ(DecodedText(*tokenizer, {'a', 0xc3, 0xa9, 'b', 0xe2, 0x82}),
             "a\xc3\xa9"
             "b\xef\xbf\xbd");  // aéb and U+FFFD
 }

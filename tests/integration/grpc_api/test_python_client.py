@@ -135,6 +135,16 @@ def test_eos_ends_generation_unless_ignored(stub):
 def test_tokenize_and_model_info(stub):
     assert list(stub.Tokenize(pb.TokenizeRequest(text="hé!"), timeout=10).token_ids) == [
         104, 0xC3, 0xA9, 33]
+    assert stub.Detokenize(pb.DetokenizeRequest(token_ids=[104, 0xC3, 0xA9, 33]),
+                           timeout=10).text == "hé!"
+    assert stub.Detokenize(pb.DetokenizeRequest(), timeout=10).text == ""
+    for ids, index in (([1, 256], 1), ([-1], 0)):
+        with pytest.raises(grpc.RpcError) as error:
+            stub.Detokenize(pb.DetokenizeRequest(token_ids=ids), timeout=10)
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error.value.details() == (
+            f"token_ids: ids[{index}] = {ids[index]} is outside the vocabulary [0, 256)")
+    expect_good_request_works(stub)
     info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
     assert info.name == "switchall_f16"  # the served model name, as HTTP's `model`
     assert info.context_length == CONTEXT and info.vocab_size == 256
@@ -264,7 +274,8 @@ def test_invalid_utf8_prompt(server, stub):
     expect_good_request_works(stub)
 
 
-@pytest.mark.parametrize("method", ["Generate", "GenerateStream", "Tokenize", "GetModelInfo"])
+@pytest.mark.parametrize("method", ["Generate", "GenerateStream", "Tokenize", "Detokenize",
+                                    "GetModelInfo"])
 def test_malformed_request_bytes_are_invalid_argument(server, stub, method):
     """Bytes that are no protobuf message (a lone 0xFF tag, a truncated
     length) get INVALID_ARGUMENT on every method, not a status from inside

@@ -33,6 +33,79 @@ def test_models_health_and_ready(server, client):
     assert json.loads(curl(server.url + "/ready").stdout) == {"status": "ready"}
 
 
+def post_json(server, path, body, token=None):
+    """POST `body` to `path` (outside /v1/); (status, parsed body)."""
+    args = ["-s", "-o", "-", "-w", "\n%{http_code}", "-X", "POST", server.url + path, "-H",
+            "content-type: application/json", "-d", json.dumps(body)]
+    if token is not None:
+        args += ["-H", f"authorization: Bearer {token}"]
+    out = curl(*args).stdout
+    body_text, _, status = out.rpartition("\n")
+    return int(status), json.loads(body_text)
+
+
+def test_tokenize_and_detokenize(server, client):
+    """vLLM's /tokenize and /detokenize: the ids /v1/completions encodes a
+    prompt to (no special tokens added), and back; gRPC's Tokenize and
+    Detokenize answer the same."""
+    status, body = post_json(server, "/tokenize", {"model": MODEL, "prompt": "hé!"})
+    assert status == 200, body
+    assert body == {"count": 4, "max_model_len": 64, "tokens": [104, 0xC3, 0xA9, 33]}
+    status, body = post_json(server, "/tokenize", {"prompt": "hé!", "return_token_strs": True,
+                                                  "add_special_tokens": False})
+    assert body["token_strs"] == ["h", "bytes:\\xc3", "bytes:\\xa9", "!"]
+    status, body = post_json(server, "/tokenize", {"prompt": ""})
+    assert (status, body["tokens"], body["count"]) == (200, [], 0)
+    status, body = post_json(server, "/detokenize", {"tokens": [104, 0xC3, 0xA9, 33]})
+    assert (status, body) == (200, {"prompt": "hé!"})
+    # Bytes that form no character: U+FFFD, as an echoed prompt shows them.
+    assert post_json(server, "/detokenize", {"tokens": [104, 0xC3]})[1] == {"prompt": "h\ufffd"}
+    # The completion of those ids is the completion of the text.
+    by_ids = client.completions.create(model=MODEL, prompt=[104, 0xC3, 0xA9, 33], max_tokens=4,
+                                       temperature=0)
+    by_text = client.completions.create(model=MODEL, prompt="hé!", max_tokens=4, temperature=0)
+    assert by_ids.choices[0].text == by_text.choices[0].text
+    stub = server.grpc_stub()
+    assert list(stub.Tokenize(pb.TokenizeRequest(text="hé!"), timeout=10).token_ids) == [
+        104, 0xC3, 0xA9, 33]
+    assert stub.Detokenize(pb.DetokenizeRequest(token_ids=[104, 0xC3]), timeout=10).text == \
+        "h\ufffd"
+
+
+BAD_TOKENIZE_BODIES = [
+    ("/tokenize", {}, 400, "prompt", "prompt: is required"),
+    ("/tokenize", {"prompt": [1, 2]}, 400, "prompt", "prompt: must be a string, found [1,2]"),
+    ("/tokenize", {"prompt": "x", "add_special_tokens": True}, 400, "add_special_tokens",
+     "add_special_tokens: must be false: prompts are encoded with no special tokens added (as "
+     "/v1/completions encodes them), found true"),
+    ("/tokenize", {"prompt": "x", "messages": []}, 400, "messages", None),
+    ("/tokenize", {"prompt": "x", "model": "gpt-4"}, 404, None,
+     "model: `gpt-4` does not exist; this server serves `switchall_f16`"),
+    ("/detokenize", {}, 400, "tokens", "tokens: is required"),
+    ("/detokenize", {"tokens": [1, 256]}, 400, "tokens",
+     "tokens: tokens[1] = 256 is outside the vocabulary [0, 256)"),
+    ("/detokenize", {"tokens": [1, 2.5]}, 400, "tokens",
+     "tokens: tokens[1] must be an integer, found 2.5"),
+    ("/detokenize", {"tokens": "12"}, 400, "tokens", None),
+    ("/detokenize", {"tokens": [1], "model": "gpt-4"}, 404, None, None),
+]
+
+
+@pytest.mark.parametrize("path,body,status,param,message", BAD_TOKENIZE_BODIES,
+                         ids=[f"{b[0]} {json.dumps(b[1])}" for b in BAD_TOKENIZE_BODIES])
+def test_bad_tokenize_body_is_refused_naming_the_param(server, client, path, body, status,
+                                                         param, message):
+    got_status, got = post_json(server, path, body)
+    assert got_status == status, got
+    assert got["error"]["param"] == param, got
+    if message is not None:
+        assert got["error"]["message"] == message, got
+    # The server keeps serving.
+    assert post_json(server, "/tokenize", {"prompt": "ok"})[0] == 200
+    result = curl("-i", server.url + path)  # GET
+    assert result.stdout.startswith("HTTP/1.1 405"), result.stdout[:200]
+
+
 def test_completion_is_the_grpc_completion(server, client):
     completion = client.completions.create(model=MODEL, prompt="And God said", max_tokens=12,
                                            temperature=0)
@@ -540,6 +613,10 @@ def test_bearer_token():
                       b"Content-Type: application/json\r\nContent-Length: 4000000\r\n"
                       b"Expect: 100-continue\r\n\r\n")
             assert s.recv(65536).startswith(b"HTTP/1.1 401")
+        for path, body in (("/tokenize", {"prompt": "x"}), ("/detokenize", {"tokens": [1]})):
+            assert post_json(server, path, body)[0] == 401
+            assert post_json(server, path, body, token="nope")[0] == 401
+            assert post_json(server, path, body, token="http-token")[0] == 200
         good = server.client(api_key="http-token")
         assert good.completions.create(model=MODEL, prompt="x", max_tokens=2).usage
         assert [m.id for m in good.models.list().data] == [MODEL]
