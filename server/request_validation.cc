@@ -239,6 +239,7 @@ absl::StatusOr<GenerationRequest> ValidateGenerateRequest(const v1::GenerateRequ
     p.stop_token_ids.push_back(id);
   }
   p.ignore_eos = s.ignore_eos();
+  p.include_stop_str_in_output = s.include_stop_str_in_output();
   if (s.min_tokens() < 0 || s.min_tokens() > p.max_new_tokens) {
     return Invalid("sampling.min_tokens",
                    absl::StrCat("must be in [0, max_new_tokens = ", p.max_new_tokens, "], found ",

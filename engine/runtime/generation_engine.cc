@@ -36,7 +36,8 @@ struct GenerationEngine::RequestState : Sequence {
                std::optional<int32_t> eos_token_id)
       : request(std::move(r)),
         rng(request.sampling.seed),
-        detokenizer(tokenizer, request.sampling.stop, request.prompt, request.sampling.min_tokens) {
+        detokenizer(tokenizer, request.sampling.stop, request.prompt, request.sampling.min_tokens,
+                    request.sampling.include_stop_str_in_output) {
     id = request_id;
     SamplingParams& sampling = request.sampling;
     if (sampling.min_tokens > 0) {
@@ -337,10 +338,12 @@ void GenerationEngine::RunStep() {
         reason = FinishReason::kEos;
       } else if (may_stop && std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) {
         reason = FinishReason::kStop;
-      } else {
+      }
+      // The token that ends it adds its text only when asked to.
+      if (reason == FinishReason::kNone || params.include_stop_str_in_output) {
         bool stopped = false;
         update.text += state->detokenizer.Add(token, &stopped);
-        if (stopped) reason = FinishReason::kStop;
+        if (stopped && reason == FinishReason::kNone) reason = FinishReason::kStop;
       }
       if (reason == FinishReason::kNone &&
           (state->generated >= params.max_new_tokens ||

@@ -53,6 +53,9 @@ struct SamplingParams {
   std::vector<std::string> stop;  // stop strings, non-empty each
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
+  // The text ends after what ended it: the stop string, or the text of the
+  // EOS or stop_token_ids token (vLLM's include_stop_str_in_output).
+  bool include_stop_str_in_output = false;
   // The first min_tokens generated tokens cannot end the generation: the ids
   // in min_tokens_ids are not sampled for them (a logit bias of -inf), and a
   // stop string counts only when it ends in the text of a later token.

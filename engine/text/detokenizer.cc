@@ -109,10 +109,12 @@ bool PromptSpellsText(const Tokenizer& tokenizer, absl::Span<const int32_t> prom
 
 IncrementalDetokenizer::IncrementalDetokenizer(const Tokenizer* tokenizer,
                                                std::vector<std::string> stop_strings,
-                                               absl::Span<const int32_t> prompt, int min_tokens)
+                                               absl::Span<const int32_t> prompt, int min_tokens,
+                                               bool include_stop)
     : tokenizer_(tokenizer),
       stop_strings_(std::move(stop_strings)),
       to_min_tokens_(min_tokens),
+      include_stop_(include_stop),
       text_started_(PromptSpellsText(*tokenizer, prompt)) {
   if (to_min_tokens_ <= 0) stops_after_ = 0;
 }
@@ -126,10 +128,10 @@ std::string IncrementalDetokenizer::Add(int32_t token_id, bool* stopped) {
   pending_.erase(0, AppendSanitizedUtf8(pending_, false, &text_));
   if (to_min_tokens_ > 0 && --to_min_tokens_ == 0) stops_after_ = text_.size();
 
-  if (const size_t stop_at = FindStop(); stop_at != std::string::npos) {
+  if (const size_t end = FindStop(); end != std::string::npos) {
     stopped_ = true;
     *stopped = true;
-    return Release(stop_at);
+    return Release(end);
   }
 
   // Hold back the longest tail of text_ that is a proper prefix of a stop
@@ -154,10 +156,10 @@ std::string IncrementalDetokenizer::Finish(bool* stopped) {
   AppendSanitizedUtf8(pending_, true, &text_);
   pending_.clear();
   // The last replacement character may complete a stop string.
-  if (const size_t stop_at = FindStop(); stop_at != std::string::npos) {
+  if (const size_t end = FindStop(); end != std::string::npos) {
     stopped_ = true;
     if (stopped != nullptr) *stopped = true;
-    return Release(stop_at);
+    return Release(end);
   }
   return Release(text_.size());
 }
@@ -165,15 +167,18 @@ std::string IncrementalDetokenizer::Finish(bool* stopped) {
 size_t IncrementalDetokenizer::FindStop() const {
   // A stop string cannot start inside released text: any text that might
   // begin one is held back (Add).
-  size_t stop_at = std::string::npos;
+  size_t stop_at = std::string::npos, end = std::string::npos;
   if (stops_after_ == std::string::npos) return stop_at;
   for (const std::string& stop : stop_strings_) {
     // Those starting here or later end past stops_after_.
     const size_t from = stops_after_ >= stop.size() ? stops_after_ + 1 - stop.size() : 0;
     const size_t pos = text_.find(stop, std::max(released_, from));
-    if (pos != std::string::npos) stop_at = std::min(stop_at, pos);
+    if (pos < stop_at) {
+      stop_at = pos;
+      end = pos + stop.size();
+    }
   }
-  return stop_at;
+  return include_stop_ ? end : stop_at;
 }
 
 std::string IncrementalDetokenizer::Release(size_t end) {

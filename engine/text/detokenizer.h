@@ -52,9 +52,11 @@ class IncrementalDetokenizer {
  public:
   // `tokenizer` must outlive this object; `prompt` is read here only. A stop
   // string counts only when it ends in text after that of the first
-  // `min_tokens` ids (it may begin before).
+  // `min_tokens` ids (it may begin before). With `include_stop`, the text
+  // ends after the stop string rather than before it.
   IncrementalDetokenizer(const Tokenizer* tokenizer, std::vector<std::string> stop_strings,
-                         absl::Span<const int32_t> prompt = {}, int min_tokens = 0);
+                         absl::Span<const int32_t> prompt = {}, int min_tokens = 0,
+                         bool include_stop = false);
 
   // Adds one generated id; returns the text it releases. Sets `*stopped` when
   // a stop string completed: the text up to the stop string has then been
@@ -67,12 +69,14 @@ class IncrementalDetokenizer {
 
  private:
   std::string Release(size_t end);
-  // Where the first stop string in the unreleased text begins, or npos.
+  // Where the text ends at the first stop string in the unreleased text
+  // (before it, or after it with include_stop_), or npos.
   size_t FindStop() const;
 
   const Tokenizer* tokenizer_;
   std::vector<std::string> stop_strings_;
-  int to_min_tokens_;                       // ids still to add before stops count
+  int to_min_tokens_;  // ids still to add before stops count
+  bool include_stop_;
   size_t stops_after_ = std::string::npos;  // a stop string must end past this byte of text_
   bool text_started_ = false;               // some id (of the prompt too) added bytes
   std::string pending_;                     // bytes not yet in text_: an incomplete character

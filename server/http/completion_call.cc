@@ -69,6 +69,7 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
               PromptSpellsText(*context_.tokenizer, prompts[i].prompt);
         }
         choices_[i]->stop_token_ids = prompts[i].sampling.stop_token_ids;
+        choices_[i]->include_stop = prompts[i].sampling.include_stop_str_in_output;
         handles.push_back(&choices_[i]->handle);
       }
       // All the prompts are queued or none: a refused request takes no room
@@ -105,6 +106,7 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
     std::vector<GeneratedTokenInfo> tokens;  // unary with logprobs
     TextOffset text_offset;                  // of the next token, for logprobs
     std::vector<int32_t> stop_token_ids;     // the request's (TextEndOf)
+    bool include_stop = false;               // its include_stop_str_in_output
     std::optional<GenerationUpdate> final_update;
     // With echo: the prompt's text, its first token (whose logprob is null),
     // and whether they are still to be added before the first tokens.
@@ -246,9 +248,9 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
         {"index", index}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
     if (options_.logprobs >= 0 && !tokens.empty()) {
       Choice& c = *choices_[index];
-      const TextEnd end = finish_reason
-                              ? TextEndOf(*finish_reason, tokens.back().token_id, c.stop_token_ids)
-                              : TextEnd::kOpen;
+      const TextEnd end = finish_reason ? TextEndOf(*finish_reason, tokens.back().token_id,
+                                                    c.stop_token_ids, c.include_stop)
+                                        : TextEnd::kOpen;
       choice["logprobs"] = LogprobsObject(*context_.tokenizer, tokens, options_.logprobs,
                                           options_.tokens_as_ids, &c.text_offset, end, echoed);
     }
@@ -443,10 +445,11 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
     Choice& choice = *choices_[i];
     Json logprobs = nullptr;
     if (options_.logprobs >= 0) {
-      const TextEnd end = choice.tokens.empty()
-                              ? TextEnd::kAfterLast
-                              : TextEndOf(choice.final_update->finish_reason,
-                                          choice.tokens.back().token_id, choice.stop_token_ids);
+      const TextEnd end =
+          choice.tokens.empty()
+              ? TextEnd::kAfterLast
+              : TextEndOf(choice.final_update->finish_reason, choice.tokens.back().token_id,
+                          choice.stop_token_ids, choice.include_stop);
       logprobs = LogprobsObject(*context_.tokenizer, choice.tokens, options_.logprobs,
                                 options_.tokens_as_ids, &choice.text_offset, end, options_.echo);
     }

@@ -50,7 +50,8 @@ absl::Status WrongType(std::string_view param, const char* what, const Json& val
 // Supported: model, prompt, max_tokens, temperature, top_p, n, best_of (= n),
 // stream, stream_options, logprobs, stop, seed, user, echo; and vLLM's
 // sampling extensions top_k, min_p, repetition_penalty, ignore_eos,
-// stop_token_ids, min_tokens, return_tokens_as_token_ids; presence_penalty,
+// stop_token_ids, min_tokens, include_stop_str_in_output,
+// return_tokens_as_token_ids; presence_penalty,
 // frequency_penalty, logit_bias. Accepted only at its neutral value: suffix.
 bool Known(const std::string& key) {
   static const char* const kKnown[] = {"model",
@@ -71,6 +72,7 @@ bool Known(const std::string& key) {
                                        "ignore_eos",
                                        "stop_token_ids",
                                        "min_tokens",
+                                       "include_stop_str_in_output",
                                        "return_tokens_as_token_ids",
                                        "echo",
                                        "best_of",
@@ -322,6 +324,10 @@ absl::Status ParseField(const std::string& key, const Json& value, int vocab_siz
     auto ids = TokenIdList(value, key, "stop_token_ids", vocab_size);
     if (!ids.ok()) return ids.status();
     sampling->mutable_stop_token_ids()->Add(ids->ids().begin(), ids->ids().end());
+  } else if (key == "include_stop_str_in_output") {
+    auto b = Boolean(value, key);
+    if (!b.ok()) return b.status();
+    sampling->set_include_stop_str_in_output(*b);
   } else if (key == "min_tokens") {
     auto n = Integer(value, key, 0, std::numeric_limits<int32_t>::max());
     if (!n.ok()) return n.status();
@@ -687,7 +693,8 @@ std::string TokenString(const Tokenizer& tokenizer, int32_t id, bool as_id) {
 }
 
 TextEnd TextEndOf(FinishReason reason, int32_t last_token,
-                  const std::vector<int32_t>& stop_token_ids) {
+                  const std::vector<int32_t>& stop_token_ids, bool include_stop) {
+  if (include_stop) return TextEnd::kAfterLast;
   const bool stop_token =
       reason == FinishReason::kStop &&
       std::find(stop_token_ids.begin(), stop_token_ids.end(), last_token) != stop_token_ids.end();

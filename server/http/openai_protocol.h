@@ -124,9 +124,10 @@ enum class TextEnd {
 };
 
 // How the text of a choice that `reason` finished ends, `last_token` its last
-// token (the engine checks EOS, then stop_token_ids, before the text).
+// token (the engine checks EOS, then stop_token_ids, before the text), the
+// request's stop_token_ids and include_stop_str_in_output given.
 TextEnd TextEndOf(FinishReason reason, int32_t last_token,
-                  const std::vector<int32_t>& stop_token_ids);
+                  const std::vector<int32_t>& stop_token_ids, bool include_stop);
 
 // The legacy completions `logprobs` object of some generated tokens (each
 // one's alternatives most likely first; of alternatives that spell the same

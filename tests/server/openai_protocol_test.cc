@@ -623,12 +623,15 @@ TEST(OpenAiProtocolTest, TokensThatSpellNothingStartWhereTheNextStarts) {
 }
 
 // The model's EOS and a stop_token_ids token end a choice without their
-// text; max_tokens and a stop string after the last token's.
+// text, unless include_stop_str_in_output; max_tokens and a stop string
+// after the last token's.
 TEST(OpenAiProtocolTest, TheTextEndsBeforeAnEosOrStopToken) {
-  EXPECT_EQ(TextEndOf(FinishReason::kEos, 7, {}), TextEnd::kBeforeLast);
-  EXPECT_EQ(TextEndOf(FinishReason::kStop, 7, {3, 7}), TextEnd::kBeforeLast);
-  EXPECT_EQ(TextEndOf(FinishReason::kStop, 7, {3}), TextEnd::kAfterLast);  // a stop string
-  EXPECT_EQ(TextEndOf(FinishReason::kLength, 7, {}), TextEnd::kAfterLast);
+  EXPECT_EQ(TextEndOf(FinishReason::kEos, 7, {}, false), TextEnd::kBeforeLast);
+  EXPECT_EQ(TextEndOf(FinishReason::kStop, 7, {3, 7}, false), TextEnd::kBeforeLast);
+  EXPECT_EQ(TextEndOf(FinishReason::kStop, 7, {3}, false), TextEnd::kAfterLast);  // a stop string
+  EXPECT_EQ(TextEndOf(FinishReason::kLength, 7, {}, false), TextEnd::kAfterLast);
+  EXPECT_EQ(TextEndOf(FinishReason::kEos, 7, {}, true), TextEnd::kAfterLast);
+  EXPECT_EQ(TextEndOf(FinishReason::kStop, 7, {3, 7}, true), TextEnd::kAfterLast);
 }
 
 // Pieces with SentencePiece's leading space: id 1 spells nothing (BOS), 5 is

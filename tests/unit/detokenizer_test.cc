@@ -15,9 +15,10 @@ namespace {
 
 // Feeds `bytes` one id per byte; returns the released chunks.
 std::vector<std::string> Feed(const std::string& bytes, std::vector<std::string> stops,
-                              bool* stopped_out = nullptr, int min_tokens = 0) {
+                              bool* stopped_out = nullptr, int min_tokens = 0,
+                              bool include_stop = false) {
   auto tokenizer = CreateByteTokenizer();
-  IncrementalDetokenizer detok(tokenizer.get(), std::move(stops), {}, min_tokens);
+  IncrementalDetokenizer detok(tokenizer.get(), std::move(stops), {}, min_tokens, include_stop);
   std::vector<std::string> chunks;
   bool stopped = false;
   for (unsigned char c : bytes) {
@@ -93,6 +94,18 @@ TEST(DetokenizerTest, StopStringEndsTextBeforeIt) {
   const auto chunks = Feed("hello world, bye", {"wor", "xyz"}, &stopped);
   EXPECT_TRUE(stopped);
   EXPECT_EQ(Join(chunks), "hello ");
+}
+
+// include_stop_str_in_output: the text ends after the stop string, the
+// earliest one; nothing after it is released.
+TEST(DetokenizerTest, AnIncludedStopStringEndsTheText) {
+  bool stopped = false;
+  EXPECT_EQ(Join(Feed("hello world, bye", {"wor", "xyz"}, &stopped, 0, true)), "hello wor");
+  EXPECT_TRUE(stopped);
+  EXPECT_EQ(Join(Feed("xxabc", {"bc", "ab"}, &stopped, 0, true)), "xxab");
+  EXPECT_EQ(Join(Feed("ab.ab.ab", {"b."}, &stopped, 3, true)), "ab.ab.");
+  EXPECT_EQ(Join(Feed("no stop here", {"xyz"}, &stopped, 0, true)), "no stop here");
+  EXPECT_FALSE(stopped);
 }
 
 // Of several stop strings the text holds, the earliest ends it, whatever

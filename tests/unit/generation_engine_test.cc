@@ -250,6 +250,43 @@ TEST_F(GenerationEngineTest, MinTokensKeepsTheFirstTokensFromEndingIt) {
   EXPECT_EQ(ignoring->ids_, ids);
 }
 
+// include_stop_str_in_output: the text ends after the stop string, and the
+// text of a stop id or the EOS that ends it is in it; the tokens are the
+// same either way.
+TEST_F(GenerationEngineTest, IncludedStopsEndTheTextAfterThem) {
+  Init(256, 256, 16);
+  engine_->Start();
+  auto reference = Submit("abc", Greedy(20));
+  reference->Wait();
+  const std::string text = reference->text_;
+  const std::vector<int32_t> ids = reference->ids_;
+  SamplingParams p = Greedy(20);
+  p.stop = {text.substr(5, 2)};
+  p.include_stop_str_in_output = true;
+  auto with_string = Submit("abc", p);
+  EXPECT_EQ(with_string->Wait().finish_reason, FinishReason::kStop);
+  EXPECT_EQ(with_string->text_, text.substr(0, text.find(p.stop[0]) + 2));
+
+  p = Greedy(20);
+  p.stop_token_ids = {ids[3]};
+  p.include_stop_str_in_output = true;
+  auto with_id = Submit("abc", p);
+  EXPECT_EQ(with_id->Wait().finish_reason, FinishReason::kStop);
+  const size_t last = std::find(ids.begin(), ids.end(), ids[3]) - ids.begin();
+  EXPECT_EQ(with_id->ids_, std::vector<int32_t>(ids.begin(), ids.begin() + last + 1));
+  EXPECT_EQ(with_id->text_, text.substr(0, last + 1));  // one byte a token
+  engine_->Stop();
+
+  Init(256, 256, 16, 1000, /*eos=*/ids[6]);
+  engine_->Start();
+  p = Greedy(20);
+  p.include_stop_str_in_output = true;
+  auto with_eos = Submit("abc", p);
+  EXPECT_EQ(with_eos->Wait().finish_reason, FinishReason::kEos);
+  const size_t eos_at = std::find(ids.begin(), ids.end(), ids[6]) - ids.begin();
+  EXPECT_EQ(with_eos->text_, text.substr(0, eos_at + 1));
+}
+
 TEST_F(GenerationEngineTest, StreamIntervalSendsTheFirstTokenAloneThenGroups) {
   Init(256, 256, 16);
   engine_->Start();

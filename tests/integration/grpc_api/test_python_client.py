@@ -58,6 +58,19 @@ def test_stop_string_and_stop_token(stub):
     assert by_id.finish_reason == pb.FINISH_REASON_STOP
     assert list(by_id.token_ids) == list(reference.token_ids[:list(reference.token_ids).index(
         reference.token_ids[3]) + 1])
+    # include_stop_str_in_output: the text ends after what ended it, the
+    # stop string or the stop id's text (a byte a token here).
+    included = stub.Generate(text_request("stop test", 20, stop=[stop],
+                                          include_stop_str_in_output=True), timeout=60)
+    assert included.text == stopped.text + stop
+    streamed = "".join(m.text for m in stub.GenerateStream(
+        text_request("stop test", 20, stop=[stop], include_stop_str_in_output=True), timeout=60))
+    assert streamed == included.text
+    by_id_included = stub.Generate(text_request(
+        "stop test", 20, stop_token_ids=[reference.token_ids[3]], include_stop_str_in_output=True),
+        timeout=60)
+    assert list(by_id_included.token_ids) == list(by_id.token_ids)
+    assert by_id_included.text == reference.text[:len(by_id.token_ids)]
 
 
 def test_min_tokens_keeps_the_first_tokens_from_stopping(stub):

@@ -494,6 +494,33 @@ def test_min_tokens_holds_back_the_stop_ids(server, client):
     assert first not in same.token_ids[:5]
 
 
+def test_include_stop_str_in_output(server, client):
+    """vLLM's include_stop_str_in_output: the text ends after the stop
+    string, or after the stop token's text, which the logprobs' tokens then
+    spell too."""
+    reference = grpc_generate(server, "stop", max_new_tokens=12, temperature=0, ignore_eos=True)
+    stop = reference.text[4:6]
+    cut = reference.text[:reference.text.find(stop)]
+    without = client.completions.create(model=MODEL, prompt="stop", max_tokens=12, temperature=0,
+                                        stop=[stop])
+    assert without.choices[0].text == cut
+    included = client.completions.create(model=MODEL, prompt="stop", max_tokens=12,
+                                         temperature=0, stop=[stop],
+                                         extra_body={"include_stop_str_in_output": True})
+    assert included.choices[0].text == cut + stop
+    assert included.choices[0].finish_reason == "stop"
+    stop_id = reference.token_ids[2]
+    by_id = client.completions.create(model=MODEL, prompt="stop", max_tokens=12, temperature=0,
+                                      logprobs=1,
+                                      extra_body={"stop_token_ids": [stop_id],
+                                                  "include_stop_str_in_output": True})
+    choice = by_id.choices[0]
+    count = list(reference.token_ids).index(stop_id) + 1
+    assert choice.text == reference.text[:count]
+    assert "".join(choice.logprobs.tokens) == choice.text
+    assert choice.logprobs.text_offset == list(range(count))
+
+
 BAD_BODIES = [
     ("max_tokens over context", {"prompt": "x", "max_tokens": 64}, "max_tokens"),
     ("max_tokens zero", {"prompt": "x", "max_tokens": 0}, "max_tokens"),
@@ -534,6 +561,8 @@ BAD_BODIES = [
     ("min_tokens past max_tokens", {"prompt": "x", "max_tokens": 3, "min_tokens": 4},
      "min_tokens"),
     ("negative min_tokens", {"prompt": "x", "min_tokens": -1}, "min_tokens"),
+    ("include_stop_str_in_output not boolean",
+     {"prompt": "x", "include_stop_str_in_output": "yes"}, "include_stop_str_in_output"),
     ("min_tokens not integer", {"prompt": "x", "min_tokens": 1.5}, "min_tokens"),
 ]
 # The whole message where it names an entry or a range: an id past int32 as
