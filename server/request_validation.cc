@@ -121,6 +121,15 @@ absl::StatusOr<GenerationRequest> ValidateGenerateRequest(const v1::GenerateRequ
     case v1::GenerateRequest::PROMPT_NOT_SET:
       return Invalid("prompt", "set either text or token_ids");
   }
+  if (request.has_truncate_prompt_tokens()) {
+    const int keep = request.truncate_prompt_tokens();
+    if (keep < 1) {
+      return Invalid("truncate_prompt_tokens", absl::StrCat("must be >= 1, found ", keep));
+    }
+    if (static_cast<int>(out.prompt.size()) > keep) {
+      out.prompt.erase(out.prompt.begin(), out.prompt.end() - keep);
+    }
+  }
   const int prompt_len = static_cast<int>(out.prompt.size());
   if (prompt_len >= limits.context_length) {
     return Invalid(

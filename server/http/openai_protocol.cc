@@ -51,7 +51,7 @@ absl::Status WrongType(std::string_view param, const char* what, const Json& val
 // stream, stream_options, logprobs, stop, seed, user, echo; and vLLM's
 // sampling extensions top_k, min_p, repetition_penalty, ignore_eos,
 // stop_token_ids, min_tokens, include_stop_str_in_output,
-// return_tokens_as_token_ids; presence_penalty,
+// return_tokens_as_token_ids, truncate_prompt_tokens; presence_penalty,
 // frequency_penalty, logit_bias. Accepted only at its neutral value: suffix.
 bool Known(const std::string& key) {
   static const char* const kKnown[] = {"model",
@@ -80,6 +80,7 @@ bool Known(const std::string& key) {
                                        "frequency_penalty",
                                        "logit_bias",
                                        "priority",
+                                       "truncate_prompt_tokens",
                                        "suffix"};
   for (const char* known : kKnown) {
     if (key == known) return true;
@@ -324,6 +325,10 @@ absl::Status ParseField(const std::string& key, const Json& value, int vocab_siz
     auto ids = TokenIdList(value, key, "stop_token_ids", vocab_size);
     if (!ids.ok()) return ids.status();
     sampling->mutable_stop_token_ids()->Add(ids->ids().begin(), ids->ids().end());
+  } else if (key == "truncate_prompt_tokens") {
+    auto n = Integer(value, key, 1, std::numeric_limits<int32_t>::max());
+    if (!n.ok()) return n.status();
+    request->truncate_prompt_tokens = static_cast<int32_t>(*n);
   } else if (key == "include_stop_str_in_output") {
     auto b = Boolean(value, key);
     if (!b.ok()) return b.status();
@@ -613,6 +618,8 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
     *one.mutable_sampling() = sampling;
     one.set_logprobs(logprobs);
     one.set_priority(request.priority);
+    if (request.truncate_prompt_tokens)
+      one.set_truncate_prompt_tokens(*request.truncate_prompt_tokens);
   }
   return request;
 }

@@ -50,6 +50,8 @@ struct CompletionRequest {
   // out; `prompts` ask for that one.
   bool echo_only = false;
   int32_t priority = 0;  // vLLM's `priority`: lower is scheduled first
+  // vLLM's `truncate_prompt_tokens`: each prompt's last this many tokens.
+  std::optional<int32_t> truncate_prompt_tokens;
 };
 
 // INVALID_ARGUMENT with a message "<param>: <problem>" for anything

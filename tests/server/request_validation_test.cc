@@ -129,6 +129,47 @@ TEST_F(RequestValidationTest, PenaltiesAndLogitBias) {
   EXPECT_EQ(many.status().message(), "sampling.logit_bias: at most 2 ids, found 3");
 }
 
+// truncate_prompt_tokens keeps the prompt's last tokens, before the context
+// check; a shorter prompt is kept whole; below 1 is refused. min_tokens is
+// in [0, max_new_tokens].
+TEST_F(RequestValidationTest, TruncatedPromptsAndMinTokens) {
+  auto kept = Validate([](auto* r) { r->set_truncate_prompt_tokens(3); });
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->prompt, (std::vector<int32_t>{'l', 'l', 'o'}));
+  auto whole = Validate([](auto* r) { r->set_truncate_prompt_tokens(50); });
+  ASSERT_TRUE(whole.ok());
+  EXPECT_EQ(whole->prompt.size(), 5u);
+  auto fits = Validate([](auto* r) {
+    r->set_text(std::string(100, 'a') + "z");
+    r->set_truncate_prompt_tokens(10);
+    r->mutable_sampling()->set_max_new_tokens(54);
+  });
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  EXPECT_EQ(fits->prompt.back(), 'z');
+  EXPECT_EQ(fits->prompt.size(), 10u);
+  ExpectInvalid([](auto* r) { r->set_truncate_prompt_tokens(0); }, "truncate_prompt_tokens");
+  ExpectInvalid(
+      [](auto* r) {
+        r->set_text(std::string(100, 'a'));
+        r->set_truncate_prompt_tokens(64);
+      },
+      "text");
+
+  auto min_tokens = Validate([](auto* r) {
+    r->mutable_sampling()->set_max_new_tokens(8);
+    r->mutable_sampling()->set_min_tokens(8);
+  });
+  ASSERT_TRUE(min_tokens.ok());
+  EXPECT_EQ(min_tokens->sampling.min_tokens, 8);
+  ExpectInvalid(
+      [](auto* r) {
+        r->mutable_sampling()->set_max_new_tokens(8);
+        r->mutable_sampling()->set_min_tokens(9);
+      },
+      "sampling.min_tokens");
+  ExpectInvalid([](auto* r) { r->mutable_sampling()->set_min_tokens(-1); }, "sampling.min_tokens");
+}
+
 TEST_F(RequestValidationTest, PromptLimits) {
   ExpectInvalid([](auto* r) { r->set_text(""); }, "text");
   ExpectInvalid([](auto* r) { r->clear_prompt(); }, "prompt");

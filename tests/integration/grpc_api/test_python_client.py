@@ -100,6 +100,20 @@ def test_min_tokens_keeps_the_first_tokens_from_stopping(stub):
     assert streamed == reference.text
 
 
+def test_truncate_prompt_tokens_keeps_the_prompts_end(stub):
+    """truncate_prompt_tokens: the request runs on the prompt's last tokens,
+    as a request with only those would; a prompt past the context fits."""
+    truncated = text_request("a long prompt whose end counts", 8, ignore_eos=True)
+    truncated.truncate_prompt_tokens = 6
+    response = stub.Generate(truncated, timeout=60)
+    alone = stub.Generate(text_request("counts", 8, ignore_eos=True), timeout=60)
+    assert response.usage.prompt_tokens == 6
+    assert list(response.token_ids) == list(alone.token_ids)
+    too_long = text_request("x" * 100 + "counts", 8, ignore_eos=True)
+    too_long.truncate_prompt_tokens = 6
+    assert stub.Generate(too_long, timeout=60).text == alone.text
+
+
 def model_with_eos(eos_token_id):
     """The test model with config.json declaring `eos_token_id` (same weights)."""
     model = tempfile.mkdtemp(prefix="switchserve_eos_")
@@ -260,6 +274,8 @@ BAD_INPUTS = [
      "sampling.min_tokens: must be in [0, max_new_tokens = 4], found -1"),
     ("min_tokens past max_new_tokens", text_request("x", 4, min_tokens=5),
      "sampling.min_tokens: must be in [0, max_new_tokens = 4], found 5"),
+    ("truncate_prompt_tokens zero", pb.GenerateRequest(text="x", truncate_prompt_tokens=0),
+     "truncate_prompt_tokens: must be >= 1, found 0"),
     ("too many logprobs", pb.GenerateRequest(text="x", logprobs=50), "logprobs"),
     ("too many prompt logprobs", pb.GenerateRequest(text="x", prompt_logprobs=21),
      "prompt_logprobs: must be in [0, 20], found 21"),

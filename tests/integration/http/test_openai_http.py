@@ -521,6 +521,18 @@ def test_include_stop_str_in_output(server, client):
     assert choice.logprobs.text_offset == list(range(count))
 
 
+def test_truncate_prompt_tokens(client):
+    """vLLM's truncate_prompt_tokens: each prompt's last tokens, echoed and
+    counted as the prompt; one past the context fits."""
+    alone = client.completions.create(model=MODEL, prompt="counts", max_tokens=4, temperature=0)
+    for prompt in ("a long prompt whose end counts", "x" * 100 + "counts"):
+        truncated = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4,
+                                              temperature=0, echo=True,
+                                              extra_body={"truncate_prompt_tokens": 6})
+        assert truncated.choices[0].text == "counts" + alone.choices[0].text
+        assert truncated.usage.prompt_tokens == 6
+
+
 BAD_BODIES = [
     ("max_tokens over context", {"prompt": "x", "max_tokens": 64}, "max_tokens"),
     ("max_tokens zero", {"prompt": "x", "max_tokens": 0}, "max_tokens"),
@@ -561,6 +573,8 @@ BAD_BODIES = [
     ("min_tokens past max_tokens", {"prompt": "x", "max_tokens": 3, "min_tokens": 4},
      "min_tokens"),
     ("negative min_tokens", {"prompt": "x", "min_tokens": -1}, "min_tokens"),
+    ("truncate_prompt_tokens zero", {"prompt": "x", "truncate_prompt_tokens": 0},
+     "truncate_prompt_tokens"),
     ("include_stop_str_in_output not boolean",
      {"prompt": "x", "include_stop_str_in_output": "yes"}, "include_stop_str_in_output"),
     ("min_tokens not integer", {"prompt": "x", "min_tokens": 1.5}, "min_tokens"),
