@@ -33,6 +33,10 @@ ABSL_FLAG(std::string, cpu_kernels, "auto",
           "CPU cannot run is refused at startup");
 ABSL_FLAG(int, kv_block_size, 16,
           "tokens per KV cache block (the CUDA backend's attention takes keys a block at a time)");
+ABSL_FLAG(int, max_model_len, 0,
+          "the context length served: prompt + generated tokens of a request at most this many "
+          "(0: the model's max_seq_len; more than that is refused). A shorter context reserves "
+          "less KV cache per request (vLLM's --max-model-len)");
 ABSL_FLAG(bool, allow_non_finite_weights, false,
           "Load weights holding NaN or infinity (with a warning) instead of refusing the model; "
           "also finite f32 weights the CUDA backend's 16-bit matrices make infinite");
@@ -47,6 +51,12 @@ absl::StatusOr<ModelLoadOptions> LoadOptionsFromFlags() {
   ModelLoadOptions options;
   options.weights_dtype = *dtype;
   options.allow_non_finite_weights = absl::GetFlag(FLAGS_allow_non_finite_weights);
+  const int max_model_len = absl::GetFlag(FLAGS_max_model_len);
+  if (max_model_len != 0 && max_model_len < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-model-len: must be 0 (the model's context) or at least 2, found ", max_model_len));
+  }
+  options.max_seq_len = max_model_len;
   return options;
 }
 

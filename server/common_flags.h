@@ -14,7 +14,8 @@
 
 namespace switchserve {
 
-// --weights-dtype and --allow-non-finite-weights, parsed; INVALID_ARGUMENT names the flag.
+// --weights-dtype, --allow-non-finite-weights and --max-model-len, parsed;
+// INVALID_ARGUMENT names the flag.
 absl::StatusOr<ModelLoadOptions> LoadOptionsFromFlags();
 // --kv-cache-dtype, parsed; INVALID_ARGUMENT names the flag.
 absl::StatusOr<KvCacheDtype> KvCacheDtypeFromFlags();
@@ -50,6 +51,7 @@ ABSL_DECLARE_FLAG(int, threads);
 ABSL_DECLARE_FLAG(std::string, weights_dtype);
 ABSL_DECLARE_FLAG(std::string, kv_cache_dtype);
 ABSL_DECLARE_FLAG(bool, allow_non_finite_weights);
+ABSL_DECLARE_FLAG(int, max_model_len);
 ABSL_DECLARE_FLAG(bool, cpu_weight_copies);
 ABSL_DECLARE_FLAG(std::string, cpu_kernels);
 ABSL_DECLARE_FLAG(int, kv_block_size);

@@ -282,6 +282,12 @@ absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& directory,
   absl::StatusOr<ModelConfig> config = ParseModelConfig(*config_text, config_path);
   if (!config.ok()) return config.status();
   model->config = *std::move(config);
+  if (options.max_seq_len > model->config.max_seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-model-len ", options.max_seq_len, " exceeds the model's context length ",
+        model->config.max_seq_len, " (max_seq_len in ", config_path, ")"));
+  }
+  if (options.max_seq_len > 0) model->config.max_seq_len = options.max_seq_len;
 
   {
     // The mapping is released when `file` goes out of scope; the weights are copies.

@@ -47,6 +47,9 @@ struct ModelLoadOptions {
   // Non-finite weights (NaN, +-inf, as stored or once converted) are an error
   // naming the tensor; set, they are loaded and reported in Model::warnings.
   bool allow_non_finite_weights = false;
+  // > 0: the context, config.max_seq_len, cut to this many positions (at
+  // most the model's; more is INVALID_ARGUMENT). 0: the model's.
+  int max_seq_len = 0;
 };
 
 // Reads <directory>/config.json, <directory>/model.safetensors (every tensor

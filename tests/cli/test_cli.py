@@ -470,6 +470,15 @@ def test_bad_weights_dtype_names_the_flag():
     assert "--weights-dtype" in result.stderr and "expected auto, f32, bf16 or f16" in result.stderr
 
 
+def test_max_model_len_past_the_models_context_is_refused_naming_the_flag():
+    for value, message in (("1000", "--max-model-len 1000 exceeds the model's context length 256"),
+                           ("1", "--max-model-len: must be 0 (the model's context) or at least 2, "
+                                 "found 1")):
+        result = run("score", "--max-model-len", value, "--tokens", "1,2", check=False)
+        assert result.returncode == 1
+        assert message in result.stderr, result.stderr
+
+
 def test_every_serve_flag_is_in_the_readme_flag_table():
     readme = (ROOT / "README.md").read_text()
     documented = set()

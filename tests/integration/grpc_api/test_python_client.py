@@ -197,6 +197,42 @@ def test_model_info_names_the_served_model_and_xl_positions():
         xl.close()
 
 
+@pytest.mark.parametrize("model", [None, "tests/golden/xl_dense_gqa"])
+def test_max_model_len_caps_the_context(server, stub, model):
+    """--max-model-len: GetModelInfo reports the cut context, a request past
+    it is INVALID_ARGUMENT naming it, and a request within it gets the tokens
+    and logprobs the model's whole context gives (a RoPE and an XL model)."""
+    path = MODEL if model is None else os.path.join(SOURCE_DIR, model)
+    full = server if model is None else Server(model=path)
+    short = Server("--max-model-len", "24", model=path)
+    try:
+        with full.channel() as full_channel, short.channel() as short_channel:
+            full_stub = pb_grpc.GenerationStub(full_channel)
+            short_stub = pb_grpc.GenerationStub(short_channel)
+            info = short_stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+            assert info.context_length == 24
+            request = pb.GenerateRequest(token_ids=pb.TokenIds(ids=[5, 9, 13, 2, 7]), logprobs=2,
+                                         sampling=pb.SamplingParams(max_new_tokens=19,
+                                                                    temperature=0,
+                                                                    ignore_eos=True))
+            want = full_stub.Generate(request, timeout=60)
+            got = short_stub.Generate(request, timeout=60)
+            assert list(got.token_ids) == list(want.token_ids)
+            assert [t.logprob for t in got.tokens] == [t.logprob for t in want.tokens]
+            request.sampling.max_new_tokens = 20
+            with pytest.raises(grpc.RpcError) as error:
+                short_stub.Generate(request, timeout=60)
+            assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert error.value.details() == (
+                "sampling.max_new_tokens: 20 with a prompt of 5 tokens exceeds the context "
+                "length 24 (at most 19)")
+            assert len(full_stub.Generate(request, timeout=60).token_ids) == 20
+    finally:
+        short.close()
+        if model is not None:
+            full.close()
+
+
 def test_health_and_reflection(server):
     with server.channel() as channel:
         health = health_pb2_grpc.HealthStub(channel)
