@@ -50,13 +50,15 @@ std::vector<std::pair<int32_t, float>> SampleBiases(const SamplingParams& params
 // Samples from `logits` (one row, vocab_size values). `history` holds the
 // sequence's tokens so far, its first `prompt_length` the prompt's. The
 // scores sampled from are the logits made finite, plus the biases of
-// SampleBiases (generated: history past prompt_length), then the repetition penalty on every id of
-// `history` (each distinct id once), then score - fma(frequency_penalty, count, presence_penalty)
-// for each id generated `count` > 0 times (history from prompt_length on), each step made finite
-// again. `num_logprobs` alternatives are returned, most likely first; the sampled token's logprob
-// when num_logprobs > 0 or params.sampled_logprob, both of the raw logits. Non-finite logits are
-// made finite first (NaN: the least likely token; +-inf: the largest finite magnitudes), so no
-// comparison or probability sees a NaN.
+// SampleBiases (`generated`: the history past prompt_length), then the
+// repetition penalty on every id of `history` (each distinct id once), then
+// score - fma(frequency_penalty, count, presence_penalty) for each id
+// generated `count` > 0 times (history from prompt_length on), each step
+// made finite again. `num_logprobs` alternatives are returned, most likely
+// first; the sampled token's logprob when num_logprobs > 0 or
+// params.sampled_logprob, both of the raw logits. Non-finite logits are made
+// finite first (NaN: the least likely token; +-inf: the largest finite
+// magnitudes), so no comparison or probability sees a NaN.
 SampleResult SampleToken(absl::Span<const float> logits, const SamplingParams& params,
                          absl::Span<const int32_t> history, int64_t prompt_length, int num_logprobs,
                          SamplerRng& rng);
