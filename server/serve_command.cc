@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -438,17 +439,20 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals, bool* up) 
                              absl::UnavailableError(absl::StrCat("cannot listen on ", address))));
   }
   // The OpenAI-compatible HTTP API: same engine, gate, token, TLS and limits.
-  OpenAiService openai({.engine = &engine,
-                        .tokenizer = setup->model->tokenizer.get(),
-                        .limits = service_options.limits,
-                        .model_name = model_name,
-                        .auth = auth.get(),
-                        .metrics = serving_metrics.get(),
-                        .gate = &gate,
-                        .created_unix_s = absl::ToUnixSeconds(absl::Now()),
-                        .stream_interval = options.stream_interval,
-                        .max_prompts = options.max_queue,
-                        .output_budget = output_budget});
+  OpenAiService openai(
+      {.engine = &engine,
+       .tokenizer = setup->model->tokenizer.get(),
+       .limits = service_options.limits,
+       .model_name = model_name,
+       .auth = auth.get(),
+       .metrics = serving_metrics.get(),
+       .metrics_text = exposer == nullptr ? std::function<std::string()>()
+                                          : [metrics = exposer.get()] { return metrics->Render(); },
+       .gate = &gate,
+       .created_unix_s = absl::ToUnixSeconds(absl::Now()),
+       .stream_interval = options.stream_interval,
+       .max_prompts = options.max_queue,
+       .output_budget = output_budget});
   std::unique_ptr<HttpServer> http;
   RefusedConnections refused_connections(serving_metrics.get());
   if (options.http_port != 0) {

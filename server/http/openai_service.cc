@@ -31,7 +31,8 @@ HttpResponse ErrorResponse(const absl::Status& status) {
 
 // Paths whose requests need the bearer token: the API's, not the probes.
 bool Guarded(std::string_view path) {
-  return path.rfind("/v1/", 0) == 0 || path == "/tokenize" || path == "/detokenize";
+  return path.rfind("/v1/", 0) == 0 || path == "/tokenize" || path == "/detokenize" ||
+         path == "/metrics";
 }
 
 absl::Status Draining() {
@@ -87,6 +88,18 @@ void OpenAiService::Handle(const std::shared_ptr<HttpExchange>& exchange) const 
   // has check_head, a request without it does not get here).
   if (std::optional<HttpResponse> refusal = CheckHead(request)) {
     return exchange->Respond(*std::move(refusal));
+  }
+  if (path == "/metrics") {
+    if (!get) return wrong_method("GET");
+    if (!options_.metrics_text) {
+      return exchange->Respond(ErrorResponse(absl::NotFoundError(
+          "/metrics: metrics are off (the server runs with --metrics-port 0)")));
+    }
+    HttpResponse response;
+    response.status = 200;
+    response.content_type = "text/plain; version=0.0.4; charset=utf-8";
+    response.body = options_.metrics_text();
+    return exchange->Respond(std::move(response));
   }
   if (path == "/tokenize" || path == "/detokenize") {
     if (request.method != "POST") return wrong_method("POST");

@@ -1,7 +1,8 @@
 // The OpenAI-compatible HTTP API on top of the engine (docs/serving.md):
 // POST /v1/completions (unary or server-sent events), GET /v1/models and
-// /v1/models/{id}, POST /tokenize and /detokenize (vLLM's), GET /health (the
-// process serves) and /ready (the model is loaded and the server is not
+// /v1/models/{id}, POST /tokenize and /detokenize (vLLM's), GET /metrics (the
+// metrics port's series, as vLLM serves them on its API port), GET /health
+// (the process serves) and /ready (the model is loaded and the server is not
 // draining). /v1/chat/completions is refused:
 // the models have no chat template.
 //
@@ -19,6 +20,7 @@
 #define SWITCHSERVE_SERVER_HTTP_OPENAI_SERVICE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -42,9 +44,12 @@ struct OpenAiServiceOptions {
   std::string model_name;                 // the served model name (`model`)
   const BearerTokenAuth* auth = nullptr;  // null: no token needed
   ServingMetrics* metrics = nullptr;      // null: no metrics
-  CallGate* gate = nullptr;               // shared with the gRPC service
-  int64_t created_unix_s = 0;             // the model's `created` (server start)
-  int stream_interval = 1;                // streamed completions: tokens per event after the first
+  // GET /metrics: the Prometheus text of every series (MetricsExposer::Render).
+  // Null: metrics are off, /metrics is 404.
+  std::function<std::string()> metrics_text;
+  CallGate* gate = nullptr;    // shared with the gRPC service
+  int64_t created_unix_s = 0;  // the model's `created` (server start)
+  int stream_interval = 1;     // streamed completions: tokens per event after the first
   // Prompts one request may hold (--max-queue: more could never be queued
   // together, and a retry would not help); 0: no limit.
   int max_prompts = 0;
@@ -70,7 +75,7 @@ class OpenAiService {
 
   void Handle(const std::shared_ptr<HttpExchange>& exchange) const;
   // HttpServerOptions::check_head: an API request (/v1/, /tokenize,
-  // /detokenize) without the bearer token
+  // /detokenize, /metrics) without the bearer token
   // is refused at its head, its body never read (a completion counted and
   // logged as Handle would).
   std::optional<HttpResponse> CheckHead(const HttpRequest& head) const;

@@ -7,11 +7,13 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <iterator>
 #include <system_error>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "prometheus/text_serializer.h"
 #include "server/metrics/process_metrics.h"
 
 namespace switchserve {
@@ -75,6 +77,16 @@ absl::StatusOr<std::unique_ptr<MetricsExposer>> MetricsExposer::Start(
   const std::vector<int> ports = out->exposer_->GetListeningPorts();
   out->port_ = ports.empty() ? port : ports.front();
   return out;
+}
+
+std::string MetricsExposer::Render() const {
+  std::vector<prometheus::MetricFamily> families;
+  for (const auto& collectable : collectables_) {
+    std::vector<prometheus::MetricFamily> collected = collectable->Collect();
+    families.insert(families.end(), std::make_move_iterator(collected.begin()),
+                    std::make_move_iterator(collected.end()));
+  }
+  return prometheus::TextSerializer().Serialize(families);
 }
 
 MetricsExposer::~MetricsExposer() {

@@ -37,6 +37,11 @@ class MetricsExposer {
   // The port actually bound.
   int port() const { return port_; }
 
+  // The series a scrape of the port returns, in the Prometheus text format,
+  // less prometheus-cpp's own exposer_* series: what the HTTP API serves at
+  // its /metrics. Thread-safe.
+  std::string Render() const;
+
  private:
   MetricsExposer() = default;
 

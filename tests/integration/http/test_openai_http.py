@@ -656,6 +656,9 @@ def test_bearer_token():
                       b"Content-Type: application/json\r\nContent-Length: 4000000\r\n"
                       b"Expect: 100-continue\r\n\r\n")
             assert s.recv(65536).startswith(b"HTTP/1.1 401")
+        assert curl("-i", server.url + "/metrics").stdout.startswith("HTTP/1.1 401")
+        assert curl("-i", "-H", "authorization: Bearer http-token",
+                    server.url + "/metrics").stdout.startswith("HTTP/1.1 200")
         for path, body in (("/tokenize", {"prompt": "x"}), ("/detokenize", {"tokens": [1]})):
             assert post_json(server, path, body)[0] == 401
             assert post_json(server, path, body, token="nope")[0] == 401
@@ -667,6 +670,35 @@ def test_bearer_token():
         assert curl(server.url + "/health").stdout and curl(server.url + "/ready").stdout
     finally:
         server.close()
+
+
+def metric_names(text):
+    """The series names of a Prometheus text (comments left out)."""
+    return {line.split("{")[0].split(" ")[0] for line in text.splitlines()
+            if line and not line.startswith("#")}
+
+
+def test_metrics_on_the_http_port(server):
+    """GET /metrics on the HTTP port (where vLLM serves them): the metrics
+    port's series, less prometheus-cpp's own exposer_*; 404 when metrics
+    are off; 405 for another method."""
+    with_metrics = Server(metrics=True)
+    try:
+        with_metrics.client().completions.create(model=MODEL, prompt="x", max_tokens=2)
+        result = curl("-i", with_metrics.url + "/metrics")
+        assert result.stdout.startswith("HTTP/1.1 200"), result.stdout[:300]
+        assert "content-type: text/plain; version=0.0.4" in result.stdout.lower()
+        here = metric_names(re.split(r"\r?\n\r?\n", result.stdout, maxsplit=1)[1])
+        scraped = metric_names(with_metrics.scrape_metrics())
+        assert here == {name for name in scraped if not name.startswith("exposer_")}
+        assert "switchserve_requests_total" in here and "process_cpu_seconds_total" in here
+        assert curl("-i", "-X", "POST", with_metrics.url + "/metrics").stdout.startswith(
+            "HTTP/1.1 405")
+    finally:
+        with_metrics.close()
+    result = curl("-i", server.url + "/metrics")
+    assert result.stdout.startswith("HTTP/1.1 404"), result.stdout[:300]
+    assert "--metrics-port 0" in result.stdout
 
 
 def test_http_requests_in_the_metrics():
