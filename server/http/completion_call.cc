@@ -69,6 +69,7 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
               PromptSpellsText(*context_.tokenizer, prompts[i].prompt);
         }
         choices_[i]->stop_token_ids = prompts[i].sampling.stop_token_ids;
+        choices_[i]->prompt_tokens = static_cast<int>(prompts[i].prompt.size());
         choices_[i]->include_stop = prompts[i].sampling.include_stop_str_in_output;
         handles.push_back(&choices_[i]->handle);
       }
@@ -107,6 +108,8 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
     TextOffset text_offset;                  // of the next token, for logprobs
     std::vector<int32_t> stop_token_ids;     // the request's (TextEndOf)
     bool include_stop = false;               // its include_stop_str_in_output
+    int prompt_tokens = 0;                   // its prompt's (continuous usage)
+    int streamed_tokens = 0;                 // generated tokens streamed so far
     std::optional<GenerationUpdate> final_update;
     // With echo: the prompt's text, its first token (whose logprob is null),
     // and whether they are still to be added before the first tokens.
@@ -226,14 +229,19 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
   // the connection's I/O thread, which renders the event (RenderEvent).
   void StreamUpdateLocked(int index, GenerationUpdate* update) {
     if (!update->status.ok() || update->finish_reason == FinishReason::kCancelled) return;
-    const bool echoed = TakeEchoLocked(choices_[index].get(), update);
+    Choice& choice = *choices_[index];
+    choice.streamed_tokens += static_cast<int>(update->tokens.size());  // before the echo's
+    const int streamed = choice.streamed_tokens;
+    const bool echoed = TakeEchoLocked(&choice, update);
     if (update->text.empty() && update->tokens.empty() && !update->finished) return;
     exchange_->WriteRendered(
         [self = shared_from_this(), index, text = std::move(update->text),
          tokens = std::move(update->tokens),
          finish_reason =
              update->finished ? std::optional<FinishReason>(update->finish_reason) : std::nullopt,
-         echoed] { return self->RenderEvent(index, text, tokens, finish_reason, echoed); });
+         echoed, streamed] {
+          return self->RenderEvent(index, text, tokens, finish_reason, echoed, streamed);
+        });
   }
 
   // The connection's I/O thread, one event at a time in the order of the
@@ -243,7 +251,8 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
   // else uses.
   std::string RenderEvent(int index, const std::string& text,
                           const std::vector<GeneratedTokenInfo>& tokens,
-                          std::optional<FinishReason> finish_reason, bool echoed) {
+                          std::optional<FinishReason> finish_reason, bool echoed,
+                          int streamed_tokens) {
     Json choice = {
         {"index", index}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
     if (options_.logprobs >= 0 && !tokens.empty()) {
@@ -255,7 +264,15 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
                                           options_.tokens_as_ids, &c.text_offset, end, echoed);
     }
     if (finish_reason) choice["finish_reason"] = OpenAiFinishReason(*finish_reason);
-    return Event(Chunk(Json::array({std::move(choice)})));
+    Json chunk = Chunk(Json::array({std::move(choice)}));
+    if (options_.continuous_usage) {
+      // The choice's own, as vLLM counts them: its prompt and its tokens so far.
+      const int prompt = choices_[index]->prompt_tokens;
+      chunk["usage"] = {{"prompt_tokens", prompt},
+                        {"completion_tokens", streamed_tokens},
+                        {"total_tokens", prompt + streamed_tokens}};
+    }
+    return Event(chunk);
   }
 
   // Engine thread. Every prompt has finished: the response (or its end), the

@@ -40,6 +40,9 @@ struct CompletionCallContext {
 struct CompletionOptions {
   bool stream = false;
   bool include_usage = false;
+  // With include_usage: every event carries its choice's usage so far
+  // (vLLM's continuous_usage_stats).
+  bool continuous_usage = false;
   int logprobs = -1;           // < 0: no logprobs object
   bool tokens_as_ids = false;  // CompletionRequest::tokens_as_ids
   bool echo = false;           // CompletionRequest::echo

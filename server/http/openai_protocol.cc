@@ -276,13 +276,13 @@ absl::Status ParseField(const std::string& key, const Json& value, int vocab_siz
   } else if (key == "stream_options") {
     if (!value.is_object()) return Invalid(key, "must be an object");
     for (const auto& [option, option_value] : value.items()) {
-      if (option != "include_usage") {
+      if (option != "include_usage" && option != "continuous_usage_stats") {
         return Invalid(absl::StrCat("stream_options.", ShownName(option)), "unknown option");
       }
       if (option_value.is_null()) continue;  // null: the default
-      auto b = Boolean(option_value, "stream_options.include_usage");
+      auto b = Boolean(option_value, absl::StrCat("stream_options.", option));
       if (!b.ok()) return b.status();
-      request->include_usage = *b;
+      (option == "include_usage" ? request->include_usage : request->continuous_usage) = *b;
     }
   } else if (key == "logprobs") {
     // The validation's range, named here too: a bound of int32 is none a
@@ -610,7 +610,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
   if (prompt == json.end() || prompt->is_null()) return Invalid("prompt", "is required");
   if (absl::Status status = ParsePrompts(*prompt, vocab_size, &request.prompts); !status.ok())
     return status;
-  if (request.include_usage && !request.stream) {
+  if ((request.include_usage || request.continuous_usage) && !request.stream) {
     return Invalid("stream_options", "is only allowed with \"stream\": true");
   }
   if (!sampling.has_max_new_tokens()) sampling.set_max_new_tokens(kDefaultMaxTokens);

@@ -38,7 +38,10 @@ struct CompletionRequest {
   // must equal it). Choice j of prompt i is the response's choice i * n + j.
   int n = 1;
   bool stream = false;
-  bool include_usage = false;   // stream_options.include_usage
+  bool include_usage = false;  // stream_options.include_usage
+  // stream_options.continuous_usage_stats (vLLM's), with include_usage: every
+  // event carries its choice's usage so far.
+  bool continuous_usage = false;
   std::optional<int> logprobs;  // unset: no logprobs in the response
   // vLLM's return_tokens_as_token_ids: the logprobs object names each token
   // "token_id:N" (distinct keys for tokens that spell the same text).

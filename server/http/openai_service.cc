@@ -275,6 +275,7 @@ void OpenAiService::Completions(const std::shared_ptr<HttpExchange>& exchange) c
   CompletionOptions options;
   options.stream = parsed->stream;
   options.include_usage = parsed->include_usage;
+  options.continuous_usage = parsed->include_usage && parsed->continuous_usage;
   options.logprobs = parsed->logprobs.value_or(-1);
   options.tokens_as_ids = parsed->tokens_as_ids;
   options.echo = parsed->echo;

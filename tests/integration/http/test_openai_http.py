@@ -176,6 +176,30 @@ def test_stream_ends_with_done_and_equals_unary(server, client):
         unary.choices[0].text
 
 
+def test_continuous_usage_stats_count_each_choice_so_far(client):
+    """vLLM's stream_options.continuous_usage_stats: every event carries its
+    choice's usage so far (its prompt, its tokens streamed); the last event
+    the request's. Without include_usage it is off, as in vLLM."""
+    chunks = list(client.completions.create(
+        model=MODEL, prompt=["abc", "hello"], max_tokens=6, temperature=0, stream=True,
+        extra_body={"ignore_eos": True},
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    counts = {0: [], 1: []}
+    for chunk in chunks[:-1]:
+        (choice,) = chunk.choices
+        usage = chunk.usage
+        assert usage.prompt_tokens == (3, 5)[choice.index]
+        assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+        counts[choice.index].append(usage.completion_tokens)
+    assert counts == {0: [1, 2, 3, 4, 5, 6], 1: [1, 2, 3, 4, 5, 6]}
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+    assert chunks[-1].usage.prompt_tokens == 8
+    plain = list(client.completions.create(
+        model=MODEL, prompt="abc", max_tokens=3, temperature=0, stream=True,
+        stream_options={"include_usage": False, "continuous_usage_stats": True}))
+    assert all(c.usage is None for c in plain)
+
+
 def test_stream_interval_groups_tokens_after_the_first():
     grouping = Server("--stream-interval", "4")
     try:
@@ -559,6 +583,11 @@ BAD_BODIES = [
     ("stop token id not integer", {"prompt": "x", "stop_token_ids": [2.5]}, "stop_token_ids"),
     ("bad second prompt", {"prompt": ["ok", ""]}, "prompt[1]"),
     ("unknown field", {"prompt": "x", "frobnicate": 1}, "frobnicate"),
+    ("continuous usage without stream",
+     {"prompt": "x", "stream_options": {"continuous_usage_stats": True}}, "stream_options"),
+    ("continuous usage not boolean",
+     {"prompt": "x", "stream": True, "stream_options": {"continuous_usage_stats": 1}},
+     "stream_options.continuous_usage_stats"),
     ("stream_options without stream", {"prompt": "x", "stream_options": {"include_usage": True}},
      "stream_options"),
     ("stop token outside vocabulary", {"prompt": "x", "stop_token_ids": [999]},
