@@ -464,6 +464,12 @@ def test_sigterm_drain_finishes_running_streams_and_answers_503():
             client.completions.create(model=MODEL, prompt="late", max_tokens=2)
         assert error.value.status_code == 503
         assert error.value.body["code"] == "unavailable"
+        for path, body in (("/tokenize", {"prompt": "x"}), ("/detokenize", {"tokens": [1]})):
+            result = curl("-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST",
+                          server.url + path, "-d", json.dumps(body))
+            assert result.stdout == "503", path
+        assert curl("-s", "-o", "/dev/null", "-w", "%{http_code}",
+                    server.url + "/v1/models").stdout == "200"
         rest = list(stream)
         text = first.choices[0].text + "".join(c.choices[0].text for c in rest)
         assert rest[-1].choices[0].finish_reason == "length"
