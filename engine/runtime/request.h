@@ -25,9 +25,14 @@ using Clock = std::chrono::steady_clock;
 inline constexpr int kMaxLogitBias = 300;
 // The most stop_token_ids one request may give (the server's limit).
 inline constexpr int kMaxStopTokenIds = 64;
-// The most logit biases one sample applies: a request's own, and the ids
-// min_tokens holds back (the model's EOS and the stop ids).
-inline constexpr int kMaxSampleBiases = kMaxLogitBias + 1 + kMaxStopTokenIds;
+// The most bad_words one request may give (the server's limit). Each word is
+// tokenized at most two ways (SamplingParams::bad_words_ids), each of which
+// bans at most one id per sample.
+inline constexpr int kMaxBadWords = 64;
+// The most logit biases one sample applies: a request's own, the ids
+// min_tokens holds back (the model's EOS and the stop ids), and the ids
+// bad_words ban.
+inline constexpr int kMaxSampleBiases = kMaxLogitBias + 1 + kMaxStopTokenIds + 2 * kMaxBadWords;
 
 // Sampling parameters of one request. Already validated: the engine trusts
 // every value (temperature >= 0, 0 < top_p <= 1, ...).
@@ -68,6 +73,14 @@ struct SamplingParams {
   bool HoldsBackStops(int64_t generated) const {
     return generated < min_tokens && !min_tokens_ids.empty();
   }
+  // vLLM's bad_words as token sequences, each non-empty: a sample may not
+  // complete one, i.e. its last id is banned (a logit bias of -inf) while the
+  // generated tokens end with the ids before it (always, for one id). At most
+  // 2 * kMaxBadWords.
+  std::vector<std::vector<int32_t>> bad_words_ids;
+  // Only these ids may be sampled (every other's score is the lowest finite
+  // one), ascending and distinct; empty: every id. vLLM's allowed_token_ids.
+  std::vector<int32_t> allowed_token_ids;
   int logprobs = 0;  // top-n alternatives per token
   // The sampled token's own logprob also when logprobs == 0 (OpenAI's
   // "logprobs": 0). Without either, the sampler skips the log-softmax and

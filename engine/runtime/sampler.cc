@@ -27,6 +27,16 @@ float Finite(float v) {
   return std::clamp(v, -kMax, kMax);
 }
 
+// Whether a candidate scoring `score` has no chance beside the best's `top`:
+// it scores the lowest finite value (a logit of -inf or NaN, a bias of -inf,
+// an id outside allowed_token_ids) and the best does not. Its weight is then
+// 0 at any temperature; exp((score - top) / temperature) is not at one past
+// about 1e36.
+bool Excluded(float score, double top) {
+  constexpr float kLowest = -std::numeric_limits<float>::max();
+  return score == kLowest && top > kLowest;
+}
+
 std::vector<float> FiniteCopy(absl::Span<const float> logits) {
   std::vector<float> finite(logits.size());
   for (size_t i = 0; i < logits.size(); ++i) finite[i] = Finite(logits[i]);
@@ -95,12 +105,25 @@ SampleResult TokenLogprobs(absl::Span<const float> logits, int32_t token, int nu
 }
 
 std::vector<std::pair<int32_t, float>> SampleBiases(const SamplingParams& params,
-                                                    int64_t generated) {
-  if (!params.HoldsBackStops(generated)) return params.logit_bias;
+                                                    absl::Span<const int32_t> generated) {
+  std::vector<int32_t> banned;
+  if (params.HoldsBackStops(static_cast<int64_t>(generated.size()))) {
+    banned = params.min_tokens_ids;
+  }
+  for (const std::vector<int32_t>& word : params.bad_words_ids) {
+    const size_t before = word.size() - 1;
+    if (before <= generated.size() &&
+        std::equal(word.begin(), word.end() - 1, generated.end() - before)) {
+      banned.push_back(word.back());
+    }
+  }
+  if (banned.empty()) return params.logit_bias;
+  std::sort(banned.begin(), banned.end());
+  banned.erase(std::unique(banned.begin(), banned.end()), banned.end());
   std::vector<std::pair<int32_t, float>> biases;
-  biases.reserve(params.logit_bias.size() + params.min_tokens_ids.size());
+  biases.reserve(params.logit_bias.size() + banned.size());
   auto bias = params.logit_bias.begin();
-  for (const int32_t id : params.min_tokens_ids) {
+  for (const int32_t id : banned) {
     for (; bias != params.logit_bias.end() && bias->first < id; ++bias) biases.push_back(*bias);
     if (bias != params.logit_bias.end() && bias->first == id) ++bias;
     biases.emplace_back(id, -std::numeric_limits<float>::infinity());
@@ -114,12 +137,17 @@ SampleResult SampleToken(absl::Span<const float> logits, const SamplingParams& p
                          SamplerRng& rng) {
   const int32_t vocab = static_cast<int32_t>(logits.size());
   const std::vector<float> finite = FiniteCopy(logits);
-  std::vector<float> scores = finite;
-  const int64_t count = static_cast<int64_t>(history.size()) - prompt_length;
-  const bool holds_back = params.HoldsBackStops(count);
-  std::vector<std::pair<int32_t, float>> held_back;
-  if (holds_back) held_back = SampleBiases(params, count);
-  for (const auto& [id, bias] : holds_back ? held_back : params.logit_bias) {
+  std::vector<float> scores;
+  if (params.allowed_token_ids.empty()) {
+    scores = finite;
+  } else {
+    scores.assign(vocab, -std::numeric_limits<float>::max());
+    for (const int32_t id : params.allowed_token_ids) {
+      if (id >= 0 && id < vocab) scores[id] = finite[id];
+    }
+  }
+  for (const auto& [id, bias] :
+       SampleBiases(params, history.subspan(static_cast<size_t>(prompt_length)))) {
     if (id >= 0 && id < vocab) scores[id] = Finite(scores[id] + bias);
   }
   if (params.repetition_penalty != 1.0f) {
@@ -128,6 +156,9 @@ SampleResult SampleToken(absl::Span<const float> logits, const SamplingParams& p
       if (id < 0 || id >= vocab || seen[id]) continue;
       seen[id] = true;
       float& s = scores[id];
+      // The lowest score stays the lowest (-inf times a penalty below 1 is
+      // -inf): a banned id is not lifted back among the others.
+      if (s == -std::numeric_limits<float>::max()) continue;
       s = Finite(s > 0 ? s / params.repetition_penalty : s * params.repetition_penalty);
     }
   }
@@ -178,7 +209,7 @@ SampleResult SampleToken(absl::Span<const float> logits, const SamplingParams& p
   std::vector<double> probs(keep);
   double total = 0;
   for (int32_t i = 0; i < keep; ++i) {
-    probs[i] = std::exp((scores[order[i]] - top) * inv_t);
+    probs[i] = Excluded(scores[order[i]], top) ? 0.0 : std::exp((scores[order[i]] - top) * inv_t);
     total += probs[i];
   }
   if (params.top_p < 1.0f) {

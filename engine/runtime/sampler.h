@@ -40,21 +40,28 @@ struct SampleResult {
   std::vector<std::pair<int32_t, float>> top_logprobs;  // num_logprobs best
 };
 
-// The logit biases a sample applies, ascending by id: params.logit_bias and,
-// while params.HoldsBackStops(generated), -inf for each of
-// params.min_tokens_ids (in place of a bias the request gave the same id).
-// At most kMaxSampleBiases.
+// The logit biases a sample applies, ascending by id, given the tokens
+// generated so far: params.logit_bias, and -inf (in place of a bias the
+// request gave the same id) for each of params.min_tokens_ids while
+// params.HoldsBackStops(generated.size()), and for the last id of each of
+// params.bad_words_ids whose other ids end `generated`. At most
+// kMaxSampleBiases.
 std::vector<std::pair<int32_t, float>> SampleBiases(const SamplingParams& params,
-                                                    int64_t generated);
+                                                    absl::Span<const int32_t> generated);
 
 // Samples from `logits` (one row, vocab_size values). `history` holds the
 // sequence's tokens so far, its first `prompt_length` the prompt's. The
-// scores sampled from are the logits made finite, plus the biases of
-// SampleBiases (`generated`: the history past prompt_length), then the
-// repetition penalty on every id of `history` (each distinct id once), then
+// scores sampled from are the logits made finite (with
+// params.allowed_token_ids, every other id's the lowest finite score), plus
+// the biases of SampleBiases (`generated`: the history past prompt_length),
+// then the
+// repetition penalty on every id of `history` (each distinct id once; the
+// lowest finite score unchanged, as -inf would be), then
 // score - fma(frequency_penalty, count, presence_penalty) for each id
 // generated `count` > 0 times (history from prompt_length on), each step
-// made finite again. `num_logprobs` alternatives are returned, most likely
+// made finite again. An id at the lowest finite score (a -inf or NaN logit, a
+// -inf bias, one outside allowed_token_ids) is never drawn while another
+// scores higher, at any temperature. `num_logprobs` alternatives are returned, most likely
 // first; the sampled token's logprob when num_logprobs > 0 or
 // params.sampled_logprob, both of the raw logits. Non-finite logits are made
 // finite first (NaN: the least likely token; +-inf: the largest finite

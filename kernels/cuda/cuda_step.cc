@@ -132,19 +132,16 @@ absl::Status StepIo::Prepare(const StepBatch& batch, int real_tokens, int bucket
     d.generated_begin = static_cast<int32_t>(
         std::min<int64_t>(d.history_begin + request.prompt_length, d.history_end));
     d.bias_begin = d.history_end;
-    const auto push_biases = [this](const std::vector<std::pair<int32_t, float>>& biases) {
-      for (const auto& [id, bias] : biases) {
-        history_.push_back(id);
-        history_.push_back(std::bit_cast<int32_t>(bias));
-      }
-    };
-    const int64_t generated = static_cast<int64_t>(request.history.size()) - request.prompt_length;
-    if (params.HoldsBackStops(generated)) {
-      push_biases(SampleBiases(params, generated));
-    } else {
-      push_biases(params.logit_bias);
+    for (const auto& [id, bias] :
+         SampleBiases(params, request.history.subspan(request.prompt_length))) {
+      history_.push_back(id);
+      history_.push_back(std::bit_cast<int32_t>(bias));
     }
     d.bias_end = static_cast<int32_t>(history_.size());
+    d.allowed_begin = d.bias_end;
+    history_.insert(history_.end(), params.allowed_token_ids.begin(),
+                    params.allowed_token_ids.end());
+    d.allowed_end = static_cast<int32_t>(history_.size());
     sample_params_.push_back(d);
     max_logprobs = std::max(max_logprobs, params.logprobs);
   }
@@ -178,10 +175,11 @@ absl::Status StepIo::Prepare(const StepBatch& batch, int real_tokens, int bucket
     shape.max_logprobs = kGraphMaxLogprobs;
     // Padding sequences add a block each (PadDecodeStep); they have no history.
     shape.block_entries = std::min(bucket * max_blocks, model_.kv_blocks + bucket);
-    // The penalised histories, then each sequence's logit bias pairs.
+    // The penalised histories, then each sequence's logit bias pairs and
+    // allowed ids.
     shape.history =
         std::min(bucket * int64_t{model_.max_seq_len}, model_.kv_blocks * model_.block_size) +
-        bucket * int64_t{2 * kMaxSampleBiases};
+        bucket * int64_t{2 * kMaxSampleBiases + kGraphMaxAllowedTokenIds};
     // One token per sequence: one segment each.
     shape.dispatch_segments = model_.capacity_group > 0 ? bucket : 0;
     if (static_cast<int64_t>(batch.block_tables.size()) > shape.block_entries ||

@@ -26,8 +26,10 @@ bool GraphEligible(const StepBatch& batch, const DispatchConfig& dispatch, int m
     if (sample.params == nullptr) continue;
     if (sample.params->logprobs > kGraphMaxLogprobs ||
         static_cast<int64_t>(sample.history.size()) > max_seq_len ||
-        sample.params->logit_bias.size() + sample.params->min_tokens_ids.size() >
-            static_cast<size_t>(kMaxSampleBiases)) {
+        sample.params->logit_bias.size() + sample.params->min_tokens_ids.size() +
+                sample.params->bad_words_ids.size() >
+            static_cast<size_t>(kMaxSampleBiases) ||
+        sample.params->allowed_token_ids.size() > static_cast<size_t>(kGraphMaxAllowedTokenIds)) {
       return false;
     }
     if (sample.params->PenalisesHistory()) history += sample.history.size();

@@ -39,14 +39,17 @@ int DecodeBucket(int sequences);
 
 // Logprobs a graph step can return per token (the server's limit).
 inline constexpr int kGraphMaxLogprobs = 20;
+// allowed_token_ids a graph step holds per sequence; a step with a longer
+// list runs without a graph.
+inline constexpr int kGraphMaxAllowedTokenIds = 1024;
 
 // Whether a graph may run `batch` under `dispatch`: every sequence decodes one
 // token, at most kMaxDecodeBucket of them, and the dispatch is dropless or
 // per sequence (a capacity of the step scope would count padding rows and
 // change with the step's tokens); and the step fits the bucket's fixed
 // arrays: block tables of at most ceil(max_seq_len / block_size) blocks,
-// histories of at most max_seq_len ids, at most kGraphMaxLogprobs logprobs
-// and kMaxSampleBiases logit biases;
+// histories of at most max_seq_len ids, at most kGraphMaxLogprobs logprobs,
+// kMaxSampleBiases logit biases and kGraphMaxAllowedTokenIds allowed ids;
 // and, all sequences together, at most `kv_blocks` blocks and as many
 // penalised history ids as those blocks hold tokens (a sane batch's
 // sequences hold their blocks in a cache of kv_blocks side by side, so the

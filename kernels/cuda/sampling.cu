@@ -1,5 +1,6 @@
 // Device sampling: one block per sampling sequence. See sampling.h for the
 // rules; the host sampler (engine/runtime/sampler.cc) is the reference.
+#include <cfloat>
 #include <cmath>
 
 #include "kernels/cuda/sampling.h"
@@ -186,11 +187,19 @@ __global__ void __launch_bounds__(kThreads)
                                             Align8(4 * static_cast<size_t>(padded)));
   const int tid = threadIdx.x;
 
+  const bool restricted = p.allowed_end > p.allowed_begin;
   for (int i = tid; i < vocab; i += kThreads) {
-    scores[i] = Finite(row[i]);
+    scores[i] = restricted ? -FLT_MAX : Finite(row[i]);
     flags[i] = 0;
   }
   __syncthreads();
+  if (restricted) {
+    for (int a = p.allowed_begin + tid; a < p.allowed_end; a += kThreads) {
+      const int id = history[a];
+      if (id >= 0 && id < vocab) scores[id] = Finite(row[id]);
+    }
+    __syncthreads();
+  }
   for (int b = p.bias_begin + 2 * tid; b + 1 < p.bias_end; b += 2 * kThreads) {
     const int id = history[b];
     if (id >= 0 && id < vocab) scores[id] = Finite(scores[id] + __int_as_float(history[b + 1]));
@@ -203,6 +212,8 @@ __global__ void __launch_bounds__(kThreads)
       // Each distinct id once, whichever thread claims it.
       if ((atomicOr(&flags[id], kPenalised) & kPenalised) != 0) continue;
       const float s = scores[id];
+      // The lowest score stays the lowest, as on the host.
+      if (s == -FLT_MAX) continue;
       scores[id] = Finite(s > 0 ? s / p.repetition_penalty : s * p.repetition_penalty);
     }
   }
@@ -306,7 +317,11 @@ __global__ void __launch_bounds__(kThreads)
     const double best = keys[0];
     const double inv_t = 1.0 / p.temperature;
     for (int i = tid; i < keep; i += kThreads) {
-      probs[i] = exp((static_cast<double>(keys[i]) - best) * inv_t);
+      // The lowest finite score has no chance beside a higher one (the
+      // host's Excluded), at any temperature.
+      probs[i] = keys[i] == -FLT_MAX && best > -FLT_MAX
+                     ? 0.0
+                     : exp((static_cast<double>(keys[i]) - best) * inv_t);
     }
     __syncthreads();
     if (p.top_p < 1.0f) {

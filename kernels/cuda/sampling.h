@@ -1,11 +1,12 @@
 // The next token of each sampling sequence, picked on the device from its
-// logits row by the host sampler's rules (engine/runtime/sampler.h): logit
-// bias, repetition penalty over the history (each distinct id once),
+// logits row by the host sampler's rules (engine/runtime/sampler.h): the
+// allowed ids, logit bias, repetition penalty over the history (each distinct id once),
 // presence and frequency penalties over its generated part (one fused
 // multiply-add per distinct id, as the host computes it), then greedy
 // argmax (temperature 0; ties to the lower id) or: candidates ordered by
 // penalised score (ties to the lower id), cut to top_k, to the top_p mass and
-// to min_p of the best, weights exp((s - best) / temperature) in double, and
+// to min_p of the best, weights exp((s - best) / temperature) in double (0
+// for the lowest finite score below a higher best), and
 // the first candidate whose running weight exceeds u * total. The logprob of
 // the token and the n most likely alternatives are log-softmax of the raw
 // logits.
@@ -56,6 +57,10 @@ struct DeviceSampleParams {
   // bits of its float bias), distinct ids.
   int32_t bias_begin = 0;
   int32_t bias_end = 0;
+  // history[allowed_begin, allowed_end): the ids that may be sampled,
+  // distinct; empty: every id (the others' scores are the lowest finite).
+  int32_t allowed_begin = 0;
+  int32_t allowed_end = 0;
 };
 
 inline constexpr int kSelectMax = 64;

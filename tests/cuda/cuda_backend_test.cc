@@ -155,8 +155,9 @@ TEST(DecodeGraphsTest, GraphStepsCopyWhatTheirSequencesUse) {
   StepBatch padded;
   cuda::PadDecodeStep(decode, bucket, /*scratch_block=*/64, &padded);
   ASSERT_TRUE(io.Prepare(padded, 9, bucket, nullptr).ok());
-  // The cache's rows, not 16 x 2^20, and room for each sequence's logit bias.
-  const int64_t bias_room = 16 * 2 * kMaxSampleBiases;
+  // The cache's rows, not 16 x 2^20, and room for each sequence's logit bias
+  // and allowed ids.
+  const int64_t bias_room = 16 * (2 * kMaxSampleBiases + cuda::kGraphMaxAllowedTokenIds);
   EXPECT_EQ(io.shape().history, 64 * 16 + bias_room);
   EXPECT_EQ(io.shape().block_entries, 64 + 16);
   EXPECT_LT(io.input_bytes(), (size_t{32} << 10) + bias_room * 4);
@@ -185,8 +186,8 @@ TEST(CudaBackendTest, PositionTablesCoverTheCachesRowsWhateverTheContext) {
 }
 
 // Sixteen requests, each with its own mix of sampling parameters (penalties,
-// logit biases and min_tokens among them), in one
-// prefill step and then a decode step (a graph bucket): every token is the
+// logit biases, min_tokens, bad_words and allowed_token_ids among them), in
+// one prefill step and then a decode step (a graph bucket): every token is the
 // host sampler's choice from the returned logits, and each generator advanced
 // by the same draws.
 TEST(CudaBackendTest, EveryRequestSamplesLikeTheHostSampler) {
@@ -220,6 +221,16 @@ TEST(CudaBackendTest, EveryRequestSamplesLikeTheHostSampler) {
   }
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < n; ++i) prompts.push_back(RandomTokens(2 + i % 5, V, 310 + i));
+  for (int i = 0; i < n; ++i) {
+    // Only a few ids allowed (the most likely may not be), a bias among them.
+    if (i % 7 == 4) params[i].allowed_token_ids = {2, 3, V - 2};
+    // bad_words: one id always, and every even id after the last generated.
+    if (i % 4 == 2) {
+      params[i].bad_words_ids = {{3}};
+      for (int32_t id = 0; id < V; id += 2)
+        params[i].bad_words_ids.push_back({prompts[i].back(), id});
+    }
+  }
   std::vector<SamplerRng> rngs, expected;
   for (int i = 0; i < n; ++i) {
     rngs.emplace_back(900 + i);

@@ -3,7 +3,8 @@
 // the same logits, parameters, history and uniform draw, for greedy and
 // temperature sampling with every filter, both candidate paths (selection
 // and full sort), tied logits and a repeated history, the presence and
-// frequency penalties and a logit bias.
+// frequency penalties, a logit bias, min_tokens, bad_words and
+// allowed_token_ids.
 #include "kernels/cuda/sampling.h"
 
 #include <gtest/gtest.h>
@@ -68,13 +69,16 @@ Sampled SampleOnDevice(const std::vector<float>& logits, int vocab,
     p.history_end = static_cast<int32_t>(history.size());
     p.generated_begin = p.history_begin + static_cast<int32_t>(requests[i].prompt_length);
     p.bias_begin = p.history_end;
-    const int64_t generated =
-        static_cast<int64_t>(requests[i].history.size()) - requests[i].prompt_length;
+    const auto generated = absl::MakeConstSpan(requests[i].history)
+                               .subspan(static_cast<size_t>(requests[i].prompt_length));
     for (const auto& [id, bias] : SampleBiases(s, generated)) {
       history.push_back(id);
       history.push_back(std::bit_cast<int32_t>(bias));
     }
     p.bias_end = static_cast<int32_t>(history.size());
+    p.allowed_begin = p.bias_end;
+    history.insert(history.end(), s.allowed_token_ids.begin(), s.allowed_token_ids.end());
+    p.allowed_end = static_cast<int32_t>(history.size());
   }
   if (history.empty()) history.push_back(0);
   const auto [token, logprob, top_ids, top_logprobs] = InEveryOrder([&] {
@@ -124,7 +128,9 @@ Sampled ExpectHostSamplerChoices(const std::vector<float>& logits, int vocab,
                  " presence=" + std::to_string(r.params.presence_penalty) +
                  " frequency=" + std::to_string(r.params.frequency_penalty) +
                  " biases=" + std::to_string(r.params.logit_bias.size()) +
-                 " min_tokens=" + std::to_string(r.params.min_tokens));
+                 " min_tokens=" + std::to_string(r.params.min_tokens) +
+                 " bad_words=" + std::to_string(r.params.bad_words_ids.size()) +
+                 " allowed=" + std::to_string(r.params.allowed_token_ids.size()));
     SamplerRng rng(r.seed);
     // The kernel computes every sample's logprob, also where none was asked.
     SamplingParams params = r.params;
@@ -189,6 +195,26 @@ std::vector<Request> Requests(int count, int vocab, uint64_t seed) {
                                static_cast<int32_t>(rng() % vocab)};
       if (!p.logit_bias.empty()) ids.insert(p.logit_bias.front().first);
       p.min_tokens_ids.assign(ids.begin(), ids.end());
+    }
+    // bad_words: a one-id word, and one the generated tokens' last id begins
+    // (banning its second id now), or a longer one that does not match.
+    if (rng() % 3 == 0) {
+      p.bad_words_ids.push_back({static_cast<int32_t>(rng() % vocab)});
+      const auto generated = static_cast<int64_t>(r.history.size()) - r.prompt_length;
+      if (generated > 0) {
+        p.bad_words_ids.push_back({r.history.back(), static_cast<int32_t>(rng() % vocab)});
+      }
+      p.bad_words_ids.push_back({static_cast<int32_t>(rng() % vocab),
+                                 static_cast<int32_t>(rng() % vocab),
+                                 static_cast<int32_t>(rng() % vocab)});
+    }
+    // allowed_token_ids: a third of the vocabulary or a handful, which the
+    // bans above may empty.
+    if (rng() % 4 == 0) {
+      std::set<int32_t> ids;
+      const int size = rng() % 2 == 0 ? std::max(1, vocab / 3) : 1 + static_cast<int>(rng() % 4);
+      for (int a = 0; a < size; ++a) ids.insert(static_cast<int32_t>(rng() % vocab));
+      p.allowed_token_ids.assign(ids.begin(), ids.end());
     }
   }
   return requests;
@@ -302,6 +328,42 @@ TEST(SimtSampling, MinTokensHoldsItsIdsBackUntilEnoughAreGenerated) {
     EXPECT_NE(got.token[i], 2) << i;
   }
   EXPECT_EQ(got.token[21], 1);  // biased by 50, no longer held back
+}
+
+// allowed_token_ids: greedy and every draw pick among them, whatever the
+// others' logits and biases and at any temperature; a bad word's last id is
+// banned after its prefix was generated (and within the allowed ids too).
+TEST(SimtSampling, AllowedIdsAndBadWordsKeepTheirTokensOut) {
+  SIMT_REQUIRE_DEVICE();
+  const int vocab = 8;
+  const std::vector<float> row = {1.0f, 4.0f, 3.9f, 3.0f, 0.0f, 2.0f, 3.5f, 0.5f};
+  std::vector<float> logits;
+  std::vector<Request> requests;
+  for (int i = 0; i < 24; ++i) {
+    logits.insert(logits.end(), row.begin(), row.end());
+    Request r;
+    // The largest temperature too, where exp((s - best) / t) alone would
+    // weigh the excluded ids near the others.
+    r.params.temperature =
+        i % 3 == 0 ? 0.0f : (i % 3 == 1 ? 2.0f : std::numeric_limits<float>::max());
+    r.params.allowed_token_ids = {0, 3, 5, 7};
+    r.params.logit_bias = {{1, 50.0f}, {7, 0.25f}};
+    if (i % 2 == 1) r.params.bad_words_ids = {{4, 3}, {2}};  // the generated 4 bans 3
+    // A penalty below 1 multiplies the excluded 6 and 4: they stay out.
+    if (i % 4 < 2) r.params.repetition_penalty = 0.01f;
+    r.prompt_length = 1;
+    r.history = {6, 4};
+    r.seed = 900 + i;
+    requests.push_back(r);
+  }
+  const Sampled got = ExpectHostSamplerChoices(logits, vocab, requests);
+  for (int i = 0; i < 24; ++i) {
+    const std::set<int32_t> allowed =
+        i % 2 == 1 ? std::set<int32_t>{0, 5, 7} : std::set<int32_t>{0, 3, 5, 7};
+    EXPECT_TRUE(allowed.count(got.token[i])) << i << ": " << got.token[i];
+  }
+  EXPECT_EQ(got.token[0], 3);  // greedy among the allowed
+  EXPECT_EQ(got.token[3], 5);  // 3 banned
 }
 
 // Non-finite logits (a model that overflows) and a penalty that overflows a

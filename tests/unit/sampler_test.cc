@@ -94,14 +94,89 @@ TEST(SamplerTest, MinTokensHoldsItsIdsBackUntilEnoughAreGenerated) {
     const int32_t token = SampleToken(logits, p, {5, 5, 1}, 2, 0, rng).token_id;
     ASSERT_TRUE(token == 1 || token == 2) << token;
   }
-  EXPECT_EQ(SampleBiases(p, 1),
+  const std::vector<int32_t> generated = {1, 1};
+  EXPECT_EQ(SampleBiases(p, absl::MakeConstSpan(generated).first(1)),
             (std::vector<std::pair<int32_t, float>>{{0, -std::numeric_limits<float>::infinity()},
                                                     {1, -0.5f},
                                                     {3, -std::numeric_limits<float>::infinity()}}));
-  EXPECT_EQ(SampleBiases(p, 2), p.logit_bias);
+  EXPECT_EQ(SampleBiases(p, generated), p.logit_bias);
   // The logprobs stay those of the raw logits.
   const SampleResult r = SampleToken(logits, p, {5, 5}, 2, 2, rng);
   EXPECT_EQ(r.top_logprobs.at(0).first, 0);
+}
+
+// bad_words: a word's last id is banned while the generated tokens (not the
+// prompt's) end with the ids before it; a one-id word always is.
+TEST(SamplerTest, BadWordsBanTheTokenThatWouldCompleteThem) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  SamplerRng rng(5);
+  const std::vector<float> logits = {2.0f, 1.9f, 1.8f, 1.7f, -1.0f};
+  SamplingParams p = Greedy();
+  p.bad_words_ids = {{1, 2, 0}, {3}};
+  p.logit_bias = {{0, 0.5f}, {4, 1.0f}};
+  // Generated {1, 2}: 0 would complete the first word, 3 is the second.
+  const std::vector<int32_t> history = {1, 2, 1, 2};
+  EXPECT_EQ(SampleToken(logits, p, history, 2, 0, rng).token_id, 1);
+  EXPECT_EQ(SampleBiases(p, absl::MakeConstSpan(history).subspan(2)),
+            (std::vector<std::pair<int32_t, float>>{{0, -kInf}, {3, -kInf}, {4, 1.0f}}));
+  // The same ids in the prompt do not count; nor does a partial match.
+  EXPECT_EQ(SampleToken(logits, p, history, 4, 0, rng).token_id, 0);
+  EXPECT_EQ(SampleToken(logits, p, {1, 2, 2, 2}, 2, 0, rng).token_id, 0);
+  EXPECT_EQ(SampleBiases(p, {}),
+            (std::vector<std::pair<int32_t, float>>{{0, 0.5f}, {3, -kInf}, {4, 1.0f}}));
+  p.temperature = 1.0f;
+  for (int i = 0; i < 300; ++i) {
+    const int32_t token = SampleToken(logits, p, history, 2, 0, rng).token_id;
+    ASSERT_TRUE(token == 1 || token == 2 || token == 4) << token;
+  }
+}
+
+// allowed_token_ids: no other id is sampled, greedy or drawn, whatever its
+// logit or bias; biases and bans still apply to the allowed ones; logprobs
+// stay those of the raw logits.
+TEST(SamplerTest, AllowedTokenIdsAreTheOnlyOnesSampled) {
+  SamplerRng rng(6);
+  const std::vector<float> logits = {5.0f, 1.0f, 0.5f, 4.0f, 0.0f};
+  SamplingParams p = Greedy();
+  p.allowed_token_ids = {1, 2, 4};
+  p.logit_bias = {{0, 100.0f}, {4, 0.75f}};
+  EXPECT_EQ(SampleToken(logits, p, {}, 0, 0, rng).token_id, 1);
+  p.bad_words_ids = {{1}};
+  EXPECT_EQ(SampleToken(logits, p, {}, 0, 0, rng).token_id, 4);
+  const SampleResult r = SampleToken(logits, p, {}, 0, 1, rng);
+  EXPECT_EQ(r.top_logprobs.at(0).first, 0);
+  p.temperature = 3.0f;
+  p.bad_words_ids.clear();
+  std::set<int32_t> seen;
+  for (int i = 0; i < 500; ++i) seen.insert(SampleToken(logits, p, {}, 0, 0, rng).token_id);
+  EXPECT_EQ(seen, (std::set<int32_t>{1, 2, 4}));
+}
+
+// An id scoring the lowest finite value (banned, not allowed, a logit of
+// -inf) is never drawn beside a higher one, even at a temperature so high
+// that exp((score - top) / temperature) would give it a weight near the
+// others', nor after a repetition penalty below 1 (which multiplies
+// negative scores).
+TEST(SamplerTest, ExcludedIdsStayOutAtAnyTemperature) {
+  SamplerRng rng(8);
+  const std::vector<float> logits = {0.0f, 1.0f, -std::numeric_limits<float>::infinity(), 0.5f,
+                                     2.0f};
+  SamplingParams p;
+  p.temperature = std::numeric_limits<float>::max();
+  p.allowed_token_ids = {1, 2, 3, 4};
+  p.min_tokens = 1;
+  p.min_tokens_ids = {4};
+  // A repetition penalty below 1 does not lift them back (0, 2 and 4 in
+  // the prompt).
+  p.repetition_penalty = 0.01f;
+  std::set<int32_t> seen;
+  for (int i = 0; i < 500; ++i) {
+    seen.insert(SampleToken(logits, p, {0, 2, 4}, 3, 0, rng).token_id);
+  }
+  EXPECT_EQ(seen, (std::set<int32_t>{1, 3}));
+  p.temperature = 0.0f;
+  // Greedy: the penalised 0 (not allowed) would reach -3.4e36.
+  EXPECT_EQ(SampleToken({0.0f, -1e38f, -3e38f}, p, {0}, 1, 0, rng).token_id, 1);
 }
 
 TEST(SamplerTest, SameSeedSameTokens) {
