@@ -75,6 +75,26 @@ uint64_t RandomSeed() {
   return generator();
 }
 
+// vLLM's tokenizations of a bad word: the word without its leading
+// whitespace, and " " + that when it gives as many tokens, the first another
+// (a word-start token the first misses).
+absl::StatusOr<std::vector<std::vector<int32_t>>> BadWordTokenIds(std::string_view word,
+                                                                  const Tokenizer& tokenizer) {
+  const size_t start = word.find_first_not_of(" \t\n\v\f\r");
+  if (start == std::string_view::npos) return absl::InvalidArgumentError("is only whitespace");
+  const std::string stripped(word.substr(start));
+  auto plain = tokenizer.Encode(stripped);
+  if (!plain.ok()) return plain.status();
+  if (plain->empty()) return absl::InvalidArgumentError("has no tokens");
+  auto spaced = tokenizer.Encode(absl::StrCat(" ", stripped));
+  if (!spaced.ok()) return spaced.status();
+  std::vector<std::vector<int32_t>> tokenizations;
+  const bool word_start = spaced->size() == plain->size() && spaced->front() != plain->front();
+  tokenizations.push_back(*std::move(plain));
+  if (word_start) tokenizations.push_back(*std::move(spaced));
+  return tokenizations;
+}
+
 }  // namespace
 
 absl::Status CheckSamplingFloat(SamplingFloat field, std::string_view name, float value) {
@@ -247,6 +267,40 @@ absl::StatusOr<GenerationRequest> ValidateGenerateRequest(const v1::GenerateRequ
     }
     p.stop_token_ids.push_back(id);
   }
+  if (s.bad_words_size() > limits.max_bad_words) {
+    return Invalid("sampling.bad_words", absl::StrCat("at most ", limits.max_bad_words,
+                                                      " words, found ", s.bad_words_size()));
+  }
+  for (int i = 0; i < s.bad_words_size(); ++i) {
+    const std::string& word = s.bad_words(i);
+    if (word.empty() || static_cast<int>(word.size()) > limits.max_bad_word_bytes) {
+      return Invalid("sampling.bad_words", absl::StrCat("bad_words[", i, "] must be 1 to ",
+                                                        limits.max_bad_word_bytes, " bytes"));
+    }
+    if (!IsValidUtf8(word)) {
+      return Invalid("sampling.bad_words", absl::StrCat("bad_words[", i, "] is not valid UTF-8"));
+    }
+    auto ids = BadWordTokenIds(word, tokenizer);
+    if (!ids.ok()) {
+      return Invalid("sampling.bad_words",
+                     absl::StrCat("bad_words[", i, "] ", ids.status().message()));
+    }
+    for (std::vector<int32_t>& tokenization : *ids) {
+      p.bad_words_ids.push_back(std::move(tokenization));
+    }
+  }
+  for (int i = 0; i < s.allowed_token_ids_size(); ++i) {
+    const int32_t id = s.allowed_token_ids(i);
+    if (id < 0 || id >= limits.vocab_size) {
+      return Invalid("sampling.allowed_token_ids",
+                     absl::StrCat("allowed_token_ids[", i, "] = ", id,
+                                  " is outside the vocabulary [0, ", limits.vocab_size, ")"));
+    }
+    p.allowed_token_ids.push_back(id);
+  }
+  std::sort(p.allowed_token_ids.begin(), p.allowed_token_ids.end());
+  p.allowed_token_ids.erase(std::unique(p.allowed_token_ids.begin(), p.allowed_token_ids.end()),
+                            p.allowed_token_ids.end());
   p.ignore_eos = s.ignore_eos();
   p.include_stop_str_in_output = s.include_stop_str_in_output();
   if (s.min_tokens() < 0 || s.min_tokens() > p.max_new_tokens) {

@@ -58,6 +58,8 @@ struct RequestLimits {
   int max_stop_token_ids = kMaxStopTokenIds;
   int max_logprobs = 20;
   int max_logit_bias = kMaxLogitBias;
+  int max_bad_words = kMaxBadWords;
+  int max_bad_word_bytes = 256;
   bool priority_scheduling = false;  // --scheduling-policy priority: `priority` may be set
 };
 

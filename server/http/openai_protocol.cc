@@ -50,8 +50,9 @@ absl::Status WrongType(std::string_view param, const char* what, const Json& val
 // Supported: model, prompt, max_tokens, temperature, top_p, n, best_of (= n),
 // stream, stream_options, logprobs, stop, seed, user, echo; and vLLM's
 // sampling extensions top_k, min_p, repetition_penalty, ignore_eos,
-// stop_token_ids, min_tokens, include_stop_str_in_output,
-// return_tokens_as_token_ids, truncate_prompt_tokens; presence_penalty,
+// stop_token_ids, min_tokens, include_stop_str_in_output, bad_words,
+// allowed_token_ids, return_tokens_as_token_ids, truncate_prompt_tokens;
+// presence_penalty,
 // frequency_penalty, logit_bias. Accepted only at its neutral value: suffix.
 bool Known(const std::string& key) {
   static const char* const kKnown[] = {"model",
@@ -73,6 +74,8 @@ bool Known(const std::string& key) {
                                        "stop_token_ids",
                                        "min_tokens",
                                        "include_stop_str_in_output",
+                                       "bad_words",
+                                       "allowed_token_ids",
                                        "return_tokens_as_token_ids",
                                        "echo",
                                        "best_of",
@@ -325,6 +328,21 @@ absl::Status ParseField(const std::string& key, const Json& value, int vocab_siz
     auto ids = TokenIdList(value, key, "stop_token_ids", vocab_size);
     if (!ids.ok()) return ids.status();
     sampling->mutable_stop_token_ids()->Add(ids->ids().begin(), ids->ids().end());
+  } else if (key == "bad_words") {
+    if (!value.is_array()) return WrongType(key, "a list of strings", value);
+    for (size_t i = 0; i < value.size(); ++i) {
+      if (!value[i].is_string()) {
+        return Invalid(key, absl::StrCat("bad_words[", i, "] must be a string, found ",
+                                         DescribeJson(value[i])));
+      }
+      sampling->add_bad_words(value[i].get<std::string>());
+    }
+  } else if (key == "allowed_token_ids") {
+    if (!value.is_array()) return WrongType(key, "a list of token ids", value);
+    if (value.empty()) return Invalid(key, "the list is empty (null: every id)");
+    auto ids = TokenIdList(value, key, "allowed_token_ids", vocab_size);
+    if (!ids.ok()) return ids.status();
+    sampling->mutable_allowed_token_ids()->Add(ids->ids().begin(), ids->ids().end());
   } else if (key == "truncate_prompt_tokens") {
     auto n = Integer(value, key, 1, std::numeric_limits<int32_t>::max());
     if (!n.ok()) return n.status();

@@ -2,12 +2,13 @@
 // (server/wire_format.h) and validated (server/request_validation.h). What
 // validation accepts fits the context and keeps every sampling value in its
 // range; sampling with it from arbitrary logits (NaN and infinities
-// included: the input's bytes as floats) gives a token of the vocabulary and
-// no NaN.
+// included: the input's bytes as floats) gives a token of the vocabulary,
+// allowed and not banned while any such id has a usable logit, and no NaN.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(id >= 0 && id < limits.vocab_size && bias >= -100 && bias <= 100);
     FUZZ_CHECK(i == 0 || p.logit_bias[i - 1].first < id);
   }
+  FUZZ_CHECK(static_cast<int>(p.bad_words_ids.size()) <= 2 * limits.max_bad_words);
+  for (const std::vector<int32_t>& word : p.bad_words_ids) {
+    FUZZ_CHECK(!word.empty());
+    for (int32_t id : word) FUZZ_CHECK(id >= 0 && id < limits.vocab_size);
+  }
+  for (size_t i = 0; i < p.allowed_token_ids.size(); ++i) {
+    const int32_t id = p.allowed_token_ids[i];
+    FUZZ_CHECK(id >= 0 && id < limits.vocab_size);
+    FUZZ_CHECK(i == 0 || p.allowed_token_ids[i - 1] < id);
+  }
 
   // Logits: the input's bytes as floats, whatever they encode.
   std::vector<float> logits(limits.vocab_size, 0.0f);
@@ -73,6 +84,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       SampleToken(logits, p, request->prompt, static_cast<int64_t>(request->prompt.size() / 2),
                   p.logprobs, rng);
   FUZZ_CHECK(result.token_id >= 0 && result.token_id < limits.vocab_size);
+  // An id outside allowed_token_ids, or banned, only when every allowed id
+  // the step does not ban scores the lowest finite value too: a logit that
+  // is NaN or so negative that a penalty takes it there.
+  const int64_t prompt_length = static_cast<int64_t>(request->prompt.size() / 2);
+  std::vector<bool> candidate(limits.vocab_size, p.allowed_token_ids.empty());
+  for (int32_t id : p.allowed_token_ids) candidate[id] = true;
+  for (const auto& [id, bias] :
+       SampleBiases(p, absl::MakeConstSpan(request->prompt).subspan(prompt_length))) {
+    if (bias == -std::numeric_limits<float>::infinity()) candidate[id] = false;
+  }
+  if (!candidate[result.token_id]) {
+    for (int32_t id = 0; id < limits.vocab_size; ++id) {
+      FUZZ_CHECK(!candidate[id] || !(logits[id] > -1e36f));
+    }
+  }
   FUZZ_CHECK(!std::isnan(result.logprob));
   FUZZ_CHECK(static_cast<int>(result.top_logprobs.size()) == p.logprobs);
   for (size_t i = 0; i < result.top_logprobs.size(); ++i) {

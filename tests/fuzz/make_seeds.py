@@ -67,6 +67,10 @@ def write_request_seeds():
                 text="abcabc", sampling=pb.SamplingParams(
                     temperature=0.9, presence_penalty=-2.0, frequency_penalty=1.5,
                     logit_bias={97: -100.0, 98: 100.0, 255: 0.5})),
+            "bad_words_allowed": pb.GenerateRequest(
+                text="abcab", sampling=pb.SamplingParams(
+                    temperature=3.0e38, bad_words=["bc", " c", "a"],
+                    allowed_token_ids=[97, 98, 99, 98], min_tokens=1)),
         }
         for name, request in requests.items():
             (CORPUS / "generate_request_fuzz" / name).write_bytes(request.SerializeToString())

@@ -5,6 +5,7 @@
 #include <set>
 #include <string>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "engine/text/tokenizer.h"
@@ -168,6 +169,81 @@ TEST_F(RequestValidationTest, TruncatedPromptsAndMinTokens) {
       },
       "sampling.min_tokens");
   ExpectInvalid([](auto* r) { r->mutable_sampling()->set_min_tokens(-1); }, "sampling.min_tokens");
+}
+
+// A tokenizer with word-start tokens, as BPE vocabularies have them: a space
+// and the letter after it are one token (the letter's byte + 128); every
+// other byte is its own.
+class WordStartTokenizer : public Tokenizer {
+ public:
+  absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text) const override {
+    std::vector<int32_t> ids;
+    for (size_t i = 0; i < text.size(); ++i) {
+      if (text[i] == ' ' && i + 1 < text.size() && absl::ascii_isalpha(text[i + 1])) {
+        ids.push_back(static_cast<unsigned char>(text[++i]) + 128);
+      } else {
+        ids.push_back(static_cast<unsigned char>(text[i]));
+      }
+    }
+    return ids;
+  }
+  absl::StatusOr<std::vector<int32_t>> EncodeSpans(std::string_view text,
+                                                   std::vector<size_t>*) const override {
+    return Encode(text);
+  }
+  std::string Decode(absl::Span<const int32_t>) const override { return ""; }
+  std::string_view PieceBytes(int32_t, bool) const override { return ""; }
+  std::string_view kind() const override { return "word-start"; }
+  int vocab_size() const override { return 256; }
+};
+
+// bad_words: each word tokenized without its leading whitespace, and after a
+// space too where that gives as many tokens with another first one (vLLM's
+// rule); allowed_token_ids sorted, repeats dropped.
+TEST_F(RequestValidationTest, BadWordsAndAllowedTokenIds) {
+  using Ids = std::vector<std::vector<int32_t>>;
+  auto words = Validate([](auto* r) {
+    r->mutable_sampling()->add_bad_words(std::string("God"));
+    r->mutable_sampling()->add_bad_words(std::string(" \tx "));
+  });
+  ASSERT_TRUE(words.ok()) << words.status();
+  EXPECT_EQ(words->sampling.bad_words_ids, (Ids{{'G', 'o', 'd'}, {'x', ' '}}));
+  tokenizer_ = std::make_unique<WordStartTokenizer>();
+  auto word_start = Validate([](auto* r) {
+    r->mutable_sampling()->add_bad_words(std::string(" God"));
+    r->mutable_sampling()->add_bad_words(std::string("1 b"));  // " 1 b": one token more
+  });
+  ASSERT_TRUE(word_start.ok()) << word_start.status();
+  EXPECT_EQ(word_start->sampling.bad_words_ids,
+            (Ids{{'G', 'o', 'd'}, {'G' + 128, 'o', 'd'}, {'1', 'b' + 128}}));
+  tokenizer_ = CreateByteTokenizer();
+  ExpectInvalid([](auto* r) { r->mutable_sampling()->add_bad_words(std::string("")); },
+                "sampling.bad_words");
+  ExpectInvalid([](auto* r) { r->mutable_sampling()->add_bad_words(std::string(" \n ")); },
+                "sampling.bad_words");
+  ExpectInvalid([](auto* r) { r->mutable_sampling()->add_bad_words(std::string("\xff")); },
+                "sampling.bad_words");
+  ExpectInvalid([](auto* r) { r->mutable_sampling()->add_bad_words(std::string(257, 'a')); },
+                "sampling.bad_words");
+  ExpectInvalid(
+      [](auto* r) {
+        for (int i = 0; i < 65; ++i) r->mutable_sampling()->add_bad_words(std::string("a"));
+      },
+      "sampling.bad_words");
+  auto most = Validate([](auto* r) {
+    for (int i = 0; i < 64; ++i) r->mutable_sampling()->add_bad_words(std::string(256, 'a'));
+  });
+  EXPECT_TRUE(most.ok()) << most.status();
+
+  auto allowed = Validate([](auto* r) {
+    for (const int32_t id : {9, 3, 9, 255, 0}) r->mutable_sampling()->add_allowed_token_ids(id);
+  });
+  ASSERT_TRUE(allowed.ok()) << allowed.status();
+  EXPECT_EQ(allowed->sampling.allowed_token_ids, (std::vector<int32_t>{0, 3, 9, 255}));
+  ExpectInvalid([](auto* r) { r->mutable_sampling()->add_allowed_token_ids(256); },
+                "sampling.allowed_token_ids");
+  ExpectInvalid([](auto* r) { r->mutable_sampling()->add_allowed_token_ids(-1); },
+                "sampling.allowed_token_ids");
 }
 
 TEST_F(RequestValidationTest, PromptLimits) {

@@ -100,6 +100,45 @@ def test_min_tokens_keeps_the_first_tokens_from_stopping(stub):
     assert streamed == reference.text
 
 
+def test_bad_words_and_allowed_token_ids(stub):
+    """bad_words: the greedy tokens never complete a bad word (a byte a token
+    here), and go on as before up to where they first would have; a word of
+    one token is never sampled. allowed_token_ids: every sampled token is
+    one of them. Unary and streamed alike."""
+    def printable(i):
+        return 33 <= i <= 126
+
+    for prompt in ("stop test", "bad words", "another prompt", "and one more"):
+        reference = list(stub.Generate(text_request(prompt, 24, ignore_eos=True),
+                                       timeout=60).token_ids)
+        pairs = [k for k in range(1, 24) if printable(reference[k - 1]) and printable(reference[k])]
+        if pairs:
+            break
+    assert pairs, "no prompt's greedy text has two printable bytes in a row"
+    completed = pairs[0]  # where the word first completes
+    word = bytes(reference[completed - 1:completed + 1]).decode()
+    request = text_request(prompt, 24, ignore_eos=True, bad_words=[word])
+    banned = list(stub.Generate(request, timeout=60).token_ids)
+    assert banned[:completed] == reference[:completed]
+    assert banned[completed] != reference[completed]
+    assert not any(bytes(banned[k - 1:k + 1]).decode(errors="replace") == word
+                   for k in range(1, 24))
+    assert [t for m in stub.GenerateStream(request, timeout=60) for t in m.token_ids] == banned
+    # A word of one token is never sampled.
+    single = list(stub.Generate(text_request(prompt, 24, ignore_eos=True,
+                                             bad_words=[chr(reference[completed])]),
+                                timeout=60).token_ids)
+    assert reference[completed] not in single and len(single) == 24
+
+    allowed = sorted(set(b"aeiou st"))
+    for temperature in (0.0, 1.5):
+        response = stub.Generate(text_request("stop test", 24, temperature=temperature, seed=5,
+                                              allowed_token_ids=allowed + allowed[:2]), timeout=60)
+        assert set(response.token_ids) <= set(allowed), response.token_ids
+        assert response.finish_reason == pb.FINISH_REASON_LENGTH  # EOS is not allowed
+        assert len(response.token_ids) == 24
+
+
 def test_truncate_prompt_tokens_keeps_the_prompts_end(stub):
     """truncate_prompt_tokens: the request runs on the prompt's last tokens,
     as a request with only those would; a prompt past the context fits."""
@@ -310,6 +349,14 @@ BAD_INPUTS = [
      "sampling.min_tokens: must be in [0, max_new_tokens = 4], found -1"),
     ("min_tokens past max_new_tokens", text_request("x", 4, min_tokens=5),
      "sampling.min_tokens: must be in [0, max_new_tokens = 4], found 5"),
+    ("empty bad word", text_request("x", 4, bad_words=["a", ""]),
+     "sampling.bad_words: bad_words[1] must be 1 to 256 bytes"),
+    ("whitespace bad word", text_request("x", 4, bad_words=[" \t"]),
+     "sampling.bad_words: bad_words[0] is only whitespace"),
+    ("too many bad words", text_request("x", 4, bad_words=["a"] * 65),
+     "sampling.bad_words: at most 64 words, found 65"),
+    ("allowed id outside vocabulary", text_request("x", 4, allowed_token_ids=[3, 256]),
+     "sampling.allowed_token_ids: allowed_token_ids[1] = 256 is outside the vocabulary [0, 256)"),
     ("truncate_prompt_tokens zero", pb.GenerateRequest(text="x", truncate_prompt_tokens=0),
      "truncate_prompt_tokens: must be >= 1, found 0"),
     ("too many logprobs", pb.GenerateRequest(text="x", logprobs=50), "logprobs"),

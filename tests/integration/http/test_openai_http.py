@@ -518,6 +518,33 @@ def test_min_tokens_holds_back_the_stop_ids(server, client):
     assert first not in same.token_ids[:5]
 
 
+def test_bad_words_and_allowed_token_ids(server, client):
+    """vLLM's bad_words and allowed_token_ids: the tokens never complete a
+    bad word, and every token is an allowed one; the gRPC request with the
+    same fields gives the same tokens."""
+    def token_ids(completion):
+        return [int(t.removeprefix("token_id:")) for t in completion.choices[0].logprobs.tokens]
+
+    reference = list(grpc_generate(server, "stop", max_new_tokens=16, temperature=0,
+                                   ignore_eos=True).token_ids)
+    printable = [i for i in reference if 33 <= i <= 126]
+    assert printable, reference
+    word = chr(printable[0])  # one byte, one token: never sampled
+    ids_please = {"return_tokens_as_token_ids": True, "ignore_eos": True}
+    banned = client.completions.create(model=MODEL, prompt="stop", max_tokens=16, temperature=0,
+                                       logprobs=0, extra_body={"bad_words": [word], **ids_please})
+    assert printable[0] not in token_ids(banned)
+    same = grpc_generate(server, "stop", max_new_tokens=16, temperature=0, ignore_eos=True,
+                         bad_words=[word])
+    assert token_ids(banned) == list(same.token_ids)
+    allowed = sorted(set(b"aeiou "))
+    restricted = client.completions.create(
+        model=MODEL, prompt="stop", max_tokens=16, temperature=1.0, seed=3, logprobs=0,
+        extra_body={"allowed_token_ids": allowed, **ids_please})
+    assert len(token_ids(restricted)) == 16
+    assert set(token_ids(restricted)) <= set(allowed), token_ids(restricted)
+
+
 def test_include_stop_str_in_output(server, client):
     """vLLM's include_stop_str_in_output: the text ends after the stop
     string, or after the stop token's text, which the logprobs' tokens then
@@ -607,6 +634,14 @@ BAD_BODIES = [
     ("include_stop_str_in_output not boolean",
      {"prompt": "x", "include_stop_str_in_output": "yes"}, "include_stop_str_in_output"),
     ("min_tokens not integer", {"prompt": "x", "min_tokens": 1.5}, "min_tokens"),
+    ("bad_words not a list", {"prompt": "x", "bad_words": "word"}, "bad_words"),
+    ("bad word not string", {"prompt": "x", "bad_words": ["a", 3]}, "bad_words"),
+    ("bad word only whitespace", {"prompt": "x", "bad_words": ["  "]}, "bad_words"),
+    ("allowed_token_ids empty", {"prompt": "x", "allowed_token_ids": []}, "allowed_token_ids"),
+    ("allowed token outside vocabulary", {"prompt": "x", "allowed_token_ids": [1, 256]},
+     "allowed_token_ids"),
+    ("allowed token not integer", {"prompt": "x", "allowed_token_ids": ["a"]},
+     "allowed_token_ids"),
 ]
 # The whole message where it names an entry or a range: an id past int32 as
 # one past the vocabulary, a number past int64 as one past int32.
@@ -625,6 +660,12 @@ BAD_BODY_MESSAGES = {
     "max_tokens past int64": "max_tokens: must be in [1, 2147483647], found 1e+20",
     "min_tokens past max_tokens": "min_tokens: must be in [0, max_tokens = 3], found 4",
     "negative min_tokens": "min_tokens: must be in [0, 2147483647], found -1",
+    "bad_words not a list": "bad_words: must be a list of strings, found \"word\"",
+    "bad word not string": "bad_words: bad_words[1] must be a string, found 3",
+    "bad word only whitespace": "bad_words: bad_words[0] is only whitespace",
+    "allowed_token_ids empty": "allowed_token_ids: the list is empty (null: every id)",
+    "allowed token outside vocabulary":
+        "allowed_token_ids: allowed_token_ids[1] = 256 is outside the vocabulary [0, 256)",
     "priority without the priority policy":
         "priority: must be 0: this server schedules in arrival order (start it with "
         "--scheduling-policy priority), found 2",
