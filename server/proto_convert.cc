@@ -87,6 +87,7 @@ void AppendPromptTokens(const GenerationUpdate& update, const TokenDescriber& de
   for (const GeneratedTokenInfo& info : update.prompt_logprobs) {
     v1::GeneratedToken* token = tokens->Add();
     token->set_token_id(info.token_id);
+    token->set_rank(info.rank);
     FillLogprobs(info, describer, token);
   }
 }

@@ -428,6 +428,7 @@ void GenerationEngine::ScorePrompts(const ScheduleResult& schedule) {
     info.token_id = prompt[next];
     info.logprob = scored.logprob;
     info.top_logprobs = std::move(scored.top_logprobs);
+    info.rank = scored.rank;
     ++state->prompt_scored;
   }
 }

@@ -107,7 +107,10 @@ struct GeneratedTokenInfo {
   int32_t token_id = 0;
   float logprob = 0;  // log-probability under the raw model distribution
   std::vector<std::pair<int32_t, float>> top_logprobs;  // most likely first
-  TokenRouting routing;                                 // of the pass that predicted the token
+  // A prompt token's rank at its position: 1 + the ids with a higher logit
+  // (vLLM's); 0 for generated tokens.
+  int32_t rank = 0;
+  TokenRouting routing;  // of the pass that predicted the token
 };
 
 // What a request produced since its previous update. The last update of a

@@ -100,7 +100,11 @@ double SamplerRng::Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p
 SampleResult TokenLogprobs(absl::Span<const float> logits, int32_t token, int num_logprobs) {
   SampleResult result;
   result.token_id = token;
-  FillLogprobs(FiniteCopy(logits), num_logprobs, /*wanted=*/true, &result);
+  const std::vector<float> finite = FiniteCopy(logits);
+  FillLogprobs(finite, num_logprobs, /*wanted=*/true, &result);
+  const float own = finite[token];
+  result.rank = 1 + static_cast<int32_t>(std::count_if(finite.begin(), finite.end(),
+                                                       [own](float v) { return v > own; }));
   return result;
 }
 

@@ -38,6 +38,7 @@ struct SampleResult {
   // num_logprobs > 0 ask for logprobs.
   float logprob = 0;
   std::vector<std::pair<int32_t, float>> top_logprobs;  // num_logprobs best
+  int32_t rank = 0;  // TokenLogprobs: 1 + the ids with a higher logit
 };
 
 // The logit biases a sample applies, ascending by id, given the tokens
@@ -71,8 +72,9 @@ SampleResult SampleToken(absl::Span<const float> logits, const SamplingParams& p
                          SamplerRng& rng);
 
 // `token`'s logprob under `logits` (one row, log-softmax as SampleToken
-// reports it) and the `num_logprobs` most likely tokens', most likely first:
-// how a prompt token scores given the logits of the position before it.
+// reports it), its rank (1 + the ids whose logit, made finite, is higher)
+// and the `num_logprobs` most likely tokens', most likely first: how a
+// prompt token scores given the logits of the position before it.
 SampleResult TokenLogprobs(absl::Span<const float> logits, int32_t token, int num_logprobs);
 
 }  // namespace switchserve

@@ -179,6 +179,23 @@ TEST(SamplerTest, ExcludedIdsStayOutAtAnyTemperature) {
   EXPECT_EQ(SampleToken({0.0f, -1e38f, -3e38f}, p, {0}, 1, 0, rng).token_id, 1);
 }
 
+// A prompt token's score: its logprob and rank (1 + the ids with a higher
+// logit, ties not counted; NaN lowest) and the most likely alternatives.
+TEST(SamplerTest, TokenLogprobsRankTheToken) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 3.0f, nan};
+  EXPECT_EQ(TokenLogprobs(logits, 1, 0).rank, 1);
+  EXPECT_EQ(TokenLogprobs(logits, 3, 0).rank, 1);
+  EXPECT_EQ(TokenLogprobs(logits, 2, 0).rank, 3);
+  EXPECT_EQ(TokenLogprobs(logits, 4, 0).rank, 5);
+  const SampleResult r = TokenLogprobs(logits, 0, 2);
+  EXPECT_EQ(r.rank, 4);
+  ASSERT_EQ(r.top_logprobs.size(), 2u);
+  EXPECT_EQ(r.top_logprobs[0].first, 1);
+  EXPECT_EQ(r.top_logprobs[1].first, 3);
+  EXPECT_NEAR(r.logprob, r.top_logprobs[0].second - 2.0f, 1e-6);
+}
+
 TEST(SamplerTest, SameSeedSameTokens) {
   std::vector<float> logits(50);
   for (int i = 0; i < 50; ++i) logits[i] = static_cast<float>(i % 7) * 0.3f;

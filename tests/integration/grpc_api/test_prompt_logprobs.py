@@ -1,5 +1,5 @@
 """A prompt's logprobs (GenerateRequest.prompt_logprobs): every prompt token
-after the first, scored given the tokens before it, against the Python
+after the first, scored (logprob, rank) given the tokens before it, against the Python
 reference's golden logits; the same in a unary response and in a stream's
 first message, and the same whatever else the batch holds."""
 
@@ -52,6 +52,11 @@ def test_prompt_logprobs_match_the_reference(stub):
         got = [a.logprob for a in token.top_logprobs]
         assert got == sorted(got, reverse=True), i
         assert got[-1] >= np.sort(want)[-top] - tolerance, i
+        # The rank: 1 + the tokens the reference finds clearly more likely,
+        # at most 1 + those within the tolerance or above.
+        own = want[tokens[i + 1]]
+        assert 1 + np.sum(want > own + tolerance) <= token.rank <= 1 + np.sum(
+            want > own - tolerance), i
     assert len(response.token_ids) == 1
     assert response.usage.prompt_tokens == len(tokens)
 
