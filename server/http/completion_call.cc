@@ -68,6 +68,9 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
           choice.text_offset.text_started =
               PromptSpellsText(*context_.tokenizer, prompts[i].prompt);
         }
+        if (options_.prompt_logprobs >= 0) {
+          choice.prompt_logprobs.emplace_back().token_id = prompts[i].prompt.front();
+        }
         choices_[i]->stop_token_ids = prompts[i].sampling.stop_token_ids;
         choices_[i]->prompt_tokens = static_cast<int>(prompts[i].prompt.size());
         choices_[i]->include_stop = prompts[i].sampling.include_stop_str_in_output;
@@ -105,11 +108,14 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
     EngineRequestHandle handle;
     std::string text;                        // unary: everything so far
     std::vector<GeneratedTokenInfo> tokens;  // unary with logprobs
-    TextOffset text_offset;                  // of the next token, for logprobs
-    std::vector<int32_t> stop_token_ids;     // the request's (TextEndOf)
-    bool include_stop = false;               // its include_stop_str_in_output
-    int prompt_tokens = 0;                   // its prompt's (continuous usage)
-    int streamed_tokens = 0;                 // generated tokens streamed so far
+    // Unary with prompt_logprobs: the prompt's first token, then the others
+    // scored.
+    std::vector<GeneratedTokenInfo> prompt_logprobs;
+    TextOffset text_offset;               // of the next token, for logprobs
+    std::vector<int32_t> stop_token_ids;  // the request's (TextEndOf)
+    bool include_stop = false;            // its include_stop_str_in_output
+    int prompt_tokens = 0;                // its prompt's (continuous usage)
+    int streamed_tokens = 0;              // generated tokens streamed so far
     std::optional<GenerationUpdate> final_update;
     // With echo: the prompt's text, its first token (whose logprob is null),
     // and whether they are still to be added before the first tokens.
@@ -147,6 +153,12 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
         if (options_.stream) {
           StreamUpdateLocked(index, &update);
         } else {
+          if (options_.prompt_logprobs >= 0) {
+            // Copied: an echo's logprobs take them too.
+            choice.prompt_logprobs.insert(choice.prompt_logprobs.end(),
+                                          update.prompt_logprobs.begin(),
+                                          update.prompt_logprobs.end());
+          }
           TakeEchoLocked(&choice, &update);
           choice.text += update.text;
           if (options_.logprobs >= 0) {
@@ -470,10 +482,16 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
       logprobs = LogprobsObject(*context_.tokenizer, choice.tokens, options_.logprobs,
                                 options_.tokens_as_ids, &choice.text_offset, end, options_.echo);
     }
-    return {{"index", i},
-            {"text", std::move(choice.text)},
-            {"logprobs", std::move(logprobs)},
-            {"finish_reason", OpenAiFinishReason(choice.final_update->finish_reason)}};
+    Json object = {{"index", i},
+                   {"text", std::move(choice.text)},
+                   {"logprobs", std::move(logprobs)},
+                   {"finish_reason", OpenAiFinishReason(choice.final_update->finish_reason)}};
+    if (options_.prompt_logprobs >= 0) {
+      object["prompt_logprobs"] =
+          PromptLogprobsObject(*context_.tokenizer, choice.prompt_logprobs,
+                               options_.prompt_logprobs, options_.tokens_as_ids);
+    }
+    return object;
   }
 
   void RespondErrorLocked(const absl::Status& status) {

@@ -48,6 +48,9 @@ struct CompletionOptions {
   bool echo = false;           // CompletionRequest::echo
   bool echo_only = false;      // CompletionRequest::echo_only
   int n = 1;                   // choices per prompt, consecutive in `prompts`
+  // Each choice's `prompt_logprobs` with this many alternatives (unary);
+  // < 0: none.
+  int prompt_logprobs = -1;
 };
 
 // Submits `prompts` (validated; origin and arrival set; a prompt's n choices

@@ -51,8 +51,8 @@ absl::Status WrongType(std::string_view param, const char* what, const Json& val
 // stream, stream_options, logprobs, stop, seed, user, echo; and vLLM's
 // sampling extensions top_k, min_p, repetition_penalty, ignore_eos,
 // stop_token_ids, min_tokens, include_stop_str_in_output, bad_words,
-// allowed_token_ids, return_tokens_as_token_ids, truncate_prompt_tokens;
-// presence_penalty,
+// allowed_token_ids, return_tokens_as_token_ids, truncate_prompt_tokens,
+// prompt_logprobs; presence_penalty,
 // frequency_penalty, logit_bias. Accepted only at its neutral value: suffix.
 bool Known(const std::string& key) {
   static const char* const kKnown[] = {"model",
@@ -84,6 +84,7 @@ bool Known(const std::string& key) {
                                        "logit_bias",
                                        "priority",
                                        "truncate_prompt_tokens",
+                                       "prompt_logprobs",
                                        "suffix"};
   for (const char* known : kKnown) {
     if (key == known) return true;
@@ -343,6 +344,11 @@ absl::Status ParseField(const std::string& key, const Json& value, int vocab_siz
     auto ids = TokenIdList(value, key, "allowed_token_ids", vocab_size);
     if (!ids.ok()) return ids.status();
     sampling->mutable_allowed_token_ids()->Add(ids->ids().begin(), ids->ids().end());
+  } else if (key == "prompt_logprobs") {
+    // vLLM's -1 (the whole vocabulary) is past the alternatives served.
+    auto n = Integer(value, key, 0, RequestLimits{}.max_logprobs);
+    if (!n.ok()) return n.status();
+    request->prompt_logprobs = static_cast<int>(*n);
   } else if (key == "truncate_prompt_tokens") {
     auto n = Integer(value, key, 1, std::numeric_limits<int32_t>::max());
     if (!n.ok()) return n.status();
@@ -631,6 +637,9 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
   if ((request.include_usage || request.continuous_usage) && !request.stream) {
     return Invalid("stream_options", "is only allowed with \"stream\": true");
   }
+  if (request.stream && request.prompt_logprobs.value_or(0) > 0) {
+    return Invalid("prompt_logprobs", "is not available with \"stream\": true (as in vLLM)");
+  }
   if (!sampling.has_max_new_tokens()) sampling.set_max_new_tokens(kDefaultMaxTokens);
   for (v1::GenerateRequest& one : request.prompts) {
     *one.mutable_sampling() = sampling;
@@ -638,6 +647,14 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
     one.set_priority(request.priority);
     if (request.truncate_prompt_tokens)
       one.set_truncate_prompt_tokens(*request.truncate_prompt_tokens);
+    // An echo's logprobs cover its prompt's tokens too, with prompt_logprobs'
+    // alternatives when it is given (vLLM's precedence). A stream's (0, all
+    // vLLM takes there) returns nothing.
+    if (request.prompt_logprobs && !request.stream) {
+      one.set_prompt_logprobs(*request.prompt_logprobs);
+    } else if (request.echo && request.logprobs) {
+      one.set_prompt_logprobs(*request.logprobs);
+    }
   }
   return request;
 }
@@ -787,6 +804,32 @@ nlohmann::ordered_json LogprobsObject(const Tokenizer& tokenizer,
           {"token_logprobs", std::move(logprobs)},
           {"top_logprobs", std::move(tops)},
           {"text_offset", std::move(offsets)}};
+}
+
+nlohmann::ordered_json PromptLogprobsObject(const Tokenizer& tokenizer,
+                                            const std::vector<GeneratedTokenInfo>& tokens,
+                                            int top_n, bool tokens_as_ids) {
+  using OrderedJson = nlohmann::ordered_json;
+  OrderedJson list = OrderedJson::array();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (i == 0) {
+      list.push_back(nullptr);
+      continue;
+    }
+    const GeneratedTokenInfo& token = tokens[i];
+    OrderedJson entries = OrderedJson::object();
+    auto add = [&](int32_t id, float logprob, int32_t rank) {
+      entries[absl::StrCat(id)] = {{"logprob", logprob},
+                                   {"rank", rank},
+                                   {"decoded_token", TokenString(tokenizer, id, tokens_as_ids)}};
+    };
+    add(token.token_id, token.logprob, token.rank);
+    for (size_t j = 0; j < token.top_logprobs.size() && static_cast<int>(j) < top_n; ++j) {
+      add(token.top_logprobs[j].first, token.top_logprobs[j].second, static_cast<int32_t>(j) + 1);
+    }
+    list.push_back(std::move(entries));
+  }
+  return list;
 }
 
 }  // namespace switchserve

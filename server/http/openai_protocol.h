@@ -55,6 +55,10 @@ struct CompletionRequest {
   int32_t priority = 0;  // vLLM's `priority`: lower is scheduled first
   // vLLM's `truncate_prompt_tokens`: each prompt's last this many tokens.
   std::optional<int32_t> truncate_prompt_tokens;
+  // vLLM's `prompt_logprobs`: each choice's `prompt_logprobs`, every prompt
+  // token's logprob and rank with this many alternatives (not streamed).
+  // `prompts` ask for it, or else for `logprobs` with echo.
+  std::optional<int> prompt_logprobs;
 };
 
 // INVALID_ARGUMENT with a message "<param>: <problem>" for anything
@@ -149,6 +153,15 @@ nlohmann::ordered_json LogprobsObject(const Tokenizer& tokenizer,
                                       const std::vector<GeneratedTokenInfo>& tokens, int top_n,
                                       bool tokens_as_ids, TextOffset* offset,
                                       TextEnd end = TextEnd::kOpen, bool first_unscored = false);
+
+// vLLM's `prompt_logprobs` of a choice: null for the prompt's first token
+// (nothing predicts it), then for each other an object keyed by token id:
+// the prompt token first, then the `top_n` most likely (a prompt token among
+// them once, in its place), each {"logprob", "rank", "decoded_token"}.
+// `decoded_token` is TokenString's.
+nlohmann::ordered_json PromptLogprobsObject(const Tokenizer& tokenizer,
+                                            const std::vector<GeneratedTokenInfo>& tokens,
+                                            int top_n, bool tokens_as_ids);
 
 }  // namespace switchserve
 

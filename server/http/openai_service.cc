@@ -254,8 +254,6 @@ void OpenAiService::Completions(const std::shared_ptr<HttpExchange>& exchange) c
   prompts.reserve(static_cast<size_t>(count) * n);
   const auto arrival = Clock::now();
   for (int i = 0; i < count; ++i) {
-    // An echo's logprobs cover its prompt's tokens too.
-    if (parsed->echo && parsed->logprobs) parsed->prompts[i].set_prompt_logprobs(*parsed->logprobs);
     auto prepared =
         ValidateGenerateRequest(parsed->prompts[i], *options_.tokenizer, options_.limits);
     if (!prepared.ok()) return reject(ToApiError(prepared.status(), i, count));
@@ -279,6 +277,7 @@ void OpenAiService::Completions(const std::shared_ptr<HttpExchange>& exchange) c
   options.logprobs = parsed->logprobs.value_or(-1);
   options.tokens_as_ids = parsed->tokens_as_ids;
   options.echo = parsed->echo;
+  if (!parsed->stream) options.prompt_logprobs = parsed->prompt_logprobs.value_or(-1);
   options.echo_only = parsed->echo_only;
   options.n = n;
   StartCompletionCall({.engine = options_.engine,

@@ -308,6 +308,64 @@ def test_echo_starts_the_text_and_logprobs_with_the_prompt(server, client):
                                      echo=False).choices[0].text == expected.text
 
 
+def test_prompt_logprobs_as_vllm_returns_them(server, client):
+    """vLLM's `prompt_logprobs`: each choice's list, null for the first
+    prompt token, then per token an object keyed by id: the prompt token
+    first (its logprob and rank as gRPC's prompt_tokens give them), then the
+    n most likely, ranks 1..n. With echo and logprobs, it sets the prompt
+    tokens' alternatives only where it is given; streamed, a 400."""
+    prompt = "Hello there"
+    request = pb.GenerateRequest(text=prompt, prompt_logprobs=3,
+                                 sampling=pb.SamplingParams(max_new_tokens=2, temperature=0))
+    expected = server.grpc_stub().Generate(request, timeout=60)
+    assert all(t.rank >= 1 for t in expected.prompt_tokens)
+    assert any(t.rank > 1 for t in expected.prompt_tokens)  # a random model: some unlikely
+    response = client.post("/completions", cast_to=httpx.Response, body={
+        "model": MODEL, "prompt": prompt, "max_tokens": 2, "temperature": 0, "n": 2,
+        "prompt_logprobs": 3}).json()
+    for choice in response["choices"]:
+        listed = choice["prompt_logprobs"]
+        assert len(listed) == len(prompt) and listed[0] is None
+        for entry, token, want in zip(listed[1:], prompt[1:], expected.prompt_tokens):
+            ids = list(entry)
+            assert ids[0] == str(ord(token)) == str(want.token_id)
+            own = entry[ids[0]]
+            assert own["logprob"] == pytest.approx(want.logprob, rel=1e-6)
+            assert own["decoded_token"] == token
+            top_ids = [str(t.token_id) for t in want.top_logprobs]
+            assert set(ids) == {ids[0], *top_ids} and len(top_ids) == 3
+            for rank, top in enumerate(want.top_logprobs, 1):
+                assert entry[str(top.token_id)]["rank"] == rank
+                assert entry[str(top.token_id)]["logprob"] == pytest.approx(top.logprob, rel=1e-6)
+            if ids[0] not in top_ids:
+                assert own["rank"] == want.rank > 3
+        assert "prompt_logprobs" not in client.post("/completions", cast_to=httpx.Response, body={
+            "model": MODEL, "prompt": prompt, "max_tokens": 2}).json()["choices"][0]
+    # Echo with logprobs 1 shows one alternative per token; prompt_logprobs
+    # 0 then sets the prompt tokens' to none (vLLM's precedence).
+    echoed = client.post("/completions", cast_to=httpx.Response, body={
+        "model": MODEL, "prompt": prompt, "max_tokens": 2, "temperature": 0, "echo": True,
+        "logprobs": 1, "prompt_logprobs": 0}).json()["choices"][0]
+    tops = echoed["logprobs"]["top_logprobs"]
+    assert tops[0] is None and all(top == {} for top in tops[1:len(prompt)])
+    assert all(len(top) == 1 for top in tops[len(prompt):])
+    assert [list(e) for e in echoed["prompt_logprobs"][1:]] == [[str(ord(c))] for c in prompt[1:]]
+    for body, message in (
+            ({"stream": True, "prompt_logprobs": 2},
+             'prompt_logprobs: is not available with "stream": true (as in vLLM)'),
+            ({"prompt_logprobs": -1}, "prompt_logprobs: must be in [0, 20], found -1"),
+            ({"prompt_logprobs": 21}, "prompt_logprobs: must be in [0, 20], found 21")):
+        with pytest.raises(openai.BadRequestError) as error:
+            client.post("/completions", body={"model": MODEL, "prompt": prompt, **body},
+                        cast_to=httpx.Response)
+        assert error.value.body["message"] == message
+        assert error.value.body["param"] == "prompt_logprobs"
+    # Streamed with 0, as vLLM takes it: nothing added.
+    events = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, stream=True,
+                                            extra_body={"prompt_logprobs": 0}))
+    assert all("prompt_logprobs" not in (e.choices[0].model_extra or {}) for e in events)
+
+
 def test_echo_with_zero_max_tokens_is_the_prompt_alone(server, client):
     """`"max_tokens": 0` with `echo` (as vLLM answers it): the prompt's text
     and its tokens' logprobs, nothing generated: no completion tokens in the
