@@ -75,6 +75,26 @@ uint64_t RandomSeed() {
   return generator();
 }
 
+// A request's texts (stop strings, bad words) in sampling.`name`: at most
+// `max_count` (of `noun`), each 1 to `max_bytes` bytes of valid UTF-8.
+absl::Status CheckTexts(const google::protobuf::RepeatedPtrField<std::string>& texts,
+                        const char* name, const char* noun, int max_count, int max_bytes) {
+  const std::string field = absl::StrCat("sampling.", name);
+  if (texts.size() > max_count) {
+    return Invalid(field, absl::StrCat("at most ", max_count, " ", noun, ", found ", texts.size()));
+  }
+  for (int i = 0; i < texts.size(); ++i) {
+    const std::string& text = texts[i];
+    if (text.empty() || static_cast<int>(text.size()) > max_bytes) {
+      return Invalid(field, absl::StrCat(name, "[", i, "] must be 1 to ", max_bytes, " bytes"));
+    }
+    if (!IsValidUtf8(text)) {
+      return Invalid(field, absl::StrCat(name, "[", i, "] is not valid UTF-8"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // vLLM's tokenizations of a bad word: the word without its leading
 // whitespace, and " " + that when it gives as many tokens, the first another
 // (a word-start token the first misses).
@@ -238,21 +258,12 @@ absl::StatusOr<GenerationRequest> ValidateGenerateRequest(const v1::GenerateRequ
   // The map's order is unspecified: ascending ids, the same bits whatever it was.
   std::sort(p.logit_bias.begin(), p.logit_bias.end());
   p.seed = s.has_seed() ? s.seed() : RandomSeed();
-  if (s.stop_size() > limits.max_stop_strings) {
-    return Invalid("sampling.stop", absl::StrCat("at most ", limits.max_stop_strings,
-                                                 " stop strings, found ", s.stop_size()));
+  if (absl::Status status = CheckTexts(s.stop(), "stop", "stop strings", limits.max_stop_strings,
+                                       limits.max_stop_string_bytes);
+      !status.ok()) {
+    return status;
   }
-  for (int i = 0; i < s.stop_size(); ++i) {
-    const std::string& stop = s.stop(i);
-    if (stop.empty() || static_cast<int>(stop.size()) > limits.max_stop_string_bytes) {
-      return Invalid("sampling.stop", absl::StrCat("stop[", i, "] must be 1 to ",
-                                                   limits.max_stop_string_bytes, " bytes"));
-    }
-    if (!IsValidUtf8(stop)) {
-      return Invalid("sampling.stop", absl::StrCat("stop[", i, "] is not valid UTF-8"));
-    }
-    p.stop.push_back(stop);
-  }
+  p.stop.assign(s.stop().begin(), s.stop().end());
   if (s.stop_token_ids_size() > limits.max_stop_token_ids) {
     return Invalid("sampling.stop_token_ids",
                    absl::StrCat("at most ", limits.max_stop_token_ids, " ids, found ",
@@ -267,20 +278,13 @@ absl::StatusOr<GenerationRequest> ValidateGenerateRequest(const v1::GenerateRequ
     }
     p.stop_token_ids.push_back(id);
   }
-  if (s.bad_words_size() > limits.max_bad_words) {
-    return Invalid("sampling.bad_words", absl::StrCat("at most ", limits.max_bad_words,
-                                                      " words, found ", s.bad_words_size()));
+  if (absl::Status status = CheckTexts(s.bad_words(), "bad_words", "words", limits.max_bad_words,
+                                       limits.max_bad_word_bytes);
+      !status.ok()) {
+    return status;
   }
   for (int i = 0; i < s.bad_words_size(); ++i) {
-    const std::string& word = s.bad_words(i);
-    if (word.empty() || static_cast<int>(word.size()) > limits.max_bad_word_bytes) {
-      return Invalid("sampling.bad_words", absl::StrCat("bad_words[", i, "] must be 1 to ",
-                                                        limits.max_bad_word_bytes, " bytes"));
-    }
-    if (!IsValidUtf8(word)) {
-      return Invalid("sampling.bad_words", absl::StrCat("bad_words[", i, "] is not valid UTF-8"));
-    }
-    auto ids = BadWordTokenIds(word, tokenizer);
+    auto ids = BadWordTokenIds(s.bad_words(i), tokenizer);
     if (!ids.ok()) {
       return Invalid("sampling.bad_words",
                      absl::StrCat("bad_words[", i, "] ", ids.status().message()));

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <random>
 #include <set>
@@ -301,17 +302,27 @@ TEST(SimtSampling, PresenceAndFrequencyPenaltiesCountGeneratedIdsOnly) {
   EXPECT_EQ(got.token, (std::vector<int32_t>{2, 1, 2, 1, 1, 6, 3, 1}));
 }
 
+// `count` requests, each made by make_request(i), sampling one row of 8
+// logits (1 the most likely, then 2, 6, 3, 5): the device's choices, after
+// comparing them with the host's.
+Sampled SampleOneRow(int count, const std::function<Request(int)>& make_request) {
+  const int vocab = 8;
+  const std::vector<float> row = {1.0f, 4.0f, 3.9f, 3.0f, 0.0f, 2.0f, 3.5f, 0.5f};
+  std::vector<float> logits;
+  std::vector<Request> requests;
+  for (int i = 0; i < count; ++i) {
+    logits.insert(logits.end(), row.begin(), row.end());
+    requests.push_back(make_request(i));
+  }
+  return ExpectHostSamplerChoices(logits, vocab, requests);
+}
+
 // min_tokens: while fewer tokens are generated, its ids get a bias of -inf
 // (in place of their own bias); greedy and every draw pick another token.
 // Once enough are generated, the ids are back.
 TEST(SimtSampling, MinTokensHoldsItsIdsBackUntilEnoughAreGenerated) {
   SIMT_REQUIRE_DEVICE();
-  const int vocab = 8;
-  const std::vector<float> row = {1.0f, 4.0f, 3.9f, 3.0f, 0.0f, 2.0f, 3.5f, 0.5f};
-  std::vector<float> logits;
-  std::vector<Request> requests;
-  for (int i = 0; i < 24; ++i) {
-    logits.insert(logits.end(), row.begin(), row.end());
+  const Sampled got = SampleOneRow(24, [](int i) {
     Request r;
     r.params.temperature = i % 3 == 0 ? 0.0f : 2.0f;
     r.params.min_tokens = 3;
@@ -320,9 +331,8 @@ TEST(SimtSampling, MinTokensHoldsItsIdsBackUntilEnoughAreGenerated) {
     r.prompt_length = 1;
     r.history.assign(1 + (i < 20 ? i % 3 : 3), 0);  // 0-2 tokens generated; 3 for the last four
     r.seed = 500 + i;
-    requests.push_back(r);
-  }
-  const Sampled got = ExpectHostSamplerChoices(logits, vocab, requests);
+    return r;
+  });
   for (int i = 0; i < 20; ++i) {
     EXPECT_NE(got.token[i], 1) << i;
     EXPECT_NE(got.token[i], 2) << i;
@@ -335,12 +345,7 @@ TEST(SimtSampling, MinTokensHoldsItsIdsBackUntilEnoughAreGenerated) {
 // banned after its prefix was generated (and within the allowed ids too).
 TEST(SimtSampling, AllowedIdsAndBadWordsKeepTheirTokensOut) {
   SIMT_REQUIRE_DEVICE();
-  const int vocab = 8;
-  const std::vector<float> row = {1.0f, 4.0f, 3.9f, 3.0f, 0.0f, 2.0f, 3.5f, 0.5f};
-  std::vector<float> logits;
-  std::vector<Request> requests;
-  for (int i = 0; i < 24; ++i) {
-    logits.insert(logits.end(), row.begin(), row.end());
+  const Sampled got = SampleOneRow(24, [](int i) {
     Request r;
     // The largest temperature too, where exp((s - best) / t) alone would
     // weigh the excluded ids near the others.
@@ -354,9 +359,8 @@ TEST(SimtSampling, AllowedIdsAndBadWordsKeepTheirTokensOut) {
     r.prompt_length = 1;
     r.history = {6, 4};
     r.seed = 900 + i;
-    requests.push_back(r);
-  }
-  const Sampled got = ExpectHostSamplerChoices(logits, vocab, requests);
+    return r;
+  });
   for (int i = 0; i < 24; ++i) {
     const std::set<int32_t> allowed =
         i % 2 == 1 ? std::set<int32_t>{0, 5, 7} : std::set<int32_t>{0, 3, 5, 7};
