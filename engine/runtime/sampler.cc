@@ -86,8 +86,8 @@ std::vector<float> FiniteCopy(absl::Span<const float> logits) {
 
 // Lowest id among the maxima: deterministic greedy ties. `values` are
 // finite. The maximum first, in eight independent lanes (one running
-// maximum is a chain of dependent compares, 1.3 ns an id), then its first
-// place.
+// maximum is a chain of dependent compares, about 1 ns an id), then its
+// first place.
 int32_t ArgMax(absl::Span<const float> values) {
   const size_t n = values.size();
   float lanes[8];

@@ -157,7 +157,8 @@ nlohmann::ordered_json LogprobsObject(const Tokenizer& tokenizer,
 // vLLM's `prompt_logprobs` of a choice: null for the prompt's first token
 // (nothing predicts it), then for each other an object keyed by token id:
 // the prompt token first, then the `top_n` most likely (a prompt token among
-// them once, in its place), each {"logprob", "rank", "decoded_token"}.
+// them keeps the first place, with its rank in the list), each
+// {"logprob", "rank", "decoded_token"}.
 // `decoded_token` is TokenString's.
 nlohmann::ordered_json PromptLogprobsObject(const Tokenizer& tokenizer,
                                             const std::vector<GeneratedTokenInfo>& tokens,
