@@ -40,6 +40,7 @@ class CpuBackend final : public Backend {
         isa_(options.kernel_isa.value_or(cpu::BestKernelIsa())),
         pool_(num_threads_),
         runner_(isa_, &pool_, options.parallel_matmul_min_macs),
+        parallel_sampling_min_vocab_(options.parallel_sampling_min_vocab),
         want_copies_(options.one_row_weights),
         host_memory_bytes_(options.host_memory_bytes > 0 ? options.host_memory_bytes
                                                          : HostMemoryBytes()),
@@ -165,10 +166,11 @@ class CpuBackend final : public Backend {
   cpu::KernelIsa isa_;
   cpu::WorkerPool pool_;
   cpu::MatmulRunner runner_;
-  const bool want_copies_;           // CpuBackendOptions::one_row_weights
-  const int64_t host_memory_bytes_;  // that the copies must fit in
-  const int64_t resident_bytes_;     // CpuBackendOptions::resident_bytes; -1: measured
-  cpu::OneRowWeights one_row_;       // made by InitKvCache
+  const int parallel_sampling_min_vocab_;  // CpuBackendOptions'
+  const bool want_copies_;                 // CpuBackendOptions::one_row_weights
+  const int64_t host_memory_bytes_;        // that the copies must fit in
+  const int64_t resident_bytes_;           // CpuBackendOptions::resident_bytes; -1: measured
+  cpu::OneRowWeights one_row_;             // made by InitKvCache
   int64_t skipped_copy_bytes_ = 0;
   cpu::CpuAttention attention_;
   cpu::CpuFfn ffn_;
@@ -286,23 +288,35 @@ absl::Status CpuBackend::Forward(const StepBatch& batch, StepOutput* out) {
   OutputHead(logit_rows_, out->logits.data());
   cpu::Grow(sample_logits_, sample_rows_.size() * vocab);
   OutputHead(sample_rows_, sample_logits_.data());
-  // The rest of the step (sampling) and the engine's work until the next
-  // one run on this thread alone.
-  pool_.Rest();
 
-  // The host sampler, on the last token's logits.
-  for (const PendingSample& pending : samples_) {
-    const StepSequence& sequence = batch.sequences[pending.sequence];
+  // The host sampler, on the last token's logits: each sample on its own
+  // (its request's generator, its row), so sharing them out over the
+  // threads changes nothing in what they draw.
+  const size_t first_sample = out->samples.size();
+  out->samples.resize(first_sample + samples_.size());
+  auto sample = [&](int i, int /*slot*/) {
+    const PendingSample& pending = samples_[i];
     const float* logits = (pending.from_logits ? out->logits.data() : sample_logits_.data()) +
                           static_cast<int64_t>(pending.row) * vocab;
-    const SampleRequest& request = sequence.sample;
-    SampledToken& sampled = out->samples.emplace_back();
+    const SampleRequest& request = batch.sequences[pending.sequence].sample;
+    SampledToken& sampled = out->samples[first_sample + i];
     sampled.sequence = pending.sequence;
     sampled.sample =
         SampleToken(absl::MakeConstSpan(logits, vocab), *request.params, request.history,
                     request.prompt_length, request.params->logprobs, *request.rng);
-    if (sequence.collect_routing) {
-      AppendRouting(batch.token_offsets[pending.sequence + 1] - 1, &sampled.routing);
+  };
+  const int num_samples = static_cast<int>(samples_.size());
+  if (num_samples >= 2 && vocab >= parallel_sampling_min_vocab_) {
+    pool_.Run(num_samples, sample);
+  } else {
+    for (int i = 0; i < num_samples; ++i) sample(i, 0);
+  }
+  // The engine's work until the next step runs on this thread alone.
+  pool_.Rest();
+  for (int i = 0; i < num_samples; ++i) {
+    const int s = samples_[i].sequence;
+    if (batch.sequences[s].collect_routing) {
+      AppendRouting(batch.token_offsets[s + 1] - 1, &out->samples[first_sample + i].routing);
     }
   }
 

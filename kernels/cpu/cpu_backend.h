@@ -35,6 +35,12 @@ struct CpuBackendOptions {
   // A group of matmuls with fewer multiply-adds runs on one thread. Tests set
   // 0 to exercise the split across threads on tiny models.
   int64_t parallel_matmul_min_macs = int64_t{1} << 17;
+  // Steps with two sampling sequences or more share them out over the
+  // threads where the vocabulary has at least this many ids (a draw reads
+  // its row several times: about 0.8 ms at 32,000 ids, a few microseconds at
+  // 256, less than waking the workers). Tests set 0 to exercise it on tiny
+  // models.
+  int parallel_sampling_min_vocab = 4096;
   // The build of the kernels to run (kernel_isa.h); none: the fastest this
   // CPU supports. CreateCpuBackend refuses one the CPU cannot run. kAvx2 and
   // kAvx512 give the same bits; kGeneric rounds differently (matmul.h).

@@ -47,6 +47,7 @@ const std::vector<BackendUnderTest>& BackendsUnderTest() {
            options.num_threads = 2;
            options.parallel_attention_min_macs = 0;
            options.parallel_matmul_min_macs = 0;
+           options.parallel_sampling_min_vocab = 0;
            return OrFail(CreateCpuBackend(config, weights, dispatch, options));
          }},
         CpuParallelBackend("cpu_generic", cpu::KernelIsa::kGeneric),
@@ -64,6 +65,7 @@ BackendUnderTest CpuParallelBackend(std::string name, cpu::KernelIsa isa) {
             options.num_threads = 2;
             options.parallel_attention_min_macs = 0;
             options.parallel_matmul_min_macs = 0;
+            options.parallel_sampling_min_vocab = 0;
             options.kernel_isa = isa;
             return OrFail(CreateCpuBackend(config, weights, dispatch, options));
           }};
@@ -76,6 +78,7 @@ BackendUnderTest CpuBf16KvCacheBackend() {
             options.num_threads = 2;
             options.parallel_attention_min_macs = 0;
             options.parallel_matmul_min_macs = 0;
+            options.parallel_sampling_min_vocab = 0;
             options.kv_cache_dtype = DType::kBF16;
             return OrFail(CreateCpuBackend(config, weights, dispatch, options));
           }};
