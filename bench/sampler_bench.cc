@@ -12,6 +12,11 @@
 //                tokens of history
 // Compare each case with /plain of the same run.
 //
+// step/vocab:32000/samples:32/{serial,pool}: one CPU backend step of a tiny
+// model with that vocabulary, 32 sequences each sampling a token (top-p),
+// the samples on the step's thread alone or shared out over its two
+// threads (CpuBackendOptions::parallel_sampling_min_vocab).
+//
 // The allocator's mmap and trim thresholds are raised first, as a running
 // server's allocator has raised them: at glibc's starting 128 KiB, a
 // sample's 128 KB vectors at 32,000 ids are returned to the system and
@@ -27,6 +32,9 @@
 #include <vector>
 
 #include "engine/runtime/sampler.h"
+#include "tests/util/backend_harness.h"
+#include "tests/util/backends_under_test.h"
+#include "tests/util/random_model.h"
 
 namespace switchserve {
 namespace {
@@ -80,7 +88,41 @@ void SampleOneToken(benchmark::State& state, Extra extra, int vocab) {
   state.SetItemsProcessed(state.iterations());
 }
 
+void SamplingStep(benchmark::State& state, bool pool) {
+  ModelConfig config = testing::TinySwitchAllConfig();
+  config.vocab_size = 32000;
+  const ModelWeights weights = testing::RandomWeights(config, 5);
+  testing::BackendHarness harness(testing::CpuSamplingBackend(pool), config, weights,
+                                  config.dispatch);
+  SamplingParams params;
+  params.temperature = 0.8f;
+  params.top_p = 0.95f;
+  constexpr int kSequences = 32;
+  const std::vector<int32_t> history = testing::RandomTokens(64, config.vocab_size, 9);
+  std::vector<SamplerRng> rngs(kSequences, SamplerRng(3));
+  std::vector<testing::BackendHarness::Chunk> chunks;
+  for (int s = 0; s < kSequences; ++s) {
+    testing::BackendHarness::Chunk& chunk = chunks.emplace_back();
+    chunk.seq = s;
+    chunk.tokens = {history[s]};
+    chunk.start = 0;
+    chunk.logits = LogitsMode::kNone;
+    chunk.sample = {&params, history, &rngs[s], /*prompt_length=*/16};
+  }
+  StepOutput out;
+  for (auto _ : state) {
+    if (!harness.Step(chunks, &out).ok()) state.SkipWithError("step failed");
+  }
+  state.SetItemsProcessed(state.iterations() * kSequences);
+}
+
 void RegisterBenchmarks() {
+  for (const bool pool : {false, true}) {
+    benchmark::RegisterBenchmark(
+        pool ? "step/vocab:32000/samples:32/pool" : "step/vocab:32000/samples:32/serial",
+        SamplingStep, pool)
+        ->Unit(benchmark::kMillisecond);
+  }
   const std::pair<const char*, Extra> cases[] = {
       {"plain", Extra::kPlain},     {"greedy", Extra::kGreedy},
       {"bias", Extra::kBias},       {"bad_words", Extra::kBadWords},

@@ -1,5 +1,6 @@
 #include "tests/util/backends_under_test.h"
 
+#include <limits>
 #include <utility>
 
 #include "gtest/gtest.h"
@@ -67,6 +68,17 @@ BackendUnderTest CpuParallelBackend(std::string name, cpu::KernelIsa isa) {
             options.parallel_matmul_min_macs = 0;
             options.parallel_sampling_min_vocab = 0;
             options.kernel_isa = isa;
+            return OrFail(CreateCpuBackend(config, weights, dispatch, options));
+          }};
+}
+
+BackendUnderTest CpuSamplingBackend(bool pool) {
+  return {pool ? "cpu_pool_sampling" : "cpu_serial_sampling",
+          [pool](const ModelConfig& config, const ModelWeights& weights,
+                 const DispatchConfig& dispatch) {
+            CpuBackendOptions options;
+            options.num_threads = 2;
+            options.parallel_sampling_min_vocab = pool ? 0 : std::numeric_limits<int>::max();
             return OrFail(CreateCpuBackend(config, weights, dispatch, options));
           }};
 }

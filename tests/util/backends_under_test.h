@@ -54,6 +54,11 @@ std::vector<BackendUnderTest> EngineScaleBackendsUnderTest();
 // distance from the f32 cache.
 BackendUnderTest CpuBf16KvCacheBackend();
 
+// The CPU backend on two threads, its own thresholds, its samples shared out
+// over them (`pool`) or run on the step's thread whatever the vocabulary
+// (CpuBackendOptions::parallel_sampling_min_vocab): for sampler_bench.
+BackendUnderTest CpuSamplingBackend(bool pool);
+
 }  // namespace switchserve::testing
 
 #endif  // SWITCHSERVE_TESTS_UTIL_BACKENDS_UNDER_TEST_H_
