@@ -95,6 +95,21 @@ absl::Status CheckTexts(const google::protobuf::RepeatedPtrField<std::string>& t
   return absl::OkStatus();
 }
 
+// A request's token ids in sampling.`name` (stop_token_ids,
+// allowed_token_ids), each in [0, vocab_size), appended to `out`.
+absl::Status CheckTokenIds(const google::protobuf::RepeatedField<int32_t>& ids, const char* name,
+                           int vocab_size, std::vector<int32_t>* out) {
+  for (int i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab_size) {
+      return Invalid(absl::StrCat("sampling.", name),
+                     absl::StrCat(name, "[", i, "] = ", ids[i], " is outside the vocabulary [0, ",
+                                  vocab_size, ")"));
+    }
+  }
+  out->insert(out->end(), ids.begin(), ids.end());
+  return absl::OkStatus();
+}
+
 // vLLM's tokenizations of a bad word: the word without its leading
 // whitespace, and " " + that when it gives as many tokens, the first another
 // (a word-start token the first misses).
@@ -269,14 +284,10 @@ absl::StatusOr<GenerationRequest> ValidateGenerateRequest(const v1::GenerateRequ
                    absl::StrCat("at most ", limits.max_stop_token_ids, " ids, found ",
                                 s.stop_token_ids_size()));
   }
-  for (int i = 0; i < s.stop_token_ids_size(); ++i) {
-    const int32_t id = s.stop_token_ids(i);
-    if (id < 0 || id >= limits.vocab_size) {
-      return Invalid("sampling.stop_token_ids",
-                     absl::StrCat("stop_token_ids[", i, "] = ", id,
-                                  " is outside the vocabulary [0, ", limits.vocab_size, ")"));
-    }
-    p.stop_token_ids.push_back(id);
+  if (absl::Status status =
+          CheckTokenIds(s.stop_token_ids(), "stop_token_ids", limits.vocab_size, &p.stop_token_ids);
+      !status.ok()) {
+    return status;
   }
   if (absl::Status status = CheckTexts(s.bad_words(), "bad_words", "words", limits.max_bad_words,
                                        limits.max_bad_word_bytes);
@@ -293,14 +304,10 @@ absl::StatusOr<GenerationRequest> ValidateGenerateRequest(const v1::GenerateRequ
       p.bad_words_ids.push_back(std::move(tokenization));
     }
   }
-  for (int i = 0; i < s.allowed_token_ids_size(); ++i) {
-    const int32_t id = s.allowed_token_ids(i);
-    if (id < 0 || id >= limits.vocab_size) {
-      return Invalid("sampling.allowed_token_ids",
-                     absl::StrCat("allowed_token_ids[", i, "] = ", id,
-                                  " is outside the vocabulary [0, ", limits.vocab_size, ")"));
-    }
-    p.allowed_token_ids.push_back(id);
+  if (absl::Status status = CheckTokenIds(s.allowed_token_ids(), "allowed_token_ids",
+                                          limits.vocab_size, &p.allowed_token_ids);
+      !status.ok()) {
+    return status;
   }
   std::sort(p.allowed_token_ids.begin(), p.allowed_token_ids.end());
   p.allowed_token_ids.erase(std::unique(p.allowed_token_ids.begin(), p.allowed_token_ids.end()),
