@@ -68,9 +68,6 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
           choice.text_offset.text_started =
               PromptSpellsText(*context_.tokenizer, prompts[i].prompt);
         }
-        if (options_.prompt_logprobs >= 0) {
-          choice.prompt_logprobs.emplace_back().token_id = prompts[i].prompt.front();
-        }
         choices_[i]->stop_token_ids = prompts[i].sampling.stop_token_ids;
         choices_[i]->prompt_tokens = static_cast<int>(prompts[i].prompt.size());
         choices_[i]->include_stop = prompts[i].sampling.include_stop_str_in_output;
@@ -108,8 +105,7 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
     EngineRequestHandle handle;
     std::string text;                        // unary: everything so far
     std::vector<GeneratedTokenInfo> tokens;  // unary with logprobs
-    // Unary with prompt_logprobs: the prompt's first token, then the others
-    // scored.
+    // Unary with prompt_logprobs: the prompt's tokens after the first, scored.
     std::vector<GeneratedTokenInfo> prompt_logprobs;
     TextOffset text_offset;               // of the next token, for logprobs
     std::vector<int32_t> stop_token_ids;  // the request's (TextEndOf)

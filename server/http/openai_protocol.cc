@@ -640,6 +640,8 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
   if (request.stream && request.prompt_logprobs.value_or(0) > 0) {
     return Invalid("prompt_logprobs", "is not available with \"stream\": true (as in vLLM)");
   }
+  // A stream's 0, which vLLM takes, returns nothing.
+  if (request.stream) request.prompt_logprobs.reset();
   if (!sampling.has_max_new_tokens()) sampling.set_max_new_tokens(kDefaultMaxTokens);
   for (v1::GenerateRequest& one : request.prompts) {
     *one.mutable_sampling() = sampling;
@@ -648,9 +650,8 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
     if (request.truncate_prompt_tokens)
       one.set_truncate_prompt_tokens(*request.truncate_prompt_tokens);
     // An echo's logprobs cover its prompt's tokens too, with prompt_logprobs'
-    // alternatives when it is given (vLLM's precedence). A stream's (0, all
-    // vLLM takes there) returns nothing.
-    if (request.prompt_logprobs && !request.stream) {
+    // alternatives when it is given (vLLM's precedence).
+    if (request.prompt_logprobs) {
       one.set_prompt_logprobs(*request.prompt_logprobs);
     } else if (request.echo && request.logprobs) {
       one.set_prompt_logprobs(*request.logprobs);
@@ -810,13 +811,9 @@ nlohmann::ordered_json PromptLogprobsObject(const Tokenizer& tokenizer,
                                             const std::vector<GeneratedTokenInfo>& tokens,
                                             int top_n, bool tokens_as_ids) {
   using OrderedJson = nlohmann::ordered_json;
-  OrderedJson list = OrderedJson::array();
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (i == 0) {
-      list.push_back(nullptr);
-      continue;
-    }
-    const GeneratedTokenInfo& token = tokens[i];
+  // The prompt's first token: nothing predicts it.
+  OrderedJson list = OrderedJson::array({nullptr});
+  for (const GeneratedTokenInfo& token : tokens) {
     OrderedJson entries = OrderedJson::object();
     auto add = [&](int32_t id, float logprob, int32_t rank) {
       entries[absl::StrCat(id)] = {{"logprob", logprob},

@@ -56,7 +56,8 @@ struct CompletionRequest {
   // vLLM's `truncate_prompt_tokens`: each prompt's last this many tokens.
   std::optional<int32_t> truncate_prompt_tokens;
   // vLLM's `prompt_logprobs`: each choice's `prompt_logprobs`, every prompt
-  // token's logprob and rank with this many alternatives (not streamed).
+  // token's logprob and rank with this many alternatives (unset for a
+  // stream, which may send 0 and gets nothing).
   // `prompts` ask for it, or else for `logprobs` with echo.
   std::optional<int> prompt_logprobs;
 };
@@ -154,8 +155,9 @@ nlohmann::ordered_json LogprobsObject(const Tokenizer& tokenizer,
                                       bool tokens_as_ids, TextOffset* offset,
                                       TextEnd end = TextEnd::kOpen, bool first_unscored = false);
 
-// vLLM's `prompt_logprobs` of a choice: null for the prompt's first token
-// (nothing predicts it), then for each other an object keyed by token id:
+// vLLM's `prompt_logprobs` of a choice whose prompt's tokens after the first
+// are `tokens`: null for the first (nothing predicts it), then for each of
+// `tokens` an object keyed by token id:
 // the prompt token first, then the `top_n` most likely (a prompt token among
 // them keeps the first place, with its rank in the list), each
 // {"logprob", "rank", "decoded_token"}.

@@ -277,7 +277,7 @@ void OpenAiService::Completions(const std::shared_ptr<HttpExchange>& exchange) c
   options.logprobs = parsed->logprobs.value_or(-1);
   options.tokens_as_ids = parsed->tokens_as_ids;
   options.echo = parsed->echo;
-  if (!parsed->stream) options.prompt_logprobs = parsed->prompt_logprobs.value_or(-1);
+  options.prompt_logprobs = parsed->prompt_logprobs.value_or(-1);
   options.echo_only = parsed->echo_only;
   options.n = n;
   StartCompletionCall({.engine = options_.engine,
