@@ -109,6 +109,11 @@ def test_request_the_full_queue_refuses_leaves_no_trace():
 # For stalled_stream's 256 prompts: all running at once, in engine steps slow
 # enough for the connection's thread to keep up with them.
 UNHURRIED_STREAMS = ("--max-running-requests", "256", "--debug-step-delay-ms", "20")
+# Slower still, for a test whose stream must still be running when its
+# socket's buffers fill (about 16 steps in): under ThreadSanitizer the
+# connection's thread took longer than 20 ms to render a step's 256 events,
+# fell behind, and the stream ended by length first.
+UNHURRIED_STREAMS_SLOW = ("--max-running-requests", "256", "--debug-step-delay-ms", "80")
 
 
 def stalled_stream(server, request_id, prompts, max_tokens=55):
@@ -139,10 +144,10 @@ def test_a_stream_whose_client_reads_nothing_ends_past_its_buffer_limit():
     engine made until the 60 s write timeout). Past --max-stream-buffer-bytes
     the server closes the connection (the stream ends without its last chunk),
     cancels the request, and logs and counts it RESOURCE_EXHAUSTED. (Every
-    prompt runs at once, in steps of 20 ms: the tiny model would otherwise
+    prompt runs at once, in steps of 80 ms: the tiny model would otherwise
     make the whole stream before the socket's buffers fill, outpacing the
     connection's thread rather than the client.)"""
-    server = Server("--max-stream-buffer-bytes", "65536", *UNHURRIED_STREAMS, metrics=True)
+    server = Server("--max-stream-buffer-bytes", "65536", *UNHURRIED_STREAMS_SLOW, metrics=True)
     try:
         with stalled_stream(server, "stalled", prompts=256) as s:
             record = server.access_line("stalled")
