@@ -357,9 +357,11 @@ std::unique_ptr<Backend> NewBackend(const BenchModel& model) {
 // like this (requests finish and arrive every step); a decode step of the
 // same batch is its comparison (no prompts: DecodeStep). On the CUDA backend
 // a decode step replays a captured graph, a step with prompts launches its
-// kernels one by one.
+// kernels one by one. `temperature` > 0 (CUDA): every sequence draws its
+// token (top_p 1, as a request that sets only the temperature), where the
+// device sampler orders candidates, rather than greedy's argmax.
 void MixedStep(benchmark::State& state, const std::string& name, const std::string& model_name,
-               int decoding, int prompts, int prompt_tokens, int context) {
+               int decoding, int prompts, int prompt_tokens, int context, float temperature) {
   const BenchModel& model = Model(model_name);
   const int vocab = model.config.vocab_size;
   MeasuredLimits();
@@ -400,10 +402,10 @@ void MixedStep(benchmark::State& state, const std::string& name, const std::stri
   }
   // CPU: every sequence returns its logits (as the engine's step computed
   // them before sampling moved into the backend; the figures in
-  // docs/performance.md). CUDA: a greedy sample on the device, as the engine
-  // runs a step.
-  SamplingParams greedy;
-  greedy.temperature = 0;
+  // docs/performance.md). CUDA: a sample on the device (greedy unless
+  // `temperature`), as the engine runs a step.
+  SamplingParams sampling;
+  sampling.temperature = temperature;
   std::vector<SamplerRng> rngs(sequences, SamplerRng(1));
   StepBatch step;
   step.Clear(block_size);
@@ -419,7 +421,7 @@ void MixedStep(benchmark::State& state, const std::string& name, const std::stri
     if (settings().device == DeviceKind::kCpu) {
       sequence->logits = LogitsMode::kLast;
     } else {
-      sequence->sample = {&greedy, tokens[s], &rngs[s]};
+      sequence->sample = {&sampling, tokens[s], &rngs[s]};
     }
   }
   const std::optional<bench::MachineLimits> before = LimitsBefore();
@@ -436,8 +438,8 @@ void MixedStep(benchmark::State& state, const std::string& name, const std::stri
 
 // A decode step for `batch` sequences that each hold `context` tokens.
 void DecodeStep(benchmark::State& state, const std::string& name, const std::string& model_name,
-                int batch, int context) {
-  MixedStep(state, name, model_name, batch, 0, 0, context);
+                int batch, int context, float temperature) {
+  MixedStep(state, name, model_name, batch, 0, 0, context, temperature);
 }
 
 // A prefill chunk of `length` tokens of one new sequence.
@@ -495,10 +497,13 @@ void RegisterBenchmarks() {
     long_batches = {1};
     long_context = 100;
   }
-  const auto add_decode = [](const std::string& model, int batch, int context_tokens) {
-    const std::string name = "decode/" + model + "/batch:" + std::to_string(batch) +
-                             "/context:" + std::to_string(context_tokens);
-    benchmark::RegisterBenchmark(name.c_str(), DecodeStep, name, model, batch, context_tokens)
+  const auto add_decode = [](const std::string& model, int batch, int context_tokens,
+                             float temperature = 0.0f) {
+    std::string name = "decode/" + model + "/batch:" + std::to_string(batch) +
+                       "/context:" + std::to_string(context_tokens);
+    if (temperature > 0.0f) name += "/temperature:1";
+    benchmark::RegisterBenchmark(name.c_str(), DecodeStep, name, model, batch, context_tokens,
+                                 temperature)
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime();
   };
@@ -512,7 +517,7 @@ void RegisterBenchmarks() {
                              std::to_string(mixed_prompt_tokens) +
                              "/context:" + std::to_string(context);
     benchmark::RegisterBenchmark(name.c_str(), MixedStep, name, model, mixed_decoding,
-                                 mixed_prompts, mixed_prompt_tokens, context)
+                                 mixed_prompts, mixed_prompt_tokens, context, 0.0f)
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime();
   };
@@ -520,6 +525,12 @@ void RegisterBenchmarks() {
     for (int batch : batches) add_decode(model, batch, context);
     if (!cpu) add_mixed(model);
     for (int batch : long_batches) add_decode(model, batch, long_context);
+    // The device sampler's draw beside greedy's argmax, at the smallest and
+    // the largest batch (CUDA; the CPU backend's steps return logits here).
+    if (!cpu) {
+      add_decode(model, batches.front(), context, 1.0f);
+      add_decode(model, batches.back(), context, 1.0f);
+    }
     const std::string name = "prefill/" + model + "/tokens:" + std::to_string(prefill);
     benchmark::RegisterBenchmark(name.c_str(), PrefillChunk, name, model, prefill)
         ->Unit(benchmark::kMillisecond)

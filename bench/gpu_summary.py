@@ -91,7 +91,8 @@ def main():
     # The shortest context's batch-1 step (a longer one reads mostly cache).
     decode1 = sorted(((int(re.search(r"context:(\d+)", s).group(1)), b)
                       for (k, m, s), b in rows.items()
-                      if k == "decode" and m == "switchall" and s.startswith("batch:1/")),
+                      if k == "decode" and m == "switchall" and s.startswith("batch:1/")
+                      and "temperature" not in s),
                      key=lambda x: x[0])
     if decode1:
         r = decode1[0][1]["gb_per_s_of_peak"]

@@ -163,6 +163,128 @@ __device__ int FirstCumulative(const double* values, int n, double divisor, doub
   return BlockMinIndex(found, shared_i);
 }
 
+// A score's place in the candidate order as an unsigned key, ascending with
+// the score (-0 as +0, as they tie): a higher key is a likelier candidate.
+__device__ __forceinline__ unsigned AscendingKey(float score) {
+  const unsigned bits = __float_as_uint(score == 0.0f ? 0.0f : score);
+  return (bits & 0x80000000u) != 0 ? ~bits : bits | 0x80000000u;
+}
+
+// A candidate's weight beside the best score `top` (the host's rule: 0 for
+// the lowest finite score below a higher best, at any temperature).
+__device__ __forceinline__ double Weight(float score, double top, double inv_t) {
+  return score == -FLT_MAX && top > -FLT_MAX ? 0.0
+                                             : exp((static_cast<double>(score) - top) * inv_t);
+}
+
+// Two sums over the block at once, in a fixed tree.
+__device__ void BlockSum2(double* a, double* b, double* shared) {
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+    *a += __shfl_xor_sync(kFullMask, *a, offset);
+    *b += __shfl_xor_sync(kFullMask, *b, offset);
+  }
+  if (lane == 0) {
+    shared[warp] = *a;
+    shared[kWarps + warp] = *b;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    double x = lane < kWarps ? shared[lane] : 0.0;
+    double y = lane < kWarps ? shared[kWarps + lane] : 0.0;
+    for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+      x += __shfl_xor_sync(kFullMask, x, offset);
+      y += __shfl_xor_sync(kFullMask, y, offset);
+    }
+    if (lane == 0) {
+      shared[0] = x;
+      shared[kWarps] = y;
+    }
+  }
+  __syncthreads();
+  *a = shared[0];
+  *b = shared[kWarps];
+  __syncthreads();
+}
+
+// Sorts keys/ids[0, n) (n a power of two) best first (Better), block-wide.
+__device__ void BitonicSort(float* keys, int* ids, int n) {
+  for (int size = 2; size <= n; size *= 2) {
+    for (int stride = size / 2; stride > 0; stride /= 2) {
+      for (int i = threadIdx.x; i < n; i += kThreads) {
+        const int other = i ^ stride;
+        if (other <= i) continue;
+        const bool best_first = (i & size) == 0;
+        const bool swap = best_first ? Better(keys[other], ids[other], keys[i], ids[i])
+                                     : Better(keys[i], ids[i], keys[other], ids[other]);
+        if (swap) {
+          const float kv = keys[i];
+          keys[i] = keys[other];
+          keys[other] = kv;
+          const int iv = ids[i];
+          ids[i] = ids[other];
+          ids[other] = iv;
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// The candidates most likely first in keys/ids[0, n), n returned: the
+// shortest prefix of the whole order (with every candidate tied with its
+// last) that holds at least `min_count` candidates, weighs at least `need`
+// (`weights`: each id's, in id order) and has no key past `max_key`, found
+// by bisecting the key of its last candidate (one pass over the
+// vocabulary a step, 32 at most); then only the prefix is sorted. A draw
+// reads a prefix of the order, usually a short one: sorting the whole
+// vocabulary took 120 block-wide passes over it at 32,000 ids.
+__device__ int SortedPrefix(const float* scores, const double* weights, int vocab, int min_count,
+                            double need, unsigned max_key, float* keys, int* ids, double* shared_d,
+                            int* counter) {
+  const int tid = threadIdx.x;
+  // Every candidate's key is at least 0: lo always qualifies; hi never.
+  unsigned long long lo = 0, hi = static_cast<unsigned long long>(max_key) + 1;
+  while (hi - lo > 1) {
+    const unsigned long long mid = lo + (hi - lo) / 2;
+    double count = 0.0, mass = 0.0;
+    for (int i = tid; i < vocab; i += kThreads) {
+      if (AscendingKey(scores[i]) >= mid) {
+        count += 1.0;
+        mass += weights[i];
+      }
+    }
+    BlockSum2(&count, &mass, shared_d);
+    if (count >= min_count && mass >= need) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  if (tid == 0) *counter = 0;
+  __syncthreads();
+  // Gathered in any order: the sort below puts them in the one order.
+  for (int i = tid; i < vocab; i += kThreads) {
+    if (AscendingKey(scores[i]) >= lo) {
+      const int at = atomicAdd(counter, 1);
+      keys[at] = scores[i];
+      ids[at] = i;
+    }
+  }
+  __syncthreads();
+  const int n = *counter;
+  int padded = 1;
+  while (padded < n) padded *= 2;
+  for (int i = n + tid; i < padded; i += kThreads) {
+    keys[i] = -INFINITY;
+    ids[i] = -1;
+  }
+  __syncthreads();
+  BitonicSort(keys, ids, padded);
+  return n;
+}
+
 __global__ void __launch_bounds__(kThreads)
     SampleKernel(const float* logits, int64_t logits_ld, int vocab, int padded,
                  const DeviceSampleParams* params, const int32_t* history, char* scratch,
@@ -173,6 +295,9 @@ __global__ void __launch_bounds__(kThreads)
   SIMT_SHARED(int, red_i, kWarps);
   SIMT_SHARED(double, red_d, kWarps);
   SIMT_SHARED(double, prefix, kThreads);
+  SIMT_SHARED(double, red_d2, 2 * kWarps);
+  SIMT_SHARED(unsigned, red_u, 1);
+  SIMT_SHARED(int, red_i2, 1);
   const int64_t sample = blockIdx.x;
   const DeviceSampleParams p = params[sample];
   const float* row = logits + static_cast<int64_t>(p.logits_row) * logits_ld;
@@ -267,6 +392,11 @@ __global__ void __launch_bounds__(kThreads)
     BlockBest(&best, &chosen, red_v, red_i);
   } else {
     int keep = p.top_k > 0 && p.top_k < vocab ? p.top_k : vocab;
+    const int before_cuts = keep;
+    const double inv_t = 1.0 / p.temperature;
+    int sorted;  // keys/ids[0, sorted): the first candidates in order
+    double total = 0.0;
+    bool have_total = false;
     if (keep <= kSelectMax) {
       // The best `keep` candidates in order, one block argmax each.
       for (int r = 0; r < keep; ++r) {
@@ -286,53 +416,73 @@ __global__ void __launch_bounds__(kThreads)
         }
         __syncthreads();
       }
+      sorted = keep;
     } else {
-      // Bitonic sort of the padded vocabulary, best first.
-      for (int i = tid; i < padded; i += kThreads) {
-        keys[i] = i < vocab ? scores[i] : -INFINITY;
-        ids[i] = i < vocab ? i : -1;
-      }
-      __syncthreads();
-      for (int size = 2; size <= padded; size *= 2) {
-        for (int stride = size / 2; stride > 0; stride /= 2) {
-          for (int i = tid; i < padded; i += kThreads) {
-            const int other = i ^ stride;
-            if (other <= i) continue;
-            const bool best_first = (i & size) == 0;
-            const bool swap = best_first ? Better(keys[other], ids[other], keys[i], ids[i])
-                                         : Better(keys[i], ids[i], keys[other], ids[other]);
-            if (swap) {
-              const float kv = keys[i];
-              keys[i] = keys[other];
-              keys[other] = kv;
-              const int iv = ids[i];
-              ids[i] = ids[other];
-              ids[other] = iv;
-            }
-          }
-          __syncthreads();
+      // Sorted only as far as the cuts and the draw read: the top_k
+      // candidates; or, with every candidate kept, the top_p mass (or the
+      // draw's u * total) and every candidate min_p keeps.
+      float top = -INFINITY;
+      int best_id = -1;
+      for (int i = tid; i < vocab; i += kThreads) {
+        if (Better(scores[i], i, top, best_id)) {
+          top = scores[i];
+          best_id = i;
         }
       }
+      BlockBest(&top, &best_id, red_v, red_i);
+      // Each id's weight, in id order, in probs until the prefix is sorted.
+      for (int i = tid; i < vocab; i += kThreads) probs[i] = Weight(scores[i], top, inv_t);
+      __syncthreads();
+      int min_count = 1;
+      double need = 0.0;
+      if (keep < vocab) {
+        min_count = keep;
+      } else {
+        // As the host: every id's weight summed in id order.
+        total = ChunkedSum(probs, vocab, red_d);
+        have_total = true;
+        // A margin past the sums' rounding, which differs between the
+        // bisection's and the walks' orders.
+        need = (p.top_p < 1.0f ? p.top_p : p.uniform) * total * (1.0 + 1e-9);
+      }
+      unsigned max_key = 0xFFFFFFFFu;
+      if (p.min_p > 0.0f) {
+        // The best weighs 1: every candidate of weight min_p or more.
+        unsigned lowest = 0xFFFFFFFFu;
+        for (int i = tid; i < vocab; i += kThreads) {
+          if (probs[i] >= static_cast<double>(p.min_p))
+            lowest = min(lowest, AscendingKey(scores[i]));
+        }
+        if (tid == 0) red_u[0] = 0xFFFFFFFFu;
+        __syncthreads();
+        atomicMin(&red_u[0], lowest);
+        __syncthreads();
+        max_key = red_u[0];
+        __syncthreads();
+      }
+      sorted = SortedPrefix(scores, probs, vocab, min_count, need, max_key, keys, ids, red_d2,
+                            &red_i2[0]);
     }
+    // A prefix shorter than `keep` holds everything the cuts and the draw
+    // read (up to the sums' last bits).
+    const int avail = min(keep, sorted);
     const double best = keys[0];
-    const double inv_t = 1.0 / p.temperature;
-    for (int i = tid; i < keep; i += kThreads) {
+    for (int i = tid; i < avail; i += kThreads) {
       // The lowest finite score has no chance beside a higher one (the
       // host's Excluded), at any temperature.
-      probs[i] = keys[i] == -FLT_MAX && best > -FLT_MAX
-                     ? 0.0
-                     : exp((static_cast<double>(keys[i]) - best) * inv_t);
+      probs[i] = Weight(keys[i], best, inv_t);
     }
     __syncthreads();
+    if (!have_total) total = ChunkedSum(probs, avail, red_d);
     if (p.top_p < 1.0f) {
-      const double total = ChunkedSum(probs, keep, red_d);
-      const int at = FirstCumulative(probs, keep, total, p.top_p, false, prefix, red_i);
-      if (at < keep) keep = at + 1;
+      const int at = FirstCumulative(probs, avail, total, p.top_p, false, prefix, red_i);
+      keep = at < avail ? at + 1 : avail;
     }
     if (p.min_p > 0.0f) {
       const double threshold = p.min_p * probs[0];
-      int below = keep;
-      for (int i = 1 + tid; i < keep; i += kThreads) {
+      const int end = min(keep, avail);
+      int below = end;
+      for (int i = 1 + tid; i < end; i += kThreads) {
         if (probs[i] < threshold) {
           below = i;
           break;
@@ -340,9 +490,10 @@ __global__ void __launch_bounds__(kThreads)
       }
       keep = BlockMinIndex(below, red_i);
     }
-    const double total = ChunkedSum(probs, keep, red_d);
-    const int at = FirstCumulative(probs, keep, 1.0, p.uniform * total, true, prefix, red_i);
-    chosen = ids[at < keep ? at : keep - 1];
+    if (keep < before_cuts) total = ChunkedSum(probs, keep, red_d);
+    const int end = min(keep, avail);
+    const int at = FirstCumulative(probs, end, 1.0, p.uniform * total, true, prefix, red_i);
+    chosen = ids[at < end ? at : end - 1];
   }
 
   if (tid == 0) {

@@ -23,8 +23,14 @@
 // on the host and 151 here.
 //
 // The candidate order comes from repeated block argmax when at most
-// kSelectMax candidates are kept (top_k), otherwise from a block-wide
-// bitonic sort of the whole vocabulary in scratch memory.
+// kSelectMax candidates are kept (top_k). Otherwise only the prefix of the
+// order that the cuts and the draw read is sorted (block-wide bitonic, in
+// scratch memory): the top_k candidates, or, with every candidate kept, those
+// that weigh the top_p mass (top_p 1: the draw's u * total, with a margin of
+// 1e-9 of it) and every one min_p keeps, with all tied with the last; the
+// key of the prefix's last candidate found by bisection, a block reduction
+// over the vocabulary per step. Without a top_k cut the total weight is
+// summed over the vocabulary in id order, as the host sums it.
 #ifndef SWITCHSERVE_KERNELS_CUDA_SAMPLING_H_
 #define SWITCHSERVE_KERNELS_CUDA_SAMPLING_H_
 

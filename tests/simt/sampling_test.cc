@@ -254,6 +254,37 @@ TEST(SimtSampling, EverySeedDrawsTheHostsToken) {
   EXPECT_GT(distinct, 3);
 }
 
+// A vocabulary of thousands, every candidate kept or a top_k past the
+// selection's 64: the kernel sorts only the prefix of the order the cuts and
+// the draw read (a few candidates at a low temperature, most of the
+// vocabulary at a high one), and every draw is the host's, with top_p,
+// min_p (whose candidates the prefix must all hold) and both together.
+TEST(SimtSampling, LargeVocabularyDrawsAreTheHosts) {
+  SIMT_REQUIRE_DEVICE();
+  const int vocab = 4096;
+  std::vector<Request> requests;
+  for (const float temperature : {0.05f, 0.7f, 1.0f, 4.0f}) {
+    for (const int top_k : {0, 100, 3000}) {
+      for (const float top_p : {1.0f, 0.8f}) {
+        for (const float min_p : {0.0f, 0.02f, 0.3f}) {
+          Request& r = requests.emplace_back();
+          r.params.temperature = temperature;
+          r.params.top_k = top_k;
+          r.params.top_p = top_p;
+          r.params.min_p = min_p;
+          r.seed = 100 + requests.size();
+        }
+      }
+    }
+  }
+  const int n = static_cast<int>(requests.size());
+  std::vector<float> logits = Logits(n, vocab, false, 11);
+  for (float& z : logits) z *= 1.5f;  // peaked enough for short prefixes
+  const Sampled got = ExpectHostSamplerChoices(logits, vocab, requests);
+  std::set<int32_t> distinct(got.token.begin(), got.token.end());
+  EXPECT_GT(distinct.size(), 20u);
+}
+
 // The penalty moves greedy off a token in the history, once per distinct id.
 TEST(SimtSampling, RepetitionPenaltyAppliesOncePerId) {
   SIMT_REQUIRE_DEVICE();
