@@ -11,6 +11,7 @@
 #include "engine/text/detokenizer.h"
 #include "grpc/support/time.h"
 #include "server/generate_calls.h"
+#include "server/version.h"
 #include "server/wire_format.h"
 
 namespace switchserve {
@@ -235,6 +236,8 @@ grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerCo
   FillModelInfo(*options_.config, options_.model_name, options_.dispatch, options_.device,
                 options_.engine->Snapshot(), &response);
   response.set_scheduling_policy(options_.limits.priority_scheduling ? "priority" : "fcfs");
+  response.set_server_version(Version());
+  response.set_server_revision(Revision());
   *response_buffer = SerializeMessage(response);
   return new FinishedCall(this, grpc::Status::OK);
 }

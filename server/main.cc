@@ -13,6 +13,7 @@
 #include "server/commands.h"
 #include "server/flag_spelling.h"
 #include "server/mutex_checks.h"
+#include "server/version.h"
 
 namespace {
 
@@ -54,6 +55,18 @@ int main(int argc, char** argv) {
     std::printf("usage: switchserve [SUBCOMMAND] [--flags]\n\nsubcommands:\n");
     for (const auto& command : commands) std::printf("  %-10s %s\n", command.name, command.summary);
     std::printf("\n`switchserve SUBCOMMAND --help` lists its flags.\n");
+    return 0;
+  }
+  if (argc >= 2 &&
+      (std::strcmp(argv[1], "version") == 0 || std::strcmp(argv[1], "--version") == 0)) {
+    std::printf("switchserve %s (revision %s)\nbackends:", switchserve::Version(),
+                switchserve::Revision());
+    const char* separator = " ";
+    for (const switchserve::DeviceKind device : switchserve::BuiltDevices()) {
+      std::printf("%s%s", separator, std::string(switchserve::ToString(device)).c_str());
+      separator = ", ";
+    }
+    std::printf("\n");
     return 0;
   }
   const switchserve::Command* command = &commands.front();

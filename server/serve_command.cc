@@ -67,6 +67,7 @@
 #include "server/proto_convert.h"
 #include "server/server_flags.h"
 #include "server/thread_priority.h"
+#include "server/version.h"
 
 namespace switchserve {
 namespace {
@@ -296,6 +297,8 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals, bool* up) 
   const rlim_t open_files = RaiseOpenFileLimit();
   ServerOptions resolved = options;
   if (resolved.model_dir.empty()) resolved.model_dir = DefaultModelDirectory();
+  LogInfo(absl::StrCat("switchserve ", Version(), " (revision ", Revision(), ")"),
+          {{"version", Version()}, {"revision", Revision()}});
   Log(absl::StrCat("loading model from ", resolved.model_dir));
   absl::StatusOr<EngineSetup> setup = SetUpEngine(resolved);
   if (!setup.ok()) return Fail(setup.status());
@@ -351,6 +354,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals, bool* up) 
          .tokenizer = config.tokenizer == TokenizerKind::kByte ? "byte" : "sentencepiece",
          .context_length = config.max_seq_len,
          .kv_cache_dtype = kv_cache_dtype});
+    RegisterBuildInfo(*registry, Version(), Revision());
     auto started = MetricsExposer::Start(options.metrics_host, options.metrics_port, collectables);
     if (!started.ok()) {
       return Fail(

@@ -11,6 +11,7 @@
 #include "server/access_log.h"
 #include "server/http/completion_call.h"
 #include "server/http/openai_protocol.h"
+#include "server/version.h"
 
 namespace switchserve {
 namespace {
@@ -79,6 +80,10 @@ void OpenAiService::Handle(const std::shared_ptr<HttpExchange>& exchange) const 
     const bool draining = options_.gate->draining();
     return exchange->Respond(
         JsonResponse(draining ? 503 : 200, {{"status", draining ? "draining" : "ready"}}));
+  }
+  if (path == "/version") {
+    if (!get) return wrong_method("GET");
+    return exchange->Respond(JsonResponse(200, {{"version", Version()}, {"revision", Revision()}}));
   }
   if (!Guarded(path)) {
     return exchange->Respond(

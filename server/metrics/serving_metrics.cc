@@ -229,4 +229,14 @@ void RegisterModelInfo(prometheus::Registry& registry, const ModelInfoLabels& in
       .Set(1);
 }
 
+void RegisterBuildInfo(prometheus::Registry& registry, const std::string& version,
+                       const std::string& revision) {
+  prometheus::BuildGauge()
+      .Name("switchserve_build_info")
+      .Help("The server's build (always 1; the labels say which release and source revision).")
+      .Register(registry)
+      .Add({{"version", version}, {"revision", revision}})
+      .Set(1);
+}
+
 }  // namespace switchserve

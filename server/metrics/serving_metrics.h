@@ -156,6 +156,13 @@ struct ModelInfoLabels {
 };
 void RegisterModelInfo(prometheus::Registry& registry, const ModelInfoLabels& info);
 
+// `switchserve_build_info`: a gauge at 1 whose labels are the server's
+// release and source revision (server/version.h), as Prometheus's own
+// prometheus_build_info, so that dashboards and alerts can tell which
+// build each replica runs.
+void RegisterBuildInfo(prometheus::Registry& registry, const std::string& version,
+                       const std::string& revision);
+
 }  // namespace switchserve
 
 #endif  // SWITCHSERVE_SERVER_METRICS_SERVING_METRICS_H_

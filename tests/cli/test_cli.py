@@ -359,6 +359,28 @@ def flag_defaults():
     return defaults
 
 
+def test_version_names_the_release_the_revision_and_the_backends():
+    result = run("--version")
+    assert run("version").stdout == result.stdout
+    first, second = result.stdout.splitlines()
+    release = re.search(r"project\(switchserve VERSION (\S+) ",
+                        (ROOT / "CMakeLists.txt").read_text()).group(1)
+    match = re.fullmatch(r"switchserve (\S+) \(revision (\S+)\)", first)
+    assert match and match.group(1) == release, first
+    revision = match.group(2)
+    if shutil.which("git") and (ROOT / ".git").exists():
+        # A commit of this checkout (built from it, perhaps before a later one).
+        assert re.fullmatch(r"[0-9a-f]{12}(-dirty)?", revision), revision
+        known = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e",
+                                revision.removesuffix("-dirty") + "^{commit}"])
+        assert known.returncode == 0, revision
+    else:
+        assert revision == "unknown"
+    backends = second.removeprefix("backends: ").split(", ")
+    assert second.startswith("backends: ") and "cpu" in backends
+    assert set(backends) <= {"cpu", "cuda"} and len(set(backends)) == len(backends)
+
+
 def listed_defaults(help_text):
     """--flag-name -> printed default, from `switchserve COMMAND --help`."""
     return dict(re.findall(r"^  --([\w-]+) \(default: (.*)\)$", help_text, re.M))

@@ -28,6 +28,7 @@
 #include "server/metrics/moe_metrics.h"
 #include "server/metrics/output_buffer_metrics.h"
 #include "server/metrics/serving_metrics.h"
+#include "server/version.h"
 #include "tests/metrics/synthetic_routing.h"
 
 ABSL_FLAG(std::string, mode, "load", "load, commanded or bench");
@@ -295,6 +296,7 @@ int Main() {
                                 .tokenizer = "byte",
                                 .context_length = config.max_seq_len,
                                 .kv_cache_dtype = "f32"});
+  RegisterBuildInfo(*registry, Version(), Revision());
   MoeMetrics* moe_ptr = moe.get();
 
   const std::string mode = absl::GetFlag(FLAGS_mode);

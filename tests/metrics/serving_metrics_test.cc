@@ -94,6 +94,16 @@ TEST(ServingMetricsTest, ModelInfoIsOneWithTheModelInItsLabels) {
   EXPECT_EQ(reader.AllExposedSeries(), 1u);
 }
 
+TEST(ServingMetricsTest, BuildInfoIsOneWithTheReleaseAndRevisionInItsLabels) {
+  prometheus::Registry registry;
+  RegisterBuildInfo(registry, "1.2.3", "0123456789ab-dirty");
+  RegistryReader reader(registry);
+  EXPECT_EQ(reader.Gauge("switchserve_build_info",
+                         {{"version", "1.2.3"}, {"revision", "0123456789ab-dirty"}}),
+            1.0);
+  EXPECT_EQ(reader.AllExposedSeries(), 1u);
+}
+
 TEST(ServingMetricsTest, StepsCountTokensAndTheEngineStateSetsTheGauges) {
   prometheus::Registry registry;
   ServingMetrics metrics(registry);

@@ -21,7 +21,7 @@ endforeach()
 # synthetic engine steps (metrics_exporter.cc).
 add_executable(switchserve_metrics_exporter ${METRICS_TEST_DIR}/metrics_exporter.cc)
 target_link_libraries(switchserve_metrics_exporter
-                      PRIVATE switchserve_metrics switchserve_metrics_test_support absl::flags
+                      PRIVATE switchserve_metrics switchserve_metrics_test_support switchserve_version absl::flags
                               absl::flags_parse absl::str_format switchserve_warnings
                               switchserve_metrics_thread_stack_floor)
 

@@ -36,6 +36,18 @@ def free_port():
             return port
 
 
+VERSION_LINE = re.compile(r"switchserve (\S+) \(revision (\S+)\)")
+
+
+def binary_version(binary):
+    """(release, revision) as `switchserve --version` prints them."""
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=60,
+                         check=True).stdout
+    match = VERSION_LINE.match(out)
+    assert match, out
+    return match.group(1), match.group(2)
+
+
 class ServerProcess:
     """`switchserve serve --model MODEL` on 127.0.0.1 with one thread, the
     gRPC port chosen by the kernel, metrics on `metrics_port` (0: none) and

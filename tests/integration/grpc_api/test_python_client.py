@@ -19,7 +19,9 @@ import health_pb2
 import health_pb2_grpc
 import reflection_pb2
 import reflection_pb2_grpc
-from grpc_harness import CONTEXT, MODEL, SOURCE_DIR, Server, expect_good_request_works, text_request
+from grpc_harness import (BINARY, CONTEXT, MODEL, SOURCE_DIR, Server, expect_good_request_works,
+                          text_request)
+from server_process import binary_version
 
 
 def test_unary_and_streaming_agree(stub):
@@ -220,6 +222,8 @@ def test_tokenize_and_model_info(stub):
     assert (info.attention.position, info.attention.gate, info.attention.value_routing,
             info.attention.shared_router) == ("rope", "sigmoid", "source", False)
     assert (info.ffn.gate, info.ffn.activation) == ("softmax", "relu")
+    # The build, as `switchserve --version` names it.
+    assert (info.server_version, info.server_revision) == binary_version(BINARY)
 
 
 def test_model_info_names_the_served_model_and_xl_positions():

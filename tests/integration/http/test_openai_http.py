@@ -21,7 +21,8 @@ import openai
 import pytest
 
 import generation_pb2 as pb
-from http_harness import MODEL, MODEL_DIR, Server, curl, grpc_generate
+from http_harness import BINARY, MODEL, MODEL_DIR, Server, curl, grpc_generate
+from server_process import binary_version
 
 
 def test_models_health_and_ready(server, client):
@@ -757,6 +758,16 @@ def test_a_wrong_model_is_named_shortened(server):
     assert result.stdout.startswith("HTTP/1.1 404") and len(result.stdout) < 2000
 
 
+def test_version_names_the_build_as_the_binary_does(server):
+    """vLLM's GET /version: the release, and the source revision beside it,
+    as `switchserve --version` prints them."""
+    answer = httpx.get(server.url + "/version", timeout=30)
+    assert answer.status_code == 200
+    assert answer.json() == dict(zip(("version", "revision"), binary_version(BINARY)))
+    answer = httpx.post(server.url + "/version", timeout=30)
+    assert answer.status_code == 405 and answer.headers["allow"] == "GET"
+
+
 def test_bearer_token():
     token_file = os.path.join(tempfile.mkdtemp(prefix="switchserve_token_"), "token")
     with open(token_file, "w") as f:
@@ -794,8 +805,9 @@ def test_bearer_token():
         good = server.client(api_key="http-token")
         assert good.completions.create(model=MODEL, prompt="x", max_tokens=2).usage
         assert [m.id for m in good.models.list().data] == [MODEL]
-        # Probes need no token.
+        # Probes need no token, nor does the build's version.
         assert curl(server.url + "/health").stdout and curl(server.url + "/ready").stdout
+        assert curl("-i", server.url + "/version").stdout.startswith("HTTP/1.1 200")
     finally:
         server.close()
 
