@@ -11,7 +11,9 @@ const char* Version();
 
 // The git commit the binary was built from (12 hex digits), with "-dirty"
 // when the checkout had uncommitted changes to tracked files; "unknown"
-// when it was built outside a git checkout (e.g. from a source archive).
+// when it was built outside a git checkout (e.g. from a source archive),
+// unless the build's environment named one in SWITCHSERVE_REVISION (the
+// container images' build argument).
 const char* Revision();
 
 }  // namespace switchserve
