@@ -54,7 +54,9 @@ int main(int argc, char** argv) {
   if (argc >= 2 && (std::strcmp(argv[1], "help") == 0 || std::strcmp(argv[1], "--help") == 0)) {
     std::printf("usage: switchserve [SUBCOMMAND] [--flags]\n\nsubcommands:\n");
     for (const auto& command : commands) std::printf("  %-10s %s\n", command.name, command.summary);
-    std::printf("\n`switchserve SUBCOMMAND --help` lists its flags.\n");
+    std::printf(
+        "\n`switchserve SUBCOMMAND --help` lists its flags; `switchserve --version` prints "
+        "the release, the source revision and the backends built.\n");
     return 0;
   }
   if (argc >= 2 &&

@@ -362,6 +362,7 @@ def flag_defaults():
 def test_version_names_the_release_the_revision_and_the_backends():
     result = run("--version")
     assert run("version").stdout == result.stdout
+    assert "`switchserve --version`" in run("help").stdout
     first, second = result.stdout.splitlines()
     release = re.search(r"project\(switchserve VERSION (\S+) ",
                         (ROOT / "CMakeLists.txt").read_text()).group(1)
