@@ -297,8 +297,7 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals, bool* up) 
   const rlim_t open_files = RaiseOpenFileLimit();
   ServerOptions resolved = options;
   if (resolved.model_dir.empty()) resolved.model_dir = DefaultModelDirectory();
-  LogInfo(absl::StrCat("switchserve ", Version(), " (revision ", Revision(), ")"),
-          {{"version", Version()}, {"revision", Revision()}});
+  LogInfo("starting switchserve", {{"version", Version()}, {"revision", Revision()}});
   Log(absl::StrCat("loading model from ", resolved.model_dir));
   absl::StatusOr<EngineSetup> setup = SetUpEngine(resolved);
   if (!setup.ok()) return Fail(setup.status());

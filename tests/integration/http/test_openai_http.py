@@ -760,10 +760,16 @@ def test_a_wrong_model_is_named_shortened(server):
 
 def test_version_names_the_build_as_the_binary_does(server):
     """vLLM's GET /version: the release, and the source revision beside it,
-    as `switchserve --version` prints them."""
+    as `switchserve --version` prints them, and as the log's first line
+    names them."""
+    build = dict(zip(("version", "revision"), binary_version(BINARY)))
     answer = httpx.get(server.url + "/version", timeout=30)
     assert answer.status_code == 200
-    assert answer.json() == dict(zip(("version", "revision"), binary_version(BINARY)))
+    assert answer.json() == build
+    # The startup log's first line says it too.
+    first = json.loads(server.log().splitlines()[0])
+    assert first["msg"] == "starting switchserve"
+    assert {key: first[key] for key in build} == build
     answer = httpx.post(server.url + "/version", timeout=30)
     assert answer.status_code == 405 and answer.headers["allow"] == "GET"
 
