@@ -177,9 +177,19 @@ absl::StatusOr<GenerationRequest> ValidateGenerateRequest(const v1::GenerateRequ
       return Invalid("prompt", "set either text or token_ids");
   }
   if (request.has_truncate_prompt_tokens()) {
-    const int keep = request.truncate_prompt_tokens();
-    if (keep < 1) {
-      return Invalid("truncate_prompt_tokens", absl::StrCat("must be >= 1, found ", keep));
+    int keep = request.truncate_prompt_tokens();
+    if (keep == -1) {
+      // As many as the context holds beside the tokens asked for (unset: the
+      // default number, up to half the context), at least one: a longer
+      // max_new_tokens is refused below as without truncation.
+      const v1::SamplingParams& s = request.sampling();
+      const int asked = s.has_max_new_tokens()
+                            ? s.max_new_tokens()
+                            : std::min(limits.default_max_new_tokens, limits.context_length / 2);
+      keep = std::max(1, limits.context_length - std::max(asked, 1));
+    } else if (keep < 1) {
+      return Invalid("truncate_prompt_tokens",
+                     absl::StrCat("must be >= 1, or -1 (as many as fit), found ", keep));
     }
     if (static_cast<int>(out.prompt.size()) > keep) {
       out.prompt.erase(out.prompt.begin(), out.prompt.end() - keep);

@@ -350,7 +350,8 @@ absl::Status ParseField(const std::string& key, const Json& value, int vocab_siz
     if (!n.ok()) return n.status();
     request->prompt_logprobs = static_cast<int>(*n);
   } else if (key == "truncate_prompt_tokens") {
-    auto n = Integer(value, key, 1, std::numeric_limits<int32_t>::max());
+    // 0 and -1 reach the validation, which refuses 0 (-1: as many as fit).
+    auto n = Integer(value, key, -1, std::numeric_limits<int32_t>::max());
     if (!n.ok()) return n.status();
     request->truncate_prompt_tokens = static_cast<int32_t>(*n);
   } else if (key == "include_stop_str_in_output") {

@@ -53,7 +53,8 @@ struct CompletionRequest {
   // out; `prompts` ask for that one.
   bool echo_only = false;
   int32_t priority = 0;  // vLLM's `priority`: lower is scheduled first
-  // vLLM's `truncate_prompt_tokens`: each prompt's last this many tokens.
+  // vLLM's `truncate_prompt_tokens`: each prompt's last this many tokens
+  // (-1: as many as fit beside max_tokens).
   std::optional<int32_t> truncate_prompt_tokens;
   // vLLM's `prompt_logprobs`: each choice's `prompt_logprobs`, every prompt
   // token's logprob and rank with this many alternatives (unset for a

@@ -131,8 +131,8 @@ TEST_F(RequestValidationTest, PenaltiesAndLogitBias) {
 }
 
 // truncate_prompt_tokens keeps the prompt's last tokens, before the context
-// check; a shorter prompt is kept whole; below 1 is refused. min_tokens is
-// in [0, max_new_tokens].
+// check; a shorter prompt is kept whole; -1 keeps as many as fit; 0 and
+// below -1 are refused. min_tokens is in [0, max_new_tokens].
 TEST_F(RequestValidationTest, TruncatedPromptsAndMinTokens) {
   auto kept = Validate([](auto* r) { r->set_truncate_prompt_tokens(3); });
   ASSERT_TRUE(kept.ok()) << kept.status();
@@ -149,6 +149,35 @@ TEST_F(RequestValidationTest, TruncatedPromptsAndMinTokens) {
   EXPECT_EQ(fits->prompt.back(), 'z');
   EXPECT_EQ(fits->prompt.size(), 10u);
   ExpectInvalid([](auto* r) { r->set_truncate_prompt_tokens(0); }, "truncate_prompt_tokens");
+  ExpectInvalid([](auto* r) { r->set_truncate_prompt_tokens(-2); }, "truncate_prompt_tokens");
+  // -1: as many of the last tokens as fit beside max_new_tokens (context 64).
+  auto fitted = Validate([](auto* r) {
+    r->set_text(std::string(100, 'a') + "z");
+    r->set_truncate_prompt_tokens(-1);
+    r->mutable_sampling()->set_max_new_tokens(24);
+  });
+  ASSERT_TRUE(fitted.ok()) << fitted.status();
+  EXPECT_EQ(fitted->prompt.size(), 40u);
+  EXPECT_EQ(fitted->prompt.back(), 'z');
+  EXPECT_EQ(fitted->sampling.max_new_tokens, 24);
+  // Unset max_new_tokens: its default (256 here), up to half the context.
+  auto halved = Validate([](auto* r) {
+    r->set_text(std::string(100, 'a'));
+    r->set_truncate_prompt_tokens(-1);
+  });
+  ASSERT_TRUE(halved.ok()) << halved.status();
+  EXPECT_EQ(halved->prompt.size(), 32u);
+  EXPECT_EQ(halved->sampling.max_new_tokens, 32);
+  auto short_whole = Validate([](auto* r) { r->set_truncate_prompt_tokens(-1); });
+  ASSERT_TRUE(short_whole.ok());
+  EXPECT_EQ(short_whole->prompt.size(), 5u);
+  // max_new_tokens past the context is refused as without truncation.
+  ExpectInvalid(
+      [](auto* r) {
+        r->set_truncate_prompt_tokens(-1);
+        r->mutable_sampling()->set_max_new_tokens(64);
+      },
+      "sampling.max_new_tokens");
   ExpectInvalid(
       [](auto* r) {
         r->set_text(std::string(100, 'a'));

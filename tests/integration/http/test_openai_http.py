@@ -633,7 +633,7 @@ def test_include_stop_str_in_output(server, client):
 
 def test_truncate_prompt_tokens(client):
     """vLLM's truncate_prompt_tokens: each prompt's last tokens, echoed and
-    counted as the prompt; one past the context fits."""
+    counted as the prompt; one past the context fits; -1 keeps what fits."""
     alone = client.completions.create(model=MODEL, prompt="counts", max_tokens=4, temperature=0)
     for prompt in ("a long prompt whose end counts", "x" * 100 + "counts"):
         truncated = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4,
@@ -641,6 +641,14 @@ def test_truncate_prompt_tokens(client):
                                               extra_body={"truncate_prompt_tokens": 6})
         assert truncated.choices[0].text == "counts" + alone.choices[0].text
         assert truncated.usage.prompt_tokens == 6
+    # -1: as many of the last tokens as the context (64) holds beside max_tokens.
+    kept = "x" * 54 + "counts"
+    fitted = client.completions.create(model=MODEL, prompt="x" * 100 + "counts", max_tokens=4,
+                                       temperature=0, echo=True,
+                                       extra_body={"truncate_prompt_tokens": -1})
+    whole = client.completions.create(model=MODEL, prompt=kept, max_tokens=4, temperature=0)
+    assert fitted.usage.prompt_tokens == 60
+    assert fitted.choices[0].text == kept + whole.choices[0].text
 
 
 BAD_BODIES = [
@@ -689,6 +697,8 @@ BAD_BODIES = [
      "min_tokens"),
     ("negative min_tokens", {"prompt": "x", "min_tokens": -1}, "min_tokens"),
     ("truncate_prompt_tokens zero", {"prompt": "x", "truncate_prompt_tokens": 0},
+     "truncate_prompt_tokens"),
+    ("truncate_prompt_tokens below -1", {"prompt": "x", "truncate_prompt_tokens": -2},
      "truncate_prompt_tokens"),
     ("include_stop_str_in_output not boolean",
      {"prompt": "x", "include_stop_str_in_output": "yes"}, "include_stop_str_in_output"),
