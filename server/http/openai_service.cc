@@ -100,11 +100,17 @@ void OpenAiService::Handle(const std::shared_ptr<HttpExchange>& exchange) const 
       return exchange->Respond(ErrorResponse(absl::NotFoundError(
           "/metrics: metrics are off (the server runs with --metrics-port 0)")));
     }
-    HttpResponse response;
-    response.status = 200;
-    response.content_type = "text/plain; version=0.0.4; charset=utf-8";
-    response.body = options_.metrics_text();
-    return exchange->Respond(std::move(response));
+    // Every series rendered takes milliseconds (a hundred and more for the
+    // paper's routing shape): on a render thread, so that the streams this
+    // I/O thread writes do not wait for a scrape.
+    render_threads_->Post([exchange, render = options_.metrics_text] {
+      HttpResponse response;
+      response.status = 200;
+      response.content_type = "text/plain; version=0.0.4; charset=utf-8";
+      response.body = render();
+      exchange->Respond(std::move(response));
+    });
+    return;
   }
   if (path == "/tokenize" || path == "/detokenize") {
     if (request.method != "POST") return wrong_method("POST");

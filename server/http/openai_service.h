@@ -11,7 +11,7 @@
 // hands the prompts to the engine and returns; the engine's updates complete
 // the response, which is rendered off the engine thread (a streamed event on
 // the connection's I/O thread, a unary response on one of the service's
-// render threads). A client that disconnects cancels its
+// render threads, as is GET /metrics). A client that disconnects cancels its
 // engine requests. Requests are counted in the same metrics (protocol="http")
 // and end with one access-log line.
 //
@@ -53,7 +53,8 @@ struct OpenAiServiceOptions {
   // Prompts one request may hold (--max-queue: more could never be queued
   // together, and a retry would not help); 0: no limit.
   int max_prompts = 0;
-  // Threads that render unary completion responses (RenderThreads).
+  // Threads that render unary completion responses and GET /metrics
+  // (RenderThreads).
   int render_threads = 2;
   // Output waiting for clients, all responses together (--output-buffer-bytes):
   // a unary completion's body that does not fit is answered 429. Null: no
@@ -67,7 +68,7 @@ class OpenAiService {
       : options_(options),
         render_threads_(std::make_unique<RenderThreads>(options.render_threads)) {}
 
-  // Waits until every unary response being rendered has been handed to its
+  // Waits until every response being rendered has been handed to its
   // exchange, and stops the render threads. Called after the engine stopped
   // and before the HTTP server stops (whose exchanges must not be used after
   // that). Idempotent.

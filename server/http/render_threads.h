@@ -2,7 +2,8 @@
 // non-streamed completion's last prompt finishes, the engine thread posts the
 // call here and goes on with its next step, and one of these threads renders
 // its JSON (every choice's text and logprobs: a hundred megabytes for a
-// thousand prompts with logprobs) and hands it to the connection. Streamed
+// thousand prompts with logprobs) and hands it to the connection; so is a
+// scrape of GET /metrics, off the connection's I/O thread. Streamed
 // events are rendered on the connections' I/O threads instead
 // (HttpExchange::WriteRendered).
 //

@@ -1,12 +1,13 @@
 # Unit tests of the server pieces (request validation, wire parsing, flags,
 # shared byte budgets, request ids and log lines, the OpenAI request and
 # response mapping, the HTTP server's request reading and its stop over a
-# loopback connection, a completion call on an engine over the fake backend),
+# loopback connection, a completion call on an engine over the fake backend,
+# the OpenAI service rendering GET /metrics off the I/O thread),
 # label `unit`: no server process. Included from tests/CMakeLists.txt.
 foreach(test_name request_validation_test wire_format_test server_flags_test access_log_test
                   openai_protocol_test dispatch_flags_test call_gate_test mutex_checks_test
                   thread_priority_test proto_convert_test http_request_reading_test
-                  completion_call_test byte_budget_test http_server_test)
+                  completion_call_test byte_budget_test http_server_test openai_service_test)
   add_executable(${test_name} ${CMAKE_CURRENT_LIST_DIR}/${test_name}.cc)
   target_link_libraries(${test_name} PRIVATE switchserve_http GTest::gtest_main
                                              switchserve_warnings)
