@@ -7,6 +7,7 @@
 #include <exception>
 #include <new>
 #include <string>
+#include <string_view>
 
 #include "absl/flags/usage.h"
 #include "kernels/backends.h"
@@ -65,7 +66,8 @@ int main(int argc, char** argv) {
                 switchserve::Revision());
     const char* separator = " ";
     for (const switchserve::DeviceKind device : switchserve::BuiltDevices()) {
-      std::printf("%s%s", separator, std::string(switchserve::ToString(device)).c_str());
+      const std::string_view name = switchserve::ToString(device);
+      std::printf("%s%.*s", separator, static_cast<int>(name.size()), name.data());
       separator = ", ";
     }
     std::printf("\n");

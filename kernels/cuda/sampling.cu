@@ -85,24 +85,37 @@ __device__ void BlockBest(float* value, int* id, float* shared_v, int* shared_i)
   __syncthreads();
 }
 
-// Sum over the block in a fixed tree (butterfly per warp, then the warps).
-__device__ double BlockSum(double v, double* shared) {
+// Sums of v[0, N) over the block, each in a fixed tree (butterfly per
+// warp, then the warps); shared holds N * kWarps doubles.
+template <int N>
+__device__ void BlockSums(double (&v)[N], double* shared) {
   const int lane = threadIdx.x % kWarp;
   const int warp = threadIdx.x / kWarp;
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(kFullMask, v, offset);
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    double w = lane < kWarps ? shared[lane] : 0.0;
-    for (int offset = kWarp / 2; offset > 0; offset /= 2) {
-      w += __shfl_xor_sync(kFullMask, w, offset);
-    }
-    if (lane == 0) shared[0] = w;
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+    for (int j = 0; j < N; ++j) v[j] += __shfl_xor_sync(kFullMask, v[j], offset);
+  }
+  if (lane == 0) {
+    for (int j = 0; j < N; ++j) shared[j * kWarps + warp] = v[j];
   }
   __syncthreads();
-  const double total = shared[0];
+  if (warp == 0) {
+    for (int j = 0; j < N; ++j) {
+      double w = lane < kWarps ? shared[j * kWarps + lane] : 0.0;
+      for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+        w += __shfl_xor_sync(kFullMask, w, offset);
+      }
+      if (lane == 0) shared[j * kWarps] = w;
+    }
+  }
   __syncthreads();
-  return total;
+  for (int j = 0; j < N; ++j) v[j] = shared[j * kWarps];
+  __syncthreads();
+}
+
+__device__ double BlockSum(double v, double* shared) {
+  double sums[1] = {v};
+  BlockSums(sums, shared);
+  return sums[0];
 }
 
 // The smallest `index` any thread passes (n when none does).
@@ -177,37 +190,6 @@ __device__ __forceinline__ double Weight(float score, double top, double inv_t) 
                                              : exp((static_cast<double>(score) - top) * inv_t);
 }
 
-// Two sums over the block at once, in a fixed tree.
-__device__ void BlockSum2(double* a, double* b, double* shared) {
-  const int lane = threadIdx.x % kWarp;
-  const int warp = threadIdx.x / kWarp;
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) {
-    *a += __shfl_xor_sync(kFullMask, *a, offset);
-    *b += __shfl_xor_sync(kFullMask, *b, offset);
-  }
-  if (lane == 0) {
-    shared[warp] = *a;
-    shared[kWarps + warp] = *b;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    double x = lane < kWarps ? shared[lane] : 0.0;
-    double y = lane < kWarps ? shared[kWarps + lane] : 0.0;
-    for (int offset = kWarp / 2; offset > 0; offset /= 2) {
-      x += __shfl_xor_sync(kFullMask, x, offset);
-      y += __shfl_xor_sync(kFullMask, y, offset);
-    }
-    if (lane == 0) {
-      shared[0] = x;
-      shared[kWarps] = y;
-    }
-  }
-  __syncthreads();
-  *a = shared[0];
-  *b = shared[kWarps];
-  __syncthreads();
-}
-
 // Sorts keys/ids[0, n) (n a power of two) best first (Better), block-wide.
 __device__ void BitonicSort(float* keys, int* ids, int n) {
   for (int size = 2; size <= n; size *= 2) {
@@ -248,15 +230,15 @@ __device__ int SortedPrefix(const float* scores, const double* weights, int voca
   unsigned long long lo = 0, hi = static_cast<unsigned long long>(max_key) + 1;
   while (hi - lo > 1) {
     const unsigned long long mid = lo + (hi - lo) / 2;
-    double count = 0.0, mass = 0.0;
+    double count_mass[2] = {0.0, 0.0};
     for (int i = tid; i < vocab; i += kThreads) {
       if (AscendingKey(scores[i]) >= mid) {
-        count += 1.0;
-        mass += weights[i];
+        count_mass[0] += 1.0;
+        count_mass[1] += weights[i];
       }
     }
-    BlockSum2(&count, &mass, shared_d);
-    if (count >= min_count && mass >= need) {
+    BlockSums(count_mass, shared_d);
+    if (count_mass[0] >= min_count && count_mass[1] >= need) {
       lo = mid;
     } else {
       hi = mid;
