@@ -350,6 +350,14 @@ absl::StatusOr<GenerationRequest> ValidateGenerateRequest(const v1::GenerateRequ
                                 request.priority()));
   }
   out.priority = request.priority();
+  if (request.has_cache_salt()) {
+    const std::string& salt = request.cache_salt();
+    if (salt.empty() || static_cast<int>(salt.size()) > limits.max_cache_salt_bytes) {
+      return Invalid("cache_salt", absl::StrCat("must be 1 to ", limits.max_cache_salt_bytes,
+                                                " bytes, found ", salt.size()));
+    }
+    out.cache_salt = salt;
+  }
   return out;
 }
 

@@ -61,6 +61,7 @@ struct RequestLimits {
   int max_bad_words = kMaxBadWords;
   int max_bad_word_bytes = 256;
   bool priority_scheduling = false;  // --scheduling-policy priority: `priority` may be set
+  int max_cache_salt_bytes = 1024;
 };
 
 // Fills everything except arrival, deadline and sink.

@@ -51,6 +51,7 @@ struct GenerationEngine::RequestState : Sequence {
     prompt_tokens = static_cast<int64_t>(tokens.size());
     // Scoring the prompt needs the logits of every position.
     uses_prefix_cache = request.sampling.prompt_logprobs < 0;
+    cache_root = KvBlockAllocator::RootOf(request.cache_salt);
   }
 
   GenerationRequest request;
@@ -402,7 +403,8 @@ void GenerationEngine::CacheComputedBlocks(const ScheduleResult& schedule) {
       std::vector<int32_t> loads;
       if (at_end && !group_boundary) loads = sequence.group_loads.loads;
       allocator_.CacheBlock(sequence.id, index, sequence.tokens,
-                            !carries || group_boundary || at_end, std::move(loads));
+                            !carries || group_boundary || at_end, std::move(loads),
+                            sequence.cache_root);
     }
   }
 }

@@ -174,11 +174,17 @@ int32_t KvBlockAllocator::Lookup(uint64_t parent, absl::Span<const int32_t> toke
   return -1;
 }
 
-PrefixHit KvBlockAllocator::FindPrefix(absl::Span<const int32_t> tokens, int64_t max_tokens) const {
+uint64_t KvBlockAllocator::RootOf(std::string_view salt) {
+  if (salt.empty()) return 0;
+  return static_cast<uint64_t>(absl::HashOf(salt)) | (uint64_t{1} << 63);
+}
+
+PrefixHit KvBlockAllocator::FindPrefix(absl::Span<const int32_t> tokens, int64_t max_tokens,
+                                       uint64_t root) const {
   PrefixHit hit;
   if (!prefix_caching_) return hit;
   const int64_t limit = std::min<int64_t>(max_tokens, static_cast<int64_t>(tokens.size()));
-  uint64_t parent = 0;
+  uint64_t parent = root;
   const Block* resume = nullptr;
   for (int64_t end = block_size_; end <= limit; end += block_size_) {
     const int32_t found = Lookup(parent, tokens.subspan(end - block_size_, block_size_));
@@ -207,9 +213,10 @@ void KvBlockAllocator::AttachPrefix(SequenceId id, const PrefixHit& hit) {
 }
 
 void KvBlockAllocator::CacheBlock(SequenceId id, int64_t index, absl::Span<const int32_t> tokens,
-                                  bool resumable, std::vector<int32_t> loads) {
+                                  bool resumable, std::vector<int32_t> loads, uint64_t root) {
   if (!prefix_caching_) return;
   Table& table = tables_.at(id);
+  if (table.cached == 0) table.chain = root;
   const absl::Span<const int32_t> own = tokens.subspan(index * block_size_, block_size_);
   const int32_t cached = Lookup(table.chain, own);
   if (cached >= 0) {

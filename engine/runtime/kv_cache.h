@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -92,10 +93,17 @@ class KvBlockAllocator {
   // next Reserve, Free or AttachPrefix of that id.
   const std::vector<int32_t>& BlockTable(SequenceId id) const;
 
-  // The longest cached prefix of `tokens` of at most `max_tokens` tokens that
-  // ends at a block CacheBlock marked resumable; 0 tokens when there is none
-  // (or prefix caching is off).
-  PrefixHit FindPrefix(absl::Span<const int32_t> tokens, int64_t max_tokens) const;
+  // The root of the chain a salted sequence's blocks are cached under
+  // (GenerationRequest::cache_salt): 0 for the empty salt, else a 63-bit hash
+  // of the salt with the top bit set, which no cached block's serial has. A
+  // block is found only under the root it was cached under.
+  static uint64_t RootOf(std::string_view salt);
+
+  // The longest cached prefix of `tokens` of at most `max_tokens` tokens, in
+  // the chain from `root`, that ends at a block CacheBlock marked resumable;
+  // 0 tokens when there is none (or prefix caching is off).
+  PrefixHit FindPrefix(absl::Span<const int32_t> tokens, int64_t max_tokens,
+                       uint64_t root = 0) const;
   // Gives `id`, which must hold no blocks, the cached blocks FindPrefix
   // found (`hit`, with nothing evicted since), as the start of its block
   // table. Cached blocks are never freed while a sequence holds them.
@@ -106,9 +114,10 @@ class KvBlockAllocator {
   // (blocks are registered in order; BlocksCached says how far). `resumable`:
   // a sequence may start right after this block, with `loads` (PrefixHit).
   // When an equal block is cached already, this one stays uncached and the
-  // sequence's later blocks are chained after the cached one.
+  // sequence's later blocks are chained after the cached one. The sequence's
+  // first block is chained after `root` (RootOf its salt).
   void CacheBlock(SequenceId id, int64_t index, absl::Span<const int32_t> tokens, bool resumable,
-                  std::vector<int32_t> loads);
+                  std::vector<int32_t> loads, uint64_t root = 0);
   // How many of `id`'s first blocks are cached (registered or attached).
   int64_t BlocksCached(SequenceId id) const;
 
@@ -118,7 +127,7 @@ class KvBlockAllocator {
     // Cached: a serial > 0, unique for the life of the allocator, keyed in
     // index_ by (parent, tokens).
     uint64_t serial = 0;
-    uint64_t parent = 0;  // the serial of the cached block before it; 0: the first
+    uint64_t parent = 0;  // the serial of the cached block before it; the first: its root
     size_t key = 0;
     std::vector<int32_t> tokens;
     bool resumable = false;

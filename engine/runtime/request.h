@@ -173,6 +173,11 @@ struct GenerationRequest {
   // waiting requests by priority, then arrival, and preempts running ones of
   // a lower priority (higher value) for them (Scheduler). 0 for all: FCFS.
   int32_t priority = 0;
+  // Prefix caching: the request takes cached blocks only from requests with
+  // the same salt, and only those find its own (vLLM's cache_salt: clients
+  // that do not share a salt cannot tell from each other's time to first
+  // token which prompts the other sent). Empty: the unsalted cache.
+  std::string cache_salt;
   RequestOrigin origin;
   // Whether the engine's observer sees the request: the steps it takes part
   // in and its end. The server's own warm-up request is not observed, so

@@ -132,7 +132,7 @@ ScheduleResult Scheduler::Schedule() {
           const int64_t total = static_cast<int64_t>(sequence->tokens.size());
           hit = {};
           if (sequence->uses_prefix_cache && sequence->num_computed == 0) {
-            hit = allocator_->FindPrefix(sequence->tokens, total - 1);
+            hit = allocator_->FindPrefix(sequence->tokens, total - 1, sequence->cache_root);
           }
           // Cached blocks past the last whose group loads are known: the
           // first chunk ends where they end, so that its step records the
@@ -184,7 +184,10 @@ Sequence* Scheduler::AnotherComputes(const Sequence& sequence, int64_t from) con
   if (end > static_cast<int64_t>(sequence.tokens.size()) - 1) return nullptr;
   const auto first = sequence.tokens.begin();
   for (Sequence* other : running_) {
-    if (other->num_computed >= end || static_cast<int64_t>(other->tokens.size()) < end) continue;
+    if (other->num_computed >= end || static_cast<int64_t>(other->tokens.size()) < end ||
+        other->cache_root != sequence.cache_root) {
+      continue;
+    }
     // The block itself first: sequences behind one shared prefix differ after it.
     if (std::equal(first + from, first + end, other->tokens.begin() + from) &&
         std::equal(first, first + from, other->tokens.begin())) {

@@ -25,10 +25,11 @@
 //     there), the first chunk ends with the chain, so that the step records
 //     the loads at its end and later sequences take the whole chain. A
 //     sequence whose next block past its cached prefix a running sequence is
-//     about to compute (the same tokens from position 0; one admitted this
-//     step, or one still computing its prompt) is deferred until that block
-//     is cached, so that sequences arriving together behind one prefix (a
-//     request's n choices, a burst behind one system prompt) compute it once;
+//     about to compute (the same tokens from position 0 under the same
+//     salt, GenerationRequest::cache_salt; one admitted this step, or one
+//     still computing its prompt) is deferred until that block is cached,
+//     so that sequences arriving together behind one prefix (a request's n
+//     choices, a burst behind one system prompt) compute it once;
 //     the ones behind it may join meanwhile, but no more sequences are looked
 //     at than there are free running slots, so it keeps its turn. Where the
 //     blocks they share end inside a capacity group (`capacity_group`), the
@@ -78,6 +79,9 @@ struct Sequence {
   // prefix_caching); not for a request that needs every prompt position's
   // logits.
   bool uses_prefix_cache = false;
+  // The chain its cached blocks hang from (KvBlockAllocator::RootOf its
+  // salt): it takes cached blocks only from sequences with the same root.
+  uint64_t cache_root = 0;
   // Tokens its latest admission found in the cache.
   int64_t cached_tokens = 0;
   // Its capacity groups' loads under the sequence scope (StepSequence::

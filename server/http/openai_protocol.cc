@@ -52,7 +52,7 @@ absl::Status WrongType(std::string_view param, const char* what, const Json& val
 // sampling extensions top_k, min_p, repetition_penalty, ignore_eos,
 // stop_token_ids, min_tokens, include_stop_str_in_output, bad_words,
 // allowed_token_ids, return_tokens_as_token_ids, truncate_prompt_tokens,
-// prompt_logprobs; presence_penalty,
+// prompt_logprobs, cache_salt; presence_penalty,
 // frequency_penalty, logit_bias. Accepted only at its neutral value: suffix.
 bool Known(const std::string& key) {
   static const char* const kKnown[] = {"model",
@@ -85,6 +85,7 @@ bool Known(const std::string& key) {
                                        "priority",
                                        "truncate_prompt_tokens",
                                        "prompt_logprobs",
+                                       "cache_salt",
                                        "suffix"};
   for (const char* known : kKnown) {
     if (key == known) return true;
@@ -397,6 +398,10 @@ absl::Status ParseField(const std::string& key, const Json& value, int vocab_siz
                             std::numeric_limits<int32_t>::max());
     if (!priority.ok()) return priority.status();
     request->priority = static_cast<int32_t>(*priority);
+  } else if (key == "cache_salt") {
+    // Its length is checked with the rest of the request.
+    if (!value.is_string()) return WrongType(key, "a string", value);
+    request->cache_salt = value.get<std::string>();
   } else if (key == "suffix") {
     if (!value.is_string() || !value.get<std::string>().empty()) {
       return Invalid(key, "is not supported");
@@ -650,6 +655,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
     one.set_priority(request.priority);
     if (request.truncate_prompt_tokens)
       one.set_truncate_prompt_tokens(*request.truncate_prompt_tokens);
+    if (request.cache_salt) one.set_cache_salt(*request.cache_salt);
     // An echo's logprobs cover its prompt's tokens too, with prompt_logprobs'
     // alternatives when it is given (vLLM's precedence).
     if (request.prompt_logprobs) {

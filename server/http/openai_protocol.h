@@ -56,6 +56,8 @@ struct CompletionRequest {
   // vLLM's `truncate_prompt_tokens`: each prompt's last this many tokens
   // (-1: as many as fit beside max_tokens).
   std::optional<int32_t> truncate_prompt_tokens;
+  // vLLM's `cache_salt`: the prefix cache shared only with the same salt.
+  std::optional<std::string> cache_salt;
   // vLLM's `prompt_logprobs`: each choice's `prompt_logprobs`, every prompt
   // token's logprob and rank with this many alternatives (unset for a
   // stream, which may send 0 and gets nothing).

@@ -47,7 +47,7 @@ TEST(OpenAiProtocolTest, ParsesTheSupportedFieldsIntoGenerateRequests) {
       "repetition_penalty": 1.2, "ignore_eos": true, "stop_token_ids": [3],
       "echo": true, "best_of": null, "presence_penalty": -0.5, "frequency_penalty": 1.25,
       "logit_bias": {"7": -100, "65": 2.5, "3": null}, "suffix": null,
-      "return_tokens_as_token_ids": true, "priority": -4})");
+      "return_tokens_as_token_ids": true, "priority": -4, "cache_salt": "s3cret"})");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->model, "m");
   EXPECT_EQ(parsed->n, 3);
@@ -80,6 +80,7 @@ TEST(OpenAiProtocolTest, ParsesTheSupportedFieldsIntoGenerateRequests) {
     EXPECT_EQ(s.logit_bias().at(65), 2.5f);
     EXPECT_EQ(prompt.logprobs(), 2);
     EXPECT_EQ(prompt.priority(), -4);
+    EXPECT_EQ(prompt.cache_salt(), "s3cret");
   }
 }
 
@@ -345,6 +346,7 @@ TEST(OpenAiProtocolTest, RefusalsNameTheParameter) {
       {R"({"prompt": "x", "stream": 1})", "stream"},
       {R"({"prompt": "x", "priority": 1.5})", "priority"},
       {R"({"prompt": "x", "priority": 2147483648})", "priority"},
+      {R"({"prompt": "x", "cache_salt": 7})", "cache_salt"},
       {R"({"prompt": "x", "return_tokens_as_token_ids": "yes"})", "return_tokens_as_token_ids"},
       {R"({"prompt": "x", "stream_options": {"frobnicate": true}})", "stream_options.frobnicate"},
       {R"({"prompt": "x", "stream_options": {"include_usage": true}})", "stream_options"},

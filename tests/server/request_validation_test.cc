@@ -275,6 +275,24 @@ TEST_F(RequestValidationTest, BadWordsAndAllowedTokenIds) {
                 "sampling.allowed_token_ids");
 }
 
+// cache_salt: 1 to max_cache_salt_bytes bytes, carried to the engine; unset,
+// the unsalted cache.
+TEST_F(RequestValidationTest, CacheSalt) {
+  auto unsalted = Validate([](auto*) {});
+  ASSERT_TRUE(unsalted.ok());
+  EXPECT_EQ(unsalted->cache_salt, "");
+  auto salted = Validate([](auto* r) { r->set_cache_salt("tenant-a"); });
+  ASSERT_TRUE(salted.ok()) << salted.status();
+  EXPECT_EQ(salted->cache_salt, "tenant-a");
+  EXPECT_TRUE(Validate([&](auto* r) {
+                r->set_cache_salt(std::string(limits_.max_cache_salt_bytes, 's'));
+              }).ok());
+  ExpectInvalid([](auto* r) { r->set_cache_salt(""); }, "cache_salt");
+  ExpectInvalid(
+      [&](auto* r) { r->set_cache_salt(std::string(limits_.max_cache_salt_bytes + 1, 's')); },
+      "cache_salt");
+}
+
 TEST_F(RequestValidationTest, PromptLimits) {
   ExpectInvalid([](auto* r) { r->set_text(""); }, "text");
   ExpectInvalid([](auto* r) { r->clear_prompt(); }, "prompt");

@@ -254,6 +254,48 @@ TEST(KvCacheTest, CachedBlocksOutliveTheirSequenceAndAreShared) {
   EXPECT_EQ(alloc.FindPrefix(tokens, 9).tokens, 8);
 }
 
+// Blocks cached under one salt's root are found under that root only; a
+// sequence that attached a salted prefix chains its own blocks after it.
+TEST(KvCacheTest, ASaltedChainIsFoundOnlyUnderItsSalt) {
+  EXPECT_EQ(KvBlockAllocator::RootOf(""), 0u);
+  const uint64_t a = KvBlockAllocator::RootOf("tenant-a");
+  const uint64_t b = KvBlockAllocator::RootOf("tenant-b");
+  EXPECT_NE(a, b);
+  EXPECT_EQ(a, KvBlockAllocator::RootOf("tenant-a"));
+  EXPECT_NE(a >> 63, 0u);  // apart from every block's serial
+  KvBlockAllocator alloc(8, 4, /*prefix_caching=*/true);
+  const std::vector<int32_t> tokens = Tokens(10, 100);
+  ASSERT_TRUE(alloc.Reserve(1, 10).ok());
+  alloc.CacheBlock(1, 0, tokens, /*resumable=*/true, {}, a);
+  alloc.CacheBlock(1, 1, tokens, /*resumable=*/true, {}, a);
+  alloc.Free(1);
+  EXPECT_EQ(alloc.FindPrefix(tokens, 9, a).tokens, 8);
+  EXPECT_EQ(alloc.FindPrefix(tokens, 9).tokens, 0);
+  EXPECT_EQ(alloc.FindPrefix(tokens, 9, b).tokens, 0);
+
+  // Unsalted, the same tokens are cached again, apart from a's.
+  ASSERT_TRUE(alloc.Reserve(2, 10).ok());
+  alloc.CacheBlock(2, 0, tokens, /*resumable=*/true, {});
+  alloc.Free(2);
+  EXPECT_EQ(alloc.FindPrefix(tokens, 9).tokens, 4);
+  EXPECT_EQ(alloc.FindPrefix(tokens, 9, a).tokens, 8);
+  EXPECT_EQ(alloc.cached_free_blocks(), 3);
+
+  // A sequence under a that attached block 0 and computed block 1 again
+  // finds a's block 1 cached (its own copy is not cached), and chains
+  // after it.
+  alloc.AttachPrefix(3, alloc.FindPrefix(tokens, 4, a));
+  ASSERT_TRUE(alloc.Reserve(3, 12).ok());
+  alloc.CacheBlock(3, 1, tokens, /*resumable=*/true, {}, a);
+  const std::vector<int32_t> longer = Tokens(12, 100);
+  alloc.CacheBlock(3, 2, longer, /*resumable=*/true, {}, a);
+  EXPECT_EQ(alloc.BlocksCached(3), 3);
+  alloc.Free(3);
+  EXPECT_EQ(alloc.cached_free_blocks(), 4);
+  EXPECT_EQ(alloc.FindPrefix(longer, 12, a).tokens, 12);
+  EXPECT_EQ(alloc.FindPrefix(longer, 12).tokens, 4);
+}
+
 TEST(KvCacheTest, PrefixEndsAtTheLastResumableBlock) {
   KvBlockAllocator alloc(8, 4, /*prefix_caching=*/true);
   const std::vector<int32_t> tokens = Tokens(12, 0);

@@ -411,6 +411,23 @@ TEST_F(SchedulerTest, TheChunkAnotherWaitsForEndsWithTheSharedBlocks) {
   }
 }
 
+// A sequence waits for another computing its prompt's blocks only under the
+// same salt (cache root): under another it could not take them.
+TEST_F(SchedulerTest, OnlyASequenceUnderTheSameSaltIsDeferred) {
+  for (const char* salt : {"", "tenant-b"}) {
+    SCOPED_TRACE(salt);
+    Init(100, 4, 64, 8, /*prefix_caching=*/true);
+    Sequence* a = Add(10);
+    Sequence* b = Add(10);
+    for (Sequence* s : {a, b}) s->uses_prefix_cache = true;
+    b->cache_root = KvBlockAllocator::RootOf(salt);
+    ScheduleResult r = scheduler_->Schedule();
+    ASSERT_EQ(r.chunks.size(), *salt == '\0' ? 1u : 2u);
+    EXPECT_EQ(r.chunks[0].sequence, a);
+    seqs_.clear();
+  }
+}
+
 // A deferred sequence keeps its turn: no more are looked at than there are
 // free running slots.
 TEST_F(SchedulerTest, ADeferredSequenceTakesALookedAtSlot) {

@@ -8,6 +8,7 @@ prefixes end inside groups."""
 
 import struct
 
+import grpc
 import generation_pb2 as pb
 import generation_pb2_grpc as pb_grpc
 from grpc_harness import Server, access_lines, metric, text_request, wait_for_idle_engine
@@ -115,3 +116,40 @@ def test_cached_prefixes_give_the_same_bits_and_are_counted():
     finally:
         plain.close()
         cached.close()
+
+
+def test_a_salted_request_shares_cached_blocks_only_with_its_salt():
+    """cache_salt: a prompt cached under one salt (or none) is computed again
+    under another, and found again under the same; the answers are the same
+    bits. An empty salt is refused, and the server goes on."""
+    server = Server(*DISPATCH, "--enable-prefix-caching")
+    try:
+        with server.channel() as channel:
+            stub = pb_grpc.GenerationStub(channel)
+
+            def ask(salt):
+                request = text_request("And God said unto Moses, Speak", 6, ignore_eos=True)
+                request.logprobs = 1
+                if salt is not None:
+                    request.cache_salt = salt
+                return answer(stub, request)
+
+            order = [None, "tenant-a", "tenant-a", "tenant-b", None, "tenant-b"]
+            results = [ask(salt) for salt in order]
+            hits = [usage.cached_prompt_tokens for _, _, usage in results]
+            assert hits[0] == 0 and hits[1] == 0 and hits[3] == 0, hits
+            assert hits[2] > 0 and hits[4] > 0 and hits[5] > 0, hits
+            for tokens, logprobs, _ in results[1:]:
+                assert (tokens, logprobs) == results[0][:2]
+
+            bad = text_request("x", 2)
+            bad.cache_salt = ""
+            try:
+                stub.Generate(bad, timeout=60)
+                raise AssertionError("an empty cache_salt was served")
+            except grpc.RpcError as error:
+                assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert error.details().startswith("cache_salt: "), error.details()
+            assert ask("tenant-a")[2].cached_prompt_tokens > 0
+    finally:
+        server.close()

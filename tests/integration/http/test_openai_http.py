@@ -700,6 +700,8 @@ BAD_BODIES = [
      "truncate_prompt_tokens"),
     ("truncate_prompt_tokens below -1", {"prompt": "x", "truncate_prompt_tokens": -2},
      "truncate_prompt_tokens"),
+    ("cache_salt empty", {"prompt": "x", "cache_salt": ""}, "cache_salt"),
+    ("cache_salt not a string", {"prompt": "x", "cache_salt": 7}, "cache_salt"),
     ("include_stop_str_in_output not boolean",
      {"prompt": "x", "include_stop_str_in_output": "yes"}, "include_stop_str_in_output"),
     ("min_tokens not integer", {"prompt": "x", "min_tokens": 1.5}, "min_tokens"),
