@@ -68,6 +68,7 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
           choice.text_offset.text_started =
               PromptSpellsText(*context_.tokenizer, prompts[i].prompt);
         }
+        if (options_.return_token_ids) choice.prompt_ids = prompts[i].prompt;
         choices_[i]->stop_token_ids = prompts[i].sampling.stop_token_ids;
         choices_[i]->prompt_tokens = static_cast<int>(prompts[i].prompt.size());
         choices_[i]->include_stop = prompts[i].sampling.include_stop_str_in_output;
@@ -107,6 +108,10 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
     std::vector<GeneratedTokenInfo> tokens;  // unary with logprobs
     // Unary with prompt_logprobs: the prompt's tokens after the first, scored.
     std::vector<GeneratedTokenInfo> prompt_logprobs;
+    // With return_token_ids: the prompt's ids (a stream: until its first
+    // event takes them), and the generated ids so far (unary).
+    std::vector<int32_t> prompt_ids;
+    std::vector<int32_t> token_ids;
     TextOffset text_offset;               // of the next token, for logprobs
     std::vector<int32_t> stop_token_ids;  // the request's (TextEndOf)
     bool include_stop = false;            // its include_stop_str_in_output
@@ -155,6 +160,7 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
                                           update.prompt_logprobs.begin(),
                                           update.prompt_logprobs.end());
           }
+          if (options_.return_token_ids) AppendIds(update.tokens, &choice.token_ids);
           TakeEchoLocked(&choice, &update);
           choice.text += update.text;
           if (options_.logprobs >= 0) {
@@ -240,16 +246,34 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
     Choice& choice = *choices_[index];
     choice.streamed_tokens += static_cast<int>(update->tokens.size());  // before the echo's
     const int streamed = choice.streamed_tokens;
+    TokenIds ids;
+    if (options_.return_token_ids) AppendIds(update->tokens, &ids.generated);
     const bool echoed = TakeEchoLocked(&choice, update);
     if (update->text.empty() && update->tokens.empty() && !update->finished) return;
+    if (options_.return_token_ids) {
+      ids.returned = true;
+      ids.prompt = std::exchange(choice.prompt_ids, {});
+    }
     exchange_->WriteRendered(
         [self = shared_from_this(), index, text = std::move(update->text),
          tokens = std::move(update->tokens),
          finish_reason =
              update->finished ? std::optional<FinishReason>(update->finish_reason) : std::nullopt,
-         echoed, streamed] {
-          return self->RenderEvent(index, text, tokens, finish_reason, echoed, streamed);
+         echoed, streamed, ids = std::move(ids)] {
+          return self->RenderEvent(index, text, tokens, finish_reason, echoed, streamed, ids);
         });
+  }
+
+  // An event's ids (return_token_ids): its generated ids, and the prompt's
+  // in the choice's first event.
+  struct TokenIds {
+    bool returned = false;
+    std::vector<int32_t> prompt;
+    std::vector<int32_t> generated;
+  };
+
+  static void AppendIds(const std::vector<GeneratedTokenInfo>& tokens, std::vector<int32_t>* ids) {
+    for (const GeneratedTokenInfo& token : tokens) ids->push_back(token.token_id);
   }
 
   // The connection's I/O thread, one event at a time in the order of the
@@ -260,7 +284,7 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
   std::string RenderEvent(int index, const std::string& text,
                           const std::vector<GeneratedTokenInfo>& tokens,
                           std::optional<FinishReason> finish_reason, bool echoed,
-                          int streamed_tokens) {
+                          int streamed_tokens, const TokenIds& ids) {
     Json choice = {
         {"index", index}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
     if (options_.logprobs >= 0 && !tokens.empty()) {
@@ -272,6 +296,10 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
                                           options_.tokens_as_ids, &c.text_offset, end, echoed);
     }
     if (finish_reason) choice["finish_reason"] = OpenAiFinishReason(*finish_reason);
+    if (ids.returned) {
+      if (!ids.prompt.empty()) choice["prompt_token_ids"] = ids.prompt;
+      choice["token_ids"] = ids.generated;
+    }
     Json chunk = Chunk(Json::array({std::move(choice)}));
     if (options_.continuous_usage) {
       // The choice's own, as vLLM counts them: its prompt and its tokens so far.
@@ -486,6 +514,10 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
       object["prompt_logprobs"] =
           PromptLogprobsObject(*context_.tokenizer, choice.prompt_logprobs,
                                options_.prompt_logprobs, options_.tokens_as_ids);
+    }
+    if (options_.return_token_ids) {
+      object["prompt_token_ids"] = std::move(choice.prompt_ids);
+      object["token_ids"] = std::move(choice.token_ids);
     }
     return object;
   }

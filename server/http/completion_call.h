@@ -43,11 +43,12 @@ struct CompletionOptions {
   // With include_usage: every event carries its choice's usage so far
   // (vLLM's continuous_usage_stats).
   bool continuous_usage = false;
-  int logprobs = -1;           // < 0: no logprobs object
-  bool tokens_as_ids = false;  // CompletionRequest::tokens_as_ids
-  bool echo = false;           // CompletionRequest::echo
-  bool echo_only = false;      // CompletionRequest::echo_only
-  int n = 1;                   // choices per prompt, consecutive in `prompts`
+  int logprobs = -1;              // < 0: no logprobs object
+  bool tokens_as_ids = false;     // CompletionRequest::tokens_as_ids
+  bool return_token_ids = false;  // CompletionRequest::return_token_ids
+  bool echo = false;              // CompletionRequest::echo
+  bool echo_only = false;         // CompletionRequest::echo_only
+  int n = 1;                      // choices per prompt, consecutive in `prompts`
   // Each choice's `prompt_logprobs` with this many alternatives (unary);
   // < 0: none.
   int prompt_logprobs = -1;

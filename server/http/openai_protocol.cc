@@ -51,7 +51,8 @@ absl::Status WrongType(std::string_view param, const char* what, const Json& val
 // stream, stream_options, logprobs, stop, seed, user, echo; and vLLM's
 // sampling extensions top_k, min_p, repetition_penalty, ignore_eos,
 // stop_token_ids, min_tokens, include_stop_str_in_output, bad_words,
-// allowed_token_ids, return_tokens_as_token_ids, truncate_prompt_tokens,
+// allowed_token_ids, return_tokens_as_token_ids, return_token_ids,
+// truncate_prompt_tokens,
 // prompt_logprobs, cache_salt; presence_penalty,
 // frequency_penalty, logit_bias. Accepted only at its neutral value: suffix.
 bool Known(const std::string& key) {
@@ -77,6 +78,7 @@ bool Known(const std::string& key) {
                                        "bad_words",
                                        "allowed_token_ids",
                                        "return_tokens_as_token_ids",
+                                       "return_token_ids",
                                        "echo",
                                        "best_of",
                                        "presence_penalty",
@@ -367,6 +369,10 @@ absl::Status ParseField(const std::string& key, const Json& value, int vocab_siz
     auto b = Boolean(value, key);
     if (!b.ok()) return b.status();
     request->tokens_as_ids = *b;
+  } else if (key == "return_token_ids") {
+    auto b = Boolean(value, key);
+    if (!b.ok()) return b.status();
+    request->return_token_ids = *b;
   } else if (key == "echo") {
     auto b = Boolean(value, key);
     if (!b.ok()) return b.status();

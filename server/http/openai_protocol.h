@@ -46,6 +46,10 @@ struct CompletionRequest {
   // vLLM's return_tokens_as_token_ids: the logprobs object names each token
   // "token_id:N" (distinct keys for tokens that spell the same text).
   bool tokens_as_ids = false;
+  // vLLM's return_token_ids: each choice carries `prompt_token_ids` (a
+  // stream: in the choice's first event) and `token_ids`, its generated ids
+  // (a stream: each event's).
+  bool return_token_ids = false;
   // Each choice's text (and logprobs) starts with its prompt's.
   bool echo = false;
   // "max_tokens": 0 with echo: the prompt alone (its logprobs), as vLLM

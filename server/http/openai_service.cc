@@ -287,6 +287,7 @@ void OpenAiService::Completions(const std::shared_ptr<HttpExchange>& exchange) c
   options.continuous_usage = parsed->include_usage && parsed->continuous_usage;
   options.logprobs = parsed->logprobs.value_or(-1);
   options.tokens_as_ids = parsed->tokens_as_ids;
+  options.return_token_ids = parsed->return_token_ids;
   options.echo = parsed->echo;
   options.prompt_logprobs = parsed->prompt_logprobs.value_or(-1);
   options.echo_only = parsed->echo_only;

@@ -47,11 +47,13 @@ TEST(OpenAiProtocolTest, ParsesTheSupportedFieldsIntoGenerateRequests) {
       "repetition_penalty": 1.2, "ignore_eos": true, "stop_token_ids": [3],
       "echo": true, "best_of": null, "presence_penalty": -0.5, "frequency_penalty": 1.25,
       "logit_bias": {"7": -100, "65": 2.5, "3": null}, "suffix": null,
-      "return_tokens_as_token_ids": true, "priority": -4, "cache_salt": "s3cret"})");
+      "return_tokens_as_token_ids": true, "priority": -4, "cache_salt": "s3cret",
+      "return_token_ids": true})");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->model, "m");
   EXPECT_EQ(parsed->n, 3);
   EXPECT_TRUE(parsed->tokens_as_ids);
+  EXPECT_TRUE(parsed->return_token_ids);
   EXPECT_TRUE(parsed->echo);
   EXPECT_TRUE(parsed->stream);
   EXPECT_TRUE(parsed->include_usage);
@@ -90,6 +92,7 @@ TEST(OpenAiProtocolTest, DefaultsFollowOpenAi) {
   EXPECT_FALSE(parsed->stream);
   EXPECT_FALSE(parsed->logprobs.has_value());
   EXPECT_FALSE(parsed->tokens_as_ids);
+  EXPECT_FALSE(parsed->return_token_ids);
   EXPECT_EQ(parsed->n, 1);
   ASSERT_EQ(parsed->prompts.size(), 1u);
   EXPECT_EQ(parsed->prompts[0].sampling().max_new_tokens(), kDefaultMaxTokens);

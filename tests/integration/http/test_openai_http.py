@@ -413,6 +413,34 @@ def test_return_tokens_as_token_ids_names_every_token_by_its_id(server, client):
             [f"token_id:{a.token_id}" for a in t.top_logprobs] for t in expected.tokens]
 
 
+def test_return_token_ids_gives_each_choices_prompt_and_generated_ids(server, client):
+    """vLLM's return_token_ids: each choice's `prompt_token_ids` (the ids
+    /tokenize gives) and `token_ids` (the generated ids, gRPC's; an echo's
+    prompt not among them); a stream has the prompt's in each choice's first
+    event only and each event's own ids. Without it, neither field."""
+    prompt, ask = "Hello there", dict(model=MODEL, max_tokens=6, temperature=0)
+    want = list(grpc_generate(server, prompt, max_new_tokens=6, temperature=0).token_ids)
+    prompt_ids = post_json(server, "/tokenize", {"prompt": prompt})[1]["tokens"]
+    plain = client.completions.create(prompt=prompt, **ask).model_dump()["choices"][0]
+    assert plain.get("token_ids") is None and plain.get("prompt_token_ids") is None
+    for echo in (False, True):
+        choice = client.completions.create(
+            prompt=prompt, echo=echo, logprobs=1, extra_body={"return_token_ids": True},
+            **ask).model_dump()["choices"][0]
+        assert choice["prompt_token_ids"] == prompt_ids, echo
+        assert choice["token_ids"] == want, echo
+    raw = curl("-N", server.url + "/v1/completions", "-H", "content-type: application/json",
+               "-d", json.dumps({**ask, "prompt": prompt, "n": 2, "stream": True,
+                                 "return_token_ids": True})).stdout
+    events = [json.loads(e[6:]) for e in raw.split("\n\n") if e and e != "data: [DONE]"]
+    for index in (0, 1):
+        mine = [e["choices"][0] for e in events if e["choices"][0]["index"] == index]
+        assert len(mine) >= 2
+        assert mine[0]["prompt_token_ids"] == prompt_ids
+        assert all("prompt_token_ids" not in c for c in mine[1:])
+        assert [t for c in mine for t in c["token_ids"]] == want
+
+
 def test_token_prompt_and_batch_of_prompts(client):
     one = client.completions.create(model=MODEL, prompt="hi", max_tokens=5, temperature=0)
     by_ids = client.completions.create(model=MODEL, prompt=[104, 105], max_tokens=5,
@@ -444,7 +472,8 @@ def test_prompt_tokens_found_in_the_prefix_cache_are_in_the_usage():
     """With --enable-prefix-caching, a prompt sent again is answered the same
     and its usage says how many of its tokens the cache held
     (`prompt_tokens_details.cached_tokens`, as OpenAI's API reports them),
-    unary and streamed; a first prompt's usage has no details."""
+    unary and streamed; a first prompt's usage has no details; a salted
+    request shares the cache only with its salt."""
     cached = Server("--enable-prefix-caching")
     try:
         client = cached.client()
@@ -463,6 +492,15 @@ def test_prompt_tokens_found_in_the_prefix_cache_are_in_the_usage():
                                                 stream_options={"include_usage": True}))
         assert "".join(c.choices[0].text for c in chunks if c.choices) == first.choices[0].text
         assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 32
+        # vLLM's cache_salt: the prompt cached unsalted is computed again
+        # under a salt, and found again under the same salt only.
+        salted = [client.completions.create(model=MODEL, prompt=prompt, max_tokens=6,
+                                            temperature=0, extra_body={"cache_salt": salt})
+                  for salt in ("tenant-a", "tenant-b", "tenant-a")]
+        assert [c.choices[0].text for c in salted] == [first.choices[0].text] * 3
+        assert salted[0].usage.prompt_tokens_details is None
+        assert salted[1].usage.prompt_tokens_details is None
+        assert salted[2].usage.prompt_tokens_details.cached_tokens == 32
     finally:
         cached.close()
 
@@ -700,6 +738,8 @@ BAD_BODIES = [
      "truncate_prompt_tokens"),
     ("truncate_prompt_tokens below -1", {"prompt": "x", "truncate_prompt_tokens": -2},
      "truncate_prompt_tokens"),
+    ("return_token_ids not a boolean", {"prompt": "x", "return_token_ids": 1},
+     "return_token_ids"),
     ("cache_salt empty", {"prompt": "x", "cache_salt": ""}, "cache_salt"),
     ("cache_salt not a string", {"prompt": "x", "cache_salt": 7}, "cache_salt"),
     ("include_stop_str_in_output not boolean",
