@@ -54,7 +54,9 @@ absl::Status WrongType(std::string_view param, const char* what, const Json& val
 // allowed_token_ids, return_tokens_as_token_ids, return_token_ids,
 // truncate_prompt_tokens,
 // prompt_logprobs, cache_salt; presence_penalty,
-// frequency_penalty, logit_bias. Accepted only at its neutral value: suffix.
+// frequency_penalty, logit_bias. Accepted only at its neutral value: suffix,
+// skip_special_tokens (true). Accepted and without effect (no special token
+// is ever in the text): spaces_between_special_tokens.
 bool Known(const std::string& key) {
   static const char* const kKnown[] = {"model",
                                        "prompt",
@@ -88,6 +90,8 @@ bool Known(const std::string& key) {
                                        "truncate_prompt_tokens",
                                        "prompt_logprobs",
                                        "cache_salt",
+                                       "skip_special_tokens",
+                                       "spaces_between_special_tokens",
                                        "suffix"};
   for (const char* known : kKnown) {
     if (key == known) return true;
@@ -408,6 +412,16 @@ absl::Status ParseField(const std::string& key, const Json& value, int vocab_siz
     // Its length is checked with the rest of the request.
     if (!value.is_string()) return WrongType(key, "a string", value);
     request->cache_salt = value.get<std::string>();
+  } else if (key == "skip_special_tokens") {
+    auto b = Boolean(value, key);
+    if (!b.ok()) return b.status();
+    if (!*b) {
+      return Invalid(key,
+                     "must be true: special tokens (the tokenizer's control pieces) always "
+                     "decode to no text");
+    }
+  } else if (key == "spaces_between_special_tokens") {
+    if (absl::StatusOr<bool> b = Boolean(value, key); !b.ok()) return b.status();
   } else if (key == "suffix") {
     if (!value.is_string() || !value.get<std::string>().empty()) {
       return Invalid(key, "is not supported");

@@ -48,7 +48,8 @@ TEST(OpenAiProtocolTest, ParsesTheSupportedFieldsIntoGenerateRequests) {
       "echo": true, "best_of": null, "presence_penalty": -0.5, "frequency_penalty": 1.25,
       "logit_bias": {"7": -100, "65": 2.5, "3": null}, "suffix": null,
       "return_tokens_as_token_ids": true, "priority": -4, "cache_salt": "s3cret",
-      "return_token_ids": true})");
+      "return_token_ids": true, "skip_special_tokens": true,
+      "spaces_between_special_tokens": false})");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->model, "m");
   EXPECT_EQ(parsed->n, 3);
@@ -338,6 +339,9 @@ TEST(OpenAiProtocolTest, RefusalsNameTheParameter) {
       {R"({"prompt": "x", "best_of": 2})", "best_of"},
       {R"({"prompt": "x", "echo": 1})", "echo"},
       {R"({"prompt": "x", "suffix": "s"})", "suffix"},
+      {R"({"prompt": "x", "skip_special_tokens": false})", "skip_special_tokens"},
+      {R"({"prompt": "x", "spaces_between_special_tokens": "no"})",
+       "spaces_between_special_tokens"},
       {R"({"prompt": "x", "logit_bias": [5, 1]})", "logit_bias"},
       {R"({"prompt": "x", "logit_bias": {"five": 1}})", "logit_bias"},
       {R"({"prompt": "x", "logit_bias": {"5": "1"}})", "logit_bias[5]"},

@@ -121,6 +121,14 @@ def test_completion_is_the_grpc_completion(server, client):
     assert completion.id.startswith("cmpl-")
 
 
+def test_vllms_special_token_fields_at_their_defaults_change_nothing(client):
+    ask = dict(model=MODEL, prompt="And God said", max_tokens=8, temperature=0)
+    plain = client.completions.create(**ask)
+    spelled = client.completions.create(**ask, extra_body={
+        "skip_special_tokens": True, "spaces_between_special_tokens": False})
+    assert spelled.choices[0].text == plain.choices[0].text
+
+
 def test_default_max_tokens_is_openais_16(client):
     completion = client.completions.create(model=MODEL, prompt="x", temperature=0,
                                            extra_body={"ignore_eos": True})
@@ -704,6 +712,7 @@ BAD_BODIES = [
     ("logit bias past 100", {"prompt": "x", "logit_bias": {"1": 500}}, "logit_bias[1]"),
     ("logit bias outside vocabulary", {"prompt": "x", "logit_bias": {"256": 1}}, "logit_bias"),
     ("suffix", {"prompt": "x", "suffix": "end"}, "suffix"),
+    ("special tokens kept", {"prompt": "x", "skip_special_tokens": False}, "skip_special_tokens"),
     ("too many logprobs", {"prompt": "x", "logprobs": 50}, "logprobs"),
     ("too many stops", {"prompt": "x", "stop": [str(i) for i in range(17)]}, "stop"),
     ("stop not string", {"prompt": "x", "stop": 5}, "stop"),
