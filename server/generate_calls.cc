@@ -203,6 +203,7 @@ class UnaryGenerateCall final : public grpc::ServerUnaryReactor, public Generate
       status = CancelledCallStatus(update.cancel_cause);
     } else {
       message_.set_finish_reason(ToProto(update.finish_reason));
+      SetStopReason(update, &message_);
       FillUsageAndTiming(update, message_.mutable_usage(), message_.mutable_timing());
       *response_ = SerializeMessage(message_, detail_);
       // Freed, not cleared: the call lives until its client has the response.
@@ -342,6 +343,7 @@ class StreamingGenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBu
         if (update.finished) {
           pending_.set_finished(true);
           pending_.set_finish_reason(ToProto(update.finish_reason));
+          SetStopReason(update, &pending_);
           FillUsageAndTiming(update, pending_.mutable_usage(), pending_.mutable_timing());
           final_status_ = update.finish_reason == FinishReason::kCancelled
                               ? CancelledCallStatus(update.cancel_cause)

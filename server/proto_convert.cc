@@ -42,7 +42,25 @@ void FillRouting(const TokenRouting& routing, const RouterLayout& layout, v1::To
   }
 }
 
+template <typename Response>
+void SetStopReasonOf(const GenerationUpdate& final_update, Response* response) {
+  if (final_update.finish_reason != FinishReason::kStop) return;
+  if (final_update.stop_token_id >= 0) {
+    response->set_stop_token_id(final_update.stop_token_id);
+  } else {
+    response->set_stop_string(final_update.stop_string);
+  }
+}
+
 }  // namespace
+
+void SetStopReason(const GenerationUpdate& final_update, v1::GenerateResponse* response) {
+  SetStopReasonOf(final_update, response);
+}
+
+void SetStopReason(const GenerationUpdate& final_update, v1::GenerateStreamResponse* response) {
+  SetStopReasonOf(final_update, response);
+}
 
 v1::FinishReason ToProto(FinishReason reason) {
   switch (reason) {

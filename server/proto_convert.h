@@ -36,6 +36,10 @@ void AppendTokens(const GenerationUpdate& update, const SamplingParams& params,
 void AppendPromptTokens(const GenerationUpdate& update, const TokenDescriber& describer,
                         google::protobuf::RepeatedPtrField<v1::GeneratedToken>* tokens);
 void FillUsageAndTiming(const GenerationUpdate& final_update, v1::Usage* usage, v1::Timing* timing);
+// What stopped a request that a stop string or stop token ended (the
+// response's stop_reason); nothing for other ends.
+void SetStopReason(const GenerationUpdate& final_update, v1::GenerateResponse* response);
+void SetStopReason(const GenerationUpdate& final_update, v1::GenerateStreamResponse* response);
 
 // "switchall", "switchhead", "switch" or "dense".
 std::string ArchitectureName(const ModelConfig& config);

@@ -339,6 +339,7 @@ void GenerationEngine::RunStep() {
         reason = FinishReason::kEos;
       } else if (may_stop && std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) {
         reason = FinishReason::kStop;
+        update.stop_token_id = token;
       }
       // The token that ends it adds its text only when asked to.
       if (reason == FinishReason::kNone || params.include_stop_str_in_output) {
@@ -460,6 +461,10 @@ void GenerationEngine::Finish(RequestState* state, FinishReason reason, absl::St
     update.text += state->detokenizer.Finish(&stopped);
     // The final replacement character completed a stop string.
     if (stopped && reason == FinishReason::kLength) reason = FinishReason::kStop;
+  }
+  if (reason == FinishReason::kStop && update.stop_token_id < 0) {
+    const int stop = state->detokenizer.stop_index();
+    if (stop >= 0) update.stop_string = state->request.sampling.stop[static_cast<size_t>(stop)];
   }
   update.finished = true;
   update.finish_reason = reason;

@@ -126,6 +126,10 @@ struct GenerationUpdate {
   std::vector<GeneratedTokenInfo> prompt_logprobs;
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
+  // With FinishReason::kStop, what stopped it (vLLM's stop_reason): a
+  // stop_token_ids id (stop_token_id >= 0), else one of the stop strings.
+  int32_t stop_token_id = -1;
+  std::string stop_string;
   CancelCause cancel_cause = CancelCause::kNone;  // set with kCancelled
   absl::Status status;
   int prompt_tokens = 0;

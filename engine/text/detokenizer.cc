@@ -128,7 +128,7 @@ std::string IncrementalDetokenizer::Add(int32_t token_id, bool* stopped) {
   pending_.erase(0, AppendSanitizedUtf8(pending_, false, &text_));
   if (to_min_tokens_ > 0 && --to_min_tokens_ == 0) stops_after_ = text_.size();
 
-  if (const size_t end = FindStop(); end != std::string::npos) {
+  if (const size_t end = FindStop(&stop_index_); end != std::string::npos) {
     stopped_ = true;
     *stopped = true;
     return Release(end);
@@ -156,7 +156,7 @@ std::string IncrementalDetokenizer::Finish(bool* stopped) {
   AppendSanitizedUtf8(pending_, true, &text_);
   pending_.clear();
   // The last replacement character may complete a stop string.
-  if (const size_t end = FindStop(); end != std::string::npos) {
+  if (const size_t end = FindStop(&stop_index_); end != std::string::npos) {
     stopped_ = true;
     if (stopped != nullptr) *stopped = true;
     return Release(end);
@@ -164,18 +164,21 @@ std::string IncrementalDetokenizer::Finish(bool* stopped) {
   return Release(text_.size());
 }
 
-size_t IncrementalDetokenizer::FindStop() const {
+size_t IncrementalDetokenizer::FindStop(int* which) const {
   // A stop string cannot start inside released text: any text that might
   // begin one is held back (Add).
   size_t stop_at = std::string::npos, end = std::string::npos;
+  *which = -1;
   if (stops_after_ == std::string::npos) return stop_at;
-  for (const std::string& stop : stop_strings_) {
+  for (size_t i = 0; i < stop_strings_.size(); ++i) {
+    const std::string& stop = stop_strings_[i];
     // Those starting here or later end past stops_after_.
     const size_t from = stops_after_ >= stop.size() ? stops_after_ + 1 - stop.size() : 0;
     const size_t pos = text_.find(stop, std::max(released_, from));
     if (pos < stop_at) {
       stop_at = pos;
       end = pos + stop.size();
+      *which = static_cast<int>(i);
     }
   }
   return include_stop_ ? end : stop_at;

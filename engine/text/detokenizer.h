@@ -66,12 +66,15 @@ class IncrementalDetokenizer {
   // incomplete trailing bytes as U+FFFD. Should that replacement complete a
   // stop string, the text ends before it and `*stopped` (when given) is set.
   std::string Finish(bool* stopped = nullptr);
+  // The index of the stop string that ended the text (the first in the text;
+  // of two starting together, the first given), or -1 while none has.
+  int stop_index() const { return stop_index_; }
 
  private:
   std::string Release(size_t end);
   // Where the text ends at the first stop string in the unreleased text
-  // (before it, or after it with include_stop_), or npos.
-  size_t FindStop() const;
+  // (before it, or after it with include_stop_), or npos; `*which` its index.
+  size_t FindStop(int* which) const;
 
   const Tokenizer* tokenizer_;
   std::vector<std::string> stop_strings_;
@@ -83,6 +86,7 @@ class IncrementalDetokenizer {
   std::string text_;                        // sanitized text of the bytes so far
   size_t released_ = 0;                     // bytes of text_ handed out
   bool stopped_ = false;
+  int stop_index_ = -1;
 };
 
 }  // namespace switchserve

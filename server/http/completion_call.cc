@@ -26,6 +26,14 @@ std::string Dump(const Json& json) {
 
 std::string Event(const Json& json) { return absl::StrCat("data: ", Dump(json), "\n\n"); }
 
+// vLLM's `stop_reason` of a choice the final update ends: the stop string or
+// stop token id that ended it, else null (an EOS, a length, unfinished).
+Json StopReason(const GenerationUpdate& final_update) {
+  if (final_update.finish_reason != FinishReason::kStop) return nullptr;
+  if (final_update.stop_token_id >= 0) return final_update.stop_token_id;
+  return final_update.stop_string;
+}
+
 class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
  public:
   CompletionCall(const CompletionCallContext& context, std::shared_ptr<HttpExchange> exchange,
@@ -259,8 +267,10 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
          tokens = std::move(update->tokens),
          finish_reason =
              update->finished ? std::optional<FinishReason>(update->finish_reason) : std::nullopt,
-         echoed, streamed, ids = std::move(ids)] {
-          return self->RenderEvent(index, text, tokens, finish_reason, echoed, streamed, ids);
+         stop_reason = update->finished ? StopReason(*update) : Json(), echoed, streamed,
+         ids = std::move(ids)] {
+          return self->RenderEvent(index, text, tokens, finish_reason, stop_reason, echoed,
+                                   streamed, ids);
         });
   }
 
@@ -283,10 +293,13 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
   // else uses.
   std::string RenderEvent(int index, const std::string& text,
                           const std::vector<GeneratedTokenInfo>& tokens,
-                          std::optional<FinishReason> finish_reason, bool echoed,
-                          int streamed_tokens, const TokenIds& ids) {
-    Json choice = {
-        {"index", index}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+                          std::optional<FinishReason> finish_reason, const Json& stop_reason,
+                          bool echoed, int streamed_tokens, const TokenIds& ids) {
+    Json choice = {{"index", index},
+                   {"text", text},
+                   {"logprobs", nullptr},
+                   {"finish_reason", nullptr},
+                   {"stop_reason", stop_reason}};
     if (options_.logprobs >= 0 && !tokens.empty()) {
       Choice& c = *choices_[index];
       const TextEnd end = finish_reason ? TextEndOf(*finish_reason, tokens.back().token_id,
@@ -509,7 +522,8 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
     Json object = {{"index", i},
                    {"text", std::move(choice.text)},
                    {"logprobs", std::move(logprobs)},
-                   {"finish_reason", OpenAiFinishReason(choice.final_update->finish_reason)}};
+                   {"finish_reason", OpenAiFinishReason(choice.final_update->finish_reason)},
+                   {"stop_reason", StopReason(*choice.final_update)}};
     if (options_.prompt_logprobs >= 0) {
       object["prompt_logprobs"] =
           PromptLogprobsObject(*context_.tokenizer, choice.prompt_logprobs,

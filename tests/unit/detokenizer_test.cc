@@ -119,6 +119,28 @@ TEST(DetokenizerTest, TheEarliestStopStringEndsTheText) {
   }
 }
 
+// stop_index names the stop string that ended the text: the earliest in
+// the text, of two starting together the first given; -1 until one does.
+TEST(DetokenizerTest, StopIndexNamesTheStopStringThatEndedTheText) {
+  auto tokenizer = CreateByteTokenizer();
+  auto stop_index = [&](const std::string& text, const std::vector<std::string>& stops) {
+    IncrementalDetokenizer detok(tokenizer.get(), stops);
+    bool stopped = false;
+    for (unsigned char byte : text) {
+      EXPECT_EQ(detok.stop_index(), -1);
+      detok.Add(byte, &stopped);
+      if (stopped) break;
+    }
+    if (!stopped) detok.Finish(&stopped);
+    return detok.stop_index();
+  };
+  EXPECT_EQ(stop_index("xxab", {"ab", "b"}), 0);
+  EXPECT_EQ(stop_index("xxab", {"b", "ab"}), 1);
+  EXPECT_EQ(stop_index("xxabc", {"abc", "ab"}), 1);  // "ab" completes first
+  EXPECT_EQ(stop_index("hello world", {"xyz", "wor"}), 1);
+  EXPECT_EQ(stop_index("hello world", {"xyz"}), -1);
+}
+
 // With min_tokens, a stop string counts only when it ends in the text of a
 // later id: one that lies in the first ids' text stays in the text, one that
 // begins there and ends later stops it.

@@ -52,12 +52,19 @@ def test_stop_string_and_stop_token(stub):
     stopped = stub.Generate(text_request("stop test", 20, stop=[stop]), timeout=60)
     assert stopped.finish_reason == pb.FINISH_REASON_STOP
     assert stopped.text == reference.text[:reference.text.find(stop)]
-    streamed = "".join(m.text for m in
-                       stub.GenerateStream(text_request("stop test", 20, stop=[stop]), timeout=60))
-    assert streamed == stopped.text
+    # stop_reason (vLLM's): the stop string, the stop id; nothing for a length.
+    assert stopped.WhichOneof("stop_reason") == "stop_string" and stopped.stop_string == stop
+    assert reference.WhichOneof("stop_reason") is None
+    messages = list(stub.GenerateStream(text_request("stop test", 20, stop=["zzz", stop]),
+                                        timeout=60))
+    assert "".join(m.text for m in messages) == stopped.text
+    assert messages[-1].stop_string == stop
+    assert all(m.WhichOneof("stop_reason") is None for m in messages[:-1])
     by_id = stub.Generate(text_request("stop test", 20, stop_token_ids=[reference.token_ids[3]]),
                           timeout=60)
     assert by_id.finish_reason == pb.FINISH_REASON_STOP
+    assert by_id.WhichOneof("stop_reason") == "stop_token_id"
+    assert by_id.stop_token_id == reference.token_ids[3]
     assert list(by_id.token_ids) == list(reference.token_ids[:list(reference.token_ids).index(
         reference.token_ids[3]) + 1])
     # include_stop_str_in_output: the text ends after what ended it, the

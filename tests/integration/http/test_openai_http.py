@@ -240,9 +240,20 @@ def test_stop_string(server, client):
                                         temperature=0, stop=[stop])
     assert stopped.choices[0].finish_reason == "stop"
     assert stopped.choices[0].text == text[:text.find(stop)]
-    streamed = client.completions.create(model=MODEL, prompt="stop test", max_tokens=20,
-                                         temperature=0, stop=stop, stream=True)
+    streamed = list(client.completions.create(model=MODEL, prompt="stop test", max_tokens=20,
+                                              temperature=0, stop=["zzz", stop], stream=True))
     assert "".join(c.choices[0].text for c in streamed) == stopped.choices[0].text
+    # vLLM's stop_reason: the stop string or stop id that ended the choice;
+    # null for a length, and on every event before the last.
+    stop_reasons = [c.model_dump()["choices"][0]["stop_reason"] for c in streamed]
+    assert stop_reasons == [None] * (len(streamed) - 1) + [stop]
+    assert stopped.model_dump()["choices"][0]["stop_reason"] == stop
+    assert reference.model_dump()["choices"][0]["stop_reason"] is None
+    ids = grpc_generate(server, "stop test", max_new_tokens=20, temperature=0).token_ids
+    by_id = client.completions.create(model=MODEL, prompt="stop test", max_tokens=20,
+                                      temperature=0, extra_body={"stop_token_ids": [ids[3]]})
+    assert by_id.choices[0].finish_reason == "stop"
+    assert by_id.model_dump()["choices"][0]["stop_reason"] == ids[3]
 
 
 def test_seed_reproducibility(client):
