@@ -369,7 +369,7 @@ BAD_INPUTS = [
     ("allowed id outside vocabulary", text_request("x", 4, allowed_token_ids=[3, 256]),
      "sampling.allowed_token_ids: allowed_token_ids[1] = 256 is outside the vocabulary [0, 256)"),
     ("truncate_prompt_tokens zero", pb.GenerateRequest(text="x", truncate_prompt_tokens=0),
-     "truncate_prompt_tokens: must be >= 1, found 0"),
+     "truncate_prompt_tokens: must be >= 1, or -1 (as many as fit), found 0"),
     ("too many logprobs", pb.GenerateRequest(text="x", logprobs=50), "logprobs"),
     ("too many prompt logprobs", pb.GenerateRequest(text="x", prompt_logprobs=21),
      "prompt_logprobs: must be in [0, 20], found 21"),
