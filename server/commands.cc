@@ -46,6 +46,7 @@ const std::vector<Command>& AllCommands() {
         "port",
         "http_port",
         "http_max_connections",
+        "allowed_origins",
         "http_body_buffer_bytes",
         "metrics_port",
         "metrics_host",

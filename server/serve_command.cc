@@ -474,7 +474,8 @@ int Serve(const ServerOptions& options, const sigset_t& stop_signals, bool* up) 
          .error_body = OpenAiErrorBody,
          .on_own_error = [&openai](const HttpRequest& head,
                                    HttpResponse* response) { openai.OnOwnError(head, response); },
-         .check_head = [&openai](const HttpRequest& head) { return openai.CheckHead(head); }},
+         .check_head = [&openai](const HttpRequest& head) { return openai.CheckHead(head); },
+         .allowed_origins = options.allowed_origins},
         [&openai](std::shared_ptr<HttpExchange> exchange) { openai.Handle(exchange); });
     if (!started.ok()) return Fail(started.status());
     http = std::move(*started);

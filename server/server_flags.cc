@@ -10,7 +10,9 @@
 #include <string_view>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "server/common_flags.h"
 #include "server/dispatch_flags.h"
 
@@ -21,6 +23,10 @@ ABSL_FLAG(int, port, 50051, "gRPC port; 0 picks a free port (logged)");
 ABSL_FLAG(int, http_port, 0,
           "OpenAI-compatible HTTP API port (/v1/completions, /v1/models, /health, /ready); "
           "0 disables");
+ABSL_FLAG(std::string, allowed_origins, "",
+          "HTTP API: browser origins whose pages may call it (CORS), comma-separated "
+          "(https://app.example.com), or * for any; empty: no CORS headers, so pages on "
+          "other origins cannot read its answers");
 ABSL_FLAG(int64_t, http_max_connections, 0,
           "Most HTTP API connections open at once; one past it is closed as soon as it is "
           "accepted. 0: half the open-file limit, so that HTTP clients cannot take the "
@@ -116,6 +122,25 @@ namespace {
 
 constexpr double kMaxDurationS = 2e6;  // int32 milliseconds
 
+// An entry of --allowed-origins: "*" alone, or an origin as a browser sends
+// it: http or https, a host, an optional port, nothing after.
+absl::Status CheckAllowedOrigin(const std::string& origin, size_t entries) {
+  if (origin == "*") {
+    if (entries == 1) return absl::OkStatus();
+    return absl::InvalidArgumentError("* allows every origin: give it alone");
+  }
+  const size_t scheme_end = origin.find("://");
+  const std::string scheme = origin.substr(0, scheme_end);
+  const std::string host =
+      scheme_end == std::string::npos ? std::string() : origin.substr(scheme_end + 3);
+  if ((scheme != "http" && scheme != "https") || host.empty() ||
+      host.find_first_of("/?#@ ") != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "`", origin, "` is not an origin (scheme://host[:port], as https://app.example.com) or *"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status FlagError(const char* flag, const std::string& problem) {
   return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", problem));
 }
@@ -129,6 +154,10 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.port = absl::GetFlag(FLAGS_port);
   o.http_port = absl::GetFlag(FLAGS_http_port);
   o.http_max_connections = absl::GetFlag(FLAGS_http_max_connections);
+  for (absl::string_view origin :
+       absl::StrSplit(absl::GetFlag(FLAGS_allowed_origins), ',', absl::SkipWhitespace())) {
+    o.allowed_origins.emplace_back(absl::StripAsciiWhitespace(origin));
+  }
   o.http_body_buffer_bytes = absl::GetFlag(FLAGS_http_body_buffer_bytes);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.metrics_host = absl::GetFlag(FLAGS_metrics_host);
@@ -249,6 +278,11 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
     }
   }
   if (o.http_max_connections < 0) return FlagError("http-max-connections", "must be >= 0");
+  for (const std::string& origin : o.allowed_origins) {
+    if (absl::Status status = CheckAllowedOrigin(origin, o.allowed_origins.size()); !status.ok()) {
+      return FlagError("allowed-origins", std::string(status.message()));
+    }
+  }
   if (o.http_body_buffer_bytes < 0) return FlagError("http-body-buffer-bytes", "must be >= 0");
   // Durations become int milliseconds for gRPC: at most ~24 days.
   const struct {

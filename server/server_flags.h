@@ -52,6 +52,9 @@ struct ServerOptions {
   int http_port = 0;  // OpenAI-compatible HTTP API; 0 disables
   // HTTP connections open at once; 0: half the open-file limit.
   int64_t http_max_connections = 0;
+  // Browser origins that may call the HTTP API (CORS), or {"*"}; empty:
+  // none (HttpServerOptions::allowed_origins).
+  std::vector<std::string> allowed_origins;
   // HTTP request bodies held at once, all connections together; 0: a
   // quarter of the memory limit, at most 1 GiB.
   int64_t http_body_buffer_bytes = 0;

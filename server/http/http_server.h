@@ -131,6 +131,14 @@ struct HttpServerOptions {
   // connection closes; nullopt to go on. Lets a token check refuse a request
   // before its body is buffered.
   std::function<std::optional<HttpResponse>(const HttpRequest& head)> check_head;
+  // CORS: origins ("https://app.example.com") whose browser pages may read
+  // the answers, or "*" for any. A request from one (its Origin header)
+  // gets Access-Control-Allow-Origin (and Expose-Headers: x-request-id) on
+  // its response; its preflight (OPTIONS with
+  // Access-Control-Request-Method) is answered 204 by the server itself,
+  // before check_head and the handler (a preflight carries no token).
+  // Empty: no CORS headers, and OPTIONS goes to the handler.
+  std::vector<std::string> allowed_origins;
 };
 
 class HttpServer {

@@ -21,6 +21,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -65,6 +66,17 @@ struct HttpServerState {
       return std::numeric_limits<int64_t>::max();
     }
     return std::max<int64_t>(1, static_cast<int64_t>(limit.rlim_cur / 2));
+  }
+  // The Access-Control-Allow-Origin of a request from `origin` (its Origin
+  // header; nullopt: none): "*", the origin itself, or empty when it is not
+  // allowed (options.allowed_origins).
+  std::string CorsOrigin(std::optional<std::string_view> origin) const {
+    if (!origin || options.allowed_origins.empty()) return {};
+    for (const std::string& allowed : options.allowed_origins) {
+      if (allowed == "*") return allowed;
+      if (allowed == *origin) return std::string(*origin);
+    }
+    return {};
   }
   std::string ErrorBody(int status, const std::string& message) const {
     return options.error_body ? options.error_body(status, message) : message;

@@ -131,6 +131,8 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     parser_.emplace();
     head_only_ = false;
     http10_ = false;
+    cors_origin_.clear();
+    preflight_ = false;
     http_reading::SetLimits(state_->options.max_body_bytes, &*parser_);
     body_reservation_ = ByteReservation(state_->body_budget);
     // One deadline for the empty lines, the head and the body.
@@ -170,7 +172,14 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     }
     head_only_ = parser_->get().method() == http::verb::head;
     http10_ = parser_->get().version() < 11;
-    if (state_->options.check_head) {
+    const auto& head = parser_->get();
+    if (const auto origin = head.find(http::field::origin); origin != head.end()) {
+      cors_origin_ =
+          state_->CorsOrigin(std::string_view(origin->value().data(), origin->value().size()));
+    }
+    preflight_ = !cors_origin_.empty() && head.method() == http::verb::options &&
+                 head.find(http::field::access_control_request_method) != head.end();
+    if (state_->options.check_head && !preflight_) {
       if (std::optional<HttpResponse> refusal =
               state_->options.check_head(RequestOf(parser_->get()));
           refusal) {
@@ -255,7 +264,22 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     // connection until the response is written or the connection closes.
     answering_ = this->shared_from_this();
     WatchForDisconnect();
+    if (preflight_) return exchange_->Respond(Preflight(exchange_->request()));
     state_->handler(exchange_);
+  }
+
+  // The answer to a CORS preflight from an allowed origin: any of the API's
+  // methods, the headers the browser asks for (or the API's), for 10 min.
+  static HttpResponse Preflight(const HttpRequest& request) {
+    HttpResponse response;
+    response.status = 204;
+    response.content_type = "text/plain";
+    response.headers = {{"access-control-allow-methods", "GET, POST, OPTIONS"},
+                        {"access-control-allow-headers",
+                         std::string(request.Header("access-control-request-headers")
+                                         .value_or("authorization, content-type, x-request-id"))},
+                        {"access-control-max-age", "600"}};
+    return response;
   }
 
   // Answers without the handler (malformed request, body too large); the
@@ -399,6 +423,11 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     to->set(http::field::server, "switchserve");
     to->set(http::field::content_type, from.content_type);
     for (const auto& [name, value] : from.headers) to->set(name, value);
+    if (!cors_origin_.empty()) {
+      to->set(http::field::access_control_allow_origin, cors_origin_);
+      to->set(http::field::access_control_expose_headers, "x-request-id");
+      if (cors_origin_ != "*") to->set(http::field::vary, "Origin");
+    }
     to->keep_alive(keep_alive_);
   }
 
@@ -543,6 +572,10 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   std::optional<http::response_serializer<http::string_body>> full_serializer_;
   bool head_only_ = false;  // the request being answered is a HEAD
   bool http10_ = false;     // ... comes from an HTTP/1.0 client
+  // ... comes from an allowed CORS origin: its Access-Control-Allow-Origin
+  // (HttpServerState::CorsOrigin); empty: none.
+  std::string cors_origin_;
+  bool preflight_ = false;  // ... is that origin's CORS preflight
   std::optional<http::response<http::empty_body>> head_;
   std::optional<http::response_serializer<http::empty_body>> head_serializer_;
   std::string chunk_;

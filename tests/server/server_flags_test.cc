@@ -24,6 +24,7 @@ ABSL_DECLARE_FLAG(std::string, scheduling_policy);
 ABSL_DECLARE_FLAG(double, stream_write_timeout_s);
 ABSL_DECLARE_FLAG(int64_t, max_stream_buffer_bytes);
 ABSL_DECLARE_FLAG(int64_t, http_max_connections);
+ABSL_DECLARE_FLAG(std::string, allowed_origins);
 ABSL_DECLARE_FLAG(int64_t, http_body_buffer_bytes);
 ABSL_DECLARE_FLAG(std::string, host);
 ABSL_DECLARE_FLAG(std::string, metrics_host);
@@ -226,6 +227,31 @@ TEST(ServerFlagsTest, HttpMaxConnectionsIsHalfTheOpenFileLimitByDefaultAndNotNeg
   EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(options.status().message().find("--http-max-connections"), std::string::npos);
   absl::SetFlag(&FLAGS_http_max_connections, 0);
+}
+
+// --allowed-origins: none by default; a comma-separated list of origins
+// (spaces ignored), or * alone; anything else is refused naming the flag.
+TEST(ServerFlagsTest, AllowedOriginsAreOriginsOrAStarAlone) {
+  auto options = ServerOptionsFromFlags();
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_TRUE(options->allowed_origins.empty());
+  absl::SetFlag(&FLAGS_allowed_origins, "https://app.example.com, http://localhost:3000");
+  options = ServerOptionsFromFlags();
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->allowed_origins,
+            (std::vector<std::string>{"https://app.example.com", "http://localhost:3000"}));
+  absl::SetFlag(&FLAGS_allowed_origins, "*");
+  options = ServerOptionsFromFlags();
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->allowed_origins, std::vector<std::string>{"*"});
+  for (const char* bad : {"*,https://a.example", "app.example.com", "https://a.example/",
+                          "ftp://a.example", "https://"}) {
+    absl::SetFlag(&FLAGS_allowed_origins, bad);
+    options = ServerOptionsFromFlags();
+    EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(options.status().message().find("--allowed-origins"), std::string::npos) << bad;
+  }
+  absl::SetFlag(&FLAGS_allowed_origins, "");
 }
 
 TEST(ServerFlagsTest, HttpBodyBufferBytesIsDerivedByDefaultAndNotNegative) {

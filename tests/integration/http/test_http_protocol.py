@@ -299,3 +299,79 @@ def test_keep_alive_connections_close_after_the_maximum_age():
     assert len(set(seen)) >= 2 and closes >= 1, seen
     seen, closes = peers("0")
     assert len(set(seen)) == 1 and closes == 0, seen
+
+
+def headers_of(curl_output):
+    """The status line's code and the lower-cased headers of `curl -i`'s
+    output (the last response's head, after any 100 Continue)."""
+    head = curl_output.replace("\r\n", "\n").split("\n\n")
+    head = [h for h in head if h.startswith("HTTP/")][-1].split("\n")
+    fields = {}
+    for line in head[1:]:
+        name, _, value = line.partition(":")
+        fields[name.strip().lower()] = value.strip()
+    return int(head[0].split()[1]), fields
+
+
+def test_cors_for_the_allowed_origins_only():
+    """--allowed-origins: a page from an allowed origin gets
+    Access-Control-Allow-Origin on every answer (a refusal of its token
+    too), and its preflight a 204 from the server, without a token; another
+    origin gets no CORS headers, and its OPTIONS goes to the API (which
+    refuses it). Without the flag, no CORS headers at all."""
+    token_file = os.path.join(tempfile.mkdtemp(prefix="switchserve_token_"), "token")
+    with open(token_file, "w") as f:
+        f.write("cors-token\n")
+    allowed, other = "https://app.example.com", "https://evil.example"
+    body = json.dumps({"prompt": "hello", "max_tokens": 2, "temperature": 0})
+    server = Server("--auth-token-file", token_file, "--allowed-origins",
+                    f"{allowed}, http://localhost:3000")
+    plain = Server("--allowed-origins", "*")
+    try:
+        def ask(srv, *args):
+            return headers_of(curl("-i", *args).stdout)
+
+        preflight = ("-X", "OPTIONS", server.url + "/v1/completions", "-H",
+                     "access-control-request-method: POST", "-H",
+                     "access-control-request-headers: authorization, content-type")
+        status, head = ask(server, *preflight, "-H", f"origin: {allowed}")
+        assert status == 204, head
+        assert head["access-control-allow-origin"] == allowed
+        assert "POST" in head["access-control-allow-methods"]
+        assert head["access-control-allow-headers"] == "authorization, content-type"
+        assert head["vary"] == "Origin"
+        status, head = ask(server, *preflight, "-H", f"origin: {other}")
+        assert status == 401 and "access-control-allow-origin" not in head
+
+        post = ("-X", "POST", server.url + "/v1/completions", "-H",
+                "content-type: application/json", "-d", body)
+        status, head = ask(server, *post, "-H", "authorization: Bearer cors-token", "-H",
+                           f"origin: {allowed}")
+        assert status == 200 and head["access-control-allow-origin"] == allowed
+        assert head["access-control-expose-headers"] == "x-request-id"
+        status, head = ask(server, *post, "-H", f"origin: {allowed}")
+        assert status == 401 and head["access-control-allow-origin"] == allowed
+        status, head = ask(server, *post, "-H", "authorization: Bearer cors-token", "-H",
+                           f"origin: {other}")
+        assert status == 200 and "access-control-allow-origin" not in head
+        status, head = ask(server, *post, "-H", "authorization: Bearer cors-token")
+        assert status == 200 and "access-control-allow-origin" not in head
+        # A stream's head, and "*" for every origin.
+        status, head = ask(plain, "-N", "-X", "POST", plain.url + "/v1/completions", "-H",
+                           f"origin: {other}", "-d",
+                           json.dumps({"prompt": "hello", "max_tokens": 2, "stream": True}))
+        assert status == 200 and head["access-control-allow-origin"] == "*"
+        assert "vary" not in head
+    finally:
+        server.close()
+        plain.close()
+
+
+def test_no_cors_headers_without_allowed_origins(server):
+    status, head = headers_of(curl("-i", server.url + "/v1/models", "-H",
+                                   "origin: https://app.example.com").stdout)
+    assert status == 200 and "access-control-allow-origin" not in head
+    status, head = headers_of(curl("-i", "-X", "OPTIONS", server.url + "/v1/models", "-H",
+                                   "origin: https://app.example.com", "-H",
+                                   "access-control-request-method: GET").stdout)
+    assert status == 405 and "access-control-allow-origin" not in head
