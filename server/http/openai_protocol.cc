@@ -52,8 +52,7 @@ absl::Status WrongType(std::string_view param, const char* what, const Json& val
 // sampling extensions top_k, min_p, repetition_penalty, ignore_eos,
 // stop_token_ids, min_tokens, include_stop_str_in_output, bad_words,
 // allowed_token_ids, return_tokens_as_token_ids, return_token_ids,
-// truncate_prompt_tokens,
-// prompt_logprobs, cache_salt; presence_penalty,
+// truncate_prompt_tokens, prompt_logprobs, cache_salt; presence_penalty,
 // frequency_penalty, logit_bias. Accepted only at its neutral value: suffix,
 // skip_special_tokens (true). Accepted and without effect (no special token
 // is ever in the text): spaces_between_special_tokens.
