@@ -18,57 +18,13 @@
 #include "nlohmann/json.hpp"
 #include "server/call_gate.h"
 #include "server/http/render_threads.h"
+#include "tests/server/unary_exchange.h"
 #include "tests/util/fake_backend.h"
 
 namespace switchserve {
 namespace {
 
 constexpr auto kWait = std::chrono::seconds(10);
-
-// An exchange whose Respond holds the thread that calls it until Release():
-// whatever that thread would do next waits meanwhile.
-class HeldExchange : public HttpExchange {
- public:
-  const HttpRequest& request() const override { return request_; }
-  void Respond(HttpResponse response) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    response_ = std::move(response);
-    responder_ = std::this_thread::get_id();
-    cv_.notify_all();
-    cv_.wait(lock, [&] { return released_; });
-  }
-  void StartStream(HttpResponse) override { ADD_FAILURE() << "a unary call streams"; }
-  void Write(std::string) override { ADD_FAILURE() << "a unary call writes"; }
-  void WriteRendered(std::function<std::string()>) override { ADD_FAILURE() << "unary"; }
-  void WhenWritten(std::function<void()>) override { ADD_FAILURE() << "unary"; }
-  void End() override { ADD_FAILURE() << "a unary call ends a stream"; }
-  void OnClientGone(std::function<void(const absl::Status&)>) override {}
-
-  // The response (moved out: call once), once Respond was called (within
-  // kWait), else nullopt.
-  std::optional<HttpResponse> WaitResponded() {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!cv_.wait_for(lock, kWait, [&] { return response_.has_value(); })) return std::nullopt;
-    return std::move(response_);
-  }
-  std::thread::id responder() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return responder_;
-  }
-  void Release() {
-    std::lock_guard<std::mutex> lock(mu_);
-    released_ = true;
-    cv_.notify_all();
-  }
-
- private:
-  HttpRequest request_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::optional<HttpResponse> response_;
-  std::thread::id responder_;
-  bool released_ = false;
-};
 
 // A request's final update, and the thread it arrived on (the engine's).
 class FinalSink : public GenerationSink {
@@ -125,7 +81,7 @@ TEST(CompletionCallTest, TheEngineStepsOnWhileAUnaryResponseIsAnswered) {
   engine.Start();
   CallGate gate;
   RenderThreads render_threads(1);
-  auto exchange = std::make_shared<HeldExchange>();
+  auto exchange = std::make_shared<testing::UnaryExchange>(HttpRequest{}, /*hold=*/true);
 
   std::vector<GenerationRequest> prompts;
   for (const char* text : {"one", "two", "three"}) prompts.push_back(Prompt(text, 4));

@@ -14,49 +14,19 @@
 #include <thread>
 #include <utility>
 
+#include "tests/server/unary_exchange.h"
+
 namespace switchserve {
 namespace {
 
-constexpr auto kWait = std::chrono::seconds(10);
+constexpr auto kWait = testing::UnaryExchange::kWait;
 
-// An exchange for one GET whose Respond records the response.
-class RecordingExchange : public HttpExchange {
- public:
-  explicit RecordingExchange(std::string target) {
-    request_.method = "GET";
-    request_.target = std::move(target);
-  }
-  const HttpRequest& request() const override { return request_; }
-  void Respond(HttpResponse response) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    response_ = std::move(response);
-    cv_.notify_all();
-  }
-  void StartStream(HttpResponse) override { ADD_FAILURE() << "a GET streams"; }
-  void Write(std::string) override { ADD_FAILURE() << "a GET writes"; }
-  void WriteRendered(std::function<std::string()>) override { ADD_FAILURE() << "a GET writes"; }
-  void WhenWritten(std::function<void()>) override { ADD_FAILURE() << "a GET waits"; }
-  void End() override { ADD_FAILURE() << "a GET ends a stream"; }
-  void OnClientGone(std::function<void(const absl::Status&)>) override {}
-
-  bool responded() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return response_.has_value();
-  }
-  // The response (moved out: call once), once Respond was called (within
-  // kWait), else nullopt.
-  std::optional<HttpResponse> WaitResponded() {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!cv_.wait_for(lock, kWait, [&] { return response_.has_value(); })) return std::nullopt;
-    return std::move(response_);
-  }
-
- private:
-  HttpRequest request_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::optional<HttpResponse> response_;
-};
+HttpRequest Get(std::string target) {
+  HttpRequest request;
+  request.method = "GET";
+  request.target = std::move(target);
+  return request;
+}
 
 // A metrics text that holds the thread rendering it until Release() (or
 // kWait), and says which thread that was.
@@ -94,7 +64,7 @@ TEST(OpenAiServiceTest, MetricsAreRenderedOffTheThreadThatHandsTheRequestIn) {
   options.model_name = "test";
   options.metrics_text = [&] { return metrics.Render(); };
   OpenAiService service(options);
-  auto exchange = std::make_shared<RecordingExchange>("/metrics");
+  auto exchange = std::make_shared<testing::UnaryExchange>(Get("/metrics"));
 
   service.Handle(exchange);  // returns with the rendering held
   const std::optional<std::thread::id> renderer = metrics.WaitRenderer();
@@ -116,7 +86,7 @@ TEST(OpenAiServiceTest, MetricsOffAnswerNotFound) {
   OpenAiServiceOptions options;
   options.model_name = "test";
   OpenAiService service(options);
-  auto exchange = std::make_shared<RecordingExchange>("/metrics");
+  auto exchange = std::make_shared<testing::UnaryExchange>(Get("/metrics"));
   service.Handle(exchange);
   EXPECT_TRUE(exchange->responded());
   const std::optional<HttpResponse> response = exchange->WaitResponded();
