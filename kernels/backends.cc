@@ -76,6 +76,13 @@ KvCacheDtype HeldKvCacheDtype(DeviceKind device, const BackendOptions& options,
                                                        : OwnKvCacheDtype(device, options, weights);
 }
 
+std::string BuiltDeviceName(DeviceKind device) {
+#if defined(SWITCHSERVE_HAVE_CUDA_BACKEND)
+  if (device == DeviceKind::kCuda && CudaBackendIsEmulated()) return "cuda (emulated)";
+#endif
+  return std::string(ToString(device));
+}
+
 std::vector<DeviceKind> BuiltDevices() {
   // A device backend built into this binary adds itself here, ahead of the CPU.
 #if defined(SWITCHSERVE_HAVE_CUDA_BACKEND)

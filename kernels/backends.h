@@ -27,6 +27,9 @@ enum class DeviceKind { kCpu, kCuda, kAuto };
 std::string_view ToString(DeviceKind device);
 // The inverse of ToString; INVALID_ARGUMENT names the accepted values.
 absl::StatusOr<DeviceKind> ParseDeviceKind(std::string_view text);
+// A device of BuiltDevices() as `--version` names it: ToString's, and
+// "cuda (emulated)" for the CUDA backend on the SIMT executor (test builds).
+std::string BuiltDeviceName(DeviceKind device);
 
 // Element type of the KV cache (--kv-cache-dtype). kAuto: what the weight
 // matrices the backend computes with imply, as a model's dtype decides the

@@ -7,7 +7,6 @@
 #include <exception>
 #include <new>
 #include <string>
-#include <string_view>
 
 #include "absl/flags/usage.h"
 #include "kernels/backends.h"
@@ -66,8 +65,7 @@ int main(int argc, char** argv) {
                 switchserve::Revision());
     const char* separator = " ";
     for (const switchserve::DeviceKind device : switchserve::BuiltDevices()) {
-      const std::string_view name = switchserve::ToString(device);
-      std::printf("%s%.*s", separator, static_cast<int>(name.size()), name.data());
+      std::printf("%s%s", separator, switchserve::BuiltDeviceName(device).c_str());
       separator = ", ";
     }
     std::printf("\n");

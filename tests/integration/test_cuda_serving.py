@@ -61,6 +61,12 @@ def total(metrics, name):
     return sum(v for (n, _), v in metrics.items() if n == name)
 
 
+def test_version_names_the_cuda_backend_on_the_executor_as_emulated():
+    out = subprocess.run([os.environ["SWITCHSERVE_BINARY"], "--version"], capture_output=True,
+                         text=True, timeout=30, check=True).stdout
+    assert out.splitlines()[1] == "backends: cuda (emulated), cpu", out
+
+
 def test_serve_device_cuda_on_the_executor_matches_cpu():
     cuda = Server(os.environ["SWITCHSERVE_BINARY"], "--device", "cuda")
     cpu = Server(os.environ["SWITCHSERVE_BINARY"], "--device", "cpu")
