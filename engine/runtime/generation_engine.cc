@@ -96,7 +96,8 @@ void GenerationEngine::Start() {
   thread_ = StartComputeThread([this] { Loop(); });
 }
 
-absl::Status GenerationEngine::CheckQueueRoomLocked() const {
+absl::Status GenerationEngine::CheckQueueRoomLocked(int32_t priority, bool* displaces) const {
+  *displaces = false;
   if (stopping_) return absl::UnavailableError("the engine is shutting down");
   // Accepted requests the snapshot does not count yet, in arrival order: those
   // TakeInbox is handing to the scheduler, then the inbox.
@@ -127,6 +128,13 @@ absl::Status GenerationEngine::CheckQueueRoomLocked() const {
         });
   }
   if (waiting >= options_.max_queue) {
+    // A waiting request of a worse priority, never admitted, gives way; the
+    // snapshot says how many there are, less those already given away.
+    if (priority < snapshot_.worst_fresh_priority &&
+        static_cast<int>(displacing_.size()) < snapshot_.worst_fresh_count) {
+      *displaces = true;
+      return absl::OkStatus();
+    }
     return absl::ResourceExhaustedError(
         absl::StrCat("the request queue is full (", options_.max_queue,
                      " requests waiting, --max-queue); retry later"));
@@ -136,7 +144,11 @@ absl::Status GenerationEngine::CheckQueueRoomLocked() const {
 
 absl::StatusOr<RequestId> GenerationEngine::Submit(GenerationRequest request) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (absl::Status room = CheckQueueRoomLocked(); !room.ok()) return room;
+  bool displaces = false;
+  if (absl::Status room = CheckQueueRoomLocked(request.priority, &displaces); !room.ok()) {
+    return room;
+  }
+  if (displaces) displacing_.push_back(request.priority);
   const RequestId id = next_id_++;
   inbox_.emplace_back(id, std::move(request));
   wake_.notify_one();
@@ -148,13 +160,20 @@ absl::StatusOr<std::vector<RequestId>> GenerationEngine::SubmitAll(
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<RequestId> ids;
   ids.reserve(requests.size());
+  size_t displacing = 0;  // of these
   for (GenerationRequest& request : requests) {
     // Each is counted with those before it, as separate Submits would be.
-    if (absl::Status room = CheckQueueRoomLocked(); !room.ok()) {
+    bool displaces = false;
+    if (absl::Status room = CheckQueueRoomLocked(request.priority, &displaces); !room.ok()) {
       // The engine thread takes the inbox only under mu_: it has seen none
       // of these yet.
       inbox_.erase(inbox_.end() - static_cast<std::ptrdiff_t>(ids.size()), inbox_.end());
+      displacing_.resize(displacing_.size() - displacing);
       return room;
+    }
+    if (displaces) {
+      displacing_.push_back(request.priority);
+      ++displacing;
     }
     ids.push_back(next_id_++);
     inbox_.emplace_back(ids.back(), std::move(request));
@@ -212,6 +231,7 @@ void GenerationEngine::Loop() {
 bool GenerationEngine::TakeInbox() {
   std::deque<std::pair<RequestId, GenerationRequest>> inbox;
   std::vector<std::pair<RequestId, CancelCause>> cancels;
+  std::vector<int32_t> displacing;
   bool keep_running;
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -224,6 +244,9 @@ bool GenerationEngine::TakeInbox() {
       in_transit_prompt_tokens_.push_back(static_cast<int64_t>(request.prompt.size()));
     }
     cancels.swap(cancel_inbox_);
+    displacing.swap(displacing_);
+    // Those given away stay given away until the snapshot counts again.
+    snapshot_.worst_fresh_count -= static_cast<int>(displacing.size());
     keep_running = !stopping_;
   }
   for (auto& [id, request] : inbox) {
@@ -239,10 +262,31 @@ bool GenerationEngine::TakeInbox() {
       if (state->id == id && state->cancelled == CancelCause::kNone) state->cancelled = cause;
     }
   }
+  if (!displacing.empty()) Displace(displacing);
   // Submit counts waiting requests from the snapshot: publish before the
   // (long) step, which also ends their time in transit.
   if (!inbox.empty()) PublishSnapshot();
   return keep_running;
+}
+
+void GenerationEngine::Displace(const std::vector<int32_t>& displacing) {
+  for (const int32_t priority : displacing) {
+    // The waiting are in scheduling order: the worst priority, latest
+    // arrival last. A request admitted before (preempted since) has begun
+    // its answer; one being cancelled ends so anyway.
+    const std::deque<Sequence*>& waiting = scheduler_.waiting();
+    for (auto it = waiting.rbegin(); it != waiting.rend() && (*it)->priority > priority; ++it) {
+      RequestState* state = StateOf(*it);
+      if (state->first_scheduled || state->cancelled != CancelCause::kNone) continue;
+      Finish(state, FinishReason::kNone,
+             absl::ResourceExhaustedError(absl::StrCat(
+                 "displaced from the full request queue (", options_.max_queue,
+                 " requests waiting, --max-queue) by a request of a higher priority; retry "
+                 "later")));
+      break;
+    }
+  }
+  std::erase_if(active_, [](const auto& state) { return state->done; });
 }
 
 void GenerationEngine::DropCancelledAndExpired() {
@@ -488,9 +532,27 @@ void GenerationEngine::Finish(RequestState* state, FinishReason reason, absl::St
 }
 
 void GenerationEngine::PublishSnapshot() {
+  // The worst priority among the waiting requests never admitted, and how
+  // many have it, up to kMostDisplaced (as many as may give way before the
+  // next snapshot): from the end of the queue, the worst priority's
+  // requests, whatever the queue's length.
+  constexpr int kMostDisplaced = 64;
+  int32_t worst_fresh_priority = 0;
+  int worst_fresh_count = 0;
+  const std::deque<Sequence*>& waiting = scheduler_.waiting();
+  for (auto it = waiting.rbegin(); it != waiting.rend() && worst_fresh_count < kMostDisplaced;
+       ++it) {
+    const RequestState* state = StateOf(*it);
+    if (worst_fresh_count > 0 && state->priority != worst_fresh_priority) break;
+    if (state->first_scheduled || state->cancelled != CancelCause::kNone) continue;
+    worst_fresh_priority = state->priority;
+    ++worst_fresh_count;
+  }
   EngineSnapshot published;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    snapshot_.worst_fresh_priority = worst_fresh_priority;
+    snapshot_.worst_fresh_count = worst_fresh_count;
     snapshot_.running = static_cast<int>(scheduler_.running().size());
     snapshot_.waiting = static_cast<int>(scheduler_.waiting().size());
     snapshot_.used_blocks = allocator_.used_blocks();

@@ -72,6 +72,11 @@ struct EngineSnapshot {
   int block_size = 0;
   bool prefix_caching = false;
   int64_t cached_blocks = 0;  // held by no request, keeping a cached prefix (free)
+  // The worst (highest) priority among waiting requests never admitted yet,
+  // and how many of those have it: requests a request of a better priority
+  // may displace from a full queue (GenerationEngine::Submit).
+  int32_t worst_fresh_priority = 0;
+  int worst_fresh_count = 0;
 };
 
 // Called on the engine thread; must be quick and must not call back into the
@@ -118,8 +123,11 @@ class GenerationEngine {
 
   void Start();
   // Queues a request. RESOURCE_EXHAUSTED when max_queue requests are already
-  // waiting; UNAVAILABLE once Stop has been called. On error the sink gets no
-  // update.
+  // waiting, unless some of them were never admitted and have a worse
+  // priority than this one's: then the engine ends the latest of the worst
+  // of those with RESOURCE_EXHAUSTED ("displaced"), so that a full queue of
+  // background requests does not refuse a foreground one. UNAVAILABLE once
+  // Stop has been called. On error the sink gets no update.
   absl::StatusOr<RequestId> Submit(GenerationRequest request);
   // Queues every request of `requests` (in order; their ids in that order)
   // or none: the refusal of the first that would not fit, as Submit's, and
@@ -145,9 +153,14 @@ class GenerationEngine {
   static RequestState* StateOf(Sequence* sequence);
 
   void Loop();
-  // Whether one more request may be queued now, counting those in inbox_:
-  // Submit's refusal, or OK. Called with mu_ held.
-  absl::Status CheckQueueRoomLocked() const;
+  // Whether one more request of `priority` may be queued now, counting
+  // those in inbox_: Submit's refusal, or OK; `*displaces` when it takes the
+  // place of a waiting one of a worse priority (displacing_). Called with
+  // mu_ held.
+  absl::Status CheckQueueRoomLocked(int32_t priority, bool* displaces) const;
+  // Ends, for each priority in `displacing`, the latest waiting request
+  // never admitted whose priority is worse, if one is left (Submit).
+  void Displace(const std::vector<int32_t>& displacing);
   // Moves submissions and cancellations into the engine's own state. Returns
   // false when the engine should exit.
   bool TakeInbox();
@@ -190,6 +203,9 @@ class GenerationEngine {
   // arrival order: Submit counts them, as queued ahead of inbox_.
   std::vector<int64_t> in_transit_prompt_tokens_;
   std::vector<std::pair<RequestId, CancelCause>> cancel_inbox_;
+  // The priorities of requests queued past max_queue, each owed the
+  // displacement of a waiting request of a worse priority (TakeInbox).
+  std::vector<int32_t> displacing_;
   RequestId next_id_ = 1;
   bool stopping_ = false;
   EngineSnapshot snapshot_;

@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -303,6 +304,81 @@ TEST_F(GenerationEngineTest, QueueLimitCountsRequestsOnTheirWayToTheScheduler) {
   EXPECT_EQ(third.code(), absl::StatusCode::kResourceExhausted);
   for (const auto& sink : accepted) EXPECT_EQ(sink->Wait().finish_reason, FinishReason::kLength);
   EXPECT_LE(high_water.max_waiting.load(), 1);
+}
+
+// Sleeps in every step's report: the engine's state changes slowly enough
+// for a test to submit against a queue it has published (snapshots are
+// published between steps).
+class SlowSteps : public EngineObserver {
+ public:
+  void OnStep(const StepReport&) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+};
+
+// A full queue takes a request of a better priority in place of the latest
+// of its worst requests never admitted, which ends RESOURCE_EXHAUSTED
+// ("displaced"); a request of the same priority as the worst is refused; a
+// request that has begun (running) is never displaced.
+TEST_F(GenerationEngineTest, AFullQueueGivesWayToABetterPriority) {
+  SlowSteps slow;
+  Init(/*blocks=*/256, 256, /*max_running=*/1, /*max_queue=*/2, std::nullopt, &slow);
+  engine_->Start();
+  absl::Cleanup stop = [&] { engine_->Stop(); };  // before `slow` goes
+  auto submit = [&](int32_t priority,
+                    int new_tokens) -> absl::StatusOr<std::shared_ptr<CollectingSink>> {
+    GenerationRequest request;
+    request.prompt = {'p', static_cast<int32_t>('0' + priority)};
+    request.sampling = Greedy(new_tokens);
+    request.priority = priority;
+    auto sink = std::make_shared<CollectingSink>();
+    request.sink = sink;
+    absl::Status status = engine_->Submit(std::move(request)).status();
+    if (!status.ok()) return status;
+    return sink;
+  };
+  // The queue as published: `waiting` requests, the worst `count` of them
+  // never admitted with `priority` (within 10 s).
+  auto wait_for_queue = [&](int waiting, int32_t priority, int count) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < deadline) {
+      const EngineSnapshot snapshot = engine_->Snapshot();
+      if (snapshot.waiting == waiting && snapshot.worst_fresh_priority == priority &&
+          snapshot.worst_fresh_count == count) {
+        return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return false;
+  };
+  // Priority 0 runs (nothing preempts it), 5 waits, 1 comes later.
+  auto running = submit(0, 200);  // takes the only slot for 200 steps
+  ASSERT_TRUE(running.ok());
+  auto old_low = submit(5, 2);
+  auto new_low = submit(5, 2);
+  ASSERT_TRUE(old_low.ok() && new_low.ok());
+  ASSERT_TRUE(wait_for_queue(2, 5, 2));
+  EXPECT_EQ(submit(5, 2).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(submit(6, 2).status().code(), absl::StatusCode::kResourceExhausted);
+
+  auto high = submit(1, 2);
+  ASSERT_TRUE(high.ok()) << high.status();
+  const GenerationUpdate& displaced = (*new_low)->Wait();
+  EXPECT_EQ(displaced.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(displaced.status.message().find("displaced"), std::string::npos) << displaced.status;
+  EXPECT_EQ((*new_low)->updates(), 1);  // its final update only
+  ASSERT_TRUE(wait_for_queue(2, 5, 1));
+
+  auto second_high = submit(1, 2);
+  ASSERT_TRUE(second_high.ok()) << second_high.status();
+  EXPECT_EQ((*old_low)->Wait().status.code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(wait_for_queue(2, 1, 2));
+  // Only requests of the same priority wait now: none gives way to another.
+  EXPECT_EQ(submit(1, 2).status().code(), absl::StatusCode::kResourceExhausted);
+  for (const auto& sink : {*running, *high, *second_high}) {
+    EXPECT_TRUE(sink->Wait().status.ok()) << sink->Wait().status;
+    EXPECT_EQ(sink->Wait().finish_reason, FinishReason::kLength);
+  }
 }
 
 }  // namespace

@@ -5,6 +5,7 @@ preempted and recomputed: both give the tokens they give alone. A server
 scheduling in arrival order (the default) refuses a priority."""
 
 import threading
+import time
 
 import grpc
 import pytest
@@ -75,3 +76,54 @@ def test_a_priority_is_refused_where_requests_are_served_in_arrival_order(server
     assert error.value.details().startswith("priority: must be 0")
     expect_good_request_works(stub)
     assert stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).scheduling_policy == "fcfs"
+
+
+def test_a_full_queue_gives_way_to_a_higher_priority():
+    """--max-queue full of low-priority requests that have not started: a
+    higher-priority request is queued in place of the latest of them, which
+    ends RESOURCE_EXHAUSTED ("displaced"), counted and logged; one of the
+    same priority is refused; the server goes on serving."""
+    # Steps of 40 ms: the running request holds the only slot for 2 s.
+    server = Server("--scheduling-policy", "priority", "--max-running-requests", "1",
+                    "--max-queue", "2", "--debug-step-delay-ms", "40", "--log-format", "json",
+                    metrics_port=free_port())
+    try:
+        with server.channel() as channel:
+            stub = pb_grpc.GenerationStub(channel)
+
+            def request(priority, tokens):
+                r = text_request("And God said", tokens, ignore_eos=True)
+                r.priority = priority
+                return r
+
+            running = stub.Generate.future(request(0, 50), timeout=60,
+                                           metadata=[("x-request-id", "running")])
+            waiting = []
+            for name in ("old-low", "new-low"):
+                # One at a time, each queued before the next is sent.
+                waiting.append(stub.Generate.future(request(5, 2), timeout=60,
+                                                    metadata=[("x-request-id", name)]))
+                deadline = time.monotonic() + 30
+                while stub.GetModelInfo(pb.GetModelInfoRequest(),
+                                        timeout=10).cache.waiting_requests < len(waiting):
+                    assert time.monotonic() < deadline
+                    time.sleep(0.01)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.Generate(request(5, 2), timeout=60)
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            high = stub.Generate(request(1, 2), timeout=60, metadata=[("x-request-id", "high")])
+            assert len(high.token_ids) == 2
+            with pytest.raises(grpc.RpcError) as displaced:
+                waiting[1].result()
+            assert displaced.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "displaced" in displaced.value.details()
+            assert len(waiting[0].result().token_ids) == 2
+            assert len(running.result().token_ids) == 50
+            expect_good_request_works(stub)
+        logged = {line["request_id"]: line["status"] for line in access_lines(server)}
+        assert logged["new-low"] == "RESOURCE_EXHAUSTED" and logged["old-low"] == "OK"
+        assert logged["high"] == "OK"
+        assert metric(server.scrape_metrics(),
+                      'switchserve_requests_total{protocol="grpc",status="RESOURCE_EXHAUSTED"}') == 2
+    finally:
+        server.close()
