@@ -453,6 +453,9 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
         full_->body() = std::move(piece.response.body);
         full_held_ = std::move(piece.response.held);
         full_->prepare_payload();
+        // A 204 has no body and no Content-Length (RFC 9110 8.6), which
+        // prepare_payload sets to 0.
+        if (full_->result() == http::status::no_content) full_->erase(http::field::content_length);
         if (head_only_) {
           // HEAD: the headers GET would get, Content-Length included, and
           // no body (one would be read as the next response).

@@ -340,6 +340,7 @@ def test_cors_for_the_allowed_origins_only():
         assert "POST" in head["access-control-allow-methods"]
         assert head["access-control-allow-headers"] == "authorization, content-type"
         assert head["vary"] == "Origin"
+        assert "content-length" not in head  # a 204 has none (RFC 9110 8.6)
         status, head = ask(server, *preflight, "-H", f"origin: {other}")
         assert status == 401 and "access-control-allow-origin" not in head
 
