@@ -258,10 +258,7 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
     if (options_.return_token_ids) AppendIds(update->tokens, &ids.generated);
     const bool echoed = TakeEchoLocked(&choice, update);
     if (update->text.empty() && update->tokens.empty() && !update->finished) return;
-    if (options_.return_token_ids) {
-      ids.returned = true;
-      ids.prompt = std::exchange(choice.prompt_ids, {});
-    }
+    if (options_.return_token_ids) ids.prompt = std::exchange(choice.prompt_ids, {});
     exchange_->WriteRendered(
         [self = shared_from_this(), index, text = std::move(update->text),
          tokens = std::move(update->tokens),
@@ -277,7 +274,6 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
   // An event's ids (return_token_ids): its generated ids, and the prompt's
   // in the choice's first event.
   struct TokenIds {
-    bool returned = false;
     std::vector<int32_t> prompt;
     std::vector<int32_t> generated;
   };
@@ -309,7 +305,7 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
                                           options_.tokens_as_ids, &c.text_offset, end, echoed);
     }
     if (finish_reason) choice["finish_reason"] = OpenAiFinishReason(*finish_reason);
-    if (ids.returned) {
+    if (options_.return_token_ids) {
       if (!ids.prompt.empty()) choice["prompt_token_ids"] = ids.prompt;
       choice["token_ids"] = ids.generated;
     }

@@ -67,14 +67,13 @@ struct HttpServerState {
     }
     return std::max<int64_t>(1, static_cast<int64_t>(limit.rlim_cur / 2));
   }
-  // The Access-Control-Allow-Origin of a request from `origin` (its Origin
-  // header; nullopt: none): "*", the origin itself, or empty when it is not
-  // allowed (options.allowed_origins).
-  std::string CorsOrigin(std::optional<std::string_view> origin) const {
-    if (!origin || options.allowed_origins.empty()) return {};
+  // The Access-Control-Allow-Origin of a request whose Origin header is
+  // `origin`: "*", the origin itself, or empty when it is not allowed
+  // (options.allowed_origins).
+  std::string CorsOrigin(std::string_view origin) const {
     for (const std::string& allowed : options.allowed_origins) {
       if (allowed == "*") return allowed;
-      if (allowed == *origin) return std::string(*origin);
+      if (allowed == origin) return std::string(origin);
     }
     return {};
   }
